@@ -1,0 +1,1 @@
+"""convplane's replicated, quorum-acknowledged, fenced conversation event log."""

@@ -1,0 +1,141 @@
+"""Errors of convplane, in one hierarchy.
+
+Expected failures are typed exceptions with a stable ``code``; the REST layer maps every
+``ConvplaneError`` to ``http_status`` and the JSON body
+``{"error": {"code": ..., "message": ..., "retryable": ...}}`` (plus ``Retry-After`` when
+``retry_after_s`` is set). Lower-level errors (asyncpg, aiosqlite, httpx, aiokafka) are translated
+once, at the adapter boundary, with ``raise ... from exc``.
+
+    ConvplaneError
+    ├── InvalidRequest           400  the request is malformed or breaks a rule of the log
+    ├── Unauthorized             401  missing or unknown API key
+    ├── NotFound                 404  no such conversation (or another tenant's)
+    ├── Conflict                 409
+    │   ├── SeqConflict               expected_seq is not the conversation's last seq
+    │   ├── EffectConflict            a different tool.effect is already recorded for the attempt
+    │   └── IdempotencyKeyReused      same Idempotency-Key, different request body
+    ├── PayloadTooLarge          413
+    ├── QuotaExceeded            429  tenant over its rate (retryable)
+    ├── Unavailable              503  retryable; outcome of a write may be unknown
+    │   ├── NoQuorum                  fewer than W replicas answered; nothing new acknowledged
+    │   ├── NotLeader                 this region does not lead the shard (carries a leader hint)
+    │   ├── Fenced                    a higher epoch took the shard; this leader stopped
+    │   ├── Overloaded                admission control shed the request
+    │   └── ReplicaUnavailable        one replica store could not be reached (adapter level)
+    └── DeadlineExceeded         504  the caller's deadline passed (outcome may be unknown)
+
+``InvariantViolation`` is not a ``ConvplaneError``: it marks a bug, crashes the task that hit it,
+and is never caught.
+"""
+
+from __future__ import annotations
+
+
+class InvariantViolation(AssertionError):
+    """A protocol invariant does not hold. This is a bug; never catch it."""
+
+
+class ConvplaneError(Exception):
+    code = "internal"
+    http_status = 500
+    retryable = False
+
+    def __init__(self, message: str, *, retry_after_s: float | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.retry_after_s = retry_after_s
+
+    def to_body(self) -> dict[str, object]:
+        return {"error": {"code": self.code, "message": self.message, "retryable": self.retryable}}
+
+
+class InvalidRequest(ConvplaneError):
+    code = "invalid_request"
+    http_status = 400
+
+
+class Unauthorized(ConvplaneError):
+    code = "unauthorized"
+    http_status = 401
+
+
+class NotFound(ConvplaneError):
+    code = "not_found"
+    http_status = 404
+
+
+class Conflict(ConvplaneError):
+    code = "conflict"
+    http_status = 409
+
+
+class SeqConflict(Conflict):
+    code = "seq_conflict"
+
+    def __init__(self, message: str, *, last_seq: int) -> None:
+        super().__init__(message)
+        self.last_seq = last_seq
+
+
+class EffectConflict(Conflict):
+    code = "effect_conflict"
+
+
+class IdempotencyKeyReused(Conflict):
+    code = "idempotency_key_reused"
+
+
+class PayloadTooLarge(ConvplaneError):
+    code = "payload_too_large"
+    http_status = 413
+
+
+class QuotaExceeded(ConvplaneError):
+    code = "quota_exceeded"
+    http_status = 429
+    retryable = True
+
+
+class Unavailable(ConvplaneError):
+    code = "unavailable"
+    http_status = 503
+    retryable = True
+
+
+class NoQuorum(Unavailable):
+    code = "no_quorum"
+
+
+class NotLeader(Unavailable):
+    code = "not_leader"
+
+    def __init__(
+        self, message: str, *, shard: int, leader_region: str | None = None,
+        retry_after_s: float | None = None,
+    ) -> None:
+        super().__init__(message, retry_after_s=retry_after_s)
+        self.shard = shard
+        self.leader_region = leader_region
+
+
+class Fenced(Unavailable):
+    code = "fenced"
+
+    def __init__(self, message: str, *, shard: int, promised_epoch: int) -> None:
+        super().__init__(message, retry_after_s=1.0)
+        self.shard = shard
+        self.promised_epoch = promised_epoch
+
+
+class Overloaded(Unavailable):
+    code = "overloaded"
+
+
+class ReplicaUnavailable(Unavailable):
+    code = "replica_unavailable"
+
+
+class DeadlineExceeded(ConvplaneError):
+    code = "deadline_exceeded"
+    http_status = 504
+    retryable = True

@@ -1,0 +1,106 @@
+"""Values of the log: entries, replica replies, event types. Plain frozen dataclasses, no I/O."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Final
+
+# Event types a chat application may append.
+EVENT_TYPES: Final = (
+    "message.user",
+    "message.assistant",
+    "message.system",
+    "tool.attempt",
+    "tool.effect",
+    "note",
+)
+# The first entry of every conversation (seq 0); written by POST /v1/conversations.
+CONVERSATION_CREATED: Final = "conversation.created"
+
+
+@dataclass(frozen=True, slots=True)
+class LogEntry:
+    """One position of a shard's log.
+
+    ``(epoch, lsn)`` is assigned exactly once by the leader of ``epoch``; two replicas that hold an
+    entry with the same ``(epoch, lsn)`` hold the same entry and the same log before it (log
+    matching). ``body`` is the JSON text of the whole event record; the other fields are copies of
+    what stores index.
+    """
+
+    lsn: int
+    epoch: int
+    tenant_id: str
+    conversation_id: str
+    seq: int  # 0 for conversation.created, then 1, 2, 3, ... gapless per conversation
+    event_type: str
+    idempotency_key: str | None
+    attempt_id: str | None  # set for tool.attempt and tool.effect
+    token_count: int
+    created_at_ms: int  # leader's wall clock when it assigned the entry
+    body: str
+
+    def restamped(self, epoch: int) -> LogEntry:
+        return replace(self, epoch=epoch)
+
+
+@dataclass(frozen=True, slots=True)
+class ShardStatus:
+    """What a replica knows of one shard."""
+
+    promised_epoch: int
+    last_lsn: int
+    last_epoch: int
+    commit_lsn: int  # highest lsn this replica knows to be committed (a hint, piggybacked)
+
+
+# --- replies of a replica -------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Promised:
+    """The replica promised ``epoch``: it will reject every write with a lower epoch.
+
+    ``tail`` holds the replica's entries after ``status.commit_lsn`` in lsn order, at most
+    ``tail_max`` of them; ``tail_complete`` is False when more exist (read them with read_log).
+    """
+
+    status: ShardStatus
+    tail: tuple[LogEntry, ...]
+    tail_complete: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Rejected:
+    """The replica has promised ``promised_epoch``, higher than (or equal to) the caller's."""
+
+    promised_epoch: int
+
+
+@dataclass(frozen=True, slots=True)
+class Accepted:
+    """The replica durably holds the leader's log up to ``match_lsn`` (inclusive)."""
+
+    match_lsn: int
+
+
+@dataclass(frozen=True, slots=True)
+class Mismatch:
+    """The replica has no entry ``(prev_lsn, prev_epoch)``; its log ends at ``last_lsn``."""
+
+    last_lsn: int
+
+
+PrepareReply = Promised | Rejected
+AppendReply = Accepted | Rejected | Mismatch
+
+
+@dataclass(frozen=True, slots=True)
+class ConversationSummary:
+    """A conversation's activity, for replay planning (computed over committed entries)."""
+
+    tenant_id: str
+    conversation_id: str
+    last_activity_ms: int
+    token_count: int
+    last_seq: int

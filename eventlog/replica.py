@@ -1,0 +1,88 @@
+"""The replica port: what the protocol core needs from one region's durable store.
+
+One ``ReplicaStore`` is one region's database. Its two writes, ``prepare`` and ``append``, are the
+acceptor side of per-shard Multi-Paxos with Raft's log matching; the rules below are the whole
+contract, and ``eventlog.memory_replica.MemoryReplica`` is the reference implementation that
+every other store must match (``tests/unit/test_replica_conformance.py``).
+
+prepare(shard, epoch, tail_max)
+    If ``epoch <= promised``: ``Rejected(promised)``. Else make ``promised = epoch`` durable and
+    return ``Promised(status, tail, tail_complete)`` where ``tail`` is the replica's entries with
+    ``lsn > status.commit_lsn`` (lsn order, at most ``tail_max``).
+
+append(shard, epoch, prev_lsn, prev_epoch, entries, leader_commit_lsn)
+    ``entries`` are contiguous from ``prev_lsn + 1`` and all carry ``epoch`` (else the caller has
+    a bug: ``InvariantViolation``).
+    1. If ``epoch < promised``: ``Rejected(promised)``. Else ``promised = max(promised, epoch)``.
+    2. If ``prev_lsn > 0`` and the replica has no entry ``(prev_lsn, prev_epoch)``:
+       ``Mismatch(last_lsn)``.
+    3. For each entry: an existing entry at the same lsn with the same epoch is kept (it is the
+       same entry); one with another epoch is deleted together with every entry after it; then
+       the entry is written. Entries after the batch that did not conflict are kept.
+    4. ``match = prev_lsn + len(entries)``; ``commit_lsn = max(commit_lsn,
+       min(leader_commit_lsn, match))``. All of it durable before replying ``Accepted(match)``.
+
+Reads never change state and see only what is durable. ``max_lsn`` bounds reads to the committed
+prefix the caller knows of.
+
+Errors: a store that cannot be reached raises ``ReplicaUnavailable`` (translated from the driver's
+exception at the adapter); the core treats it like a lost message and retries under its budget.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+
+from eventlog.model import (
+    AppendReply,
+    ConversationSummary,
+    LogEntry,
+    PrepareReply,
+    ShardStatus,
+)
+
+
+class ReplicaStore(ABC):
+    """One region's durable replica of every shard's log."""
+
+    #: the region this replica belongs to
+    region: str
+
+    @abstractmethod
+    async def prepare(self, shard: int, epoch: int, tail_max: int) -> PrepareReply: ...
+
+    @abstractmethod
+    async def append(
+        self,
+        shard: int,
+        epoch: int,
+        prev_lsn: int,
+        prev_epoch: int,
+        entries: Sequence[LogEntry],
+        leader_commit_lsn: int,
+    ) -> AppendReply: ...
+
+    @abstractmethod
+    async def status(self, shard: int) -> ShardStatus: ...
+
+    @abstractmethod
+    async def read_log(self, shard: int, after_lsn: int, limit: int) -> list[LogEntry]:
+        """Entries with ``lsn > after_lsn`` in lsn order, at most ``limit``."""
+
+    @abstractmethod
+    async def read_conversation(
+        self, shard: int, conversation_id: str, after_seq: int, limit: int, max_lsn: int
+    ) -> list[LogEntry]:
+        """The conversation's entries with ``seq > after_seq`` and ``lsn <= max_lsn``, seq order."""
+
+    @abstractmethod
+    async def list_conversations(
+        self, shard: int, active_since_ms: int, max_lsn: int, limit: int
+    ) -> list[ConversationSummary]:
+        """Conversations with an entry at ``created_at_ms >= active_since_ms`` (and
+        ``lsn <= max_lsn``), most recently active first, at most ``limit``; ``token_count`` and
+        ``last_seq`` are over all of the conversation's entries up to ``max_lsn``."""
+
+    async def close(self) -> None:  # noqa: B027 - optional hook
+        """Release connections. Default: nothing to release."""

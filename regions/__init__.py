@@ -1,0 +1,1 @@
+"""convplane regions package."""

@@ -1,0 +1,1 @@
+"""convplane replay package."""

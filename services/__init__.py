@@ -1,0 +1,1 @@
+"""convplane services package."""
