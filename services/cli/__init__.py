@@ -1,0 +1,1 @@
+"""The ``convplane`` command line."""
