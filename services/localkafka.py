@@ -1,0 +1,379 @@
+"""A real Kafka broker (KRaft, one node) as a child process, for tests and local stacks.
+
+The broker's jars come from Maven Central through ``replay/kafka/pom.xml``:
+``ensure_kafka_jars`` runs ``mvn dependency:copy-dependencies`` once into ``.cache/kafka/lib``
+(git-ignored) and reuses the result while the pom is unchanged. ``start_broker`` writes a KRaft
+``server.properties`` (broker and controller in one JVM, free 127.0.0.1 ports), formats the
+storage with a random cluster id, starts ``java -cp '<lib>/*' kafka.Kafka`` and returns once a
+Metadata request names the broker. A broker that does not come up in time is killed and the error
+carries its log tail.
+
+``kafka_for_tests`` picks the broker a test session uses: ``CONVPLANE_TEST_KAFKA`` (bootstrap
+servers) when set; else this harness when Java and Maven exist; else testcontainers'
+``KafkaContainer`` when a Docker daemon exists; else ``KafkaHarnessError``. It never skips.
+
+Nothing here runs at import time.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import hashlib
+import os
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from eventlog.errors import ConvplaneError
+
+POM_PATH = Path(__file__).resolve().parent.parent / "replay" / "kafka" / "pom.xml"
+TEST_KAFKA_ENV = "CONVPLANE_TEST_KAFKA"
+_STAMP_FILE = ".pom-sha256"
+_LOG_TAIL_LINES = 60
+
+
+class KafkaHarnessError(ConvplaneError):
+    """The local broker could not be provisioned or did not come up (message has the log tail)."""
+
+    code = "kafka_harness"
+
+
+# --- jars -------------------------------------------------------------------------------------
+
+
+def _pom_digest(pom_path: Path) -> str:
+    return hashlib.sha256(pom_path.read_bytes()).hexdigest()
+
+
+def ensure_kafka_jars(
+    cache_dir: str | Path = ".cache/kafka",
+    *,
+    pom_path: Path = POM_PATH,
+    mvn_timeout_s: float = 600.0,
+) -> Path:
+    """Return ``<cache_dir>/lib`` holding the broker's jars, downloading them once per pom."""
+    cache = Path(cache_dir).resolve()
+    lib_dir = cache / "lib"
+    digest = _pom_digest(pom_path)
+    stamp = lib_dir / _STAMP_FILE
+    if stamp.is_file() and stamp.read_text(encoding="utf-8").strip() == digest:
+        return lib_dir
+    mvn = shutil.which("mvn")
+    if mvn is None:
+        raise KafkaHarnessError("Maven (mvn) is not on PATH; cannot fetch the Kafka broker jars")
+    cache.mkdir(parents=True, exist_ok=True)
+    # Download into a fresh directory and rename it into place, so a concurrent or interrupted
+    # run never leaves a half-filled lib/ that looks complete.
+    staging = Path(tempfile.mkdtemp(prefix="lib-", dir=cache))
+    cmd = [
+        mvn,
+        "-q",
+        "-B",
+        "-f",
+        str(pom_path),
+        "dependency:copy-dependencies",
+        f"-DoutputDirectory={staging}",
+        "-DincludeScope=runtime",
+    ]
+    try:
+        done = subprocess.run(
+            cmd, capture_output=True, text=True, timeout=mvn_timeout_s, check=False
+        )
+    except subprocess.TimeoutExpired as exc:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise KafkaHarnessError(f"mvn did not finish within {mvn_timeout_s}s") from exc
+    if done.returncode != 0 or not any(staging.glob("kafka_2.13-*.jar")):
+        shutil.rmtree(staging, ignore_errors=True)
+        tail = (done.stdout + done.stderr)[-4000:]
+        raise KafkaHarnessError(f"mvn copy-dependencies failed (rc={done.returncode}):\n{tail}")
+    (staging / _STAMP_FILE).write_text(digest, encoding="utf-8")
+    if lib_dir.exists():
+        shutil.rmtree(lib_dir)
+    staging.rename(lib_dir)
+    return lib_dir
+
+
+# --- broker -----------------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def random_cluster_id() -> str:
+    """A Kafka cluster id: 16 random bytes, URL-safe base64 without padding (22 chars)."""
+    return base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode("ascii")
+
+
+def server_properties(base_dir: Path, broker_port: int, controller_port: int) -> str:
+    settings = {
+        "process.roles": "broker,controller",
+        "node.id": "1",
+        "controller.quorum.voters": f"1@127.0.0.1:{controller_port}",
+        "listeners": f"PLAINTEXT://127.0.0.1:{broker_port},CONTROLLER://127.0.0.1:{controller_port}",
+        "advertised.listeners": f"PLAINTEXT://127.0.0.1:{broker_port}",
+        "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+        "controller.listener.names": "CONTROLLER",
+        "inter.broker.listener.name": "PLAINTEXT",
+        "log.dirs": str(base_dir / "data"),
+        "num.partitions": "1",
+        "default.replication.factor": "1",
+        "min.insync.replicas": "1",
+        "offsets.topic.replication.factor": "1",
+        # 50 partitions (the default) make the first consumer group wait for 50 leaders.
+        "offsets.topic.num.partitions": "4",
+        "transaction.state.log.replication.factor": "1",
+        "transaction.state.log.min.isr": "1",
+        "transaction.state.log.num.partitions": "4",
+        "auto.create.topics.enable": "false",
+        "group.initial.rebalance.delay.ms": "0",
+        "num.network.threads": "2",
+        "num.io.threads": "4",
+        "num.recovery.threads.per.data.dir": "1",
+        "log.retention.hours": "24",
+    }
+    return "".join(f"{key}={value}\n" for key, value in settings.items())
+
+
+_LOG4J_PROPERTIES = """\
+log4j.rootLogger=INFO, stdout
+log4j.appender.stdout=org.apache.log4j.ConsoleAppender
+log4j.appender.stdout.layout=org.apache.log4j.PatternLayout
+log4j.appender.stdout.layout.ConversionPattern=[%d] %p %m (%c)%n
+log4j.logger.kafka.request.logger=WARN
+log4j.logger.state.change.logger=WARN
+"""
+
+
+def _metadata_names_a_broker(host: str, port: int, timeout_s: float) -> bool:
+    """Send a Metadata v0 request (all topics) and report whether the reply lists a broker.
+
+    Raw protocol on purpose: it needs no event loop, so sync fixtures and the CLI can call it.
+    """
+    client_id = b"convplane-probe"
+    header = struct.pack(">hhih", 3, 0, 7, len(client_id)) + client_id
+    body = struct.pack(">i", 0)  # zero topics in v0 = all topics
+    request = header + body
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s) as sock:
+            sock.settimeout(timeout_s)
+            sock.sendall(struct.pack(">i", len(request)) + request)
+            size = struct.unpack(">i", _recv_exactly(sock, 4))[0]
+            reply = _recv_exactly(sock, min(size, 1 << 20))
+    except OSError:
+        return False
+    if len(reply) < 8:
+        return False
+    correlation_id, broker_count = struct.unpack(">ii", reply[:8])
+    return bool(correlation_id == 7 and broker_count >= 1)
+
+
+def _recv_exactly(sock: socket.socket, size: int) -> bytes:
+    chunks: list[bytes] = []
+    remaining = size
+    while remaining > 0:
+        chunk = sock.recv(remaining)
+        if not chunk:
+            raise ConnectionError("connection closed")
+        chunks.append(chunk)
+        remaining -= len(chunk)
+    return b"".join(chunks)
+
+
+def _tail(path: Path, lines: int = _LOG_TAIL_LINES) -> str:
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return "<no log>"
+    return "\n".join(text.splitlines()[-lines:])
+
+
+@dataclass
+class KafkaBroker:
+    """A running single-node KRaft broker (child process)."""
+
+    bootstrap_servers: str
+    process: subprocess.Popen[bytes]
+    base_dir: Path
+    log_path: Path
+    start_duration_s: float
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def is_running(self) -> bool:
+        return self.process.poll() is None
+
+    def log_tail(self, lines: int = _LOG_TAIL_LINES) -> str:
+        return _tail(self.log_path, lines)
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        """SIGTERM (controlled shutdown), then SIGKILL if it has not exited within timeout_s."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        self._close_log()
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(timeout=30.0)
+        self._close_log()
+
+    def _close_log(self) -> None:
+        stdout = self.process.stdout
+        if stdout is not None:
+            stdout.close()
+
+    def __enter__(self) -> KafkaBroker:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+
+def _java() -> str:
+    java = shutil.which("java")
+    if java is None:
+        raise KafkaHarnessError("java is not on PATH; the local Kafka broker needs Java 11+")
+    return java
+
+
+def _format_storage(java: str, lib_dir: Path, config_path: Path, log_path: Path) -> None:
+    cmd = [
+        java,
+        "-Xmx256m",
+        "-cp",
+        f"{lib_dir}/*",
+        "kafka.tools.StorageTool",
+        "format",
+        "-t",
+        random_cluster_id(),
+        "-c",
+        str(config_path),
+    ]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
+    log_path.write_text(done.stdout + done.stderr, encoding="utf-8")
+    if done.returncode != 0:
+        raise KafkaHarnessError(f"kafka StorageTool format failed:\n{_tail(log_path)}")
+
+
+def start_broker(
+    base_dir: str | Path,
+    *,
+    lib_dir: Path | None = None,
+    start_timeout_s: float = 90.0,
+    heap_max: str = "512m",
+) -> KafkaBroker:
+    """Format and start a one-node KRaft broker under ``base_dir``; return when it serves."""
+    base = Path(base_dir).resolve()
+    base.mkdir(parents=True, exist_ok=True)
+    lib = lib_dir if lib_dir is not None else ensure_kafka_jars()
+    java = _java()
+    broker_port, controller_port = free_port(), free_port()
+    config_path = base / "server.properties"
+    config_path.write_text(server_properties(base, broker_port, controller_port), encoding="utf-8")
+    log4j_path = base / "log4j.properties"
+    log4j_path.write_text(_LOG4J_PROPERTIES, encoding="utf-8")
+    _format_storage(java, lib, config_path, base / "format.log")
+
+    log_path = base / "broker.log"
+    log_file = log_path.open("wb")
+    cmd = [
+        java,
+        f"-Xmx{heap_max}",
+        "-Xms128m",
+        "-XX:+UseG1GC",
+        "-Djava.awt.headless=true",
+        f"-Dlog4j.configuration=file:{log4j_path}",
+        f"-Dkafka.logs.dir={base / 'logs'}",
+        "-cp",
+        f"{lib}/*",
+        "kafka.Kafka",
+        str(config_path),
+    ]
+    started = time.monotonic()
+    # A new session: Ctrl-C in a terminal reaches the Python parent, which stops the broker in
+    # order, instead of killing the JVM under it.
+    process = subprocess.Popen(
+        cmd, stdout=log_file, stderr=subprocess.STDOUT, cwd=base, start_new_session=True
+    )
+    log_file.close()
+    broker = KafkaBroker(f"127.0.0.1:{broker_port}", process, base, log_path, 0.0)
+    _wait_until_serving(broker, broker_port, started, start_timeout_s)
+    broker.start_duration_s = time.monotonic() - started
+    return broker
+
+
+def _wait_until_serving(broker: KafkaBroker, port: int, started: float, timeout_s: float) -> None:
+    while True:
+        if not broker.is_running():
+            raise KafkaHarnessError(
+                f"Kafka broker exited with rc={broker.process.returncode} before serving; "
+                f"log tail ({broker.log_path}):\n{broker.log_tail()}"
+            )
+        if _metadata_names_a_broker("127.0.0.1", port, timeout_s=2.0):
+            return
+        if time.monotonic() - started > timeout_s:
+            tail = broker.log_tail()
+            broker.kill()
+            raise KafkaHarnessError(
+                f"Kafka broker did not serve within {timeout_s}s; log tail:\n{tail}"
+            )
+        time.sleep(0.2)
+
+
+# --- what tests use ---------------------------------------------------------------------------
+
+
+def _docker_available() -> bool:
+    return shutil.which("docker") is not None and (
+        Path("/var/run/docker.sock").exists() or "DOCKER_HOST" in os.environ
+    )
+
+
+@contextlib.contextmanager
+def kafka_for_tests(base_dir: Path) -> Iterator[str]:
+    """Yield bootstrap servers of a broker for a test session (see the module docstring)."""
+    external = os.environ.get(TEST_KAFKA_ENV, "").strip()
+    if external:
+        yield external
+        return
+    if shutil.which("java") and shutil.which("mvn"):
+        broker = start_broker(base_dir)
+        print(
+            f"\nlocal Kafka broker up in {broker.start_duration_s:.1f}s at "
+            f"{broker.bootstrap_servers} (pid {broker.pid})",
+            file=sys.stderr,
+        )
+        try:
+            yield broker.bootstrap_servers
+        finally:
+            broker.stop()
+        return
+    if _docker_available():
+        from testcontainers.kafka import KafkaContainer
+
+        with KafkaContainer().with_kraft() as container:
+            yield str(container.get_bootstrap_server())
+        return
+    raise KafkaHarnessError(
+        f"no Kafka for the tests: set {TEST_KAFKA_ENV}=host:port, or install Java 17 and Maven "
+        "(the harness downloads the broker), or run a Docker daemon for testcontainers"
+    )
