@@ -13,6 +13,7 @@ import typer
 
 # One line per command module; add yours here.
 COMMAND_MODULES: tuple[str, ...] = (
+    "services.cli.plan",
 )
 
 
