@@ -125,6 +125,8 @@ class MemoryReplica(ReplicaStore):
     ) -> list[ConversationSummary]:
         summaries: dict[str, ConversationSummary] = {}
         for e in self._shard(shard).entries[:max_lsn]:
+            if not e.conversation_id:
+                continue  # leader barriers belong to no conversation
             old = summaries.get(e.conversation_id)
             summaries[e.conversation_id] = ConversationSummary(
                 tenant_id=e.tenant_id,

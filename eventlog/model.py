@@ -16,6 +16,9 @@ EVENT_TYPES: Final = (
 )
 # The first entry of every conversation (seq 0); written by POST /v1/conversations.
 CONVERSATION_CREATED: Final = "conversation.created"
+# Written by every new shard leader after the recovered tail (Raft's no-op); belongs to no
+# conversation (conversation_id ""). Readers of conversations never see it.
+LEADER_BARRIER: Final = "shard.leader_started"
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,3 +107,19 @@ class ConversationSummary:
     last_activity_ms: int
     token_count: int
     last_seq: int
+
+
+def leader_barrier(lsn: int, epoch: int, region: str, wall_ms: int) -> LogEntry:
+    return LogEntry(
+        lsn=lsn,
+        epoch=epoch,
+        tenant_id="",
+        conversation_id="",
+        seq=0,
+        event_type=LEADER_BARRIER,
+        idempotency_key=None,
+        attempt_id=None,
+        token_count=0,
+        created_at_ms=wall_ms,
+        body=f'{{"region": "{region}", "epoch": {epoch}}}',
+    )

@@ -80,7 +80,7 @@ class ReplicaStore(ABC):
     async def list_conversations(
         self, shard: int, active_since_ms: int, max_lsn: int, limit: int
     ) -> list[ConversationSummary]:
-        """Conversations with an entry at ``created_at_ms >= active_since_ms`` (and
+        """Conversations (never the barrier entries, whose conversation_id is "") with an entry at ``created_at_ms >= active_since_ms`` (and
         ``lsn <= max_lsn``), most recently active first, at most ``limit``; ``token_count`` and
         ``last_seq`` are over all of the conversation's entries up to ``max_lsn``."""
 
