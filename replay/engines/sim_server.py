@@ -1,0 +1,122 @@
+"""HTTP face of the simulated engine: the subset of vLLM's OpenAI-compatible API that convplane
+uses, so ``VllmHttpEngine`` talks to the simulator unchanged.
+
+    POST /v1/chat/completions   model, messages, max_tokens (only 1 is simulated: one token out),
+                                priority, cache_salt; answers OpenAI-shaped JSON with
+                                usage.prompt_tokens and usage.prompt_tokens_details.cached_tokens
+    GET  /v1/models             the one served model (id = the engine's model revision)
+    GET  /metrics               vLLM-shaped Prometheus text
+    GET  /health                200 when up
+
+Errors use vLLM's shape ``{"object": "error", "message", "type", "code"}``. The app owns the
+engine it is given and closes it on shutdown. A simulator: no model runs behind it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from pydantic import BaseModel, Field, ValidationError
+
+from eventlog.errors import ConvplaneError
+from replay.engines.base import EngineRejectedRequest, ModelRevisionMismatch
+from replay.engines.prometheus_text import render_engine_metrics
+from replay.engines.simulated import SimulatedEngine
+from replay.model import ChatMessage, PrefillRequest
+
+MESSAGES_MAX = 10_000
+
+
+class _Message(BaseModel):
+    role: str
+    content: str
+
+
+class _ChatCompletionBody(BaseModel):
+    model: str
+    messages: list[_Message] = Field(min_length=1, max_length=MESSAGES_MAX)
+    max_tokens: int | None = Field(default=1, ge=1)
+    temperature: float | None = None
+    priority: int = 0
+    cache_salt: str | None = None
+
+
+def _error(status: int, message: str, kind: str) -> JSONResponse:
+    body = {"object": "error", "message": message, "type": kind, "code": status}
+    return JSONResponse(body, status_code=status)
+
+
+def create_app(engine: SimulatedEngine) -> FastAPI:
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        try:
+            yield
+        finally:
+            await engine.aclose()
+
+    app = FastAPI(title="convplane simulated inference engine", lifespan=lifespan)
+    request_counter = iter(range(1 << 62))
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        try:
+            body = _ChatCompletionBody.model_validate(await request.json())
+        except (ValidationError, ValueError) as exc:
+            return _error(400, str(exc)[:500], "BadRequestError")
+        prefill = PrefillRequest(
+            model=body.model,
+            messages=tuple(ChatMessage(m.role, m.content) for m in body.messages),
+            cache_salt=body.cache_salt or "",
+            priority=body.priority,
+            request_id=request.headers.get("x-request-id") or f"sim-{next(request_counter)}",
+        )
+        try:
+            outcome = await engine.prefill(prefill)
+        except ModelRevisionMismatch as exc:
+            return _error(404, exc.message, "NotFoundError")
+        except EngineRejectedRequest as exc:
+            return _error(400, exc.message, "BadRequestError")
+        except ConvplaneError as exc:
+            return _error(503, exc.message, "ServiceUnavailableError")
+        return JSONResponse(
+            {
+                "id": f"chatcmpl-{prefill.request_id}",
+                "object": "chat.completion",
+                "created": int(time.time()),
+                "model": body.model,
+                "choices": [
+                    {
+                        "index": 0,
+                        "message": {"role": "assistant", "content": "."},
+                        "finish_reason": "length",
+                    }
+                ],
+                "usage": {
+                    "prompt_tokens": outcome.prompt_tokens,
+                    "completion_tokens": 1,
+                    "total_tokens": outcome.prompt_tokens + 1,
+                    "prompt_tokens_details": {"cached_tokens": outcome.cached_prompt_tokens},
+                },
+            }
+        )
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, object]:
+        revision = engine.model_revision
+        entry = {"id": revision, "object": "model", "owned_by": "convplane-sim", "root": revision}
+        return {"object": "list", "data": [entry]}
+
+    @app.get("/metrics")
+    async def metrics() -> PlainTextResponse:
+        text = render_engine_metrics(await engine.metrics(), engine.model_revision)
+        return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
+
+    @app.get("/health")
+    async def health() -> Response:
+        return Response(status_code=200)
+
+    return app

@@ -1,0 +1,120 @@
+"""``SimulatedEngine``: the inference-engine port over the simulator core (``sim_core``).
+
+A *simulator*, not an inference server: it computes nothing, it only reproduces vLLM's prefill
+timing and prefix-cache behaviour (see ``replay.engines.sim_core``). Time comes from the injected
+``Clock``: with ``LoopClock`` on a virtual-time loop it runs in virtual time; with the system
+clock (the HTTP server, ``convplane sim-engine serve``) it runs in real time.
+
+One driver task (started on the first prefill, stopped by ``aclose``) sleeps until the chunk in
+progress ends, advances the core and resolves the waiting requests. Chunks are not preempted, so
+a new request only needs to wake the driver when the server was idle.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+from eventlog.clock import Clock
+from eventlog.errors import InvariantViolation
+from replay.engines.base import EngineUnavailable, InferenceEngine, ModelRevisionMismatch
+from replay.engines.sim_core import (
+    PrefillServerModel,
+    SimCompletion,
+    SimEngineConfig,
+    sim_tokenize,
+)
+from replay.model import EngineMetrics, PrefillOutcome, PrefillRequest
+
+
+class SimulatedEngine(InferenceEngine):
+    def __init__(
+        self, engine_id: str, model_revision: str, config: SimEngineConfig, clock: Clock
+    ) -> None:
+        self._engine_id = engine_id
+        self._model_revision = model_revision
+        self._clock = clock
+        self.core = PrefillServerModel(config)
+        self._waiters: dict[int, asyncio.Future[SimCompletion]] = {}
+        self._wake = asyncio.Event()
+        self._driver: asyncio.Task[None] | None = None
+        self._closed = False
+
+    @property
+    def engine_id(self) -> str:
+        return self._engine_id
+
+    @property
+    def model_revision(self) -> str:
+        return self._model_revision
+
+    async def prefill(self, request: PrefillRequest) -> PrefillOutcome:
+        if self._closed:
+            raise EngineUnavailable(f"simulated engine {self._engine_id} is closed")
+        if request.model != self._model_revision:
+            raise ModelRevisionMismatch(
+                f"engine {self._engine_id} serves {self._model_revision!r}, not {request.model!r}"
+            )
+        tokens = sim_tokenize(request.messages)
+        was_idle = self.core.next_event_s() is None
+        ticket = self.core.submit(
+            tokens, request.cache_salt, request.priority, self._clock.monotonic()
+        )
+        future: asyncio.Future[SimCompletion] = asyncio.get_running_loop().create_future()
+        self._waiters[ticket] = future
+        self._ensure_driver()
+        if was_idle:
+            self._wake.set()
+        try:
+            done = await future
+        finally:
+            self._waiters.pop(ticket, None)
+        return PrefillOutcome(
+            prompt_tokens=done.prompt_tokens,
+            cached_prompt_tokens=done.cached_tokens,
+            duration_ms=done.ttft_s * 1000.0,
+        )
+
+    async def metrics(self) -> EngineMetrics:
+        self.core.advance(self._clock.monotonic())
+        self._resolve()
+        return self.core.metrics()
+
+    async def aclose(self) -> None:
+        self._closed = True
+        driver, self._driver = self._driver, None
+        if driver is not None:
+            driver.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await driver
+        for future in self._waiters.values():
+            if not future.done():
+                future.set_exception(EngineUnavailable("simulated engine closed"))
+        self._waiters.clear()
+
+    def _ensure_driver(self) -> None:
+        if self._driver is None:
+            self._driver = asyncio.get_running_loop().create_task(
+                self._drive(), name=f"sim-engine-{self._engine_id}"
+            )
+
+    async def _drive(self) -> None:
+        while True:
+            now_s = self._clock.monotonic()
+            self.core.advance(now_s)
+            self._resolve()
+            next_s = self.core.next_event_s()
+            if next_s is None:
+                self._wake.clear()
+                await self._wake.wait()
+            else:
+                await self._clock.sleep(max(0.0, next_s - now_s))
+
+    def _resolve(self) -> None:
+        for done in self.core.pop_completed():
+            future = self._waiters.get(done.ticket)
+            if future is None:
+                continue  # the caller was cancelled; the engine still did the work
+            if future.done():
+                raise InvariantViolation(f"ticket {done.ticket} completed twice")
+            future.set_result(done)

@@ -1,0 +1,169 @@
+"""``VllmHttpEngine``: the inference-engine port over vLLM's OpenAI-compatible HTTP server.
+
+Prefill = ``POST /v1/chat/completions`` with ``max_tokens=1`` and ``temperature=0`` plus two vLLM
+extensions of the request body: ``priority`` (honoured when the server runs
+``--scheduling-policy priority``; lower value = scheduled first, so replay sends a high number)
+and ``cache_salt`` (prefix-cache entries are only shared between requests with the same salt:
+we salt per tenant). Prompt tokens come from ``usage.prompt_tokens``; cached tokens from
+``usage.prompt_tokens_details.cached_tokens``, which vLLM only fills when started with
+``--enable-prompt-tokens-details`` (otherwise it reads as 0). Automatic prefix caching must be on
+(the default in vLLM V1).
+
+Metrics = ``GET /metrics`` (Prometheus text, see ``prometheus_text``). The model revision check
+(``check_model_revision``) is ``GET /v1/models``: the engine's served model id must equal the
+revision the conversation is pinned to.
+
+The ``httpx.AsyncClient`` is pooled and owned here (or injected: tests pass one with an ASGI
+transport); every call has its own timeout. HTTP and transport errors are translated once, here.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import httpx
+
+from replay.engines.base import (
+    EngineRejectedRequest,
+    EngineUnavailable,
+    InferenceEngine,
+    ModelRevisionMismatch,
+)
+from replay.engines.prometheus_text import parse_engine_metrics
+from replay.model import EngineMetrics, PrefillOutcome, PrefillRequest
+
+
+class VllmHttpEngine(InferenceEngine):
+    def __init__(
+        self,
+        engine_id: str,
+        base_url: str,
+        model_revision: str,
+        *,
+        prefill_timeout_s: float = 120.0,
+        metrics_timeout_s: float = 2.0,
+        max_connections: int = 64,
+        client: httpx.AsyncClient | None = None,
+    ) -> None:
+        self._engine_id = engine_id
+        self._model_revision = model_revision
+        self._prefill_timeout_s = prefill_timeout_s
+        self._metrics_timeout_s = metrics_timeout_s
+        self._owns_client = client is None
+        self._client = client or httpx.AsyncClient(
+            base_url=base_url,
+            limits=httpx.Limits(max_connections=max_connections),
+            timeout=httpx.Timeout(metrics_timeout_s),
+        )
+
+    @property
+    def engine_id(self) -> str:
+        return self._engine_id
+
+    @property
+    def model_revision(self) -> str:
+        return self._model_revision
+
+    async def prefill(self, request: PrefillRequest) -> PrefillOutcome:
+        if request.model != self._model_revision:
+            raise ModelRevisionMismatch(
+                f"engine {self._engine_id} serves {self._model_revision!r}, not {request.model!r}"
+            )
+        body = {
+            "model": request.model,
+            "messages": [{"role": m.role, "content": m.content} for m in request.messages],
+            "max_tokens": 1,
+            "temperature": 0,
+            "priority": request.priority,
+            "cache_salt": request.cache_salt,
+        }
+        headers = {"X-Request-Id": request.request_id}
+        response = await self._call(
+            "POST", "/v1/chat/completions", self._prefill_timeout_s, json=body, headers=headers
+        )
+        elapsed_ms = response.elapsed.total_seconds() * 1000.0
+        usage = _json_object(response).get("usage")
+        if not isinstance(usage, Mapping):
+            raise EngineUnavailable(f"engine {self._engine_id}: response without usage")
+        return PrefillOutcome(
+            prompt_tokens=_count(usage.get("prompt_tokens")),
+            cached_prompt_tokens=_cached_tokens(usage),
+            duration_ms=elapsed_ms,
+        )
+
+    async def metrics(self) -> EngineMetrics:
+        response = await self._call("GET", "/metrics", self._metrics_timeout_s)
+        return parse_engine_metrics(response.text)
+
+    async def served_models(self) -> list[str]:
+        response = await self._call("GET", "/v1/models", self._metrics_timeout_s)
+        data = _json_object(response).get("data")
+        if not isinstance(data, list):
+            raise EngineUnavailable(f"engine {self._engine_id}: /v1/models without data")
+        return [str(item["id"]) for item in data if isinstance(item, Mapping) and "id" in item]
+
+    async def check_model_revision(self) -> None:
+        """Raise ModelRevisionMismatch unless the server serves exactly ``model_revision``."""
+        served = await self.served_models()
+        if self._model_revision not in served:
+            raise ModelRevisionMismatch(
+                f"engine {self._engine_id} serves {served}, not {self._model_revision!r}"
+            )
+
+    async def aclose(self) -> None:
+        if self._owns_client:
+            await self._client.aclose()
+
+    async def _call(
+        self, method: str, path: str, timeout_s: float, **kwargs: Any
+    ) -> httpx.Response:
+        try:
+            response = await self._client.request(
+                method, path, timeout=httpx.Timeout(timeout_s), **kwargs
+            )
+        except httpx.HTTPError as exc:
+            raise EngineUnavailable(
+                f"engine {self._engine_id}: {method} {path} failed: {exc!r}"
+            ) from exc
+        status = response.status_code
+        if status < 400:
+            return response
+        detail = response.text[:300]
+        message = f"engine {self._engine_id}: {method} {path} -> {status}: {detail}"
+        if status == 429 or status >= 500:
+            raise EngineUnavailable(message, retry_after_s=_retry_after_s(response))
+        raise EngineRejectedRequest(message)
+
+
+def _json_object(response: httpx.Response) -> Mapping[str, Any]:
+    try:
+        body = response.json()
+    except ValueError as exc:
+        raise EngineUnavailable(f"engine answered non-JSON: {response.text[:200]!r}") from exc
+    if not isinstance(body, Mapping):
+        raise EngineUnavailable("engine answered a JSON value that is not an object")
+    return body
+
+
+def _count(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise EngineUnavailable(f"engine answered a bad token count: {value!r}")
+    return value
+
+
+def _cached_tokens(usage: Mapping[str, Any]) -> int:
+    details = usage.get("prompt_tokens_details")
+    if not isinstance(details, Mapping) or details.get("cached_tokens") is None:
+        return 0
+    return _count(details.get("cached_tokens"))
+
+
+def _retry_after_s(response: httpx.Response) -> float | None:
+    raw = response.headers.get("retry-after")
+    try:
+        value = float(raw) if raw is not None else math.nan
+    except ValueError:
+        return None
+    return value if math.isfinite(value) and value >= 0 else None

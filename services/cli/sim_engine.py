@@ -1,0 +1,41 @@
+"""``convplane sim-engine serve``: run the simulated inference engine behind vLLM's HTTP API.
+
+A simulator for demos and tests where no GPU exists: it reproduces prefill timing and prefix
+caching (``replay.engines.sim_core``), not a model. Runs in real time (system clock).
+"""
+
+from __future__ import annotations
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    group = typer.Typer(help="The simulated inference engine (vLLM-shaped HTTP API, no GPU).")
+
+    @group.command("serve")
+    def serve(
+        port: int = typer.Option(8000, help="TCP port to listen on."),
+        host: str = typer.Option("127.0.0.1", help="Interface to bind."),
+        model: str = typer.Option("sim-model@rev1", help="Served model id (= model revision)."),
+        prefill_tokens_per_s: float = typer.Option(20_000.0, help="Prefill capacity."),
+        cache_tokens: int = typer.Option(1_000_000, help="Prefix-cache capacity in tokens."),
+        chunk_tokens: int = typer.Option(512, help="Chunked-prefill chunk size in tokens."),
+        engine_id: str = typer.Option("sim-0", help="Engine id reported in results."),
+    ) -> None:
+        """Serve /v1/chat/completions, /v1/models, /metrics and /health."""
+        import uvicorn
+
+        from eventlog.clock import SystemClock
+        from replay.engines.sim_core import SimEngineConfig
+        from replay.engines.sim_server import create_app
+        from replay.engines.simulated import SimulatedEngine
+
+        config = SimEngineConfig(
+            prefill_tokens_per_s=prefill_tokens_per_s,
+            cache_tokens=cache_tokens,
+            chunk_tokens=chunk_tokens,
+        )
+        engine = SimulatedEngine(engine_id, model, config, SystemClock())
+        uvicorn.run(create_app(engine), host=host, port=port, log_level="warning")
+
+    app.add_typer(group, name="sim-engine")
