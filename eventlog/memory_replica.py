@@ -44,12 +44,14 @@ class _ShardLog:
 
 def check_append_batch(epoch: int, prev_lsn: int, entries: Sequence[LogEntry]) -> None:
     """The caller's side of the append contract; a violation is a bug in the leader."""
+    previous_epoch = 0
     for offset, entry in enumerate(entries, start=1):
-        if entry.lsn != prev_lsn + offset or entry.epoch != epoch:
+        if entry.lsn != prev_lsn + offset or not previous_epoch <= entry.epoch <= epoch:
             raise InvariantViolation(
-                f"append batch not contiguous at epoch {epoch}: entry {entry.lsn}@{entry.epoch} "
+                f"append batch at epoch {epoch} out of order: entry {entry.lsn}@{entry.epoch} "
                 f"after prev_lsn {prev_lsn}"
             )
+        previous_epoch = entry.epoch
 
 
 class MemoryReplica(ReplicaStore):

@@ -11,8 +11,9 @@ prepare(shard, epoch, tail_max)
     ``lsn > status.commit_lsn`` (lsn order, at most ``tail_max``).
 
 append(shard, epoch, prev_lsn, prev_epoch, entries, leader_commit_lsn)
-    ``entries`` are contiguous from ``prev_lsn + 1`` and all carry ``epoch`` (else the caller has
-    a bug: ``InvariantViolation``).
+    ``entries`` are contiguous from ``prev_lsn + 1`` with non-decreasing epochs, none above
+    ``epoch`` (a new leader re-sends the recovered tail with its original stamps, followed by its
+    own barrier entry); anything else is a caller bug: ``InvariantViolation``.
     1. If ``epoch < promised``: ``Rejected(promised)``. Else ``promised = max(promised, epoch)``.
     2. If ``prev_lsn > 0`` and the replica has no entry ``(prev_lsn, prev_epoch)``:
        ``Mismatch(last_lsn)``.
