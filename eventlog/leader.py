@@ -1,0 +1,489 @@
+"""One shard's leader: prepare/recovery at a new epoch, then pipelined replication to every replica.
+
+The leader of epoch ``e`` is the only one that creates entries ``(e, lsn)``. Protocol:
+
+1. **Prepare.** Send ``prepare(e)`` to every replica; wait for a prepare quorum of promises
+   (``LogConfig.prepare_quorum``). A rejection names a higher promise: retry with a higher epoch.
+2. **Recover.** ``C`` = highest commit hint among the promises (entries up to ``C`` are committed).
+   Of the promising replicas choose the one whose log is most up to date (highest last epoch,
+   then longest): by log matching it holds every committed entry. Its entries after ``C`` are the
+   recovered tail; the leader appends a barrier entry of epoch ``e`` after it.
+3. **Re-replicate.** Replicate tail + barrier to a write quorum; only then serve. Entries are
+   never re-stamped: like Raft, the leader commits by counting only entries of its own epoch, and
+   everything before the barrier commits with it. (Re-stamping would give one committed entry
+   two stamps on different replicas and break the prev check.)
+4. **Serve.** ``propose`` assigns the next lsn synchronously; one replication loop per replica
+   sends batches from that replica's ``next_lsn``; an entry is committed once ``W`` replicas
+   accepted it, and its waiters are resolved in lsn order.
+
+A ``Rejected`` reply at any point means a higher epoch exists: the leader stops for good
+("fenced") and fails every waiter with ``Fenced`` (outcome unknown to the client).
+
+No I/O of its own: replicas are ports, time is the injected clock, backoff jitter the injected rng.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from eventlog.clock import Clock
+from eventlog.config import LogConfig
+from eventlog.errors import (
+    ConvplaneError,
+    Fenced,
+    InvariantViolation,
+    NoQuorum,
+    Overloaded,
+)
+from eventlog.model import Accepted, LogEntry, Mismatch, Promised, Rejected, leader_barrier
+from eventlog.replica import ReplicaStore
+
+#: called with (shard, epoch, newly committed entries) each time the commit position advances
+CommitObserver = Callable[[int, int, Sequence[LogEntry]], None]
+
+
+@dataclass
+class _Follower:
+    """The leader's view of one replica."""
+
+    region: str
+    store: ReplicaStore
+    next_lsn: int
+    match_lsn: int = 0
+    sent_commit_lsn: int = 0
+    #: when the current run of failed calls started (None: the last call succeeded)
+    failing_since: float | None = None
+    mismatch_step: int = 1
+    wakeup: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+class ShardLeader:
+    def __init__(
+        self,
+        *,
+        shard: int,
+        region: str,
+        replicas: Mapping[str, ReplicaStore],
+        config: LogConfig,
+        clock: Clock,
+        rng: random.Random,
+        min_epoch: int = 0,
+        observer: CommitObserver | None = None,
+    ) -> None:
+        self.shard = shard
+        self.region = region
+        self._replicas = dict(sorted(replicas.items()))
+        self._config = config
+        self._clock = clock
+        self._rng = rng
+        self._observer = observer
+        self._w = config.quorum(len(replicas))
+        self.epoch = min_epoch
+        self.highest_seen_epoch = min_epoch
+        self.last_lsn = 0
+        self.commit_lsn = 0
+        # entries[lsn - buffer_base - 1]: every entry after buffer_base that the leader holds
+        self._buffer_base = 0
+        self._buffer: list[LogEntry] = []
+        self._epoch_at_base = 0  # epoch of the entry at buffer_base (0 when buffer_base == 0)
+        self._followers: dict[str, _Follower] = {}
+        self._waiters: dict[int, asyncio.Future[None]] = {}
+        self._recovery_source = region
+        self._recovery_commit_lsn = 0
+        self._barrier_lsn = 0
+        self._tasks: list[asyncio.Task[None]] = []
+        self._serving = False
+        self.fenced_by: int | None = None
+        self._stopped = False
+        #: a bug (InvariantViolation) that killed a replication task; the simulator checks it
+        self.crash: BaseException | None = None
+
+    # --- leadership ---------------------------------------------------------------------
+
+    @property
+    def serving(self) -> bool:
+        return self._serving and not self._stopped
+
+    async def lead(self) -> int:
+        """Prepare, recover and re-replicate; returns the epoch once the leader may serve."""
+        deadline = self._clock.monotonic() + self._config.lead_timeout_s
+        backoff_s = self._config.retry_backoff_min_s
+        while True:
+            self.epoch = self.highest_seen_epoch + 1
+            promises = await self._prepare_round(deadline)
+            if promises is not None:
+                break
+            if self._clock.monotonic() >= deadline:
+                raise NoQuorum(
+                    f"shard {self.shard}: no prepare quorum for epoch {self.epoch}",
+                    retry_after_s=1.0,
+                )
+            await self._clock.sleep(backoff_s * (0.5 + self._rng.random()))
+            backoff_s = min(backoff_s * 2, self._config.retry_backoff_max_s)
+        try:
+            await self._recover(promises)
+            self._start_replication()
+            remaining_s = max(deadline - self._clock.monotonic(),
+                              self._config.replica_call_timeout_s)
+            await self._wait_committed(self.last_lsn, remaining_s)
+        except BaseException:
+            await self.close()
+            raise
+        self._serving = True
+        return self.epoch
+
+    async def _prepare_round(self, deadline: float) -> dict[str, Promised] | None:
+        """One prepare at ``self.epoch``: the promises once a prepare quorum is reached, None if
+        rejected or out of time (``highest_seen_epoch`` is raised on rejection)."""
+        needed = self._config.prepare_quorum(len(self._replicas))
+        timeout_s = max(0.0, min(self._config.replica_call_timeout_s,
+                                 deadline - self._clock.monotonic()))
+        calls = {
+            asyncio.ensure_future(
+                asyncio.wait_for(
+                    store.prepare(self.shard, self.epoch, self._config.prepare_tail_max),
+                    timeout_s,
+                )
+            ): region
+            for region, store in self._replicas.items()
+        }
+        promises: dict[str, Promised] = {}
+        rejected = False
+        pending = set(calls)
+        try:
+            while pending and len(promises) < needed and not rejected:
+                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                for call in done:
+                    reply = _result_or_none(call)
+                    if isinstance(reply, Promised):
+                        promises[calls[call]] = reply
+                    elif isinstance(reply, Rejected):
+                        self.highest_seen_epoch = max(self.highest_seen_epoch,
+                                                      reply.promised_epoch)
+                        rejected = True
+        finally:
+            for call in pending:
+                call.cancel()
+            # Late promises are harmless: a promise only makes a replica reject lower epochs.
+            await asyncio.gather(*pending, return_exceptions=True)
+        self.highest_seen_epoch = max(self.highest_seen_epoch, self.epoch)
+        if rejected or len(promises) < needed:
+            return None
+        return promises
+
+    async def _recover(self, promises: dict[str, Promised]) -> None:
+        commit_lsn = max(p.status.commit_lsn for p in promises.values())
+        best_region = max(
+            promises, key=lambda r: (promises[r].status.last_epoch, promises[r].status.last_lsn)
+        )
+        best = promises[best_region]
+        if best.status.last_lsn < commit_lsn:
+            raise InvariantViolation(
+                f"shard {self.shard}: most up-to-date log ends at {best.status.last_lsn} "
+                f"before the commit point {commit_lsn}"
+            )
+        # The best log from the commit point on: the entry at commit_lsn (its epoch is needed
+        # for the prev check) and everything after it.
+        tail = [e for e in best.tail if e.lsn >= commit_lsn]
+        have_commit_entry = commit_lsn == 0 or (bool(tail) and tail[0].lsn == commit_lsn)
+        if not (best.tail_complete and have_commit_entry):
+            tail = await self._read_range(best_region, max(commit_lsn - 1, 0),
+                                          best.status.last_lsn)
+        expected = list(range(max(commit_lsn, 1), best.status.last_lsn + 1))
+        if [e.lsn for e in tail] != expected:
+            # The replica changed after its promise: a newer epoch is at work. Retry later.
+            raise NoQuorum(f"shard {self.shard}: recovery raced with a newer epoch",
+                           retry_after_s=0.5)
+        # Raft's rule, not re-stamping: the recovered tail keeps its stamps (so every (epoch, lsn)
+        # names one entry everywhere) and a barrier entry of this epoch follows it. Counting
+        # matches commits only entries of this epoch; the tail commits with the barrier.
+        self._buffer_base = commit_lsn
+        self._epoch_at_base = tail[0].epoch if commit_lsn >= 1 else 0
+        self._buffer = [e for e in tail if e.lsn > commit_lsn]
+        self._barrier_lsn = best.status.last_lsn + 1
+        self._buffer.append(leader_barrier(self._barrier_lsn, self.epoch, self.region,
+                                           self._clock.wall_ms()))
+        self.last_lsn = self._barrier_lsn
+        self.commit_lsn = commit_lsn
+        self._recovery_source = best_region
+        self._recovery_commit_lsn = commit_lsn
+        self._followers = {
+            region: _Follower(region, store, next_lsn=commit_lsn + 1)
+            for region, store in self._replicas.items()
+        }
+
+    async def _read_range(self, region: str, after_lsn: int, last_lsn: int) -> list[LogEntry]:
+        """Entries (after_lsn, last_lsn] of one replica, in pages."""
+        store = self._replicas[region]
+        found: list[LogEntry] = []
+        cursor = after_lsn
+        while cursor < last_lsn:
+            page = await asyncio.wait_for(
+                store.read_log(self.shard, cursor, min(self._config.prepare_tail_max,
+                                                       last_lsn - cursor)),
+                self._config.replica_call_timeout_s,
+            )
+            if not page or page[0].lsn != cursor + 1:
+                raise NoQuorum(f"shard {self.shard}: {region} has no entry {cursor + 1}",
+                               retry_after_s=0.5)
+            found.extend(page)
+            cursor = page[-1].lsn
+        return found
+
+    def stop(self, fenced_by: int | None = None, crash: BaseException | None = None) -> None:
+        """Stop leading: replication ends, every waiter fails (outcome unknown). ``crash`` is a
+        bug found by a replication task: waiters get it as is, so it surfaces, never swallowed."""
+        if self._stopped:
+            return
+        self._stopped = True
+        self._serving = False
+        if fenced_by is not None:
+            self.fenced_by = fenced_by
+            self.highest_seen_epoch = max(self.highest_seen_epoch, fenced_by)
+        error = Fenced(
+            f"shard {self.shard}: leader at epoch {self.epoch} stopped"
+            + (f" (fenced by epoch {fenced_by})" if fenced_by is not None else ""),
+            shard=self.shard,
+            promised_epoch=fenced_by if fenced_by is not None else self.epoch,
+        )
+        for waiter in self._waiters.values():
+            if not waiter.done():
+                waiter.set_exception(crash or error)
+                waiter.exception()  # mark retrieved: nobody may be waiting any more
+        self._waiters.clear()
+        for task in self._tasks:
+            task.cancel()
+        self._wake_followers()
+
+    async def close(self) -> None:
+        self.stop()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks.clear()
+
+    # --- proposing ---------------------------------------------------------------------
+
+    def check_can_propose(self) -> None:
+        """Fail fast (nothing written) when this leader cannot commit right now."""
+        if not self.serving:
+            raise Fenced(
+                f"shard {self.shard}: not serving at epoch {self.epoch}",
+                shard=self.shard,
+                promised_epoch=self.fenced_by or self.epoch,
+            )
+        if self.last_lsn - self.commit_lsn >= self._config.inflight_entries_max:
+            raise Overloaded(
+                f"shard {self.shard}: {self.last_lsn - self.commit_lsn} entries in flight",
+                retry_after_s=0.1,
+            )
+        horizon = self._clock.monotonic() - self._config.replica_suspect_after_s
+        alive = sum(
+            1 for f in self._followers.values()
+            if f.failing_since is None or f.failing_since >= horizon
+        )
+        if alive < self._w:
+            raise NoQuorum(
+                f"shard {self.shard}: {alive} replicas reachable, {self._w} needed",
+                retry_after_s=1.0,
+            )
+
+    def propose(self, make_entry: Callable[[int, int], LogEntry]) -> LogEntry:
+        """Append an entry built by ``make_entry(lsn, epoch)`` to the leader's log (no await:
+        callers decide and propose atomically). Raise as ``check_can_propose``."""
+        self.check_can_propose()
+        entry = make_entry(self.last_lsn + 1, self.epoch)
+        if entry.lsn != self.last_lsn + 1 or entry.epoch != self.epoch:
+            raise InvariantViolation(f"shard {self.shard}: proposed entry out of place")
+        self._buffer.append(entry)
+        self.last_lsn = entry.lsn
+        self._wake_followers()
+        return entry
+
+    async def wait_committed(self, lsn: int, timeout_s: float | None = None) -> None:
+        """Return once ``lsn`` is committed. NoQuorum after ``timeout_s`` (outcome unknown),
+        Fenced if the leader stops first."""
+        await self._wait_committed(lsn, timeout_s or self._config.append_timeout_s)
+
+    async def _wait_committed(self, lsn: int, timeout_s: float) -> None:
+        if lsn <= self.commit_lsn:
+            return
+        if self._stopped:
+            raise Fenced(f"shard {self.shard}: leader stopped", shard=self.shard,
+                         promised_epoch=self.fenced_by or self.epoch)
+        waiter = self._waiters.get(lsn)
+        if waiter is None:
+            waiter = asyncio.get_running_loop().create_future()
+            self._waiters[lsn] = waiter
+        try:
+            await asyncio.wait_for(asyncio.shield(waiter), timeout_s)
+        except TimeoutError as exc:
+            raise NoQuorum(
+                f"shard {self.shard}: lsn {lsn} not acknowledged by {self._w} replicas within "
+                f"{timeout_s:.1f}s; the outcome is unknown, retry with the same Idempotency-Key",
+                retry_after_s=1.0,
+            ) from exc
+
+    def holders(self, lsn: int) -> tuple[str, ...]:
+        """Regions whose replicas are known to hold the leader's log through ``lsn``."""
+        return tuple(r for r, f in self._followers.items() if f.match_lsn >= lsn)
+
+    def read_source(self) -> str:
+        """A region whose replica holds every committed entry (this region's own if it does)."""
+        own = self._followers.get(self.region)
+        if own is not None and own.match_lsn >= self.commit_lsn:
+            return self.region
+        best = max(self._followers.values(),
+                   key=lambda f: (f.match_lsn, f.failing_since is None))
+        if best.match_lsn < self.commit_lsn:
+            raise InvariantViolation(f"shard {self.shard}: no replica holds the commit point")
+        return best.region
+
+    # --- replication -------------------------------------------------------------------
+
+    def _start_replication(self) -> None:
+        for follower in self._followers.values():
+            task = asyncio.ensure_future(self._replicate_forever(follower))
+            task.add_done_callback(self._on_replication_done)
+            self._tasks.append(task)
+
+    def _on_replication_done(self, task: asyncio.Task[None]) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            self.crash = task.exception()
+            self.stop(crash=self.crash)
+
+    def _wake_followers(self) -> None:
+        for follower in self._followers.values():
+            follower.wakeup.set()
+
+    async def _replicate_forever(self, follower: _Follower) -> None:
+        backoff_s = self._config.retry_backoff_min_s
+        while not self._stopped:
+            follower.wakeup.clear()  # before looking, so no wake-up between look and wait is lost
+            if follower.next_lsn > self.last_lsn:
+                if follower.sent_commit_lsn >= min(self.commit_lsn, follower.match_lsn):
+                    await follower.wakeup.wait()
+                    continue
+                # Idle but the replica's commit hint is stale: push it after a short linger,
+                # unless new entries come first (they carry the commit position anyway).
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(follower.wakeup.wait(),
+                                           self._config.commit_push_delay_s)
+                if self._stopped or follower.next_lsn <= self.last_lsn:
+                    continue
+            try:
+                await self._send_once(follower)
+                backoff_s = self._config.retry_backoff_min_s
+            except (ConvplaneError, TimeoutError, OSError):
+                # Lost message, unreachable replica or catch-up source: retry at a bounded rate.
+                if follower.failing_since is None:
+                    follower.failing_since = self._clock.monotonic()
+                await self._clock.sleep(backoff_s * (0.5 + self._rng.random()))
+                backoff_s = min(backoff_s * 2, self._config.retry_backoff_max_s)
+
+    async def _send_once(self, follower: _Follower) -> None:
+        prev_lsn = follower.next_lsn - 1
+        last = min(self.last_lsn, prev_lsn + self._config.batch_events_max)
+        prev_epoch, batch = await self._entries_after(follower.region, prev_lsn, last)
+        commit_lsn = self.commit_lsn
+        reply = await asyncio.wait_for(
+            follower.store.append(self.shard, self.epoch, prev_lsn, prev_epoch, batch, commit_lsn),
+            self._config.replica_call_timeout_s,
+        )
+        if self._stopped:
+            return
+        follower.failing_since = None
+        if isinstance(reply, Accepted):
+            if reply.match_lsn != prev_lsn + len(batch):
+                raise InvariantViolation(f"shard {self.shard}: bad match from {follower.region}")
+            follower.mismatch_step = 1
+            follower.match_lsn = max(follower.match_lsn, reply.match_lsn)
+            follower.next_lsn = max(follower.next_lsn, reply.match_lsn + 1)
+            follower.sent_commit_lsn = max(follower.sent_commit_lsn,
+                                           min(commit_lsn, reply.match_lsn))
+            self._advance_commit()
+        elif isinstance(reply, Mismatch):
+            # Step back, doubling the step while mismatches repeat (re-sending entries the
+            # replica already has is harmless: it keeps same-epoch entries).
+            follower.next_lsn = max(1, min(follower.next_lsn - follower.mismatch_step,
+                                           reply.last_lsn + 1))
+            follower.mismatch_step = min(follower.mismatch_step * 2,
+                                         self._config.batch_events_max)
+        elif isinstance(reply, Rejected):
+            self.stop(fenced_by=reply.promised_epoch)
+
+    async def _entries_after(
+        self, target: str, prev_lsn: int, last_lsn: int
+    ) -> tuple[int, list[LogEntry]]:
+        """(epoch of entry prev_lsn, entries prev_lsn+1..last_lsn) of the leader's log."""
+        if prev_lsn >= self._buffer_base:
+            start = prev_lsn - self._buffer_base
+            prev_epoch = self._buffer[start - 1].epoch if start > 0 else self._epoch_at_base
+            return prev_epoch, self._buffer[start : last_lsn - self._buffer_base]
+        # Older than the buffer: committed entries, identical on every replica that has them.
+        source = self._catch_up_source(target, min(last_lsn, self._buffer_base))
+        end = min(last_lsn, self._buffer_base)
+        fetched = await self._read_range(source, max(prev_lsn - 1, 0), end)
+        prev_epoch = fetched[0].epoch if prev_lsn > 0 else 0
+        batch = fetched[1:] if prev_lsn > 0 else fetched
+        return prev_epoch, [e for e in batch if e.lsn <= end]
+
+    def _catch_up_source(self, target: str, through_lsn: int) -> str:
+        """A replica known to hold the leader's log through ``through_lsn``: one that accepted
+        it at this epoch, or (for the committed base found at recovery) the recovery source."""
+        candidates = [
+            f for f in self._followers.values()
+            if f.region != target and f.match_lsn >= through_lsn
+        ]
+        if candidates:
+            return max(candidates, key=lambda f: (f.region == self.region,
+                                                   f.failing_since is None)).region
+        if through_lsn <= self._recovery_commit_lsn and self._recovery_source != target:
+            return self._recovery_source
+        raise NoQuorum(f"shard {self.shard}: no catch-up source for {target} yet",
+                       retry_after_s=0.5)
+
+    def _advance_commit(self) -> None:
+        matches = sorted((f.match_lsn for f in self._followers.values()), reverse=True)
+        quorum_lsn = matches[self._w - 1]
+        if quorum_lsn <= self.commit_lsn or quorum_lsn < self._barrier_lsn:
+            return  # only entries of this epoch are committed by counting (Raft, section 5.4.2)
+        newly = self._buffer[self.commit_lsn - self._buffer_base : quorum_lsn - self._buffer_base]
+        self.commit_lsn = quorum_lsn
+        if self._observer is not None:
+            self._observer(self.shard, self.epoch, newly)
+        for lsn in sorted(lsn for lsn in self._waiters if lsn <= quorum_lsn):
+            waiter = self._waiters.pop(lsn)
+            if not waiter.done():
+                waiter.set_result(None)
+        self._trim_buffer()
+        self._wake_followers()  # followers may now push the new commit position
+
+    def _trim_buffer(self) -> None:
+        excess = len(self._buffer) - self._config.buffer_entries_max
+        trimmable = self.commit_lsn - self._buffer_base
+        drop = min(excess, trimmable)
+        if drop > 0:
+            self._epoch_at_base = self._buffer[drop - 1].epoch
+            self._buffer_base += drop
+            del self._buffer[:drop]
+
+    def entry(self, lsn: int) -> LogEntry | None:
+        """An entry of the leader's log still held in memory."""
+        if self._buffer_base < lsn <= self.last_lsn:
+            return self._buffer[lsn - self._buffer_base - 1]
+        return None
+
+
+def _result_or_none(call: asyncio.Future[object]) -> object | None:
+    """A replica call's reply; a lost call (timeout, unreachable) is None."""
+    if call.cancelled():
+        return None
+    exc = call.exception()
+    if exc is None:
+        return call.result()
+    if isinstance(exc, ConvplaneError | TimeoutError | OSError):
+        return None
+    raise exc

@@ -1,0 +1,386 @@
+"""A region's log node: leads some shards and serves the ConversationLog API for them.
+
+The node writes to every region's replica directly (through the ``replicas`` ports); it holds no
+durable state of its own. Calls for shards it does not lead raise ``NotLeader`` with the leader's
+region when known, so the routing layer can forward them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+from collections import OrderedDict
+from collections.abc import Mapping
+from typing import Any
+
+from eventlog.clock import Clock
+from eventlog.config import LogConfig
+from eventlog.conversation_state import (
+    ConversationExists,
+    ConversationState,
+    fingerprint,
+    validate_event,
+)
+from eventlog.conversations import (
+    AppendedEvent,
+    ConversationInfo,
+    ConversationLog,
+    EventRecord,
+    ToolAttemptStatus,
+)
+from eventlog.errors import ConvplaneError, InvalidRequest, NotFound, NotLeader
+from eventlog.leader import CommitObserver, ShardLeader
+from eventlog.model import CONVERSATION_CREATED, LogEntry
+from eventlog.replica import ReplicaStore
+from eventlog.sharding import shard_of
+
+__all__ = ["LogConfig", "LogNode"]
+
+
+class LogNode(ConversationLog):
+    def __init__(
+        self,
+        *,
+        region: str,
+        replicas: Mapping[str, ReplicaStore],
+        config: LogConfig,
+        clock: Clock,
+        rng: random.Random,
+        observer: CommitObserver | None = None,
+    ) -> None:
+        if region not in replicas:
+            raise ValueError(f"region {region!r} has no replica")
+        self.region = region
+        self.config = config
+        self._replicas = dict(replicas)
+        self._clock = clock
+        self._rng = rng
+        self._observer = observer
+        self._leaders: dict[int, ShardLeader] = {}
+        self._hints: dict[int, str | None] = {}
+        self._epochs_seen: dict[int, int] = {}
+        self._states: OrderedDict[tuple[int, str], ConversationState] = OrderedDict()
+        self._loading: dict[tuple[int, str], asyncio.Lock] = {}
+
+    # --- leadership -----------------------------------------------------------------------
+
+    def shard_of(self, conversation_id: str) -> int:
+        return shard_of(conversation_id, self.config.shard_count)
+
+    def leads(self, shard: int) -> bool:
+        leader = self._leaders.get(shard)
+        return leader is not None and leader.serving
+
+    def led_shards(self) -> list[int]:
+        return sorted(s for s in self._leaders if self.leads(s))
+
+    def leader(self, shard: int) -> ShardLeader | None:
+        return self._leaders.get(shard)
+
+    def set_leader_hint(self, shard: int, region: str | None) -> None:
+        self._hints[shard] = region
+
+    async def lead_shard(self, shard: int) -> int:
+        """Become the shard's leader at an epoch higher than any promised; returns the epoch."""
+        await self.resign_shard(shard)
+        leader = ShardLeader(
+            shard=shard,
+            region=self.region,
+            replicas=self._replicas,
+            config=self.config,
+            clock=self._clock,
+            rng=self._rng,
+            min_epoch=self._epochs_seen.get(shard, 0),
+            observer=self._observer,
+        )
+        try:
+            epoch = await leader.lead()
+        finally:
+            self._epochs_seen[shard] = max(self._epochs_seen.get(shard, 0),
+                                           leader.highest_seen_epoch)
+        self._leaders[shard] = leader
+        self._hints[shard] = self.region
+        return epoch
+
+    async def resign_shard(self, shard: int) -> None:
+        leader = self._leaders.pop(shard, None)
+        if leader is not None:
+            self._epochs_seen[shard] = max(self._epochs_seen.get(shard, 0),
+                                           leader.highest_seen_epoch)
+            await leader.close()
+            if self._hints.get(shard) == self.region:
+                self._hints[shard] = None
+        for key in [k for k in self._states if k[0] == shard]:
+            del self._states[key]
+
+    async def close(self) -> None:
+        for shard in list(self._leaders):
+            await self.resign_shard(shard)
+
+    def _serving_leader(self, shard: int) -> ShardLeader:
+        leader = self._leaders.get(shard)
+        if leader is not None and leader.serving:
+            return leader
+        hint = self._hints.get(shard)
+        raise NotLeader(
+            f"region {self.region} does not lead shard {shard}",
+            shard=shard,
+            leader_region=hint if hint != self.region else None,
+            retry_after_s=0.5,
+        )
+
+    # --- conversation state ---------------------------------------------------------------
+
+    async def _state(self, shard: int, conversation_id: str) -> tuple[ShardLeader,
+                                                                       ConversationState | None]:
+        """The shard's serving leader and the conversation's state (None: no such conversation).
+        No await separates the return from the caller's decision."""
+        key = (shard, conversation_id)
+        leader = self._serving_leader(shard)
+        state = self._states.get(key)
+        if state is None:
+            lock = self._loading.setdefault(key, asyncio.Lock())
+            try:
+                async with lock:
+                    state = self._states.get(key)
+                    if state is None:
+                        history = await self._read_history(leader, conversation_id)
+                        if self._leaders.get(shard) is not leader:
+                            return self._serving_leader(shard), None  # raises: leader changed
+                        if history:
+                            state = ConversationState.from_history(history)
+                            self._states[key] = state
+            finally:
+                if not lock.locked():
+                    self._loading.pop(key, None)
+        leader = self._serving_leader(shard)
+        if state is not None:
+            self._states.move_to_end(key)
+            self._evict(leader)
+        return leader, state
+
+    def _evict(self, leader: ShardLeader) -> None:
+        excess = len(self._states) - self.config.conversation_cache_max
+        for key in list(self._states)[:max(excess, 0)]:
+            shard_leader = self._leaders.get(key[0])
+            if shard_leader is None or self._states[key].last_lsn <= shard_leader.commit_lsn:
+                del self._states[key]
+
+    async def _read_history(self, leader: ShardLeader, conversation_id: str) -> list[LogEntry]:
+        entries: list[LogEntry] = []
+        after_seq = -1
+        while True:
+            page = await self._read_conversation(leader, conversation_id, after_seq,
+                                                 self.config.conversation_page_events)
+            entries.extend(page)
+            if len(page) < self.config.conversation_page_events:
+                return entries
+            after_seq = page[-1].seq
+
+    async def _read_conversation(
+        self, leader: ShardLeader, conversation_id: str, after_seq: int, limit: int
+    ) -> list[LogEntry]:
+        """Committed entries, from a replica known to hold everything committed."""
+        commit_lsn = leader.commit_lsn
+        sources = [leader.read_source()] + [
+            r for r in leader.holders(commit_lsn) if r != leader.read_source()
+        ]
+        last_error: ConvplaneError | None = None
+        for region in sources:
+            try:
+                return await asyncio.wait_for(
+                    self._replicas[region].read_conversation(
+                        leader.shard, conversation_id, after_seq, limit, commit_lsn
+                    ),
+                    self.config.replica_call_timeout_s,
+                )
+            except (ConvplaneError, TimeoutError) as exc:
+                last_error = exc if isinstance(exc, ConvplaneError) else None
+        raise last_error or NotLeader(
+            f"shard {leader.shard}: no replica answered a read", shard=leader.shard,
+            retry_after_s=0.5,
+        )
+
+    # --- ConversationLog ------------------------------------------------------------------
+
+    async def create_conversation(
+        self,
+        tenant_id: str,
+        conversation_id: str,
+        model_revision: str,
+        metadata: dict[str, Any],
+    ) -> ConversationInfo:
+        shard = self.shard_of(conversation_id)
+        leader, state = await self._state(shard, conversation_id)
+        request_fp = fingerprint(CONVERSATION_CREATED,
+                                 {"model_revision": model_revision, "metadata": metadata}, None)
+        if state is not None:
+            created = json.loads(state.created.body)
+            if state.tenant_id != tenant_id or created["fingerprint"] != request_fp:
+                raise ConversationExists(f"conversation {conversation_id!r} already exists")
+            await leader.wait_committed(state.created.lsn)
+            return self._info(leader, state)
+        now_ms = self._clock.wall_ms()
+        body = {
+            "event_id": self._new_id("conv"),
+            "tenant_id": tenant_id,
+            "conversation_id": conversation_id,
+            "type": CONVERSATION_CREATED,
+            "model_revision": model_revision,
+            "metadata": metadata,
+            "created_at_ms": now_ms,
+            "fingerprint": request_fp,
+        }
+        entry = leader.propose(lambda lsn, epoch: LogEntry(
+            lsn=lsn, epoch=epoch, tenant_id=tenant_id, conversation_id=conversation_id, seq=0,
+            event_type=CONVERSATION_CREATED, idempotency_key=None, attempt_id=None,
+            token_count=0, created_at_ms=now_ms, body=json.dumps(body, separators=(",", ":")),
+        ))
+        state = ConversationState(created=entry, last_lsn=entry.lsn)
+        self._states[(shard, conversation_id)] = state
+        await leader.wait_committed(entry.lsn)
+        return self._info(leader, state)
+
+    async def append_event(
+        self,
+        tenant_id: str,
+        conversation_id: str,
+        event_type: str,
+        payload: dict[str, Any],
+        *,
+        token_count: int | None = None,
+        expected_seq: int | None = None,
+        idempotency_key: str | None = None,
+    ) -> AppendedEvent:
+        attempt_id = validate_event(event_type, payload)
+        if token_count is not None and token_count < 0:
+            raise InvalidRequest("token_count must be >= 0")
+        shard = self.shard_of(conversation_id)
+        leader, state = await self._state(shard, conversation_id)
+        if state is None or state.tenant_id != tenant_id:
+            raise NotFound(f"no conversation {conversation_id!r}")
+        # From here to propose: no await, so the decision and the seq are atomic.
+        request_fp = fingerprint(event_type, payload, token_count)
+        earlier = state.existing_result(event_type, attempt_id, request_fp, idempotency_key)
+        if earlier is not None:
+            await leader.wait_committed(earlier.lsn)
+            return self._appended(leader, earlier, replayed=True)
+        state.check_expected_seq(expected_seq)
+        if state.last_seq >= self.config.conversation_events_max:
+            raise InvalidRequest(f"conversation {conversation_id!r} is full "
+                                 f"({self.config.conversation_events_max} events)")
+        seq = state.last_seq + 1
+        now_ms = self._clock.wall_ms()
+        tokens = token_count if token_count is not None else estimate_tokens(payload)
+        body = {
+            "event_id": self._new_id("evt"),
+            "tenant_id": tenant_id,
+            "conversation_id": conversation_id,
+            "seq": seq,
+            "type": event_type,
+            "payload": payload,
+            "token_count": tokens,
+            "created_at_ms": now_ms,
+            "idempotency_key": idempotency_key,
+            "fingerprint": request_fp,
+        }
+        entry = leader.propose(lambda lsn, epoch: LogEntry(
+            lsn=lsn, epoch=epoch, tenant_id=tenant_id, conversation_id=conversation_id, seq=seq,
+            event_type=event_type, idempotency_key=idempotency_key, attempt_id=attempt_id,
+            token_count=tokens, created_at_ms=now_ms,
+            body=json.dumps(body, separators=(",", ":")),
+        ))
+        state.apply(entry)
+        await leader.wait_committed(entry.lsn)
+        return self._appended(leader, entry, replayed=False)
+
+    async def get_conversation(self, tenant_id: str, conversation_id: str) -> ConversationInfo:
+        leader, state = await self._committed_state(tenant_id, conversation_id)
+        return self._info(leader, state)
+
+    async def list_events(
+        self, tenant_id: str, conversation_id: str, after_seq: int, limit: int
+    ) -> list[EventRecord]:
+        if limit < 1:
+            raise InvalidRequest("limit must be >= 1")
+        leader, _ = await self._committed_state(tenant_id, conversation_id)
+        entries = await self._read_conversation(leader, conversation_id, max(after_seq, 0), limit)
+        return [event_record(e) for e in entries]
+
+    async def tool_attempt(
+        self, tenant_id: str, conversation_id: str, attempt_id: str
+    ) -> ToolAttemptStatus:
+        leader, state = await self._committed_state(tenant_id, conversation_id)
+        attempt = state.attempts.get(attempt_id)
+        if attempt is None or attempt.attempt.lsn > leader.commit_lsn:
+            raise NotFound(f"no tool attempt {attempt_id!r} in conversation {conversation_id!r}")
+        events = [event_record(attempt.attempt)]
+        state_name: Any = "pending"
+        if attempt.effect is not None and attempt.effect.lsn <= leader.commit_lsn:
+            events.append(event_record(attempt.effect))
+            state_name = json.loads(attempt.effect.body)["payload"]["status"]
+        return ToolAttemptStatus(attempt_id=attempt_id, state=state_name, events=tuple(events))
+
+    async def _committed_state(
+        self, tenant_id: str, conversation_id: str
+    ) -> tuple[ShardLeader, ConversationState]:
+        leader, state = await self._state(self.shard_of(conversation_id), conversation_id)
+        if (state is None or state.tenant_id != tenant_id
+                or state.created.lsn > leader.commit_lsn):
+            raise NotFound(f"no conversation {conversation_id!r}")
+        return leader, state
+
+    # --- helpers --------------------------------------------------------------------------
+
+    def _new_id(self, prefix: str) -> str:
+        return f"{prefix}_{self._rng.getrandbits(80):020x}"
+
+    def _info(self, leader: ShardLeader, state: ConversationState) -> ConversationInfo:
+        created = state.created_body
+        return ConversationInfo(
+            conversation_id=state.created.conversation_id,
+            tenant_id=state.tenant_id,
+            home_region=self.region,
+            model_revision=created["model_revision"],
+            metadata=created["metadata"],
+            created_at_ms=state.created.created_at_ms,
+            last_seq=state.last_seq,
+            shard=leader.shard,
+            epoch=leader.epoch,
+        )
+
+    def _appended(self, leader: ShardLeader, entry: LogEntry, *, replayed: bool) -> AppendedEvent:
+        body = json.loads(entry.body)
+        return AppendedEvent(
+            event_id=body["event_id"],
+            conversation_id=entry.conversation_id,
+            seq=entry.seq,
+            event_type=entry.event_type,
+            acked_by=leader.holders(entry.lsn),
+            committed_at_ms=entry.created_at_ms,
+            shard=leader.shard,
+            epoch=entry.epoch,
+            lsn=entry.lsn,
+            replayed=replayed,
+        )
+
+
+def estimate_tokens(payload: dict[str, Any]) -> int:
+    """A rough prompt-token estimate (4 characters a token) when the client sends none."""
+    content = payload.get("content")
+    text = content if isinstance(content, str) else json.dumps(payload)
+    return max(1, len(text) // 4)
+
+
+def event_record(entry: LogEntry) -> EventRecord:
+    body = json.loads(entry.body)
+    return EventRecord(
+        event_id=body["event_id"],
+        conversation_id=entry.conversation_id,
+        seq=entry.seq,
+        event_type=entry.event_type,
+        payload=body.get("payload", {}),
+        token_count=entry.token_count,
+        created_at_ms=entry.created_at_ms,
+    )
