@@ -1,0 +1,1 @@
+"""Alembic environment of the replica stores (run it with ``eventlog.stores.migrate``)."""

@@ -1,0 +1,135 @@
+"""Engines for the replica stores, and the one place driver errors become convplane errors."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import event, exc
+from sqlalchemy.engine import make_url
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
+
+from eventlog.errors import InvalidRequest, InvariantViolation, ReplicaUnavailable
+
+#: execution option that makes a SQLite transaction start with BEGIN IMMEDIATE (writer lock)
+SQLITE_WRITE_OPTION = "convplane_sqlite_write"
+
+
+@dataclass(frozen=True, slots=True)
+class StoreLimits:
+    """Bounds of one store. Every name is a limit; see ``open_replica_store``."""
+
+    batch_linger_ms: float = 1.0  # how long a group waits for more appends after its first
+    batch_events_max: int = 512  # entries per group (a call counts at least 1)
+    queue_max: int = 4096  # appends waiting for a group; beyond it append fails fast
+    statement_timeout_s: float = 5.0  # every database call (checkout + statement)
+    connect_timeout_s: float = 5.0
+    pool_size: int = 4  # reads and prepares; the group committer holds one more connection
+    pool_max_overflow: int = 2
+
+    def __post_init__(self) -> None:
+        if self.batch_linger_ms < 0 or self.batch_events_max < 1 or self.queue_max < 1:
+            raise InvalidRequest(f"invalid store limits: {self}")
+        if self.statement_timeout_s <= 0 or self.connect_timeout_s <= 0 or self.pool_size < 1:
+            raise InvalidRequest(f"invalid store limits: {self}")
+
+
+def dialect_of(dsn: str) -> str:
+    """``postgresql`` or ``sqlite``; anything else is a configuration error."""
+    url = make_url(dsn)
+    if url.drivername == "postgresql+asyncpg":
+        return "postgresql"
+    if url.drivername == "sqlite+aiosqlite" and url.database not in (None, "", ":memory:"):
+        return "sqlite"
+    raise InvalidRequest(
+        f"unsupported replica dsn {url.render_as_string(hide_password=True)!r}: use "
+        "postgresql+asyncpg://... or sqlite+aiosqlite:///path (a file: an ack must be durable)"
+    )
+
+
+def make_engine(dsn: str, limits: StoreLimits) -> AsyncEngine:
+    """A small pooled engine. PostgreSQL: asyncpg with a per-command timeout. SQLite: WAL,
+    synchronous=FULL (an ack survives power loss), and explicit BEGIN so that writers can take
+    the database lock up front with BEGIN IMMEDIATE (the check-and-write is then atomic even with
+    several processes on one file)."""
+    if dialect_of(dsn) == "postgresql":
+        return create_async_engine(
+            dsn,
+            pool_size=limits.pool_size,
+            max_overflow=limits.pool_max_overflow,
+            pool_pre_ping=True,
+            pool_timeout=limits.statement_timeout_s,
+            connect_args={
+                "timeout": limits.connect_timeout_s,
+                "command_timeout": limits.statement_timeout_s,
+                "server_settings": {"synchronous_commit": "on"},
+            },
+        )
+    engine = create_async_engine(
+        dsn,
+        pool_size=limits.pool_size,
+        max_overflow=limits.pool_max_overflow,
+        pool_pre_ping=True,
+        pool_timeout=limits.statement_timeout_s,
+        connect_args={"timeout": limits.statement_timeout_s},
+    )
+    busy_timeout_ms = int(limits.statement_timeout_s * 1000)
+
+    @event.listens_for(engine.sync_engine, "connect")
+    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+        dbapi_connection.isolation_level = None  # we emit BEGIN ourselves (below)
+        cursor = dbapi_connection.cursor()
+        for pragma in (
+            "journal_mode=WAL",
+            "synchronous=FULL",
+            f"busy_timeout={busy_timeout_ms}",
+            "foreign_keys=ON",
+        ):
+            cursor.execute(f"PRAGMA {pragma}")
+        cursor.close()
+
+    @event.listens_for(engine.sync_engine, "begin")
+    def _on_begin(connection: Any) -> None:
+        write = connection.get_execution_options().get(SQLITE_WRITE_OPTION, False)
+        connection.exec_driver_sql("BEGIN IMMEDIATE" if write else "BEGIN")
+
+    return engine
+
+
+@asynccontextmanager
+async def translated(region: str, what: str) -> AsyncIterator[None]:
+    """Driver errors -> ``ReplicaUnavailable`` (raised from the driver's exception), once.
+
+    Errors that mean our SQL or data is wrong (integrity, programming, data errors) are bugs:
+    ``InvariantViolation``. Everything that means "the database could not be reached or did not
+    answer in time" is ``ReplicaUnavailable``, which the core treats as a lost message.
+    """
+    try:
+        yield
+    except (exc.IntegrityError, exc.ProgrammingError, exc.DataError) as error:
+        raise InvariantViolation(f"{region}: {what}: {error}") from error
+    except (exc.SQLAlchemyError, OSError, TimeoutError) as error:
+        raise ReplicaUnavailable(
+            f"replica {region} unavailable during {what}: {type(error).__name__}: {error}"
+        ) from error
+
+
+@asynccontextmanager
+async def checked_out(
+    engine: AsyncEngine, region: str, what: str, timeout_s: float, *, write: bool = False
+) -> AsyncIterator[AsyncConnection]:
+    """A pooled connection whose whole use runs under ``timeout_s`` with translated errors.
+
+    PostgreSQL connections run in autocommit (every call is one statement, one round trip);
+    ``write`` on SQLite makes the first ``begin()`` a BEGIN IMMEDIATE.
+    """
+    async with translated(region, what), asyncio.timeout(timeout_s):
+        async with engine.connect() as connection:
+            if engine.dialect.name == "postgresql":
+                await connection.execution_options(isolation_level="AUTOCOMMIT")
+            elif write:
+                await connection.execution_options(**{SQLITE_WRITE_OPTION: True})
+            yield connection

@@ -1,0 +1,90 @@
+"""SQLite writes: the pure plan (``_plan``) applied inside one BEGIN IMMEDIATE transaction.
+
+BEGIN IMMEDIATE takes SQLite's write lock before the first read, so the read-check-write of a
+group is atomic against every other connection and process on the same file (fencing holds even
+with two leader processes sharing one database). The commit is the group's only fsync.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from sqlalchemy import delete, insert, select, update
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from eventlog.errors import InvariantViolation
+from eventlog.model import PrepareReply, Promised, Rejected, ShardStatus
+from eventlog.stores._plan import AppendRequest, plan_append
+from eventlog.stores._schema import entries, entry_from_row, entry_to_row, shards, status_from_row
+from eventlog.stores.group_commit import AppendOutcome
+
+
+async def append_group(
+    conn: AsyncConnection, region: str, requests: Sequence[AppendRequest]
+) -> list[AppendOutcome]:
+    async with conn.begin():
+        return [await _append_one(conn, region, request) for request in requests]
+
+
+async def prepare(conn: AsyncConnection, shard: int, epoch: int, tail_max: int) -> PrepareReply:
+    async with conn.begin():
+        row = await _shard_row(conn, shard)
+        current = status_from_row(row)
+        if epoch <= current.promised_epoch:
+            return Rejected(current.promised_epoch)
+        status = ShardStatus(epoch, current.last_lsn, current.last_epoch, current.commit_lsn)
+        await _write_status(conn, shard, status, exists=row is not None)
+        tail_rows = await conn.execute(
+            select(entries)
+            .where(entries.c.shard == shard, entries.c.lsn > status.commit_lsn)
+            .order_by(entries.c.lsn)
+            .limit(max(tail_max, 0))
+        )
+        tail = tuple(entry_from_row(r) for r in tail_rows.mappings())
+    return Promised(status, tail, status.commit_lsn + len(tail) >= status.last_lsn)
+
+
+async def _append_one(conn: AsyncConnection, region: str, request: AppendRequest) -> AppendOutcome:
+    row = await _shard_row(conn, request.shard)
+    current = status_from_row(row)
+    lo_lsn, hi_lsn = request.prev_lsn, request.prev_lsn + len(request.entries)
+    stored = await conn.execute(
+        select(entries.c.lsn, entries.c.epoch).where(
+            entries.c.shard == request.shard, entries.c.lsn >= lo_lsn, entries.c.lsn <= hi_lsn
+        )
+    )
+    plan = plan_append(current, dict(stored.tuples().all()), request)
+    if plan.truncate_from_lsn is not None:
+        await conn.execute(
+            delete(entries).where(
+                entries.c.shard == request.shard, entries.c.lsn >= plan.truncate_from_lsn
+            )
+        )
+    if plan.inserts:
+        await conn.execute(insert(entries), [entry_to_row(request.shard, e) for e in plan.inserts])
+    if plan.status != current:
+        await _write_status(conn, request.shard, plan.status, exists=row is not None)
+    if plan.violation is not None:
+        return InvariantViolation(f"{region}: {plan.violation}")
+    return plan.reply
+
+
+async def _shard_row(conn: AsyncConnection, shard: int) -> Mapping[Any, Any] | None:
+    result = await conn.execute(select(shards).where(shards.c.shard == shard))
+    return result.mappings().first()
+
+
+async def _write_status(
+    conn: AsyncConnection, shard: int, status: ShardStatus, *, exists: bool
+) -> None:
+    values = {
+        "promised_epoch": status.promised_epoch,
+        "commit_lsn": status.commit_lsn,
+        "last_lsn": status.last_lsn,
+        "last_epoch": status.last_epoch,
+    }
+    if exists:
+        await conn.execute(update(shards).where(shards.c.shard == shard).values(**values))
+    else:
+        await conn.execute(insert(shards).values(shard=shard, **values))

@@ -1,0 +1,154 @@
+"""Group commit: concurrent ``append`` calls on one store become one transaction.
+
+Callers put requests on a bounded queue and wait for their own reply. One writer task takes the
+first waiting request, then keeps taking more for at most ``linger_s`` (0: only what is already
+queued) or until the group holds ``events_max`` entries, hands the whole group, in arrival order,
+to ``execute`` (one transaction / one database call), and resolves each caller with its own
+outcome. Only one group is in flight at a time, so requests are applied in the order they were
+submitted: a leader that pipelines appends of one shard sees them applied in its order. While a
+group runs, the next one fills up, which is what makes the batching adaptive.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+
+from eventlog.clock import Clock
+from eventlog.errors import InvariantViolation, ReplicaUnavailable
+from eventlog.model import AppendReply
+from eventlog.stores._plan import AppendRequest
+
+#: an outcome is the reply, or the bug the request revealed (raised in the caller)
+AppendOutcome = AppendReply | InvariantViolation
+ExecuteGroup = Callable[[Sequence[AppendRequest]], Awaitable[list[AppendOutcome]]]
+
+
+@dataclass(slots=True)
+class _Waiting:
+    request: AppendRequest
+    reply: asyncio.Future[AppendReply]
+
+    @property
+    def weight(self) -> int:
+        return max(1, len(self.request.entries))
+
+
+class GroupCommitter:
+    def __init__(
+        self,
+        execute: ExecuteGroup,
+        *,
+        region: str,
+        clock: Clock,
+        linger_s: float,
+        events_max: int,
+        queue_max: int,
+    ) -> None:
+        self._execute = execute
+        self._region = region
+        self._clock = clock
+        self._linger_s = linger_s
+        self._events_max = events_max
+        self._queue: asyncio.Queue[_Waiting] = asyncio.Queue(maxsize=queue_max)
+        self._carried: _Waiting | None = None  # did not fit into the previous group
+        self._writer: asyncio.Task[None] | None = None
+        self._closed = False
+        self.groups_committed = 0  # for benchmarks and tests: how many groups ran
+
+    async def submit(self, request: AppendRequest) -> AppendReply:
+        if self._closed:
+            raise ReplicaUnavailable(f"replica {self._region} is closed")
+        waiting = _Waiting(request, asyncio.get_running_loop().create_future())
+        try:
+            self._queue.put_nowait(waiting)
+        except asyncio.QueueFull:
+            raise ReplicaUnavailable(
+                f"replica {self._region}: {self._queue.maxsize} appends already queued"
+            ) from None
+        if self._writer is None:
+            self._writer = asyncio.create_task(self._run(), name=f"group-commit-{self._region}")
+        return await waiting.reply
+
+    async def close(self) -> None:
+        """Stop taking appends; the running group and every waiting append fail with
+        ``ReplicaUnavailable`` (their outcome is unknown to the caller, as after a crash)."""
+        self._closed = True
+        if self._writer is not None:
+            self._writer.cancel()
+            try:
+                await self._writer
+            except asyncio.CancelledError:
+                pass
+            self._writer = None
+        leftovers = [self._carried] if self._carried else []
+        while not self._queue.empty():
+            leftovers.append(self._queue.get_nowait())
+        for waiting in leftovers:
+            if not waiting.reply.done():
+                waiting.reply.set_exception(ReplicaUnavailable(f"replica {self._region} closed"))
+        self._carried = None
+
+    async def _run(self) -> None:
+        while True:
+            group = [w for w in await self._next_group() if not w.reply.done()]
+            if not group:
+                continue
+            try:
+                outcomes = await self._execute([w.request for w in group])
+            except asyncio.CancelledError:
+                _fail(group, ReplicaUnavailable(f"replica {self._region} closed mid-commit"))
+                raise
+            except (ReplicaUnavailable, InvariantViolation) as error:
+                _fail(group, error)
+                continue
+            except Exception as error:  # a bug below us: fail the callers, keep the writer
+                bug = InvariantViolation(f"group commit of {self._region} failed: {error!r}")
+                bug.__cause__ = error
+                _fail(group, bug)
+                continue
+            if len(outcomes) != len(group):
+                raise InvariantViolation(f"{len(outcomes)} outcomes for a group of {len(group)}")
+            self.groups_committed += 1
+            for waiting, outcome in zip(group, outcomes, strict=True):
+                if waiting.reply.done():
+                    continue  # the caller gave up; the outcome stays unknown to it
+                if isinstance(outcome, InvariantViolation):
+                    waiting.reply.set_exception(outcome)
+                else:
+                    waiting.reply.set_result(outcome)
+
+    async def _next_group(self) -> list[_Waiting]:
+        first = self._carried or await self._queue.get()
+        self._carried = None
+        group, weight = [first], first.weight
+        deadline = self._clock.monotonic() + self._linger_s
+        while weight < self._events_max:
+            waiting = await self._take(deadline)
+            if waiting is None:
+                break
+            if weight + waiting.weight > self._events_max:
+                self._carried = waiting
+                break
+            group.append(waiting)
+            weight += waiting.weight
+        return group
+
+    async def _take(self, deadline: float) -> _Waiting | None:
+        if not self._queue.empty():
+            return self._queue.get_nowait()
+        remaining_s = deadline - self._clock.monotonic()
+        if remaining_s <= 0:
+            return None
+        try:
+            async with asyncio.timeout(remaining_s):
+                return await self._queue.get()
+        except TimeoutError:
+            return None
+
+
+def _fail(group: Sequence[_Waiting], error: BaseException) -> None:
+    for waiting in group:
+        if not waiting.reply.done():
+            waiting.reply.set_exception(error)

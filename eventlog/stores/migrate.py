@@ -1,0 +1,49 @@
+"""Run the replica schema's Alembic migrations programmatically (no alembic.ini, no CWD).
+
+Several processes may open the same database at once (leader processes of one region, test
+workers); the migration runs under a lock so they take turns: a transaction-scoped advisory lock
+on PostgreSQL (DDL is transactional there), BEGIN IMMEDIATE on SQLite.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from alembic import command
+from alembic.config import Config
+from sqlalchemy import text
+from sqlalchemy.engine import Connection
+
+from eventlog.stores._engine import SQLITE_WRITE_OPTION, StoreLimits, make_engine, translated
+
+MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
+_LOCK_KEY = 0x636F6E76  # "conv": the advisory lock key of convplane's migrations
+
+
+def alembic_config() -> Config:
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS_DIR).replace("%", "%%"))
+    return config
+
+
+async def migrate(dsn: str, revision: str = "head", *, timeout_s: float = 60.0) -> None:
+    """Upgrade the database at ``dsn`` to ``revision`` (default: the newest)."""
+    limits = StoreLimits(statement_timeout_s=timeout_s, pool_size=1)
+    engine = make_engine(dsn, limits)
+    try:
+        async with translated("migrate", f"migrate to {revision}"):
+            async with engine.connect() as conn:
+                if engine.dialect.name == "postgresql":
+                    await conn.execute(text(f"SELECT pg_advisory_xact_lock({_LOCK_KEY})"))
+                else:
+                    await conn.execution_options(**{SQLITE_WRITE_OPTION: True})
+                await conn.run_sync(_upgrade, revision)
+                await conn.commit()
+    finally:
+        await engine.dispose()
+
+
+def _upgrade(connection: Connection, revision: str) -> None:
+    config = alembic_config()
+    config.attributes["connection"] = connection
+    command.upgrade(config, revision)

@@ -1,0 +1,223 @@
+"""``SqlReplicaStore``: the replica port on SQLAlchemy's async engine (PostgreSQL or SQLite).
+
+Writes go through the group committer (appends) or straight to a pooled connection (prepare);
+the dialect-specific write paths are ``_pg_writes`` (one PL/pgSQL call) and ``_sqlite_writes``
+(the pure plan inside BEGIN IMMEDIATE). Reads are plain portable SQL. Every database call runs
+under ``statement_timeout_s`` and driver errors leave this module as ``ReplicaUnavailable``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+from sqlalchemy import BigInteger, ColumnElement, cast, collate, func, select
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from eventlog.clock import Clock, SystemClock
+from eventlog.model import (
+    AppendReply,
+    ConversationSummary,
+    LogEntry,
+    PrepareReply,
+    ShardStatus,
+)
+from eventlog.replica import ReplicaStore
+from eventlog.stores import _pg_writes, _sqlite_writes
+from eventlog.stores._engine import SQLITE_WRITE_OPTION, StoreLimits, checked_out, translated
+from eventlog.stores._plan import AppendRequest, check_append_request
+from eventlog.stores._schema import entries, entry_from_row, shards, status_from_row
+from eventlog.stores.group_commit import AppendOutcome, GroupCommitter
+
+
+class _WritePath(Protocol):
+    """What ``_pg_writes`` and ``_sqlite_writes`` provide (each module is one)."""
+
+    async def prepare(
+        self, conn: AsyncConnection, shard: int, epoch: int, tail_max: int
+    ) -> PrepareReply: ...
+
+    async def append_group(
+        self, conn: AsyncConnection, region: str, requests: Sequence[AppendRequest]
+    ) -> list[AppendOutcome]: ...
+
+
+class SqlReplicaStore(ReplicaStore):
+    """One region's replica in a SQL database. Build it with ``open_replica_store``."""
+
+    def __init__(
+        self, engine: AsyncEngine, region: str, limits: StoreLimits, clock: Clock | None = None
+    ) -> None:
+        self.region = region
+        self.limits = limits
+        self._engine = engine
+        self._postgres = engine.dialect.name == "postgresql"
+        self._writes: _WritePath = _pg_writes if self._postgres else _sqlite_writes
+        self._writer: AsyncConnection | None = None  # held by the group committer only
+        self._committer = GroupCommitter(
+            self._execute_group,
+            region=region,
+            clock=clock or SystemClock(),
+            linger_s=limits.batch_linger_ms / 1000,
+            events_max=limits.batch_events_max,
+            queue_max=limits.queue_max,
+        )
+
+    @property
+    def groups_committed(self) -> int:
+        return self._committer.groups_committed
+
+    # --- writes --------------------------------------------------------------------------
+
+    async def prepare(self, shard: int, epoch: int, tail_max: int) -> PrepareReply:
+        async with self._connection("prepare", write=True) as conn:
+            return await self._writes.prepare(conn, shard, epoch, tail_max)
+
+    async def append(
+        self,
+        shard: int,
+        epoch: int,
+        prev_lsn: int,
+        prev_epoch: int,
+        entries: Sequence[LogEntry],
+        leader_commit_lsn: int,
+    ) -> AppendReply:
+        request = AppendRequest(
+            shard, epoch, prev_lsn, prev_epoch, tuple(entries), leader_commit_lsn
+        )
+        check_append_request(request)
+        return await self._committer.submit(request)
+
+    async def _execute_group(self, requests: Sequence[AppendRequest]) -> list[AppendOutcome]:
+        """One group, one transaction, on the committer's own connection.
+
+        The committer keeps one connection checked out instead of taking one from the pool per
+        group: a checkout pings (pool_pre_ping), which would double the round trips of a group.
+        Any failure throws the connection away; the next group checks out (and pings) a new one,
+        which is how the store reconnects after the database comes back.
+        """
+        async with translated(self.region, "append"):
+            async with asyncio.timeout(self.limits.statement_timeout_s):
+                conn = await self._writer_connection()
+                try:
+                    return await self._writes.append_group(conn, self.region, requests)
+                except BaseException:
+                    await self._drop_writer(invalidate=True)
+                    raise
+
+    async def _writer_connection(self) -> AsyncConnection:
+        if self._writer is None:
+            conn = await self._engine.connect()
+            if self._postgres:
+                await conn.execution_options(isolation_level="AUTOCOMMIT")
+            else:
+                await conn.execution_options(**{SQLITE_WRITE_OPTION: True})
+            self._writer = conn
+        return self._writer
+
+    async def _drop_writer(self, *, invalidate: bool) -> None:
+        """Give the writer connection back; ``invalidate`` when its state is unknown (an error
+        or a timeout mid-statement), so the pool discards it instead of reusing it."""
+        conn, self._writer = self._writer, None
+        if conn is None:
+            return
+        with contextlib.suppress(Exception):
+            if invalidate:
+                await conn.invalidate()
+            await conn.close()
+
+    # --- reads ---------------------------------------------------------------------------
+
+    async def status(self, shard: int) -> ShardStatus:
+        async with self._connection("status") as conn:
+            result = await conn.execute(select(shards).where(shards.c.shard == shard))
+            return status_from_row(result.mappings().first())
+
+    async def read_log(self, shard: int, after_lsn: int, limit: int) -> list[LogEntry]:
+        if limit <= 0:
+            return []
+        query = (
+            select(entries)
+            .where(entries.c.shard == shard, entries.c.lsn > after_lsn)
+            .order_by(entries.c.lsn)
+            .limit(limit)
+        )
+        return await self._entries("read_log", query)
+
+    async def read_conversation(
+        self, shard: int, conversation_id: str, after_seq: int, limit: int, max_lsn: int
+    ) -> list[LogEntry]:
+        if limit <= 0:
+            return []
+        query = (
+            select(entries)
+            .where(
+                entries.c.shard == shard,
+                entries.c.conversation_id == conversation_id,
+                entries.c.seq > after_seq,
+                entries.c.lsn <= max_lsn,
+            )
+            .order_by(entries.c.seq, entries.c.lsn)
+            .limit(limit)
+        )
+        return await self._entries("read_conversation", query)
+
+    async def list_conversations(
+        self, shard: int, active_since_ms: int, max_lsn: int, limit: int
+    ) -> list[ConversationSummary]:
+        """Assumes a conversation belongs to one tenant (``tenant_id`` is taken as the max)."""
+        if limit <= 0:
+            return []
+        last_activity = func.max(entries.c.created_at_ms)
+        query = (
+            select(
+                func.max(entries.c.tenant_id).label("tenant_id"),
+                entries.c.conversation_id,
+                last_activity.label("last_activity_ms"),
+                cast(func.sum(entries.c.token_count), BigInteger).label("token_count"),
+                func.max(entries.c.seq).label("last_seq"),
+            )
+            .where(entries.c.shard == shard, entries.c.lsn <= max_lsn)
+            .group_by(entries.c.conversation_id)
+            .having(last_activity >= active_since_ms)
+            .order_by(last_activity.desc(), self._codepoint_order(entries.c.conversation_id))
+            .limit(limit)
+        )
+        async with self._connection("list_conversations") as conn:
+            rows = (await conn.execute(query)).mappings().all()
+        return [
+            ConversationSummary(
+                tenant_id=r["tenant_id"],
+                conversation_id=r["conversation_id"],
+                last_activity_ms=int(r["last_activity_ms"]),
+                token_count=int(r["token_count"]),
+                last_seq=int(r["last_seq"]),
+            )
+            for r in rows
+        ]
+
+    def _codepoint_order(self, column: ColumnElement[str]) -> ColumnElement[str]:
+        # Python's string order (the reference's) is code point order: SQLite's BINARY collation,
+        # PostgreSQL's "C" collation (the database default may be a locale's).
+        return collate(column, "C") if self._postgres else column
+
+    async def _entries(self, what: str, query: Any) -> list[LogEntry]:
+        async with self._connection(what) as conn:
+            rows = (await conn.execute(query)).mappings().all()
+        return [entry_from_row(r) for r in rows]
+
+    def _connection(
+        self, what: str, *, write: bool = False
+    ) -> contextlib.AbstractAsyncContextManager[AsyncConnection]:
+        return checked_out(
+            self._engine, self.region, what, self.limits.statement_timeout_s, write=write
+        )
+
+    # --- lifecycle -----------------------------------------------------------------------
+
+    async def close(self) -> None:
+        await self._committer.close()
+        await self._drop_writer(invalidate=False)
+        await self._engine.dispose()
