@@ -1,0 +1,83 @@
+"""The region node's FastAPI app. ``create_app`` builds nothing but the app; the lifespan opens
+the node's runtime (stores, log, peers: ``services.bootstrap``) and closes it on shutdown.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+
+from services.api.auth import Tenants
+from services.api.context import ApiState
+from services.api.errors import install_error_handlers
+from services.api.forwarding import Forwarder
+from services.api.metrics import Metrics
+from services.api.middleware import EdgeMiddleware
+from services.api.routes import ops_router, router
+from services.bootstrap import RuntimeFactory, open_runtime
+from services.config import NodeSettings
+
+DESCRIPTION = """\
+Public API of one convplane region node. Any region accepts any request and forwards it to the
+region leading the conversation's shard (`X-Convplane-Served-By` names who served it).
+
+* Auth: `Authorization: Bearer <api key>`.
+* Deadline: `X-Convplane-Deadline-Ms` (default 10000). A read past it gets 504; an append whose
+  outcome is unknown at the deadline gets 503 `outcome_unknown` — retry with the same
+  `Idempotency-Key`, which is always safe.
+* An idempotent retry of an append that committed answers **200** with the original body and
+  `Idempotent-Replayed: true` (a fresh append answers 201).
+* Errors: `{"error": {"code", "message", "retryable"}}`; 429 and 503 carry `Retry-After`.
+"""
+
+
+def create_app(settings: NodeSettings, *, runtime_factory: RuntimeFactory | None = None) -> FastAPI:
+    factory = runtime_factory or open_runtime
+    metrics = Metrics()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        async with factory(settings) as runtime:
+            forwarder = Forwarder(
+                client=runtime.peers,
+                peer_urls={r.name: r.url for r in runtime.cluster.regions},
+                clock=runtime.clock,
+                rng=runtime.rng,
+                metrics=metrics,
+                retries_max=settings.forward_retries_max,
+                backoff_s=settings.forward_backoff_s,
+            )
+            app.state.api = ApiState(
+                region=settings.region,
+                settings=settings,
+                cluster=runtime.cluster,
+                log=runtime.log,
+                tenants=Tenants(runtime.cluster.tenants, runtime.clock),
+                forwarder=forwarder,
+                metrics=metrics,
+                clock=runtime.clock,
+                rng=runtime.rng,
+                readiness=runtime.readiness,
+            )
+            yield
+
+    app = FastAPI(
+        title=f"convplane region node ({settings.region})",
+        description=DESCRIPTION,
+        version="0.1.0",
+        lifespan=lifespan,
+    )
+    install_error_handlers(app, settings.retry_after_default_s)
+    app.include_router(router)
+    app.include_router(ops_router)
+    app.add_middleware(
+        EdgeMiddleware,
+        region=settings.region,
+        metrics=metrics,
+        max_body_bytes=settings.max_body_bytes,
+        max_in_flight=settings.max_in_flight,
+        retry_after_s=settings.retry_after_default_s,
+    )
+    return app

@@ -1,0 +1,125 @@
+"""Forwarding a request to the region that leads its shard.
+
+One hop only: a request carrying ``X-Convplane-Forwarded`` is never forwarded again (the peer
+answers 503 instead), so a stale leader hint cannot make requests circle. The caller's remaining
+deadline travels in ``X-Convplane-Deadline-Ms`` and bounds the whole forward. A peer that could
+not be reached at all (connection refused) is retried under a small budget with jittered
+backoff; any other failure of a write after it was sent means its outcome is unknown.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping
+
+import httpx
+from fastapi import Request, Response
+
+from eventlog.clock import Clock
+from eventlog.errors import DeadlineExceeded
+from services.api.errors import ForwardFailed, OutcomeUnknown
+from services.api.metrics import Metrics
+
+FORWARDED_HEADER = "X-Convplane-Forwarded"
+DEADLINE_HEADER = "X-Convplane-Deadline-Ms"
+_REQUEST_HEADERS = ("authorization", "content-type", "idempotency-key", "accept")
+_RESPONSE_HEADERS = ("content-type", "retry-after", "idempotent-replayed", "x-convplane-served-by")
+
+
+class Forwarder:
+    def __init__(
+        self,
+        *,
+        client: httpx.AsyncClient,
+        peer_urls: Mapping[str, str],
+        clock: Clock,
+        rng: random.Random,
+        metrics: Metrics,
+        retries_max: int,
+        backoff_s: float,
+    ) -> None:
+        self._client = client
+        self._peer_urls = dict(peer_urls)
+        self._clock = clock
+        self._rng = rng
+        self._metrics = metrics
+        self._retries_max = retries_max
+        self._backoff_s = backoff_s
+
+    async def forward(
+        self,
+        request: Request,
+        *,
+        target_region: str,
+        deadline_s: float,
+        is_write: bool,
+        body: bytes | None = None,
+    ) -> Response:
+        """Send ``request`` (or it with ``body`` instead of its own) to ``target_region``."""
+        base_url = self._peer_urls.get(target_region)
+        if base_url is None:
+            raise ForwardFailed(f"leader region {target_region!r} is not in the cluster file")
+        url = base_url.rstrip("/") + request.url.path
+        if body is None:
+            body = await request.body()
+            headers = self._headers(request)
+        else:
+            headers = {**self._headers(request), "content-type": "application/json"}
+        for attempt in range(self._retries_max + 1):
+            remaining_s = deadline_s - self._clock.monotonic()
+            if remaining_s <= 0:
+                break
+            try:
+                reply = await self._client.request(
+                    request.method,
+                    url,
+                    params=request.url.query or None,
+                    content=body or None,
+                    headers={**headers, DEADLINE_HEADER: str(max(1, int(remaining_s * 1000)))},
+                    timeout=remaining_s,
+                )
+            except httpx.ConnectError as exc:
+                self._metrics.forwarded.labels(target_region, "connect_error").inc()
+                if attempt == self._retries_max:
+                    raise ForwardFailed(f"leader region {target_region} unreachable") from exc
+                jitter = 0.5 + self._rng.random()
+                await self._clock.sleep(min(self._backoff_s * 2**attempt * jitter, remaining_s))
+                continue
+            except httpx.TimeoutException as exc:
+                self._metrics.forwarded.labels(target_region, "timeout").inc()
+                raise _deadline_error(is_write, target_region) from exc
+            except httpx.HTTPError as exc:
+                self._metrics.forwarded.labels(target_region, "error").inc()
+                if is_write:
+                    raise OutcomeUnknown(_unknown_message(target_region)) from exc
+                raise ForwardFailed(f"forward to {target_region} failed: {exc!r}"[:300]) from exc
+            self._metrics.forwarded.labels(target_region, "ok").inc()
+            return _relayed(reply)
+        raise _deadline_error(is_write, target_region)
+
+    @staticmethod
+    def _headers(request: Request) -> dict[str, str]:
+        headers = {k: v for k in _REQUEST_HEADERS if (v := request.headers.get(k)) is not None}
+        headers[FORWARDED_HEADER] = "1"
+        return headers
+
+
+def _relayed(reply: httpx.Response) -> Response:
+    headers = {k: v for k in _RESPONSE_HEADERS if (v := reply.headers.get(k)) is not None}
+    content_type = headers.pop("content-type", None)
+    return Response(
+        reply.content, status_code=reply.status_code, headers=headers, media_type=content_type
+    )
+
+
+def _unknown_message(target_region: str) -> str:
+    return (
+        f"the append was forwarded to {target_region} and its outcome is unknown; retrying with "
+        "the same Idempotency-Key is safe"
+    )
+
+
+def _deadline_error(is_write: bool, target_region: str) -> Exception:
+    if is_write:
+        return OutcomeUnknown(_unknown_message(target_region))
+    return DeadlineExceeded(f"deadline passed while forwarding to {target_region}")

@@ -1,0 +1,44 @@
+"""Prometheus metrics of one node, in a registry of its own (no global state across apps)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+
+LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.requests = Counter(
+            "convplane_http_requests",
+            "HTTP requests by route template, method and status",
+            ["route", "method", "status"],
+            registry=self.registry,
+        )
+        self.request_latency = Histogram(
+            "convplane_http_request_duration_seconds",
+            "HTTP request latency by route template and method",
+            ["route", "method"],
+            buckets=LATENCY_BUCKETS_S,
+            registry=self.registry,
+        )
+        self.ack_latency = Histogram(
+            "convplane_append_ack_latency_seconds",
+            "time from receiving an append to its quorum acknowledgment (served here)",
+            buckets=LATENCY_BUCKETS_S,
+            registry=self.registry,
+        )
+        self.forwarded = Counter(
+            "convplane_forwarded_requests",
+            "requests forwarded to the shard leader's region, by target region and outcome",
+            ["target_region", "outcome"],
+            registry=self.registry,
+        )
+
+    def observe_request(self, route: str, method: str, status: int, latency_s: float) -> None:
+        self.requests.labels(route, method, str(status)).inc()
+        self.request_latency.labels(route, method).observe(latency_s)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

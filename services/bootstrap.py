@@ -1,0 +1,168 @@
+"""Wiring of one region node: the one place where adapters meet the core.
+
+``open_runtime(settings)`` opens a replica store per region (the leader writes to every region's
+database directly), builds the ``LogNode``, points every shard placed elsewhere at its leader
+region, starts leading the shards placed here (in the background, retrying with jittered backoff
+until a quorum answers), opens the pooled HTTP client used for forwarding, and closes it all in
+reverse order on exit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import os
+import random
+from collections.abc import AsyncIterator, Callable, Mapping
+from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import httpx
+
+from eventlog.clock import Clock, SystemClock
+from eventlog.conversations import ConversationLog
+from eventlog.errors import ConvplaneError
+from eventlog.replica import ReplicaStore
+from regions.placement import place_shards
+from services.config import ClusterConfig, NodeSettings
+
+log = logging.getLogger("convplane.bootstrap")
+
+
+@dataclass
+class NodeRuntime:
+    """What the API needs from the wired node."""
+
+    region: str
+    cluster: ClusterConfig
+    log: ConversationLog
+    peers: httpx.AsyncClient
+    clock: Clock
+    rng: random.Random
+    readiness: Callable[[], tuple[int, int]]  # (shards placed here, shards led now)
+
+
+RuntimeFactory = Callable[[NodeSettings], AbstractAsyncContextManager[NodeRuntime]]
+
+
+class ShardLeader(Protocol):
+    """The part of ``eventlog.node.LogNode`` that leadership needs."""
+
+    async def lead_shard(self, shard: int) -> int: ...
+
+    def leads(self, shard: int) -> bool: ...
+
+
+async def lead_with_retries(
+    node: ShardLeader,
+    shard: int,
+    *,
+    settings: NodeSettings,
+    clock: Clock,
+    rng: random.Random,
+) -> int | None:
+    """Lead ``shard``; retry expected failures (no quorum yet, fenced) with jittered, doubling
+    backoff under ``lead_attempts_max``. Returns the epoch, or None when the budget ran out."""
+    backoff_s = settings.lead_backoff_min_s
+    for attempt in range(1, settings.lead_attempts_max + 1):
+        try:
+            return await node.lead_shard(shard)
+        except ConvplaneError as exc:
+            if attempt == 1 or attempt % 20 == 0:
+                log.warning("shard %d: lead attempt %d failed: %s", shard, attempt, exc)
+        await clock.sleep(backoff_s * (0.5 + rng.random()))
+        backoff_s = min(backoff_s * 2, settings.lead_backoff_max_s)
+    log.error("shard %d: gave up leading after %d attempts", shard, settings.lead_attempts_max)
+    return None
+
+
+async def lead_shards(
+    node: ShardLeader,
+    shards: list[int],
+    *,
+    settings: NodeSettings,
+    clock: Clock,
+    rng: random.Random,
+) -> None:
+    gate = asyncio.Semaphore(settings.lead_concurrency_max)
+
+    async def lead_one(shard: int) -> None:
+        async with gate:
+            await lead_with_retries(node, shard, settings=settings, clock=clock, rng=rng)
+
+    async with asyncio.TaskGroup() as group:
+        for shard in shards:
+            group.create_task(lead_one(shard))
+
+
+async def open_replica_stores(
+    cluster: ClusterConfig, stack: AsyncExitStack
+) -> dict[str, ReplicaStore]:
+    from eventlog.stores import open_replica_store
+
+    stores: dict[str, ReplicaStore] = {}
+    for region in cluster.regions:
+        opened: Any = open_replica_store(region.dsn, region.name)
+        store: ReplicaStore = await opened if inspect.isawaitable(opened) else opened
+        stack.push_async_callback(store.close)
+        stores[region.name] = store
+    return stores
+
+
+def build_log_node(
+    settings: NodeSettings,
+    cluster: ClusterConfig,
+    replicas: Mapping[str, ReplicaStore],
+    clock: Clock,
+    rng: random.Random,
+) -> Any:
+    from eventlog.config import LogConfig
+    from eventlog.node import LogNode
+
+    config = LogConfig(shard_count=cluster.shard_count, write_quorum=cluster.write_quorum)
+    return LogNode(region=settings.region, replicas=replicas, config=config, clock=clock, rng=rng)
+
+
+def peer_client(settings: NodeSettings) -> httpx.AsyncClient:
+    limits = httpx.Limits(
+        max_connections=settings.forward_connections_max,
+        max_keepalive_connections=settings.forward_connections_max,
+    )
+    timeout_s = settings.max_deadline_ms / 1000  # each forward passes its own, shorter timeout
+    return httpx.AsyncClient(limits=limits, timeout=timeout_s, trust_env=False)
+
+
+@asynccontextmanager
+async def open_runtime(settings: NodeSettings) -> AsyncIterator[NodeRuntime]:
+    cluster = settings.load_cluster()
+    clock = SystemClock()
+    rng = random.Random(int.from_bytes(os.urandom(8), "big"))
+    async with AsyncExitStack() as stack:
+        replicas = await open_replica_stores(cluster, stack)
+        node = build_log_node(settings, cluster, replicas, clock, rng)
+        stack.push_async_callback(node.close)
+        placement = place_shards(cluster.shard_count, cluster.weights())
+        for shard, leader in placement.items():
+            node.set_leader_hint(shard, leader)
+        mine = sorted(s for s, leader in placement.items() if leader == settings.region)
+        peers = await stack.enter_async_context(peer_client(settings))
+        leading = asyncio.create_task(
+            lead_shards(node, mine, settings=settings, clock=clock, rng=rng),
+            name=f"lead-shards-{settings.region}",
+        )
+        stack.push_async_callback(_cancel, leading)
+
+        def readiness() -> tuple[int, int]:
+            return len(mine), sum(1 for s in mine if node.leads(s))
+
+        yield NodeRuntime(settings.region, cluster, node, peers, clock, rng, readiness)
+
+
+async def _cancel(task: asyncio.Task[None]) -> None:
+    task.cancel()
+    try:
+        await task
+    except asyncio.CancelledError:
+        pass

@@ -1,0 +1,129 @@
+"""Settings of a region node: the cluster file every node shares, plus this node's own limits.
+
+The cluster file is JSON (``ClusterConfig``): the regions (name, public URL, the DSN of that
+region's replica database as any node sees it, capacity weight), the log's shard count and write
+quorum, and the tenants (API keys as sha256 hex, never in clear). ``NodeSettings`` names the
+file and this node's region; its limits can also come from ``CONVPLANE_*`` environment variables.
+Loading is explicit (``load_cluster``): nothing here reads a file at import time.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+RegionName = Annotated[str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9-]{0,62}$")]
+Sha256Hex = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]
+
+
+def api_key_sha256(api_key: str) -> str:
+    """The form in which API keys are stored in the cluster file."""
+    return hashlib.sha256(api_key.encode("utf-8")).hexdigest()
+
+
+class RegionConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: RegionName
+    url: str = Field(description="base URL of the region's node, e.g. http://127.0.0.1:8700")
+    dsn: str = Field(description="the region's replica database, as seen from any node")
+    capacity_weight: float = Field(default=1.0, ge=0.0)
+
+
+class TenantConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    tenant_id: Annotated[str, StringConstraints(min_length=1, max_length=128)]
+    api_key_sha256: Sha256Hex
+    requests_per_s: float = Field(default=100.0, gt=0.0)
+    burst: int = Field(default=200, ge=1)
+
+
+class ClusterConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    regions: list[RegionConfig] = Field(min_length=1)
+    shard_count: int = Field(default=64, ge=1, le=65_536)
+    write_quorum: int | None = Field(default=None, ge=1)
+    tenants: list[TenantConfig] = Field(default_factory=list)
+    default_model_revision: str = "default"
+
+    @model_validator(mode="after")
+    def _check(self) -> ClusterConfig:
+        names = [r.name for r in self.regions]
+        if len(set(names)) != len(names):
+            raise ValueError("region names must be unique")
+        if self.write_quorum is not None and self.write_quorum > len(self.regions):
+            raise ValueError("write_quorum exceeds the number of regions")
+        keys = [t.api_key_sha256 for t in self.tenants]
+        if len(set(keys)) != len(keys):
+            raise ValueError("two tenants share an API key")
+        return self
+
+    def region(self, name: str) -> RegionConfig:
+        for r in self.regions:
+            if r.name == name:
+                return r
+        raise ValueError(f"region {name!r} is not in the cluster file")
+
+    def weights(self) -> dict[str, float]:
+        return {r.name: r.capacity_weight for r in self.regions}
+
+
+def load_cluster(path: Path) -> ClusterConfig:
+    return ClusterConfig.model_validate(json.loads(path.read_text(encoding="utf-8")))
+
+
+def write_cluster(path: Path, cluster: ClusterConfig) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(cluster.model_dump_json(indent=2), encoding="utf-8")
+    tmp.replace(path)
+
+
+class NodeSettings(BaseSettings):
+    """One region node. ``cluster`` may be given directly (tests); else ``cluster_file`` is read."""
+
+    model_config = SettingsConfigDict(env_prefix="CONVPLANE_", extra="forbid")
+
+    region: str
+    cluster_file: Path | None = None
+    cluster: ClusterConfig | None = None
+
+    #: largest request body accepted (Content-Length and streamed bytes)
+    max_body_bytes: int = Field(default=256 * 1024, ge=1024)
+    #: largest serialized ``metadata`` of a conversation
+    max_metadata_bytes: int = Field(default=16 * 1024, ge=64)
+    #: requests under way in this node; beyond it the node answers 503 overloaded
+    max_in_flight: int = Field(default=512, ge=1)
+    #: deadline of a request that sends no X-Convplane-Deadline-Ms
+    default_deadline_ms: int = Field(default=10_000, ge=1)
+    #: the longest deadline a caller may ask for
+    max_deadline_ms: int = Field(default=60_000, ge=1)
+    #: a forwarded request is retried this often when the peer could not be reached at all
+    forward_retries_max: int = Field(default=1, ge=0, le=5)
+    forward_backoff_s: float = Field(default=0.05, gt=0.0)
+    #: connections kept to each peer region
+    forward_connections_max: int = Field(default=64, ge=1)
+    #: leading the shards placed on this region: attempts and backoff (jittered, doubling)
+    lead_attempts_max: int = Field(default=1_000, ge=1)
+    lead_backoff_min_s: float = Field(default=0.05, gt=0.0)
+    lead_backoff_max_s: float = Field(default=2.0, gt=0.0)
+    #: shards this node prepares concurrently at startup
+    lead_concurrency_max: int = Field(default=8, ge=1)
+    #: the retry hint sent with 503s that carry none of their own
+    retry_after_default_s: float = Field(default=1.0, gt=0.0)
+
+    def load_cluster(self) -> ClusterConfig:
+        if self.cluster is not None:
+            cluster = self.cluster
+        elif self.cluster_file is not None:
+            cluster = load_cluster(self.cluster_file)
+        else:
+            raise ValueError("NodeSettings needs cluster or cluster_file")
+        cluster.region(self.region)  # the node's own region must be listed
+        return cluster

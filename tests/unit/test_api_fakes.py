@@ -1,0 +1,247 @@
+"""A fake ConversationLog (in memory, same port as LogNode) and app builders for API tests.
+
+It keeps the port's rules that the REST layer depends on: tenant scoping (another tenant's
+conversation is NotFound), idempotent create, gapless seq with expected_seq, Idempotency-Key
+replay and reuse, one effect per tool attempt, and NotLeader with a leader hint for shards it
+does not lead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import httpx
+from fastapi import FastAPI
+
+from eventlog.clock import SystemClock
+from eventlog.conversations import (
+    AppendedEvent,
+    ConversationInfo,
+    ConversationLog,
+    EventRecord,
+    ToolAttemptState,
+    ToolAttemptStatus,
+)
+from eventlog.errors import (
+    Conflict,
+    EffectConflict,
+    IdempotencyKeyReused,
+    InvalidRequest,
+    NotFound,
+    NotLeader,
+    SeqConflict,
+)
+from eventlog.sharding import shard_of
+from services.api import create_app
+from services.bootstrap import NodeRuntime
+from services.config import ClusterConfig, NodeSettings, RegionConfig, TenantConfig, api_key_sha256
+
+SHARDS = 8
+KEY_A = "key-tenant-a"
+KEY_B = "key-tenant-b"
+
+
+@dataclass
+class _Conv:
+    info: ConversationInfo
+    events: list[EventRecord] = field(default_factory=list)
+    by_key: dict[str, tuple[str, AppendedEvent]] = field(default_factory=dict)
+
+
+class FakeLog(ConversationLog):
+    def __init__(self, region: str, leaders: dict[int, str]) -> None:
+        self.region = region
+        self.leaders = leaders  # shard -> leading region (hint)
+        self.convs: dict[str, _Conv] = {}
+        self.stall = False  # appends and reads block forever (deadline tests)
+        self.calls = 0
+        self.now_ms = 1_767_225_600_000
+
+    def _check(self, conversation_id: str) -> int:
+        self.calls += 1
+        shard = shard_of(conversation_id, SHARDS)
+        if self.leaders[shard] != self.region:
+            raise NotLeader("not leader", shard=shard, leader_region=self.leaders[shard])
+        return shard
+
+    async def _maybe_stall(self) -> None:
+        if self.stall:
+            await asyncio.Event().wait()
+
+    def _conv(self, tenant_id: str, conversation_id: str) -> _Conv:
+        conv = self.convs.get(conversation_id)
+        if conv is None or conv.info.tenant_id != tenant_id:
+            raise NotFound(f"no conversation {conversation_id}")
+        return conv
+
+    async def create_conversation(
+        self, tenant_id: str, conversation_id: str, model_revision: str, metadata: dict[str, Any]
+    ) -> ConversationInfo:
+        shard = self._check(conversation_id)
+        await self._maybe_stall()
+        old = self.convs.get(conversation_id)
+        if old is not None:
+            same = (old.info.tenant_id, old.info.model_revision, old.info.metadata) == (
+                tenant_id,
+                model_revision,
+                metadata,
+            )
+            if not same:
+                raise Conflict("conversation exists with other attributes")
+            return old.info
+        info = ConversationInfo(
+            conversation_id,
+            tenant_id,
+            self.region,
+            model_revision,
+            metadata,
+            self.now_ms,
+            0,
+            shard,
+            1,
+        )
+        self.convs[conversation_id] = _Conv(info)
+        return info
+
+    async def append_event(
+        self,
+        tenant_id: str,
+        conversation_id: str,
+        event_type: str,
+        payload: dict[str, Any],
+        *,
+        token_count: int | None = None,
+        expected_seq: int | None = None,
+        idempotency_key: str | None = None,
+    ) -> AppendedEvent:
+        shard = self._check(conversation_id)
+        await self._maybe_stall()
+        conv = self._conv(tenant_id, conversation_id)
+        digest = json.dumps([event_type, payload, token_count], sort_keys=True)
+        if idempotency_key is not None and idempotency_key in conv.by_key:
+            old_digest, appended = conv.by_key[idempotency_key]
+            if old_digest != digest:
+                raise IdempotencyKeyReused("key reused with another body")
+            return replace(appended, replayed=True)
+        if expected_seq is not None and expected_seq != conv.info.last_seq:
+            raise SeqConflict("seq conflict", last_seq=conv.info.last_seq)
+        if event_type == "tool.effect":
+            self._check_effect(conv, payload)
+        seq = conv.info.last_seq + 1
+        record = EventRecord(
+            f"e-{conversation_id}-{seq}",
+            conversation_id,
+            seq,
+            event_type,
+            payload,
+            token_count or 0,
+            self.now_ms,
+        )
+        conv.events.append(record)
+        conv.info = replace(conv.info, last_seq=seq)
+        appended = AppendedEvent(
+            record.event_id,
+            conversation_id,
+            seq,
+            event_type,
+            (self.region, "other"),
+            self.now_ms,
+            shard,
+            1,
+            seq,
+            False,
+        )
+        if idempotency_key is not None:
+            conv.by_key[idempotency_key] = (digest, appended)
+        return appended
+
+    @staticmethod
+    def _check_effect(conv: _Conv, payload: dict[str, Any]) -> None:
+        attempt_id = payload.get("attempt_id")
+        if not isinstance(attempt_id, str):
+            raise InvalidRequest("tool.effect needs attempt_id")
+        for e in conv.events:
+            if e.event_type == "tool.effect" and e.payload.get("attempt_id") == attempt_id:
+                raise EffectConflict("effect already recorded")
+
+    async def get_conversation(self, tenant_id: str, conversation_id: str) -> ConversationInfo:
+        self._check(conversation_id)
+        await self._maybe_stall()
+        return self._conv(tenant_id, conversation_id).info
+
+    async def list_events(
+        self, tenant_id: str, conversation_id: str, after_seq: int, limit: int
+    ) -> list[EventRecord]:
+        self._check(conversation_id)
+        await self._maybe_stall()
+        events = self._conv(tenant_id, conversation_id).events
+        return [e for e in events if e.seq > after_seq][:limit]
+
+    async def tool_attempt(
+        self, tenant_id: str, conversation_id: str, attempt_id: str
+    ) -> ToolAttemptStatus:
+        self._check(conversation_id)
+        conv = self._conv(tenant_id, conversation_id)
+        events = tuple(e for e in conv.events if e.payload.get("attempt_id") == attempt_id)
+        if not events:
+            raise NotFound(f"no tool attempt {attempt_id}")
+        committed = any(e.event_type == "tool.effect" for e in events)
+        state: ToolAttemptState = "committed" if committed else "pending"
+        return ToolAttemptStatus(attempt_id, state, events)
+
+
+def cluster_config() -> ClusterConfig:
+    return ClusterConfig(
+        regions=[
+            RegionConfig(name="east", url="http://east.test", dsn="memory://east"),
+            RegionConfig(name="west", url="http://west.test", dsn="memory://west"),
+        ],
+        shard_count=SHARDS,
+        tenants=[
+            TenantConfig(tenant_id="a", api_key_sha256=api_key_sha256(KEY_A), burst=10_000),
+            TenantConfig(
+                tenant_id="b", api_key_sha256=api_key_sha256(KEY_B), requests_per_s=1, burst=3
+            ),
+        ],
+        default_model_revision="m-1",
+    )
+
+
+def leaders() -> dict[int, str]:
+    return {s: ("east" if s % 2 == 0 else "west") for s in range(SHARDS)}
+
+
+def conversation_led_by(region: str, prefix: str = "conv") -> str:
+    for i in range(1000):
+        cid = f"{prefix}-{i}"
+        if leaders()[shard_of(cid, SHARDS)] == region:
+            return cid
+    raise AssertionError("unreachable")
+
+
+@dataclass
+class Plane:
+    """Two fake region nodes; east forwards to west over an in-process ASGI transport."""
+
+    east: FastAPI
+    west: FastAPI
+    east_log: FakeLog
+    west_log: FakeLog
+
+
+def build_app(region: str, log: FakeLog, peers: httpx.AsyncClient, **limits: Any) -> FastAPI:
+    settings = NodeSettings(region=region, cluster=cluster_config(), **limits)
+
+    @asynccontextmanager
+    async def runtime(s: NodeSettings) -> AsyncIterator[NodeRuntime]:
+        yield NodeRuntime(
+            region, s.load_cluster(), log, peers, SystemClock(), random.Random(7), lambda: (4, 4)
+        )
+
+    return create_app(settings, runtime_factory=runtime)
