@@ -1,0 +1,402 @@
+"""The replay worker: pull a job when the engine has spare, prefill the transcript, report.
+
+One worker serves one engine and is one member of its region's worker group. Each of its
+``concurrency`` slots loops: wait until the spare gate says the engine can take a small probe
+of prompt tokens; pull one job; then
+
+1. past its deadline -> result ``expired``;
+2. for a model revision the engine does not serve -> result ``wrong_model``; the job is first
+   *published again* to the region's topic (same key, so it stays in the conversation's order),
+   then the original is committed. A worker that serves the revision picks the copy up; the
+   job's deadline bounds how often workers of other revisions can bounce it. (Committing without
+   the copy would lose the job; not committing would stall the partition's offset behind it.)
+3. wait for spare for the job's estimated tokens (bounded by the deadline -> ``expired``), fetch
+   the transcript through ``through_seq``, render it as the live path's chat messages, send a
+   prefill-only request at low priority with the tenant's ``cache_salt`` -> ``replayed``;
+   retryable errors are retried under a budget with jittered backoff, then -> ``failed``.
+
+The result is published, then the job is finished (its offset may be committed). A result that
+cannot be published is logged and the job still finished: the KV is warm either way and results
+are hints. Stopping lets running jobs finish for ``drain_timeout_s``, then abandons them without
+finishing them, so the bus redelivers them to another worker; a crash does the same.
+
+Rendering (``render_messages``): ``message.system/user/assistant`` become messages of role
+``system/user/assistant`` with ``payload["content"]`` (a string, or OpenAI content parts whose
+text parts are joined). ``tool.attempt``, ``tool.effect`` and ``note`` are omitted: the message
+type has no tool-call fields, and a ``tool`` message without the assistant's tool call is
+rejected by chat templates; the KV of the prefix before the first tool event is still reused.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import random
+from abc import ABC, abstractmethod
+from collections import Counter
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar
+
+import httpx
+
+from eventlog.clock import Clock
+from eventlog.errors import ConvplaneError, DeadlineExceeded, InvalidRequest, NotFound, Unavailable
+from replay.bus.port import JobBus, JobBusUnavailable, JobConsumer, JobDelivery
+from replay.engines.base import InferenceEngine, ModelRevisionMismatch
+from replay.model import (
+    ChatMessage,
+    PrefillOutcome,
+    PrefillRequest,
+    ReplayJob,
+    ReplayResult,
+    ReplayStatus,
+)
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+ROLE_OF_EVENT: Mapping[str, str] = {
+    "message.system": "system",
+    "message.user": "user",
+    "message.assistant": "assistant",
+}
+
+
+class SpareGate(Protocol):
+    """The engine's spare prefill capacity for replay (the capacity controller implements it)."""
+
+    def has_spare(self, prompt_tokens: int) -> bool:
+        """Whether the engine could take ``prompt_tokens`` of replay now (reserves nothing)."""
+
+    async def wait_for_spare(self, prompt_tokens: int) -> None:
+        """Return once ``prompt_tokens`` of replay are granted (the caller bounds the wait)."""
+
+
+@dataclass(frozen=True, slots=True)
+class TranscriptEvent:
+    seq: int
+    event_type: str
+    payload: Mapping[str, Any]
+
+
+class TranscriptSource(ABC):
+    @abstractmethod
+    async def fetch(
+        self, tenant_id: str, conversation_id: str, through_seq: int
+    ) -> list[TranscriptEvent]:
+        """The conversation's committed events with ``seq <= through_seq``, in seq order."""
+
+
+def cache_salt_for(tenant_id: str) -> str:
+    """Per-tenant prefix-cache salt: KV blocks never match across tenants."""
+    return hashlib.sha256(tenant_id.encode("utf-8")).hexdigest()[:16]
+
+
+def _content_text(content: object) -> str | None:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        texts = [p.get("text") for p in content if isinstance(p, dict) and p.get("type") == "text"]
+        return "".join(t for t in texts if isinstance(t, str))
+    return None
+
+
+def render_messages(events: Sequence[TranscriptEvent]) -> tuple[ChatMessage, ...]:
+    """The chat messages the live path sends for this transcript (see the module docstring)."""
+    messages = []
+    for event in events:
+        role = ROLE_OF_EVENT.get(event.event_type)
+        text = _content_text(event.payload.get("content")) if role else None
+        if role is not None and text is not None:
+            messages.append(ChatMessage(role=role, content=text))
+    return tuple(messages)
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerSettings:
+    concurrency: int = 2  # jobs in flight on this worker
+    pull_probe_tokens: int = 256  # spare the engine must have before a slot pulls at all
+    idle_poll_s: float = 0.5
+    transcript_timeout_s: float = 10.0
+    prefill_timeout_s: float = 120.0
+    publish_timeout_s: float = 10.0
+    attempts_max: int = 3  # per step (transcript, prefill, republish)
+    backoff_base_s: float = 0.2
+    backoff_max_s: float = 5.0
+    replay_priority: int = 100  # larger = lower priority in vLLM's priority scheduler
+    drain_timeout_s: float = 30.0
+    reroute_pause_s: float = 1.0  # before re-publishing a wrong_model job: bounds bouncing
+
+
+class _JobExpired(Exception):
+    pass
+
+
+class ReplayWorker:
+    def __init__(
+        self,
+        worker_id: str,
+        region: str,
+        bus: JobBus,
+        engine: InferenceEngine,
+        transcripts: TranscriptSource,
+        spare_gate: SpareGate,
+        clock: Clock,
+        rng: random.Random,
+        settings: WorkerSettings | None = None,
+    ) -> None:
+        self.worker_id = worker_id
+        self.region = region
+        self._bus = bus
+        self._engine = engine
+        self._transcripts = transcripts
+        self._gate = spare_gate
+        self._clock = clock
+        self._rng = rng
+        self.settings = settings or WorkerSettings()
+        self._stopping = asyncio.Event()
+        self.counts: Counter[str] = Counter()  # pulled and per-status totals
+
+    def request_stop(self) -> None:
+        """Stop pulling; running jobs get ``drain_timeout_s`` to finish."""
+        self._stopping.set()
+
+    async def run(self) -> None:
+        """Serve until ``request_stop``; cancelling this task abandons running jobs."""
+        consumer = self._bus.job_consumer(self.region, in_flight_max=self.settings.concurrency)
+        await consumer.start()
+        slots = [
+            asyncio.create_task(self._slot(consumer), name=f"{self.worker_id}-slot{i}")
+            for i in range(self.settings.concurrency)
+        ]
+        try:
+            await self._stopping.wait()
+            _done, running = await asyncio.wait(slots, timeout=self.settings.drain_timeout_s)
+            if running:
+                log.warning("%s: abandoning %d running jobs", self.worker_id, len(running))
+        finally:
+            for slot in slots:
+                slot.cancel()
+            await asyncio.gather(*slots, return_exceptions=True)
+            await consumer.close()  # finished jobs committed; abandoned ones redelivered
+        for slot in slots:  # a slot that died of a bug: surface it
+            if not slot.cancelled() and slot.exception() is not None:
+                raise slot.exception()  # type: ignore[misc]
+
+    async def _slot(self, consumer: JobConsumer) -> None:
+        s = self.settings
+        while not self._stopping.is_set():
+            if not self._gate.has_spare(s.pull_probe_tokens):
+                await self._clock.sleep(s.idle_poll_s)
+                continue
+            try:
+                delivery = await consumer.next_job(s.idle_poll_s)
+            except JobBusUnavailable as exc:
+                log.warning("%s: pull failed: %s", self.worker_id, exc)
+                await self._clock.sleep(self._backoff_s(1))
+                continue
+            if delivery is None:
+                continue
+            self.counts["pulled"] += 1
+            await self._handle(consumer, delivery)
+
+    async def _handle(self, consumer: JobConsumer, delivery: JobDelivery) -> None:
+        result = await self.process(delivery.job)
+        self.counts[result.status] += 1
+        try:
+            await asyncio.wait_for(
+                self._bus.publish_result(result), self.settings.publish_timeout_s
+            )
+        except (ConvplaneError, TimeoutError) as exc:
+            log.error("%s: result of %s not published: %s", self.worker_id, result.job_id, exc)
+        try:
+            await consumer.finish(delivery)
+        except JobBusUnavailable as exc:  # not committed: the job may run again, harmlessly
+            log.warning("%s: finish %s failed: %s", self.worker_id, result.job_id, exc)
+
+    async def process(self, job: ReplayJob) -> ReplayResult:
+        """Run one job to a result. Never raises a ConvplaneError (they become ``failed``)."""
+        started_s = self._clock.monotonic()
+        if self._clock.wall_ms() >= job.deadline_ms:
+            return self._result(job, "expired", started_s)
+        if job.model_revision != self._engine.model_revision:
+            return await self._reroute(job, started_s)
+        try:
+            outcome = await self._replay(job)
+        except _JobExpired:
+            return self._result(job, "expired", started_s)
+        except ModelRevisionMismatch:
+            return await self._reroute(job, started_s)
+        except ConvplaneError as exc:
+            log.warning("%s: job %s failed: %s", self.worker_id, job.job_id, exc)
+            return self._result(job, "failed", started_s)
+        return self._result(job, "replayed", started_s, outcome)
+
+    async def _replay(self, job: ReplayJob) -> PrefillOutcome:
+        s = self.settings
+        remaining_s = (job.deadline_ms - self._clock.wall_ms()) / 1000
+        try:
+            await asyncio.wait_for(
+                self._gate.wait_for_spare(job.estimated_prompt_tokens), max(remaining_s, 0.0)
+            )
+        except TimeoutError as exc:
+            raise _JobExpired from exc
+        events = await self._retrying(
+            job,
+            lambda: self._transcripts.fetch(job.tenant_id, job.conversation_id, job.through_seq),
+            s.transcript_timeout_s,
+        )
+        request = PrefillRequest(
+            model=job.model_revision,
+            messages=render_messages(events),
+            cache_salt=cache_salt_for(job.tenant_id),
+            priority=s.replay_priority,
+            request_id=f"replay-{job.job_id}-{self._rng.getrandbits(32):08x}",
+        )
+        return await self._retrying(job, lambda: self._engine.prefill(request), s.prefill_timeout_s)
+
+    async def _retrying(
+        self, job: ReplayJob, call: Callable[[], Awaitable[T]], timeout_s: float
+    ) -> T:
+        """Retry retryable errors and timeouts under the attempt budget and the job's deadline."""
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                return await asyncio.wait_for(call(), timeout_s)
+            except (ConvplaneError, TimeoutError) as exc:
+                retryable = isinstance(exc, TimeoutError) or exc.retryable
+                if isinstance(exc, ModelRevisionMismatch) or not retryable:
+                    raise
+                if attempt >= self.settings.attempts_max:
+                    raise DeadlineExceeded(f"gave up after {attempt} attempts: {exc}") from exc
+                delay_s = self._backoff_s(attempt)
+                if isinstance(exc, ConvplaneError) and exc.retry_after_s is not None:
+                    delay_s = max(delay_s, exc.retry_after_s)
+                if self._clock.wall_ms() + delay_s * 1000 >= job.deadline_ms:
+                    raise _JobExpired from exc
+                await self._clock.sleep(delay_s)
+
+    async def _reroute(self, job: ReplayJob, started_s: float) -> ReplayResult:
+        """Put the job back on the bus for a worker that serves its revision (module docstring)."""
+        await self._clock.sleep(self.settings.reroute_pause_s * self._rng.uniform(0.5, 1.0))
+        try:
+            await self._retrying(
+                job, lambda: self._bus.publish_jobs([job]), self.settings.publish_timeout_s
+            )
+        except _JobExpired:
+            return self._result(job, "expired", started_s)
+        except ConvplaneError as exc:
+            log.error("%s: could not re-publish %s: %s", self.worker_id, job.job_id, exc)
+            return self._result(job, "failed", started_s)
+        return self._result(job, "wrong_model", started_s)
+
+    def _backoff_s(self, attempt: int) -> float:
+        s = self.settings
+        ceiling_s = min(s.backoff_max_s, s.backoff_base_s * 2.0 ** (attempt - 1))
+        return ceiling_s * self._rng.uniform(0.5, 1.0)
+
+    def _result(
+        self,
+        job: ReplayJob,
+        status: ReplayStatus,
+        started_s: float,
+        outcome: PrefillOutcome | None = None,
+    ) -> ReplayResult:
+        return ReplayResult(
+            job_id=job.job_id,
+            region=job.region,
+            tenant_id=job.tenant_id,
+            conversation_id=job.conversation_id,
+            model_revision=job.model_revision,
+            status=status,
+            worker_id=self.worker_id,
+            engine_id=self._engine.engine_id,
+            prompt_tokens=outcome.prompt_tokens if outcome else 0,
+            cached_prompt_tokens=outcome.cached_prompt_tokens if outcome else 0,
+            duration_ms=(self._clock.monotonic() - started_s) * 1000,
+            finished_at_ms=self._clock.wall_ms(),
+        )
+
+
+class HttpTranscriptSource(TranscriptSource):
+    """Reads a transcript from the region's REST API, page by page.
+
+    ``GET {region_url}/v1/conversations/{id}/events?after_seq=&limit=`` with the service API key
+    as a bearer token and the tenant in ``X-Convplane-Tenant``. The answer is a JSON list of
+    events or ``{"events": [...]}``; each event has ``seq``, ``event_type`` and ``payload``.
+    """
+
+    def __init__(
+        self,
+        client: httpx.AsyncClient,
+        api_key: str,
+        *,
+        page_limit: int = 200,
+        events_max: int = 20_000,
+    ) -> None:
+        self._client = client  # base_url = the region's URL; owned by the caller
+        self._api_key = api_key
+        self._page_limit = page_limit
+        self._events_max = events_max
+
+    async def fetch(
+        self, tenant_id: str, conversation_id: str, through_seq: int
+    ) -> list[TranscriptEvent]:
+        events: list[TranscriptEvent] = []
+        after_seq = 0
+        while after_seq < through_seq:
+            if len(events) >= self._events_max:
+                raise InvalidRequest(f"transcript over {self._events_max} events")
+            page = await self._page(tenant_id, conversation_id, after_seq)
+            events.extend(e for e in page if e.seq <= through_seq)
+            if len(page) < self._page_limit:
+                break
+            after_seq = page[-1].seq
+        return events
+
+    async def _page(
+        self, tenant_id: str, conversation_id: str, after_seq: int
+    ) -> list[TranscriptEvent]:
+        try:
+            response = await self._client.get(
+                f"/v1/conversations/{conversation_id}/events",
+                params={"after_seq": after_seq, "limit": self._page_limit},
+                headers={
+                    "Authorization": f"Bearer {self._api_key}",
+                    "X-Convplane-Tenant": tenant_id,
+                },
+            )
+        except httpx.HTTPError as exc:
+            raise TranscriptUnavailable(f"region API unreachable: {exc!r}") from exc
+        if response.status_code == 404:
+            raise NotFound(f"conversation {conversation_id} not found")
+        if response.status_code == 429 or response.status_code >= 500:
+            raise TranscriptUnavailable(f"region API answered {response.status_code}")
+        if response.status_code != 200:
+            raise InvalidRequest(
+                f"region API answered {response.status_code}: {response.text[:200]}"
+            )
+        try:
+            body = response.json()
+            raw = body["events"] if isinstance(body, dict) else body
+            return [
+                TranscriptEvent(int(e["seq"]), str(e["event_type"]), dict(e["payload"]))
+                for e in raw
+            ]
+        except (ValueError, KeyError, TypeError) as exc:
+            raise TranscriptUnavailable(f"region API answered an unexpected body: {exc!r}") from exc
+
+
+class TranscriptUnavailable(Unavailable):
+    code = "transcript_unavailable"
+
+
+async def cancel_quietly(task: asyncio.Task[Any]) -> None:
+    """Cancel a task and wait for it (a crashed worker, in tests and the CLI)."""
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
