@@ -14,6 +14,7 @@ import typer
 # One line per command module; add yours here.
 COMMAND_MODULES: tuple[str, ...] = (
     "services.cli.plan",
+    "services.cli.fault",
     "services.cli.sim_engine",
 )
 
