@@ -182,9 +182,10 @@ class ReplayWorker:
                 slot.cancel()
             await asyncio.gather(*slots, return_exceptions=True)
             await consumer.close()  # finished jobs committed; abandoned ones redelivered
-        for slot in slots:  # a slot that died of a bug: surface it
-            if not slot.cancelled() and slot.exception() is not None:
-                raise slot.exception()  # type: ignore[misc]
+        for slot in slots:  # a slot that died of a bug (InvariantViolation): surface it
+            error = None if slot.cancelled() else slot.exception()
+            if error is not None:
+                raise error
 
     async def _slot(self, consumer: JobConsumer) -> None:
         s = self.settings

@@ -42,7 +42,10 @@ class OffsetTracker(Generic[P]):
         state = self._partitions.get(partition)
         if state is None:
             self._generations += 1
-            state = self._partitions[partition] = _PartitionState(generation=self._generations)
+            # The group's committed position is at most this first offset: nothing to commit yet.
+            state = self._partitions[partition] = _PartitionState(
+                committed=offset, generation=self._generations
+            )
         if offset <= state.last_delivered:
             # The consumer was rewound (rebalance, seek) without forget(): a bug in the adapter.
             raise InvariantViolation(

@@ -1,0 +1,408 @@
+"""The replay worker against the in-process bus, a fake engine, gate and transcript source."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import random
+from collections.abc import AsyncIterator
+
+import httpx
+import pytest
+
+from eventlog.clock import LoopClock
+from eventlog.errors import NotFound
+from replay.bus import InProcessJobBus
+from replay.engines.base import EngineRejectedRequest, EngineUnavailable, InferenceEngine
+from replay.model import EngineMetrics, PrefillOutcome, PrefillRequest, ReplayJob, ReplayResult
+from replay.worker import (
+    HttpTranscriptSource,
+    ReplayWorker,
+    TranscriptEvent,
+    TranscriptSource,
+    TranscriptUnavailable,
+    WorkerSettings,
+    cache_salt_for,
+    cancel_quietly,
+    render_messages,
+)
+
+REGION = "eu"
+FAST = WorkerSettings(
+    concurrency=2,
+    idle_poll_s=0.01,
+    backoff_base_s=0.001,
+    backoff_max_s=0.002,
+    reroute_pause_s=0.0,
+    drain_timeout_s=5.0,
+)
+
+
+class FakeEngine(InferenceEngine):
+    def __init__(self, engine_id: str = "e1", revision: str = "rev-a") -> None:
+        self._id = engine_id
+        self._revision = revision
+        self.requests: list[PrefillRequest] = []
+        self.failures: list[Exception] = []  # raised by the next calls, in order
+        self.hold: asyncio.Event | None = None  # when set, prefill waits for it
+        self.entered = asyncio.Event()
+
+    @property
+    def engine_id(self) -> str:
+        return self._id
+
+    @property
+    def model_revision(self) -> str:
+        return self._revision
+
+    async def prefill(self, request: PrefillRequest) -> PrefillOutcome:
+        self.requests.append(request)
+        self.entered.set()
+        if self.failures:
+            raise self.failures.pop(0)
+        if self.hold is not None:
+            await self.hold.wait()
+        tokens = sum(len(m.content) for m in request.messages)
+        return PrefillOutcome(prompt_tokens=tokens, cached_prompt_tokens=0, duration_ms=1.0)
+
+    async def metrics(self) -> EngineMetrics:
+        return EngineMetrics(0, 0, 0, 0, 0, 0)
+
+    async def aclose(self) -> None:
+        return None
+
+
+class FakeGate:
+    def __init__(self, spare: bool = True, asked_signal_at: int = 20) -> None:
+        self.open = asyncio.Event()
+        if spare:
+            self.open.set()
+        self.asked: list[int] = []
+        self.asked_often = asyncio.Event()  # set once the worker asked asked_signal_at times
+        self._asked_signal_at = asked_signal_at
+
+    def has_spare(self, prompt_tokens: int) -> bool:
+        self.asked.append(prompt_tokens)
+        if len(self.asked) >= self._asked_signal_at:
+            self.asked_often.set()
+        return self.open.is_set()
+
+    async def wait_for_spare(self, prompt_tokens: int) -> None:
+        await self.open.wait()
+
+
+class FakeTranscripts(TranscriptSource):
+    def __init__(self) -> None:
+        self.calls = 0
+
+    async def fetch(
+        self, tenant_id: str, conversation_id: str, through_seq: int
+    ) -> list[TranscriptEvent]:
+        self.calls += 1
+        if conversation_id == "missing":
+            raise NotFound("no such conversation")
+        events = [
+            TranscriptEvent(1, "message.system", {"content": "be brief"}),
+            TranscriptEvent(2, "message.user", {"content": f"hello from {conversation_id}"}),
+            TranscriptEvent(3, "message.assistant", {"content": "hi"}),
+        ]
+        return [e for e in events if e.seq <= through_seq]
+
+
+def make_job(
+    n: int,
+    *,
+    clock: LoopClock,
+    revision: str = "rev-a",
+    ttl_ms: int = 60_000,
+    conversation_id: str | None = None,
+) -> ReplayJob:
+    return ReplayJob(
+        job_id=f"j{n}",
+        region=REGION,
+        tenant_id="t1",
+        conversation_id=conversation_id or f"c{n}",
+        model_revision=revision,
+        estimated_prompt_tokens=100,
+        last_activity_ms=0,
+        deadline_ms=clock.wall_ms() + ttl_ms,
+        through_seq=3,
+    )
+
+
+@pytest.fixture
+async def bus() -> AsyncIterator[InProcessJobBus]:
+    async with InProcessJobBus(jobs_max_per_region=100) as b:
+        yield b
+
+
+def make_worker(
+    bus: InProcessJobBus,
+    engine: FakeEngine,
+    gate: FakeGate | None = None,
+    name: str = "w1",
+    settings: WorkerSettings = FAST,
+) -> ReplayWorker:
+    return ReplayWorker(
+        name,
+        REGION,
+        bus,
+        engine,
+        FakeTranscripts(),
+        gate or FakeGate(),
+        LoopClock(),
+        random.Random(7),
+        settings,
+    )
+
+
+async def collect(bus: InProcessJobBus, count: int) -> list[ReplayResult]:
+    stream = bus.result_stream()
+    results = []
+    while len(results) < count:
+        result = await stream.next_result(timeout_s=5.0)
+        assert result is not None, f"only {len(results)} of {count} results arrived"
+        results.append(result)
+    return results
+
+
+async def test_replays_a_job_with_the_live_prompt_low_priority_and_tenant_salt(
+    bus: InProcessJobBus,
+) -> None:
+    engine, clock = FakeEngine(), LoopClock()
+    worker = make_worker(bus, engine)
+    task = asyncio.create_task(worker.run())
+    await bus.publish_jobs([make_job(1, clock=clock)])
+    [result] = await collect(bus, 1)
+    worker.request_stop()
+    await task
+
+    assert result.status == "replayed" and result.worker_id == "w1" and result.engine_id == "e1"
+    assert result.prompt_tokens == len("be brief") + len("hello from c1") + len("hi")
+    [request] = engine.requests
+    assert request.model == "rev-a"
+    assert [m.role for m in request.messages] == ["system", "user", "assistant"]
+    assert request.cache_salt == hashlib.sha256(b"t1").hexdigest()[:16]
+    assert request.priority == FAST.replay_priority
+    assert bus.pending_count(REGION) == 0
+
+
+async def test_expired_job_is_dropped_with_an_expired_result(bus: InProcessJobBus) -> None:
+    engine, clock = FakeEngine(), LoopClock()
+    worker = make_worker(bus, engine)
+    task = asyncio.create_task(worker.run())
+    await bus.publish_jobs([make_job(1, clock=clock, ttl_ms=-1)])
+    [result] = await collect(bus, 1)
+    worker.request_stop()
+    await task
+    assert result.status == "expired"
+    assert engine.requests == []
+
+
+async def test_wrong_model_job_is_handed_on_to_a_worker_that_serves_it(
+    bus: InProcessJobBus,
+) -> None:
+    clock = LoopClock()
+    wrong, right = FakeEngine("e-old", "rev-old"), FakeEngine("e-new", "rev-a")
+    wrong_worker = make_worker(bus, wrong, name="w-old")
+    wrong_task = asyncio.create_task(wrong_worker.run())
+    await bus.publish_jobs([make_job(1, clock=clock)])
+    first = await collect(bus, 1)
+    assert [r.status for r in first] == ["wrong_model"]
+    assert bus.pending_count(REGION) <= 1  # the job is back on the bus, not lost
+    wrong_worker.request_stop()
+    await wrong_task
+    assert bus.pending_count(REGION) == 1
+
+    bounced = wrong_worker.counts["wrong_model"]  # it may have bounced the copy a few times
+
+    right_worker = make_worker(bus, right, name="w-new")
+    right_task = asyncio.create_task(right_worker.run())
+    results = await collect(bus, bounced)  # the rest of the bounces, then the replay
+    right_worker.request_stop()
+    await right_task
+    assert {(r.status, r.worker_id) for r in results[:-1]} <= {("wrong_model", "w-old")}
+    assert (results[-1].status, results[-1].worker_id) == ("replayed", "w-new")
+    assert wrong.requests == [] and len(right.requests) == 1
+
+
+async def test_worker_without_spare_does_not_pull(bus: InProcessJobBus) -> None:
+    engine, clock, gate = FakeEngine(), LoopClock(), FakeGate(spare=False)
+    worker = make_worker(bus, engine, gate)
+    task = asyncio.create_task(worker.run())
+    await bus.publish_jobs([make_job(1, clock=clock)])
+    await gate.asked_often.wait()  # the worker asked many times and was told no
+    assert worker.counts["pulled"] == 0 and bus.pending_count(REGION) == 1
+
+    gate.open.set()
+    [result] = await collect(bus, 1)
+    worker.request_stop()
+    await task
+    assert result.status == "replayed"
+    assert FAST.pull_probe_tokens in gate.asked
+
+
+async def test_cancelled_worker_leaves_its_running_job_to_another(bus: InProcessJobBus) -> None:
+    clock = LoopClock()
+    stuck = FakeEngine("e1")
+    stuck.hold = asyncio.Event()  # never set: the job is mid-prefill when the worker dies
+    victim = make_worker(bus, stuck, name="victim")
+    victim_task = asyncio.create_task(victim.run())
+    await bus.publish_jobs([make_job(1, clock=clock)])
+    await stuck.entered.wait()
+    await cancel_quietly(victim_task)  # a crash: no finish, no result
+
+    survivor = make_worker(bus, FakeEngine("e2"), name="survivor")
+    survivor_task = asyncio.create_task(survivor.run())
+    [result] = await collect(bus, 1)
+    survivor.request_stop()
+    await survivor_task
+    assert result.job_id == "j1" and result.worker_id == "survivor" and result.status == "replayed"
+
+
+async def test_graceful_stop_finishes_the_running_job(bus: InProcessJobBus) -> None:
+    engine, clock = FakeEngine(), LoopClock()
+    engine.hold = asyncio.Event()
+    worker = make_worker(bus, engine)
+    task = asyncio.create_task(worker.run())
+    await bus.publish_jobs([make_job(1, clock=clock)])
+    await engine.entered.wait()
+    worker.request_stop()
+    engine.hold.set()
+    await task
+    [result] = await collect(bus, 1)
+    assert result.status == "replayed" and bus.pending_count(REGION) == 0
+
+
+async def test_stop_past_the_drain_timeout_abandons_the_job_for_redelivery(
+    bus: InProcessJobBus,
+) -> None:
+    engine, clock = FakeEngine(), LoopClock()
+    engine.hold = asyncio.Event()
+    settings = WorkerSettings(concurrency=1, idle_poll_s=0.01, drain_timeout_s=0.0)
+    worker = make_worker(bus, engine, settings=settings)
+    task = asyncio.create_task(worker.run())
+    await bus.publish_jobs([make_job(1, clock=clock)])
+    await engine.entered.wait()
+    worker.request_stop()
+    await task
+    assert bus.pending_count(REGION) == 1  # back on the bus, uncommitted
+    assert worker.counts["replayed"] == 0
+
+
+async def test_retryable_engine_error_is_retried_and_a_rejection_fails(
+    bus: InProcessJobBus,
+) -> None:
+    engine, clock = FakeEngine(), LoopClock()
+    engine.failures = [EngineUnavailable("busy"), EngineRejectedRequest("bad prompt")]
+    worker = make_worker(
+        bus,
+        engine,
+        settings=WorkerSettings(
+            concurrency=1, idle_poll_s=0.01, backoff_base_s=0.001, backoff_max_s=0.002
+        ),
+    )
+    task = asyncio.create_task(worker.run())
+    await bus.publish_jobs([make_job(1, clock=clock), make_job(2, clock=clock)])
+    results = await collect(bus, 2)
+    worker.request_stop()
+    await task
+    assert [r.status for r in results] == ["failed", "replayed"]
+    assert len(engine.requests) == 3
+
+
+async def test_retry_budget_is_bounded(bus: InProcessJobBus) -> None:
+    engine, clock = FakeEngine(), LoopClock()
+    engine.failures = [EngineUnavailable("down")] * 10
+    worker = make_worker(
+        bus,
+        engine,
+        settings=WorkerSettings(
+            concurrency=1,
+            idle_poll_s=0.01,
+            attempts_max=3,
+            backoff_base_s=0.001,
+            backoff_max_s=0.002,
+        ),
+    )
+    task = asyncio.create_task(worker.run())
+    await bus.publish_jobs([make_job(1, clock=clock)])
+    [result] = await collect(bus, 1)
+    worker.request_stop()
+    await task
+    assert result.status == "failed" and len(engine.requests) == 3
+
+
+async def test_missing_transcript_fails_the_job_without_prefill(bus: InProcessJobBus) -> None:
+    engine, clock = FakeEngine(), LoopClock()
+    worker = make_worker(bus, engine)
+    task = asyncio.create_task(worker.run())
+    await bus.publish_jobs([make_job(1, clock=clock, conversation_id="missing")])
+    [result] = await collect(bus, 1)
+    worker.request_stop()
+    await task
+    assert result.status == "failed" and engine.requests == []
+
+
+def test_render_keeps_chat_messages_and_omits_tool_events_and_notes() -> None:
+    events = [
+        TranscriptEvent(1, "message.system", {"content": "sys"}),
+        TranscriptEvent(
+            2,
+            "message.user",
+            {
+                "content": [
+                    {"type": "text", "text": "a"},
+                    {"type": "image_url", "image_url": {}},
+                    {"type": "text", "text": "b"},
+                ]
+            },
+        ),
+        TranscriptEvent(3, "tool.attempt", {"attempt_id": "x", "tool": "search"}),
+        TranscriptEvent(4, "tool.effect", {"attempt_id": "x", "outcome": {}}),
+        TranscriptEvent(5, "note", {"content": "internal"}),
+        TranscriptEvent(6, "message.assistant", {"content": "done"}),
+        TranscriptEvent(7, "message.user", {"content": 42}),
+    ]
+    assert [(m.role, m.content) for m in render_messages(events)] == [
+        ("system", "sys"),
+        ("user", "ab"),
+        ("assistant", "done"),
+    ]
+
+
+def test_cache_salt_is_per_tenant() -> None:
+    assert cache_salt_for("t1") != cache_salt_for("t2")
+    assert len(cache_salt_for("t1")) == 16
+
+
+async def test_http_transcript_source_pages_through_the_region_api() -> None:
+    seen: list[httpx.Request] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        after = int(request.url.params["after_seq"])
+        limit = int(request.url.params["limit"])
+        events = [
+            {"seq": s, "event_type": "message.user", "payload": {"content": str(s)}}
+            for s in range(after + 1, min(after + limit, 7) + 1)
+        ]
+        return httpx.Response(200, json={"events": events})
+
+    async with httpx.AsyncClient(
+        base_url="http://region", transport=httpx.MockTransport(handler)
+    ) as client:
+        source = HttpTranscriptSource(client, "svc-key", page_limit=2)
+        events = await source.fetch("t1", "c1", through_seq=5)
+    assert [e.seq for e in events] == [1, 2, 3, 4, 5]
+    assert [r.url.params["after_seq"] for r in seen] == ["0", "2", "4"]
+    assert seen[0].headers["authorization"] == "Bearer svc-key"
+    assert seen[0].headers["x-convplane-tenant"] == "t1"
+
+
+@pytest.mark.parametrize(("status", "error"), [(404, NotFound), (503, TranscriptUnavailable)])
+async def test_http_transcript_source_types_its_errors(status: int, error: type[Exception]) -> None:
+    transport = httpx.MockTransport(lambda request: httpx.Response(status, json={}))
+    async with httpx.AsyncClient(base_url="http://region", transport=transport) as client:
+        with pytest.raises(error):
+            await HttpTranscriptSource(client, "k").fetch("t1", "c1", through_seq=3)
