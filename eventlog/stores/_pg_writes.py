@@ -23,7 +23,7 @@ from eventlog.stores.group_commit import AppendOutcome
 _APPEND = text(
     "SELECT o_index, o_kind, o_value FROM convplane_append("
     ":b_shard, :b_epoch, :b_prev_lsn, :b_prev_epoch, :b_leader_commit, :b_count, "
-    ":e_lsn, :e_tenant, :e_conversation, :e_seq, :e_type, :e_idempotency, :e_attempt, "
+    ":e_lsn, :e_epoch, :e_tenant, :e_conversation, :e_seq, :e_type, :e_idempotency, :e_attempt, "
     ":e_tokens, :e_created, :e_body)"
 )
 _PREPARE = text("SELECT * FROM convplane_prepare(:shard, :epoch, :tail_max)")
@@ -36,7 +36,7 @@ def append_params(requests: Sequence[AppendRequest]) -> dict[str, list[Any]]:
     params: dict[str, list[Any]] = {
         name: []
         for name in (
-            "b_shard b_epoch b_prev_lsn b_prev_epoch b_leader_commit b_count e_lsn e_tenant "
+            "b_shard b_epoch b_prev_lsn b_prev_epoch b_leader_commit b_count e_lsn e_epoch e_tenant "
             "e_conversation e_seq e_type e_idempotency e_attempt e_tokens e_created e_body"
         ).split()
     }
@@ -49,6 +49,7 @@ def append_params(requests: Sequence[AppendRequest]) -> dict[str, list[Any]]:
         params["b_count"].append(len(r.entries))
         for e in r.entries:
             params["e_lsn"].append(e.lsn)
+            params["e_epoch"].append(e.epoch)
             params["e_tenant"].append(e.tenant_id)
             params["e_conversation"].append(e.conversation_id)
             params["e_seq"].append(e.seq)

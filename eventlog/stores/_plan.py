@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from eventlog.errors import InvariantViolation
+from eventlog.memory_replica import check_append_batch
 from eventlog.model import Accepted, AppendReply, LogEntry, Mismatch, Rejected, ShardStatus
 
 
@@ -66,8 +67,8 @@ def plan_append(
     inserts = tuple(e for e in request.entries if e.lsn >= first_new_lsn)
     match_lsn = prev_lsn + len(request.entries)
     last_lsn, last_epoch = current.last_lsn, current.last_epoch
-    if conflict_lsn is not None or match_lsn > last_lsn:
-        last_lsn, last_epoch = match_lsn, request.epoch
+    if conflict_lsn is not None or match_lsn > last_lsn:  # then the batch is not empty
+        last_lsn, last_epoch = match_lsn, request.entries[-1].epoch
     commit_lsn = max(current.commit_lsn, min(request.leader_commit_lsn, match_lsn))
     status = ShardStatus(request.epoch, last_lsn, last_epoch, commit_lsn)
     return AppendPlan(Accepted(match_lsn), status, conflict_lsn, inserts)
@@ -83,15 +84,11 @@ def first_conflict_lsn(epochs_by_lsn: Mapping[int, int], entries: Sequence[LogEn
 
 
 def check_append_request(request: AppendRequest) -> None:
-    """The caller's side of the contract; a violation is a bug in the leader."""
+    """The caller's side of the contract (the reference's own check); a violation is a bug in
+    the leader."""
     if request.prev_lsn < 0:
         raise InvariantViolation(f"append with negative prev_lsn {request.prev_lsn}")
-    for offset, entry in enumerate(request.entries, start=1):
-        if entry.lsn != request.prev_lsn + offset or entry.epoch != request.epoch:
-            raise InvariantViolation(
-                f"append batch not contiguous at epoch {request.epoch}: entry "
-                f"{entry.lsn}@{entry.epoch} after prev_lsn {request.prev_lsn}"
-            )
+    check_append_batch(request.epoch, request.prev_lsn, request.entries)
 
 
 def _with(status: ShardStatus, *, promised_epoch: int) -> ShardStatus:

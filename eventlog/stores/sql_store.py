@@ -179,7 +179,11 @@ class SqlReplicaStore(ReplicaStore):
                 cast(func.sum(entries.c.token_count), BigInteger).label("token_count"),
                 func.max(entries.c.seq).label("last_seq"),
             )
-            .where(entries.c.shard == shard, entries.c.lsn <= max_lsn)
+            .where(
+                entries.c.shard == shard,
+                entries.c.lsn <= max_lsn,
+                entries.c.conversation_id != "",  # leader barriers belong to no conversation
+            )
             .group_by(entries.c.conversation_id)
             .having(last_activity >= active_since_ms)
             .order_by(last_activity.desc(), self._codepoint_order(entries.c.conversation_id))

@@ -31,7 +31,7 @@ APPEND_FUNCTION = r"""
 CREATE OR REPLACE FUNCTION convplane_append(
     b_shard integer[], b_epoch bigint[], b_prev_lsn bigint[], b_prev_epoch bigint[],
     b_leader_commit bigint[], b_count integer[],
-    e_lsn bigint[], e_tenant text[], e_conversation text[], e_seq bigint[], e_type text[],
+    e_lsn bigint[], e_epoch bigint[], e_tenant text[], e_conversation text[], e_seq bigint[], e_type text[],
     e_idempotency text[], e_attempt text[], e_tokens bigint[], e_created bigint[], e_body text[]
 ) RETURNS TABLE(o_index integer, o_kind smallint, o_value bigint)
 LANGUAGE plpgsql AS $fn$
@@ -77,9 +77,9 @@ BEGIN
             o_kind := 2; o_value := s.last_lsn; RETURN NEXT;
             CONTINUE;
         END IF;
-        SELECT min(x.lsn) INTO v_conflict FROM entries x
-        WHERE x.shard = v_shard AND x.lsn > v_prev AND x.lsn <= v_prev + n
-          AND x.epoch <> v_epoch;
+        SELECT min(x.lsn) INTO v_conflict
+        FROM generate_series(lo, lo + n - 1) AS k
+        JOIN entries x ON x.shard = v_shard AND x.lsn = e_lsn[k] AND x.epoch <> e_epoch[k];
         IF v_conflict IS NOT NULL AND v_conflict <= s.commit_lsn THEN
             o_kind := 3; o_value := v_conflict; RETURN NEXT;
             CONTINUE;
@@ -90,7 +90,7 @@ BEGIN
         v_first_new := coalesce(v_conflict, s.last_lsn + 1);
         INSERT INTO entries (shard, lsn, epoch, tenant_id, conversation_id, seq, event_type,
                              idempotency_key, attempt_id, token_count, created_at_ms, body)
-        SELECT v_shard, e_lsn[k], v_epoch, e_tenant[k], e_conversation[k], e_seq[k], e_type[k],
+        SELECT v_shard, e_lsn[k], e_epoch[k], e_tenant[k], e_conversation[k], e_seq[k], e_type[k],
                e_idempotency[k], e_attempt[k], e_tokens[k], e_created[k], e_body[k]
         FROM generate_series(lo, lo + n - 1) AS k
         WHERE e_lsn[k] >= v_first_new;
@@ -99,7 +99,7 @@ BEGIN
         v_last_epoch := s.last_epoch;
         IF v_conflict IS NOT NULL OR v_match > v_last THEN
             v_last := v_match;
-            v_last_epoch := v_epoch;
+            v_last_epoch := e_epoch[lo + n - 1];
         END IF;
         UPDATE shards
         SET promised_epoch = v_epoch, last_lsn = v_last, last_epoch = v_last_epoch,
@@ -181,7 +181,7 @@ def downgrade() -> None:
         op.execute("DROP FUNCTION IF EXISTS convplane_prepare(integer, bigint, integer)")
         op.execute(
             "DROP FUNCTION IF EXISTS convplane_append(integer[], bigint[], bigint[], bigint[], "
-            "bigint[], integer[], bigint[], text[], text[], bigint[], text[], text[], text[], "
+            "bigint[], integer[], bigint[], bigint[], text[], text[], bigint[], text[], text[], text[], "
             "bigint[], bigint[], text[])"
         )
     op.drop_table("entries")
