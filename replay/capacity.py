@@ -270,8 +270,11 @@ class CapacityController:
             raise InvariantViolation("a replay acquires a positive number of tokens")
         if self.in_flight >= self.config.max_concurrent_replays:
             return Grant.CONCURRENCY
-        self._bucket.set_rate(self.estimator.spare_tokens_per_s(now_s), now_s)
-        if not self._bucket.can_take(tokens):
+        spare_tokens_per_s = self.estimator.spare_tokens_per_s(now_s)
+        self._bucket.set_rate(spare_tokens_per_s, now_s)
+        # no spare right now (saturated, waiting live requests, stale metrics): deny even if
+        # the bucket saved up tokens earlier
+        if spare_tokens_per_s <= 0 or not self._bucket.can_take(tokens):
             return Grant.NO_SPARE
         region = self._limits.region
         if region is not None:

@@ -42,7 +42,7 @@ async def base_url() -> AsyncIterator[str]:
     task = asyncio.create_task(server.serve(sockets=[sock]))
     try:
         async with asyncio.timeout(10):
-            while not server.started:
+            while not server.started:  # noqa: ASYNC110 (uvicorn exposes only a flag)
                 await asyncio.sleep(0.01)
         yield f"http://127.0.0.1:{port}"
     finally:

@@ -1,0 +1,181 @@
+"""Spare-capacity controller: reaction to live demand, waiting => 0, buckets and operator caps."""
+
+from __future__ import annotations
+
+import pytest
+
+from eventlog.clock import Clock
+from eventlog.errors import InvariantViolation
+from replay.capacity import (
+    CapacityConfig,
+    CapacityController,
+    Grant,
+    OperatorLimits,
+    ReplayCapacityTimeout,
+    TokenBucket,
+)
+from replay.model import EngineMetrics
+
+CAPACITY = 10_000.0  # tokens/s; usable with 10% headroom: 9_000
+
+
+class ManualClock(Clock):
+    def __init__(self) -> None:
+        self.now_s = 100.0
+
+    def monotonic(self) -> float:
+        return self.now_s
+
+    def wall_ms(self) -> int:
+        return int(self.now_s * 1000)
+
+    async def sleep(self, seconds: float) -> None:
+        self.now_s += seconds
+
+
+class FakeEngineCounters:
+    def __init__(self) -> None:
+        self.prompt = 0.0
+        self.hits = 0.0
+        self.waiting = 0.0
+
+    def run(self, computed_tokens: float, cached_tokens: float = 0.0) -> None:
+        self.prompt += computed_tokens + cached_tokens
+        self.hits += cached_tokens
+
+    def metrics(self) -> EngineMetrics:
+        return EngineMetrics(self.prompt, 0.0, 1.0, self.waiting, self.prompt, self.hits)
+
+
+def _controller(clock: ManualClock, **kwargs: float) -> CapacityController:
+    config = CapacityConfig(capacity_tokens_per_s=CAPACITY, headroom=0.1, **kwargs)  # type: ignore[arg-type]
+    return CapacityController(config, clock)
+
+
+def _feed(
+    clock: ManualClock,
+    controller: CapacityController,
+    engine: FakeEngineCounters,
+    live_tokens_per_s: float,
+    seconds: float,
+    step_s: float = 0.25,
+) -> None:
+    for _ in range(round(seconds / step_s)):
+        clock.now_s += step_s
+        engine.run(live_tokens_per_s * step_s)
+        controller.observe(engine.metrics())
+
+
+def test_spare_reacts_to_a_rise_within_a_second_and_recovers_slower() -> None:
+    clock, engine = ManualClock(), FakeEngineCounters()
+    controller = _controller(clock)
+    _feed(clock, controller, engine, 3_000, seconds=10)
+    assert controller.snapshot().spare_tokens_per_s == pytest.approx(6_000, rel=0.02)
+    _feed(clock, controller, engine, 8_000, seconds=1.0)  # live demand jumps
+    assert controller.snapshot().spare_tokens_per_s < 1_500  # most of the rise seen in 1 s
+    _feed(clock, controller, engine, 3_000, seconds=1.0)  # and falls back
+    assert controller.snapshot().spare_tokens_per_s < 3_000  # the fall is trusted slowly
+    _feed(clock, controller, engine, 3_000, seconds=20)
+    assert controller.snapshot().spare_tokens_per_s == pytest.approx(6_000, rel=0.02)
+
+
+def test_cached_tokens_and_replays_own_tokens_are_not_live_demand() -> None:
+    clock, engine = ManualClock(), FakeEngineCounters()
+    controller = _controller(clock, max_concurrent_replays=100)
+    controller.observe(engine.metrics())
+    for _ in range(40):
+        clock.now_s += 0.25
+        engine.run(1_000 * 0.25, cached_tokens=50_000)  # live: 1_000/s computed, rest cached
+        engine.run(4_000 * 0.25)  # replay's computed tokens this interval, reported to us
+        controller.estimator.note_replay_computed(4_000 * 0.25)
+        controller.observe(engine.metrics())
+    assert controller.snapshot().live_tokens_per_s == pytest.approx(1_000, rel=0.02)
+
+
+def test_waiting_live_requests_mean_no_spare() -> None:
+    clock, engine = ManualClock(), FakeEngineCounters()
+    controller = _controller(clock, max_concurrent_replays=3)
+    _feed(clock, controller, engine, 1_000, seconds=5)
+    assert controller.snapshot().spare_tokens_per_s > 0
+    engine.waiting = 2
+    _feed(clock, controller, engine, 1_000, seconds=0.25)
+    assert controller.snapshot().spare_tokens_per_s == 0
+    assert controller.try_acquire(100, "t") is Grant.NO_SPARE
+    # our own replay requests waiting in the engine's queue are not live load
+    engine.waiting = 0
+    _feed(clock, controller, engine, 1_000, seconds=2)
+    assert controller.try_acquire(100, "t") is Grant.GRANTED
+    assert controller.try_acquire(100, "t") is Grant.GRANTED
+    engine.waiting = 2
+    _feed(clock, controller, engine, 1_000, seconds=0.25)
+    assert controller.snapshot().spare_tokens_per_s > 0
+
+
+def test_stale_metrics_mean_no_spare() -> None:
+    clock, engine = ManualClock(), FakeEngineCounters()
+    controller = _controller(clock)
+    assert controller.snapshot().spare_tokens_per_s == 0  # never observed
+    _feed(clock, controller, engine, 1_000, seconds=3)
+    clock.now_s += 10
+    assert controller.snapshot().spare_tokens_per_s == 0
+
+
+def test_bucket_rate_matches_spare_and_concurrency_is_capped() -> None:
+    clock, engine = ManualClock(), FakeEngineCounters()
+    controller = _controller(clock, max_concurrent_replays=1)
+    _feed(clock, controller, engine, 4_000, seconds=10)  # spare 5_000/s
+    granted = 0
+    for step in range(400):  # 10 s in 25 ms steps, 500-token jobs finishing at once
+        if step % 10 == 0:
+            engine.run(4_000 * 0.25)
+            controller.observe(engine.metrics())
+        clock.now_s += 0.025
+        if controller.try_acquire(500, "t") is Grant.GRANTED:
+            granted += 500
+            assert controller.try_acquire(500, "t") is Grant.CONCURRENCY
+            controller.release(0)
+    assert granted == pytest.approx(50_000, rel=0.1)
+
+
+def test_operator_region_and_tenant_limits() -> None:
+    clock = ManualClock()
+    limits = OperatorLimits(
+        clock.monotonic(), region_tokens_per_s=2_000, tenant_tokens_per_s={"small": 500}
+    )
+    config = CapacityConfig(capacity_tokens_per_s=CAPACITY, max_concurrent_replays=100, burst_s=10)
+    controller = CapacityController(config, clock, limits)
+    engine = FakeEngineCounters()
+    _feed(clock, controller, engine, 0, seconds=5)
+    assert controller.try_acquire(500, "small") is Grant.GRANTED
+    assert controller.try_acquire(500, "small") is Grant.TENANT_LIMIT
+    clock.now_s += 1.0
+    assert controller.try_acquire(900, "big") is Grant.GRANTED
+    assert controller.try_acquire(900, "big") is Grant.GRANTED
+    assert controller.try_acquire(900, "big") is Grant.REGION_LIMIT
+    assert controller.snapshot().denied == {"tenant_limit": 1, "region_limit": 1}
+
+
+async def test_acquire_waits_in_clock_time_and_times_out() -> None:
+    clock, engine = ManualClock(), FakeEngineCounters()
+    controller = _controller(clock, max_concurrent_replays=10)
+    _feed(clock, controller, engine, 8_000, seconds=10)  # spare 1_000/s
+    start_s = clock.now_s
+    await controller.acquire(900, "t", deadline_s=start_s + 5)
+    await controller.acquire(900, "t", deadline_s=start_s + 5)
+    assert clock.now_s - start_s >= 0.5  # the second had to wait for the bucket
+    controller.release(900)
+    controller.release(900)
+    engine.waiting = 1  # a live request waits
+    controller.observe(engine.metrics())
+    with pytest.raises(ReplayCapacityTimeout):
+        await controller.acquire(900, "t", deadline_s=clock.now_s + 2)
+
+
+def test_bucket_debt_lets_large_jobs_through_at_the_exact_rate() -> None:
+    bucket = TokenBucket(rate_per_s=100, depth=50, now_s=0.0)
+    bucket.refill(0.5)
+    assert bucket.can_take(1_000)  # level reached the depth
+    bucket.take(1_000)
+    assert bucket.seconds_until(1_000) == pytest.approx(10.0)
+    with pytest.raises(InvariantViolation):
+        TokenBucket(rate_per_s=-1, depth=1, now_s=0.0)
