@@ -10,21 +10,23 @@ reverse order on exit.
 from __future__ import annotations
 
 import asyncio
-import inspect
 import logging
 import os
 import random
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 import httpx
 
 from eventlog.clock import Clock, SystemClock
+from eventlog.config import LogConfig
 from eventlog.conversations import ConversationLog
 from eventlog.errors import ConvplaneError
+from eventlog.node import LogNode
 from eventlog.replica import ReplicaStore
+from eventlog.stores import open_replica_store
 from regions.placement import place_shards
 from services.config import ClusterConfig, NodeSettings
 
@@ -98,14 +100,11 @@ async def lead_shards(
 
 
 async def open_replica_stores(
-    cluster: ClusterConfig, stack: AsyncExitStack
+    cluster: ClusterConfig, clock: Clock, stack: AsyncExitStack
 ) -> dict[str, ReplicaStore]:
-    from eventlog.stores import open_replica_store
-
     stores: dict[str, ReplicaStore] = {}
     for region in cluster.regions:
-        opened: Any = open_replica_store(region.dsn, region.name)
-        store: ReplicaStore = await opened if inspect.isawaitable(opened) else opened
+        store = await open_replica_store(region.dsn, region.name, clock=clock)
         stack.push_async_callback(store.close)
         stores[region.name] = store
     return stores
@@ -117,10 +116,7 @@ def build_log_node(
     replicas: Mapping[str, ReplicaStore],
     clock: Clock,
     rng: random.Random,
-) -> Any:
-    from eventlog.config import LogConfig
-    from eventlog.node import LogNode
-
+) -> LogNode:
     config = LogConfig(shard_count=cluster.shard_count, write_quorum=cluster.write_quorum)
     return LogNode(region=settings.region, replicas=replicas, config=config, clock=clock, rng=rng)
 
@@ -140,7 +136,7 @@ async def open_runtime(settings: NodeSettings) -> AsyncIterator[NodeRuntime]:
     clock = SystemClock()
     rng = random.Random(int.from_bytes(os.urandom(8), "big"))
     async with AsyncExitStack() as stack:
-        replicas = await open_replica_stores(cluster, stack)
+        replicas = await open_replica_stores(cluster, clock, stack)
         node = build_log_node(settings, cluster, replicas, clock, rng)
         stack.push_async_callback(node.close)
         placement = place_shards(cluster.shard_count, cluster.weights())

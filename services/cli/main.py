@@ -16,6 +16,8 @@ COMMAND_MODULES: tuple[str, ...] = (
     "services.cli.plan",
     "services.cli.fault",
     "services.cli.sim_engine",
+    "services.cli.node",
+    "services.cli.up",
 )
 
 

@@ -1,0 +1,35 @@
+"""``convplane node``: run one region node."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+
+def node(
+    cluster_file: Annotated[Path, typer.Option(help="the cluster file (JSON)", exists=True)],
+    region: Annotated[str, typer.Option(help="this node's region, as named in the file")],
+    host: Annotated[str, typer.Option(help="address to listen on")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="port to listen on")] = 8700,
+    log_level: Annotated[str, typer.Option(help="debug, info, warning, error")] = "info",
+) -> None:
+    """Run one region node: public API, forwarding, leadership of its shards."""
+    from services.config import NodeSettings
+    from services.node import run_node
+
+    settings = NodeSettings(region=region, cluster_file=cluster_file)
+    try:
+        settings.load_cluster()
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--cluster-file/--region") from exc
+    run_node(settings, host=host, port=port, log_level=log_level)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("node")(node)
+
+
+if __name__ == "__main__":  # ``python -m services.cli.node``: what ``convplane up`` spawns
+    typer.run(node)

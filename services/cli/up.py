@@ -1,0 +1,210 @@
+"""``convplane up`` (a local plane), ``convplane down`` and ``convplane demo``."""
+
+from __future__ import annotations
+
+import json
+import signal
+import tempfile
+import threading
+import uuid
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+if TYPE_CHECKING:
+    import httpx
+    from rich.console import Console
+
+    from services.local_plane import LocalPlane
+
+SUPERVISE_POLL_S = 0.5
+
+
+def up(
+    regions: Annotated[int, typer.Option(help="number of regions")] = 3,
+    postgres: Annotated[bool, typer.Option(help="one local PostgreSQL per region")] = False,
+    state_dir: Annotated[Path, typer.Option(help="databases, logs, cluster.json")] = Path(
+        ".state/plane"
+    ),
+    base_port: Annotated[int, typer.Option(help="first region's port (0: any free)")] = 8700,
+    shard_count: Annotated[int, typer.Option(help="shards of the log")] = 64,
+    detach: Annotated[bool, typer.Option(help="leave the plane running and exit")] = False,
+    ready_file: Annotated[
+        Path | None, typer.Option(help="write cluster.json's content here once ready")
+    ] = None,
+) -> None:
+    """Start a local plane: per region a database and a node process. Ctrl-C stops it."""
+    from rich.console import Console
+
+    from services.local_plane import LocalPlane, PlaneError
+
+    console = Console()
+    plane = LocalPlane(
+        regions=regions,
+        state_dir=state_dir,
+        base_port=base_port,
+        postgres=postgres,
+        shard_count=shard_count,
+    )
+    stop = _stop_on_signals()
+    try:
+        info = plane.start()
+    except PlaneError as exc:
+        console.print(f"[red]could not start the plane:[/red] {exc}")
+        raise typer.Exit(1) from exc
+    _print_plane(console, info, plane.info_file)
+    if ready_file is not None:
+        ready_file.write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
+    if detach:
+        console.print(f"detached; stop it with: convplane down --state-dir {state_dir}")
+        return
+    try:
+        while not stop.wait(SUPERVISE_POLL_S):
+            for name, code in plane.exited_nodes():
+                console.print(f"[yellow]node {name} exited with code {code}[/yellow]")
+    finally:
+        console.print("stopping the plane ...")
+        plane.stop()
+
+
+def down(
+    state_dir: Annotated[Path, typer.Option(help="the plane's state dir")] = Path(".state/plane"),
+) -> None:
+    """Stop a plane started with ``up --detach`` (SIGTERM to the pids in cluster.json)."""
+    from services.local_plane import stop_from_info
+
+    info_file = state_dir / "cluster.json"
+    if not info_file.exists():
+        typer.echo(f"no {info_file}")
+        raise typer.Exit(1)
+    for line in stop_from_info(info_file):
+        typer.echo(f"stopped {line}")
+
+
+def demo(
+    regions: Annotated[int, typer.Option(help="number of regions")] = 3,
+    state_dir: Annotated[
+        Path | None, typer.Option(help="keep the plane's files here (default: a temp dir)")
+    ] = None,
+) -> None:
+    """Start a plane, write a conversation with a tool call, show acks and transcript, stop."""
+    from rich.console import Console
+
+    from services.local_plane import LocalPlane, PlaneError
+
+    console = Console()
+    with tempfile.TemporaryDirectory(prefix="convplane-demo-") as tmp:
+        plane = LocalPlane(regions=regions, state_dir=state_dir or Path(tmp), base_port=0)
+        console.print(f"starting {regions} regions (SQLite replicas) ...")
+        try:
+            info = plane.start()
+        except PlaneError as exc:
+            console.print(f"[red]could not start the plane:[/red] {exc}")
+            raise typer.Exit(1) from exc
+        try:
+            _print_plane(console, info, plane.info_file)
+            _run_demo(console, plane, info)
+        finally:
+            plane.stop()
+    console.print("plane stopped.")
+
+
+def _stop_on_signals() -> threading.Event:
+    stop = threading.Event()
+
+    def handler(signum: int, _frame: object) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGINT, handler)
+    signal.signal(signal.SIGTERM, handler)
+    return stop
+
+
+def _print_plane(console: Console, info: dict[str, Any], info_file: Path) -> None:
+    for region in info["regions"]:
+        console.print(
+            f"  region [bold]{region['name']}[/bold]  {region['url']}  db {region['dsn']}"
+        )
+    console.print(f"  API key (tenant {info['tenant_id']}): [bold]{info['api_key']}[/bold]")
+    console.print(f"  plane described in {info_file}")
+
+
+def _run_demo(console: Console, plane: LocalPlane, info: dict[str, Any]) -> None:
+    import httpx
+    from rich.table import Table
+
+    entry = info["regions"][0]
+    headers = {"Authorization": f"Bearer {info['api_key']}"}
+    with httpx.Client(base_url=entry["url"], headers=headers, timeout=15.0) as client:
+        cid = f"demo-{uuid.uuid4().hex[:12]}"
+        created = _call(client, "POST", "/v1/conversations", {"conversation_id": cid})
+        console.print(
+            f"\nconversation [bold]{cid}[/bold] created via {entry['name']}; home region "
+            f"{created.json()['home_region']} (served by {created.headers['x-convplane-served-by']})"
+        )
+        attempt_id = f"att-{uuid.uuid4().hex[:8]}"
+        steps: list[tuple[str, dict[str, Any], str | None]] = [
+            ("message.user", {"text": "What's the weather in Lisbon?"}, "demo-1"),
+            ("tool.attempt", {"attempt_id": attempt_id, "tool": "weather.lookup",
+                              "argument_digest": "sha256:lisbon"}, "demo-2"),
+            ("tool.effect", {"attempt_id": attempt_id, "status": "committed",
+                             "result": {"celsius": 21}}, "demo-3"),
+            ("message.assistant", {"text": "It is 21 °C in Lisbon."}, "demo-4"),
+            ("message.assistant", {"text": "It is 21 °C in Lisbon."}, "demo-4"),  # a retry
+        ]  # fmt: skip
+        acks = Table(title="appends (each acknowledged by a quorum of regions)")
+        for column in ("seq", "type", "status", "acked_by", "served_by", "idempotent replay"):
+            acks.add_column(column)
+        for event_type, payload, key in steps:
+            r = _call(client, "POST", f"/v1/conversations/{cid}/events",
+                      {"type": event_type, "payload": payload}, idempotency_key=key)  # fmt: skip
+            body = r.json()
+            acks.add_row(
+                str(body["seq"]), event_type, str(r.status_code), ", ".join(body["acked_by"]),
+                r.headers["x-convplane-served-by"], r.headers.get("idempotent-replayed", "-"),
+            )  # fmt: skip
+        console.print(acks)
+        _print_transcript(console, client, cid, attempt_id)
+
+
+def _print_transcript(console: Console, client: httpx.Client, cid: str, attempt_id: str) -> None:
+    from rich.table import Table
+
+    page = _call(client, "GET", f"/v1/conversations/{cid}/events?limit=100").json()
+    transcript = Table(title=f"transcript of {cid}")
+    for column in ("seq", "type", "payload", "created_at"):
+        transcript.add_column(column)
+    for e in page["events"]:
+        transcript.add_row(
+            str(e["seq"]), e["type"], json.dumps(e["payload"], ensure_ascii=False), e["created_at"]
+        )
+    console.print(transcript)
+    status = _call(client, "GET", f"/v1/conversations/{cid}/tool-attempts/{attempt_id}").json()
+    console.print(f"tool attempt {attempt_id}: [bold]{status['state']}[/bold]")
+
+
+def _call(
+    client: httpx.Client,
+    method: str,
+    path: str,
+    body: dict[str, Any] | None = None,
+    *,
+    idempotency_key: str | None = None,
+) -> httpx.Response:
+    headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
+    r = client.request(method, path, json=body, headers=headers)
+    if r.status_code >= 300:
+        raise typer.Exit(_fail(f"{method} {path} -> {r.status_code} {r.text[:500]}"))
+    return r
+
+
+def _fail(message: str) -> int:
+    typer.echo(f"demo failed: {message}", err=True)
+    return 1
+
+
+def register(app: typer.Typer) -> None:
+    app.command("up")(up)
+    app.command("down")(down)
+    app.command("demo")(demo)

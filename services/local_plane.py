@@ -1,0 +1,313 @@
+"""A whole plane on one machine: per region a database and a ``convplane node`` process.
+
+Each region's node is its own child process (its own session), so a test or an SRE drill can
+kill one region alone. Databases are SQLite files (default) or local PostgreSQL instances
+(``services.localpg``, each its own process). ``LocalPlane.start`` writes the cluster file the
+nodes read and ``<state-dir>/cluster.json`` describing the running plane (URLs, DSNs, pids and
+the demo tenant's API key, in clear: it is a local development plane).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import inspect
+import json
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import httpx
+
+from services.config import (
+    ClusterConfig,
+    RegionConfig,
+    TenantConfig,
+    api_key_sha256,
+    write_cluster,
+)
+
+REGION_NAMES = ("us-east", "eu-west", "ap-south", "us-west", "eu-north", "ap-east", "sa-east")
+DEMO_TENANT = "demo"
+READY_TIMEOUT_S = 60.0
+STOP_TIMEOUT_S = 10.0
+HEALTH_POLL_S = 0.1
+_REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+class PlaneError(RuntimeError):
+    """The plane could not be started (a port in use, a node that exited, a timeout)."""
+
+
+class DbHandle(Protocol):
+    """What ``services.localpg`` hands back per instance."""
+
+    dsn: str
+    pid: int
+
+    def stop(self) -> Any: ...
+
+
+@dataclass
+class RegionProcess:
+    name: str
+    port: int
+    url: str
+    dsn: str
+    path: str | None  # the SQLite file, when SQLite
+    log_path: Path
+    db: DbHandle | None = None
+    node: subprocess.Popen[bytes] | None = None
+    exit_reported: bool = False
+
+
+@dataclass
+class LocalPlane:
+    regions: int = 3
+    state_dir: Path = Path(".state/plane")
+    base_port: int = 8700  # 0: any free ports
+    postgres: bool = False
+    host: str = "127.0.0.1"
+    shard_count: int = 64
+    ready_timeout_s: float = READY_TIMEOUT_S
+    api_key: str = field(default_factory=lambda: "cp_" + secrets.token_urlsafe(24))
+    members: list[RegionProcess] = field(default_factory=list)
+
+    @property
+    def cluster_file(self) -> Path:
+        return self.state_dir / "cluster-config.json"
+
+    @property
+    def info_file(self) -> Path:
+        return self.state_dir / "cluster.json"
+
+    def start(self) -> dict[str, Any]:
+        """Start databases and nodes, wait until every node is healthy; return the plane info."""
+        if not 1 <= self.regions <= len(REGION_NAMES):
+            raise PlaneError(f"--regions must be 1..{len(REGION_NAMES)}")
+        self.state_dir = self.state_dir.resolve()
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            self._prepare_members()
+            self._start_databases()
+            write_cluster(self.cluster_file, self._cluster_config())
+            asyncio.run(_migrate_all([m.dsn for m in self.members]))
+            for member in self.members:
+                member.node = self._spawn_node(member)
+            self._wait_healthy()
+        except BaseException:
+            self.stop()
+            raise
+        info = self.info()
+        _write_json(self.info_file, info)
+        return info
+
+    def info(self) -> dict[str, Any]:
+        return {
+            "api_key": self.api_key,
+            "tenant_id": DEMO_TENANT,
+            "cluster_file": str(self.cluster_file),
+            "supervisor_pid": os.getpid(),
+            "regions": [
+                {
+                    "name": m.name,
+                    "url": m.url,
+                    "dsn": m.dsn,
+                    "path": m.path,
+                    "node_pid": m.node.pid if m.node else None,
+                    "db_pid": m.db.pid if m.db else None,
+                    "log": str(m.log_path),
+                }
+                for m in self.members
+            ],
+        }
+
+    def _prepare_members(self) -> None:
+        ports = _choose_ports(self.host, self.base_port, self.regions)
+        for name, port in zip(REGION_NAMES[: self.regions], ports, strict=True):
+            region_dir = self.state_dir / name
+            region_dir.mkdir(exist_ok=True)
+            db_path = region_dir / "replica.sqlite3"
+            self.members.append(
+                RegionProcess(
+                    name=name,
+                    port=port,
+                    url=f"http://{self.host}:{port}",
+                    dsn=f"sqlite+aiosqlite:///{db_path}",
+                    path=None if self.postgres else str(db_path),
+                    log_path=region_dir / "node.log",
+                )
+            )
+
+    def _start_databases(self) -> None:
+        if not self.postgres:
+            return
+        localpg: Any = importlib.import_module("services.localpg")
+        started: Any = localpg.start_instances(self.regions, self.state_dir / "postgres")
+        instances = asyncio.run(_awaited(started)) if inspect.isawaitable(started) else started
+        for member, instance in zip(self.members, instances, strict=True):
+            member.db = instance
+            member.dsn = instance.dsn
+
+    def _cluster_config(self) -> ClusterConfig:
+        return ClusterConfig(
+            regions=[RegionConfig(name=m.name, url=m.url, dsn=m.dsn) for m in self.members],
+            shard_count=self.shard_count,
+            tenants=[
+                TenantConfig(
+                    tenant_id=DEMO_TENANT,
+                    api_key_sha256=api_key_sha256(self.api_key),
+                    requests_per_s=1000.0,
+                    burst=2000,
+                )
+            ],
+        )
+
+    def _spawn_node(self, member: RegionProcess) -> subprocess.Popen[bytes]:
+        command = [
+            sys.executable, "-m", "services.cli.node", "--cluster-file", str(self.cluster_file), "--region", member.name,
+            "--host", self.host, "--port", str(member.port), "--log-level", "warning",
+        ]  # fmt: skip
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(
+            p for p in (str(_REPO_ROOT), env.get("PYTHONPATH", "")) if p
+        )
+        with member.log_path.open("ab") as log_file:
+            return subprocess.Popen(
+                command,
+                stdin=subprocess.DEVNULL,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,  # signals reach it only through this supervisor
+            )
+
+    def _wait_healthy(self) -> None:
+        deadline_s = time.monotonic() + self.ready_timeout_s
+        pending = list(self.members)
+        with httpx.Client(timeout=1.0, trust_env=False) as client:
+            while pending:
+                for member in list(pending):
+                    self._check_alive(member)
+                    try:
+                        if client.get(member.url + "/healthz").status_code == 200:
+                            pending.remove(member)
+                    except httpx.HTTPError:
+                        pass
+                if pending and time.monotonic() > deadline_s:
+                    names = ", ".join(m.name for m in pending)
+                    raise PlaneError(f"nodes not healthy after {self.ready_timeout_s:g}s: {names}")
+                time.sleep(HEALTH_POLL_S)
+
+    @staticmethod
+    def _check_alive(member: RegionProcess) -> None:
+        assert member.node is not None
+        code = member.node.poll()
+        if code is not None:
+            tail = _tail(member.log_path)
+            raise PlaneError(f"node {member.name} exited with code {code}; log tail:\n{tail}")
+
+    def exited_nodes(self) -> list[tuple[str, int]]:
+        """Nodes that exited since last asked (a supervisor reports them, never restarts)."""
+        exited = []
+        for m in self.members:
+            code = m.node.poll() if m.node else None
+            if code is not None and not m.exit_reported:
+                m.exit_reported = True
+                exited.append((m.name, code))
+        return exited
+
+    def stop(self) -> None:
+        """SIGTERM every node, SIGKILL those still running after STOP_TIMEOUT_S, stop DBs."""
+        nodes = [m.node for m in self.members if m.node and m.node.poll() is None]
+        for proc in nodes:
+            _signal(proc, signal.SIGTERM)
+        deadline_s = time.monotonic() + STOP_TIMEOUT_S
+        for proc in nodes:
+            try:
+                proc.wait(timeout=max(0.1, deadline_s - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                _signal(proc, signal.SIGKILL)
+                proc.wait(timeout=STOP_TIMEOUT_S)
+        for m in self.members:
+            if m.db is not None:
+                stopped = m.db.stop()
+                if inspect.isawaitable(stopped):
+                    asyncio.run(_awaited(stopped))
+                m.db = None
+
+
+async def _awaited(awaitable: Any) -> Any:
+    return await awaitable
+
+
+async def _migrate_all(dsns: list[str]) -> None:
+    """Migrate every database once, here, so the nodes never race on a fresh schema."""
+    from eventlog.stores import migrate
+
+    for dsn in dsns:
+        await migrate(dsn)
+
+
+def _signal(proc: subprocess.Popen[bytes], signum: int) -> None:
+    try:
+        proc.send_signal(signum)
+    except ProcessLookupError:
+        pass
+
+
+def _choose_ports(host: str, base_port: int, count: int) -> list[int]:
+    if base_port == 0:
+        return [_free_port(host) for _ in range(count)]
+    ports = [base_port + i for i in range(count)]
+    for port in ports:
+        with socket.socket() as sock:
+            try:
+                sock.bind((host, port))
+            except OSError as exc:
+                raise PlaneError(f"port {port} is in use; pass another --base-port") from exc
+    return ports
+
+
+def _free_port(host: str) -> int:
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def _tail(path: Path, max_bytes: int = 4000) -> str:
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return "(no log)"
+    return data[-max_bytes:].decode("utf-8", errors="replace")
+
+
+def _write_json(path: Path, value: dict[str, Any]) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(value, indent=2) + "\n", encoding="utf-8")
+    tmp.replace(path)
+
+
+def stop_from_info(info_file: Path) -> list[str]:
+    """Stop a detached plane from its cluster.json: SIGTERM nodes and databases by pid."""
+    info = json.loads(info_file.read_text(encoding="utf-8"))
+    stopped = []
+    for region in info["regions"]:
+        for key in ("node_pid", "db_pid"):
+            pid = region.get(key)
+            if isinstance(pid, int):
+                try:
+                    os.kill(pid, signal.SIGTERM)
+                    stopped.append(f"{region['name']} {key.removesuffix('_pid')} {pid}")
+                except ProcessLookupError:
+                    pass
+    return stopped

@@ -1,0 +1,36 @@
+"""Running one region node: the app from ``services.api`` under uvicorn.
+
+uvicorn handles SIGTERM/SIGINT by finishing in-flight requests and running the lifespan's
+shutdown (leaders resign, stores close), so ``convplane up`` can stop a node with SIGTERM.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import uvicorn
+
+from services.api import create_app
+from services.config import NodeSettings
+
+#: seconds uvicorn waits for in-flight requests at shutdown before closing connections
+GRACEFUL_SHUTDOWN_S = 10
+
+
+def run_node(settings: NodeSettings, *, host: str, port: int, log_level: str = "info") -> None:
+    logging.basicConfig(
+        level=log_level.upper(),
+        format=f"%(asctime)s {settings.region} %(name)s %(levelname)s %(message)s",
+    )
+    app = create_app(settings)
+    config = uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        log_level=log_level,
+        access_log=False,
+        lifespan="on",
+        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+        limit_concurrency=settings.max_in_flight * 2,
+    )
+    uvicorn.Server(config).run()
