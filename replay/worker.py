@@ -159,6 +159,7 @@ class ReplayWorker:
         self.settings = settings or WorkerSettings()
         self._stopping = asyncio.Event()
         self.counts: Counter[str] = Counter()  # pulled and per-status totals
+        self.consumer: JobConsumer | None = None  # while running (tests and metrics look at it)
 
     def request_stop(self) -> None:
         """Stop pulling; running jobs get ``drain_timeout_s`` to finish."""
@@ -168,19 +169,24 @@ class ReplayWorker:
         """Serve until ``request_stop``; cancelling this task abandons running jobs."""
         consumer = self._bus.job_consumer(self.region, in_flight_max=self.settings.concurrency)
         await consumer.start()
+        self.consumer = consumer
         slots = [
             asyncio.create_task(self._slot(consumer), name=f"{self.worker_id}-slot{i}")
             for i in range(self.settings.concurrency)
         ]
+        stop = asyncio.create_task(self._stopping.wait())
         try:
-            await self._stopping.wait()
+            # A slot only ends early when it hit a bug; then the whole worker stops.
+            await asyncio.wait([stop, *slots], return_when=asyncio.FIRST_COMPLETED)
+            self._stopping.set()
             _done, running = await asyncio.wait(slots, timeout=self.settings.drain_timeout_s)
             if running:
                 log.warning("%s: abandoning %d running jobs", self.worker_id, len(running))
         finally:
+            stop.cancel()
             for slot in slots:
                 slot.cancel()
-            await asyncio.gather(*slots, return_exceptions=True)
+            await asyncio.gather(stop, *slots, return_exceptions=True)
             await consumer.close()  # finished jobs committed; abandoned ones redelivered
         for slot in slots:  # a slot that died of a bug (InvariantViolation): surface it
             error = None if slot.cancelled() else slot.exception()

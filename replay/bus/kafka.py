@@ -299,6 +299,10 @@ class KafkaJobConsumer(JobConsumer):
                     "%s revoked with %d jobs running; they will be redelivered", tp, len(running)
                 )
 
+    def assigned_partitions(self) -> set[int]:
+        consumer = self._consumer
+        return set() if consumer is None else {tp.partition for tp in consumer.assignment()}
+
     def committed_positions(self) -> dict[int, int]:
         """Partition -> offset committed by this consumer (for tests and metrics)."""
         return {tp.partition: pos for tp, pos in self._committed.items()}

@@ -1,0 +1,133 @@
+"""The Kafka job bus on a real broker: delivery, commit positions, redelivery, results."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+
+import pytest
+from aiokafka import AIOKafkaConsumer, TopicPartition
+
+from replay.bus.kafka import KafkaBusSettings, KafkaJobBus, KafkaJobConsumer
+from replay.bus.port import jobs_topic, worker_group
+from replay.model import ReplayJob, ReplayResult
+
+pytestmark = pytest.mark.kafka
+
+
+def fresh_region() -> str:
+    return f"r{uuid.uuid4().hex[:10]}"  # topics and groups of one test never meet another's
+
+
+def job(n: int, region: str) -> ReplayJob:
+    return ReplayJob(f"{region}-j{n}", region, "t1", f"c{n}", "rev-a", 100, 0, 10**13, 3)
+
+
+@pytest.fixture
+def settings(kafka_bootstrap_servers: str) -> KafkaBusSettings:
+    return KafkaBusSettings(
+        kafka_bootstrap_servers,
+        partitions_per_topic=1,
+        session_timeout_s=6.0,
+        heartbeat_interval_s=1.0,
+    )
+
+
+@pytest.fixture
+async def bus(settings: KafkaBusSettings) -> AsyncIterator[KafkaJobBus]:
+    async with KafkaJobBus(settings) as b:
+        yield b
+
+
+async def committed_offset(settings: KafkaBusSettings, region: str) -> int | None:
+    """The group's committed offset of partition 0, read from the broker (not the consumer)."""
+    reader = AIOKafkaConsumer(
+        bootstrap_servers=settings.bootstrap_servers,
+        group_id=worker_group(region),
+        enable_auto_commit=False,
+    )
+    await reader.start()
+    try:
+        offset = await reader.committed(TopicPartition(jobs_topic(region), 0))
+        return None if offset is None else int(offset)
+    finally:
+        await reader.stop()
+
+
+async def test_offsets_are_committed_only_up_to_the_first_unfinished_job(
+    bus: KafkaJobBus, settings: KafkaBusSettings
+) -> None:
+    region = fresh_region()
+    await bus.publish_jobs([job(n, region) for n in range(5)])
+    consumer = KafkaJobConsumer(settings, region, in_flight_max=5)
+    async with consumer:
+        deliveries = []
+        while len(deliveries) < 5:
+            delivery = await consumer.next_job(timeout_s=5.0)
+            assert delivery is not None, "jobs published but not delivered"
+            deliveries.append(delivery)
+        assert [d.offset for d in deliveries] == [0, 1, 2, 3, 4]
+        assert [d.job.job_id for d in deliveries] == [f"{region}-j{n}" for n in range(5)]
+
+        await consumer.finish(deliveries[2])
+        await consumer.finish(deliveries[3])  # finished out of order: 0 and 1 still run
+        assert await committed_offset(settings, region) is None
+        await consumer.finish(deliveries[0])
+        assert await committed_offset(settings, region) == 1  # 1 is still running
+        await consumer.finish(deliveries[4])
+        assert await committed_offset(settings, region) == 1
+    # closed with offset 1 unfinished: it must come back, first
+    assert await committed_offset(settings, region) == 1
+    async with KafkaJobConsumer(settings, region, in_flight_max=5) as again:
+        redelivered = await again.next_job(timeout_s=10.0)
+        assert redelivered is not None
+        assert (redelivered.offset, redelivered.job.job_id) == (1, f"{region}-j1")
+        await again.finish(redelivered)
+    assert await committed_offset(settings, region) == 2
+
+
+async def test_malformed_records_are_skipped_and_committed_past(
+    bus: KafkaJobBus, settings: KafkaBusSettings
+) -> None:
+    region = fresh_region()
+    await bus.publish_jobs([job(0, region)])  # creates the topic
+    producer = bus._started()
+    await producer.send_and_wait(jobs_topic(region), b"{not json", key=b"c9")
+    await bus.publish_jobs([job(2, region)])
+    async with KafkaJobConsumer(settings, region, in_flight_max=2) as consumer:
+        got = []
+        for _ in range(20):
+            delivery = await consumer.next_job(timeout_s=1.0)
+            if delivery is not None:
+                got.append(delivery)
+                await consumer.finish(delivery)
+            if len(got) == 2:
+                break
+        assert [d.offset for d in got] == [0, 2]
+        assert consumer.skipped_malformed == 1
+    assert await committed_offset(settings, region) == 3
+
+
+async def test_results_round_trip(bus: KafkaJobBus) -> None:
+    region = fresh_region()
+    sent = ReplayResult(
+        f"{region}-j1",
+        region,
+        "t1",
+        "c1",
+        "rev-a",
+        "replayed",
+        "w1",
+        "e1",
+        120,
+        64,
+        12.5,
+        1_700_000_000_000,
+    )
+    await bus.publish_result(sent)
+    async with bus.result_stream() as stream:
+        for _ in range(50):
+            got = await stream.next_result(timeout_s=1.0)
+            if got is not None and got.region == region:
+                break
+        assert got == sent
