@@ -66,13 +66,18 @@ ROLE_OF_EVENT: Mapping[str, str] = {
 
 
 class SpareGate(Protocol):
-    """The engine's spare prefill capacity for replay (the capacity controller implements it)."""
+    """The engine's spare prefill capacity for replay (``replay.capacity.CapacityController``
+    behind a thin adapter: ``services.cli.worker.CapacityGate``)."""
 
     def has_spare(self, prompt_tokens: int) -> bool:
         """Whether the engine could take ``prompt_tokens`` of replay now (reserves nothing)."""
 
-    async def wait_for_spare(self, prompt_tokens: int) -> None:
-        """Return once ``prompt_tokens`` of replay are granted (the caller bounds the wait)."""
+    async def wait_for_spare(self, prompt_tokens: int, tenant_id: str, deadline_s: float) -> None:
+        """Return once ``prompt_tokens`` are granted; raise ``DeadlineExceeded`` at ``deadline_s``
+        (a ``Clock.monotonic()`` instant). Every grant is followed by one ``release``."""
+
+    def release(self, computed_tokens: int | None) -> None:
+        """A granted replay ended; ``computed_tokens`` = prompt - cached, None if unknown."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -244,26 +249,41 @@ class ReplayWorker:
 
     async def _replay(self, job: ReplayJob) -> PrefillOutcome:
         s = self.settings
-        remaining_s = (job.deadline_ms - self._clock.wall_ms()) / 1000
+        remaining_s = max((job.deadline_ms - self._clock.wall_ms()) / 1000, 0.0)
         try:
             await asyncio.wait_for(
-                self._gate.wait_for_spare(job.estimated_prompt_tokens), max(remaining_s, 0.0)
+                self._gate.wait_for_spare(
+                    job.estimated_prompt_tokens,
+                    job.tenant_id,
+                    self._clock.monotonic() + remaining_s,
+                ),
+                remaining_s + 1.0,  # the gate's own deadline should fire first; this is a net
             )
-        except TimeoutError as exc:
+        except (TimeoutError, DeadlineExceeded) as exc:
             raise _JobExpired from exc
-        events = await self._retrying(
-            job,
-            lambda: self._transcripts.fetch(job.tenant_id, job.conversation_id, job.through_seq),
-            s.transcript_timeout_s,
-        )
-        request = PrefillRequest(
-            model=job.model_revision,
-            messages=render_messages(events),
-            cache_salt=cache_salt_for(job.tenant_id),
-            priority=s.replay_priority,
-            request_id=f"replay-{job.job_id}-{self._rng.getrandbits(32):08x}",
-        )
-        return await self._retrying(job, lambda: self._engine.prefill(request), s.prefill_timeout_s)
+        computed_tokens: int | None = None
+        try:
+            events = await self._retrying(
+                job,
+                lambda: self._transcripts.fetch(
+                    job.tenant_id, job.conversation_id, job.through_seq
+                ),
+                s.transcript_timeout_s,
+            )
+            request = PrefillRequest(
+                model=job.model_revision,
+                messages=render_messages(events),
+                cache_salt=cache_salt_for(job.tenant_id),
+                priority=s.replay_priority,
+                request_id=f"replay-{job.job_id}-{self._rng.getrandbits(32):08x}",
+            )
+            outcome = await self._retrying(
+                job, lambda: self._engine.prefill(request), s.prefill_timeout_s
+            )
+            computed_tokens = outcome.prompt_tokens - outcome.cached_prompt_tokens
+            return outcome
+        finally:
+            self._gate.release(computed_tokens)
 
     async def _retrying(
         self, job: ReplayJob, call: Callable[[], Awaitable[T]], timeout_s: float

@@ -78,6 +78,8 @@ class FakeGate:
         if spare:
             self.open.set()
         self.asked: list[int] = []
+        self.granted = 0
+        self.released: list[int | None] = []
         self.asked_often = asyncio.Event()  # set once the worker asked asked_signal_at times
         self._asked_signal_at = asked_signal_at
 
@@ -87,8 +89,12 @@ class FakeGate:
             self.asked_often.set()
         return self.open.is_set()
 
-    async def wait_for_spare(self, prompt_tokens: int) -> None:
+    async def wait_for_spare(self, prompt_tokens: int, tenant_id: str, deadline_s: float) -> None:
+        self.granted += 1
         await self.open.wait()
+
+    def release(self, computed_tokens: int | None) -> None:
+        self.released.append(computed_tokens)
 
 
 class FakeTranscripts(TranscriptSource):
@@ -240,6 +246,7 @@ async def test_worker_without_spare_does_not_pull(bus: InProcessJobBus) -> None:
     await task
     assert result.status == "replayed"
     assert FAST.pull_probe_tokens in gate.asked
+    assert gate.granted == 1 and gate.released == [result.prompt_tokens]
 
 
 async def test_cancelled_worker_leaves_its_running_job_to_another(bus: InProcessJobBus) -> None:
