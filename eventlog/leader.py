@@ -157,7 +157,7 @@ class ShardLeader:
         try:
             while pending and len(promises) < needed and not rejected:
                 done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-                for call in done:
+                for call in [c for c in calls if c in done]:  # deterministic order
                     reply = _result_or_none(call)
                     if isinstance(reply, Promised):
                         promises[calls[call]] = reply
@@ -222,11 +222,15 @@ class ShardLeader:
         found: list[LogEntry] = []
         cursor = after_lsn
         while cursor < last_lsn:
-            page = await asyncio.wait_for(
-                store.read_log(self.shard, cursor, min(self._config.prepare_tail_max,
-                                                       last_lsn - cursor)),
-                self._config.replica_call_timeout_s,
-            )
+            try:
+                page = await asyncio.wait_for(
+                    store.read_log(self.shard, cursor, min(self._config.prepare_tail_max,
+                                                           last_lsn - cursor)),
+                    self._config.replica_call_timeout_s,
+                )
+            except TimeoutError as exc:
+                raise NoQuorum(f"shard {self.shard}: reading from {region} timed out",
+                               retry_after_s=0.5) from exc
             if not page or page[0].lsn != cursor + 1:
                 raise NoQuorum(f"shard {self.shard}: {region} has no entry {cursor + 1}",
                                retry_after_s=0.5)

@@ -29,7 +29,13 @@ from eventlog.conversations import (
     EventRecord,
     ToolAttemptStatus,
 )
-from eventlog.errors import ConvplaneError, InvalidRequest, NotFound, NotLeader
+from eventlog.errors import (
+    ConvplaneError,
+    InvalidRequest,
+    InvariantViolation,
+    NotFound,
+    NotLeader,
+)
 from eventlog.leader import CommitObserver, ShardLeader
 from eventlog.model import CONVERSATION_CREATED, LogEntry
 from eventlog.replica import ReplicaStore
@@ -62,6 +68,7 @@ class LogNode(ConversationLog):
         self._epochs_seen: dict[int, int] = {}
         self._states: OrderedDict[tuple[int, str], ConversationState] = OrderedDict()
         self._loading: dict[tuple[int, str], asyncio.Lock] = {}
+        self._leading: dict[int, asyncio.Lock] = {}
 
     # --- leadership -----------------------------------------------------------------------
 
@@ -82,26 +89,32 @@ class LogNode(ConversationLog):
         self._hints[shard] = region
 
     async def lead_shard(self, shard: int) -> int:
-        """Become the shard's leader at an epoch higher than any promised; returns the epoch."""
-        await self.resign_shard(shard)
-        leader = ShardLeader(
-            shard=shard,
-            region=self.region,
-            replicas=self._replicas,
-            config=self.config,
-            clock=self._clock,
-            rng=self._rng,
-            min_epoch=self._epochs_seen.get(shard, 0),
-            observer=self._observer,
-        )
-        try:
-            epoch = await leader.lead()
-        finally:
-            self._epochs_seen[shard] = max(self._epochs_seen.get(shard, 0),
-                                           leader.highest_seen_epoch)
-        self._leaders[shard] = leader
-        self._hints[shard] = self.region
-        return epoch
+        """Become the shard's leader at an epoch higher than any promised; returns the epoch.
+        Calls for one shard are serialized: two overlapping calls would otherwise install two
+        leaders, the second over the first's conversation state."""
+        lock = self._leading.setdefault(shard, asyncio.Lock())
+        async with lock:
+            await self.resign_shard(shard)
+            leader = ShardLeader(
+                shard=shard,
+                region=self.region,
+                replicas=self._replicas,
+                config=self.config,
+                clock=self._clock,
+                rng=self._rng,
+                min_epoch=self._epochs_seen.get(shard, 0),
+                observer=self._observer,
+            )
+            try:
+                epoch = await leader.lead()
+            finally:
+                self._epochs_seen[shard] = max(self._epochs_seen.get(shard, 0),
+                                               leader.highest_seen_epoch)
+            if shard in self._leaders or any(k[0] == shard for k in self._states):
+                raise InvariantViolation(f"shard {shard}: state left over from another leader")
+            self._leaders[shard] = leader
+            self._hints[shard] = self.region
+            return epoch
 
     async def resign_shard(self, shard: int) -> None:
         leader = self._leaders.pop(shard, None)

@@ -18,6 +18,8 @@ COMMAND_MODULES: tuple[str, ...] = (
     "services.cli.sim_engine",
     "services.cli.node",
     "services.cli.up",
+    "services.cli.sim",
+    "services.cli.worker",
 )
 
 
