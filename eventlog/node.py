@@ -344,6 +344,37 @@ class LogNode(ConversationLog):
             raise NotFound(f"no conversation {conversation_id!r}")
         return leader, state
 
+    # --- records outside conversations (the control shard) -------------------------------
+
+    async def append_record(self, shard: int, record_type: str, body: dict[str, Any]) -> int:
+        """Append a record that belongs to no conversation (e.g. to the control shard, whose id
+        is outside ``0..shard_count-1``); returns its lsn once W replicas hold it."""
+        if not record_type.startswith("control."):
+            raise InvalidRequest("record types start with 'control.'")
+        leader = self._serving_leader(shard)
+        now_ms = self._clock.wall_ms()
+        text = json.dumps(body, separators=(",", ":"), sort_keys=True)
+        entry = leader.propose(lambda lsn, epoch: LogEntry(
+            lsn=lsn, epoch=epoch, tenant_id="", conversation_id="", seq=0,
+            event_type=record_type, idempotency_key=None, attempt_id=None, token_count=0,
+            created_at_ms=now_ms, body=text,
+        ))
+        await leader.wait_committed(entry.lsn)
+        return entry.lsn
+
+    async def read_committed(self, shard: int, after_lsn: int, limit: int) -> list[LogEntry]:
+        """Committed entries of a shard this node leads (any kind), lsn order."""
+        leader = self._serving_leader(shard)
+        commit_lsn = leader.commit_lsn
+        if after_lsn >= commit_lsn:
+            return []
+        entries = await asyncio.wait_for(
+            self._replicas[leader.read_source()].read_log(
+                shard, after_lsn, min(limit, commit_lsn - after_lsn)),
+            self.config.replica_call_timeout_s,
+        )
+        return [e for e in entries if e.lsn <= commit_lsn]
+
     # --- helpers --------------------------------------------------------------------------
 
     def _new_id(self, prefix: str) -> str:
