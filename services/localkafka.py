@@ -263,6 +263,7 @@ def _format_storage(java: str, lib_dir: Path, config_path: Path, log_path: Path)
         f"{lib_dir}/*",
         "kafka.tools.StorageTool",
         "format",
+        "--ignore-formatted",  # a state dir reused by `convplane kafka up` keeps its cluster id
         "-t",
         random_cluster_id(),
         "-c",

@@ -259,28 +259,32 @@ class KafkaJobConsumer(JobConsumer):
             self._to_commit[tp] = max(position, self._to_commit.get(tp, -1))
 
     async def _commit_pending(self) -> None:
+        """Commit the finished positions. Commits run one at a time, in order, so an offset
+        never goes backwards; a finish that arrives during a commit leaves its position to that
+        commit's next round instead of queueing a commit of its own (fewer round trips)."""
         consumer = self._consumer
-        if consumer is None or not self._to_commit:
+        if consumer is None or self._commit_lock.locked():
             return
-        async with self._commit_lock:  # commits in order, so an offset never goes backwards
-            assigned = consumer.assignment()
-            offsets = {
-                tp: pos
-                for tp, pos in self._to_commit.items()
-                if tp in assigned and pos > self._committed.get(tp, -1)
-            }
-            self._to_commit.clear()
-            if not offsets:
-                return
-            try:
-                await _bounded(consumer.commit(offsets), self._s.request_timeout_s, "commit")
-            except JobBusUnavailable as exc:
-                if isinstance(exc.__cause__, CommitFailedError):
-                    log.warning("commit lost to a rebalance; jobs will be redelivered: %s", exc)
+        async with self._commit_lock:
+            while True:
+                assigned = consumer.assignment()
+                offsets = {
+                    tp: pos
+                    for tp, pos in self._to_commit.items()
+                    if tp in assigned and pos > self._committed.get(tp, -1)
+                }
+                self._to_commit.clear()
+                if not offsets:
                     return
-                raise
-            for tp, pos in offsets.items():
-                self._committed[tp] = pos
+                try:
+                    await _bounded(consumer.commit(offsets), self._s.request_timeout_s, "commit")
+                except JobBusUnavailable as exc:
+                    if isinstance(exc.__cause__, CommitFailedError):
+                        log.warning("commit lost to a rebalance; jobs will be redelivered: %s", exc)
+                        return
+                    raise
+                for tp, pos in offsets.items():
+                    self._committed[tp] = pos
 
     async def partitions_revoked(self, revoked: set[TopicPartition]) -> None:
         """Commit what is finished on the revoked partitions, then forget them."""
@@ -311,6 +315,8 @@ class KafkaJobConsumer(JobConsumer):
         consumer = self._consumer
         if consumer is None:
             return
+        async with self._commit_lock:  # let a running commit end, then commit the rest
+            pass
         with contextlib.suppress(JobBusUnavailable):
             await self._commit_pending()
         self._consumer = None

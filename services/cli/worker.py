@@ -1,0 +1,151 @@
+"""``convplane worker``: one replay worker against a vLLM-compatible engine, over Kafka.
+``convplane kafka up``: a local one-node KRaft broker for development.
+
+Everything is built inside the commands (nothing at import time). The worker wires: the vLLM
+HTTP engine, a ``CapacityController`` fed by a ``CapacityPoller`` from the engine's own metrics
+(behind ``CapacityGate``), the Kafka job bus, and the region's REST API as transcript source.
+SIGINT/SIGTERM stop it gracefully: running jobs get the drain timeout, then are abandoned
+uncommitted (redelivered to another worker).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import signal
+import socket
+
+import typer
+
+from replay.capacity import CapacityController
+
+
+class CapacityGate:
+    """``replay.worker.SpareGate`` over ``replay.capacity.CapacityController``."""
+
+    def __init__(self, controller: CapacityController) -> None:
+        self._controller = controller
+
+    def has_spare(self, prompt_tokens: int) -> bool:
+        snapshot = self._controller.snapshot()
+        return (
+            snapshot.spare_tokens_per_s > 0
+            and snapshot.in_flight < self._controller.config.max_concurrent_replays
+        )
+
+    async def wait_for_spare(self, prompt_tokens: int, tenant_id: str, deadline_s: float) -> None:
+        await self._controller.acquire(max(prompt_tokens, 1), tenant_id, deadline_s)
+
+    def release(self, computed_tokens: int | None) -> None:
+        self._controller.release(computed_tokens)
+
+
+async def _run_worker(
+    *,
+    worker_id: str,
+    region: str,
+    engine_url: str,
+    model_revision: str,
+    bootstrap_servers: str,
+    region_url: str,
+    api_key: str,
+    capacity_tokens_per_s: float,
+    concurrency: int,
+) -> None:
+    import httpx
+
+    from eventlog.clock import SystemClock
+    from replay.bus.kafka import KafkaBusSettings, KafkaJobBus
+    from replay.capacity import CapacityConfig, CapacityPoller
+    from replay.engines.vllm_http import VllmHttpEngine
+    from replay.worker import HttpTranscriptSource, ReplayWorker, WorkerSettings
+
+    clock, rng = SystemClock(), random.Random()
+    engine = VllmHttpEngine(worker_id, engine_url, model_revision)
+    controller = CapacityController(
+        CapacityConfig(capacity_tokens_per_s, max_concurrent_replays=concurrency), clock
+    )
+    poller = CapacityPoller(engine, controller, clock, rng)
+    bus = KafkaJobBus(KafkaBusSettings(bootstrap_servers, client_id=worker_id), regions=[region])
+    async with (
+        httpx.AsyncClient(base_url=region_url, timeout=httpx.Timeout(10.0)) as region_client,
+        bus,
+    ):
+        worker = ReplayWorker(
+            worker_id,
+            region,
+            bus,
+            engine,
+            HttpTranscriptSource(region_client, api_key),
+            CapacityGate(controller),
+            clock,
+            rng,
+            WorkerSettings(concurrency=concurrency),
+        )
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(signum, worker.request_stop)
+        poll_task = asyncio.create_task(poller.run())
+        try:
+            await worker.run()
+        finally:
+            poll_task.cancel()
+            await asyncio.gather(poll_task, return_exceptions=True)
+            await engine.aclose()
+    typer.echo(f"worker {worker_id} stopped: {dict(worker.counts)}")
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("worker")
+    def worker(
+        region: str = typer.Option(..., help="Region whose replay jobs this worker takes."),
+        engine_url: str = typer.Option(..., help="Base URL of the vLLM-compatible engine."),
+        bootstrap_servers: str = typer.Option(..., help="Kafka bootstrap servers."),
+        region_url: str = typer.Option(..., help="Base URL of the region's REST API."),
+        api_key: str = typer.Option(..., envvar="CONVPLANE_WORKER_API_KEY", help="Service key."),
+        model_revision: str = typer.Option("default", help="Model revision the engine serves."),
+        worker_id: str = typer.Option("", help="Worker id (default: host-pid)."),
+        capacity_tokens_per_s: float = typer.Option(20_000.0, help="Engine prefill capacity."),
+        concurrency: int = typer.Option(2, min=1, max=64, help="Replays in flight."),
+    ) -> None:
+        """Run one replay worker until SIGINT/SIGTERM."""
+        import os
+
+        asyncio.run(
+            _run_worker(
+                worker_id=worker_id or f"{socket.gethostname()}-{os.getpid()}",
+                region=region,
+                engine_url=engine_url,
+                model_revision=model_revision,
+                bootstrap_servers=bootstrap_servers,
+                region_url=region_url,
+                api_key=api_key,
+                capacity_tokens_per_s=capacity_tokens_per_s,
+                concurrency=concurrency,
+            )
+        )
+
+    kafka = typer.Typer(help="A local Kafka broker (KRaft, one node) for development and tests.")
+
+    @kafka.command("up")
+    def kafka_up(
+        state_dir: str = typer.Option(".state/kafka", help="Broker data and logs."),
+        cache_dir: str = typer.Option(".cache/kafka", help="Where the jars are cached."),
+    ) -> None:
+        """Start a broker, print its bootstrap servers, and keep it up until Ctrl-C."""
+        from services.localkafka import ensure_kafka_jars, start_broker
+
+        broker = start_broker(state_dir, lib_dir=ensure_kafka_jars(cache_dir))
+        typer.echo(broker.bootstrap_servers, err=False)
+        typer.echo(
+            f"kafka up in {broker.start_duration_s:.1f}s (pid {broker.pid}, log {broker.log_path})",
+            err=True,
+        )
+        try:
+            broker.process.wait()
+        except KeyboardInterrupt:
+            typer.echo("stopping kafka", err=True)
+        finally:
+            broker.stop()
+
+    app.add_typer(kafka, name="kafka")
