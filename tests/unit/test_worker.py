@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from eventlog.clock import LoopClock
-from eventlog.errors import NotFound
+from eventlog.errors import DeadlineExceeded, NotFound
 from replay.bus import InProcessJobBus
 from replay.engines.base import EngineRejectedRequest, EngineUnavailable, InferenceEngine
 from replay.model import EngineMetrics, PrefillOutcome, PrefillRequest, ReplayJob, ReplayResult
@@ -413,3 +413,31 @@ async def test_http_transcript_source_types_its_errors(status: int, error: type[
     async with httpx.AsyncClient(base_url="http://region", transport=transport) as client:
         with pytest.raises(error):
             await HttpTranscriptSource(client, "k").fetch("t1", "c1", through_seq=3)
+
+
+class DeadlineGate(FakeGate):
+    async def wait_for_spare(self, prompt_tokens: int, tenant_id: str, deadline_s: float) -> None:
+        raise DeadlineExceeded("no capacity before the job's deadline")
+
+
+async def test_no_capacity_before_the_deadline_expires_the_job(bus: InProcessJobBus) -> None:
+    engine, clock, gate = FakeEngine(), LoopClock(), DeadlineGate()
+    worker = make_worker(bus, engine, gate)
+    task = asyncio.create_task(worker.run())
+    await bus.publish_jobs([make_job(1, clock=clock)])
+    [result] = await collect(bus, 1)
+    worker.request_stop()
+    await task
+    assert result.status == "expired" and engine.requests == [] and gate.released == []
+
+
+async def test_a_granted_replay_is_released_even_when_it_fails(bus: InProcessJobBus) -> None:
+    engine, clock, gate = FakeEngine(), LoopClock(), FakeGate()
+    engine.failures = [EngineRejectedRequest("bad prompt")]
+    worker = make_worker(bus, engine, gate)
+    task = asyncio.create_task(worker.run())
+    await bus.publish_jobs([make_job(1, clock=clock)])
+    [result] = await collect(bus, 1)
+    worker.request_stop()
+    await task
+    assert result.status == "failed" and gate.granted == 1 and gate.released == [None]
