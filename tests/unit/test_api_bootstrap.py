@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 from pathlib import Path
+from typing import Any
 
 import pytest
 from pydantic import ValidationError
@@ -48,7 +49,7 @@ class FlakyLeader:
         return shard in self.led
 
 
-def settings(**limits: float) -> NodeSettings:
+def settings(**limits: Any) -> NodeSettings:
     return NodeSettings(region="east", cluster=cluster_config(), **limits)
 
 
