@@ -91,3 +91,159 @@ async def _pg_admin(instance: PgInstance, sql: str) -> None:
 
 
 # --- end PostgreSQL ---
+
+
+# --- log on PostgreSQL ---
+# log_cluster: the event log on this test's three databases (pg_databases), one region each
+# ("a", "b", "c" on pg_instances[0..2]). It opens replica stores (directly, or through a fault
+# proxy it starts) and LogNodes, and closes all of them after the test, nodes first. audit_log
+# reads every replica's log directly and checks the log's promises (see its docstring).
+
+if TYPE_CHECKING:  # log on PostgreSQL block
+    from typing import Any
+
+LOG_REGIONS = ("a", "b", "c")
+
+
+class LogCluster:
+    """Stores, proxies and nodes of one test; ``close`` releases them in reverse order."""
+
+    def __init__(self, instances: list[PgInstance], dsns: list[str]) -> None:
+        self.instances = dict(zip(LOG_REGIONS, instances, strict=False))
+        self.dsns = dict(zip(LOG_REGIONS, dsns, strict=False))
+        self.proxies: dict[str, Any] = {}  # "<node>-><region>" -> FaultProxy
+        self._stores: list[Any] = []
+        self._nodes: list[Any] = []
+
+    async def store(self, region: str, *, via_proxy: str | None = None, **limits: Any) -> Any:
+        """A replica store of ``region``; ``via_proxy`` names a proxy that relays to it."""
+        from urllib.parse import urlsplit
+
+        from eventlog.stores import open_replica_store
+        from regions.faultproxy import FaultProxy, ProxySpec
+
+        dsn = self.dsns[region]
+        if via_proxy is not None:
+            target = urlsplit(dsn)
+            proxy = FaultProxy(
+                ProxySpec(via_proxy, 0, target.hostname or "127.0.0.1", target.port or 5432),
+                connect_timeout_s=2.0,
+            )
+            await proxy.start()
+            self.proxies[via_proxy] = proxy
+            dsn = target._replace(netloc=f"postgres@127.0.0.1:{proxy.port}").geturl()
+        limits = {"statement_timeout_s": 2.0, "connect_timeout_s": 2.0, **limits}
+        store = await open_replica_store(dsn, region, **limits)
+        self._stores.append(store)
+        return store
+
+    async def node(
+        self, region: str, *, proxied: tuple[str, ...] = (), seed: int = 1, **config: Any
+    ) -> Any:
+        """A LogNode of ``region`` writing to all three databases; its links to the regions in
+        ``proxied`` go through proxies named ``"<region>-><target>"``."""
+        import random
+
+        from eventlog.clock import SystemClock
+        from eventlog.config import LogConfig
+        from eventlog.node import LogNode
+
+        replicas = {
+            target: await self.store(
+                target, via_proxy=f"{region}->{target}" if target in proxied else None
+            )
+            for target in LOG_REGIONS
+        }
+        settings: dict[str, Any] = {
+            "shard_count": 4,
+            "replica_call_timeout_s": 1.0,
+            "append_timeout_s": 3.0,
+            "lead_timeout_s": 15.0,
+            "replica_suspect_after_s": 1.5,
+            **config,
+        }
+        node = LogNode(
+            region=region,
+            replicas=replicas,
+            config=LogConfig(**settings),
+            clock=SystemClock(),
+            rng=random.Random(seed),
+        )
+        self._nodes.append(node)
+        return node
+
+    async def close(self) -> None:
+        for node in reversed(self._nodes):
+            await node.close()
+        for proxy in self.proxies.values():
+            await proxy.close()
+        for store in reversed(self._stores):
+            await store.close()
+
+
+@pytest.fixture
+async def log_cluster(
+    pg_instances: list[PgInstance], pg_databases: list[str]
+) -> AsyncIterator[LogCluster]:
+    cluster = LogCluster(pg_instances, pg_databases)
+    try:
+        yield cluster
+    finally:
+        await cluster.close()
+
+
+async def audit_log(
+    stores: dict[str, Any],
+    shard: int,
+    commit_lsn: int,
+    acked: list[Any],
+    *,
+    holders_min: int,
+    page_events: int = 1000,
+) -> list[Any]:
+    """Read every replica's log of ``shard`` (``stores``: region -> ReplicaStore, read directly)
+    and check: (1) the replicas' logs through ``commit_lsn`` are identical on every replica that
+    holds that far, and at least ``holders_min`` do (shorter ones are prefixes of it); (2) every
+    acknowledged event (an ``AppendedEvent`` of this shard) is in that committed prefix at its
+    lsn, with its event id; (3) each conversation's seq in the prefix is 0, 1, 2, ... gapless.
+    Returns the committed prefix."""
+    import json
+
+    logs: dict[str, list[Any]] = {}
+    for region, store in stores.items():
+        entries: list[Any] = []
+        while True:
+            page = await store.read_log(shard, entries[-1].lsn if entries else 0, page_events)
+            entries.extend(page)
+            if len(page) < page_events:
+                break
+        assert [e.lsn for e in entries] == list(range(1, len(entries) + 1)), region
+        logs[region] = [e for e in entries if e.lsn <= commit_lsn]
+    full = {r: log for r, log in logs.items() if len(log) == commit_lsn}
+    assert len(full) >= holders_min, f"only {sorted(full)} hold the commit point {commit_lsn}"
+    prefix = next(iter(full.values()))
+    for region, log in logs.items():
+        assert log == prefix[: len(log)], f"{region}'s committed log differs"
+    for event in acked:
+        if event.shard != shard:
+            continue
+        assert event.lsn <= commit_lsn, f"acked lsn {event.lsn} above commit {commit_lsn}"
+        entry = prefix[event.lsn - 1]
+        assert (entry.conversation_id, entry.seq) == (event.conversation_id, event.seq)
+        assert json.loads(entry.body)["event_id"] == event.event_id
+    last_seq: dict[str, int] = {}
+    for entry in prefix:
+        if entry.conversation_id:
+            expected = last_seq.get(entry.conversation_id, -1) + 1
+            assert entry.seq == expected, f"{entry.conversation_id}: seq {entry.seq}"
+            last_seq[entry.conversation_id] = entry.seq
+    return prefix
+
+
+@pytest.fixture
+def log_audit() -> Any:
+    """``audit_log`` for tests (conftest functions are not imported by test modules)."""
+    return audit_log
+
+
+# --- end log on PostgreSQL ---
