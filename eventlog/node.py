@@ -11,8 +11,8 @@ import asyncio
 import json
 import random
 from collections import OrderedDict
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
 
 from eventlog.clock import Clock
 from eventlog.config import LogConfig
@@ -44,6 +44,18 @@ from eventlog.sharding import shard_of
 __all__ = ["LogConfig", "LogNode"]
 
 
+class LogListener(Protocol):
+    """What other parts of a region (e.g. the replay scheduler) learn from the log node.
+    Called synchronously; implementations must not block (enqueue and return)."""
+
+    def shard_led(self, shard: int, epoch: int, previous_region: str | None) -> None:
+        """This node now leads ``shard``; ``previous_region`` is who this node last knew as its
+        leader (None: unknown). A different region means the shard moved here."""
+
+    def conversation_written(self, tenant_id: str, conversation_id: str, event_type: str) -> None:
+        """An event of the conversation was just acknowledged (a live request is under way)."""
+
+
 class LogNode(ConversationLog):
     def __init__(
         self,
@@ -54,6 +66,7 @@ class LogNode(ConversationLog):
         clock: Clock,
         rng: random.Random,
         observer: CommitObserver | None = None,
+        listeners: Sequence[LogListener] = (),
     ) -> None:
         if region not in replicas:
             raise ValueError(f"region {region!r} has no replica")
@@ -63,12 +76,15 @@ class LogNode(ConversationLog):
         self._clock = clock
         self._rng = rng
         self._observer = observer
+        self._listeners = list(listeners)
         self._leaders: dict[int, ShardLeader] = {}
         self._hints: dict[int, str | None] = {}
         self._epochs_seen: dict[int, int] = {}
         self._states: OrderedDict[tuple[int, str], ConversationState] = OrderedDict()
         self._loading: dict[tuple[int, str], asyncio.Lock] = {}
         self._leading: dict[int, asyncio.Lock] = {}
+        #: the last region known to lead each shard (hint or self), for LogListener.shard_led
+        self._previous_leader: dict[int, str] = {}
 
     # --- leadership -----------------------------------------------------------------------
 
@@ -85,8 +101,13 @@ class LogNode(ConversationLog):
     def leader(self, shard: int) -> ShardLeader | None:
         return self._leaders.get(shard)
 
+    def add_listener(self, listener: LogListener) -> None:
+        self._listeners.append(listener)
+
     def set_leader_hint(self, shard: int, region: str | None) -> None:
         self._hints[shard] = region
+        if region is not None:
+            self._previous_leader[shard] = region
 
     async def lead_shard(self, shard: int) -> int:
         """Become the shard's leader at an epoch higher than any promised; returns the epoch.
@@ -112,8 +133,12 @@ class LogNode(ConversationLog):
                                                leader.highest_seen_epoch)
             if shard in self._leaders or any(k[0] == shard for k in self._states):
                 raise InvariantViolation(f"shard {shard}: state left over from another leader")
+            previous_region = self._previous_leader.get(shard)
             self._leaders[shard] = leader
             self._hints[shard] = self.region
+            self._previous_leader[shard] = self.region
+            for listener in self._listeners:
+                listener.shard_led(shard, epoch, previous_region)
             return epoch
 
     async def resign_shard(self, shard: int) -> None:
@@ -306,6 +331,8 @@ class LogNode(ConversationLog):
         ))
         state.apply(entry)
         await leader.wait_committed(entry.lsn)
+        for listener in self._listeners:
+            listener.conversation_written(tenant_id, conversation_id, event_type)
         return self._appended(leader, entry, replayed=False)
 
     async def get_conversation(self, tenant_id: str, conversation_id: str) -> ConversationInfo:
