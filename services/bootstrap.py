@@ -1,10 +1,10 @@
 """Wiring of one region node: the one place where adapters meet the core.
 
 ``open_runtime(settings)`` opens a replica store per region (the leader writes to every region's
-database directly), builds the ``LogNode``, points every shard placed elsewhere at its leader
-region, starts leading the shards placed here (in the background, retrying with jittered backoff
-until a quorum answers), opens the pooled HTTP client used for forwarding, and closes it all in
-reverse order on exit.
+database directly), builds the ``LogNode``, opens the pooled HTTP client used for forwarding and
+probing, starts the ``services.controller.Controller`` (failure detection, the control shard,
+leading the shards the committed placement assigns here, leader hints for the rest), and closes
+it all in reverse order on exit.
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ from eventlog.errors import ConvplaneError
 from eventlog.node import LogNode
 from eventlog.replica import ReplicaStore
 from eventlog.stores import open_replica_store
-from regions.placement import place_shards
 from services.config import ClusterConfig, NodeSettings
+from services.controller import Controller
 
 log = logging.getLogger("convplane.bootstrap")
 
@@ -44,6 +44,7 @@ class NodeRuntime:
     clock: Clock
     rng: random.Random
     readiness: Callable[[], tuple[int, int]]  # (shards placed here, shards led now)
+    controller: Controller | None = None  # failure detection, placement, failover
 
 
 RuntimeFactory = Callable[[NodeSettings], AbstractAsyncContextManager[NodeRuntime]]
@@ -100,11 +101,12 @@ async def lead_shards(
 
 
 async def open_replica_stores(
-    cluster: ClusterConfig, clock: Clock, stack: AsyncExitStack
+    cluster: ClusterConfig, clock: Clock, stack: AsyncExitStack, source_region: str | None = None
 ) -> dict[str, ReplicaStore]:
     stores: dict[str, ReplicaStore] = {}
     for region in cluster.regions:
-        store = await open_replica_store(region.dsn, region.name, clock=clock)
+        dsn = region.dsn_from.get(source_region, region.dsn) if source_region else region.dsn
+        store = await open_replica_store(dsn, region.name, clock=clock)
         stack.push_async_callback(store.close)
         stores[region.name] = store
     return stores
@@ -136,29 +138,15 @@ async def open_runtime(settings: NodeSettings) -> AsyncIterator[NodeRuntime]:
     clock = SystemClock()
     rng = random.Random(int.from_bytes(os.urandom(8), "big"))
     async with AsyncExitStack() as stack:
-        replicas = await open_replica_stores(cluster, clock, stack)
+        replicas = await open_replica_stores(cluster, clock, stack, settings.region)
         node = build_log_node(settings, cluster, replicas, clock, rng)
         stack.push_async_callback(node.close)
-        placement = place_shards(cluster.shard_count, cluster.weights())
-        for shard, leader in placement.items():
-            node.set_leader_hint(shard, leader)
-        mine = sorted(s for s, leader in placement.items() if leader == settings.region)
         peers = await stack.enter_async_context(peer_client(settings))
-        leading = asyncio.create_task(
-            lead_shards(node, mine, settings=settings, clock=clock, rng=rng),
-            name=f"lead-shards-{settings.region}",
-        )
-        stack.push_async_callback(_cancel, leading)
-
-        def readiness() -> tuple[int, int]:
-            return len(mine), sum(1 for s in mine if node.leads(s))
-
-        yield NodeRuntime(settings.region, cluster, node, peers, clock, rng, readiness)
-
-
-async def _cancel(task: asyncio.Task[None]) -> None:
-    task.cancel()
-    try:
-        await task
-    except asyncio.CancelledError:
-        pass
+        # The controller leads the shards the committed placement (at first the static one,
+        # place_shards) assigns here, follows failovers and failbacks, and sets leader hints.
+        controller = Controller(settings=settings, cluster=cluster, node=node,
+                                replicas=replicas, peers=peers, clock=clock, rng=rng)
+        await controller.start()
+        stack.push_async_callback(controller.close)
+        yield NodeRuntime(settings.region, cluster, node, peers, clock, rng,
+                          controller.readiness, controller)

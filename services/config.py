@@ -33,6 +33,10 @@ class RegionConfig(BaseModel):
     url: str = Field(description="base URL of the region's node, e.g. http://127.0.0.1:8700")
     dsn: str = Field(description="the region's replica database, as seen from any node")
     capacity_weight: float = Field(default=1.0, ge=0.0)
+    #: per-source overrides: the DSN / URL a node of region ``source`` uses to reach this
+    #: region (e.g. through a fault proxy in chaos tests); absent: ``dsn`` / ``url``
+    dsn_from: dict[str, str] = Field(default_factory=dict)
+    url_from: dict[str, str] = Field(default_factory=dict)
 
 
 class TenantConfig(BaseModel):
@@ -117,6 +121,23 @@ class NodeSettings(BaseSettings):
     lead_concurrency_max: int = Field(default=8, ge=1)
     #: the retry hint sent with 503s that carry none of their own
     retry_after_default_s: float = Field(default=1.0, gt=0.0)
+    #: failure detection (services.controller, regions.membership): probe every peer this often,
+    #: each probe under this timeout; a peer without a successful probe for detection_s is
+    #: suspected (a peer never heard from: not before never_seen_grace_s after start)
+    probe_interval_s: float = Field(default=0.2, gt=0.0)
+    probe_timeout_s: float = Field(default=0.5, gt=0.0)
+    detection_s: float = Field(default=1.0, gt=0.0)
+    never_seen_grace_s: float = Field(default=5.0, ge=0.0)
+    #: how often a node learns the committed placement and reconciles its leadership
+    placement_poll_s: float = Field(default=0.1, gt=0.0)
+    #: one replica read of the control shard
+    control_read_timeout_s: float = Field(default=1.0, gt=0.0)
+    #: failback: a region must be up this long; then at most N shards move per step
+    failback_hysteresis_s: float = Field(default=60.0, ge=0.0)
+    failback_shards_per_step: int = Field(default=4, ge=1)
+    failback_step_interval_s: float = Field(default=1.0, ge=0.0)
+    #: a planned handoff waits at most this long for the old leader to stop first
+    handoff_wait_s: float = Field(default=2.0, ge=0.0)
 
     def load_cluster(self) -> ClusterConfig:
         if self.cluster is not None:

@@ -11,6 +11,7 @@ from fastapi import FastAPI
 
 from services.api.auth import Tenants
 from services.api.context import ApiState
+from services.api.control_routes import control_router, peer_router
 from services.api.errors import install_error_handlers
 from services.api.forwarding import Forwarder
 from services.api.metrics import Metrics
@@ -42,7 +43,8 @@ def create_app(settings: NodeSettings, *, runtime_factory: RuntimeFactory | None
         async with factory(settings) as runtime:
             forwarder = Forwarder(
                 client=runtime.peers,
-                peer_urls={r.name: r.url for r in runtime.cluster.regions},
+                peer_urls={r.name: r.url_from.get(settings.region, r.url)
+                           for r in runtime.cluster.regions},
                 clock=runtime.clock,
                 rng=runtime.rng,
                 metrics=metrics,
@@ -61,6 +63,7 @@ def create_app(settings: NodeSettings, *, runtime_factory: RuntimeFactory | None
                 rng=runtime.rng,
                 readiness=runtime.readiness,
             )
+            app.state.controller = runtime.controller
             yield
 
     app = FastAPI(
@@ -72,6 +75,8 @@ def create_app(settings: NodeSettings, *, runtime_factory: RuntimeFactory | None
     install_error_handlers(app, settings.retry_after_default_s)
     app.include_router(router)
     app.include_router(ops_router)
+    app.include_router(control_router)
+    app.include_router(peer_router)
     app.add_middleware(
         EdgeMiddleware,
         region=settings.region,

@@ -1,0 +1,370 @@
+"""The region node's controller: failure detection, control leadership, placement, reconciliation.
+
+Four loops, all bounded and under timeouts, around the pure cores in ``regions``:
+
+* **probe** (every ``probe_interval_s``): ``GET /peer/health`` of every peer over the pooled
+  client; replies (with each peer's suspect set and led shards) feed ``regions.membership``.
+* **learn + reconcile** (every ``placement_poll_s``): read newly committed records of the control
+  shard and apply them (``regions.control.ControlState``), then make this node's leadership match
+  the assignment: lead the shards assigned here (bounded concurrency, jittered retries), resign
+  the ones assigned elsewhere, and point leader hints at the new owners so forwarding follows.
+* **control** (same period): the alive region with the lowest name (by this node's view) leads
+  the control shard; while it does, it commits what ``ControlPlanner`` decides.
+
+Learning reads the control shard's committed entries straight from the replicas (the one with
+the highest commit hint among those reachable, up to that hint), not from the control leader over
+HTTP: entries at or below a replica's commit hint are committed, the read needs no particular
+node to be up, and a node that can reach no replica learns nothing new, which is right because
+it can commit nothing either. The control leader itself reads through its own leader.
+
+A planned handoff lets the old leader stop first: before leading a shard that moved from a region
+that is up, this node waits (at most ``handoff_wait_s``) until that region's health reply no
+longer lists the shard. Fencing keeps it safe either way; the wait only avoids failed appends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import random
+from collections.abc import Mapping
+from typing import Any
+
+import httpx
+
+from eventlog.clock import Clock
+from eventlog.errors import ConvplaneError, NotLeader
+from eventlog.model import LogEntry
+from eventlog.node import LogNode
+from eventlog.replica import ReplicaStore
+from regions.control import PLACEMENT_RECORD, ControlConfig, ControlPlanner, ControlState, Placement
+from regions.membership import Membership, MembershipConfig, statuses
+from services.config import ClusterConfig, NodeSettings
+
+log = logging.getLogger("convplane.controller")
+
+#: most control entries read per poll
+CONTROL_READ_MAX = 256
+
+
+class Controller:
+    def __init__(
+        self,
+        *,
+        settings: NodeSettings,
+        cluster: ClusterConfig,
+        node: LogNode,
+        replicas: Mapping[str, ReplicaStore],
+        peers: httpx.AsyncClient,
+        clock: Clock,
+        rng: random.Random,
+    ) -> None:
+        self.region = settings.region
+        self.settings = settings
+        self.cluster = cluster
+        self.node = node
+        self.replicas = dict(replicas)
+        self.control_shard = cluster.shard_count
+        self._peers = peers
+        self._clock = clock
+        self._rng = rng
+        weights = cluster.weights()
+        self.membership = Membership(
+            self_region=self.region,
+            regions=weights,
+            config=MembershipConfig(settings.detection_s, settings.never_seen_grace_s),
+            started_s=clock.monotonic(),
+        )
+        self.state = ControlState(shard_count=cluster.shard_count, regions=weights)
+        self.planner = ControlPlanner(
+            config=ControlConfig(
+                failback_hysteresis_s=settings.failback_hysteresis_s,
+                failback_shards_per_step=settings.failback_shards_per_step,
+                failback_step_interval_s=settings.failback_step_interval_s,
+            ),
+            weights=weights,
+        )
+        self.peer_urls = {r.name: r.url_from.get(self.region, r.url) for r in cluster.regions}
+        self._lead_gate = asyncio.Semaphore(settings.lead_concurrency_max)
+        self._leading: dict[int, asyncio.Task[None]] = {}
+        self._control_leading: asyncio.Task[None] | None = None
+        self._propose_lock = asyncio.Lock()
+        self._learn_lock = asyncio.Lock()
+        #: shard -> (previous owner, monotonic time the move was learned)
+        self._moved: dict[int, tuple[str, float]] = {}
+        self._loops: list[asyncio.Task[None]] = []
+
+    # --- lifecycle ------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        self._reconcile_hints()
+        self._loops = [
+            asyncio.create_task(
+                self._forever(self._probe_all, self.settings.probe_interval_s),
+                name=f"probe-{self.region}",
+            ),
+            asyncio.create_task(
+                self._forever(self._tick, self.settings.placement_poll_s),
+                name=f"reconcile-{self.region}",
+            ),
+            asyncio.create_task(
+                self._forever(self._control, self.settings.placement_poll_s),
+                name=f"control-{self.region}",
+            ),
+        ]
+
+    async def close(self) -> None:
+        tasks = [*self._loops, *self._leading.values()]
+        if self._control_leading is not None:
+            tasks.append(self._control_leading)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _forever(self, step: Any, period_s: float) -> None:
+        while True:
+            try:
+                await step()
+            except ConvplaneError as exc:
+                log.warning("%s: %s", step.__name__, exc)
+            except (httpx.HTTPError, OSError, TimeoutError) as exc:  # adapter hiccups
+                log.warning("%s: %r", step.__name__, exc)
+            await self._clock.sleep(period_s * (0.8 + 0.4 * self._rng.random()))
+
+    # --- views for the API ----------------------------------------------------------------
+
+    def placement(self) -> Placement:
+        return self.state.effective()
+
+    def readiness(self) -> tuple[int, int]:
+        mine = self.placement().shards_of(self.region)
+        return len(mine), sum(1 for s in mine if self.node.leads(s))
+
+    def control_leader(self) -> str:
+        return self.membership.lowest_alive(self._clock.monotonic())
+
+    def health_reply(self) -> dict[str, Any]:
+        now_s = self._clock.monotonic()
+        return {
+            "region": self.region,
+            "suspects": sorted(self.membership.suspects(now_s)),
+            "led_shards": self.node.led_shards(),
+            "placement_version": self.state.version,
+            "control_leader": self.membership.lowest_alive(now_s),
+        }
+
+    def regions_view(self) -> list[dict[str, Any]]:
+        view = self.membership.view(self._clock.monotonic())
+        placement = self.placement()
+        return [
+            {
+                "name": r.name,
+                "url": r.url,
+                "status": view[r.name].status,
+                "capacity_weight": r.capacity_weight,
+                "suspected_by": list(view[r.name].suspected_by),
+                "evacuated": r.name in placement.evacuated,
+                "shards_assigned": len(placement.shards_of(r.name)),
+            }
+            for r in self.cluster.regions
+        ]
+
+    async def operator(self, action: str, region: str) -> Placement:
+        """Evacuate or restore ``region``; only the control leader commits (else NotLeader with
+        the control leader as hint, so the API forwards it there)."""
+        if not self.node.leads(self.control_shard):
+            raise NotLeader(
+                f"{self.region} does not lead the control shard",
+                shard=self.control_shard,
+                leader_region=self.control_leader(),
+                retry_after_s=0.5,
+            )
+        async with self._propose_lock:
+            await self._catch_up()
+            now_s = self._clock.monotonic()
+            views = statuses(self.membership.view(now_s))
+            placement = self.planner.operator(self.state, action, region, now_s, views)
+            await self._commit(placement)
+        return self.placement()
+
+    # --- probing --------------------------------------------------------------------------
+
+    async def _probe_all(self) -> None:
+        peers = [r for r in self.membership.regions if r != self.region]
+        await asyncio.gather(*(self._probe(r) for r in peers))
+
+    async def _probe(self, region: str) -> None:
+        url = self.peer_urls[region].rstrip("/") + "/peer/health"
+        try:
+            reply = await self._peers.get(url, timeout=self.settings.probe_timeout_s)
+            body = reply.json() if reply.status_code == 200 else None
+        except (httpx.HTTPError, ValueError):
+            body = None
+        now_s = self._clock.monotonic()
+        if not isinstance(body, dict) or body.get("region") != region:
+            self.membership.probe_failed(region, now_s)
+            return
+        self.membership.probe_ok(
+            region, now_s, suspects=body.get("suspects", ()), led_shards=body.get("led_shards", ())
+        )
+
+    # --- learn, reconcile, lead the control shard -----------------------------------------
+
+    async def _tick(self) -> None:
+        await self._learn()
+        await self._reconcile()
+
+    async def _learn(self) -> None:
+        async with self._learn_lock:
+            before = self.state.effective()
+            for entry in await self._read_control():
+                if entry.lsn > self.state.applied_lsn:  # a concurrent learn may have applied it
+                    self.state.apply(entry.lsn, entry.event_type, entry.body)
+            after = self.state.effective()
+        if after.version != before.version:
+            now_s = self._clock.monotonic()
+            for shard, owner in after.assignment.items():
+                if owner == self.region and before.assignment.get(shard) not in (None, owner):
+                    self._moved[shard] = (before.assignment[shard], now_s)
+            log.warning("placement v%d: %s", after.version, after.reason)
+
+    async def _read_control(self) -> list[LogEntry]:
+        shard = self.control_shard
+        if self.node.leads(shard):
+            return await self.node.read_committed(shard, self.state.applied_lsn, CONTROL_READ_MAX)
+        suspects = self.membership.suspects(self._clock.monotonic())
+        sources = [r for r in self.replicas if r not in suspects]
+        timeout_s = self.settings.control_read_timeout_s
+        replies = await asyncio.gather(
+            *(asyncio.wait_for(self.replicas[r].status(shard), timeout_s) for r in sources),
+            return_exceptions=True,
+        )
+        hints = [
+            (s.commit_lsn, r)
+            for r, s in zip(sources, replies, strict=True)
+            if not isinstance(s, BaseException)
+        ]
+        if not hints:
+            return []
+        commit_lsn, best = max(hints)
+        after = self.state.applied_lsn
+        if commit_lsn <= after:
+            return []
+        entries = await asyncio.wait_for(
+            self.replicas[best].read_log(shard, after, min(CONTROL_READ_MAX, commit_lsn - after)),
+            timeout_s,
+        )
+        return [e for e in entries if e.lsn <= commit_lsn]
+
+    def _reconcile_hints(self) -> None:
+        for shard, owner in self.placement().assignment.items():
+            if owner != self.region:
+                self.node.set_leader_hint(shard, owner)
+
+    async def _reconcile(self) -> None:
+        for shard, owner in sorted(self.placement().assignment.items()):
+            if owner == self.region:
+                if not self.node.leads(shard) and shard not in self._leading:
+                    task = asyncio.create_task(self._lead(shard), name=f"lead-{shard}")
+                    self._leading[shard] = task
+                    task.add_done_callback(functools.partial(self._lead_done, shard))
+            else:
+                if self.node.leader(shard) is not None:
+                    log.warning("shard %d: resigning, now assigned to %s", shard, owner)
+                    await self.node.resign_shard(shard)
+                self.node.set_leader_hint(shard, owner)
+
+    def _lead_done(self, shard: int, _task: asyncio.Task[None]) -> None:
+        self._leading.pop(shard, None)
+
+    def _assigned_here(self, shard: int) -> bool:
+        return self.placement().assignment.get(shard) == self.region
+
+    async def _lead(self, shard: int) -> None:
+        """Lead an assigned shard; retry with jittered, doubling backoff under
+        ``lead_attempts_max`` while it stays assigned here."""
+        await self._await_handoff(shard)
+        backoff_s = self.settings.lead_backoff_min_s
+        for attempt in range(1, self.settings.lead_attempts_max + 1):
+            if not self._assigned_here(shard):
+                return
+            try:
+                async with self._lead_gate:
+                    epoch = await self.node.lead_shard(shard)
+                log.info("shard %d: leading at epoch %d", shard, epoch)
+                if not self._assigned_here(shard):
+                    await self.node.resign_shard(shard)
+                return
+            except ConvplaneError as exc:
+                if attempt == 1 or attempt % 20 == 0:
+                    log.warning("shard %d: lead attempt %d failed: %s", shard, attempt, exc)
+            await self._clock.sleep(backoff_s * (0.5 + self._rng.random()))
+            backoff_s = min(backoff_s * 2, self.settings.lead_backoff_max_s)
+
+    async def _await_handoff(self, shard: int) -> None:
+        moved = self._moved.pop(shard, None)
+        if moved is None:
+            return
+        previous, learned_s = moved
+        deadline_s = learned_s + self.settings.handoff_wait_s
+        while self._clock.monotonic() < deadline_s:
+            now_s = self._clock.monotonic()
+            if self.membership.status(previous, now_s) != "up":
+                return  # failover: the old leader is gone, nobody to wait for
+            if self.membership.heard_since(
+                previous, learned_s
+            ) and shard not in self.membership.led_shards_of(previous):
+                return  # the old leader stopped
+            await self._clock.sleep(self.settings.probe_interval_s / 2)
+
+    async def _control(self) -> None:
+        shard = self.control_shard
+        now_s = self._clock.monotonic()
+        leader = self.membership.lowest_alive(now_s)
+        if leader != self.region:
+            self.node.set_leader_hint(shard, leader)
+            if self.node.leader(shard) is not None:
+                log.warning("control shard: resigning in favour of %s", leader)
+                await self.node.resign_shard(shard)
+            return
+        if not self.node.leads(shard):
+            if self._control_leading is None or self._control_leading.done():
+                self._control_leading = asyncio.create_task(
+                    self._lead_control(), name="lead-control"
+                )
+            return
+        if self._propose_lock.locked():
+            return
+        async with self._propose_lock:
+            await self._catch_up()
+            views = statuses(self.membership.view(now_s))
+            placement = self.planner.next_placement(self.state, now_s, views)
+            if placement is not None:
+                await self._commit(placement)
+
+    async def _lead_control(self) -> None:
+        try:
+            epoch = await self.node.lead_shard(self.control_shard)
+            log.warning("control shard: leading at epoch %d", epoch)
+        except ConvplaneError as exc:
+            log.warning("control shard: lead failed: %s", exc)
+            await self._clock.sleep(self.settings.lead_backoff_min_s * (1 + self._rng.random()))
+
+    async def _catch_up(self) -> None:
+        """Apply every committed control record before deciding anything."""
+        leader = self.node.leader(self.control_shard)
+        while leader is not None and self.state.applied_lsn < leader.commit_lsn:
+            applied_lsn = self.state.applied_lsn
+            await self._learn()
+            if self.state.applied_lsn == applied_lsn:
+                return
+
+    async def _commit(self, placement: Placement) -> None:
+        lsn = await self.node.append_record(
+            self.control_shard, PLACEMENT_RECORD, placement.to_body()
+        )
+        log.warning(
+            "committed placement v%d at lsn %d: %s", placement.version, lsn, placement.reason
+        )
+        await self._learn()
