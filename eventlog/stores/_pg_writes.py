@@ -66,7 +66,7 @@ async def append_group(
     conn: AsyncConnection, region: str, requests: Sequence[AppendRequest]
 ) -> list[AppendOutcome]:
     result = await conn.execute(_APPEND, append_params(requests))
-    rows = sorted(result.tuples().all())
+    rows = sorted((int(i), int(k), int(v)) for i, k, v in result)
     if [index for index, _, _ in rows] != list(range(len(requests))):
         raise InvariantViolation(f"convplane_append answered {len(rows)} of {len(requests)}")
     outcomes: list[AppendOutcome] = []

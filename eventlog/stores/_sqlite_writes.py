@@ -54,7 +54,7 @@ async def _append_one(conn: AsyncConnection, region: str, request: AppendRequest
             entries.c.shard == request.shard, entries.c.lsn >= lo_lsn, entries.c.lsn <= hi_lsn
         )
     )
-    plan = plan_append(current, dict(stored.tuples().all()), request)
+    plan = plan_append(current, {lsn: epoch for lsn, epoch in stored}, request)
     if plan.truncate_from_lsn is not None:
         await conn.execute(
             delete(entries).where(
