@@ -35,8 +35,9 @@ class ConversationExists(Conflict):
 
 def fingerprint(event_type: str, payload: dict[str, Any], token_count: int | None) -> str:
     """Digest of what a client asked for, to tell an identical retry from a different request."""
-    canonical = json.dumps([event_type, payload, token_count], sort_keys=True,
-                           separators=(",", ":"))
+    canonical = json.dumps(
+        [event_type, payload, token_count], sort_keys=True, separators=(",", ":")
+    )
     return hashlib.sha256(canonical.encode()).hexdigest()[:32]
 
 

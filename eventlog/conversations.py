@@ -88,8 +88,7 @@ class ConversationLog(ABC):
         with the same idempotency key is safe)."""
 
     @abstractmethod
-    async def get_conversation(self, tenant_id: str, conversation_id: str) -> ConversationInfo:
-        ...
+    async def get_conversation(self, tenant_id: str, conversation_id: str) -> ConversationInfo: ...
 
     @abstractmethod
     async def list_events(
@@ -100,5 +99,4 @@ class ConversationLog(ABC):
     @abstractmethod
     async def tool_attempt(
         self, tenant_id: str, conversation_id: str, attempt_id: str
-    ) -> ToolAttemptStatus:
-        ...
+    ) -> ToolAttemptStatus: ...

@@ -110,7 +110,11 @@ class NotLeader(Unavailable):
     code = "not_leader"
 
     def __init__(
-        self, message: str, *, shard: int, leader_region: str | None = None,
+        self,
+        message: str,
+        *,
+        shard: int,
+        leader_region: str | None = None,
         retry_after_s: float | None = None,
     ) -> None:
         super().__init__(message, retry_after_s=retry_after_s)

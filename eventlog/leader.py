@@ -29,6 +29,7 @@ import contextlib
 import random
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from eventlog.clock import Clock
 from eventlog.config import LogConfig
@@ -127,8 +128,9 @@ class ShardLeader:
         try:
             await self._recover(promises)
             self._start_replication()
-            remaining_s = max(deadline - self._clock.monotonic(),
-                              self._config.replica_call_timeout_s)
+            remaining_s = max(
+                deadline - self._clock.monotonic(), self._config.replica_call_timeout_s
+            )
             await self._wait_committed(self.last_lsn, remaining_s)
         except BaseException:
             await self.close()
@@ -140,8 +142,9 @@ class ShardLeader:
         """One prepare at ``self.epoch``: the promises once a prepare quorum is reached, None if
         rejected or out of time (``highest_seen_epoch`` is raised on rejection)."""
         needed = self._config.prepare_quorum(len(self._replicas))
-        timeout_s = max(0.0, min(self._config.replica_call_timeout_s,
-                                 deadline - self._clock.monotonic()))
+        timeout_s = max(
+            0.0, min(self._config.replica_call_timeout_s, deadline - self._clock.monotonic())
+        )
         calls = {
             asyncio.ensure_future(
                 asyncio.wait_for(
@@ -162,8 +165,7 @@ class ShardLeader:
                     if isinstance(reply, Promised):
                         promises[calls[call]] = reply
                     elif isinstance(reply, Rejected):
-                        self.highest_seen_epoch = max(self.highest_seen_epoch,
-                                                      reply.promised_epoch)
+                        self.highest_seen_epoch = max(self.highest_seen_epoch, reply.promised_epoch)
                         rejected = True
         finally:
             for call in pending:
@@ -191,13 +193,13 @@ class ShardLeader:
         tail = [e for e in best.tail if e.lsn >= commit_lsn]
         have_commit_entry = commit_lsn == 0 or (bool(tail) and tail[0].lsn == commit_lsn)
         if not (best.tail_complete and have_commit_entry):
-            tail = await self._read_range(best_region, max(commit_lsn - 1, 0),
-                                          best.status.last_lsn)
+            tail = await self._read_range(best_region, max(commit_lsn - 1, 0), best.status.last_lsn)
         expected = list(range(max(commit_lsn, 1), best.status.last_lsn + 1))
         if [e.lsn for e in tail] != expected:
             # The replica changed after its promise: a newer epoch is at work. Retry later.
-            raise NoQuorum(f"shard {self.shard}: recovery raced with a newer epoch",
-                           retry_after_s=0.5)
+            raise NoQuorum(
+                f"shard {self.shard}: recovery raced with a newer epoch", retry_after_s=0.5
+            )
         # Raft's rule, not re-stamping: the recovered tail keeps its stamps (so every (epoch, lsn)
         # names one entry everywhere) and a barrier entry of this epoch follows it. Counting
         # matches commits only entries of this epoch; the tail commits with the barrier.
@@ -205,8 +207,9 @@ class ShardLeader:
         self._epoch_at_base = tail[0].epoch if commit_lsn >= 1 else 0
         self._buffer = [e for e in tail if e.lsn > commit_lsn]
         self._barrier_lsn = best.status.last_lsn + 1
-        self._buffer.append(leader_barrier(self._barrier_lsn, self.epoch, self.region,
-                                           self._clock.wall_ms()))
+        self._buffer.append(
+            leader_barrier(self._barrier_lsn, self.epoch, self.region, self._clock.wall_ms())
+        )
         self.last_lsn = self._barrier_lsn
         self.commit_lsn = commit_lsn
         self._recovery_source = best_region
@@ -224,16 +227,19 @@ class ShardLeader:
         while cursor < last_lsn:
             try:
                 page = await asyncio.wait_for(
-                    store.read_log(self.shard, cursor, min(self._config.prepare_tail_max,
-                                                           last_lsn - cursor)),
+                    store.read_log(
+                        self.shard, cursor, min(self._config.prepare_tail_max, last_lsn - cursor)
+                    ),
                     self._config.replica_call_timeout_s,
                 )
             except TimeoutError as exc:
-                raise NoQuorum(f"shard {self.shard}: reading from {region} timed out",
-                               retry_after_s=0.5) from exc
+                raise NoQuorum(
+                    f"shard {self.shard}: reading from {region} timed out", retry_after_s=0.5
+                ) from exc
             if not page or page[0].lsn != cursor + 1:
-                raise NoQuorum(f"shard {self.shard}: {region} has no entry {cursor + 1}",
-                               retry_after_s=0.5)
+                raise NoQuorum(
+                    f"shard {self.shard}: {region} has no entry {cursor + 1}", retry_after_s=0.5
+                )
             found.extend(page)
             cursor = page[-1].lsn
         return found
@@ -285,7 +291,8 @@ class ShardLeader:
             )
         horizon = self._clock.monotonic() - self._config.replica_suspect_after_s
         alive = sum(
-            1 for f in self._followers.values()
+            1
+            for f in self._followers.values()
             if f.failing_since is None or f.failing_since >= horizon
         )
         if alive < self._w:
@@ -315,8 +322,11 @@ class ShardLeader:
         if lsn <= self.commit_lsn:
             return
         if self._stopped:
-            raise Fenced(f"shard {self.shard}: leader stopped", shard=self.shard,
-                         promised_epoch=self.fenced_by or self.epoch)
+            raise Fenced(
+                f"shard {self.shard}: leader stopped",
+                shard=self.shard,
+                promised_epoch=self.fenced_by or self.epoch,
+            )
         waiter = self._waiters.get(lsn)
         if waiter is None:
             waiter = asyncio.get_running_loop().create_future()
@@ -339,8 +349,7 @@ class ShardLeader:
         own = self._followers.get(self.region)
         if own is not None and own.match_lsn >= self.commit_lsn:
             return self.region
-        best = max(self._followers.values(),
-                   key=lambda f: (f.match_lsn, f.failing_since is None))
+        best = max(self._followers.values(), key=lambda f: (f.match_lsn, f.failing_since is None))
         if best.match_lsn < self.commit_lsn:
             raise InvariantViolation(f"shard {self.shard}: no replica holds the commit point")
         return best.region
@@ -373,8 +382,7 @@ class ShardLeader:
                 # Idle but the replica's commit hint is stale: push it after a short linger,
                 # unless new entries come first (they carry the commit position anyway).
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(follower.wakeup.wait(),
-                                           self._config.commit_push_delay_s)
+                    await asyncio.wait_for(follower.wakeup.wait(), self._config.commit_push_delay_s)
                 if self._stopped or follower.next_lsn <= self.last_lsn:
                     continue
             try:
@@ -405,16 +413,17 @@ class ShardLeader:
             follower.mismatch_step = 1
             follower.match_lsn = max(follower.match_lsn, reply.match_lsn)
             follower.next_lsn = max(follower.next_lsn, reply.match_lsn + 1)
-            follower.sent_commit_lsn = max(follower.sent_commit_lsn,
-                                           min(commit_lsn, reply.match_lsn))
+            follower.sent_commit_lsn = max(
+                follower.sent_commit_lsn, min(commit_lsn, reply.match_lsn)
+            )
             self._advance_commit()
         elif isinstance(reply, Mismatch):
             # Step back, doubling the step while mismatches repeat (re-sending entries the
             # replica already has is harmless: it keeps same-epoch entries).
-            follower.next_lsn = max(1, min(follower.next_lsn - follower.mismatch_step,
-                                           reply.last_lsn + 1))
-            follower.mismatch_step = min(follower.mismatch_step * 2,
-                                         self._config.batch_events_max)
+            follower.next_lsn = max(
+                1, min(follower.next_lsn - follower.mismatch_step, reply.last_lsn + 1)
+            )
+            follower.mismatch_step = min(follower.mismatch_step * 2, self._config.batch_events_max)
         elif isinstance(reply, Rejected):
             self.stop(fenced_by=reply.promised_epoch)
 
@@ -438,16 +447,17 @@ class ShardLeader:
         """A replica known to hold the leader's log through ``through_lsn``: one that accepted
         it at this epoch, or (for the committed base found at recovery) the recovery source."""
         candidates = [
-            f for f in self._followers.values()
-            if f.region != target and f.match_lsn >= through_lsn
+            f for f in self._followers.values() if f.region != target and f.match_lsn >= through_lsn
         ]
         if candidates:
-            return max(candidates, key=lambda f: (f.region == self.region,
-                                                   f.failing_since is None)).region
+            return max(
+                candidates, key=lambda f: (f.region == self.region, f.failing_since is None)
+            ).region
         if through_lsn <= self._recovery_commit_lsn and self._recovery_source != target:
             return self._recovery_source
-        raise NoQuorum(f"shard {self.shard}: no catch-up source for {target} yet",
-                       retry_after_s=0.5)
+        raise NoQuorum(
+            f"shard {self.shard}: no catch-up source for {target} yet", retry_after_s=0.5
+        )
 
     def _advance_commit(self) -> None:
         matches = sorted((f.match_lsn for f in self._followers.values()), reverse=True)
@@ -481,13 +491,14 @@ class ShardLeader:
         return None
 
 
-def _result_or_none(call: asyncio.Future[object]) -> object | None:
+def _result_or_none(call: asyncio.Future[Any]) -> object | None:
     """A replica call's reply; a lost call (timeout, unreachable) is None."""
     if call.cancelled():
         return None
     exc = call.exception()
     if exc is None:
-        return call.result()
+        reply: object = call.result()
+        return reply
     if isinstance(exc, ConvplaneError | TimeoutError | OSError):
         return None
     raise exc

@@ -129,8 +129,9 @@ class LogNode(ConversationLog):
             try:
                 epoch = await leader.lead()
             finally:
-                self._epochs_seen[shard] = max(self._epochs_seen.get(shard, 0),
-                                               leader.highest_seen_epoch)
+                self._epochs_seen[shard] = max(
+                    self._epochs_seen.get(shard, 0), leader.highest_seen_epoch
+                )
             if shard in self._leaders or any(k[0] == shard for k in self._states):
                 raise InvariantViolation(f"shard {shard}: state left over from another leader")
             previous_region = self._previous_leader.get(shard)
@@ -144,8 +145,9 @@ class LogNode(ConversationLog):
     async def resign_shard(self, shard: int) -> None:
         leader = self._leaders.pop(shard, None)
         if leader is not None:
-            self._epochs_seen[shard] = max(self._epochs_seen.get(shard, 0),
-                                           leader.highest_seen_epoch)
+            self._epochs_seen[shard] = max(
+                self._epochs_seen.get(shard, 0), leader.highest_seen_epoch
+            )
             await leader.close()
             if self._hints.get(shard) == self.region:
                 self._hints[shard] = None
@@ -170,8 +172,9 @@ class LogNode(ConversationLog):
 
     # --- conversation state ---------------------------------------------------------------
 
-    async def _state(self, shard: int, conversation_id: str) -> tuple[ShardLeader,
-                                                                       ConversationState | None]:
+    async def _state(
+        self, shard: int, conversation_id: str
+    ) -> tuple[ShardLeader, ConversationState | None]:
         """The shard's serving leader and the conversation's state (None: no such conversation).
         No await separates the return from the caller's decision."""
         key = (shard, conversation_id)
@@ -200,7 +203,7 @@ class LogNode(ConversationLog):
 
     def _evict(self, leader: ShardLeader) -> None:
         excess = len(self._states) - self.config.conversation_cache_max
-        for key in list(self._states)[:max(excess, 0)]:
+        for key in list(self._states)[: max(excess, 0)]:
             shard_leader = self._leaders.get(key[0])
             if shard_leader is None or self._states[key].last_lsn <= shard_leader.commit_lsn:
                 del self._states[key]
@@ -209,8 +212,9 @@ class LogNode(ConversationLog):
         entries: list[LogEntry] = []
         after_seq = -1
         while True:
-            page = await self._read_conversation(leader, conversation_id, after_seq,
-                                                 self.config.conversation_page_events)
+            page = await self._read_conversation(
+                leader, conversation_id, after_seq, self.config.conversation_page_events
+            )
             entries.extend(page)
             if len(page) < self.config.conversation_page_events:
                 return entries
@@ -236,7 +240,8 @@ class LogNode(ConversationLog):
             except (ConvplaneError, TimeoutError) as exc:
                 last_error = exc if isinstance(exc, ConvplaneError) else None
         raise last_error or NotLeader(
-            f"shard {leader.shard}: no replica answered a read", shard=leader.shard,
+            f"shard {leader.shard}: no replica answered a read",
+            shard=leader.shard,
             retry_after_s=0.5,
         )
 
@@ -251,8 +256,9 @@ class LogNode(ConversationLog):
     ) -> ConversationInfo:
         shard = self.shard_of(conversation_id)
         leader, state = await self._state(shard, conversation_id)
-        request_fp = fingerprint(CONVERSATION_CREATED,
-                                 {"model_revision": model_revision, "metadata": metadata}, None)
+        request_fp = fingerprint(
+            CONVERSATION_CREATED, {"model_revision": model_revision, "metadata": metadata}, None
+        )
         if state is not None:
             created = json.loads(state.created.body)
             if state.tenant_id != tenant_id or created["fingerprint"] != request_fp:
@@ -270,11 +276,21 @@ class LogNode(ConversationLog):
             "created_at_ms": now_ms,
             "fingerprint": request_fp,
         }
-        entry = leader.propose(lambda lsn, epoch: LogEntry(
-            lsn=lsn, epoch=epoch, tenant_id=tenant_id, conversation_id=conversation_id, seq=0,
-            event_type=CONVERSATION_CREATED, idempotency_key=None, attempt_id=None,
-            token_count=0, created_at_ms=now_ms, body=json.dumps(body, separators=(",", ":")),
-        ))
+        entry = leader.propose(
+            lambda lsn, epoch: LogEntry(
+                lsn=lsn,
+                epoch=epoch,
+                tenant_id=tenant_id,
+                conversation_id=conversation_id,
+                seq=0,
+                event_type=CONVERSATION_CREATED,
+                idempotency_key=None,
+                attempt_id=None,
+                token_count=0,
+                created_at_ms=now_ms,
+                body=json.dumps(body, separators=(",", ":")),
+            )
+        )
         state = ConversationState(created=entry, last_lsn=entry.lsn)
         self._states[(shard, conversation_id)] = state
         await leader.wait_committed(entry.lsn)
@@ -306,8 +322,10 @@ class LogNode(ConversationLog):
             return self._appended(leader, earlier, replayed=True)
         state.check_expected_seq(expected_seq)
         if state.last_seq >= self.config.conversation_events_max:
-            raise InvalidRequest(f"conversation {conversation_id!r} is full "
-                                 f"({self.config.conversation_events_max} events)")
+            raise InvalidRequest(
+                f"conversation {conversation_id!r} is full "
+                f"({self.config.conversation_events_max} events)"
+            )
         seq = state.last_seq + 1
         now_ms = self._clock.wall_ms()
         tokens = token_count if token_count is not None else estimate_tokens(payload)
@@ -323,12 +341,21 @@ class LogNode(ConversationLog):
             "idempotency_key": idempotency_key,
             "fingerprint": request_fp,
         }
-        entry = leader.propose(lambda lsn, epoch: LogEntry(
-            lsn=lsn, epoch=epoch, tenant_id=tenant_id, conversation_id=conversation_id, seq=seq,
-            event_type=event_type, idempotency_key=idempotency_key, attempt_id=attempt_id,
-            token_count=tokens, created_at_ms=now_ms,
-            body=json.dumps(body, separators=(",", ":")),
-        ))
+        entry = leader.propose(
+            lambda lsn, epoch: LogEntry(
+                lsn=lsn,
+                epoch=epoch,
+                tenant_id=tenant_id,
+                conversation_id=conversation_id,
+                seq=seq,
+                event_type=event_type,
+                idempotency_key=idempotency_key,
+                attempt_id=attempt_id,
+                token_count=tokens,
+                created_at_ms=now_ms,
+                body=json.dumps(body, separators=(",", ":")),
+            )
+        )
         state.apply(entry)
         await leader.wait_committed(entry.lsn)
         for listener in self._listeners:
@@ -366,8 +393,7 @@ class LogNode(ConversationLog):
         self, tenant_id: str, conversation_id: str
     ) -> tuple[ShardLeader, ConversationState]:
         leader, state = await self._state(self.shard_of(conversation_id), conversation_id)
-        if (state is None or state.tenant_id != tenant_id
-                or state.created.lsn > leader.commit_lsn):
+        if state is None or state.tenant_id != tenant_id or state.created.lsn > leader.commit_lsn:
             raise NotFound(f"no conversation {conversation_id!r}")
         return leader, state
 
@@ -381,11 +407,21 @@ class LogNode(ConversationLog):
         leader = self._serving_leader(shard)
         now_ms = self._clock.wall_ms()
         text = json.dumps(body, separators=(",", ":"), sort_keys=True)
-        entry = leader.propose(lambda lsn, epoch: LogEntry(
-            lsn=lsn, epoch=epoch, tenant_id="", conversation_id="", seq=0,
-            event_type=record_type, idempotency_key=None, attempt_id=None, token_count=0,
-            created_at_ms=now_ms, body=text,
-        ))
+        entry = leader.propose(
+            lambda lsn, epoch: LogEntry(
+                lsn=lsn,
+                epoch=epoch,
+                tenant_id="",
+                conversation_id="",
+                seq=0,
+                event_type=record_type,
+                idempotency_key=None,
+                attempt_id=None,
+                token_count=0,
+                created_at_ms=now_ms,
+                body=text,
+            )
+        )
         await leader.wait_committed(entry.lsn)
         return entry.lsn
 
@@ -397,7 +433,8 @@ class LogNode(ConversationLog):
             return []
         entries = await asyncio.wait_for(
             self._replicas[leader.read_source()].read_log(
-                shard, after_lsn, min(limit, commit_lsn - after_lsn)),
+                shard, after_lsn, min(limit, commit_lsn - after_lsn)
+            ),
             self.config.replica_call_timeout_s,
         )
         return [e for e in entries if e.lsn <= commit_lsn]

@@ -53,7 +53,7 @@ def check_final_log(shard: int, log: list[LogEntry], history: History) -> list[s
         seen = history.committed.get((shard, entry.lsn))
         if seen is not None and seen != identity(entry):
             problems.append(f"shard {shard}: lsn {entry.lsn} differs from what was committed")
-    for (s, lsn) in history.committed:
+    for s, lsn in history.committed:
         if s == shard and lsn > len(log):
             problems.append(f"shard {shard}: committed lsn {lsn} missing from the final log")
     seqs: dict[str, list[int]] = defaultdict(list)

@@ -21,8 +21,9 @@ class _VirtualSelector(selectors.BaseSelector):
         self._keys: dict[Any, selectors.SelectorKey] = {}
 
     def register(self, fileobj: Any, events: int, data: Any = None) -> selectors.SelectorKey:
-        key = selectors.SelectorKey(fileobj, fileobj if isinstance(fileobj, int)
-                                    else fileobj.fileno(), events, data)
+        key = selectors.SelectorKey(
+            fileobj, fileobj if isinstance(fileobj, int) else fileobj.fileno(), events, data
+        )
         self._keys[fileobj] = key
         return key
 

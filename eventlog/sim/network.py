@@ -111,31 +111,35 @@ class SimLink(ReplicaStore):
         return await self._net.deliver(
             self._src,
             self.region,
-            lambda: self._replica.append(shard, epoch, prev_lsn, prev_epoch, entries,
-                                         leader_commit_lsn),
+            lambda: self._replica.append(
+                shard, epoch, prev_lsn, prev_epoch, entries, leader_commit_lsn
+            ),
         )
 
     async def status(self, shard: int) -> ShardStatus:
-        return await self._net.deliver(self._src, self.region,
-                                       lambda: self._replica.status(shard))
+        return await self._net.deliver(self._src, self.region, lambda: self._replica.status(shard))
 
     async def read_log(self, shard: int, after_lsn: int, limit: int) -> list[LogEntry]:
-        return await self._net.deliver(self._src, self.region,
-                                       lambda: self._replica.read_log(shard, after_lsn, limit))
+        return await self._net.deliver(
+            self._src, self.region, lambda: self._replica.read_log(shard, after_lsn, limit)
+        )
 
     async def read_conversation(
         self, shard: int, conversation_id: str, after_seq: int, limit: int, max_lsn: int
     ) -> list[LogEntry]:
         return await self._net.deliver(
-            self._src, self.region,
-            lambda: self._replica.read_conversation(shard, conversation_id, after_seq, limit,
-                                                    max_lsn),
+            self._src,
+            self.region,
+            lambda: self._replica.read_conversation(
+                shard, conversation_id, after_seq, limit, max_lsn
+            ),
         )
 
     async def list_conversations(
         self, shard: int, active_since_ms: int, max_lsn: int, limit: int
     ) -> list[ConversationSummary]:
         return await self._net.deliver(
-            self._src, self.region,
+            self._src,
+            self.region,
             lambda: self._replica.list_conversations(shard, active_since_ms, max_lsn, limit),
         )

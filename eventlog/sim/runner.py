@@ -8,7 +8,8 @@ import random
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from functools import partial
-from typing import TypeVar
+from operator import methodcaller
+from typing import Any
 
 from eventlog.clock import LoopClock
 from eventlog.config import LogConfig
@@ -25,7 +26,6 @@ from eventlog.sim.checker import (
 from eventlog.sim.loop import VirtualTimeLoop
 from eventlog.sim.network import NetworkFaults, SimNetwork
 
-T = TypeVar("T")
 REGIONS = ("a", "b", "c")
 
 
@@ -44,7 +44,9 @@ class SeedResult:
         return not self.violations
 
 
-def run_seed(seed: int, *, clients: int = 4, ops_per_client: int = 20, shards: int = 3) -> SeedResult:
+def run_seed(
+    seed: int, *, clients: int = 4, ops_per_client: int = 20, shards: int = 3
+) -> SeedResult:
     loop = VirtualTimeLoop()
     try:
         return loop.run_until_complete(_Simulation(seed, clients, ops_per_client, shards).run())
@@ -95,8 +97,10 @@ class _Simulation:
         try:
             for shard in range(self.shards):
                 await self.nodes[REGIONS[shard % len(REGIONS)]].lead_shard(shard)
-            background = [asyncio.ensure_future(self._inject_faults()),
-                          asyncio.ensure_future(self._keep_shards_led())]
+            background = [
+                asyncio.ensure_future(self._inject_faults()),
+                asyncio.ensure_future(self._keep_shards_led()),
+            ]
             await asyncio.gather(*(self._client(i) for i in range(self.clients)))
             self.workload_done = True
             await asyncio.gather(*background)
@@ -155,8 +159,9 @@ class _Simulation:
 
     # --- clients --------------------------------------------------------------------------
 
-    async def _call(self, conversation_id: str, rng: random.Random,
-                    fn: Callable[[LogNode], Awaitable[T]]) -> T | ConvplaneError | None:
+    async def _call(
+        self, conversation_id: str, rng: random.Random, fn: Callable[[LogNode], Awaitable[Any]]
+    ) -> Any:
         """Call the shard's leader with retries; the value, a non-retryable error, or None
         when the retry budget ran out (outcome unknown)."""
         shard = self.nodes["a"].shard_of(conversation_id)
@@ -184,42 +189,67 @@ class _Simulation:
         rng = random.Random(self.rng.getrandbits(64))
         conversations = [f"conv-{client_id}-{i}" for i in range(2)]
         for conv in conversations:
-            await self._call(conv, rng, lambda n, c=conv: n.create_conversation("t", c, "m@1", {}))
+            await self._call(conv, rng, methodcaller("create_conversation", "t", conv, "m@1", {}))
         for op in range(self.ops_per_client):
             await asyncio.sleep(rng.uniform(0.0, 0.05))  # think time, spreads ops over faults
             conv = rng.choice(conversations)
             kind = rng.random()
             if kind < 0.55:
                 key = f"k-{client_id}-{op}"
-                outcome = await self._call(conv, rng, lambda n, c=conv, k=key: n.append_event(
-                    "t", c, "message.user", {"content": f"hello {k}"}, idempotency_key=k))
+                outcome = await self._call(
+                    conv,
+                    rng,
+                    methodcaller(
+                        "append_event",
+                        "t",
+                        conv,
+                        "message.user",
+                        {"content": f"hello {key}"},
+                        idempotency_key=key,
+                    ),
+                )
                 self._record(conv, outcome, key)
             elif kind < 0.8:
                 await self._tool_call(conv, f"att-{client_id}-{op}", rng)
             else:
-                info = await self._call(conv, rng, lambda n, c=conv: n.get_conversation("t", c))
+                info = await self._call(conv, rng, methodcaller("get_conversation", "t", conv))
                 if info is None or isinstance(info, ConvplaneError):
                     continue
                 expected = getattr(info, "last_seq", 0)
-                outcome = await self._call(conv, rng, lambda n, c=conv, e=expected: n.append_event(
-                    "t", c, "note", {"after": e}, expected_seq=e))
+                outcome = await self._call(
+                    conv,
+                    rng,
+                    methodcaller(
+                        "append_event",
+                        "t",
+                        conv,
+                        "note",
+                        {"after": expected},
+                        expected_seq=expected,
+                    ),
+                )
                 self._record(conv, outcome, None)
 
     async def _tool_call(self, conv: str, attempt_id: str, rng: random.Random) -> None:
         attempt = {"attempt_id": attempt_id, "tool": "search", "argument_digest": "d1"}
-        outcome = await self._call(conv, rng, lambda n: n.append_event(
-            "t", conv, "tool.attempt", attempt, idempotency_key=f"{attempt_id}-a"))
+        outcome = await self._call(
+            conv,
+            rng,
+            lambda n: n.append_event(
+                "t", conv, "tool.attempt", attempt, idempotency_key=f"{attempt_id}-a"
+            ),
+        )
         self._record(conv, outcome, f"{attempt_id}-a")
         if not isinstance(outcome, AppendedEvent):
             return
         # Two racing effects for one attempt (e.g. a retry after failover with another result):
         # at most one may ever commit.
         effects = [{"attempt_id": attempt_id, "status": s} for s in ("committed", "failed")]
-        outcomes = await asyncio.gather(*(
-            self._call(conv, rng, lambda n, p=payload: n.append_event(
-                "t", conv, "tool.effect", p))
-            for payload in effects
-        ))
+
+        def effect_call(payload: dict[str, str]) -> Callable[[LogNode], Awaitable[Any]]:
+            return lambda n: n.append_event("t", conv, "tool.effect", payload)
+
+        outcomes = await asyncio.gather(*(self._call(conv, rng, effect_call(p)) for p in effects))
         for outcome in outcomes:
             self._record(conv, outcome, None)
 
@@ -252,7 +282,8 @@ class _Simulation:
                 status = await replica.status(shard)
                 replica_log = await replica.read_log(shard, 0, status.last_lsn)
                 self.result.violations += check_replica_prefix(
-                    region, shard, replica_log, status.commit_lsn, log)
+                    region, shard, replica_log, status.commit_lsn, log
+                )
         self.result.violations += check_acknowledged(logs, self.history)
         for node in self.nodes.values():
             for shard in range(self.shards):

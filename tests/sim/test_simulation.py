@@ -53,11 +53,16 @@ def test_checker_catches_a_replica_that_acks_without_storing(
     """The checker can fail: a replica that forgets what it acknowledged loses acked events."""
     original = MemoryReplica.append
 
-    async def forgetful_append(self: MemoryReplica, shard: int, epoch: int, prev_lsn: int,
-                               prev_epoch: int, entries: list[LogEntry],
-                               leader_commit_lsn: int) -> AppendReply:
-        reply = await original(self, shard, epoch, prev_lsn, prev_epoch, entries,
-                               leader_commit_lsn)
+    async def forgetful_append(
+        self: MemoryReplica,
+        shard: int,
+        epoch: int,
+        prev_lsn: int,
+        prev_epoch: int,
+        entries: list[LogEntry],
+        leader_commit_lsn: int,
+    ) -> AppendReply:
+        reply = await original(self, shard, epoch, prev_lsn, prev_epoch, entries, leader_commit_lsn)
         if self.region == "b" and isinstance(reply, Accepted) and entries:
             log = self._shard(shard)
             del log.entries[prev_lsn:]  # pretend durable, keep nothing
