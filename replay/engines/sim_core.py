@@ -140,7 +140,7 @@ class _Pending:
     ticket: int
     priority: int
     arrival_s: float
-    keys: list[int]
+    keys: Sequence[int]
     prompt_tokens: int
     cached_tokens: int = 0
     remaining_tokens: int = -1  # -1: not started (cache not looked up yet)
@@ -173,14 +173,21 @@ class PrefillServerModel:
 
     def submit(self, tokens: Sequence[int], cache_salt: str, priority: int, now_s: float) -> int:
         """Queue a prefill of ``tokens``; returns its ticket. Raises EngineUnavailable if full."""
+        return self.submit_blocks(block_keys(tokens, cache_salt), len(tokens), priority, now_s)
+
+    def submit_blocks(
+        self, keys: Sequence[int], prompt_tokens: int, priority: int, now_s: float
+    ) -> int:
+        """``submit`` with the prompt's block keys already computed (``block_keys``): benches
+        keep them per conversation and extend them turn by turn instead of rehashing."""
         self.advance(now_s)
-        if len(tokens) == 0:
-            raise InvariantViolation("a prompt has at least one token")
+        if prompt_tokens <= 0 or len(keys) > prompt_tokens // BLOCK_TOKENS:
+            raise InvariantViolation("a prompt has at least one token and whole-block keys")
         if self.in_system >= self.config.queue_max:
             raise EngineUnavailable("simulated engine queue is full", retry_after_s=1.0)
         ticket = self._next_ticket
         self._next_ticket += 1
-        pending = _Pending(ticket, priority, now_s, block_keys(tokens, cache_salt), len(tokens))
+        pending = _Pending(ticket, priority, now_s, keys, prompt_tokens)
         heapq.heappush(self._queue, (priority, ticket, pending))
         if self._current is None:
             self._start_next_chunk(now_s)

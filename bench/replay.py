@@ -1,0 +1,415 @@
+"""KV replay after a region failure, on simulated engines, in virtual time.
+
+A program, not a test:  ``.venv/bin/python bench/replay.py [--seed N] [--sessions N] ...``
+
+Scenario: 3 regions, r1 fails at t=0; its conversations move to r2 and r3 (half each). Each
+survivor has K simulated engines (``replay.engines.sim_core``: chunked priority prefill, block
+prefix cache). Live traffic per survivor (Poisson, one seeded stream per region, identical in
+both runs): turns of the survivor's own conversations (warm: their prefix is in their engine's
+cache, each turn adds new tokens) and turns of moved conversations (cold unless replay warmed
+them first). The run is done twice with the same seed:
+
+- without replay: moved conversations rebuild their KV on their first live turn;
+- with replay: per region one ``ReplayScheduler``; per engine one ``CapacityController`` fed
+  from that engine's own metrics every ``poll_s`` (the engine counts a request's tokens when it
+  completes, like vLLM); every ``tick_s`` each engine's controller is asked for grants and the
+  scheduler hands out jobs; a replay is a prefill at priority 100 (live: 0). A live turn of a
+  queued conversation calls ``mark_live``. The job bus is skipped (transport is not measured);
+  KV affinity is learnt from replay results, as the router would.
+
+Reported (per region, and the worst region in the JSON):
+
+- ``makespan_s``: failover (t=0) to the last replay completion.
+- ``bound_s`` = replayed tokens / measured average spare rate, where the spare rate is
+  ``(K x capacity x (1 - headroom) x makespan - live computed tokens during [0, makespan]) /
+  makespan``: the DESIGN's spare, measured during the with-replay run (live computed tokens are
+  what the engines actually prefilled for live requests; cached tokens cost nothing).
+  ``bound_no_headroom_s`` uses the whole idle capacity instead (a physical lower bound).
+- live TTFT p50/p99 (all live requests arriving in [0, makespan]) with and without replay, and
+  for the survivors' own conversations only (the traffic replay could slow down, unaffected by
+  replay's warming of moved conversations).
+
+The last line is one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from eventlog.clock import Clock
+from replay.capacity import CapacityConfig, CapacityController, Grant, OperatorLimits
+from replay.engines.sim_core import (
+    BLOCK_TOKENS,
+    PrefillServerModel,
+    SimCompletion,
+    SimEngineConfig,
+    salt_key,
+)
+from replay.model import ReplayJob, ReplayResult
+from replay.scheduler import MovedConversation, ReplayScheduler, SchedulerConfig
+
+REPLAY_PRIORITY = 100
+MODEL = "sim-model@rev1"
+
+
+class ManualClock(Clock):
+    def __init__(self) -> None:
+        self.now_s = 0.0
+
+    def monotonic(self) -> float:
+        return self.now_s
+
+    def wall_ms(self) -> int:
+        return 1_767_225_600_000 + int(self.now_s * 1000)
+
+    async def sleep(self, seconds: float) -> None:
+        raise NotImplementedError("the bench is a discrete-event simulation")
+
+
+@dataclass
+class Params:
+    seed: int = 7
+    engines_per_region: int = 4
+    prefill_tokens_per_s: float = 20_000.0
+    cache_tokens: int = 16_000_000  # HBM + CPU offload tier (LMCache-style); see report
+    chunk_tokens: int = 512
+    headroom: float = 0.1
+    moved_sessions: int = 3_000  # of the failed region, split over the two survivors
+    own_sessions_per_region: int = 2_000
+    prompt_tokens_min: int = 1_000
+    prompt_tokens_max: int = 6_000
+    turn_tokens: int = 600  # new tokens per live turn (user message + previous reply)
+    own_turns_per_s: float = 40.0  # per survivor, turns of existing (warm) conversations
+    new_conversations_per_s: float = 5.0  # per survivor, cold first prompts
+    moved_return_mean_s: float = 600.0  # a moved conversation's next turn: mean wait
+    tenants: int = 5
+    tick_s: float = 0.05
+    poll_s: float = 0.25
+    max_concurrent_replays: int = 2
+    horizon_max_s: float = 3_600.0
+
+
+@dataclass
+class Session:
+    conversation_id: str
+    tenant_id: str
+    salt: int
+    base: int
+    length: int
+    last_activity_ms: int
+    engine: int
+    keys: list[int] = field(default_factory=list)
+    had_live_turn: bool = False
+
+    def block_keys(self) -> list[int]:
+        """Extend the chained block keys to the current length (the same rule as sim_core)."""
+        keys = self.keys
+        parent = keys[-1] if keys else self.salt
+        for start in range(len(keys) * BLOCK_TOKENS, self.length - BLOCK_TOKENS + 1, BLOCK_TOKENS):
+            first = self.base + start
+            parent = hash((parent, *range(first, first + BLOCK_TOKENS)))
+            keys.append(parent)
+        return keys
+
+
+@dataclass
+class Region:
+    name: str
+    engines: list[PrefillServerModel]
+    own: list[Session]
+    moved: list[Session]
+    arrivals: random.Random
+    next_arrival_s: float = 0.0
+    scheduler: ReplayScheduler | None = None
+    controllers: list[CapacityController] = field(default_factory=list)
+    in_flight: dict[tuple[int, int], ReplayJob] = field(default_factory=dict)
+    live_tickets: dict[tuple[int, int], tuple[Session, bool, float]] = field(default_factory=dict)
+    ttft_own_s: list[tuple[float, float]] = field(default_factory=list)  # (arrival, ttft)
+    ttft_moved_s: list[tuple[float, float]] = field(default_factory=list)
+    replay_done_s: float = 0.0
+    replayed_computed_tokens: int = 0
+    replayed_jobs: int = 0
+    computed_at_done: int = 0  # all engines' computed tokens at the last replay completion
+
+
+def build_sessions(params: Params, rng: random.Random, prefix: str, count: int) -> list[Session]:
+    sessions = []
+    for i in range(count):
+        tenant = f"tenant-{rng.randrange(params.tenants)}"
+        length = rng.randint(params.prompt_tokens_min, params.prompt_tokens_max)
+        ago_ms = int(rng.uniform(0, 3_000) * 1000)
+        sessions.append(
+            Session(
+                f"{prefix}-{i}",
+                tenant,
+                salt_key(tenant),
+                (hash(prefix) & 0xFFFF) * 10**9 + i * 10**6,
+                length,
+                1_767_225_600_000 - ago_ms,
+                i % params.engines_per_region,
+            )
+        )
+    return sessions
+
+
+def build_region(
+    params: Params, name: str, index: int, with_replay: bool, clock: ManualClock
+) -> Region:
+    rng = random.Random(params.seed * 1000 + index)
+    config = SimEngineConfig(
+        params.prefill_tokens_per_s, params.cache_tokens, params.chunk_tokens, queue_max=100_000
+    )
+    engines = [PrefillServerModel(config) for _ in range(params.engines_per_region)]
+    own = build_sessions(params, rng, f"{name}-own", params.own_sessions_per_region)
+    for session in own:  # warm before the failure: their KV is in their engine's cache
+        engines[session.engine].cache.insert(session.block_keys())
+    moved = build_sessions(params, rng, f"r1-to-{name}", params.moved_sessions // 2)
+    region = Region(name, engines, own, moved, random.Random(params.seed * 7919 + index))
+    if with_replay:
+        region.scheduler = ReplayScheduler(SchedulerConfig(region=name), clock)
+        limits = OperatorLimits(0.0)
+        capacity = CapacityConfig(
+            capacity_tokens_per_s=params.prefill_tokens_per_s,
+            headroom=params.headroom,
+            max_concurrent_replays=params.max_concurrent_replays,
+        )
+        region.controllers = [CapacityController(capacity, clock, limits) for _ in engines]
+        region.scheduler.add_moved(
+            MovedConversation(
+                s.tenant_id, s.conversation_id, MODEL, s.last_activity_ms, s.length, 10
+            )
+            for s in moved
+        )
+    region.next_arrival_s = _next_gap(params, region)
+    return region
+
+
+def _rates(params: Params, region: Region) -> tuple[float, float, float]:
+    moved = len(region.moved) / params.moved_return_mean_s
+    return params.own_turns_per_s, params.new_conversations_per_s, moved
+
+
+def _next_gap(params: Params, region: Region) -> float:
+    return region.arrivals.expovariate(sum(_rates(params, region)))
+
+
+def live_arrival(params: Params, region: Region, now_s: float) -> None:
+    rng = region.arrivals
+    own_turns, new, moved = _rates(params, region)
+    pick = rng.random() * (own_turns + new + moved)
+    is_moved = pick >= own_turns + new
+    if is_moved:
+        session = rng.choice(region.moved)
+        session.length += params.turn_tokens
+    elif pick >= own_turns:  # a new conversation of this region: cold, then one of its own
+        (session,) = build_sessions(params, rng, f"{region.name}-new{len(region.own)}", 1)
+        session.engine = rng.randrange(params.engines_per_region)
+        region.own.append(session)
+    else:
+        session = rng.choice(region.own)
+        session.length += params.turn_tokens
+    session.had_live_turn = True
+    if region.scheduler is not None:
+        region.scheduler.mark_live(session.conversation_id)
+    engine = region.engines[session.engine]
+    ticket = engine.submit_blocks(session.block_keys()[:], session.length, 0, now_s)
+    region.live_tickets[(session.engine, ticket)] = (session, is_moved, now_s)
+    region.next_arrival_s = now_s + _next_gap(params, region)
+
+
+def on_completion(region: Region, engine_index: int, done: SimCompletion) -> None:
+    key = (engine_index, done.ticket)
+    live = region.live_tickets.pop(key, None)
+    if live is not None:
+        _, is_moved, arrival_s = live
+        (region.ttft_moved_s if is_moved else region.ttft_own_s).append((arrival_s, done.ttft_s))
+        return
+    job = region.in_flight.pop(key)
+    computed = done.prompt_tokens - done.cached_tokens
+    region.controllers[engine_index].release(computed)
+    region.replay_done_s = done.finish_s
+    region.computed_at_done = sum(e.computed_tokens_total for e in region.engines)
+    region.replayed_computed_tokens += computed
+    region.replayed_jobs += 1
+    assert region.scheduler is not None
+    region.scheduler.record_result(
+        ReplayResult(
+            job.job_id,
+            region.name,
+            job.tenant_id,
+            job.conversation_id,
+            MODEL,
+            "replayed",
+            f"w{engine_index}",
+            f"e{engine_index}",
+            done.prompt_tokens,
+            done.cached_tokens,
+            done.ttft_s * 1000,
+            0,
+        )
+    )
+
+
+def dispatch_replay(region: Region, sessions: dict[str, Session], now_s: float) -> None:
+    assert region.scheduler is not None
+    for index, controller in enumerate(region.controllers):
+
+        def grant(tokens: int, tenant: str, controller: CapacityController = controller) -> Grant:
+            return controller.try_acquire(tokens, tenant)
+
+        for job in region.scheduler.dispatch(
+            grant, max_jobs=controller.config.max_concurrent_replays
+        ):
+            session = sessions[job.conversation_id]
+            # queued jobs never had a live turn (mark_live drops them), so the router learns
+            # this conversation's KV affinity from where its replay ran
+            session.engine = index
+            engine = region.engines[index]
+            keys = session.block_keys()[:]  # a snapshot: the session's list grows later
+            ticket = engine.submit_blocks(keys, session.length, REPLAY_PRIORITY, now_s)
+            region.in_flight[(index, ticket)] = job
+
+
+def replay_finished(region: Region) -> bool:
+    assert region.scheduler is not None
+    return not region.in_flight and region.scheduler.snapshot().backlog_sessions == 0
+
+
+def simulate(params: Params, with_replay: bool, horizon_s: float | None) -> list[Region]:
+    """Run until replay is done (with replay) or until ``horizon_s`` (without)."""
+    clock = ManualClock()
+    regions = [
+        build_region(params, name, i, with_replay, clock) for i, name in enumerate(("r2", "r3"))
+    ]
+    sessions = {s.conversation_id: s for r in regions for s in r.moved}
+    next_tick_s = 0.0
+    next_poll_s = 0.0
+    end_s = horizon_s if horizon_s is not None else params.horizon_max_s
+    now_s = 0.0
+    while now_s < end_s:
+        candidates = [next_tick_s if with_replay else math.inf]
+        candidates += [r.next_arrival_s for r in regions]
+        candidates += [t for r in regions for e in r.engines if (t := e.next_event_s()) is not None]
+        now_s = min(candidates)
+        if now_s >= end_s:
+            break
+        clock.now_s = now_s
+        for region in regions:
+            for index, engine in enumerate(region.engines):
+                event_s = engine.next_event_s()
+                if event_s is not None and event_s <= now_s:
+                    engine.advance(now_s)
+                    for done in engine.pop_completed():
+                        on_completion(region, index, done)
+            if region.next_arrival_s <= now_s:
+                live_arrival(params, region, now_s)
+        if with_replay and next_tick_s <= now_s:
+            next_tick_s = now_s + params.tick_s
+            poll = next_poll_s <= now_s
+            if poll:
+                next_poll_s = now_s + params.poll_s
+            for region in regions:
+                for index, engine in enumerate(region.engines):
+                    engine.advance(now_s)
+                    for done in engine.pop_completed():
+                        on_completion(region, index, done)
+                    if poll:
+                        region.controllers[index].observe(engine.metrics())
+                dispatch_replay(region, sessions, now_s)
+            if horizon_s is None and all(replay_finished(r) for r in regions):
+                break
+    return regions
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return math.nan
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
+
+
+def ttfts_ms(regions: list[Region], until_s: float, own_only: bool = False) -> list[float]:
+    out = []
+    for region in regions:
+        samples = region.ttft_own_s if own_only else region.ttft_own_s + region.ttft_moved_s
+        out += [ttft * 1000 for arrival, ttft in samples if arrival <= until_s]
+    return out
+
+
+def bounds(params: Params, region: Region) -> tuple[float, float, float]:
+    """(makespan_s, bound_s, bound_no_headroom_s) of one region of the with-replay run."""
+    makespan_s = region.replay_done_s
+    live_computed = region.computed_at_done - region.replayed_computed_tokens
+    capacity = params.engines_per_region * params.prefill_tokens_per_s * makespan_s
+    spare_rate = (capacity * (1 - params.headroom) - live_computed) / makespan_s
+    idle_rate = (capacity - live_computed) / makespan_s
+    replayed = region.replayed_computed_tokens
+    return makespan_s, replayed / spare_rate, replayed / idle_rate
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    defaults = Params()
+    for name, value in vars(defaults).items():
+        parser.add_argument("--" + name.replace("_", "-"), type=type(value), default=value)
+    params = Params(**vars(parser.parse_args(argv)))
+
+    with_replay = simulate(params, with_replay=True, horizon_s=None)
+    per_region = [bounds(params, r) for r in with_replay]
+    makespan_s = max(m for m, _, _ in per_region)
+    horizon_s = makespan_s
+    without = simulate(params, with_replay=False, horizon_s=horizon_s)
+
+    print(
+        f"regions r2, r3 (r1 failed): {params.engines_per_region} simulated engines each, "
+        f"{params.prefill_tokens_per_s:.0f} prefill tokens/s per engine, headroom {params.headroom}"
+    )
+    for region, (m, b, b0) in zip(with_replay, per_region, strict=True):
+        snap = region.scheduler.snapshot() if region.scheduler else None
+        assert snap is not None
+        live = region.computed_at_done - region.replayed_computed_tokens
+        print(
+            f"  {region.name}: replayed {region.replayed_jobs} conversations, "
+            f"{region.replayed_computed_tokens} tokens; cancelled by a live turn "
+            f"{snap.cancelled_live_total}, expired {snap.expired_total}"
+        )
+        print(
+            f"      live computed tokens/s during replay {live / m:.0f}; "
+            f"makespan {m:.1f} s, bound {b:.1f} s (ratio {m / b:.3f}), "
+            f"no-headroom bound {b0:.1f} s"
+        )
+    rows = []
+    for label, regions in (("with replay", with_replay), ("without replay", without)):
+        all_ms = ttfts_ms(regions, horizon_s)
+        own_ms = ttfts_ms(regions, horizon_s, own_only=True)
+        rows.append((all_ms, own_ms))
+        print(
+            f"  live TTFT {label:15s} all: n={len(all_ms)} p50 {percentile(all_ms, 0.5):.1f} ms "
+            f"p99 {percentile(all_ms, 0.99):.1f} ms | own conversations: "
+            f"p50 {percentile(own_ms, 0.5):.1f} ms p99 {percentile(own_ms, 0.99):.1f} ms"
+        )
+    worst = max(per_region, key=lambda mb: mb[0] / mb[1])
+    result = {
+        "makespan_s": round(makespan_s, 2),
+        "bound_s": round(max(b for _, b, _ in per_region), 2),
+        "makespan_ratio": round(worst[0] / worst[1], 4),
+        "bound_no_headroom_s": round(max(b0 for _, _, b0 in per_region), 2),
+        "live_ttft_p99_ms_with_replay": round(percentile(rows[0][0], 0.99), 2),
+        "live_ttft_p99_ms_without_replay": round(percentile(rows[1][0], 0.99), 2),
+        "own_live_ttft_p99_ms_with_replay": round(percentile(rows[0][1], 0.99), 2),
+        "own_live_ttft_p99_ms_without_replay": round(percentile(rows[1][1], 0.99), 2),
+        "seed": params.seed,
+    }
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
