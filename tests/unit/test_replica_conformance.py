@@ -83,12 +83,11 @@ async def fill(
     assert reply == Accepted(last_lsn)
 
 
-@pytest.fixture
-async def replica(replica_opener: ReplicaOpener) -> ReplicaStore:
-    return await replica_opener()
-
-
 class ReplicaConformance:
+    @pytest.fixture
+    async def replica(self, replica_opener: ReplicaOpener) -> ReplicaStore:
+        return await replica_opener()
+
     # --- prepare -------------------------------------------------------------------------
 
     async def test_prepare_promises_higher_epochs_only(self, replica: ReplicaStore) -> None:

@@ -1,0 +1,132 @@
+"""The replica store on real PostgreSQL: the conformance suite, fencing between concurrent
+leader processes, and a server killed with SIGKILL in the middle of appends."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+
+from eventlog.errors import ReplicaUnavailable
+from eventlog.model import Accepted, AppendReply, LogEntry, Promised, Rejected
+from eventlog.stores import SqlReplicaStore, open_replica_store
+from services.localpg import PgInstance
+from tests.unit.test_replica_conformance import ReplicaConformance, ReplicaOpener, run
+
+pytestmark = pytest.mark.postgres
+
+
+@pytest.fixture
+async def replica_opener(pg_databases: list[str]) -> AsyncIterator[ReplicaOpener]:
+    async def make() -> SqlReplicaStore:
+        return await open_replica_store(pg_databases[0], "r1")
+
+    opener = ReplicaOpener(make)
+    yield opener
+    await opener.close_all()
+
+
+class TestPostgresConformance(ReplicaConformance):
+    """The whole suite of tests/unit/test_replica_conformance.py, on PostgreSQL."""
+
+
+async def test_lower_epoch_never_accepted_after_higher_prepare(pg_databases: list[str]) -> None:
+    """Two leader processes (two engines, two pools) share one database; the old one keeps
+    appending while the new one prepares. No append the old leader sends after the new prepare
+    returned may be accepted, on any shard."""
+    shards, rounds_max = 8, 400
+    old = await open_replica_store(pg_databases[0], "old-leader", batch_linger_ms=0)
+    new = await open_replica_store(pg_databases[0], "new-leader")
+    promised = {shard: asyncio.Event() for shard in range(shards)}
+    late_accepts: list[tuple[int, int]] = []
+    try:
+        for shard in range(shards):
+            assert isinstance(await old.prepare(shard, 1, 0), Promised)
+
+        async def old_leader(shard: int) -> None:
+            for r in range(rounds_max):
+                sent_after_promise = promised[shard].is_set()
+                reply = await old.append(shard, 1, r, 1 if r else 0, run(r + 1, r + 1, 1), r)
+                if isinstance(reply, Accepted) and sent_after_promise:
+                    late_accepts.append((shard, r))
+                if isinstance(reply, Rejected):
+                    assert reply.promised_epoch == 2
+                    return
+            raise AssertionError(f"shard {shard}: the old leader was never fenced")
+
+        async def new_leader(shard: int) -> None:
+            await asyncio.sleep(0.05 + shard * 0.01)  # let the old leader get going
+            assert isinstance(await new.prepare(shard, 2, 1000), Promised)
+            promised[shard].set()
+
+        await asyncio.gather(
+            *(old_leader(s) for s in range(shards)), *(new_leader(s) for s in range(shards))
+        )
+        assert late_accepts == []
+        for shard in range(shards):
+            status = await new.status(shard)
+            assert status.promised_epoch == 2 and status.last_lsn > 0
+    finally:
+        await old.close()
+        await new.close()
+
+
+async def test_killed_server_is_unavailable_then_recovers(
+    pg_instances: list[PgInstance], pg_databases: list[str]
+) -> None:
+    server, dsn = pg_instances[-1], pg_databases[-1]
+    store = await open_replica_store(dsn, "r1", statement_timeout_s=3.0, connect_timeout_s=2.0)
+    accepted: dict[int, list[LogEntry]] = {}
+    errors: list[BaseException] = []
+    enough = asyncio.Event()
+    shards = 16
+    try:
+
+        async def writer(shard: int) -> None:
+            assert isinstance(await store.prepare(shard, 1, 0), Promised)
+            lsn = 0
+            while True:
+                batch = run(lsn + 1, lsn + 2, 1, conversation=f"s{shard}")
+                try:
+                    reply = await store.append(shard, 1, lsn, 1 if lsn else 0, batch, lsn)
+                except ReplicaUnavailable as error:
+                    errors.append(error)
+                    return
+                assert reply == Accepted(lsn + 2)
+                accepted.setdefault(shard, []).extend(batch)
+                lsn += 2
+                if sum(len(v) for v in accepted.values()) >= 400:
+                    enough.set()
+
+        async def killer() -> None:
+            await enough.wait()
+            server.kill()
+
+        await asyncio.wait_for(asyncio.gather(*(writer(s) for s in range(shards)), killer()), 60)
+        assert len(errors) == shards  # every writer saw the crash as ReplicaUnavailable
+        assert all(isinstance(e.__cause__, BaseException) for e in errors)
+        with pytest.raises(ReplicaUnavailable):
+            await store.status(0)
+
+        await asyncio.to_thread(server.start)
+        reply = await _append_with_retries(store, accepted)
+        assert reply == Accepted(len(accepted[0]) + 1)
+        for shard, entries in accepted.items():
+            assert (await store.read_log(shard, 0, 10_000))[: len(entries)] == entries
+    finally:
+        await store.close()
+        if not server.running:
+            server.start()
+
+
+async def _append_with_retries(
+    store: SqlReplicaStore, accepted: dict[int, list[LogEntry]]
+) -> AppendReply:
+    last_lsn = len(accepted[0])
+    for _ in range(20):
+        try:
+            return await store.append(0, 1, last_lsn, 1, run(last_lsn + 1, last_lsn + 1, 1), 0)
+        except ReplicaUnavailable:
+            await asyncio.sleep(0.25)
+    raise AssertionError("the store did not recover after the server came back")
