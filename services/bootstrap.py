@@ -29,6 +29,8 @@ from eventlog.replica import ReplicaStore
 from eventlog.stores import open_replica_store
 from services.config import ClusterConfig, NodeSettings
 from services.controller import Controller
+from services.replay.service import ReplayService
+from services.replay.wiring import open_replay_service
 
 log = logging.getLogger("convplane.bootstrap")
 
@@ -45,6 +47,7 @@ class NodeRuntime:
     rng: random.Random
     readiness: Callable[[], tuple[int, int]]  # (shards placed here, shards led now)
     controller: Controller | None = None  # failure detection, placement, failover
+    replay: ReplayService | None = None  # KV replay of conversations whose shards moved here
 
 
 RuntimeFactory = Callable[[NodeSettings], AbstractAsyncContextManager[NodeRuntime]]
@@ -142,6 +145,10 @@ async def open_runtime(settings: NodeSettings) -> AsyncIterator[NodeRuntime]:
         node = build_log_node(settings, cluster, replicas, clock, rng)
         stack.push_async_callback(node.close)
         peers = await stack.enter_async_context(peer_client(settings))
+        # Replay listens to the node before the controller leads anything (moves are seen).
+        replay = await stack.enter_async_context(open_replay_service(
+            region=settings.region, shard_count=cluster.shard_count, config=cluster.replay,
+            node=node, replicas=replicas, clock=clock, rng=rng))
         # The controller leads the shards the committed placement (at first the static one,
         # place_shards) assigns here, follows failovers and failbacks, and sets leader hints.
         controller = Controller(settings=settings, cluster=cluster, node=node,
@@ -149,4 +156,4 @@ async def open_runtime(settings: NodeSettings) -> AsyncIterator[NodeRuntime]:
         await controller.start()
         stack.push_async_callback(controller.close)
         yield NodeRuntime(settings.region, cluster, node, peers, clock, rng,
-                          controller.readiness, controller)
+                          controller.readiness, controller, replay)

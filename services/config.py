@@ -17,6 +17,8 @@ from typing import Annotated
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from services.replay.config import ReplayConfig
+
 RegionName = Annotated[str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9-]{0,62}$")]
 Sha256Hex = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]
 
@@ -56,6 +58,11 @@ class ClusterConfig(BaseModel):
     write_quorum: int | None = Field(default=None, ge=1)
     tenants: list[TenantConfig] = Field(default_factory=list)
     default_model_revision: str = "default"
+    #: shared by the nodes: a forward carries it (X-Convplane-Peer-Auth) so the leader knows the
+    #: entry node charged the tenant. Absent: no forward is trusted (each hop is charged).
+    peer_secret: str | None = Field(default=None, min_length=32, max_length=256)
+    #: engines per region, replay window, limits, Kafka, service key (services.replay.config)
+    replay: ReplayConfig = Field(default_factory=ReplayConfig)
 
     @model_validator(mode="after")
     def _check(self) -> ClusterConfig:
@@ -102,8 +109,22 @@ class NodeSettings(BaseSettings):
     max_body_bytes: int = Field(default=256 * 1024, ge=1024)
     #: largest serialized ``metadata`` of a conversation
     max_metadata_bytes: int = Field(default=16 * 1024, ge=64)
-    #: requests under way in this node; beyond it the node answers 503 overloaded
+    #: the most /v1 requests under way in this node: the adaptive limit's ceiling
     max_in_flight: int = Field(default=512, ge=1)
+    #: admission (services.api.admission): the adaptive concurrency limit starts at
+    #: admission_limit_initial and stays within [admission_limit_min, max_in_flight] (both capped
+    #: at max_in_flight); latency up to admission_tolerance x the baseline (the minimum over
+    #: admission_baseline_window_s) counts as no queueing. Past the limit at most
+    #: admission_queue_max requests wait, each until its deadline; the rest get 503 overloaded.
+    #: Waiters are swept every admission_sweep_s.
+    admission_limit_initial: int = Field(default=32, ge=1)
+    admission_limit_min: int = Field(default=4, ge=1)
+    admission_tolerance: float = Field(default=2.0, ge=1.0)
+    admission_baseline_window_s: float = Field(default=60.0, gt=0.0)
+    admission_queue_max: int = Field(default=128, ge=0)
+    admission_sweep_s: float = Field(default=0.05, gt=0.0)
+    #: /peer requests (probes, placement) under way at once; beyond it 503
+    peer_in_flight_max: int = Field(default=64, ge=1)
     #: deadline of a request that sends no X-Convplane-Deadline-Ms
     default_deadline_ms: int = Field(default=10_000, ge=1)
     #: the longest deadline a caller may ask for

@@ -19,6 +19,8 @@ from services.api.middleware import EdgeMiddleware
 from services.api.routes import ops_router, router
 from services.bootstrap import RuntimeFactory, open_runtime
 from services.config import NodeSettings
+from services.replay.routes import replay_router
+from services.replay.wiring import install_replay
 
 DESCRIPTION = """\
 Public API of one convplane region node. Any region accepts any request and forwards it to the
@@ -56,7 +58,8 @@ def create_app(settings: NodeSettings, *, runtime_factory: RuntimeFactory | None
                 settings=settings,
                 cluster=runtime.cluster,
                 log=runtime.log,
-                tenants=Tenants(runtime.cluster.tenants, runtime.clock),
+                tenants=Tenants(runtime.cluster.tenants, runtime.clock,
+                                runtime.cluster.replay.service_api_key_sha256),
                 forwarder=forwarder,
                 metrics=metrics,
                 clock=runtime.clock,
@@ -64,6 +67,7 @@ def create_app(settings: NodeSettings, *, runtime_factory: RuntimeFactory | None
                 readiness=runtime.readiness,
             )
             app.state.controller = runtime.controller
+            install_replay(app, metrics.registry, runtime.replay)
             yield
 
     app = FastAPI(
@@ -77,6 +81,7 @@ def create_app(settings: NodeSettings, *, runtime_factory: RuntimeFactory | None
     app.include_router(ops_router)
     app.include_router(control_router)
     app.include_router(peer_router)
+    app.include_router(replay_router)
     app.add_middleware(
         EdgeMiddleware,
         region=settings.region,

@@ -36,10 +36,34 @@ class TokenBucket:
 
 
 class Tenants:
-    def __init__(self, tenants: list[TenantConfig], clock: Clock) -> None:
+    def __init__(
+        self, tenants: list[TenantConfig], clock: Clock, service_key_sha256: str | None = None
+    ) -> None:
         self._by_key_sha256 = {t.api_key_sha256: t for t in tenants}
+        self._by_id = {t.tenant_id: t for t in tenants}
         self._clock = clock
         self._buckets: dict[str, TokenBucket] = {}
+        #: the replay service key (cluster file ``replay.service_api_key_sha256``)
+        self._service_key_sha256 = service_key_sha256
+
+    def is_service_key(self, authorization: str | None) -> bool:
+        scheme, _, key = (authorization or "").partition(" ")
+        return (
+            self._service_key_sha256 is not None
+            and scheme.lower() == "bearer"
+            and 0 < len(authorization or "") <= API_KEY_LENGTH_MAX
+            and api_key_sha256(key.strip()) == self._service_key_sha256
+        )
+
+    def authenticate_read(self, authorization: str | None, on_behalf_of: str | None) -> TenantConfig:
+        """``authenticate``, or the service key reading for the tenant ``on_behalf_of`` names
+        (``X-Convplane-Tenant``; replay workers read transcripts this way)."""
+        if not self.is_service_key(authorization):
+            return self.authenticate(authorization)
+        tenant = self._by_id.get(on_behalf_of or "")
+        if tenant is None:
+            raise Unauthorized("the service key reads on behalf of a known X-Convplane-Tenant")
+        return tenant
 
     def authenticate(self, authorization: str | None) -> TenantConfig:
         if not authorization or len(authorization) > API_KEY_LENGTH_MAX:

@@ -15,7 +15,8 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from eventlog.errors import InvalidRequest
 from services.api import schemas
-from services.api.context import RequestContext, api_state, request_context
+from services.api.context import RequestContext, _deadline_s, api_state, request_context
+from services.api.forwarding import FORWARDED_HEADER
 
 IDEMPOTENCY_KEY_RE = re.compile(r"[\x20-\x7e]{1,255}")
 ATTEMPT_ID_MAX = 255
@@ -37,6 +38,23 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
 
 router = APIRouter(prefix="/v1", responses=_ERRORS)
 Context = Annotated[RequestContext, Depends(request_context)]
+TENANT_HEADER = "X-Convplane-Tenant"
+
+
+async def read_context(request: Request) -> RequestContext:
+    """``request_context`` for reads, which the replay service key may also make on behalf of
+    the tenant named in ``X-Convplane-Tenant`` (not charged to the tenant's quota: replay reads
+    are paced by the replay service's own limits)."""
+    api = api_state(request)
+    authorization = request.headers.get("authorization")
+    if not api.tenants.is_service_key(authorization):
+        return await request_context(request)
+    tenant = api.tenants.authenticate_read(authorization, request.headers.get(TENANT_HEADER))
+    forwarded = request.headers.get(FORWARDED_HEADER) is not None
+    return RequestContext(api, request, tenant, _deadline_s(api, request), forwarded)
+
+
+ReadContext = Annotated[RequestContext, Depends(read_context)]
 ConversationIdPath = Annotated[str, Path(min_length=1, max_length=128, pattern=schemas.ID_PATTERN)]
 AttemptIdPath = Annotated[
     str, Path(min_length=1, max_length=ATTEMPT_ID_MAX, pattern=schemas.ID_PATTERN)
@@ -114,7 +132,7 @@ async def append_event(
 
 
 @router.get("/conversations/{conversation_id}", response_model=schemas.Conversation)
-async def get_conversation(ctx: Context, conversation_id: ConversationIdPath) -> Any:
+async def get_conversation(ctx: ReadContext, conversation_id: ConversationIdPath) -> Any:
     result = await ctx.run(
         lambda: ctx.api.log.get_conversation(ctx.tenant.tenant_id, conversation_id),
         is_write=False,
@@ -126,7 +144,7 @@ async def get_conversation(ctx: Context, conversation_id: ConversationIdPath) ->
 
 @router.get("/conversations/{conversation_id}/events", response_model=schemas.EventPage)
 async def list_events(
-    ctx: Context,
+    ctx: ReadContext,
     conversation_id: ConversationIdPath,
     after_seq: Annotated[int, Query(ge=0, le=schemas.JSON_INT_MAX)] = 0,
     limit: Annotated[int, Query(ge=1, le=schemas.EVENTS_PAGE_MAX)] = 100,

@@ -1,0 +1,68 @@
+"""Replay settings in the cluster file (``ClusterConfig.replay``): engines per region, the replay
+window, headroom, operator rate limits, Kafka (optional) and the service API key.
+
+Without ``kafka_bootstrap_servers`` every node runs its region's replay workers in process (one
+per configured engine) on the in-process job bus; with it, jobs go to Kafka and external
+``convplane worker`` processes (one per engine) take them.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
+
+Sha256Hex = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]
+
+
+class EngineConfig(BaseModel):
+    """One inference engine (a vLLM replica, or the simulator) of a region."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    url: str = Field(description="base URL of the engine's OpenAI-compatible server")
+    model_revision: str = Field(min_length=1, description="the revision it serves (= model id)")
+    capacity_tokens_per_s: float = Field(default=20_000.0, gt=0.0)
+    #: names the engine in results and affinity; default ``<region>-e<index>``
+    engine_id: str | None = None
+
+
+class ReplayConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    engines: dict[str, list[EngineConfig]] = Field(default_factory=dict)  # region -> engines
+    #: conversations active within this window are replayed when their shard moves
+    replay_window_s: float = Field(default=3600.0, gt=0.0)
+    job_ttl_s: float = Field(default=1800.0, gt=0.0)
+    #: fraction of each engine's capacity never given to replay
+    headroom: float = Field(default=0.1, ge=0.0, lt=1.0)
+    #: operator caps (tokens/s): the whole region, one tenant (default and per tenant)
+    region_tokens_per_s: float | None = Field(default=None, gt=0.0)
+    tenant_default_tokens_per_s: float | None = Field(default=None, gt=0.0)
+    tenant_tokens_per_s: dict[str, float] = Field(default_factory=dict)
+    tenant_weights: dict[str, float] = Field(default_factory=dict)
+    #: replays in flight per worker (= per engine)
+    worker_concurrency: int = Field(default=2, ge=1, le=64)
+    backlog_max: int = Field(default=200_000, ge=1)
+    #: conversations listed per moved shard (the replica lists most recent first)
+    conversations_per_shard_max: int = Field(default=5_000, ge=1)
+    #: KV affinities remembered by a node (LRU)
+    affinity_max: int = Field(default=100_000, ge=1)
+    kafka_bootstrap_servers: str | None = None
+    #: the key replay workers present to read transcripts on behalf of a tenant
+    #: (``X-Convplane-Tenant``); also the operator key for ``POST /v1/replays``
+    service_api_key_sha256: Sha256Hex | None = None
+
+    @model_validator(mode="after")
+    def _check(self) -> ReplayConfig:
+        if any(w <= 0 for w in self.tenant_weights.values()):
+            raise ValueError("tenant weights must be > 0")
+        if any(r <= 0 for r in self.tenant_tokens_per_s.values()):
+            raise ValueError("tenant rates must be > 0")
+        return self
+
+    def region_engines(self, region: str) -> list[tuple[str, EngineConfig]]:
+        """The region's engines with their ids."""
+        return [
+            (e.engine_id or f"{region}-e{i}", e) for i, e in enumerate(self.engines.get(region, []))
+        ]

@@ -1,0 +1,152 @@
+"""What to replay: summaries of a moved shard's conversations, read from the replica the shard's
+leader reads from (the one known to hold everything committed), bounded in count and time.
+
+* ``moved_conversations(shard)``: ``list_conversations`` (active within the replay window, most
+  recent first, at most ``conversations_per_shard_max``) and, per conversation, its
+  ``conversation.created`` entry (seq 0) for the model revision it is pinned to: one small read
+  each, ``lookups_max`` at a time, instead of loading every transcript into the leader's state.
+* ``conversation(conversation_id)``: one conversation (operator request), paged through its
+  entries to sum its tokens.
+
+Both raise ``NotLeader`` when this node does not lead the shard, and ``ReplicaUnavailable`` (or
+the store's own ``ConvplaneError``) when the replica does not answer within ``timeout_s``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Awaitable, Mapping
+from dataclasses import dataclass
+from typing import TypeVar
+
+from eventlog.clock import Clock
+from eventlog.errors import NotFound, NotLeader, ReplicaUnavailable
+from eventlog.leader import ShardLeader
+from eventlog.model import CONVERSATION_CREATED, ConversationSummary, LogEntry
+from eventlog.node import LogNode
+from eventlog.replica import ReplicaStore
+from replay.scheduler import MovedConversation
+
+log = logging.getLogger("convplane.replay.planner")
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class PlannerLimits:
+    replay_window_s: float
+    conversations_per_shard_max: int
+    lookups_max: int = 8  # revision lookups in flight
+    timeout_s: float = 5.0  # one replica call
+    page_entries: int = 500  # one page of a conversation's entries (operator requests)
+    entries_max: int = 100_000  # longest conversation an operator replay reads
+
+
+class ShardPlanner:
+    def __init__(
+        self,
+        node: LogNode,
+        replicas: Mapping[str, ReplicaStore],
+        clock: Clock,
+        limits: PlannerLimits,
+    ) -> None:
+        self.node = node
+        self._replicas = dict(replicas)
+        self._clock = clock
+        self._limits = limits
+        self.truncated_shards_total = 0  # listings that hit conversations_per_shard_max
+        self.lookup_failures_total = 0
+
+    def _leader(self, shard: int) -> ShardLeader:
+        leader = self.node.leader(shard)
+        if leader is None or not leader.serving:
+            raise NotLeader(f"{self.node.region} does not lead shard {shard}", shard=shard)
+        return leader
+
+    async def moved_conversations(self, shard: int) -> list[MovedConversation]:
+        leader = self._leader(shard)
+        commit_lsn = leader.commit_lsn
+        store = self._replicas[leader.read_source()]
+        since_ms = self._clock.wall_ms() - int(self._limits.replay_window_s * 1000)
+        limit = self._limits.conversations_per_shard_max
+        summaries = await self._bounded(
+            store.list_conversations(shard, since_ms, commit_lsn, limit), "list conversations"
+        )
+        if len(summaries) >= limit:
+            self.truncated_shards_total += 1
+            log.warning(
+                "shard %d: more than %d active conversations; replaying the %d most recent",
+                shard,
+                limit,
+                limit,
+            )
+        gate = asyncio.Semaphore(self._limits.lookups_max)
+
+        async def one(summary: ConversationSummary) -> MovedConversation | None:
+            async with gate:
+                try:
+                    revision = await self._revision(store, shard, summary, commit_lsn)
+                except (ReplicaUnavailable, NotFound) as exc:
+                    self.lookup_failures_total += 1
+                    log.warning("%s: no model revision: %s", summary.conversation_id, exc)
+                    return None
+            return MovedConversation(
+                tenant_id=summary.tenant_id,
+                conversation_id=summary.conversation_id,
+                model_revision=revision,
+                last_activity_ms=summary.last_activity_ms,
+                estimated_prompt_tokens=summary.token_count,
+                through_seq=summary.last_seq,
+            )
+
+        moved = await asyncio.gather(*(one(s) for s in summaries))
+        return [m for m in moved if m is not None]
+
+    async def conversation(self, conversation_id: str) -> MovedConversation:
+        shard = self.node.shard_of(conversation_id)
+        leader = self._leader(shard)
+        commit_lsn = leader.commit_lsn
+        store = self._replicas[leader.read_source()]
+        entries: list[LogEntry] = []
+        after_seq = -1
+        while len(entries) < self._limits.entries_max:
+            page = await self._bounded(
+                store.read_conversation(
+                    shard, conversation_id, after_seq, self._limits.page_entries, commit_lsn
+                ),
+                "read conversation",
+            )
+            entries.extend(page)
+            if len(page) < self._limits.page_entries:
+                break
+            after_seq = page[-1].seq
+        if not entries or entries[0].event_type != CONVERSATION_CREATED:
+            raise NotFound(f"no conversation {conversation_id!r}")
+        return MovedConversation(
+            tenant_id=entries[0].tenant_id,
+            conversation_id=conversation_id,
+            model_revision=str(json.loads(entries[0].body)["model_revision"]),
+            last_activity_ms=entries[-1].created_at_ms,
+            estimated_prompt_tokens=sum(e.token_count for e in entries),
+            through_seq=entries[-1].seq,
+        )
+
+    async def _revision(
+        self, store: ReplicaStore, shard: int, summary: ConversationSummary, commit_lsn: int
+    ) -> str:
+        first = await self._bounded(
+            store.read_conversation(shard, summary.conversation_id, -1, 1, commit_lsn),
+            "read conversation.created",
+        )
+        if not first or first[0].event_type != CONVERSATION_CREATED:
+            raise NotFound(f"conversation {summary.conversation_id!r} has no created entry")
+        return str(json.loads(first[0].body)["model_revision"])
+
+    async def _bounded(self, awaitable: Awaitable[T], what: str) -> T:
+        try:
+            return await asyncio.wait_for(awaitable, self._limits.timeout_s)
+        except TimeoutError as exc:
+            raise ReplicaUnavailable(
+                f"{what}: replica did not answer in {self._limits.timeout_s}s"
+            ) from exc

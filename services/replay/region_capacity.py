@@ -1,0 +1,143 @@
+"""Spare prefill capacity of a region's engines, for the replay dispatcher and the workers.
+
+One scrape of each engine's ``/metrics`` per interval feeds two kinds of
+``replay.capacity.CapacityController``:
+
+* **per engine** (``engine_controllers``): the spare gate of that engine's worker (embedded
+  mode) and the per-engine live demand metric;
+* **region** (``region``): capacity = the sum of the engines' capacities, fed with the sum of
+  their counters, with the operator's region and tenant limits. The dispatcher takes a grant per
+  job from it before publishing, and gives the grant back when the job's result arrives (or its
+  deadline passed), so jobs reach the bus only as fast as the region has spare, and at most
+  ``engines x worker_concurrency`` are on the bus or running at once.
+
+``CapacityPoller`` polls one engine into one controller; a region needs one scrape fanned out to
+two controllers, hence this adapter. A failed scrape reuses the engine's last snapshot in the
+region's sum (its counters just do not move); after ``stale_after_s`` without any successful
+scrape the controllers read a spare of 0. Scrapes run under ``timeout_s``; when all fail, the
+next poll backs off (doubling, jittered from the injected rng, at most ``backoff_max_s``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from eventlog.clock import Clock
+from replay.capacity import (
+    CapacityConfig,
+    CapacityController,
+    Grant,
+    OperatorLimits,
+    SpareEstimator,
+)
+from replay.engines.base import EngineUnavailable, InferenceEngine
+from replay.model import EngineMetrics
+from services.replay.config import ReplayConfig
+
+
+@dataclass(frozen=True, slots=True)
+class PollSettings:
+    interval_s: float = 0.25
+    timeout_s: float = 1.0
+    backoff_max_s: float = 5.0
+
+
+def _sum(snapshots: Sequence[EngineMetrics]) -> EngineMetrics:
+    return EngineMetrics(
+        prompt_tokens_total=sum(m.prompt_tokens_total for m in snapshots),
+        generation_tokens_total=sum(m.generation_tokens_total for m in snapshots),
+        num_requests_running=sum(m.num_requests_running for m in snapshots),
+        num_requests_waiting=sum(m.num_requests_waiting for m in snapshots),
+        prefix_cache_queries_total=sum(m.prefix_cache_queries_total for m in snapshots),
+        prefix_cache_hits_total=sum(m.prefix_cache_hits_total for m in snapshots),
+    )
+
+
+class RegionCapacity:
+    def __init__(
+        self,
+        engines: Sequence[tuple[InferenceEngine, float]],  # (engine, capacity tokens/s)
+        config: ReplayConfig,
+        clock: Clock,
+        rng: random.Random,
+        poll: PollSettings | None = None,
+    ) -> None:
+        self._engines = [engine for engine, _ in engines]
+        self._clock = clock
+        self._rng = rng
+        self._poll = poll or PollSettings()
+        concurrency = config.worker_concurrency
+        self.engine_controllers: dict[str, CapacityController] = {
+            engine.engine_id: CapacityController(
+                CapacityConfig(capacity, config.headroom, max_concurrent_replays=concurrency),
+                clock,
+            )
+            for engine, capacity in engines
+        }
+        limits = OperatorLimits(
+            clock.monotonic(),
+            region_tokens_per_s=config.region_tokens_per_s,
+            tenant_tokens_per_s=config.tenant_tokens_per_s,
+            tenant_default_tokens_per_s=config.tenant_default_tokens_per_s,
+        )
+        total_tokens_per_s = sum(capacity for _, capacity in engines) or 1.0
+        self.region = CapacityController(
+            CapacityConfig(
+                total_tokens_per_s,
+                config.headroom,
+                max_concurrent_replays=max(1, len(engines) * concurrency),
+            ),
+            clock,
+            limits,
+        )
+        self._last: dict[str, EngineMetrics] = {}
+        self._members: frozenset[str] = frozenset()
+        self.scrape_failures_total = 0
+
+    def try_acquire(self, tokens: int, tenant: str) -> Grant:
+        return self.region.try_acquire(tokens, tenant)
+
+    def release(self, computed_tokens: int | None) -> None:
+        self.region.release(computed_tokens)
+
+    async def poll_once(self) -> int:
+        """Scrape every engine once; returns how many answered."""
+        replies = await asyncio.gather(*(self._scrape(e) for e in self._engines))
+        answered = 0
+        for engine, metrics in zip(self._engines, replies, strict=True):
+            if metrics is None:
+                continue
+            answered += 1
+            self._last[engine.engine_id] = metrics
+            self.engine_controllers[engine.engine_id].observe(metrics)
+        if answered:
+            members = frozenset(self._last)
+            if members != self._members:
+                # an engine joined the sum: its whole counter would read as one burst of live
+                # demand, so the region's estimate starts over from this snapshot
+                self._members = members
+                self.region.estimator = SpareEstimator(self.region.config)
+            self.region.observe(_sum(list(self._last.values())))
+        return answered
+
+    async def _scrape(self, engine: InferenceEngine) -> EngineMetrics | None:
+        try:
+            async with asyncio.timeout(self._poll.timeout_s):
+                return await engine.metrics()
+        except (TimeoutError, EngineUnavailable):
+            self.scrape_failures_total += 1
+            return None
+
+    async def run(self) -> None:
+        delay_s = self._poll.interval_s
+        while True:
+            if not self._engines:
+                return
+            if await self.poll_once():
+                delay_s = self._poll.interval_s
+            else:
+                delay_s = min(self._poll.backoff_max_s, delay_s * 2)
+            await self._clock.sleep(delay_s * (0.75 + 0.5 * self._rng.random()))

@@ -1,0 +1,120 @@
+"""Routes of the replay service.
+
+* ``GET /v1/replays``: this region's replay status (backlog, counters, spare, engines, workers);
+  any authenticated caller (tenant or service key).
+* ``POST /v1/replays``: operator (service key only): replay ``{"conversation_ids": [...]}``
+  (each must be led by this region; the answer says, per id) or ``{"shard": n}`` (must be led
+  here: 503 ``not_led_here`` names the leader otherwise).
+* ``GET /v1/conversations/{id}/affinity``: the worker and engine whose KV for the conversation
+  was last rebuilt by replay (``worker`` null when none is known), answered by the region that
+  leads the conversation's shard (other regions forward). A tenant sees only its own.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Path, Request
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from eventlog.errors import InvalidRequest, NotLeader, Unauthorized, Unavailable
+from services.api import schemas
+from services.api.context import RequestContext, api_state, request_context
+from services.replay.service import ReplayService
+
+replay_router = APIRouter(prefix="/v1")
+Context = Annotated[RequestContext, Depends(request_context)]
+ConversationIdPath = Annotated[str, Path(min_length=1, max_length=128, pattern=schemas.ID_PATTERN)]
+REPLAY_IDS_MAX = 1000
+
+
+class ReplayRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    conversation_ids: list[schemas.ConversationId] | None = Field(
+        default=None, max_length=REPLAY_IDS_MAX
+    )
+    shard: int | None = Field(default=None, ge=0)
+
+    @model_validator(mode="after")
+    def _one(self) -> ReplayRequest:
+        if (self.conversation_ids is None) == (self.shard is None):
+            raise ValueError("give either conversation_ids or shard")
+        return self
+
+
+def _service(request: Request) -> ReplayService:
+    service = getattr(request.app.state, "replay", None)
+    if not isinstance(service, ReplayService):
+        raise Unavailable("replay is not running on this node")
+    return service
+
+
+def _operator(request: Request) -> None:
+    if not api_state(request).tenants.is_service_key(request.headers.get("authorization")):
+        raise Unauthorized("replay operations need the service API key")
+
+
+@replay_router.get("/replays")
+async def replay_status(request: Request) -> dict[str, Any]:
+    tenants = api_state(request).tenants
+    authorization = request.headers.get("authorization")
+    if not tenants.is_service_key(authorization):
+        tenants.authenticate(authorization)
+    return _service(request).status()
+
+
+@replay_router.post("/replays", status_code=202)
+async def request_replay(request: Request, body: ReplayRequest) -> dict[str, Any]:
+    _operator(request)
+    service = _service(request)
+    if body.shard is not None:
+        if body.shard >= service.shard_count:
+            raise InvalidRequest(f"shard must be < {service.shard_count}")
+        report = await service.replay_shard(body.shard)
+        return {"shard": body.shard, "accepted": report.accepted,
+                "outside_window": report.outside_window, "rejected_full": report.rejected_full,
+                "superseded": report.superseded}  # fmt: skip
+    return {"conversations": await service.replay_conversations(body.conversation_ids or [])}
+
+
+def affinity_body(request: Request, tenant_id: str, conversation_id: str) -> dict[str, Any] | None:
+    """The ``worker`` object of ``/route`` and ``/affinity`` (None: no warm engine known)."""
+    service = getattr(request.app.state, "replay", None)
+    if not isinstance(service, ReplayService):
+        return None
+    affinity = service.affinity_of(conversation_id)
+    if affinity is None or affinity.tenant_id != tenant_id:
+        return None
+    return {
+        "worker_id": affinity.worker_id,
+        "engine_id": affinity.engine_id,
+        "engine_url": service.engine_urls.get(affinity.engine_id),
+        "model_revision": affinity.model_revision,
+        "warm_since": schemas.iso_utc(affinity.warm_since_ms),
+        "prompt_tokens": affinity.prompt_tokens,
+    }
+
+
+@replay_router.get("/conversations/{conversation_id}/affinity")
+async def get_affinity(ctx: Context, conversation_id: ConversationIdPath) -> Any:
+    service = _service(ctx.request)
+    node = service.planner.node
+    shard = node.shard_of(conversation_id)
+
+    async def locate() -> dict[str, Any]:
+        if not node.leads(shard):
+            controller = getattr(ctx.request.app.state, "controller", None)
+            owner = None if controller is None else controller.placement().assignment.get(shard)
+            raise NotLeader(
+                f"{service.region} does not lead shard {shard}", shard=shard,
+                leader_region=owner, retry_after_s=0.5,
+            )  # fmt: skip
+        return {
+            "conversation_id": conversation_id,
+            "region": service.region,
+            "shard": shard,
+            "worker": affinity_body(ctx.request, ctx.tenant.tenant_id, conversation_id),
+        }
+
+    return await ctx.run(locate, is_write=False)

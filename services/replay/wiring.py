@@ -1,0 +1,147 @@
+"""Building the replay service of one node (called from ``services.bootstrap.open_runtime``) and
+installing its routes' state and metrics on the API app (called from the app's lifespan)."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import AsyncIterator, Mapping
+from contextlib import AsyncExitStack, asynccontextmanager
+from typing import TYPE_CHECKING
+
+from eventlog.clock import Clock
+from eventlog.node import LogNode
+from eventlog.replica import ReplicaStore
+from replay.bus.memory import InProcessJobBus
+from replay.bus.port import JobBus
+from replay.engines.base import InferenceEngine
+from replay.engines.vllm_http import VllmHttpEngine
+from replay.worker import ReplayWorker, WorkerSettings
+from services.replay.config import ReplayConfig
+from services.replay.planner import PlannerLimits, ShardPlanner
+from services.replay.region_capacity import RegionCapacity
+from services.replay.service import ReplayService, ServiceLimits
+from services.replay.transcripts import LogTranscriptSource
+
+if TYPE_CHECKING:
+    from fastapi import FastAPI
+    from prometheus_client import CollectorRegistry
+
+
+def _bus(region: str, config: ReplayConfig) -> tuple[JobBus, str]:
+    if config.kafka_bootstrap_servers:
+        from replay.bus.kafka import KafkaBusSettings, KafkaJobBus
+
+        settings = KafkaBusSettings(
+            config.kafka_bootstrap_servers, client_id=f"convplane-node-{region}"
+        )
+        return KafkaJobBus(settings, regions=[region]), "kafka"
+    return InProcessJobBus(jobs_max_per_region=10_000, results_max=10_000), "embedded"
+
+
+def build_replay_service(
+    *,
+    region: str,
+    shard_count: int,
+    config: ReplayConfig,
+    node: LogNode,
+    replicas: Mapping[str, ReplicaStore],
+    clock: Clock,
+    rng: random.Random,
+    engines: Mapping[str, InferenceEngine],
+    bus: JobBus,
+    mode: str,
+    limits: ServiceLimits | None = None,
+) -> ReplayService:
+    """The service over given engines and bus (tests pass fakes; ``open_replay_service`` real
+    ones). In embedded mode each engine gets an in-process worker gated by its own spare."""
+    from services.cli.worker import CapacityGate
+
+    configured = dict(config.region_engines(region))
+    capacity = RegionCapacity(
+        [(e, configured[i].capacity_tokens_per_s) for i, e in engines.items()],
+        config,
+        clock,
+        rng,
+    )
+    planner = ShardPlanner(
+        node,
+        replicas,
+        clock,
+        PlannerLimits(config.replay_window_s, config.conversations_per_shard_max),
+    )
+    service_limits = limits or ServiceLimits()
+    workers = []
+    if mode == "embedded":
+        transcripts = LogTranscriptSource(node)
+        for engine_id, engine in engines.items():
+            workers.append(
+                ReplayWorker(
+                    f"{region}-w-{engine_id}",
+                    region,
+                    bus,
+                    engine,
+                    transcripts,
+                    CapacityGate(capacity.engine_controllers[engine_id]),
+                    clock,
+                    random.Random(rng.getrandbits(64)),
+                    WorkerSettings(
+                        concurrency=config.worker_concurrency,
+                        drain_timeout_s=service_limits.worker_drain_timeout_s,
+                    ),
+                )
+            )
+    return ReplayService(
+        region=region,
+        shard_count=shard_count,
+        config=config,
+        planner=planner,
+        bus=bus,
+        capacity=capacity,
+        clock=clock,
+        rng=rng,
+        workers=workers,
+        engine_urls={i: configured[i].url for i in engines},
+        mode=mode,
+        limits=service_limits,
+    )
+
+
+@asynccontextmanager
+async def open_replay_service(
+    *,
+    region: str,
+    shard_count: int,
+    config: ReplayConfig,
+    node: LogNode,
+    replicas: Mapping[str, ReplicaStore],
+    clock: Clock,
+    rng: random.Random,
+) -> AsyncIterator[ReplayService]:
+    """Engines (vLLM HTTP adapters, also for the simulator), bus, workers; listens to ``node``.
+    Closes workers, loops, bus and engines on exit."""
+    async with AsyncExitStack() as stack:
+        engines: dict[str, InferenceEngine] = {}
+        for engine_id, engine_config in config.region_engines(region):
+            engine = VllmHttpEngine(engine_id, engine_config.url, engine_config.model_revision)
+            stack.push_async_callback(engine.aclose)
+            engines[engine_id] = engine
+        bus, mode = _bus(region, config)
+        service = build_replay_service(
+            region=region, shard_count=shard_count, config=config, node=node, replicas=replicas,
+            clock=clock, rng=rng, engines=engines, bus=bus, mode=mode,
+        )  # fmt: skip
+        node.add_listener(service)
+        service.start()
+        stack.push_async_callback(service.close)
+        yield service
+
+
+def install_replay(
+    app: FastAPI, registry: CollectorRegistry, service: ReplayService | None
+) -> None:
+    """Make the service reachable from the replay routes and export its metrics."""
+    from services.replay.metrics import ReplayCollector
+
+    app.state.replay = service
+    if service is not None:
+        registry.register(ReplayCollector(service))
