@@ -9,6 +9,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
+from services.api.admission import NodeAdmission
 from services.api.auth import Tenants
 from services.api.context import ApiState
 from services.api.control_routes import control_router, peer_router
@@ -33,12 +34,16 @@ region leading the conversation's shard (`X-Convplane-Served-By` names who serve
 * An idempotent retry of an append that committed answers **200** with the original body and
   `Idempotent-Replayed: true` (a fresh append answers 201).
 * Errors: `{"error": {"code", "message", "retryable"}}`; 429 and 503 carry `Retry-After`.
+* Admission, before any work: a tenant over its quota gets 429 `quota_exceeded`; a region at its
+  (adaptive) concurrency limit with a full queue, or a request queued past its deadline, gets
+  503 `overloaded`; a deadline that already passed gets 504 `deadline_exceeded`.
 """
 
 
 def create_app(settings: NodeSettings, *, runtime_factory: RuntimeFactory | None = None) -> FastAPI:
     factory = runtime_factory or open_runtime
     metrics = Metrics()
+    admission = NodeAdmission(metrics)  # opened in the lifespan, with the runtime's clock
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -52,6 +57,7 @@ def create_app(settings: NodeSettings, *, runtime_factory: RuntimeFactory | None
                 metrics=metrics,
                 retries_max=settings.forward_retries_max,
                 backoff_s=settings.forward_backoff_s,
+                peer_secret=runtime.cluster.peer_secret,
             )
             app.state.api = ApiState(
                 region=settings.region,
@@ -68,7 +74,12 @@ def create_app(settings: NodeSettings, *, runtime_factory: RuntimeFactory | None
             )
             app.state.controller = runtime.controller
             install_replay(app, metrics.registry, runtime.replay)
-            yield
+            admission.open(settings=settings, cluster=runtime.cluster,
+                           tenants=app.state.api.tenants, clock=runtime.clock)
+            try:
+                yield
+            finally:
+                await admission.close()
 
     app = FastAPI(
         title=f"convplane region node ({settings.region})",
@@ -87,7 +98,7 @@ def create_app(settings: NodeSettings, *, runtime_factory: RuntimeFactory | None
         region=settings.region,
         metrics=metrics,
         max_body_bytes=settings.max_body_bytes,
-        max_in_flight=settings.max_in_flight,
+        admission=admission,
         retry_after_s=settings.retry_after_default_s,
     )
     return app

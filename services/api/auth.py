@@ -1,38 +1,18 @@
-"""API keys and per-tenant quotas.
+"""API keys.
 
-Keys are compared as sha256 hex (the cluster file never holds a key in clear). Quotas are token
-buckets (rate ``requests_per_s``, capacity ``burst``) on the injected clock; a request over quota
-gets 429 with the seconds until a token is back. Requests forwarded by a peer were charged where
-they entered, so they are not charged again.
+Keys are compared as sha256 hex (the cluster file never holds a key in clear). Per-tenant quotas
+(``requests_per_s``, ``burst``) are enforced by admission (``services.api.admission``), before a
+request does any work, and only at the node where it entered (a forward with a valid peer secret
+is not charged again).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from eventlog.clock import Clock
-from eventlog.errors import QuotaExceeded, Unauthorized
+from eventlog.errors import Unauthorized
 from services.config import TenantConfig, api_key_sha256
 
 API_KEY_LENGTH_MAX = 512
-
-
-@dataclass
-class TokenBucket:
-    rate_per_s: float
-    capacity: float
-    tokens: float
-    updated_s: float
-
-    def take(self, now_s: float) -> float:
-        """Take one token; returns 0.0 when taken, else the seconds until one is available."""
-        elapsed_s = max(0.0, now_s - self.updated_s)
-        self.tokens = min(self.capacity, self.tokens + elapsed_s * self.rate_per_s)
-        self.updated_s = now_s
-        if self.tokens >= 1.0:
-            self.tokens -= 1.0
-            return 0.0
-        return (1.0 - self.tokens) / self.rate_per_s
 
 
 class Tenants:
@@ -42,7 +22,6 @@ class Tenants:
         self._by_key_sha256 = {t.api_key_sha256: t for t in tenants}
         self._by_id = {t.tenant_id: t for t in tenants}
         self._clock = clock
-        self._buckets: dict[str, TokenBucket] = {}
         #: the replay service key (cluster file ``replay.service_api_key_sha256``)
         self._service_key_sha256 = service_key_sha256
 
@@ -78,14 +57,5 @@ class Tenants:
         return tenant
 
     def charge(self, tenant: TenantConfig) -> None:
-        now_s = self._clock.monotonic()
-        bucket = self._buckets.get(tenant.tenant_id)
-        if bucket is None:
-            bucket = TokenBucket(tenant.requests_per_s, float(tenant.burst), tenant.burst, now_s)
-            self._buckets[tenant.tenant_id] = bucket
-        wait_s = bucket.take(now_s)
-        if wait_s > 0.0:
-            raise QuotaExceeded(
-                f"tenant {tenant.tenant_id} is over its quota of {tenant.requests_per_s:g}/s",
-                retry_after_s=wait_s,
-            )
+        """Nothing: admission charged the tenant before the request did any work. Kept until
+        ``services.api.context.request_context`` stops calling it."""

@@ -5,6 +5,9 @@ answers 503 instead), so a stale leader hint cannot make requests circle. The ca
 deadline travels in ``X-Convplane-Deadline-Ms`` and bounds the whole forward. A peer that could
 not be reached at all (connection refused) is retried under a small budget with jittered
 backoff; any other failure of a write after it was sent means its outcome is unknown.
+
+Every forward carries ``X-Convplane-Peer-Auth`` (the cluster's ``peer_secret``, when it has one):
+only with it does the leader trust ``X-Convplane-Forwarded`` (``services.api.admission``).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from services.api.errors import ForwardFailed, OutcomeUnknown
 from services.api.metrics import Metrics
 
 FORWARDED_HEADER = "X-Convplane-Forwarded"
+PEER_AUTH_HEADER = "X-Convplane-Peer-Auth"
 DEADLINE_HEADER = "X-Convplane-Deadline-Ms"
 _REQUEST_HEADERS = ("authorization", "content-type", "idempotency-key", "accept")
 _RESPONSE_HEADERS = ("content-type", "retry-after", "idempotent-replayed", "x-convplane-served-by")
@@ -37,8 +41,10 @@ class Forwarder:
         metrics: Metrics,
         retries_max: int,
         backoff_s: float,
+        peer_secret: str | None = None,
     ) -> None:
         self._client = client
+        self._peer_secret = peer_secret
         self._peer_urls = dict(peer_urls)
         self._clock = clock
         self._rng = rng
@@ -65,6 +71,8 @@ class Forwarder:
             headers = self._headers(request)
         else:
             headers = {**self._headers(request), "content-type": "application/json"}
+        if self._peer_secret is not None:
+            headers[PEER_AUTH_HEADER] = self._peer_secret
         for attempt in range(self._retries_max + 1):
             remaining_s = deadline_s - self._clock.monotonic()
             if remaining_s <= 0:

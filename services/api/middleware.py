@@ -1,6 +1,7 @@
 """The edge of a node, as one pure ASGI middleware (it must see raw bytes and every response).
 
-In order: bound the requests in flight (503 overloaded), read the body under its limit (413 on
+In order: admission (``services.api.admission``: 401, 429 quota_exceeded, 503 overloaded, 504
+deadline_exceeded, before any work), read the body under its limit (413 on
 Content-Length or on the bytes actually streamed), check the media type (415) and that the JSON
 is well formed, finite and shallow (400), then hand the buffered body to the app. Every response
 gets ``X-Convplane-Served-By`` (a forwarded response keeps the serving peer's) and is counted in
@@ -10,12 +11,15 @@ the metrics by route template, never by raw path (bounded label cardinality).
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections.abc import MutableMapping
 from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from eventlog.errors import ConvplaneError
+from services.api.admission import NodeAdmission
 from services.api.metrics import Metrics
 
 SERVED_BY_HEADER = b"x-convplane-served-by"
@@ -111,16 +115,15 @@ class EdgeMiddleware:
         region: str,
         metrics: Metrics,
         max_body_bytes: int,
-        max_in_flight: int,
+        admission: NodeAdmission,
         retry_after_s: float,
     ) -> None:
         self.app = app
         self.region = region.encode()
         self.metrics = metrics
         self.max_body_bytes = max_body_bytes
-        self.max_in_flight = max_in_flight
+        self.admission = admission
         self.retry_after_s = retry_after_s
-        self.in_flight = 0
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -130,26 +133,26 @@ class EdgeMiddleware:
         status_seen = [500]
         send = self._stamping(send, status_seen)
         try:
-            await self._guarded(scope, receive, send)
+            await self._guarded(scope, receive, send, status_seen)
         finally:
             route = scope.get("route")
             template = getattr(route, "path", None) or "unmatched"
             latency_s = time.perf_counter() - started_s
             self.metrics.observe_request(template, scope["method"], status_seen[0], latency_s)
 
-    async def _guarded(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if not scope["path"].startswith("/v1/"):
-            await self.app(scope, receive, send)
-            return
-        if self.in_flight >= self.max_in_flight:
-            await _send_error(
-                send,
-                _Reject(503, "overloaded", "node at its in-flight limit", True),
-                retry_after_s=self.retry_after_s,
-            )
-            return
-        self.in_flight += 1
+    async def _guarded(
+        self, scope: Scope, receive: Receive, send: Send, status_seen: list[int]
+    ) -> None:
         try:
+            entry = await self.admission.enter(scope)
+        except ConvplaneError as exc:
+            rej = _Reject(exc.http_status, exc.code, exc.message, exc.retryable)
+            await _send_error(send, rej, retry_after_s=exc.retry_after_s or self.retry_after_s)
+            return
+        try:
+            if not scope["path"].startswith("/v1/"):
+                await self.app(scope, receive, send)
+                return
             try:
                 receive = await self._checked_body(scope, receive)
             except _Reject as rej:
@@ -157,7 +160,7 @@ class EdgeMiddleware:
                 return
             await self.app(scope, receive, send)
         finally:
-            self.in_flight -= 1
+            self.admission.exit(entry, status_seen[0])
 
     async def _checked_body(self, scope: Scope, receive: Receive) -> Receive:
         if scope["method"] not in _BODY_METHODS:
@@ -186,8 +189,8 @@ async def _send_error(send: Send, rej: _Reject, *, retry_after_s: float) -> None
         {"error": {"code": rej.code, "message": rej.message, "retryable": rej.retryable}}
     ).encode()
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-    if rej.status == 503:
-        headers.append((b"retry-after", str(max(1, round(retry_after_s))).encode()))
+    if rej.status in (429, 503):
+        headers.append((b"retry-after", str(max(1, math.ceil(retry_after_s))).encode()))
     if rej.status == 413:
         headers.append((b"connection", b"close"))  # the rest of the body was not read
     await send({"type": "http.response.start", "status": rej.status, "headers": headers})
