@@ -1,0 +1,378 @@
+"""Quorum appends through convplane vs PostgreSQL's own quorum synchronous replication.
+
+A program, not a test::
+
+    .venv/bin/python bench/append.py [--seconds 15] [--writers 256]      # mode 1: throughput
+    .venv/bin/python bench/append.py --delay-ms 20 [--writers 16]        # mode 2: ack latency
+
+Mode 1 starts 3 local PostgreSQL servers (regions a, b, c) and, separately, a sync-replication
+cluster (primary + 2 streaming standbys, ``synchronous_standby_names = 'ANY 1 (s1, s2)'``). It
+runs ``--writers`` concurrent writers, one conversation each, appending 1 KiB messages:
+
+- convplane: one in-process ``LogNode`` of region a leading every shard, W = 2 of 3, writers
+  call ``LogNode.append_event`` directly (no HTTP: the REST layer is not measured);
+- peer: the same writers insert the same 1 KiB rows into the primary, one transaction per event
+  (autocommit ``INSERT``), through an asyncpg pool; a commit returns once one standby has flushed.
+
+It prints events/s of both, their ratio and ack latency percentiles. Mode 2 puts a fault proxy
+with ``--delay-ms`` each way between the leader and the two remote databases (its own database
+direct) and compares ack latency with the floor: one round trip through a proxy plus one local
+single-row commit, both measured in the same run. The last line is ONE JSON object.
+
+All servers are stopped on exit, also on Ctrl-C or SIGTERM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import cProfile
+import json
+import os
+import pstats
+import random
+import shutil
+import signal
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import asyncpg
+
+from eventlog.clock import SystemClock
+from eventlog.config import LogConfig
+from eventlog.node import LogNode
+from eventlog.stores import SqlReplicaStore, open_replica_store
+from regions.faultproxy import FaultProxy, ProxyRules, ProxySpec
+from services.localpg import PgInstance, start_instances, start_sync_replication_cluster
+
+REGIONS = ("a", "b", "c")
+TENANT = "bench"
+LATENCY_SAMPLES_MAX = 5_000_000  # bounded recorder; a 2-minute run stays far below
+CALL_TIMEOUT_S = 10.0  # every await on the peer's database
+
+
+@dataclass
+class Recorder:
+    """Ack latencies of the events finished inside the measurement window."""
+
+    window_start: float
+    window_end: float
+    latencies_s: list[float] = field(default_factory=list)
+    errors: dict[str, int] = field(default_factory=dict)
+
+    def record(self, started: float, finished: float) -> None:
+        if self.window_start <= finished <= self.window_end:
+            if len(self.latencies_s) < LATENCY_SAMPLES_MAX:
+                self.latencies_s.append(finished - started)
+
+    def error(self, exc: BaseException) -> None:
+        name = type(exc).__name__
+        self.errors[name] = self.errors.get(name, 0) + 1
+
+    @property
+    def events_per_s(self) -> float:
+        return len(self.latencies_s) / (self.window_end - self.window_start)
+
+    def percentile_ms(self, q: float) -> float:
+        if not self.latencies_s:
+            return float("nan")
+        ordered = sorted(self.latencies_s)
+        return 1000 * ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+async def drive(
+    writers: int, warmup_s: float, seconds: float, append: Callable[[int], Awaitable[None]]
+) -> Recorder:
+    """``writers`` closed-loop writers calling ``append(writer)`` until the window ends."""
+    now = time.perf_counter()
+    recorder = Recorder(now + warmup_s, now + warmup_s + seconds)
+
+    async def writer(index: int) -> None:
+        while (started := time.perf_counter()) < recorder.window_end:
+            try:
+                await append(index)
+            except Exception as exc:  # counted and reported: a bench must not hide errors
+                recorder.error(exc)
+                await asyncio.sleep(0.01)
+                continue
+            recorder.record(started, time.perf_counter())
+
+    await asyncio.gather(*(writer(i) for i in range(writers)))
+    return recorder
+
+
+def payload_text(payload_bytes: int, seed: int) -> str:
+    rng = random.Random(seed)
+    return "".join(rng.choice("abcdefghijklmnopqrstuvwxyz ") for _ in range(payload_bytes))
+
+
+# --- convplane -----------------------------------------------------------------------------
+
+
+async def open_convplane(
+    dsns: dict[str, str], args: argparse.Namespace
+) -> tuple[LogNode, list[SqlReplicaStore]]:
+    stores = [
+        await open_replica_store(
+            dsns[region],
+            region,
+            batch_linger_ms=args.store_linger_ms,
+            batch_events_max=args.store_batch_max,
+            queue_max=16_384,
+        )
+        for region in REGIONS
+    ]
+    config = LogConfig(shard_count=args.shards, batch_events_max=args.leader_batch_max)
+    node = LogNode(
+        region="a",
+        replicas={s.region: s for s in stores},
+        config=config,
+        clock=SystemClock(),
+        rng=random.Random(args.seed),
+    )
+    for shard in range(args.shards):
+        await node.lead_shard(shard)
+    return node, stores
+
+
+async def run_convplane(dsns: dict[str, str], args: argparse.Namespace) -> Recorder:
+    node, stores = await open_convplane(dsns, args)
+    try:
+        conversations = [f"bench-{i}" for i in range(args.writers)]
+        await asyncio.gather(
+            *(node.create_conversation(TENANT, c, "rev-1", {}) for c in conversations)
+        )
+        text = payload_text(args.payload_bytes, args.seed)
+        acked_by: set[tuple[str, ...]] = set()
+
+        async def append(index: int) -> None:
+            event = await node.append_event(
+                TENANT, conversations[index], "message.user", {"content": text}, token_count=256
+            )
+            if len(acked_by) < 8:
+                acked_by.add(event.acked_by)
+
+        profiler = cProfile.Profile() if args.profile else None
+        if profiler is not None:
+            profiler.enable()
+        recorder = await drive(args.writers, args.warmup_s, args.seconds, append)
+        if profiler is not None:
+            profiler.disable()
+            profiler.dump_stats(args.profile)
+            pstats.Stats(profiler).sort_stats("tottime").print_stats(25)
+        groups = {s.region: s.groups_committed for s in stores}
+        print(f"convplane: acked_by seen {sorted(acked_by)}; groups committed {groups}")
+        return recorder
+    finally:
+        await node.close()
+        for store in stores:
+            await store.close()
+
+
+# --- the peer: PostgreSQL quorum synchronous replication -----------------------------------
+
+PEER_TABLE = """
+CREATE TABLE IF NOT EXISTS events (
+    conversation_id text NOT NULL,
+    seq integer NOT NULL,
+    tenant_id text NOT NULL,
+    event_type text NOT NULL,
+    body text NOT NULL,
+    created_at_ms bigint NOT NULL,
+    PRIMARY KEY (conversation_id, seq)
+)
+"""
+PEER_INSERT = (
+    "INSERT INTO events (conversation_id, seq, tenant_id, event_type, body, created_at_ms) "
+    "VALUES ($1, $2, $3, $4, $5, $6)"
+)
+
+
+def plain_dsn(dsn: str) -> str:
+    return dsn.replace("postgresql+asyncpg://", "postgresql://", 1)
+
+
+async def run_peer(dsn: str, args: argparse.Namespace) -> Recorder:
+    pool_size = min(args.writers, args.peer_pool_max)
+    pool = await asyncpg.create_pool(
+        plain_dsn(dsn), min_size=pool_size, max_size=pool_size, timeout=CALL_TIMEOUT_S
+    )
+    try:
+        await pool.execute(PEER_TABLE, timeout=CALL_TIMEOUT_S)
+        body = json.dumps({"content": payload_text(args.payload_bytes, args.seed)})
+        seqs = [0] * args.writers
+
+        async def append(index: int) -> None:
+            seqs[index] += 1
+            await pool.execute(
+                PEER_INSERT, f"bench-{index}", seqs[index], TENANT, "message.user", body,
+                time.time_ns() // 1_000_000, timeout=CALL_TIMEOUT_S,
+            )  # fmt: skip
+
+        return await drive(args.writers, args.warmup_s, args.seconds, append)
+    finally:
+        await asyncio.wait_for(pool.close(), CALL_TIMEOUT_S)
+
+
+# --- mode 2: latency against the floor -------------------------------------------------------
+
+
+async def median_ms(samples: int, call: Callable[[], Awaitable[Any]]) -> float:
+    times = []
+    for _ in range(samples):
+        started = time.perf_counter()
+        await call()
+        times.append(1000 * (time.perf_counter() - started))
+    return statistics.median(times)
+
+
+async def measure_floor(local_dsn: str, proxy_dsn: str, payload_bytes: int) -> dict[str, float]:
+    """One round trip through a delay proxy (SELECT 1) + one local single-row insert+commit."""
+    local = await asyncpg.connect(plain_dsn(local_dsn), timeout=CALL_TIMEOUT_S)
+    remote = await asyncpg.connect(plain_dsn(proxy_dsn), timeout=CALL_TIMEOUT_S)
+    try:
+        await local.execute("CREATE TABLE IF NOT EXISTS floor_probe (id serial, v text)")
+        row = "x" * payload_bytes
+        commit_ms = await median_ms(
+            50, lambda: local.execute("INSERT INTO floor_probe (v) VALUES ($1)", row)
+        )
+        round_trip_ms = await median_ms(20, lambda: remote.fetchval("SELECT 1"))
+    finally:
+        await local.close(timeout=CALL_TIMEOUT_S)
+        await remote.close(timeout=CALL_TIMEOUT_S)
+    return {"local_commit_ms": commit_ms, "round_trip_ms": round_trip_ms}
+
+
+def through(proxy: FaultProxy, dsn: str) -> str:
+    return urlsplit(dsn)._replace(netloc=f"postgres@127.0.0.1:{proxy.port}").geturl()
+
+
+async def mode_latency(servers: list[PgInstance], args: argparse.Namespace) -> dict[str, Any]:
+    dsns = {region: s.dsn for region, s in zip(REGIONS, servers, strict=True)}
+    proxies = []
+    for region in ("b", "c"):
+        target = urlsplit(dsns[region])
+        proxy = FaultProxy(ProxySpec(f"a->{region}", 0, target.hostname or "", target.port or 0))
+        await proxy.start()
+        proxy.set_rules(ProxyRules(up_delay_ms=args.delay_ms, down_delay_ms=args.delay_ms))
+        dsns[region] = through(proxy, dsns[region])
+        proxies.append(proxy)
+    try:
+        floor = await measure_floor(dsns["a"], dsns["b"], args.payload_bytes)
+        recorder = await run_convplane(dsns, args)
+    finally:
+        for proxy in proxies:
+            await proxy.close()
+    floor_ms = 2 * args.delay_ms + floor["local_commit_ms"]
+    result = {
+        "delay_ms": args.delay_ms,
+        "floor_ms": round(floor_ms, 2),
+        "ack_p50_ms": round(recorder.percentile_ms(0.50), 2),
+        "ack_p99_ms": round(recorder.percentile_ms(0.99), 2),
+    }
+    print(
+        f"floor: 2 x {args.delay_ms} ms + local commit {floor['local_commit_ms']:.2f} ms "
+        f"= {floor_ms:.2f} ms (measured round trip through the proxy: "
+        f"{floor['round_trip_ms']:.2f} ms)"
+    )
+    report("convplane", recorder)
+    target_ms = 1.5 * floor_ms + 10
+    print(f"p99 {result['ack_p99_ms']} ms vs target 1.5 x floor + 10 = {target_ms:.2f} ms")
+    return result
+
+
+# --- mode 1 ----------------------------------------------------------------------------------
+
+
+def report(name: str, recorder: Recorder) -> None:
+    print(
+        f"{name:>10}: {recorder.events_per_s:9.0f} events/s   "
+        f"p50 {recorder.percentile_ms(0.5):7.2f} ms   p99 {recorder.percentile_ms(0.99):7.2f} ms"
+        + (f"   errors {recorder.errors}" if recorder.errors else "")
+    )
+
+
+async def mode_throughput(
+    servers: list[PgInstance], peer_dsn: str, args: argparse.Namespace
+) -> dict[str, Any]:
+    dsns = {region: s.dsn for region, s in zip(REGIONS, servers, strict=True)}
+    ours = await run_convplane(dsns, args)
+    report("convplane", ours)
+    theirs = await run_peer(peer_dsn, args)
+    report("pg-syncrep", theirs)
+    ratio = ours.events_per_s / theirs.events_per_s if theirs.events_per_s else float("nan")
+    print(f"throughput ratio convplane / postgres quorum sync rep: {ratio:.2f}")
+    return {
+        "convplane_events_per_s": round(ours.events_per_s, 1),
+        "postgres_quorum_events_per_s": round(theirs.events_per_s, 1),
+        "throughput_ratio": round(ratio, 3),
+        "ack_p50_ms": round(ours.percentile_ms(0.50), 2),
+        "ack_p99_ms": round(ours.percentile_ms(0.99), 2),
+        "postgres_ack_p50_ms": round(theirs.percentile_ms(0.50), 2),
+        "postgres_ack_p99_ms": round(theirs.percentile_ms(0.99), 2),
+        "writers": args.writers,
+        "seconds": args.seconds,
+    }
+
+
+# --- program ---------------------------------------------------------------------------------
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--seconds", type=float, default=15.0, help="measured seconds per system")
+    p.add_argument("--warmup-s", type=float, default=2.0)
+    p.add_argument("--writers", type=int, default=None, help="default 256; 16 with --delay-ms")
+    p.add_argument("--payload-bytes", type=int, default=1024)
+    p.add_argument("--delay-ms", type=float, default=None, help="mode 2: proxy delay each way")
+    p.add_argument("--shards", type=int, default=64)
+    p.add_argument("--leader-batch-max", type=int, default=256, help="LogConfig.batch_events_max")
+    p.add_argument("--store-linger-ms", type=float, default=1.0)
+    p.add_argument("--store-batch-max", type=int, default=512)
+    p.add_argument("--peer-pool-max", type=int, default=80, help="server max_connections=100")
+    p.add_argument("--profile", help="cProfile the convplane run into this file")
+    p.add_argument("--seed", type=int, default=1)
+    args = p.parse_args(argv)
+    if args.writers is None:
+        args.writers = 16 if args.delay_ms is not None else 256
+    return args
+
+
+def _interrupt(signum: int, _frame: Any) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    signal.signal(signal.SIGTERM, _interrupt)
+    base = Path(tempfile.mkdtemp(prefix="convplane-bench-"))
+    os.chmod(base, 0o711)  # the postgres user must reach the data directories
+    stoppers: list[Callable[[], None]] = []
+    try:
+        servers = start_instances(3, base / "log")
+        stoppers += [lambda s=s: s.stop("immediate") for s in servers]  # type: ignore[misc]
+        if args.delay_ms is not None:
+            result = asyncio.run(mode_latency(servers, args))
+        else:
+            peer = start_sync_replication_cluster(base / "peer", standbys=2)
+            stoppers.append(peer.stop)
+            result = asyncio.run(mode_throughput(servers, peer.dsn, args))
+        print(json.dumps(result))
+        return 0
+    finally:
+        for stop in stoppers:
+            with contextlib.suppress(Exception):
+                stop()
+        shutil.rmtree(base, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
