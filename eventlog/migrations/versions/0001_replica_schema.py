@@ -70,16 +70,22 @@ BEGIN
         IF v_epoch <> s.promised_epoch THEN
             UPDATE shards SET promised_epoch = v_epoch WHERE shards.shard = v_shard;
         END IF;
-        IF v_prev > 0 AND (v_prev > s.last_lsn OR NOT EXISTS (
-            SELECT 1 FROM entries x
-            WHERE x.shard = v_shard AND x.lsn = v_prev AND x.epoch = b_prev_epoch[i]
-        )) THEN
+        -- the common case (appending at the tail) skips both lookups: the shard row already
+        -- says that (prev_lsn, prev_epoch) is the last entry and nothing can overlap
+        IF v_prev > 0 AND NOT (v_prev = s.last_lsn AND b_prev_epoch[i] = s.last_epoch)
+           AND (v_prev > s.last_lsn OR NOT EXISTS (
+                SELECT 1 FROM entries x
+                WHERE x.shard = v_shard AND x.lsn = v_prev AND x.epoch = b_prev_epoch[i]))
+        THEN
             o_kind := 2; o_value := s.last_lsn; RETURN NEXT;
             CONTINUE;
         END IF;
-        SELECT min(x.lsn) INTO v_conflict
-        FROM generate_series(lo, lo + n - 1) AS k
-        JOIN entries x ON x.shard = v_shard AND x.lsn = e_lsn[k] AND x.epoch <> e_epoch[k];
+        v_conflict := NULL;
+        IF n > 0 AND v_prev < s.last_lsn THEN
+            SELECT min(x.lsn) INTO v_conflict
+            FROM generate_series(lo, lo + n - 1) AS k
+            JOIN entries x ON x.shard = v_shard AND x.lsn = e_lsn[k] AND x.epoch <> e_epoch[k];
+        END IF;
         IF v_conflict IS NOT NULL AND v_conflict <= s.commit_lsn THEN
             o_kind := 3; o_value := v_conflict; RETURN NEXT;
             CONTINUE;
