@@ -1,0 +1,23 @@
+"""Fixtures of the chaos tier."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+
+@pytest.fixture
+def chaos_dir() -> Iterator[Path]:
+    """A state dir the postgres user can traverse (pytest's tmp dirs are 0700)."""
+    base = tempfile.mkdtemp(prefix="convplane-chaos-")
+    os.chmod(base, 0o711)
+    try:
+        yield Path(base)
+    finally:
+        if not os.environ.get("CONVPLANE_CHAOS_KEEP"):
+            shutil.rmtree(base, ignore_errors=True)

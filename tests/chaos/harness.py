@@ -1,0 +1,306 @@
+"""Chaos harness: a real 3-region plane (3 PostgreSQL + 3 node processes, started the way
+``convplane up --postgres`` starts them), optional fault proxies between regions, concurrent
+writers over HTTP with idempotent retries, recovery-time measurement, and an audit that reads
+every PostgreSQL directly. Used by ``tests/chaos`` and ``bench/failover.py``.
+
+Proxies: with ``proxied=True`` every node reaches every *other* region's database and node
+through its own TCP proxy (``<source>-><target>:db`` / ``:http``), set through the cluster file's
+``dsn_from`` / ``url_from``; cutting a region's links partitions it. A node reaches its own
+database directly; test clients reach every node directly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+import signal
+import statistics
+import subprocess
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+
+from eventlog.sharding import shard_of
+from regions.faultproxy import HEALED, FaultProxy, ProxySpec
+from regions.placement import place_shards
+from services.config import ClusterConfig, RegionConfig
+from services.local_plane import LocalPlane, RegionProcess
+
+#: node settings for chaos runs: 1 s detection (the production default), a short failback
+FAST_ENV = {
+    "CONVPLANE_DETECTION_S": "1.0",
+    "CONVPLANE_PROBE_INTERVAL_S": "0.2",
+    "CONVPLANE_FAILBACK_HYSTERESIS_S": "3.0",
+    "CONVPLANE_FAILBACK_STEP_INTERVAL_S": "0.5",
+    "CONVPLANE_FAILBACK_SHARDS_PER_STEP": "4",
+    "CONVPLANE_LEAD_CONCURRENCY_MAX": "16",
+}
+ATTEMPT_TIMEOUT_S = 3.0
+RETRY_BACKOFF_S = 0.05
+WRITE_PAUSE_S = 0.01
+
+
+@dataclass
+class ChaosPlane(LocalPlane):
+    """A LocalPlane whose cluster file can route inter-region traffic through fault proxies."""
+
+    proxied: bool = False
+    loop: asyncio.AbstractEventLoop | None = None
+    proxies: dict[str, FaultProxy] = field(default_factory=dict)
+
+    def _cluster_config(self) -> ClusterConfig:
+        base = super()._cluster_config()
+        if not self.proxied:
+            return base
+        assert self.loop is not None, "proxies run on the test's event loop"
+        future = asyncio.run_coroutine_threadsafe(self._start_proxies(), self.loop)
+        future.result(timeout=30)
+        regions = [
+            RegionConfig(
+                name=r.name, url=r.url, dsn=r.dsn, capacity_weight=r.capacity_weight,
+                dsn_from={s.name: _with_port(r.dsn, self.proxies[f"{s.name}->{r.name}:db"].port)
+                          for s in self.members if s.name != r.name},
+                url_from={s.name: _with_port(r.url, self.proxies[f"{s.name}->{r.name}:http"].port)
+                          for s in self.members if s.name != r.name},
+            )
+            for r in base.regions
+        ]  # fmt: skip
+        return base.model_copy(update={"regions": regions})
+
+    async def _start_proxies(self) -> None:
+        for source in self.members:
+            for target in self.members:
+                if source.name == target.name:
+                    continue
+                for kind, url in (("db", target.dsn), ("http", target.url)):
+                    parts = urlsplit(url)
+                    assert parts.hostname and parts.port
+                    name = f"{source.name}->{target.name}:{kind}"
+                    proxy = FaultProxy(
+                        ProxySpec(name, 0, parts.hostname, parts.port), connect_timeout_s=1.0
+                    )
+                    await proxy.start()
+                    self.proxies[name] = proxy
+
+    async def close_proxies(self) -> None:
+        for proxy in self.proxies.values():
+            await proxy.close()
+
+    def partition(self, region: str) -> None:
+        """Black-hole every link into and out of ``region``."""
+        for name, proxy in self.proxies.items():
+            source, _, rest = name.partition("->")
+            if region in (source, rest.split(":")[0]):
+                proxy.set_rules(dataclasses.replace(HEALED, up="drop", down="drop"))
+
+    def heal(self) -> None:
+        for proxy in self.proxies.values():
+            proxy.set_rules(HEALED)
+
+    # --- processes ------------------------------------------------------------------------
+
+    def member(self, name: str) -> RegionProcess:
+        return next(m for m in self.members if m.name == name)
+
+    def kill_region(self, name: str) -> None:
+        """kill -9 the region's node and its database (the postmaster and its children)."""
+        member = self.member(name)
+        assert member.node is not None and member.db is not None
+        os.kill(member.node.pid, signal.SIGKILL)
+        kill = getattr(member.db, "kill")  # noqa: B009 - PgInstance.kill, not in the DbHandle port
+        kill()
+        member.node.wait(timeout=10)
+
+    def stop_nodes(self) -> None:
+        """SIGTERM every node and wait; the databases stay up (for the audit)."""
+        for member in self.members:
+            if member.node is not None and member.node.poll() is None:
+                member.node.send_signal(signal.SIGTERM)
+        for member in self.members:
+            if member.node is not None:
+                try:
+                    member.node.wait(timeout=15)
+                except subprocess.TimeoutExpired:
+                    member.node.kill()
+                    member.node.wait(timeout=15)
+
+    def restart_region(self, name: str) -> None:
+        member = self.member(name)
+        assert member.db is not None
+        start = getattr(member.db, "start")  # noqa: B009 - PgInstance.start
+        start()
+        member.node = self._spawn_node(member)
+        member.exit_reported = False
+
+
+def _with_port(url: str, port: int) -> str:
+    parts = urlsplit(url)
+    netloc = parts.netloc.rsplit(":", 1)[0] + f":{port}"
+    return parts._replace(netloc=netloc).geturl()
+
+
+def pg_dsn(sqlalchemy_dsn: str) -> str:
+    return sqlalchemy_dsn.replace("postgresql+asyncpg://", "postgresql://", 1)
+
+
+# --- writers ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Ack:
+    conversation_id: str
+    shard: int
+    seq: int
+    key: str
+    entry_region: str
+    served_by: str
+    sent_s: float
+    acked_s: float
+
+
+@dataclass
+class Writers:
+    """One writer per conversation; each append retried with the same Idempotency-Key (other
+    entry regions in turn) until acknowledged or stopped."""
+
+    urls: Mapping[str, str]
+    api_key: str
+    conversations: list[str]
+    shard_count: int
+    acks: list[Ack] = field(default_factory=list)
+    unacked: dict[str, str] = field(default_factory=dict)  # key -> conversation, at stop
+    stop: asyncio.Event = field(default_factory=asyncio.Event)
+    attempts: int = 0
+
+    async def run(self) -> None:
+        limits = httpx.Limits(max_connections=200, max_keepalive_connections=50)
+        headers = {"Authorization": f"Bearer {self.api_key}"}
+        async with httpx.AsyncClient(headers=headers, limits=limits, trust_env=False) as client:
+            regions = list(self.urls)
+            for i, cid in enumerate(self.conversations):
+                await self._request(
+                    client,
+                    regions,
+                    i,
+                    "/v1/conversations",
+                    {"conversation_id": cid},
+                    f"create-{cid}",
+                    cid,
+                    create=True,
+                )
+            await asyncio.gather(
+                *(self._write(client, regions, i, cid) for i, cid in enumerate(self.conversations))
+            )
+
+    async def _write(self, client: httpx.AsyncClient, regions: list[str], i: int, cid: str) -> None:
+        n = 0
+        while not self.stop.is_set():
+            n += 1
+            key = f"{cid}-k{n}"
+            body = {"type": "note", "payload": {"n": n}}
+            await self._request(
+                client, regions, i, f"/v1/conversations/{cid}/events", body, key, cid
+            )
+            await asyncio.sleep(WRITE_PAUSE_S)
+
+    async def _request(
+        self,
+        client: httpx.AsyncClient,
+        regions: list[str],
+        i: int,
+        path: str,
+        body: dict[str, Any],
+        key: str,
+        cid: str,
+        *,
+        create: bool = False,
+    ) -> None:
+        attempt = 0
+        while True:
+            entry = regions[(i + attempt) % len(regions)]
+            attempt += 1
+            self.attempts += 1
+            sent_s = time.monotonic()
+            try:
+                r = await client.post(
+                    self.urls[entry] + path,
+                    json=body,
+                    timeout=ATTEMPT_TIMEOUT_S,
+                    headers={
+                        "Idempotency-Key": key,
+                        "X-Convplane-Deadline-Ms": str(int(ATTEMPT_TIMEOUT_S * 1000)),
+                    },
+                )
+            except httpx.HTTPError:
+                r = None
+            if r is not None and r.status_code in (200, 201):
+                if not create:
+                    data = r.json()
+                    served_by = r.headers.get("x-convplane-served-by", "?")
+                    shard = shard_of(cid, self.shard_count)
+                    ack = Ack(cid, shard, data["seq"], key, entry, served_by, sent_s,
+                              time.monotonic())
+                    self.acks.append(ack)
+                return
+            if r is not None and r.status_code < 500 and r.status_code != 429:
+                raise AssertionError(f"{path} via {entry}: {r.status_code} {r.text[:300]}")
+            if self.stop.is_set() and not create:
+                self.unacked[key] = cid  # outcome unknown; the audit does not count it
+                return
+            await asyncio.sleep(RETRY_BACKOFF_S * (0.5 + (attempt % 3) / 2))
+
+
+def conversations_per_shard(shard_count: int, per_shard: int = 1) -> list[str]:
+    found: dict[int, list[str]] = {s: [] for s in range(shard_count)}
+    i = 0
+    while any(len(v) < per_shard for v in found.values()):
+        cid = f"chaos-{i}"
+        bucket = found[shard_of(cid, shard_count)]
+        if len(bucket) < per_shard:
+            bucket.append(cid)
+        i += 1
+    return [c for v in found.values() for c in v]
+
+
+# --- recovery time --------------------------------------------------------------------------
+
+
+def recovery_times(
+    acks: list[Ack], moved_shards: list[int], victim: str, fault_s: float
+) -> dict[int, float | None]:
+    """Per moved shard: fault -> first ack served by another region (None: not yet)."""
+    out: dict[int, float | None] = {}
+    for shard in moved_shards:
+        times = [
+            a.acked_s
+            for a in acks
+            if a.shard == shard and a.served_by != victim and a.acked_s >= fault_s
+        ]
+        out[shard] = min(times) - fault_s if times else None
+    return out
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    if len(values) == 1:
+        return values[0]
+    return statistics.quantiles(sorted(values), n=100, method="inclusive")[int(q) - 1]
+
+
+def full_placement(cluster_regions: list[str], shard_count: int) -> dict[int, str]:
+    return place_shards(shard_count, {r: 1.0 for r in cluster_regions})
+
+
+async def get_json(url: str, path: str, api_key: str) -> Any:
+    async with httpx.AsyncClient(trust_env=False) as client:
+        r = await client.get(
+            url + path, headers={"Authorization": f"Bearer {api_key}"}, timeout=5.0
+        )
+        r.raise_for_status()
+        return r.json()
