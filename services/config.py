@@ -92,6 +92,8 @@ def load_cluster(path: Path) -> ClusterConfig:
 
 def write_cluster(path: Path, cluster: ClusterConfig) -> None:
     tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.touch(mode=0o600)  # it holds the peer secret: readable by the nodes' user only
+    tmp.chmod(0o600)
     tmp.write_text(cluster.model_dump_json(indent=2), encoding="utf-8")
     tmp.replace(path)
 

@@ -4,7 +4,9 @@ Each region's node is its own child process (its own session), so a test or an S
 kill one region alone. Databases are SQLite files (default) or local PostgreSQL instances
 (``services.localpg``, each its own process). ``LocalPlane.start`` writes the cluster file the
 nodes read and ``<state-dir>/cluster.json`` describing the running plane (URLs, DSNs, pids and
-the demo tenant's API key, in clear: it is a local development plane).
+the tenants' API keys, in clear: it is a local development plane). Two tenants: ``demo`` (a
+large quota) and ``demo-limited`` (a small one, to see 429s). The cluster file gets a fresh
+``peer_secret`` each start (only forwards carrying it are trusted not to charge twice).
 """
 
 from __future__ import annotations
@@ -36,6 +38,9 @@ from services.config import (
 
 REGION_NAMES = ("us-east", "eu-west", "ap-south", "us-west", "eu-north", "ap-east", "sa-east")
 DEMO_TENANT = "demo"
+LIMITED_TENANT = "demo-limited"
+LIMITED_REQUESTS_PER_S = 10.0
+LIMITED_BURST = 20
 READY_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 10.0
 HEALTH_POLL_S = 0.1
@@ -78,7 +83,10 @@ class LocalPlane:
     shard_count: int = 64
     ready_timeout_s: float = READY_TIMEOUT_S
     api_key: str = field(default_factory=lambda: "cp_" + secrets.token_urlsafe(24))
+    limited_api_key: str = field(default_factory=lambda: "cp_" + secrets.token_urlsafe(24))
     members: list[RegionProcess] = field(default_factory=list)
+    sim_engines: int = 0  # simulated inference engines per region (services.replay.local_engines)
+    engines: Any = None  # SimEngines, when sim_engines > 0
 
     @property
     def cluster_file(self) -> Path:
@@ -97,6 +105,11 @@ class LocalPlane:
         try:
             self._prepare_members()
             self._start_databases()
+            if self.sim_engines > 0:
+                from services.replay.local_engines import SimEngines
+
+                self.engines = SimEngines(self.sim_engines, self.state_dir, self.host)
+                self.engines.start([m.name for m in self.members])
             write_cluster(self.cluster_file, self._cluster_config())
             asyncio.run(_migrate_all([m.dsn for m in self.members]))
             for member in self.members:
@@ -113,6 +126,11 @@ class LocalPlane:
         return {
             "api_key": self.api_key,
             "tenant_id": DEMO_TENANT,
+            "tenants": [
+                {"tenant_id": DEMO_TENANT, "api_key": self.api_key},
+                {"tenant_id": LIMITED_TENANT, "api_key": self.limited_api_key},
+            ],
+            **(self.engines.info() if self.engines is not None else {}),
             "cluster_file": str(self.cluster_file),
             "supervisor_pid": os.getpid(),
             "regions": [
@@ -160,14 +178,22 @@ class LocalPlane:
         return ClusterConfig(
             regions=[RegionConfig(name=m.name, url=m.url, dsn=m.dsn) for m in self.members],
             shard_count=self.shard_count,
+            **({"replay": self.engines.replay_config()} if self.engines is not None else {}),
             tenants=[
                 TenantConfig(
                     tenant_id=DEMO_TENANT,
                     api_key_sha256=api_key_sha256(self.api_key),
                     requests_per_s=1000.0,
                     burst=2000,
-                )
+                ),
+                TenantConfig(
+                    tenant_id=LIMITED_TENANT,
+                    api_key_sha256=api_key_sha256(self.limited_api_key),
+                    requests_per_s=LIMITED_REQUESTS_PER_S,
+                    burst=LIMITED_BURST,
+                ),
             ],
+            peer_secret=secrets.token_urlsafe(32),
         )
 
     def _spawn_node(self, member: RegionProcess) -> subprocess.Popen[bytes]:
@@ -236,6 +262,8 @@ class LocalPlane:
             except subprocess.TimeoutExpired:
                 _signal(proc, signal.SIGKILL)
                 proc.wait(timeout=STOP_TIMEOUT_S)
+        if self.engines is not None:
+            self.engines.stop()
         for m in self.members:
             if m.db is not None:
                 stopped = m.db.stop()
@@ -300,7 +328,9 @@ def _write_json(path: Path, value: dict[str, Any]) -> None:
 def stop_from_info(info_file: Path) -> list[str]:
     """Stop a detached plane from its cluster.json: SIGTERM nodes and databases by pid."""
     info = json.loads(info_file.read_text(encoding="utf-8"))
-    stopped = []
+    from services.replay.local_engines import stop_engines_from_info
+
+    stopped = stop_engines_from_info(info)
     for region in info["regions"]:
         for key in ("node_pid", "db_pid"):
             pid = region.get(key)
