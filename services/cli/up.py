@@ -33,6 +33,9 @@ def up(
     ready_file: Annotated[
         Path | None, typer.Option(help="write cluster.json's content here once ready")
     ] = None,
+    sim_engines: Annotated[
+        int, typer.Option(help="simulated inference engines per region (no GPU), for replay")
+    ] = 0,
 ) -> None:
     """Start a local plane: per region a database and a node process. Ctrl-C stops it."""
     from rich.console import Console
@@ -46,6 +49,7 @@ def up(
         base_port=base_port,
         postgres=postgres,
         shard_count=shard_count,
+        sim_engines=sim_engines,
     )
     stop = _stop_on_signals()
     try:
