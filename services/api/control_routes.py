@@ -4,8 +4,8 @@
   and what its peers report), capacity weight and who suspects it.
 * ``GET /v1/placement``: the committed placement (version, shard -> region, down, evacuated).
 * ``GET /v1/conversations/{id}/route``: the region serving the conversation's shard and the
-  shard's epoch (answered by that region: a non-leader forwards); ``worker`` is null until replay
-  affinity lands.
+  shard's epoch (answered by that region: a non-leader forwards); ``worker``: the engine replay
+  last warmed for it (``services.replay.routes.affinity_body``), null when none is known.
 * ``POST /v1/admin/regions/{name}/evacuate|restore``: operator moves, committed by the control
   leader (other nodes forward there). **Admin is any authenticated tenant for now**: there are
   no operator roles yet.
@@ -23,6 +23,7 @@ from eventlog.errors import NotLeader, Unavailable
 from services.api import schemas
 from services.api.context import RequestContext, request_context
 from services.controller import Controller
+from services.replay.routes import affinity_body
 
 control_router = APIRouter(prefix="/v1")
 peer_router = APIRouter(prefix="/peer")
@@ -75,7 +76,7 @@ async def get_route(ctx: Context, conversation_id: ConversationIdPath) -> Any:
             "shard": shard,
             "epoch": leader.epoch,
             "placement_version": controller.placement().version,
-            "worker": None,
+            "worker": affinity_body(ctx.request, ctx.tenant.tenant_id, conversation_id),
         }
 
     return await ctx.run(locate, is_write=False)

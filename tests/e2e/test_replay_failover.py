@@ -132,6 +132,10 @@ def test_survivors_rebuild_moved_conversations_and_the_next_turn_hits_the_cache(
 
             cid = cids[0]
             worker = workers[cid]
+            route = client.get(f"/v1/conversations/{cid}/route")
+            assert route.status_code == 200, route.text
+            assert route.json()["region"] == worker["region"]
+            assert route.json()["worker"]["engine_id"] == worker["engine_id"]
             reply = httpx.post(
                 worker["engine_url"] + "/v1/chat/completions",
                 json={"model": worker["model_revision"], "messages": live_prompt(client, cid),
