@@ -31,6 +31,8 @@ class AuditReport:
     acked: int = 0
     acked_lost: int = 0
     leader_epochs: int = 0
+    #: (shard, epoch) -> (region, wall ms the leader started), from the barrier entries
+    leaders: dict[tuple[int, int], tuple[str, int]] = field(default_factory=dict, repr=False)
     problems: list[str] = field(default_factory=list)
 
     def fail(self, message: str) -> None:
@@ -48,7 +50,8 @@ async def read_replica(dsn: str) -> tuple[dict[int, int], list[dict[str, Any]]]:
         rows = [
             dict(r)
             for r in await conn.fetch(
-                "SELECT shard, lsn, epoch, conversation_id, seq, event_type, idempotency_key, body "
+                "SELECT shard, lsn, epoch, conversation_id, seq, event_type, idempotency_key, body, "
+                "created_at_ms "
                 "FROM entries ORDER BY shard, lsn"
             )
         ]
@@ -79,7 +82,9 @@ def _check_leaders(data: dict[str, Any], report: AuditReport) -> None:
     for _, rows in data.values():
         for r in rows:
             if r["event_type"] == LEADER_BARRIER:
-                leaders[(r["shard"], r["epoch"])].add(json.loads(r["body"])["region"])
+                region = json.loads(r["body"])["region"]
+                leaders[(r["shard"], r["epoch"])].add(region)
+                report.leaders[(r["shard"], r["epoch"])] = (region, r["created_at_ms"])
     report.leader_epochs = len(leaders)
     for (shard, epoch), regions in sorted(leaders.items()):
         if len(regions) != 1:

@@ -243,8 +243,9 @@ class Writers:
                     data = r.json()
                     served_by = r.headers.get("x-convplane-served-by", "?")
                     shard = shard_of(cid, self.shard_count)
-                    ack = Ack(cid, shard, data["seq"], key, entry, served_by, sent_s,
-                              time.monotonic())
+                    ack = Ack(
+                        cid, shard, data["seq"], key, entry, served_by, sent_s, time.monotonic()
+                    )
                     self.acks.append(ack)
                 return
             if r is not None and r.status_code < 500 and r.status_code != 429:

@@ -10,6 +10,7 @@ import asyncio
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 
 from tests.chaos.audit import audit
@@ -24,7 +25,7 @@ from tests.chaos.harness import (
     recovery_times,
 )
 
-SHARDS = 12
+SHARDS = 24
 RECOVERY_WAIT_S = 30.0
 FAILBACK_WAIT_S = 60.0
 
@@ -57,7 +58,7 @@ async def test_kill9_region_fails_over_then_back_without_losing_acks(
         before = await get_json(urls["us-east"], "/v1/placement", info["api_key"])
         moved = sorted(int(s) for s, r in before["assignment"].items() if r == victim)
         assert moved, "the victim leads no shard; pick another seed"
-        fault_s = time.monotonic()
+        fault_s, fault_wall_ms = time.monotonic(), time.time_ns() // 1_000_000
         await asyncio.to_thread(plane.kill_region, victim)
 
         async def all_recovered() -> bool:
@@ -86,15 +87,18 @@ async def test_kill9_region_fails_over_then_back_without_losing_acks(
         full = {str(s): r for s, r in full_placement(list(urls), SHARDS).items()}
 
         async def failed_back() -> bool:
-            p = await get_json(urls["us-east"], "/v1/placement", info["api_key"])
+            try:
+                p = await get_json(urls["us-east"], "/v1/placement", info["api_key"])
+            except httpx.HTTPError:
+                return False
             return bool(p["down"] == [] and p["assignment"] == full)
 
         await wait_for(failed_back, FAILBACK_WAIT_S, "failback to the full placement")
+        await asyncio.sleep(2.0)  # writes after failback, on the restored leaders
         route = await get_json(
             urls["us-east"], f"/v1/conversations/{writers.conversations[0]}/route", info["api_key"]
         )
         assert route["region"] == full[str(route["shard"])] and route["worker"] is None
-        await asyncio.sleep(2.0)  # writes after failback, on the restored leaders
         writers.stop.set()
         await asyncio.wait_for(running, 60)
         await asyncio.to_thread(plane.stop_nodes)
@@ -106,5 +110,14 @@ async def test_kill9_region_fails_over_then_back_without_losing_acks(
         await asyncio.gather(running, return_exceptions=True)
         await asyncio.to_thread(plane.stop)
     print(f"audit: {report}")
+    print("recovery per shard:", {s: round(v or -1, 2) for s, v in rto.items()})
+    print(
+        "new leaders (shard: region, s after the fault):",
+        {
+            s: (r, round((ms - fault_wall_ms) / 1000, 2))
+            for (s, _), (r, ms) in sorted(report.leaders.items())
+            if ms >= fault_wall_ms
+        },
+    )
     assert report.problems == []
     assert report.acked_lost == 0 and report.acked > 100

@@ -1,0 +1,160 @@
+"""Region-loss benchmark: kill -9 a region (node + PostgreSQL) N times under load; RTO per shard.
+
+A real 3-region plane (3 PostgreSQL + 3 node processes, as ``convplane up --postgres`` starts
+them, 1 s failure detection, a 3 s failback hysteresis) runs concurrent writers (one conversation
+per shard, idempotent retries). Each round kills one region (in turn), measures for every shard
+it led the time from the kill to the first write acknowledged by another region, restarts it and
+waits for the failback to the full placement. At the end an audit reads every PostgreSQL
+directly: every acknowledged event must be on a quorum, exactly once, in order (``acked_lost``
+must be 0). The last line printed is one JSON object.
+
+    .venv/bin/python bench/failover.py [--rounds 20] [--shards 24]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tests.chaos.audit import audit
+from tests.chaos.harness import (
+    FAST_ENV,
+    ChaosPlane,
+    Writers,
+    conversations_per_shard,
+    full_placement,
+    get_json,
+    percentile,
+    recovery_times,
+)
+
+RECOVERY_WAIT_S = 30.0
+FAILBACK_WAIT_S = 60.0
+
+
+async def wait_until(check, timeout_s: float, what: str) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if await check():
+                return
+        except httpx.HTTPError:
+            pass
+        await asyncio.sleep(0.1)
+    raise RuntimeError(f"timed out after {timeout_s:g}s waiting for {what}")
+
+
+async def run(rounds: int, shards: int, state_dir: Path) -> dict[str, object]:
+    os.environ.update(FAST_ENV)
+    plane = ChaosPlane(
+        regions=3, state_dir=state_dir, base_port=0, postgres=True, shard_count=shards
+    )
+    info = await asyncio.to_thread(plane.start)
+    urls = {r["name"]: r["url"] for r in info["regions"]}
+    key = info["api_key"]
+    full = {str(s): r for s, r in full_placement(list(urls), shards).items()}
+    writers = Writers(urls, key, conversations_per_shard(shards), shards)
+    running = asyncio.create_task(writers.run())
+    rtos: list[float] = []
+    unrecovered = 0
+    try:
+        await asyncio.sleep(2.0)
+        for i in range(rounds):
+            victim = sorted(urls)[i % len(urls)]
+            observer = next(r for r in sorted(urls) if r != victim)
+            before = await get_json(urls[observer], "/v1/placement", key)
+            moved = sorted(int(s) for s, r in before["assignment"].items() if r == victim)
+            fault_s = time.monotonic()
+            await asyncio.to_thread(plane.kill_region, victim)
+
+            async def recovered(
+                moved: list[int] = moved, victim: str = victim, fault_s: float = fault_s
+            ) -> bool:
+                if running.done():
+                    running.result()
+                times = recovery_times(writers.acks, moved, victim, fault_s)
+                return all(v is not None for v in times.values())
+
+            try:
+                await wait_until(recovered, RECOVERY_WAIT_S, "the moved shards to ack")
+            except RuntimeError as exc:
+                print(f"round {i + 1}: {exc}", flush=True)
+            times = recovery_times(writers.acks, moved, victim, fault_s)
+            got = [v for v in times.values() if v is not None]
+            unrecovered += len(times) - len(got)
+            rtos.extend(got)
+            print(
+                f"round {i + 1:2d}: killed {victim:8s} {len(moved):2d} shards moved, "
+                f"rto max {max(got, default=float('nan')):.2f}s",
+                flush=True,
+            )
+            await asyncio.to_thread(plane.restart_region, victim)
+
+            async def failed_back(observer: str = observer) -> bool:
+                p = await get_json(urls[observer], "/v1/placement", key)
+                return bool(p["down"] == [] and p["assignment"] == full)
+
+            await wait_until(failed_back, FAILBACK_WAIT_S, "failback")
+            await asyncio.sleep(1.0)
+        writers.stop.set()
+        await asyncio.wait_for(running, 60)
+        await asyncio.to_thread(plane.stop_nodes)
+        report = await audit({m.name: m.dsn for m in plane.members}, writers.acks)
+    finally:
+        writers.stop.set()
+        if not running.done():
+            running.cancel()
+        await asyncio.gather(running, return_exceptions=True)
+        await asyncio.to_thread(plane.stop)
+    for problem in report.problems:
+        print("audit:", problem)
+    print(
+        f"RTO over {len(rtos)} moved shards in {rounds} region losses: "
+        f"p50 {percentile(rtos, 50):.2f}s p99 {percentile(rtos, 99):.2f}s "
+        f"max {max(rtos, default=float('nan')):.2f}s; unrecovered {unrecovered}"
+    )
+    print(
+        f"acked {report.acked} events, lost {report.acked_lost}; audit problems "
+        f"{len(report.problems)}; leader epochs {report.leader_epochs}"
+    )
+    return {
+        "rounds": rounds,
+        "shards": shards,
+        "moved_shards": len(rtos) + unrecovered,
+        "unrecovered_shards": unrecovered,
+        "rto_p50_s": round(percentile(rtos, 50), 3),
+        "rto_p99_s": round(percentile(rtos, 99), 3),
+        "rto_max_s": round(max(rtos, default=float("nan")), 3),
+        "acked_events": report.acked,
+        "acked_lost": report.acked_lost,
+        "audit_problems": len(report.problems),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rounds", type=int, default=20)
+    parser.add_argument("--shards", type=int, default=24)
+    args = parser.parse_args()
+    base = tempfile.mkdtemp(prefix="convplane-failover-")
+    os.chmod(base, 0o711)  # the postgres user must traverse it
+    try:
+        result = asyncio.run(run(args.rounds, args.shards, Path(base) / "plane"))
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
