@@ -31,6 +31,11 @@ def run_node(settings: NodeSettings, *, host: str, port: int, log_level: str = "
         access_log=False,
         lifespan="on",
         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
-        limit_concurrency=settings.max_in_flight * 2,
+        # above admission's own bound (limit + queue + peer cap), so admission, not uvicorn's
+        # plain-text 503, decides what to shed
+        limit_concurrency=settings.max_in_flight
+        + settings.admission_queue_max
+        + settings.peer_in_flight_max
+        + 16,
     )
     uvicorn.Server(config).run()

@@ -34,7 +34,9 @@ class Tenants:
             and api_key_sha256(key.strip()) == self._service_key_sha256
         )
 
-    def authenticate_read(self, authorization: str | None, on_behalf_of: str | None) -> TenantConfig:
+    def authenticate_read(
+        self, authorization: str | None, on_behalf_of: str | None
+    ) -> TenantConfig:
         """``authenticate``, or the service key reading for the tenant ``on_behalf_of`` names
         (``X-Convplane-Tenant``; replay workers read transcripts this way)."""
         if not self.is_service_key(authorization):
@@ -55,7 +57,3 @@ class Tenants:
         if tenant is None:
             raise Unauthorized("unknown API key")
         return tenant
-
-    def charge(self, tenant: TenantConfig) -> None:
-        """Nothing: admission charged the tenant before the request did any work. Kept until
-        ``services.api.context.request_context`` stops calling it."""

@@ -113,11 +113,10 @@ def _deadline_s(api: ApiState, request: Request) -> float:
 
 
 async def request_context(request: Request) -> RequestContext:
-    """FastAPI dependency: authenticate, charge the tenant's quota, fix the deadline."""
+    """FastAPI dependency: authenticate and fix the deadline (admission already charged the
+    tenant's quota, before any work)."""
     api = api_state(request)
     tenant = api.tenants.authenticate(request.headers.get("authorization"))
     forwarded = request.headers.get(FORWARDED_HEADER) is not None
     deadline_s = _deadline_s(api, request)
-    if not forwarded:
-        api.tenants.charge(tenant)
     return RequestContext(api, request, tenant, deadline_s, forwarded)
