@@ -131,6 +131,11 @@ def _print_plane(console: Console, info: dict[str, Any], info_file: Path) -> Non
             f"  region [bold]{region['name']}[/bold]  {region['url']}  db {region['dsn']}"
         )
     console.print(f"  API key (tenant {info['tenant_id']}): [bold]{info['api_key']}[/bold]")
+    for engine in info.get("sim_engines", []):
+        console.print(f"  simulated engine (a simulator, no GPU) {engine['engine_id']}  "
+                      f"{engine['url']}")  # fmt: skip
+    if "service_api_key" in info:
+        console.print(f"  replay service key: [bold]{info['service_api_key']}[/bold]")
     console.print(f"  plane described in {info_file}")
 
 
