@@ -180,12 +180,14 @@ class ReplayService:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         stream, self._stream = self._stream, None
-        try:
-            if stream is not None:
-                await stream.close()
-        finally:
-            if self._bus_started:
-                await self._bus.close()
+        closing = [stream.close] if stream is not None else []
+        if self._bus_started:
+            closing.append(self._bus.close)
+        for close in closing:  # a broker that is gone must not stop the node's shutdown
+            try:
+                await close()
+            except ConvplaneError as exc:
+                log.warning("%s: closing the replay bus: %s", self.region, exc)
 
     def _spawn(self, coro: Awaitable[None], name: str) -> asyncio.Task[None]:
         async def run() -> None:
