@@ -353,8 +353,8 @@ class HttpTranscriptSource(TranscriptSource):
     """Reads a transcript from the region's REST API, page by page.
 
     ``GET {region_url}/v1/conversations/{id}/events?after_seq=&limit=`` with the service API key
-    as a bearer token and the tenant in ``X-Convplane-Tenant``. The answer is a JSON list of
-    events or ``{"events": [...]}``; each event has ``seq``, ``event_type`` and ``payload``.
+    as a bearer token and the tenant in ``X-Convplane-Tenant``. The answer is the API's
+    ``EventPage``: ``{"events": [...]}``, each event with ``seq``, ``type`` and ``payload``.
     """
 
     def __init__(
@@ -409,10 +409,9 @@ class HttpTranscriptSource(TranscriptSource):
             )
         try:
             body = response.json()
-            raw = body["events"] if isinstance(body, dict) else body
             return [
-                TranscriptEvent(int(e["seq"]), str(e["event_type"]), dict(e["payload"]))
-                for e in raw
+                TranscriptEvent(int(e["seq"]), str(e["type"]), dict(e["payload"]))
+                for e in body["events"]
             ]
         except (ValueError, KeyError, TypeError) as exc:
             raise TranscriptUnavailable(f"region API answered an unexpected body: {exc!r}") from exc

@@ -26,7 +26,13 @@ from services.api.metrics import Metrics
 FORWARDED_HEADER = "X-Convplane-Forwarded"
 PEER_AUTH_HEADER = "X-Convplane-Peer-Auth"
 DEADLINE_HEADER = "X-Convplane-Deadline-Ms"
-_REQUEST_HEADERS = ("authorization", "content-type", "idempotency-key", "accept")
+_REQUEST_HEADERS = (
+    "authorization",
+    "content-type",
+    "idempotency-key",
+    "accept",
+    "x-convplane-tenant",  # service-key reads on behalf of a tenant (replay workers)
+)
 _RESPONSE_HEADERS = ("content-type", "retry-after", "idempotent-replayed", "x-convplane-served-by")
 
 

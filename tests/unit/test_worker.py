@@ -26,6 +26,7 @@ from replay.worker import (
     cancel_quietly,
     render_messages,
 )
+from services.api.schemas import Event, EventPage
 
 REGION = "eu"
 FAST = WorkerSettings(
@@ -390,11 +391,22 @@ async def test_http_transcript_source_pages_through_the_region_api() -> None:
         seen.append(request)
         after = int(request.url.params["after_seq"])
         limit = int(request.url.params["limit"])
-        events = [
-            {"seq": s, "event_type": "message.user", "payload": {"content": str(s)}}
-            for s in range(after + 1, min(after + limit, 7) + 1)
-        ]
-        return httpx.Response(200, json={"events": events})
+        # the region API's own response model, so the worker and the API cannot drift apart
+        page = EventPage(
+            events=[
+                Event(
+                    event_id=f"e{s}",
+                    seq=s,
+                    type="message.user",
+                    payload={"content": str(s)},
+                    token_count=1,
+                    created_at="2026-01-01T00:00:00Z",
+                )
+                for s in range(after + 1, min(after + limit, 7) + 1)
+            ],
+            next_after_seq=min(after + limit, 7),
+        )
+        return httpx.Response(200, json=page.model_dump())
 
     async with httpx.AsyncClient(
         base_url="http://region", transport=httpx.MockTransport(handler)
