@@ -18,14 +18,26 @@ Prefix cache (``PrefixCache``)
     is always computed, so ``cached_tokens <= prompt_tokens - 1``.
 
 Prefill server (``PrefillServerModel``)
-    One prefill pipeline with ``prefill_tokens_per_s`` capacity. Requests queue in priority
-    order (lower value first, FIFO within a priority: vLLM's ``--scheduling-policy priority``),
-    and the server works in chunks of at most ``chunk_tokens`` (vLLM's chunked prefill). After
-    every chunk it picks again, so a live request (priority 0) that arrives behind a replay
-    request (high priority value) waits at most one replay chunk. The prefix-cache lookup happens
-    when a request gets its first chunk; its blocks enter the cache when its prefill completes.
-    TTFT = queueing + the request's own chunks (max_tokens=1: no decode is modelled; one
-    generation token is counted per request).
+    One prefill pipeline with ``prefill_tokens_per_s`` capacity, run in scheduler steps like
+    vLLM's chunked prefill: a step has a token budget of ``chunk_tokens``
+    (``max_num_batched_tokens``) and at most ``max_num_seqs`` requests; requests are taken in
+    priority order (lower value first, FIFO within a priority: ``--scheduling-policy priority``)
+    and each gets ``min(remaining, budget left)`` tokens. A step lasts its tokens / rate. So a
+    live request (priority 0) that arrives behind replay (a high priority value) waits at most
+    the step in progress. The prefix-cache lookup happens when a request is first scheduled; its
+    blocks enter the cache when its prefill completes. TTFT = queueing + the request's steps
+    (max_tokens=1: no decode is modelled; one generation token is counted per request).
+
+Metrics (``metrics``), shaped like vLLM's
+    ``num_requests_running``: requests scheduled at least once and not finished;
+    ``num_requests_waiting``: requests never scheduled yet (they did not fit in a step's token
+    budget or ``max_num_seqs``), which is what vLLM's waiting queue holds, not "everything not
+    finished". ``prompt_tokens_total`` counts a request's whole prompt when its prefill
+    completes, as vLLM V1 does (``IterationStats.update_from_output`` adds ``prompt_len`` with the
+    first output token; partial prefills produce no output); ``prompt_tokens_per_chunk=True``
+    counts each scheduled chunk instead, as the V0 engine did (``token_chunk_size`` per step),
+    with the cached tokens counted when the request is first scheduled. Prefix-cache hits and
+    queries are counted with the prompt tokens, so ``prompt - hits`` is the computed tokens.
 
 Everything here is plain state driven by the caller's clock readings (``now_s``): no I/O, no
 asyncio, so the same model runs in real time (the HTTP simulator) and in virtual time (benches).
@@ -36,7 +48,6 @@ from __future__ import annotations
 import hashlib
 import heapq
 import zlib
-from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -79,45 +90,73 @@ def block_keys(tokens: Sequence[int], cache_salt: str) -> list[int]:
 
 
 class PrefixCache:
-    """LRU set of block keys, capacity in tokens (rounded down to whole blocks)."""
+    """LRU set of block keys, capacity in tokens (rounded down to whole blocks).
+
+    Every use stamps the blocks from a monotone counter, root first with the highest stamp, so
+    along any chain a parent is never older than its child: eviction (oldest first) takes a
+    prompt's tail before its head, as vLLM frees a request's blocks in reverse order, and the
+    cached set stays prefix-closed. That makes ``lookup`` a binary search (O(log n) dict probes)
+    and lets stamping run as one C-level ``dict.update``. Eviction is exact LRU: a sorted
+    snapshot of stamps is consumed oldest first, entries re-stamped since the snapshot are
+    skipped (they are newer than every entry still in it), and it is rebuilt when used up, so
+    each block costs O(log n) amortized instead of a move per block per request.
+    """
 
     def __init__(self, capacity_tokens: int) -> None:
         if capacity_tokens < 0:
             raise InvariantViolation("cache capacity must be >= 0")
         self.capacity_blocks = capacity_tokens // BLOCK_TOKENS
-        self._blocks: OrderedDict[int, None] = OrderedDict()
+        self._stamps: dict[int, int] = {}
+        self._clock = 0
+        self._eviction_order: list[tuple[int, int]] = []  # (stamp, key), newest first
         self.evicted_blocks_total = 0
 
     def __len__(self) -> int:
-        return len(self._blocks)
+        return len(self._stamps)
+
+    def __contains__(self, key: int) -> bool:
+        return key in self._stamps
 
     def lookup(self, keys: Sequence[int]) -> int:
         """Number of leading blocks that are cached; touches them (most recently used)."""
-        hits = 0
-        for key in keys:
-            if key not in self._blocks:
-                break
-            self._blocks.move_to_end(key)
-            hits += 1
-        return hits
+        low, high = 0, len(keys)  # invariant: keys[:low] cached, keys[high:] not
+        while low < high:
+            middle = (low + high + 1) // 2
+            if keys[middle - 1] in self._stamps:
+                low = middle
+            else:
+                high = middle - 1
+        self._touch(keys, low)
+        return low
 
     def insert(self, keys: Sequence[int]) -> None:
-        for key in keys:
-            if key in self._blocks:
-                self._blocks.move_to_end(key)
-            else:
-                self._blocks[key] = None
-        while len(self._blocks) > self.capacity_blocks:
-            self._blocks.popitem(last=False)
-            self.evicted_blocks_total += 1
+        self._touch(keys, len(keys))
+        excess = len(self._stamps) - self.capacity_blocks
+        while excess > 0:
+            if not self._eviction_order:
+                self._eviction_order = sorted(
+                    ((stamp, key) for key, stamp in self._stamps.items()), reverse=True
+                )
+            stamp, key = self._eviction_order.pop()
+            if self._stamps.get(key) == stamp:
+                del self._stamps[key]
+                self.evicted_blocks_total += 1
+                excess -= 1
+
+    def _touch(self, keys: Sequence[int], count: int) -> None:
+        top = self._clock + count
+        self._stamps.update(zip(keys[:count], range(top, self._clock, -1), strict=True))
+        self._clock = top
 
 
 @dataclass(frozen=True, slots=True)
 class SimEngineConfig:
     prefill_tokens_per_s: float = 20_000.0
     cache_tokens: int = 1_000_000
-    chunk_tokens: int = 512
+    chunk_tokens: int = 512  # token budget of one scheduler step (max_num_batched_tokens)
     queue_max: int = 4096  # requests queued or in progress; beyond it a submit is refused
+    max_num_seqs: int = 256  # requests in one step
+    prompt_tokens_per_chunk: bool = False  # False: vLLM V1 (at completion); True: V0 (per step)
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,27 +184,27 @@ class _Pending:
     cached_tokens: int = 0
     remaining_tokens: int = -1  # -1: not started (cache not looked up yet)
     first_chunk_s: float = 0.0
+    step_tokens: int = 0  # tokens in the step in progress
 
 
 class PrefillServerModel:
-    """The chunked, priority-scheduled prefill server (see the module docstring)."""
+    """The step-batched, priority-scheduled prefill server (see the module docstring)."""
 
     def __init__(self, config: SimEngineConfig) -> None:
-        if config.prefill_tokens_per_s <= 0 or config.chunk_tokens <= 0:
-            raise InvariantViolation("prefill rate and chunk size must be positive")
+        if config.prefill_tokens_per_s <= 0 or config.chunk_tokens <= 0 or config.max_num_seqs <= 0:
+            raise InvariantViolation("prefill rate, step budget and max_num_seqs must be positive")
         self.config = config
         self.cache = PrefixCache(config.cache_tokens)
         self._queue: list[tuple[int, int, _Pending]] = []  # (priority, ticket, request)
-        self._current: _Pending | None = None
-        self._chunk_tokens_now = 0
-        self._chunk_end_s = 0.0
+        self._step: list[_Pending] = []  # the requests of the step in progress
+        self._step_end_s = 0.0
         self._now_s = 0.0
         self._next_ticket = 0
         self._started_unfinished = 0
         self._done: list[SimCompletion] = []
-        self.prompt_tokens_total = 0
-        self.cached_tokens_total = 0
-        self.computed_tokens_total = 0
+        self.prompt_tokens_total = 0  # as exposed (see prompt_tokens_per_chunk)
+        self.cached_tokens_total = 0  # as exposed, with the prompt tokens
+        self.computed_tokens_total = 0  # every computed token, at the end of its step
         self.requests_total = 0
         self.busy_s_total = 0.0
 
@@ -189,16 +228,16 @@ class PrefillServerModel:
         self._next_ticket += 1
         pending = _Pending(ticket, priority, now_s, keys, prompt_tokens)
         heapq.heappush(self._queue, (priority, ticket, pending))
-        if self._current is None:
-            self._start_next_chunk(now_s)
+        if not self._step:
+            self._start_step(now_s)
         return ticket
 
     def advance(self, now_s: float) -> None:
         """Run the server up to ``now_s``; finished requests go to ``pop_completed``."""
         if now_s < self._now_s:
             raise InvariantViolation(f"time went backwards: {now_s} < {self._now_s}")
-        while self._current is not None and self._chunk_end_s <= now_s:
-            self._finish_chunk()
+        while self._step and self._step_end_s <= now_s:
+            self._finish_step()
         self._now_s = now_s
 
     def pop_completed(self) -> list[SimCompletion]:
@@ -208,12 +247,12 @@ class PrefillServerModel:
     # --- observations ------------------------------------------------------------------------
 
     def next_event_s(self) -> float | None:
-        """When the chunk in progress ends (None when idle)."""
-        return self._chunk_end_s if self._current is not None else None
+        """When the step in progress ends (None when idle)."""
+        return self._step_end_s if self._step else None
 
     @property
     def in_system(self) -> int:
-        return len(self._queue) + (1 if self._current is not None else 0)
+        return len(self._queue) + len(self._step)
 
     def metrics(self) -> EngineMetrics:
         running = self._started_unfinished
@@ -228,42 +267,52 @@ class PrefillServerModel:
 
     # --- the server --------------------------------------------------------------------------
 
-    def _start_next_chunk(self, start_s: float) -> None:
-        if not self._queue:
-            self._current = None
-            return
-        _, _, pending = heapq.heappop(self._queue)
-        if pending.remaining_tokens < 0:
-            hit_blocks = self.cache.lookup(pending.keys)
-            pending.cached_tokens = min(hit_blocks * BLOCK_TOKENS, pending.prompt_tokens - 1)
-            pending.remaining_tokens = pending.prompt_tokens - pending.cached_tokens
-            pending.first_chunk_s = start_s
-            self._started_unfinished += 1
-        tokens = min(self.config.chunk_tokens, pending.remaining_tokens)
-        duration_s = tokens / self.config.prefill_tokens_per_s
-        self._current = pending
-        self._chunk_tokens_now = tokens
-        self._chunk_end_s = start_s + duration_s
-        self.busy_s_total += duration_s
+    def _start_step(self, start_s: float) -> None:
+        budget = self.config.chunk_tokens
+        step: list[_Pending] = []
+        while self._queue and budget > 0 and len(step) < self.config.max_num_seqs:
+            _, _, pending = heapq.heappop(self._queue)
+            if pending.remaining_tokens < 0:
+                self._first_schedule(pending, start_s)
+            pending.step_tokens = min(budget, pending.remaining_tokens)
+            budget -= pending.step_tokens
+            step.append(pending)
+        self._step = step
+        if step:
+            duration_s = (self.config.chunk_tokens - budget) / self.config.prefill_tokens_per_s
+            self._step_end_s = start_s + duration_s
+            self.busy_s_total += duration_s
 
-    def _finish_chunk(self) -> None:
-        pending = self._current
-        if pending is None:
-            raise InvariantViolation("no chunk in progress")
-        end_s = self._chunk_end_s
-        pending.remaining_tokens -= self._chunk_tokens_now
-        self.computed_tokens_total += self._chunk_tokens_now
-        if pending.remaining_tokens > 0:
-            heapq.heappush(self._queue, (pending.priority, pending.ticket, pending))
-        else:
-            self._complete(pending, end_s)
-        self._start_next_chunk(end_s)
+    def _first_schedule(self, pending: _Pending, start_s: float) -> None:
+        hit_blocks = self.cache.lookup(pending.keys)
+        pending.cached_tokens = min(hit_blocks * BLOCK_TOKENS, pending.prompt_tokens - 1)
+        pending.remaining_tokens = pending.prompt_tokens - pending.cached_tokens
+        pending.first_chunk_s = start_s
+        self._started_unfinished += 1
+        if self.config.prompt_tokens_per_chunk:
+            self.prompt_tokens_total += pending.cached_tokens
+            self.cached_tokens_total += pending.cached_tokens
+
+    def _finish_step(self) -> None:
+        step, self._step = self._step, []
+        end_s = self._step_end_s
+        for pending in step:
+            pending.remaining_tokens -= pending.step_tokens
+            self.computed_tokens_total += pending.step_tokens
+            if self.config.prompt_tokens_per_chunk:
+                self.prompt_tokens_total += pending.step_tokens
+            if pending.remaining_tokens > 0:
+                heapq.heappush(self._queue, (pending.priority, pending.ticket, pending))
+            else:
+                self._complete(pending, end_s)
+        self._start_step(end_s)
 
     def _complete(self, pending: _Pending, end_s: float) -> None:
         self.cache.insert(pending.keys)
         self._started_unfinished -= 1
-        self.prompt_tokens_total += pending.prompt_tokens
-        self.cached_tokens_total += pending.cached_tokens
+        if not self.config.prompt_tokens_per_chunk:
+            self.prompt_tokens_total += pending.prompt_tokens
+            self.cached_tokens_total += pending.cached_tokens
         self.requests_total += 1
         self._done.append(
             SimCompletion(

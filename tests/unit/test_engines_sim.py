@@ -123,7 +123,8 @@ def test_live_request_behind_replay_waits_at_most_one_chunk() -> None:
     live = done[0]
     chunk_s = 512 / RATE
     assert live.first_chunk_s - live.arrival_s <= chunk_s + 1e-9
-    assert live.ttft_s <= chunk_s + 200 / RATE + 1e-9
+    # it fits in the next step (which replay's remaining tokens fill up to the budget)
+    assert live.ttft_s <= 2 * chunk_s + 1e-9
 
 
 def test_same_priority_is_fifo() -> None:
