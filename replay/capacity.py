@@ -8,11 +8,23 @@ Per engine (``SpareEstimator``)::
 ``live_tokens_per_s`` is measured from the engine's own counters, not predicted: the rate of
 *computed* prompt tokens, ``d(vllm:prompt_tokens_total) - d(vllm:prefix_cache_hits_total)``
 (prefix-cache hits cost no prefill compute), minus the computed tokens of replay's own requests
-(the controller is told each replay outcome). The rate is smoothed by an asymmetric EWMA: it
-follows a rise with time constant ``rise_tau_s`` (0.3 s: a step up is 96% tracked within 1 s)
-and a fall with ``fall_tau_s`` (3 s), so replay backs off fast and comes back slowly. When live
-requests are waiting (``num_requests_waiting`` minus replay requests of ours in flight > 0) the
-spare is 0: the engine is saturated.
+(the controller is told each replay outcome; a replay counted before it is reported is taken
+off later intervals, never clamped away). vLLM V1 counts a prompt when its prefill completes, so
+the counter moves in lumps of whole prompts; the estimate must be unbiased over such lumps,
+because any bias becomes lost replay throughput (an earlier fast-rise/slow-fall EWMA read 60%
+high at 60% load and gave replay a fifth of the spare). So:
+
+- the base estimate is the plain mean rate over the last ``spare_window_s`` (5 s): unbiased;
+- a rise detector with a deadband: when the mean over the last ``rise_window_s`` (1 s) exceeds
+  the base by more than ``rise_deadband`` x capacity, the excess is added at once and then
+  decays with ``fall_tau_s`` (3 s), so replay backs off within a second of a real surge and
+  returns slowly, while ordinary lumpiness (inside the deadband) costs nothing.
+
+When live requests are waiting (``num_requests_waiting`` minus replay requests of ours in
+flight > 0; in vLLM: requests that did not fit a step's token budget or ``max_num_seqs``), the
+spare reads 0 and nothing is granted, but the spare bucket keeps the credit it earns at the
+measured rate (up to its depth): a waiting queue at 60% load lasts a step or two, and replay
+runs at a lower priority anyway, so dropping the credit would only lose throughput.
 
 Dispatch (``CapacityController``, one per worker/engine) grants a replay of ``tokens`` only if
 all hold, and then takes from all (all or nothing):
@@ -34,6 +46,7 @@ from __future__ import annotations
 import asyncio
 import math
 import random
+from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -60,8 +73,10 @@ class ReplayCapacityTimeout(DeadlineExceeded):
 class CapacityConfig:
     capacity_tokens_per_s: float  # measured prefill capacity of the engine
     headroom: float = 0.1  # fraction of capacity never given to replay
-    rise_tau_s: float = 0.3
-    fall_tau_s: float = 3.0
+    spare_window_s: float = 5.0  # live rate = mean over this window
+    rise_window_s: float = 1.0  # a surge is judged over this window ...
+    rise_deadband: float = 0.25  # ... when it beats the mean by this fraction of capacity
+    fall_tau_s: float = 3.0  # a detected surge's excess decays with this time constant
     burst_s: float = 1.0  # spare bucket depth, in seconds of capacity x headroom
     max_concurrent_replays: int = 2
     stale_after_s: float = 5.0  # no metrics for this long => spare 0
@@ -69,8 +84,11 @@ class CapacityConfig:
     def __post_init__(self) -> None:
         if self.capacity_tokens_per_s <= 0 or not 0 <= self.headroom < 1:
             raise InvariantViolation("capacity must be > 0 and headroom in [0, 1)")
-        if self.max_concurrent_replays < 1 or self.rise_tau_s <= 0 or self.fall_tau_s <= 0:
+        windows_ok = 0 < self.rise_window_s <= self.spare_window_s
+        if self.max_concurrent_replays < 1 or self.fall_tau_s <= 0 or not windows_ok:
             raise InvariantViolation("bad capacity config")
+        if self.rise_deadband < 0:
+            raise InvariantViolation("rise_deadband must be >= 0")
 
 
 class TokenBucket:
@@ -109,6 +127,8 @@ class TokenBucket:
 class SpareEstimator:
     """Live prefill demand and spare of one engine, from successive metric snapshots."""
 
+    SAMPLES_MAX = 1024  # polls inside one spare window, at most (older ones are dropped)
+
     def __init__(self, config: CapacityConfig) -> None:
         self.config = config
         self.live_tokens_per_s = 0.0
@@ -116,6 +136,10 @@ class SpareEstimator:
         self.last_observed_s: float | None = None
         self._last_computed: float | None = None
         self._replay_computed_since = 0.0
+        self._live_total = 0.0  # live computed tokens since the first snapshot
+        self._samples: deque[tuple[float, float]] = deque(maxlen=self.SAMPLES_MAX)
+        self._surge_tokens_per_s = 0.0  # excess of a detected rise, at ``_surge_at_s``
+        self._surge_at_s = 0.0
 
     def note_replay_computed(self, computed_tokens: float) -> None:
         self._replay_computed_since += computed_tokens
@@ -124,26 +148,61 @@ class SpareEstimator:
         computed = metrics.prompt_tokens_total - metrics.prefix_cache_hits_total
         self.live_waiting = max(0.0, metrics.num_requests_waiting - replay_in_flight)
         last_s, last = self.last_observed_s, self._last_computed
+        if last_s is not None and now_s <= last_s:
+            return  # no time passed: nothing to learn
         self.last_observed_s, self._last_computed = now_s, computed
-        if last_s is None or last is None or now_s <= last_s or computed < last:
-            self._replay_computed_since = 0.0  # first snapshot, or the engine restarted
+        if last is None or computed < last:  # first snapshot, or the engine restarted
+            self._replay_computed_since = 0.0
+            self._samples.clear()
+            self._samples.append((now_s, self._live_total))
             return
-        elapsed_s = now_s - last_s
-        live = max(0.0, computed - last - self._replay_computed_since)
+        # replay tokens reported but not yet counted (or the reverse) carry over: no clamping
+        self._live_total += computed - last - self._replay_computed_since
         self._replay_computed_since = 0.0
-        rate = live / elapsed_s
-        tau_s = self.config.rise_tau_s if rate > self.live_tokens_per_s else self.config.fall_tau_s
-        alpha = 1.0 - math.exp(-elapsed_s / tau_s)
-        self.live_tokens_per_s += alpha * (rate - self.live_tokens_per_s)
+        self._samples.append((now_s, self._live_total))
+        horizon_s = now_s - self.config.spare_window_s
+        while len(self._samples) > 1 and self._samples[1][0] <= horizon_s:
+            self._samples.popleft()  # keep one sample at or before the window's start
+        self.live_tokens_per_s = self._estimate(now_s)
 
-    def spare_tokens_per_s(self, now_s: float) -> float:
-        stale = (
-            self.last_observed_s is None or now_s - self.last_observed_s > self.config.stale_after_s
-        )
-        if stale or self.live_waiting > 0:
+    def _rate_over(self, window_s: float, now_s: float) -> float:
+        """Mean live rate since the newest sample at least ``window_s`` old (or the oldest)."""
+        start_s, start_total = self._samples[0]
+        for at_s, total in reversed(self._samples):
+            if at_s <= now_s - window_s + 1e-9:
+                start_s, start_total = at_s, total
+                break
+        if now_s <= start_s:
+            return 0.0
+        return max(0.0, (self._live_total - start_total) / (now_s - start_s))
+
+    def _estimate(self, now_s: float) -> float:
+        base = self._rate_over(self.config.spare_window_s, now_s)
+        recent = self._rate_over(self.config.rise_window_s, now_s)
+        decay = math.exp(-(now_s - self._surge_at_s) / self.config.fall_tau_s)
+        surge = self._surge_tokens_per_s * decay
+        if recent - base > self.config.rise_deadband * self.config.capacity_tokens_per_s:
+            if recent - base > surge:
+                surge = recent - base
+            self._surge_tokens_per_s, self._surge_at_s = surge, now_s
+        return base + surge
+
+    def _stale(self, now_s: float) -> bool:
+        last_s = self.last_observed_s
+        return last_s is None or now_s - last_s > self.config.stale_after_s
+
+    def rate_spare_tokens_per_s(self, now_s: float) -> float:
+        """Spare from the measured live rate alone (ignores waiting requests): the rate at
+        which the spare bucket earns credit."""
+        if self._stale(now_s):
             return 0.0
         usable = self.config.capacity_tokens_per_s * (1.0 - self.config.headroom)
         return max(0.0, usable - self.live_tokens_per_s)
+
+    def spare_tokens_per_s(self, now_s: float) -> float:
+        if self.live_waiting > 0:
+            return 0.0
+        return self.rate_spare_tokens_per_s(now_s)
 
 
 class OperatorLimits:
@@ -212,7 +271,7 @@ class CapacityController:
         now_s = self._clock.monotonic()
         self._bucket.refill(now_s)
         self.estimator.observe(metrics, now_s, self.in_flight)
-        self._bucket.set_rate(self.estimator.spare_tokens_per_s(now_s), now_s)
+        self._bucket.set_rate(self.estimator.rate_spare_tokens_per_s(now_s), now_s)
 
     def try_acquire(self, tokens: int, tenant: str) -> Grant:
         now_s = self._clock.monotonic()
@@ -270,11 +329,10 @@ class CapacityController:
             raise InvariantViolation("a replay acquires a positive number of tokens")
         if self.in_flight >= self.config.max_concurrent_replays:
             return Grant.CONCURRENCY
-        spare_tokens_per_s = self.estimator.spare_tokens_per_s(now_s)
-        self._bucket.set_rate(spare_tokens_per_s, now_s)
+        self._bucket.set_rate(self.estimator.rate_spare_tokens_per_s(now_s), now_s)
         # no spare right now (saturated, waiting live requests, stale metrics): deny even if
-        # the bucket saved up tokens earlier
-        if spare_tokens_per_s <= 0 or not self._bucket.can_take(tokens):
+        # the bucket saved up tokens earlier (waiting keeps the credit; see the docstring)
+        if self.estimator.spare_tokens_per_s(now_s) <= 0 or not self._bucket.can_take(tokens):
             return Grant.NO_SPARE
         region = self._limits.region
         if region is not None:
