@@ -45,7 +45,13 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from eventlog.clock import Clock
-from replay.capacity import CapacityConfig, CapacityController, Grant, OperatorLimits
+from replay.capacity import (
+    CapacityConfig,
+    CapacityController,
+    CapacitySnapshot,
+    Grant,
+    OperatorLimits,
+)
 from replay.engines.sim_core import (
     BLOCK_TOKENS,
     PrefillServerModel,
@@ -94,6 +100,11 @@ class Params:
     tick_s: float = 0.05
     poll_s: float = 0.25
     max_concurrent_replays: int = 2
+    burst_s: float = 1.0  # spare bucket depth, seconds of capacity x headroom
+    spare_window_s: float = 5.0
+    rise_deadband: float = 0.25
+    max_num_seqs: int = 256
+    prompt_tokens_per_chunk: int = 0  # 1: count prompt tokens per step (vLLM V0), 0: V1
     horizon_max_s: float = 3_600.0
 
 
@@ -110,12 +121,13 @@ class Session:
     had_live_turn: bool = False
 
     def block_keys(self) -> list[int]:
-        """Extend the chained block keys to the current length (the same rule as sim_core)."""
+        """Extend the chained block keys to the current length. The bench's synthetic tokens
+        are the run ``base, base + 1, ...``, so a block's content is named by its first token:
+        key = hash(parent key, first token), chained like ``sim_core.block_keys``."""
         keys = self.keys
         parent = keys[-1] if keys else self.salt
         for start in range(len(keys) * BLOCK_TOKENS, self.length - BLOCK_TOKENS + 1, BLOCK_TOKENS):
-            first = self.base + start
-            parent = hash((parent, *range(first, first + BLOCK_TOKENS)))
+            parent = hash((parent, self.base + start))
             keys.append(parent)
         return keys
 
@@ -138,6 +150,27 @@ class Region:
     replayed_computed_tokens: int = 0
     replayed_jobs: int = 0
     computed_at_done: int = 0  # all engines' computed tokens at the last replay completion
+    diag: Diagnostics = field(default_factory=lambda: Diagnostics())
+
+
+@dataclass
+class Diagnostics:
+    """What the region's controllers saw at each poll (summed over its engines)."""
+
+    polls: int = 0  # engine polls
+    polls_live_waiting: int = 0  # polls where the controller saw live requests waiting
+    polls_zero_spare: int = 0  # polls after which the controller's spare read 0
+    spare_sum: float = 0.0  # sum over polls of the estimated spare (tokens/s)
+    live_sum: float = 0.0  # sum over polls of the estimated live rate (tokens/s)
+    timeline: list[tuple[float, float, float, int]] = field(default_factory=list)
+    # (t, estimated spare of the region, computed tokens of all engines, replayed tokens)
+
+    def observe(self, snapshot: CapacitySnapshot) -> None:
+        self.polls += 1
+        self.polls_live_waiting += snapshot.live_waiting > 0
+        self.polls_zero_spare += snapshot.spare_tokens_per_s <= 0
+        self.spare_sum += snapshot.spare_tokens_per_s
+        self.live_sum += snapshot.live_tokens_per_s
 
 
 def build_sessions(params: Params, rng: random.Random, prefix: str, count: int) -> list[Session]:
@@ -165,7 +198,12 @@ def build_region(
 ) -> Region:
     rng = random.Random(params.seed * 1000 + index)
     config = SimEngineConfig(
-        params.prefill_tokens_per_s, params.cache_tokens, params.chunk_tokens, queue_max=100_000
+        params.prefill_tokens_per_s,
+        params.cache_tokens,
+        params.chunk_tokens,
+        queue_max=100_000,
+        max_num_seqs=params.max_num_seqs,
+        prompt_tokens_per_chunk=bool(params.prompt_tokens_per_chunk),
     )
     engines = [PrefillServerModel(config) for _ in range(params.engines_per_region)]
     own = build_sessions(params, rng, f"{name}-own", params.own_sessions_per_region)
@@ -180,6 +218,9 @@ def build_region(
             capacity_tokens_per_s=params.prefill_tokens_per_s,
             headroom=params.headroom,
             max_concurrent_replays=params.max_concurrent_replays,
+            burst_s=params.burst_s,
+            spare_window_s=params.spare_window_s,
+            rise_deadband=params.rise_deadband,
         )
         region.controllers = [CapacityController(capacity, clock, limits) for _ in engines]
         region.scheduler.add_moved(
@@ -278,6 +319,46 @@ def dispatch_replay(region: Region, sessions: dict[str, Session], now_s: float) 
             region.in_flight[(index, ticket)] = job
 
 
+def _sample_timeline(region: Region, now_s: float) -> None:
+    spare = sum(c.snapshot().spare_tokens_per_s for c in region.controllers)
+    computed = sum(e.computed_tokens_total for e in region.engines)
+    region.diag.timeline.append((now_s, spare, computed, region.replayed_computed_tokens))
+
+
+def print_diagnostics(params: Params, region: Region) -> None:
+    """Why replay ran at the rate it did: denials, how often the spare read 0, and the
+    controllers' spare estimate against the spare measured afterwards, per 10% of the run."""
+    diag = region.diag
+    denied: dict[str, int] = {}
+    for controller in region.controllers:
+        for reason, count in controller.snapshot().denied.items():
+            denied[reason] = denied.get(reason, 0) + count
+    polls = max(diag.polls, 1)
+    print(
+        f"      diagnostics: denials {dict(sorted(denied.items()))}; polls {diag.polls}: "
+        f"live waiting {diag.polls_live_waiting / polls:.0%}, spare read 0 "
+        f"{diag.polls_zero_spare / polls:.0%}; mean estimated spare/engine "
+        f"{diag.spare_sum / polls:.0f}, live/engine {diag.live_sum / polls:.0f} tokens/s"
+    )
+    usable = params.engines_per_region * params.prefill_tokens_per_s * (1 - params.headroom)
+    timeline = [row for row in diag.timeline if row[0] <= region.replay_done_s]
+    step = max(1, len(timeline) // 10)
+    cells = []
+    for before, after in zip(timeline[::step], timeline[step::step], strict=False):
+        elapsed_s = after[0] - before[0]
+        replayed = (after[3] - before[3]) / elapsed_s
+        live = (after[2] - before[2]) / elapsed_s - replayed
+        estimated = sum(row[1] for row in timeline if before[0] <= row[0] < after[0]) / step
+        cells.append(
+            f"{before[0]:.0f}s {estimated / 1000:.1f}/{(usable - live) / 1000:.1f}/"
+            f"{replayed / 1000:.1f}"
+        )
+    print(
+        "      timeline (estimated spare / measured spare / replayed, k tokens/s): "
+        + ", ".join(cells)
+    )
+
+
 def replay_finished(region: Region) -> bool:
     assert region.scheduler is not None
     return not region.in_flight and region.scheduler.snapshot().backlog_sessions == 0
@@ -323,6 +404,9 @@ def simulate(params: Params, with_replay: bool, horizon_s: float | None) -> list
                         on_completion(region, index, done)
                     if poll:
                         region.controllers[index].observe(engine.metrics())
+                        region.diag.observe(region.controllers[index].snapshot())
+                if poll:
+                    _sample_timeline(region, now_s)
                 dispatch_replay(region, sessions, now_s)
             if horizon_s is None and all(replay_finished(r) for r in regions):
                 break
@@ -386,6 +470,7 @@ def main(argv: list[str] | None = None) -> None:
             f"makespan {m:.1f} s, bound {b:.1f} s (ratio {m / b:.3f}), "
             f"no-headroom bound {b0:.1f} s"
         )
+        print_diagnostics(params, region)
     rows = []
     for label, regions in (("with replay", with_replay), ("without replay", without)):
         all_ms = ttfts_ms(regions, horizon_s)
