@@ -27,6 +27,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from eventlog.sharding import shard_of
 from tests.chaos.audit import audit
 from tests.chaos.harness import (
     FAST_ENV,
@@ -40,6 +41,8 @@ from tests.chaos.harness import (
 )
 
 RECOVERY_WAIT_S = 30.0
+#: a recovery slower than this is explained (the writers' failed attempts are printed)
+SLOW_S = 3.0
 FAILBACK_WAIT_S = 60.0
 
 
@@ -53,6 +56,19 @@ async def wait_until(check, timeout_s: float, what: str) -> None:  # type: ignor
             pass
         await asyncio.sleep(0.1)
     raise RuntimeError(f"timed out after {timeout_s:g}s waiting for {what}")
+
+
+def explain_slowest(writers: Writers, times: dict[int, float | None], fault_s: float) -> None:
+    """Print the failed attempts behind the slowest shard's recovery."""
+    shard = max((s for s, v in times.items() if v is not None), key=lambda s: times[s] or 0.0)
+    cids = {c for c in writers.conversations if shard_of(c, writers.shard_count) == shard}
+    print(f"  slowest: shard {shard} at {times[shard]:.2f}s; its failed attempts:")
+    for cid, sent_s, ended_s, entry, outcome in writers.failures:
+        if cid in cids and ended_s >= fault_s - 1.0:
+            print(
+                f"    sent {sent_s - fault_s:+.2f}s ended {ended_s - fault_s:+.2f}s "
+                f"via {entry}: {outcome}"
+            )
 
 
 async def run(rounds: int, shards: int, state_dir: Path) -> dict[str, object]:
@@ -99,6 +115,8 @@ async def run(rounds: int, shards: int, state_dir: Path) -> dict[str, object]:
                 f"rto max {max(got, default=float('nan')):.2f}s",
                 flush=True,
             )
+            if got and max(got) > SLOW_S:
+                explain_slowest(writers, times, fault_s)
             await asyncio.to_thread(plane.restart_region, victim)
 
             async def failed_back(observer: str = observer) -> bool:

@@ -43,6 +43,7 @@ FAST_ENV = {
 ATTEMPT_TIMEOUT_S = 3.0
 RETRY_BACKOFF_S = 0.05
 WRITE_PAUSE_S = 0.01
+TRACE_MAX = 5000
 
 
 @dataclass
@@ -176,6 +177,9 @@ class Writers:
     unacked: dict[str, str] = field(default_factory=dict)  # key -> conversation, at stop
     stop: asyncio.Event = field(default_factory=asyncio.Event)
     attempts: int = 0
+    #: failed attempts (conversation, sent, ended, entry region, status or exception name),
+    #: the most recent TRACE_MAX of them, for explaining a slow recovery
+    failures: list[tuple[str, float, float, str, str]] = field(default_factory=list)
 
     async def run(self) -> None:
         limits = httpx.Limits(max_connections=200, max_keepalive_connections=50)
@@ -226,6 +230,7 @@ class Writers:
             attempt += 1
             self.attempts += 1
             sent_s = time.monotonic()
+            error = ""
             try:
                 r = await client.post(
                     self.urls[entry] + path,
@@ -236,8 +241,8 @@ class Writers:
                         "X-Convplane-Deadline-Ms": str(int(ATTEMPT_TIMEOUT_S * 1000)),
                     },
                 )
-            except httpx.HTTPError:
-                r = None
+            except httpx.HTTPError as exc:
+                r, error = None, type(exc).__name__
             if r is not None and r.status_code in (200, 201):
                 if not create:
                     data = r.json()
@@ -248,6 +253,9 @@ class Writers:
                     )
                     self.acks.append(ack)
                 return
+            outcome = error if r is None else f"{r.status_code} {r.text[:80]}"
+            self.failures.append((cid, sent_s, time.monotonic(), entry, outcome))
+            del self.failures[:-TRACE_MAX]
             if r is not None and r.status_code < 500 and r.status_code != 429:
                 raise AssertionError(f"{path} via {entry}: {r.status_code} {r.text[:300]}")
             if self.stop.is_set() and not create:

@@ -1,0 +1,132 @@
+"""Chaos: partition one region away (every link to and from the other regions' nodes and
+databases black-holed by fault proxies), fail over, heal, fail back; audit every replica.
+
+The minority side must acknowledge nothing while cut off. Needs local PostgreSQL binaries; fails
+loudly without them, never skips.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.chaos.audit import audit
+from tests.chaos.harness import (
+    FAST_ENV,
+    ChaosPlane,
+    Writers,
+    conversations_per_shard,
+    full_placement,
+    get_json,
+    percentile,
+    recovery_times,
+)
+
+SHARDS = 24
+CUT_S = 6.0
+#: an append whose quorum reply was delivered just before the cut may be acked just after it
+IN_FLIGHT_GRACE_S = 0.3
+
+
+async def wait_for(check, timeout_s: float, what: str) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if await check():
+                return
+        except httpx.HTTPError:
+            pass
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"timed out after {timeout_s:g}s waiting for {what}")
+
+
+@pytest.mark.postgres
+async def test_partitioned_region_acks_nothing_and_its_shards_fail_over(
+    chaos_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name, value in FAST_ENV.items():
+        monkeypatch.setenv(name, value)
+    plane = ChaosPlane(
+        regions=3,
+        state_dir=chaos_dir / "plane",
+        base_port=0,
+        postgres=True,
+        shard_count=SHARDS,
+        proxied=True,
+        loop=asyncio.get_running_loop(),
+    )
+    writers: Writers | None = None
+    running: asyncio.Task[None] | None = None
+    try:
+        info = await asyncio.to_thread(plane.start)
+        urls = {r["name"]: r["url"] for r in info["regions"]}
+        key = info["api_key"]
+        writers = Writers(urls, key, conversations_per_shard(SHARDS), SHARDS)
+        running = asyncio.create_task(writers.run())
+        await asyncio.sleep(3.0)
+        victim = "us-east"
+        before = await get_json(urls["eu-west"], "/v1/placement", key)
+        moved = sorted(int(s) for s, r in before["assignment"].items() if r == victim)
+        cut_s = time.monotonic()
+        plane.partition(victim)
+
+        async def recovered() -> bool:
+            assert running is not None and writers is not None
+            if running.done():
+                running.result()
+            rto = recovery_times(writers.acks, moved, victim, cut_s)
+            return all(v is not None for v in rto.values())
+
+        await wait_for(recovered, 30.0, "the partitioned region's shards to ack elsewhere")
+        rto = [v for v in recovery_times(writers.acks, moved, victim, cut_s).values() if v]
+        print(
+            f"\npartition: {len(moved)} shards moved; recovery p50 {percentile(rto, 50):.2f}s "
+            f"p99 {percentile(rto, 99):.2f}s max {max(rto):.2f}s"
+        )
+        seen_by_majority = await get_json(urls["eu-west"], "/v1/regions", key)
+        assert {r["name"]: r["status"] for r in seen_by_majority["regions"]}[victim] == "down"
+        seen_by_minority = await get_json(urls[victim], "/v1/regions", key)
+        minority_view = {r["name"]: r["status"] for r in seen_by_minority["regions"]}
+        assert minority_view[victim] == "up"  # it cannot declare anyone down alone
+        assert "down" not in minority_view.values()
+        await asyncio.sleep(max(0.0, cut_s + CUT_S - time.monotonic()))
+        heal_s = time.monotonic()
+        plane.heal()
+
+        window = (cut_s + IN_FLIGHT_GRACE_S, heal_s)
+        minority_acks = [
+            a
+            for a in writers.acks
+            if (a.entry_region == victim or a.served_by == victim)
+            and window[0] <= a.acked_s <= window[1]
+        ]
+        assert minority_acks == [], minority_acks[:5]
+
+        full = {str(s): r for s, r in full_placement(list(urls), SHARDS).items()}
+
+        async def failed_back() -> bool:
+            p = await get_json(urls["eu-west"], "/v1/placement", key)
+            return bool(p["down"] == [] and p["assignment"] == full)
+
+        await wait_for(failed_back, 60.0, "failback after heal")
+        await asyncio.sleep(2.0)
+        writers.stop.set()
+        await asyncio.wait_for(running, 60)
+        await asyncio.to_thread(plane.stop_nodes)
+        report = await audit({m.name: m.dsn for m in plane.members}, writers.acks)
+    finally:
+        if writers is not None:
+            writers.stop.set()
+        if running is not None:
+            if not running.done():
+                running.cancel()
+            await asyncio.gather(running, return_exceptions=True)
+        await asyncio.to_thread(plane.stop)
+        await plane.close_proxies()
+    print(f"audit: {report}")
+    assert report.problems == []
+    assert report.acked_lost == 0 and report.acked > 100
