@@ -180,6 +180,7 @@ class Writers:
     #: failed attempts (conversation, sent, ended, entry region, status or exception name),
     #: the most recent TRACE_MAX of them, for explaining a slow recovery
     failures: list[tuple[str, float, float, str, str]] = field(default_factory=list)
+    _entry_offset: dict[str, int] = field(default_factory=dict)
 
     async def run(self) -> None:
         limits = httpx.Limits(max_connections=200, max_keepalive_connections=50)
@@ -226,7 +227,9 @@ class Writers:
     ) -> None:
         attempt = 0
         while True:
-            entry = regions[(i + attempt) % len(regions)]
+            # Sticky entry region (like a client behind a health-checked balancer): keep the
+            # one that answered last; move to the next after any failure.
+            entry = regions[(i + self._entry_offset.get(cid, 0)) % len(regions)]
             attempt += 1
             self.attempts += 1
             sent_s = time.monotonic()
@@ -253,6 +256,7 @@ class Writers:
                     )
                     self.acks.append(ack)
                 return
+            self._entry_offset[cid] = self._entry_offset.get(cid, 0) + 1
             outcome = error if r is None else f"{r.status_code} {r.text[:80]}"
             self.failures.append((cid, sent_s, time.monotonic(), entry, outcome))
             del self.failures[:-TRACE_MAX]
