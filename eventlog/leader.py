@@ -31,6 +31,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from eventlog.aio import abandon, bounded
 from eventlog.clock import Clock
 from eventlog.config import LogConfig
 from eventlog.errors import (
@@ -147,7 +148,7 @@ class ShardLeader:
         )
         calls = {
             asyncio.ensure_future(
-                asyncio.wait_for(
+                bounded(
                     store.prepare(self.shard, self.epoch, self._config.prepare_tail_max),
                     timeout_s,
                 )
@@ -168,10 +169,10 @@ class ShardLeader:
                         self.highest_seen_epoch = max(self.highest_seen_epoch, reply.promised_epoch)
                         rejected = True
         finally:
+            # Late promises are harmless (a promise only makes a replica reject lower epochs);
+            # do not wait for stragglers: a cut-off replica may take long to cancel.
             for call in pending:
-                call.cancel()
-            # Late promises are harmless: a promise only makes a replica reject lower epochs.
-            await asyncio.gather(*pending, return_exceptions=True)
+                abandon(call)
         self.highest_seen_epoch = max(self.highest_seen_epoch, self.epoch)
         if rejected or len(promises) < needed:
             return None
@@ -226,7 +227,7 @@ class ShardLeader:
         cursor = after_lsn
         while cursor < last_lsn:
             try:
-                page = await asyncio.wait_for(
+                page = await bounded(
                     store.read_log(
                         self.shard, cursor, min(self._config.prepare_tail_max, last_lsn - cursor)
                     ),
@@ -344,15 +345,18 @@ class ShardLeader:
         """Regions whose replicas are known to hold the leader's log through ``lsn``."""
         return tuple(r for r, f in self._followers.items() if f.match_lsn >= lsn)
 
-    def read_source(self) -> str:
-        """A region whose replica holds every committed entry (this region's own if it does)."""
-        own = self._followers.get(self.region)
-        if own is not None and own.match_lsn >= self.commit_lsn:
-            return self.region
-        best = max(self._followers.values(), key=lambda f: (f.match_lsn, f.failing_since is None))
-        if best.match_lsn < self.commit_lsn:
+    def read_sources(self) -> list[str]:
+        """Regions whose replicas hold every committed entry, best first: this region's own,
+        then replicas whose last call succeeded, then the rest."""
+        holders = [f for f in self._followers.values() if f.match_lsn >= self.commit_lsn]
+        if not holders:
             raise InvariantViolation(f"shard {self.shard}: no replica holds the commit point")
-        return best.region
+        holders.sort(key=lambda f: (f.region != self.region, f.failing_since is not None, f.region))
+        return [f.region for f in holders]
+
+    def read_source(self) -> str:
+        """The best of ``read_sources``."""
+        return self.read_sources()[0]
 
     # --- replication -------------------------------------------------------------------
 
@@ -400,7 +404,7 @@ class ShardLeader:
         last = min(self.last_lsn, prev_lsn + self._config.batch_events_max)
         prev_epoch, batch = await self._entries_after(follower.region, prev_lsn, last)
         commit_lsn = self.commit_lsn
-        reply = await asyncio.wait_for(
+        reply = await bounded(
             follower.store.append(self.shard, self.epoch, prev_lsn, prev_epoch, batch, commit_lsn),
             self._config.replica_call_timeout_s,
         )

@@ -14,6 +14,7 @@ from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
+from eventlog.aio import bounded
 from eventlog.clock import Clock
 from eventlog.config import LogConfig
 from eventlog.conversation_state import (
@@ -33,6 +34,7 @@ from eventlog.errors import (
     ConvplaneError,
     InvalidRequest,
     InvariantViolation,
+    NoQuorum,
     NotFound,
     NotLeader,
 )
@@ -225,13 +227,10 @@ class LogNode(ConversationLog):
     ) -> list[LogEntry]:
         """Committed entries, from a replica known to hold everything committed."""
         commit_lsn = leader.commit_lsn
-        sources = [leader.read_source()] + [
-            r for r in leader.holders(commit_lsn) if r != leader.read_source()
-        ]
         last_error: ConvplaneError | None = None
-        for region in sources:
+        for region in leader.read_sources():
             try:
-                return await asyncio.wait_for(
+                return await bounded(
                     self._replicas[region].read_conversation(
                         leader.shard, conversation_id, after_seq, limit, commit_lsn
                     ),
@@ -239,10 +238,8 @@ class LogNode(ConversationLog):
                 )
             except (ConvplaneError, TimeoutError) as exc:
                 last_error = exc if isinstance(exc, ConvplaneError) else None
-        raise last_error or NotLeader(
-            f"shard {leader.shard}: no replica answered a read",
-            shard=leader.shard,
-            retry_after_s=0.5,
+        raise last_error or NoQuorum(
+            f"shard {leader.shard}: no replica answered a read", retry_after_s=0.5
         )
 
     # --- ConversationLog ------------------------------------------------------------------
@@ -431,7 +428,7 @@ class LogNode(ConversationLog):
         commit_lsn = leader.commit_lsn
         if after_lsn >= commit_lsn:
             return []
-        entries = await asyncio.wait_for(
+        entries = await bounded(
             self._replicas[leader.read_source()].read_log(
                 shard, after_lsn, min(limit, commit_lsn - after_lsn)
             ),

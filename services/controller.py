@@ -33,6 +33,7 @@ from typing import Any
 
 import httpx
 
+from eventlog.aio import bounded
 from eventlog.clock import Clock
 from eventlog.errors import ConvplaneError, NotLeader
 from eventlog.model import LogEntry
@@ -237,7 +238,7 @@ class Controller:
         sources = [r for r in self.replicas if r not in suspects]
         timeout_s = self.settings.control_read_timeout_s
         replies = await asyncio.gather(
-            *(asyncio.wait_for(self.replicas[r].status(shard), timeout_s) for r in sources),
+            *(bounded(self.replicas[r].status(shard), timeout_s) for r in sources),
             return_exceptions=True,
         )
         hints = [
@@ -251,7 +252,7 @@ class Controller:
         after = self.state.applied_lsn
         if commit_lsn <= after:
             return []
-        entries = await asyncio.wait_for(
+        entries = await bounded(
             self.replicas[best].read_log(shard, after, min(CONTROL_READ_MAX, commit_lsn - after)),
             timeout_s,
         )

@@ -1,0 +1,42 @@
+"""Deadlines that do not wait for the loser.
+
+``asyncio.wait_for`` cancels the awaited call on timeout and then *waits until the cancellation
+has finished*. A database driver cancelling a statement on a black-holed link (a partition) may
+take its own connect timeout to do that, so one unreachable replica would stall the caller far
+past its deadline. ``bounded`` returns at the deadline and leaves the straggler to finish its
+cancellation in the background (its outcome is consumed, never raised). Every call here is
+idempotent at the replica, so an abandoned call that still lands is harmless.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+
+def _consume(task: asyncio.Future[Any]) -> None:
+    if not task.cancelled():
+        task.exception()
+
+
+def abandon(task: asyncio.Future[Any]) -> None:
+    """Cancel ``task`` without waiting for it; its result or error is dropped."""
+    task.cancel()
+    task.add_done_callback(_consume)
+
+
+async def bounded(call: Awaitable[T], timeout_s: float) -> T:
+    """``call``'s result, or TimeoutError after ``timeout_s`` (the call is abandoned)."""
+    task = asyncio.ensure_future(call)
+    try:
+        done, _ = await asyncio.wait({task}, timeout=max(timeout_s, 0.0))
+    except asyncio.CancelledError:
+        abandon(task)
+        raise
+    if not done:
+        abandon(task)
+        raise TimeoutError(f"no answer within {timeout_s:.3f}s")
+    return task.result()
