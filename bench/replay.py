@@ -11,9 +11,11 @@ them first). The run is done twice with the same seed:
 
 - without replay: moved conversations rebuild their KV on their first live turn;
 - with replay: per region one ``ReplayScheduler``; per engine one ``CapacityController`` fed
-  from that engine's own metrics every ``poll_s`` (the engine counts a request's tokens when it
-  completes, like vLLM); every ``tick_s`` each engine's controller is asked for grants and the
-  scheduler hands out jobs; a replay is a prefill at priority 100 (live: 0). A live turn of a
+  from that engine's own metrics every ``poll_s`` (the engine counts a request's prompt tokens
+  when its prefill completes, like vLLM V1; ``--prompt-tokens-per-chunk 1`` counts per step like
+  V0); every ``tick_s`` each engine's controller is asked for grants and the scheduler hands
+  out jobs; a replay is a prefill at priority 100 (live: 0), and up to
+  ``max_concurrent_replays`` of them sit in an engine, so it never idles between replays. A live turn of a
   queued conversation calls ``mark_live``. The job bus is skipped (transport is not measured);
   KV affinity is learnt from replay results, as the router would.
 
@@ -28,6 +30,10 @@ Reported (per region, and the worst region in the JSON):
 - live TTFT p50/p99 (all live requests arriving in [0, makespan]) with and without replay, and
   for the survivors' own conversations only (the traffic replay could slow down, unaffected by
   replay's warming of moved conversations).
+
+Diagnostics per region: denials by reason, the share of polls that saw live requests waiting
+or a spare of 0, the controllers' mean live estimate, and a timeline (per tenth of the run) of
+the controllers' rate-based spare estimate vs the spare measured afterwards vs the replay rate.
 
 The last line is one JSON object.
 """
@@ -99,10 +105,11 @@ class Params:
     tenants: int = 5
     tick_s: float = 0.05
     poll_s: float = 0.25
-    max_concurrent_replays: int = 2
-    burst_s: float = 1.0  # spare bucket depth, seconds of capacity x headroom
+    max_concurrent_replays: int = 3  # a small queue of replay work in each engine
+    burst_s: float = 5.0  # spare bucket depth, seconds of capacity x headroom
     spare_window_s: float = 5.0
-    rise_deadband: float = 0.25
+    rise_deadband: float = 0.7
+    rise_window_s: float = 2.0
     max_num_seqs: int = 256
     prompt_tokens_per_chunk: int = 0  # 1: count prompt tokens per step (vLLM V0), 0: V1
     horizon_max_s: float = 3_600.0
@@ -221,6 +228,7 @@ def build_region(
             burst_s=params.burst_s,
             spare_window_s=params.spare_window_s,
             rise_deadband=params.rise_deadband,
+            rise_window_s=params.rise_window_s,
         )
         region.controllers = [CapacityController(capacity, clock, limits) for _ in engines]
         region.scheduler.add_moved(
@@ -320,7 +328,7 @@ def dispatch_replay(region: Region, sessions: dict[str, Session], now_s: float) 
 
 
 def _sample_timeline(region: Region, now_s: float) -> None:
-    spare = sum(c.snapshot().spare_tokens_per_s for c in region.controllers)
+    spare = sum(c.estimator.rate_spare_tokens_per_s(now_s) for c in region.controllers)
     computed = sum(e.computed_tokens_total for e in region.engines)
     region.diag.timeline.append((now_s, spare, computed, region.replayed_computed_tokens))
 
