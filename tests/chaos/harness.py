@@ -20,6 +20,7 @@ import subprocess
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -162,6 +163,9 @@ class Ack:
     served_by: str
     sent_s: float
     acked_s: float
+    #: wall-clock time the leader assigned the entry (the response's committed_at): an entry
+    #: assigned after a region was cut off can only be acked if it reached a quorum after the cut
+    assigned_wall_s: float = 0.0
 
 
 @dataclass
@@ -252,7 +256,15 @@ class Writers:
                     served_by = r.headers.get("x-convplane-served-by", "?")
                     shard = shard_of(cid, self.shard_count)
                     ack = Ack(
-                        cid, shard, data["seq"], key, entry, served_by, sent_s, time.monotonic()
+                        cid,
+                        shard,
+                        data["seq"],
+                        key,
+                        entry,
+                        served_by,
+                        sent_s,
+                        time.monotonic(),
+                        datetime.fromisoformat(data["committed_at"]).timestamp(),
                     )
                     self.acks.append(ack)
                 return

@@ -28,8 +28,8 @@ from tests.chaos.harness import (
 
 SHARDS = 24
 CUT_S = 6.0
-#: an append whose quorum reply was delivered just before the cut may be acked just after it
-IN_FLIGHT_GRACE_S = 0.3
+#: clock granularity between the leader's committed_at and the test's cut time
+ASSIGNED_GRACE_S = 0.05
 
 
 async def wait_for(check, timeout_s: float, what: str) -> None:  # type: ignore[no-untyped-def]
@@ -72,6 +72,7 @@ async def test_partitioned_region_acks_nothing_and_its_shards_fail_over(
         before = await get_json(urls["eu-west"], "/v1/placement", key)
         moved = sorted(int(s) for s, r in before["assignment"].items() if r == victim)
         cut_s = time.monotonic()
+        cut_wall_s = time.time()
         plane.partition(victim)
 
         async def recovered() -> bool:
@@ -97,14 +98,17 @@ async def test_partitioned_region_acks_nothing_and_its_shards_fail_over(
         heal_s = time.monotonic()
         plane.heal()
 
-        window = (cut_s + IN_FLIGHT_GRACE_S, heal_s)
+        # The minority side acknowledged nothing while cut off: no ack it served is of an entry
+        # assigned after the cut (an entry assigned before it may have reached its quorum before
+        # it, and its HTTP answer may still arrive late on this loaded machine).
         minority_acks = [
             a
             for a in writers.acks
-            if (a.entry_region == victim or a.served_by == victim)
-            and window[0] <= a.acked_s <= window[1]
+            if a.served_by == victim
+            and a.assigned_wall_s > cut_wall_s + ASSIGNED_GRACE_S
+            and a.acked_s <= heal_s
         ]
-        assert minority_acks == [], minority_acks[:5]
+        assert minority_acks == [], (cut_wall_s, minority_acks[:5])
 
         full = {str(s): r for s, r in full_placement(list(urls), SHARDS).items()}
 
