@@ -76,13 +76,14 @@ class ReplayCapacityTimeout(DeadlineExceeded):
 class CapacityConfig:
     capacity_tokens_per_s: float  # measured prefill capacity of the engine
     headroom: float = 0.1  # fraction of capacity never given to replay
-    spare_window_s: float = 5.0  # live rate = mean over this window
-    rise_window_s: float = 2.0  # a surge is judged over this window ...
-    rise_deadband: float = 0.7  # ... when it beats the older mean by this fraction of capacity
+    rise_tau_s: float = 0.3  # unused since the windowed estimate; kept so callers still work
     fall_tau_s: float = 3.0  # a detected surge's excess decays with this time constant
     burst_s: float = 1.0  # spare bucket depth, in seconds of capacity x headroom
     max_concurrent_replays: int = 2
     stale_after_s: float = 5.0  # no metrics for this long => spare 0
+    spare_window_s: float = 5.0  # live rate = mean over this window
+    rise_window_s: float = 2.0  # a surge is judged over this window ...
+    rise_deadband: float = 0.7  # ... when it beats the older mean by this fraction of capacity
 
     def __post_init__(self) -> None:
         if self.capacity_tokens_per_s <= 0 or not 0 <= self.headroom < 1:
