@@ -45,6 +45,7 @@ import json
 import math
 import random
 import sys
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -191,7 +192,7 @@ def build_sessions(params: Params, rng: random.Random, prefix: str, count: int) 
                 f"{prefix}-{i}",
                 tenant,
                 salt_key(tenant),
-                (hash(prefix) & 0xFFFF) * 10**9 + i * 10**6,
+                (zlib.crc32(prefix.encode()) & 0xFFFF) * 10**9 + i * 10**6,
                 length,
                 1_767_225_600_000 - ago_ms,
                 i % params.engines_per_region,
