@@ -121,6 +121,14 @@ class NotLeader(Unavailable):
         self.shard = shard
         self.leader_region = leader_region
 
+    def to_body(self) -> dict[str, object]:
+        body = super().to_body()
+        error = body["error"]
+        assert isinstance(error, dict)
+        error["shard"] = self.shard
+        error["leader_region"] = self.leader_region  # null when not known yet
+        return body
+
 
 class Fenced(Unavailable):
     code = "fenced"
