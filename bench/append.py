@@ -38,7 +38,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -48,9 +48,7 @@ import asyncpg
 
 from eventlog.clock import SystemClock
 from eventlog.config import LogConfig
-from eventlog.model import AppendReply, ConversationSummary, LogEntry, PrepareReply, ShardStatus
 from eventlog.node import LogNode
-from eventlog.replica import ReplicaStore
 from eventlog.stores import SqlReplicaStore, open_replica_store
 from regions.faultproxy import FaultProxy, ProxyRules, ProxySpec
 from services.localpg import PgInstance, start_instances, start_sync_replication_cluster
@@ -119,81 +117,19 @@ def payload_text(payload_bytes: int, seed: int) -> str:
 # --- convplane -----------------------------------------------------------------------------
 
 
-class ShardLanes(ReplicaStore):
-    """``--store-lanes N``: N stores (N group committers, N writer connections) on one database,
-    shard ``s`` always on lane ``s % N``. Each shard's appends stay in order on one lane, and the
-    database's row lock on the shard serializes writers, so the replica contract holds; what it
-    buys is N groups in flight per database instead of one. A bench experiment, not a store."""
-
-    def __init__(self, lanes: list[SqlReplicaStore]) -> None:
-        self.region = lanes[0].region
-        self.lanes = lanes
-
-    def _lane(self, shard: int) -> SqlReplicaStore:
-        return self.lanes[shard % len(self.lanes)]
-
-    @property
-    def groups_committed(self) -> int:
-        return sum(lane.groups_committed for lane in self.lanes)
-
-    async def prepare(self, shard: int, epoch: int, tail_max: int) -> PrepareReply:
-        return await self._lane(shard).prepare(shard, epoch, tail_max)
-
-    async def append(
-        self,
-        shard: int,
-        epoch: int,
-        prev_lsn: int,
-        prev_epoch: int,
-        entries: Sequence[LogEntry],
-        leader_commit_lsn: int,
-    ) -> AppendReply:
-        lane = self._lane(shard)
-        return await lane.append(shard, epoch, prev_lsn, prev_epoch, entries, leader_commit_lsn)
-
-    async def status(self, shard: int) -> ShardStatus:
-        return await self._lane(shard).status(shard)
-
-    async def read_log(self, shard: int, after_lsn: int, limit: int) -> list[LogEntry]:
-        return await self._lane(shard).read_log(shard, after_lsn, limit)
-
-    async def read_conversation(
-        self, shard: int, conversation_id: str, after_seq: int, limit: int, max_lsn: int
-    ) -> list[LogEntry]:
-        lane = self._lane(shard)
-        return await lane.read_conversation(shard, conversation_id, after_seq, limit, max_lsn)
-
-    async def list_conversations(
-        self, shard: int, active_since_ms: int, max_lsn: int, limit: int
-    ) -> list[ConversationSummary]:
-        lane = self._lane(shard)
-        return await lane.list_conversations(shard, active_since_ms, max_lsn, limit)
-
-    async def close(self) -> None:
-        for lane in self.lanes:
-            await lane.close()
-
-
-async def open_store(dsn: str, region: str, args: argparse.Namespace) -> ShardLanes:
-    lanes = []
-    for _ in range(args.store_lanes):
-        lanes.append(
-            await open_replica_store(
-                dsn,
-                region,
-                batch_linger_ms=args.store_linger_ms,
-                batch_events_max=args.store_batch_max,
-                queue_max=16_384,
-                pool_size=2,
-                pool_max_overflow=2,
-            )
-        )
-    return ShardLanes(lanes)
+async def open_store(dsn: str, region: str, args: argparse.Namespace) -> SqlReplicaStore:
+    return await open_replica_store(
+        dsn,
+        region,
+        batch_linger_ms=args.store_linger_ms,
+        batch_events_max=args.store_batch_max,
+        queue_max=16_384,
+    )
 
 
 async def open_convplane(
     dsns: dict[str, str], args: argparse.Namespace
-) -> tuple[LogNode, list[ShardLanes]]:
+) -> tuple[LogNode, list[SqlReplicaStore]]:
     stores = [await open_store(dsns[region], region, args) for region in REGIONS]
     config = LogConfig(shard_count=args.shards, batch_events_max=args.leader_batch_max)
     node = LogNode(
@@ -414,7 +350,6 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--leader-batch-max", type=int, default=256, help="LogConfig.batch_events_max")
     p.add_argument("--store-linger-ms", type=float, default=1.0)
     p.add_argument("--store-batch-max", type=int, default=512)
-    p.add_argument("--store-lanes", type=int, default=1, help="groups in flight per database")
     p.add_argument("--peer-pool-max", type=int, default=80, help="server max_connections=100")
     p.add_argument("--profile", help="cProfile the convplane run into this file")
     p.add_argument("--seed", type=int, default=1)
