@@ -26,12 +26,15 @@ class LogConfig:
     append_timeout_s: float = 5.0
     #: lead_shard gives up after this long without a quorum
     lead_timeout_s: float = 5.0
-    #: a replica with no successful reply for this long does not count towards a quorum
-    #: when deciding to fail fast
-    replica_suspect_after_s: float = 3.0
+    #: a replica failing, or not answering, for this long does not count towards a quorum
+    #: when deciding to fail fast (a cut-off leader answers 503 at once instead of hanging)
+    replica_suspect_after_s: float = 1.0
     #: replication retry backoff (jittered, doubling, capped)
     retry_backoff_min_s: float = 0.01
     retry_backoff_max_s: float = 0.5
+    #: a waiting append re-checks this often whether its quorum is still reachable, and gives
+    #: up early (NoQuorum, outcome unknown) when it is not
+    quorum_check_s: float = 0.1
     #: idle leaders push their commit position to replicas after this long
     commit_push_delay_s: float = 0.02
 

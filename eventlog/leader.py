@@ -59,6 +59,9 @@ class _Follower:
     sent_commit_lsn: int = 0
     #: when the current run of failed calls started (None: the last call succeeded)
     failing_since: float | None = None
+    #: when the append now in flight was sent (None: none in flight)
+    inflight_since: float | None = None
+    last_call_at: float = 0.0
     mismatch_step: int = 1
     wakeup: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -75,6 +78,7 @@ class ShardLeader:
         rng: random.Random,
         min_epoch: int = 0,
         observer: CommitObserver | None = None,
+        region_unreachable: Callable[[str], bool] | None = None,
     ) -> None:
         self.shard = shard
         self.region = region
@@ -83,6 +87,9 @@ class ShardLeader:
         self._clock = clock
         self._rng = rng
         self._observer = observer
+        #: outside knowledge (the region's failure detector): a region whose node this region
+        #: cannot reach is counted as unreachable at once, before its replica calls time out
+        self._region_unreachable = region_unreachable
         self._w = config.quorum(len(replicas))
         self.epoch = min_epoch
         self.highest_seen_epoch = min_epoch
@@ -290,17 +297,36 @@ class ShardLeader:
                 f"shard {self.shard}: {self.last_lsn - self.commit_lsn} entries in flight",
                 retry_after_s=0.1,
             )
-        horizon = self._clock.monotonic() - self._config.replica_suspect_after_s
-        alive = sum(
-            1
-            for f in self._followers.values()
-            if f.failing_since is None or f.failing_since >= horizon
-        )
+        alive = self._reachable_count()
         if alive < self._w:
             raise NoQuorum(
                 f"shard {self.shard}: {alive} replicas reachable, {self._w} needed",
                 retry_after_s=1.0,
             )
+
+    def set_region_health(self, unreachable: Callable[[str], bool]) -> None:
+        self._region_unreachable = unreachable
+
+    def _reachable_count(self) -> int:
+        now = self._clock.monotonic()
+        return sum(1 for f in self._followers.values() if not self._suspect(f, now))
+
+    def _quorum_suspected(self) -> bool:
+        return bool(self._followers) and self._reachable_count() < self._w
+
+    def _suspect(self, follower: _Follower, now: float) -> bool:
+        """A replica that has failed, or not answered, for ``replica_suspect_after_s``: a
+        black-holed link (partition) shows as a call that never returns, not as an error."""
+        limit_s = self._config.replica_suspect_after_s
+        pending = [s for s in (follower.failing_since, follower.inflight_since) if s is not None]
+        if any(now - since >= limit_s for since in pending):
+            return True
+        # A call is outstanding to a region the failure detector cannot reach: no need to wait
+        # for the call to time out. (A region whose node is down but whose database answers
+        # has no outstanding call for long, so it still counts.)
+        return bool(pending) and (
+            self._region_unreachable is not None and self._region_unreachable(follower.region)
+        )
 
     def propose(self, make_entry: Callable[[int, int], LogEntry]) -> LogEntry:
         """Append an entry built by ``make_entry(lsn, epoch)`` to the leader's log (no await:
@@ -332,14 +358,26 @@ class ShardLeader:
         if waiter is None:
             waiter = asyncio.get_running_loop().create_future()
             self._waiters[lsn] = waiter
-        try:
-            await asyncio.wait_for(asyncio.shield(waiter), timeout_s)
-        except TimeoutError as exc:
-            raise NoQuorum(
-                f"shard {self.shard}: lsn {lsn} not acknowledged by {self._w} replicas within "
-                f"{timeout_s:.1f}s; the outcome is unknown, retry with the same Idempotency-Key",
-                retry_after_s=1.0,
-            ) from exc
+        deadline = self._clock.monotonic() + timeout_s
+        while True:
+            remaining_s = deadline - self._clock.monotonic()
+            try:
+                if remaining_s <= 0:
+                    raise TimeoutError
+                await asyncio.wait_for(
+                    asyncio.shield(waiter), min(remaining_s, self._config.quorum_check_s)
+                )
+                return
+            except TimeoutError as exc:
+                cut_off = self._quorum_suspected()
+                if remaining_s > self._config.quorum_check_s and not cut_off:
+                    continue
+                raise NoQuorum(
+                    f"shard {self.shard}: lsn {lsn} not acknowledged by {self._w} replicas "
+                    + ("(they stopped answering)" if cut_off else f"within {timeout_s:.1f}s")
+                    + "; the outcome is unknown, retry with the same Idempotency-Key",
+                    retry_after_s=1.0,
+                ) from exc
 
     def holders(self, lsn: int) -> tuple[str, ...]:
         """Regions whose replicas are known to hold the leader's log through ``lsn``."""
@@ -395,7 +433,8 @@ class ShardLeader:
             except (ConvplaneError, TimeoutError, OSError):
                 # Lost message, unreachable replica or catch-up source: retry at a bounded rate.
                 if follower.failing_since is None:
-                    follower.failing_since = self._clock.monotonic()
+                    # failing since the lost call was sent, not since its timeout fired
+                    follower.failing_since = follower.last_call_at
                 await self._clock.sleep(backoff_s * (0.5 + self._rng.random()))
                 backoff_s = min(backoff_s * 2, self._config.retry_backoff_max_s)
 
@@ -404,10 +443,16 @@ class ShardLeader:
         last = min(self.last_lsn, prev_lsn + self._config.batch_events_max)
         prev_epoch, batch = await self._entries_after(follower.region, prev_lsn, last)
         commit_lsn = self.commit_lsn
-        reply = await bounded(
-            follower.store.append(self.shard, self.epoch, prev_lsn, prev_epoch, batch, commit_lsn),
-            self._config.replica_call_timeout_s,
-        )
+        follower.inflight_since = follower.last_call_at = self._clock.monotonic()
+        try:
+            reply = await bounded(
+                follower.store.append(
+                    self.shard, self.epoch, prev_lsn, prev_epoch, batch, commit_lsn
+                ),
+                self._config.replica_call_timeout_s,
+            )
+        finally:
+            follower.inflight_since = None
         if self._stopped:
             return
         follower.failing_since = None

@@ -11,7 +11,7 @@ import asyncio
 import json
 import random
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 from eventlog.aio import bounded
@@ -79,6 +79,7 @@ class LogNode(ConversationLog):
         self._rng = rng
         self._observer = observer
         self._listeners = list(listeners)
+        self._region_unreachable: Callable[[str], bool] | None = None
         self._leaders: dict[int, ShardLeader] = {}
         self._hints: dict[int, str | None] = {}
         self._epochs_seen: dict[int, int] = {}
@@ -102,6 +103,13 @@ class LogNode(ConversationLog):
 
     def leader(self, shard: int) -> ShardLeader | None:
         return self._leaders.get(shard)
+
+    def set_region_health(self, unreachable: Callable[[str], bool]) -> None:
+        """Let leaders fail fast (503 no_quorum) while too few regions answer the failure
+        detector, instead of waiting for replica calls to time out. Affects new leaders."""
+        self._region_unreachable = unreachable
+        for leader in self._leaders.values():
+            leader.set_region_health(unreachable)
 
     def add_listener(self, listener: LogListener) -> None:
         self._listeners.append(listener)
@@ -127,6 +135,7 @@ class LogNode(ConversationLog):
                 rng=self._rng,
                 min_epoch=self._epochs_seen.get(shard, 0),
                 observer=self._observer,
+                region_unreachable=self._region_unreachable,
             )
             try:
                 epoch = await leader.lead()

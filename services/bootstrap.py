@@ -146,14 +146,45 @@ async def open_runtime(settings: NodeSettings) -> AsyncIterator[NodeRuntime]:
         stack.push_async_callback(node.close)
         peers = await stack.enter_async_context(peer_client(settings))
         # Replay listens to the node before the controller leads anything (moves are seen).
-        replay = await stack.enter_async_context(open_replay_service(
-            region=settings.region, shard_count=cluster.shard_count, config=cluster.replay,
-            node=node, replicas=replicas, clock=clock, rng=rng))
+        replay = await stack.enter_async_context(
+            open_replay_service(
+                region=settings.region,
+                shard_count=cluster.shard_count,
+                config=cluster.replay,
+                node=node,
+                replicas=replicas,
+                clock=clock,
+                rng=rng,
+            )
+        )
         # The controller leads the shards the committed placement (at first the static one,
         # place_shards) assigns here, follows failovers and failbacks, and sets leader hints.
-        controller = Controller(settings=settings, cluster=cluster, node=node,
-                                replicas=replicas, peers=peers, clock=clock, rng=rng)
+        controller = Controller(
+            settings=settings,
+            cluster=cluster,
+            node=node,
+            replicas=replicas,
+            peers=peers,
+            clock=clock,
+            rng=rng,
+        )
+        # the own region's replica never counts as unreachable: the node reaches it directly
+        node.set_region_health(
+            lambda region: (
+                region != settings.region
+                and region in controller.membership.suspects(clock.monotonic())
+            )
+        )
         await controller.start()
         stack.push_async_callback(controller.close)
-        yield NodeRuntime(settings.region, cluster, node, peers, clock, rng,
-                          controller.readiness, controller, replay)
+        yield NodeRuntime(
+            settings.region,
+            cluster,
+            node,
+            peers,
+            clock,
+            rng,
+            controller.readiness,
+            controller,
+            replay,
+        )

@@ -4,7 +4,7 @@ the node's runtime (stores, log, peers: ``services.bootstrap``) and closes it on
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
@@ -18,7 +18,7 @@ from services.api.forwarding import Forwarder
 from services.api.metrics import Metrics
 from services.api.middleware import EdgeMiddleware
 from services.api.routes import ops_router, router
-from services.bootstrap import RuntimeFactory, open_runtime
+from services.bootstrap import NodeRuntime, RuntimeFactory, open_runtime
 from services.config import NodeSettings
 from services.replay.routes import replay_router
 from services.replay.wiring import install_replay
@@ -50,22 +50,27 @@ def create_app(settings: NodeSettings, *, runtime_factory: RuntimeFactory | None
         async with factory(settings) as runtime:
             forwarder = Forwarder(
                 client=runtime.peers,
-                peer_urls={r.name: r.url_from.get(settings.region, r.url)
-                           for r in runtime.cluster.regions},
+                peer_urls={
+                    r.name: r.url_from.get(settings.region, r.url) for r in runtime.cluster.regions
+                },
                 clock=runtime.clock,
                 rng=runtime.rng,
                 metrics=metrics,
                 retries_max=settings.forward_retries_max,
                 backoff_s=settings.forward_backoff_s,
                 peer_secret=runtime.cluster.peer_secret,
+                peer_reachable=_peer_reachable(runtime),
             )
             app.state.api = ApiState(
                 region=settings.region,
                 settings=settings,
                 cluster=runtime.cluster,
                 log=runtime.log,
-                tenants=Tenants(runtime.cluster.tenants, runtime.clock,
-                                runtime.cluster.replay.service_api_key_sha256),
+                tenants=Tenants(
+                    runtime.cluster.tenants,
+                    runtime.clock,
+                    runtime.cluster.replay.service_api_key_sha256,
+                ),
                 forwarder=forwarder,
                 metrics=metrics,
                 clock=runtime.clock,
@@ -74,8 +79,12 @@ def create_app(settings: NodeSettings, *, runtime_factory: RuntimeFactory | None
             )
             app.state.controller = runtime.controller
             install_replay(app, metrics.registry, runtime.replay)
-            admission.open(settings=settings, cluster=runtime.cluster,
-                           tenants=app.state.api.tenants, clock=runtime.clock)
+            admission.open(
+                settings=settings,
+                cluster=runtime.cluster,
+                tenants=app.state.api.tenants,
+                clock=runtime.clock,
+            )
             try:
                 yield
             finally:
@@ -102,3 +111,10 @@ def create_app(settings: NodeSettings, *, runtime_factory: RuntimeFactory | None
         retry_after_s=settings.retry_after_default_s,
     )
     return app
+
+
+def _peer_reachable(runtime: NodeRuntime) -> Callable[[str], bool] | None:
+    controller = runtime.controller
+    if controller is None:
+        return None
+    return lambda region: region not in controller.membership.suspects(runtime.clock.monotonic())

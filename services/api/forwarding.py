@@ -12,12 +12,15 @@ only with it does the leader trust ``X-Convplane-Forwarded`` (``services.api.adm
 
 from __future__ import annotations
 
+import asyncio
 import random
-from collections.abc import Mapping
+from collections.abc import Callable, Coroutine, Mapping
+from typing import Any
 
 import httpx
 from fastapi import Request, Response
 
+from eventlog.aio import abandon
 from eventlog.clock import Clock
 from eventlog.errors import DeadlineExceeded
 from services.api.errors import ForwardFailed, OutcomeUnknown
@@ -36,6 +39,14 @@ _REQUEST_HEADERS = (
 _RESPONSE_HEADERS = ("content-type", "retry-after", "idempotent-replayed", "x-convplane-served-by")
 
 
+class _PeerLost(Exception):
+    """The target region stopped answering probes while a forward to it was in flight."""
+
+
+#: how often an in-flight forward checks that its target still answers probes
+_REACHABILITY_CHECK_S = 0.1
+
+
 class Forwarder:
     def __init__(
         self,
@@ -48,8 +59,13 @@ class Forwarder:
         retries_max: int,
         backoff_s: float,
         peer_secret: str | None = None,
+        peer_reachable: Callable[[str], bool] | None = None,
     ) -> None:
         self._client = client
+        #: False for a region this node's own probes say is unreachable: forwarding there
+        #: fails fast (503, retryable) instead of waiting out the caller's deadline on a
+        #: black-holed link, so the client retries through another region at once
+        self._peer_reachable = peer_reachable
         self._peer_secret = peer_secret
         self._peer_urls = dict(peer_urls)
         self._clock = clock
@@ -71,6 +87,9 @@ class Forwarder:
         base_url = self._peer_urls.get(target_region)
         if base_url is None:
             raise ForwardFailed(f"leader region {target_region!r} is not in the cluster file")
+        if self._peer_reachable is not None and not self._peer_reachable(target_region):
+            self._metrics.forwarded.labels(target_region, "suspected").inc()
+            raise ForwardFailed(f"leader region {target_region} is not answering probes")
         url = base_url.rstrip("/") + request.url.path
         if body is None:
             body = await request.body()
@@ -84,14 +103,22 @@ class Forwarder:
             if remaining_s <= 0:
                 break
             try:
-                reply = await self._client.request(
-                    request.method,
-                    url,
-                    params=request.url.query or None,
-                    content=body or None,
-                    headers={**headers, DEADLINE_HEADER: str(max(1, int(remaining_s * 1000)))},
-                    timeout=remaining_s,
+                reply = await self._while_reachable(
+                    target_region,
+                    self._client.request(
+                        request.method,
+                        url,
+                        params=request.url.query or None,
+                        content=body or None,
+                        headers={**headers, DEADLINE_HEADER: str(max(1, int(remaining_s * 1000)))},
+                        timeout=remaining_s,
+                    ),
                 )
+            except _PeerLost as exc:
+                self._metrics.forwarded.labels(target_region, "peer_lost").inc()
+                if is_write:
+                    raise OutcomeUnknown(_unknown_message(target_region)) from exc
+                raise ForwardFailed(f"leader region {target_region} stopped answering") from exc
             except httpx.ConnectError as exc:
                 self._metrics.forwarded.labels(target_region, "connect_error").inc()
                 if attempt == self._retries_max:
@@ -110,6 +137,25 @@ class Forwarder:
             self._metrics.forwarded.labels(target_region, "ok").inc()
             return _relayed(reply)
         raise _deadline_error(is_write, target_region)
+
+    async def _while_reachable(
+        self, target_region: str, call: Coroutine[Any, Any, httpx.Response]
+    ) -> httpx.Response:
+        """Await ``call`` unless the target stops answering probes first: a forward on a
+        black-holed link (partition) then fails in about the detection time instead of the
+        caller's whole deadline, and the client retries through a region that can help."""
+        task = asyncio.ensure_future(call)
+        try:
+            while True:
+                done, _ = await asyncio.wait({task}, timeout=_REACHABILITY_CHECK_S)
+                if done:
+                    return task.result()
+                if self._peer_reachable is not None and not self._peer_reachable(target_region):
+                    abandon(task)
+                    raise _PeerLost(target_region)
+        except asyncio.CancelledError:
+            abandon(task)
+            raise
 
     @staticmethod
     def _headers(request: Request) -> dict[str, str]:
