@@ -1,0 +1,83 @@
+"""Forwards to a region the failure detector cannot reach fail fast, and an in-flight forward
+is abandoned when its target stops answering probes (a black-holed link never errors)."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+import httpx
+import pytest
+from starlette.requests import Request
+
+from eventlog.clock import SystemClock
+from services.api.errors import ForwardFailed, OutcomeUnknown
+from services.api.forwarding import Forwarder
+from services.api.metrics import Metrics
+
+
+def make_request(method: str = "POST") -> Request:
+    scope = {
+        "type": "http",
+        "method": method,
+        "path": "/v1/conversations/c1/events",
+        "query_string": b"",
+        "headers": [(b"content-type", b"application/json")],
+    }
+
+    async def receive() -> dict[str, object]:
+        return {"type": "http.request", "body": b"{}", "more_body": False}
+
+    return Request(scope, receive)
+
+
+def forwarder(client: httpx.AsyncClient, reachable: dict[str, bool]) -> Forwarder:
+    return Forwarder(
+        client=client,
+        peer_urls={"west": "http://west.test"},
+        clock=SystemClock(),
+        rng=random.Random(1),
+        metrics=Metrics(),
+        retries_max=1,
+        backoff_s=0.01,
+        peer_reachable=lambda region: reachable[region],
+    )
+
+
+async def test_forward_to_a_suspected_region_fails_without_sending() -> None:
+    sent: list[httpx.Request] = []
+    transport = httpx.MockTransport(lambda r: sent.append(r) or httpx.Response(200))
+    async with httpx.AsyncClient(transport=transport) as client:
+        with pytest.raises(ForwardFailed, match="not answering probes"):
+            await forwarder(client, {"west": False}).forward(
+                make_request(),
+                target_region="west",
+                deadline_s=SystemClock().monotonic() + 30,
+                is_write=True,
+            )
+    assert sent == []
+
+
+async def test_in_flight_forward_is_abandoned_when_its_target_goes_silent() -> None:
+    reachable = {"west": True}
+    arrived = asyncio.Event()
+
+    async def black_hole(request: httpx.Request) -> httpx.Response:
+        arrived.set()
+        await asyncio.sleep(3600)  # the partition swallows the request
+        raise AssertionError("unreachable")
+
+    async with httpx.AsyncClient(transport=httpx.MockTransport(black_hole)) as client:
+        call = asyncio.ensure_future(
+            forwarder(client, reachable).forward(
+                make_request(),
+                target_region="west",
+                deadline_s=SystemClock().monotonic() + 3600,
+                is_write=True,
+            )
+        )
+        await arrived.wait()
+        assert not call.done()
+        reachable["west"] = False  # the failure detector now suspects west
+        with pytest.raises(OutcomeUnknown):
+            await call
