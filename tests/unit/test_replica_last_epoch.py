@@ -13,9 +13,19 @@ from eventlog.stores import open_replica_store
 
 
 def _entry(lsn: int, epoch: int) -> LogEntry:
-    return LogEntry(lsn=lsn, epoch=epoch, tenant_id="t", conversation_id="c", seq=lsn,
-                    event_type="note", idempotency_key=None, attempt_id=None, token_count=1,
-                    created_at_ms=lsn, body="{}")
+    return LogEntry(
+        lsn=lsn,
+        epoch=epoch,
+        tenant_id="t",
+        conversation_id="c",
+        seq=lsn,
+        event_type="note",
+        idempotency_key=None,
+        attempt_id=None,
+        token_count=1,
+        created_at_ms=lsn,
+        body="{}",
+    )
 
 
 async def _check(replica: ReplicaStore) -> None:
