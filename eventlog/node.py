@@ -8,6 +8,7 @@ region when known, so the routing layer can forward them.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import random
 from collections import OrderedDict
@@ -214,7 +215,9 @@ class LogNode(ConversationLog):
 
     def _evict(self, leader: ShardLeader) -> None:
         excess = len(self._states) - self.config.conversation_cache_max
-        for key in list(self._states)[: max(excess, 0)]:
+        if excess <= 0:
+            return  # the common case: no copy of the cache's keys on the hot path
+        for key in list(itertools.islice(self._states, excess)):
             shard_leader = self._leaders.get(key[0])
             if shard_leader is None or self._states[key].last_lsn <= shard_leader.commit_lsn:
                 del self._states[key]
