@@ -14,6 +14,7 @@ from tests.unit.test_api_fakes import (
     KEY_A,
     KEY_B,
     FakeLog,
+    HostRouting,
     build_app,
     conversation_led_by,
     leaders,
@@ -21,19 +22,6 @@ from tests.unit.test_api_fakes import (
 
 AUTH_A = {"Authorization": f"Bearer {KEY_A}"}
 AUTH_B = {"Authorization": f"Bearer {KEY_B}"}
-
-
-class HostRouting(httpx.AsyncBaseTransport):
-    """Peer transport: routes by host to in-process ASGI apps (no network)."""
-
-    def __init__(self) -> None:
-        self.apps: dict[str, httpx.ASGITransport] = {}
-
-    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        transport = self.apps.get(request.url.host)
-        if transport is None:
-            raise httpx.ConnectError("connection refused", request=request)
-        return await transport.handle_async_request(request)
 
 
 @dataclass

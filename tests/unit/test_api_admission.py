@@ -27,7 +27,14 @@ from services.api.auth import Tenants
 from services.api.metrics import Metrics
 from services.bootstrap import NodeRuntime
 from services.config import ClusterConfig, NodeSettings
-from tests.unit.test_api_fakes import KEY_A, KEY_B, FakeLog, cluster_config, conversation_led_by
+from tests.unit.test_api_fakes import (
+    KEY_A,
+    KEY_B,
+    FakeLog,
+    HostRouting,
+    cluster_config,
+    conversation_led_by,
+)
 from tests.unit.test_api_fakes import leaders as fake_leaders
 
 AUTH_A = {"Authorization": f"Bearer {KEY_A}"}
@@ -66,17 +73,6 @@ class SlowLog(FakeLog):
         self.entered += 1
         self.clock.now_s += self.latency_s
         await self.gate.wait()
-
-
-class HostRouting(httpx.AsyncBaseTransport):
-    def __init__(self) -> None:
-        self.apps: dict[str, httpx.ASGITransport] = {}
-
-    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        transport = self.apps.get(request.url.host)
-        if transport is None:
-            raise httpx.ConnectError("connection refused", request=request)
-        return await transport.handle_async_request(request)
 
 
 def cluster(peer_secret: str | None = SECRET) -> ClusterConfig:

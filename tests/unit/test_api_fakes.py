@@ -196,6 +196,19 @@ class FakeLog(ConversationLog):
         return ToolAttemptStatus(attempt_id, state, events)
 
 
+class HostRouting(httpx.AsyncBaseTransport):
+    """Peer transport: routes by host to in-process ASGI apps (no network)."""
+
+    def __init__(self) -> None:
+        self.apps: dict[str, httpx.ASGITransport] = {}
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        transport = self.apps.get(request.url.host)
+        if transport is None:
+            raise httpx.ConnectError("connection refused", request=request)
+        return await transport.handle_async_request(request)
+
+
 def cluster_config() -> ClusterConfig:
     return ClusterConfig(
         regions=[
