@@ -23,8 +23,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import httpx
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from eventlog.sharding import shard_of
@@ -38,24 +36,13 @@ from tests.chaos.harness import (
     get_json,
     percentile,
     recovery_times,
+    wait_until,
 )
 
 RECOVERY_WAIT_S = 30.0
 #: a recovery slower than this is explained (the writers' failed attempts are printed)
 SLOW_S = 3.0
 FAILBACK_WAIT_S = 60.0
-
-
-async def wait_until(check, timeout_s: float, what: str) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            if await check():
-                return
-        except httpx.HTTPError:
-            pass
-        await asyncio.sleep(0.1)
-    raise RuntimeError(f"timed out after {timeout_s:g}s waiting for {what}")
 
 
 def explain_slowest(writers: Writers, times: dict[int, float | None], fault_s: float) -> None:

@@ -18,7 +18,7 @@ import signal
 import statistics
 import subprocess
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -316,6 +316,20 @@ def percentile(values: list[float], q: float) -> float:
     if len(values) == 1:
         return values[0]
     return statistics.quantiles(sorted(values), n=100, method="inclusive")[int(q) - 1]
+
+
+async def wait_until(check: Callable[[], Awaitable[bool]], timeout_s: float, what: str) -> None:
+    """Poll ``check`` every 0.1 s (an HTTP error counts as not yet) until it holds; a
+    TimeoutError naming ``what`` after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if await check():
+                return
+        except httpx.HTTPError:
+            pass
+        await asyncio.sleep(0.1)
+    raise TimeoutError(f"timed out after {timeout_s:g}s waiting for {what}")
 
 
 def full_placement(cluster_regions: list[str], shard_count: int) -> dict[int, str]:

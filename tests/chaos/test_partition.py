@@ -11,7 +11,6 @@ import asyncio
 import time
 from pathlib import Path
 
-import httpx
 import pytest
 
 from tests.chaos.audit import audit
@@ -24,24 +23,13 @@ from tests.chaos.harness import (
     get_json,
     percentile,
     recovery_times,
+    wait_until,
 )
 
 SHARDS = 24
 CUT_S = 6.0
 #: clock granularity between the leader's committed_at and the test's cut time
 ASSIGNED_GRACE_S = 0.05
-
-
-async def wait_for(check, timeout_s: float, what: str) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            if await check():
-                return
-        except httpx.HTTPError:
-            pass
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout_s:g}s waiting for {what}")
 
 
 @pytest.mark.postgres
@@ -82,7 +70,7 @@ async def test_partitioned_region_acks_nothing_and_its_shards_fail_over(
             rto = recovery_times(writers.acks, moved, victim, cut_s)
             return all(v is not None for v in rto.values())
 
-        await wait_for(recovered, 30.0, "the partitioned region's shards to ack elsewhere")
+        await wait_until(recovered, 30.0, "the partitioned region's shards to ack elsewhere")
         rto = [v for v in recovery_times(writers.acks, moved, victim, cut_s).values() if v]
         print(
             f"\npartition: {len(moved)} shards moved; recovery p50 {percentile(rto, 50):.2f}s "
@@ -116,7 +104,7 @@ async def test_partitioned_region_acks_nothing_and_its_shards_fail_over(
             p = await get_json(urls["eu-west"], "/v1/placement", key)
             return bool(p["down"] == [] and p["assignment"] == full)
 
-        await wait_for(failed_back, 60.0, "failback after heal")
+        await wait_until(failed_back, 60.0, "failback after heal")
         await asyncio.sleep(2.0)
         writers.stop.set()
         await asyncio.wait_for(running, 60)

@@ -10,7 +10,6 @@ import asyncio
 import time
 from pathlib import Path
 
-import httpx
 import pytest
 
 from tests.chaos.audit import audit
@@ -23,20 +22,12 @@ from tests.chaos.harness import (
     get_json,
     percentile,
     recovery_times,
+    wait_until,
 )
 
 SHARDS = 24
 RECOVERY_WAIT_S = 30.0
 FAILBACK_WAIT_S = 60.0
-
-
-async def wait_for(predicate_coro, timeout_s: float, what: str) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if await predicate_coro():
-            return
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout_s:g}s waiting for {what}")
 
 
 @pytest.mark.postgres
@@ -67,7 +58,7 @@ async def test_kill9_region_fails_over_then_back_without_losing_acks(
             rto = recovery_times(writers.acks, moved, victim, fault_s)
             return all(v is not None for v in rto.values())
 
-        await wait_for(all_recovered, RECOVERY_WAIT_S, "every moved shard to ack again")
+        await wait_until(all_recovered, RECOVERY_WAIT_S, "every moved shard to ack again")
         rto = recovery_times(writers.acks, moved, victim, fault_s)
         values = [v for v in rto.values() if v is not None]
         print(
@@ -87,13 +78,10 @@ async def test_kill9_region_fails_over_then_back_without_losing_acks(
         full = {str(s): r for s, r in full_placement(list(urls), SHARDS).items()}
 
         async def failed_back() -> bool:
-            try:
-                p = await get_json(urls["us-east"], "/v1/placement", info["api_key"])
-            except httpx.HTTPError:
-                return False
+            p = await get_json(urls["us-east"], "/v1/placement", info["api_key"])
             return bool(p["down"] == [] and p["assignment"] == full)
 
-        await wait_for(failed_back, FAILBACK_WAIT_S, "failback to the full placement")
+        await wait_until(failed_back, FAILBACK_WAIT_S, "failback to the full placement")
         await asyncio.sleep(2.0)  # writes after failback, on the restored leaders
         route = await get_json(
             urls["us-east"], f"/v1/conversations/{writers.conversations[0]}/route", info["api_key"]
