@@ -137,6 +137,16 @@ async def move_shard(w: World) -> None:
     await w.survivor.lead_shard(SHARD)
 
 
+async def queue_with_spare(w: World, clock: SteppedClock, ids: list[str]) -> None:
+    """Write ``ids`` at home, move the shard to b, queue their replays and let the spare bucket
+    fill for one second of measured engine capacity."""
+    await write_conversations(w.home, ids, words=10)
+    await move_shard(w)
+    await w.service.replay_shard(SHARD)
+    await w.service.capacity.poll_once()
+    clock.now_s += 1.0
+
+
 async def wait_until(predicate: object) -> None:
     for _ in range(WAIT_STEPS_MAX):
         if callable(predicate) and predicate():
@@ -257,11 +267,7 @@ async def test_wrong_model_keeps_the_grant_and_other_regions_are_ignored() -> No
     clock = SteppedClock()
     async with world(clock=clock) as w:
         ids = ids_on_shard("wm", 2)
-        await write_conversations(w.home, ids, words=10)
-        await move_shard(w)
-        await w.service.replay_shard(SHARD)
-        await w.service.capacity.poll_once()
-        clock.now_s += 1.0
+        await queue_with_spare(w, clock, ids)
         jobs = w.service.dispatch_once()
         w.service.on_result(result_of(jobs[0].job_id, jobs[0].conversation_id, "wrong_model"))
         w.service.on_result(replace(result_of(jobs[1].job_id, jobs[1].conversation_id),
@@ -274,11 +280,7 @@ async def test_operator_region_limit_paces_dispatch() -> None:
     clock = SteppedClock()
     async with world(replay_config(region_tokens_per_s=1.0), clock) as w:
         ids = ids_on_shard("lim", 3)
-        await write_conversations(w.home, ids, words=10)
-        await move_shard(w)
-        await w.service.replay_shard(SHARD)
-        await w.service.capacity.poll_once()
-        clock.now_s += 1.0
+        await queue_with_spare(w, clock, ids)
         assert len(w.service.dispatch_once()) == 1  # the bucket starts with a burst
         assert w.service.dispatch_once() == []
         assert w.service.status()["denied"].get("region_limit", 0) >= 1

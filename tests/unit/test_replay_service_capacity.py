@@ -14,12 +14,10 @@ from replay.model import EngineMetrics, PrefillOutcome, PrefillRequest, ReplayJo
 from services.replay.config import ReplayConfig
 from services.replay.region_capacity import RegionCapacity
 from tests.unit.test_replay_service import (
-    SHARD,
     SteppedClock,
     ids_on_shard,
-    move_shard,
+    queue_with_spare,
     world,
-    write_conversations,
 )
 
 
@@ -123,11 +121,7 @@ async def test_jobs_that_could_not_be_published_are_queued_again_and_grants_retu
         await bus.start()
         w.service._bus = bus  # the dispatcher's bus (the workers are not started here)
         ids = ids_on_shard("pub", 2)
-        await write_conversations(w.home, ids, words=10)
-        await move_shard(w)
-        await w.service.replay_shard(SHARD)
-        await w.service.capacity.poll_once()
-        clock.now_s += 1.0
+        await queue_with_spare(w, clock, ids)
         jobs = w.service.dispatch_once()
         assert len(jobs) == 2
         await w.service._publish(jobs)
