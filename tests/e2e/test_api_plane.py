@@ -5,80 +5,13 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
 
-from eventlog.sharding import shard_of
-from regions.placement import place_shards
-
-REPO_ROOT = Path(__file__).resolve().parents[2]
-READY_WAIT_S = 90.0
-CONVPLANE = [sys.executable, "-c", "from services.cli.main import main; main()"]
-
-
-def convplane_env() -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH")) if p)
-    return env
-
-
-class Plane:
-    def __init__(self, info: dict[str, Any]) -> None:
-        self.info = info
-        self.urls = {r["name"]: r["url"] for r in info["regions"]}
-        self.headers = {"Authorization": f"Bearer {info['api_key']}"}
-        cluster = json.loads(Path(info["cluster_file"]).read_text())
-        self.shard_count = cluster["shard_count"]
-        weights = {r["name"]: r["capacity_weight"] for r in cluster["regions"]}
-        self.placement = place_shards(self.shard_count, weights)
-
-    def conversation_led_by(self, region: str, prefix: str) -> str:
-        for i in range(10_000):
-            cid = f"{prefix}-{i}"
-            if self.placement[shard_of(cid, self.shard_count)] == region:
-                return cid
-        raise AssertionError(f"no conversation id placed on {region}")
-
-    def client(self, region: str) -> httpx.Client:
-        return httpx.Client(base_url=self.urls[region], headers=self.headers, timeout=20.0)
-
-
-def start_plane(state_dir: Path) -> tuple[subprocess.Popen[bytes], Plane]:
-    ready_file = state_dir / "ready.json"
-    proc = subprocess.Popen(
-        [*CONVPLANE, "up", "--regions", "3", "--state-dir", str(state_dir), "--base-port", "0",
-         "--shard-count", "16", "--ready-file", str(ready_file)],
-        env=convplane_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-    )  # fmt: skip
-    deadline = time.monotonic() + READY_WAIT_S
-    while not ready_file.exists():
-        if proc.poll() is not None:
-            output = proc.stdout.read().decode() if proc.stdout else ""
-            pytest.fail(f"convplane up exited with {proc.returncode}:\n{output}")
-        if time.monotonic() > deadline:
-            stop_plane(proc)
-            pytest.fail("convplane up did not become ready")
-        time.sleep(0.1)
-    return proc, Plane(json.loads(ready_file.read_text()))
-
-
-def stop_plane(proc: subprocess.Popen[bytes]) -> str:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-    try:
-        out, _ = proc.communicate(timeout=30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        out, _ = proc.communicate()
-    return out.decode()
+from tests.e2e.plane import Plane, start_plane, stop_plane
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import httpx
 
-from tests.e2e.test_api_plane import Plane, start_plane, stop_plane
+from tests.e2e.plane import Plane, start_plane, stop_plane
 
 FLOODERS = 6
 FLOOD_REQUESTS_EACH = 60

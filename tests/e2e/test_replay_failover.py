@@ -10,10 +10,8 @@ the live path would send then finds most of it in the prefix cache.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
-import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -22,31 +20,12 @@ import httpx
 import pytest
 
 from replay.worker import TranscriptEvent, cache_salt_for, render_messages
-from tests.e2e.test_api_plane import CONVPLANE, Plane, convplane_env, stop_plane
+from tests.e2e.plane import start_plane, stop_plane
 
 READY_WAIT_S = 120.0
 REPLAY_WAIT_S = 90.0
 CONVERSATIONS = 4
 VICTIM = "ap-south"
-
-
-def start_plane_with_engines(state_dir: Path) -> tuple[subprocess.Popen[bytes], Plane]:
-    ready_file = state_dir / "ready.json"
-    proc = subprocess.Popen(
-        [*CONVPLANE, "up", "--regions", "3", "--state-dir", str(state_dir), "--base-port", "0",
-         "--shard-count", "16", "--sim-engines", "1", "--ready-file", str(ready_file)],
-        env=convplane_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-    )  # fmt: skip
-    deadline = time.monotonic() + READY_WAIT_S
-    while not ready_file.exists():
-        if proc.poll() is not None:
-            output = proc.stdout.read().decode() if proc.stdout else ""
-            pytest.fail(f"convplane up exited with {proc.returncode}:\n{output}")
-        if time.monotonic() > deadline:
-            stop_plane(proc)
-            pytest.fail("convplane up --sim-engines did not become ready")
-        time.sleep(0.1)
-    return proc, Plane(json.loads(ready_file.read_text()))
 
 
 def message(cid: str, turn: int, words: int = 250) -> str:
@@ -99,7 +78,7 @@ def engine_prompt_tokens(url: str) -> float:
 def test_survivors_rebuild_moved_conversations_and_the_next_turn_hits_the_cache(
     tmp_path: Path,
 ) -> None:
-    proc, plane = start_plane_with_engines(tmp_path / "plane")
+    proc, plane = start_plane(tmp_path / "plane", "--sim-engines", "1", ready_wait_s=READY_WAIT_S)
     try:
         engines = plane.info["sim_engines"]
         assert {e["region"] for e in engines} == {"us-east", "eu-west", VICTIM}

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import httpx
 
-from tests.e2e.test_api_plane import CONVPLANE, convplane_env, start_plane, stop_plane
+from tests.e2e.plane import CONVPLANE, convplane_env, start_plane, stop_plane
 
 
 def _wait_exit(pid: int, timeout_s: float = 15.0) -> bool:
