@@ -9,21 +9,18 @@ it all in reverse order on exit.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 import random
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
-from typing import Protocol
 
 import httpx
 
 from eventlog.clock import Clock, SystemClock
 from eventlog.config import LogConfig
 from eventlog.conversations import ConversationLog
-from eventlog.errors import ConvplaneError
 from eventlog.node import LogNode
 from eventlog.replica import ReplicaStore
 from eventlog.stores import open_replica_store
@@ -51,56 +48,6 @@ class NodeRuntime:
 
 
 RuntimeFactory = Callable[[NodeSettings], AbstractAsyncContextManager[NodeRuntime]]
-
-
-class ShardLeader(Protocol):
-    """The part of ``eventlog.node.LogNode`` that leadership needs."""
-
-    async def lead_shard(self, shard: int) -> int: ...
-
-    def leads(self, shard: int) -> bool: ...
-
-
-async def lead_with_retries(
-    node: ShardLeader,
-    shard: int,
-    *,
-    settings: NodeSettings,
-    clock: Clock,
-    rng: random.Random,
-) -> int | None:
-    """Lead ``shard``; retry expected failures (no quorum yet, fenced) with jittered, doubling
-    backoff under ``lead_attempts_max``. Returns the epoch, or None when the budget ran out."""
-    backoff_s = settings.lead_backoff_min_s
-    for attempt in range(1, settings.lead_attempts_max + 1):
-        try:
-            return await node.lead_shard(shard)
-        except ConvplaneError as exc:
-            if attempt == 1 or attempt % 20 == 0:
-                log.warning("shard %d: lead attempt %d failed: %s", shard, attempt, exc)
-        await clock.sleep(backoff_s * (0.5 + rng.random()))
-        backoff_s = min(backoff_s * 2, settings.lead_backoff_max_s)
-    log.error("shard %d: gave up leading after %d attempts", shard, settings.lead_attempts_max)
-    return None
-
-
-async def lead_shards(
-    node: ShardLeader,
-    shards: list[int],
-    *,
-    settings: NodeSettings,
-    clock: Clock,
-    rng: random.Random,
-) -> None:
-    gate = asyncio.Semaphore(settings.lead_concurrency_max)
-
-    async def lead_one(shard: int) -> None:
-        async with gate:
-            await lead_with_retries(node, shard, settings=settings, clock=clock, rng=rng)
-
-    async with asyncio.TaskGroup() as group:
-        for shard in shards:
-            group.create_task(lead_one(shard))
 
 
 async def open_replica_stores(
