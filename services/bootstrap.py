@@ -9,7 +9,6 @@ it all in reverse order on exit.
 
 from __future__ import annotations
 
-import logging
 import os
 import random
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -28,8 +27,6 @@ from services.config import ClusterConfig, NodeSettings
 from services.controller import Controller
 from services.replay.service import ReplayService
 from services.replay.wiring import open_replay_service
-
-log = logging.getLogger("convplane.bootstrap")
 
 
 @dataclass
