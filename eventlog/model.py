@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Final
 
 # Event types a chat application may append.
@@ -42,9 +42,6 @@ class LogEntry:
     token_count: int
     created_at_ms: int  # leader's wall clock when it assigned the entry
     body: str
-
-    def restamped(self, epoch: int) -> LogEntry:
-        return replace(self, epoch=epoch)
 
 
 @dataclass(frozen=True, slots=True)

@@ -31,11 +31,6 @@ class ForwardFailed(Unavailable):
     code = "forward_failed"
 
 
-class UnsupportedMediaType(ConvplaneError):
-    code = "unsupported_media_type"
-    http_status = 415
-
-
 def error_response(exc: ConvplaneError, retry_after_default_s: float = 1.0) -> JSONResponse:
     headers: dict[str, str] = {}
     retry_after_s = exc.retry_after_s
