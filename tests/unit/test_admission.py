@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 
-from eventlog.clock import Clock
 from eventlog.errors import InvariantViolation
 from regions.admission import (
     AdaptiveLimit,
@@ -20,20 +19,10 @@ from regions.admission import (
     TenantBuckets,
     Waiter,
 )
+from tests.unit.clocks import ManualClock
 
 
-class FakeClock(Clock):
-    def __init__(self) -> None:
-        self.now_s = 1000.0
-
-    def monotonic(self) -> float:
-        return self.now_s
-
-    def wall_ms(self) -> int:
-        return int(self.now_s * 1000)
-
-
-def run_rounds(limiter: AdaptiveLimit, clock: FakeClock, latency_s: float, rounds: int) -> None:
+def run_rounds(limiter: AdaptiveLimit, clock: ManualClock, latency_s: float, rounds: int) -> None:
     """Each round fills every slot of the current limit, then all requests finish."""
     for _ in range(rounds):
         permits = []
@@ -45,7 +34,7 @@ def run_rounds(limiter: AdaptiveLimit, clock: FakeClock, latency_s: float, round
 
 
 def test_limit_grows_shrinks_on_latency_and_recovers() -> None:
-    clock = FakeClock()
+    clock = ManualClock(1000.0)
     limiter = AdaptiveLimit(
         clock, LimitConfig(limit_initial=20, limit_max=200, baseline_window_s=3600)
     )
@@ -62,7 +51,7 @@ def test_limit_grows_shrinks_on_latency_and_recovers() -> None:
 
 
 def test_limit_respects_min_max_and_drops() -> None:
-    clock = FakeClock()
+    clock = ManualClock(1000.0)
     limiter = AdaptiveLimit(clock, LimitConfig(limit_initial=10, limit_min=5, limit_max=12))
     run_rounds(limiter, clock, 0.010, rounds=50)
     assert limiter.limit == 12
@@ -74,7 +63,7 @@ def test_limit_respects_min_max_and_drops() -> None:
 
 
 def test_limit_does_not_grow_when_app_limited() -> None:
-    clock = FakeClock()
+    clock = ManualClock(1000.0)
     limiter = AdaptiveLimit(clock, LimitConfig(limit_initial=20))
     for _ in range(200):  # one request at a time: far below half the limit
         permit = limiter.try_acquire()
@@ -85,7 +74,7 @@ def test_limit_does_not_grow_when_app_limited() -> None:
 
 
 def test_baseline_follows_a_lasting_new_normal() -> None:
-    clock = FakeClock()
+    clock = ManualClock(1000.0)
     limiter = AdaptiveLimit(clock, LimitConfig(limit_initial=20, baseline_window_s=10))
     run_rounds(limiter, clock, 0.010, rounds=5)
     run_rounds(limiter, clock, 0.100, rounds=5)
@@ -97,7 +86,7 @@ def test_baseline_follows_a_lasting_new_normal() -> None:
 
 
 def test_permit_released_twice_is_a_bug() -> None:
-    permit = AdaptiveLimit(FakeClock()).try_acquire()
+    permit = AdaptiveLimit(ManualClock(1000.0)).try_acquire()
     assert permit is not None
     permit.release(0.01)
     with pytest.raises(InvariantViolation):
@@ -136,7 +125,7 @@ def test_tenant_buckets_are_bounded_and_overridable() -> None:
         buckets.try_take("a", 0.0, cost=2)  # more than the burst can ever hold
 
 
-def make_controller(clock: FakeClock, limit: int, queue_max: int) -> AdmissionController:
+def make_controller(clock: ManualClock, limit: int, queue_max: int) -> AdmissionController:
     limiter = AdaptiveLimit(
         clock, LimitConfig(limit_initial=limit, limit_min=limit, limit_max=limit)
     )
@@ -145,7 +134,7 @@ def make_controller(clock: FakeClock, limit: int, queue_max: int) -> AdmissionCo
 
 
 def test_controller_admits_queues_then_sheds_with_503() -> None:
-    clock = FakeClock()
+    clock = ManualClock(1000.0)
     controller = make_controller(clock, limit=2, queue_max=2)
     deadline_s = clock.now_s + 1.0
     decisions = [controller.admit(f"t{i}", deadline_s) for i in range(6)]
@@ -167,7 +156,7 @@ def test_controller_admits_queues_then_sheds_with_503() -> None:
 
 
 def test_controller_drops_expired_waiters_before_work() -> None:
-    clock = FakeClock()
+    clock = ManualClock(1000.0)
     controller = make_controller(clock, limit=1, queue_max=5)
     running = controller.admit("t", clock.now_s + 10)
     short = controller.admit("t", clock.now_s + 0.1)
@@ -183,7 +172,7 @@ def test_controller_drops_expired_waiters_before_work() -> None:
 
 
 def test_controller_quota_rejection_is_429_with_retry_after() -> None:
-    clock = FakeClock()
+    clock = ManualClock(1000.0)
     controller = make_controller(clock, limit=100, queue_max=0)
     for _ in range(10):
         assert isinstance(controller.admit("noisy", clock.now_s + 1), Admitted)
@@ -196,7 +185,7 @@ def test_controller_quota_rejection_is_429_with_retry_after() -> None:
 
 
 def test_cancelled_waiter_leaves_the_queue() -> None:
-    clock = FakeClock()
+    clock = ManualClock(1000.0)
     controller = make_controller(clock, limit=1, queue_max=1)
     controller.admit("t", clock.now_s + 1)
     queued = controller.admit("t", clock.now_s + 1)

@@ -27,6 +27,7 @@ from services.api.auth import Tenants
 from services.api.metrics import Metrics
 from services.bootstrap import NodeRuntime
 from services.config import ClusterConfig, NodeSettings
+from tests.unit.clocks import WALL_ORIGIN_MS, ManualClock
 from tests.unit.test_api_fakes import (
     KEY_A,
     KEY_B,
@@ -44,18 +45,10 @@ PEER = {"X-Convplane-Forwarded": "1", "X-Convplane-Peer-Auth": SECRET}
 LOOP_STEPS_MAX = 100_000  # event-loop turns a test may wait for a state it drives itself
 
 
-class ManualClock(Clock):
+def node_clock() -> ManualClock:
     """The node's clock: only the test and the fake log move it; sleeps are real and short
     (the admission sweeper's timer)."""
-
-    def __init__(self) -> None:
-        self.now_s = 100.0
-
-    def monotonic(self) -> float:
-        return self.now_s
-
-    def wall_ms(self) -> int:
-        return 1_767_225_600_000 + int(self.now_s * 1000)
+    return ManualClock(100.0, wall_base_ms=WALL_ORIGIN_MS, virtual_sleep=False)
 
 
 class SlowLog(FakeLog):
@@ -105,7 +98,7 @@ class Nodes:
 
 @asynccontextmanager
 async def two_nodes(peer_secret: str | None = SECRET, **limits: Any) -> AsyncIterator[Nodes]:
-    clock = ManualClock()
+    clock = node_clock()
     routing = HostRouting()
     config = cluster(peer_secret)
     async with AsyncExitStack() as stack:
@@ -336,7 +329,7 @@ async def test_without_a_peer_secret_every_hop_charges() -> None:
 
 
 async def test_peer_endpoints_have_their_own_small_bound() -> None:
-    clock = ManualClock()
+    clock = node_clock()
     gate = NodeAdmission(Metrics())
     settings = NodeSettings(region="east", cluster=cluster(), peer_in_flight_max=2)
     gate.open(settings=settings, cluster=cluster(), tenants=Tenants([], clock), clock=clock)
@@ -355,7 +348,7 @@ async def test_peer_endpoints_have_their_own_small_bound() -> None:
 
 
 async def test_latency_sample_starts_at_admission_not_at_arrival() -> None:
-    clock = ManualClock()
+    clock = node_clock()
     config = cluster()
     settings = NodeSettings(
         region="east", cluster=config, admission_limit_initial=1, admission_limit_min=1

@@ -6,7 +6,6 @@ import random
 
 import pytest
 
-from eventlog.clock import Clock
 from eventlog.errors import InvariantViolation
 from replay.capacity import (
     CapacityConfig,
@@ -17,22 +16,9 @@ from replay.capacity import (
     TokenBucket,
 )
 from replay.model import EngineMetrics
+from tests.unit.clocks import ManualClock
 
 CAPACITY = 10_000.0  # tokens/s; usable with 10% headroom: 9_000
-
-
-class ManualClock(Clock):
-    def __init__(self) -> None:
-        self.now_s = 100.0
-
-    def monotonic(self) -> float:
-        return self.now_s
-
-    def wall_ms(self) -> int:
-        return int(self.now_s * 1000)
-
-    async def sleep(self, seconds: float) -> None:
-        self.now_s += seconds
 
 
 class FakeEngineCounters:
@@ -69,7 +55,7 @@ def _feed(
 
 
 def test_spare_reacts_to_a_surge_within_two_seconds_and_recovers_slower() -> None:
-    clock, engine = ManualClock(), FakeEngineCounters()
+    clock, engine = ManualClock(100.0), FakeEngineCounters()
     controller = _controller(clock)
     estimator = controller.estimator
     _feed(clock, controller, engine, 2_000, seconds=10)
@@ -85,7 +71,7 @@ def test_spare_reacts_to_a_surge_within_two_seconds_and_recovers_slower() -> Non
 
 
 def test_small_rises_are_inside_the_deadband_and_tracked_by_the_window() -> None:
-    clock, engine = ManualClock(), FakeEngineCounters()
+    clock, engine = ManualClock(100.0), FakeEngineCounters()
     controller = _controller(clock)
     _feed(clock, controller, engine, 2_000, seconds=10)
     engine.waiting = 1
@@ -101,7 +87,7 @@ def test_lumpy_completion_counts_do_not_bias_the_live_rate() -> None:
     """vLLM V1 counts a prompt when its prefill completes: at 60% load the counter jumps by
     whole prompts. The estimate must average to the true rate (bias = lost replay)."""
     rng = random.Random(7)
-    clock, engine = ManualClock(), FakeEngineCounters()
+    clock, engine = ManualClock(100.0), FakeEngineCounters()
     controller = _controller(clock)
     true_rate = 6_000.0  # tokens/s of 1_000..5_000-token prompts completing at Poisson times
     mean_prompt = 3_000.0
@@ -122,7 +108,7 @@ def test_lumpy_completion_counts_do_not_bias_the_live_rate() -> None:
 
 
 def test_cached_tokens_and_replays_own_tokens_are_not_live_demand() -> None:
-    clock, engine = ManualClock(), FakeEngineCounters()
+    clock, engine = ManualClock(100.0), FakeEngineCounters()
     controller = _controller(clock, max_concurrent_replays=100)
     controller.observe(engine.metrics())
     for _ in range(40):
@@ -135,7 +121,7 @@ def test_cached_tokens_and_replays_own_tokens_are_not_live_demand() -> None:
 
 
 def test_waiting_live_requests_mean_no_spare() -> None:
-    clock, engine = ManualClock(), FakeEngineCounters()
+    clock, engine = ManualClock(100.0), FakeEngineCounters()
     controller = _controller(clock, max_concurrent_replays=3)
     _feed(clock, controller, engine, 1_000, seconds=5)
     assert controller.snapshot().spare_tokens_per_s > 0
@@ -154,7 +140,7 @@ def test_waiting_live_requests_mean_no_spare() -> None:
 
 
 def test_waiting_pauses_grants_but_keeps_the_credit_earned_meanwhile() -> None:
-    clock, engine = ManualClock(), FakeEngineCounters()
+    clock, engine = ManualClock(100.0), FakeEngineCounters()
     controller = _controller(clock, max_concurrent_replays=10, burst_s=5)
     _feed(clock, controller, engine, 5_000, seconds=10)  # spare 4_000/s, bucket full (5_000)
     while controller.try_acquire(1_000, "t") is Grant.GRANTED:
@@ -172,7 +158,7 @@ def test_waiting_pauses_grants_but_keeps_the_credit_earned_meanwhile() -> None:
 
 
 def test_replay_tokens_counted_before_their_report_are_carried_not_clamped() -> None:
-    clock, engine = ManualClock(), FakeEngineCounters()
+    clock, engine = ManualClock(100.0), FakeEngineCounters()
     controller = _controller(clock, max_concurrent_replays=10)
     controller.observe(engine.metrics())
     estimates = []
@@ -189,7 +175,7 @@ def test_replay_tokens_counted_before_their_report_are_carried_not_clamped() -> 
 
 
 def test_stale_metrics_mean_no_spare() -> None:
-    clock, engine = ManualClock(), FakeEngineCounters()
+    clock, engine = ManualClock(100.0), FakeEngineCounters()
     controller = _controller(clock)
     assert controller.snapshot().spare_tokens_per_s == 0  # never observed
     _feed(clock, controller, engine, 1_000, seconds=3)
@@ -198,7 +184,7 @@ def test_stale_metrics_mean_no_spare() -> None:
 
 
 def test_bucket_rate_matches_spare_and_concurrency_is_capped() -> None:
-    clock, engine = ManualClock(), FakeEngineCounters()
+    clock, engine = ManualClock(100.0), FakeEngineCounters()
     controller = _controller(clock, max_concurrent_replays=1)
     _feed(clock, controller, engine, 4_000, seconds=10)  # spare 5_000/s
     granted = 0
@@ -215,7 +201,7 @@ def test_bucket_rate_matches_spare_and_concurrency_is_capped() -> None:
 
 
 def test_operator_region_and_tenant_limits() -> None:
-    clock = ManualClock()
+    clock = ManualClock(100.0)
     limits = OperatorLimits(
         clock.monotonic(), region_tokens_per_s=2_000, tenant_tokens_per_s={"small": 500}
     )
@@ -233,7 +219,7 @@ def test_operator_region_and_tenant_limits() -> None:
 
 
 async def test_acquire_waits_in_clock_time_and_times_out() -> None:
-    clock, engine = ManualClock(), FakeEngineCounters()
+    clock, engine = ManualClock(100.0), FakeEngineCounters()
     controller = _controller(clock, max_concurrent_replays=10)
     _feed(clock, controller, engine, 8_000, seconds=10)  # spare 1_000/s
     start_s = clock.now_s

@@ -2,23 +2,12 @@
 
 from __future__ import annotations
 
-from eventlog.clock import Clock
 from replay.capacity import Grant
 from replay.model import ReplayResult
 from replay.scheduler import MovedConversation, ReplayScheduler, SchedulerConfig
+from tests.unit.clocks import ManualClock
 
 NOW_MS = 10_000_000
-
-
-class ManualClock(Clock):
-    def __init__(self) -> None:
-        self.now_ms = NOW_MS
-
-    def monotonic(self) -> float:
-        return self.now_ms / 1000
-
-    def wall_ms(self) -> int:
-        return self.now_ms
 
 
 def _moved(conv: str, tenant: str = "t", ago_s: float = 10, tokens: int = 1000, seq: int = 5):
@@ -34,7 +23,7 @@ def _scheduler(clock: ManualClock, **kwargs: object) -> ReplayScheduler:
 
 
 def test_keeps_only_the_window_and_orders_most_recent_first() -> None:
-    clock = ManualClock()
+    clock = ManualClock(NOW_MS / 1000)
     scheduler = _scheduler(clock, replay_window_s=3600)
     report = scheduler.add_moved(
         [_moved("old", ago_s=7200), _moved("a", ago_s=300), _moved("b", ago_s=5)]
@@ -47,7 +36,7 @@ def test_keeps_only_the_window_and_orders_most_recent_first() -> None:
 
 
 def test_tenants_share_replay_tokens_by_weight() -> None:
-    clock = ManualClock()
+    clock = ManualClock(NOW_MS / 1000)
     scheduler = _scheduler(clock, tenant_weights={"gold": 3.0, "free": 1.0})
     scheduler.add_moved(
         [_moved(f"g{i}", "gold", ago_s=100 + i) for i in range(40)]
@@ -61,7 +50,7 @@ def test_tenants_share_replay_tokens_by_weight() -> None:
 
 
 def test_idle_tenant_earns_no_credit() -> None:
-    clock = ManualClock()
+    clock = ManualClock(NOW_MS / 1000)
     scheduler = _scheduler(clock)
     scheduler.add_moved([_moved(f"a{i}", "a") for i in range(20)])
     scheduler.dispatch(_always, max_jobs=10)
@@ -71,7 +60,7 @@ def test_idle_tenant_earns_no_credit() -> None:
 
 
 def test_mark_live_drops_the_queued_job() -> None:
-    clock = ManualClock()
+    clock = ManualClock(NOW_MS / 1000)
     scheduler = _scheduler(clock)
     scheduler.add_moved([_moved("a", ago_s=1), _moved("b", ago_s=2)])
     assert scheduler.mark_live("a") is True
@@ -82,21 +71,21 @@ def test_mark_live_drops_the_queued_job() -> None:
 
 
 def test_jobs_expire_at_their_deadline() -> None:
-    clock = ManualClock()
+    clock = ManualClock(NOW_MS / 1000)
     scheduler = _scheduler(clock, replay_window_s=3600, job_ttl_s=600)
     scheduler.add_moved([_moved("near-window", ago_s=3500), _moved("fresh", ago_s=1)])
-    clock.now_ms += 200_000  # "near-window" is now past last_activity + window
+    clock.now_s += 200  # "near-window" is now past last_activity + window
     jobs = scheduler.dispatch(_always, 10)
     assert [j.conversation_id for j in jobs] == ["fresh"]
     assert scheduler.snapshot().expired_total == 1
     scheduler.add_moved([_moved("late", ago_s=1)])
-    clock.now_ms += 700_000  # past its enqueue + job_ttl
+    clock.now_s += 700  # past its enqueue + job_ttl
     assert scheduler.expire() == 1
     assert scheduler.snapshot().backlog_sessions == 0
 
 
 def test_backlog_is_bounded_keeping_the_most_recent() -> None:
-    clock = ManualClock()
+    clock = ManualClock(NOW_MS / 1000)
     scheduler = _scheduler(clock, backlog_max=3)
     report = scheduler.add_moved([_moved(f"c{i}", ago_s=i) for i in range(5)])
     assert (report.accepted, report.rejected_full) == (3, 2)
@@ -104,7 +93,7 @@ def test_backlog_is_bounded_keeping_the_most_recent() -> None:
 
 
 def test_dispatch_follows_capacity_grants() -> None:
-    clock = ManualClock()
+    clock = ManualClock(NOW_MS / 1000)
     scheduler = _scheduler(clock)
     scheduler.add_moved([_moved(f"s{i}", "small", ago_s=i) for i in range(3)])
     scheduler.add_moved([_moved(f"b{i}", "big", ago_s=i) for i in range(3)])
@@ -124,7 +113,7 @@ def test_dispatch_follows_capacity_grants() -> None:
 
 
 def test_newer_through_seq_supersedes_and_results_are_counted() -> None:
-    clock = ManualClock()
+    clock = ManualClock(NOW_MS / 1000)
     scheduler = _scheduler(clock, rate_window_s=10)
     scheduler.add_moved([_moved("a", seq=5, tokens=1000)])
     report = scheduler.add_moved([_moved("a", seq=7, tokens=1200)])
