@@ -51,6 +51,7 @@ async def _run_worker(
     api_key: str,
     capacity_tokens_per_s: float,
     concurrency: int,
+    session_timeout_s: float = 10.0,
 ) -> None:
     import httpx
 
@@ -66,7 +67,13 @@ async def _run_worker(
         CapacityConfig(capacity_tokens_per_s, max_concurrent_replays=concurrency), clock
     )
     poller = CapacityPoller(engine, controller, clock, rng)
-    bus = KafkaJobBus(KafkaBusSettings(bootstrap_servers, client_id=worker_id), regions=[region])
+    bus_settings = KafkaBusSettings(
+        bootstrap_servers,
+        client_id=worker_id,
+        session_timeout_s=session_timeout_s,
+        heartbeat_interval_s=min(3.0, session_timeout_s / 3),  # Kafka's advice: <= 1/3
+    )
+    bus = KafkaJobBus(bus_settings, regions=[region])
     async with (
         httpx.AsyncClient(base_url=region_url, timeout=httpx.Timeout(10.0)) as region_client,
         bus,
@@ -107,6 +114,12 @@ def register(app: typer.Typer) -> None:
         worker_id: str = typer.Option("", help="Worker id (default: host-pid)."),
         capacity_tokens_per_s: float = typer.Option(20_000.0, help="Engine prefill capacity."),
         concurrency: int = typer.Option(2, min=1, max=64, help="Replays in flight."),
+        session_timeout_s: float = typer.Option(
+            10.0,
+            min=6.0,  # the broker's default group.min.session.timeout.ms
+            max=300.0,
+            help="A worker silent this long (crashed) loses its jobs to the rest of the group.",
+        ),
     ) -> None:
         """Run one replay worker until SIGINT/SIGTERM."""
         import os
@@ -122,6 +135,7 @@ def register(app: typer.Typer) -> None:
                 api_key=api_key,
                 capacity_tokens_per_s=capacity_tokens_per_s,
                 concurrency=concurrency,
+                session_timeout_s=session_timeout_s,
             )
         )
 

@@ -1,0 +1,372 @@
+"""A ``convplane worker`` process SIGKILLed mid-job, on a real broker with real processes.
+
+Two ``convplane worker`` processes form one consumer group on a one-partition jobs topic; each
+serves its own ``convplane sim-engine serve`` process (a simulator over HTTP, slow prefill, so a
+job is mid-flight for seconds). Transcripts come from a small fake region API served by the test
+(``TranscriptApi``), which can hold a conversation's transcript until the test releases it: that
+is how the test orders the holder's two jobs without timing guesses.
+
+The story: the partition's owner (the *holder*) pulls J0 (long) and J1 (short); J0 waits at the
+transcript API while J1 finishes, so the committed offset must stay before J0. J0 is released,
+reaches the holder's engine (its ``/metrics`` shows it running), and the holder is SIGKILLed.
+After the group's session timeout the other worker owns the partition, gets J0 and J1 again
+(nothing was committed past J0), replays them, and only then is the offset committed.
+
+Needs the session broker (``kafka_bootstrap_servers``): fails loudly without one, never skips.
+Every wait is on an outcome, with a generous give-up limit; nothing asserts a duration.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import uvicorn
+from aiokafka.admin import AIOKafkaAdminClient
+from fastapi import FastAPI
+from fastapi.responses import JSONResponse
+
+from replay.bus.kafka import KafkaBusSettings, KafkaJobBus
+from replay.bus.port import worker_group
+from replay.engines.prometheus_text import parse_engine_metrics
+from replay.model import EngineMetrics, ReplayJob, ReplayResult
+from services.localkafka import free_port
+from tests.integration.test_kafka_bus import committed_offset
+
+pytestmark = pytest.mark.kafka
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+CONVPLANE = [sys.executable, "-c", "from services.cli.main import main; main()"]
+
+MODEL = "sim-model@rev1"
+TENANT = "t1"
+SESSION_TIMEOUT_S = 6.0  # the broker's minimum: the crash is noticed as soon as Kafka allows
+ENGINE_TOKENS_PER_S = 200.0  # slow on purpose: a 1,200-token prefill runs for ~6 s
+ENGINE_CHUNK_TOKENS = 64
+# The workers' spare gate believes in a fast engine: this test is about the group, not about
+# pacing (at 200 tokens/s, J0's grant would leave J1 waiting for capacity behind it).
+GATE_TOKENS_PER_S = 20_000.0
+GIVE_UP_S = 120.0  # hang guard for process starts, group joins and results; not a speed claim
+POLL_S = 0.1
+
+
+# --- processes ----------------------------------------------------------------------------
+
+
+@dataclass
+class Child:
+    """A ``convplane`` subprocess; its output goes to a file (read on failure)."""
+
+    name: str
+    process: subprocess.Popen[bytes]
+    log_path: Path
+
+    def output(self) -> str:
+        return self.log_path.read_text(encoding="utf-8", errors="replace")[-4000:]
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(timeout=30)
+
+
+def spawn(name: str, args: Sequence[str], log_dir: Path) -> Child:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH")) if p)
+    log_path = log_dir / f"{name}.log"
+    with log_path.open("wb") as log_file:
+        process = subprocess.Popen(
+            [*CONVPLANE, *args], env=env, stdout=log_file, stderr=subprocess.STDOUT
+        )
+    return Child(name, process, log_path)
+
+
+@contextlib.asynccontextmanager
+async def children() -> AsyncIterator[list[Child]]:
+    """Processes started in the block; all stopped (SIGTERM, then SIGKILL) when it ends."""
+    started: list[Child] = []
+    try:
+        yield started
+    finally:
+        for child in reversed(started):
+            await asyncio.to_thread(child.stop)
+
+
+async def until(what: str, check: Callable[[], Any], children_: Sequence[Child] = ()) -> Any:
+    """Poll ``check`` (sync or async) until it returns a truthy value; fail loudly if a child
+    process died or ``GIVE_UP_S`` passed (a hang guard, not an assertion about speed)."""
+    give_up_at = time.monotonic() + GIVE_UP_S
+    while True:
+        value = check()
+        if asyncio.iscoroutine(value):
+            value = await value
+        if value:
+            return value
+        for child in children_:
+            if not child.alive():
+                pytest.fail(f"{child.name} exited ({child.process.returncode}):\n{child.output()}")
+        if time.monotonic() > give_up_at:
+            pytest.fail(f"gave up after {GIVE_UP_S}s waiting for: {what}")
+        await asyncio.sleep(POLL_S)
+
+
+@dataclass
+class SimEngineProc:
+    child: Child
+    url: str
+
+    async def metrics(self, client: httpx.AsyncClient) -> EngineMetrics:
+        response = await client.get(self.url + "/metrics", timeout=5.0)
+        response.raise_for_status()
+        return parse_engine_metrics(response.text)
+
+
+async def start_sim_engine(
+    name: str,
+    started: list[Child],
+    log_dir: Path,
+    *,
+    prefill_tokens_per_s: float,
+    chunk_tokens: int,
+) -> SimEngineProc:
+    port = free_port()
+    child = spawn(name, ["sim-engine", "serve", "--port", str(port), "--model", MODEL,
+                         "--prefill-tokens-per-s", str(prefill_tokens_per_s),
+                         "--chunk-tokens", str(chunk_tokens), "--engine-id", name],
+                  log_dir)  # fmt: skip
+    started.append(child)
+    engine = SimEngineProc(child, f"http://127.0.0.1:{port}")
+
+    async def healthy() -> bool:
+        async with httpx.AsyncClient() as client:
+            try:
+                return (await client.get(engine.url + "/health", timeout=2.0)).status_code == 200
+            except httpx.HTTPError:
+                return False
+
+    await until(f"{name} serves /health", healthy, [child])
+    return engine
+
+
+# --- the region API's transcript endpoint, faked -------------------------------------------
+
+
+class TranscriptApi:
+    """``GET /v1/conversations/{id}/events`` as ``HttpTranscriptSource`` reads it, served by
+    uvicorn in the test's loop. A conversation in ``held`` is answered only once its event is
+    set; ``asked`` counts requests per conversation."""
+
+    def __init__(self, transcripts: dict[str, list[dict[str, Any]]]) -> None:
+        self.transcripts = transcripts
+        self.held: dict[str, asyncio.Event] = {}
+        self.asked: dict[str, int] = {}
+        self.url = ""
+
+    def app(self) -> FastAPI:
+        app = FastAPI()
+
+        @app.get("/v1/conversations/{conversation_id}/events")
+        async def events(conversation_id: str, after_seq: int = 0) -> JSONResponse:
+            self.asked[conversation_id] = self.asked.get(conversation_id, 0) + 1
+            gate = self.held.get(conversation_id)
+            if gate is not None:
+                await gate.wait()
+            found = self.transcripts.get(conversation_id)
+            if found is None:
+                return JSONResponse({"error": {"code": "not_found"}}, status_code=404)
+            return JSONResponse({"events": [e for e in found if e["seq"] > after_seq]})
+
+        return app
+
+    @contextlib.asynccontextmanager
+    async def serving(self) -> AsyncIterator[TranscriptApi]:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.bind(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+        config = uvicorn.Config(self.app(), log_level="warning", lifespan="off")
+        server = uvicorn.Server(config)
+        task = asyncio.create_task(server.serve(sockets=[sock]))
+        try:
+            await until("the transcript API is up", lambda: server.started)
+            yield self
+        finally:
+            for gate in self.held.values():
+                gate.set()  # a held request must not block the shutdown
+            server.should_exit = True
+            await asyncio.wait_for(task, 30)
+            sock.close()
+
+
+def transcript(cid: str, words: int) -> list[dict[str, Any]]:
+    text = " ".join(f"{cid}-w{i}" for i in range(words))
+    return [
+        {"seq": 1, "type": "message.system", "payload": {"content": "You are terse."}},
+        {"seq": 2, "type": "message.user", "payload": {"content": text}},
+    ]
+
+
+# --- Kafka helpers -------------------------------------------------------------------------
+
+
+class ResultLog:
+    """Every result of one region, read from the results topic from its start."""
+
+    def __init__(self, bus: KafkaJobBus, region: str) -> None:
+        self._bus = bus
+        self._region = region
+        self._stop = asyncio.Event()
+        self.results: list[ReplayResult] = []
+
+    async def run(self) -> None:
+        async with self._bus.result_stream() as stream:
+            while not self._stop.is_set():
+                result = await stream.next_result(timeout_s=0.2)
+                if result is not None and result.region == self._region:
+                    self.results.append(result)
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def of(self, job_id: str, worker_id: str | None = None) -> list[ReplayResult]:
+        return [
+            r
+            for r in self.results
+            if r.job_id == job_id and (worker_id is None or r.worker_id == worker_id)
+        ]
+
+
+@contextlib.asynccontextmanager
+async def result_log(bus: KafkaJobBus, region: str) -> AsyncIterator[ResultLog]:
+    log = ResultLog(bus, region)
+    task = asyncio.create_task(log.run())
+    try:
+        yield log
+    finally:
+        log.stop()
+        await asyncio.wait_for(task, 30)
+
+
+async def group_state(settings: KafkaBusSettings, group: str) -> tuple[str, int]:
+    """(state, member count) of a consumer group, as the broker's coordinator sees it."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=settings.bootstrap_servers)
+    await admin.start()
+    try:
+        [response] = await admin.describe_consumer_groups([group])
+    finally:
+        await admin.close()
+    [described] = response.groups
+    error_code, _group_id, state, _protocol_type, _protocol, members = described[:6]
+    assert error_code == 0, described
+    return str(state), len(members)
+
+
+def make_job(region: str, name: str, cid: str, tokens: int, ttl_ms: int = 600_000) -> ReplayJob:
+    now_ms = time.time_ns() // 1_000_000
+    return ReplayJob(f"{region}-{name}", region, TENANT, cid, MODEL, tokens, now_ms,
+                     now_ms + ttl_ms, 2)  # fmt: skip
+
+
+# --- the test ------------------------------------------------------------------------------
+
+
+async def test_a_sigkilled_worker_leaves_its_job_to_the_group_and_nothing_is_committed_past_it(
+    kafka_bootstrap_servers: str, tmp_path: Path
+) -> None:
+    region = f"x{uuid.uuid4().hex[:10]}"  # fresh topic and group: no earlier run's jobs
+    settings = KafkaBusSettings(kafka_bootstrap_servers, client_id=f"test-{region}",
+                                partitions_per_topic=1)  # fmt: skip
+    long_cid, short_cid = f"{region}-long", f"{region}-short"
+    api = TranscriptApi(
+        {long_cid: transcript(long_cid, 1200), short_cid: transcript(short_cid, 30)}
+    )
+    api.held[long_cid] = asyncio.Event()
+    async with (
+        KafkaJobBus(settings, regions=[region]) as bus,  # creates the one-partition topic
+        api.serving(),
+        children() as started,
+        httpx.AsyncClient() as http,
+        result_log(bus, region) as results,
+    ):
+        engines: dict[str, SimEngineProc] = {}
+        workers: dict[str, Child] = {}
+        for name in ("wa", "wb"):
+            engines[name] = await start_sim_engine(
+                f"{name}-engine", started, tmp_path,
+                prefill_tokens_per_s=ENGINE_TOKENS_PER_S, chunk_tokens=ENGINE_CHUNK_TOKENS,
+            )  # fmt: skip
+            workers[name] = spawn(name, ["worker", "--region", region,
+                                         "--engine-url", engines[name].url,
+                                         "--bootstrap-servers", kafka_bootstrap_servers,
+                                         "--region-url", api.url, "--api-key", "test-key",
+                                         "--model-revision", MODEL, "--worker-id", name,
+                                         "--capacity-tokens-per-s", str(GATE_TOKENS_PER_S),
+                                         "--concurrency", "2",
+                                         "--session-timeout-s", str(SESSION_TIMEOUT_S)],
+                                  tmp_path)  # fmt: skip
+            started.append(workers[name])
+        everyone = list(started)
+
+        async def group_stable() -> bool:
+            return await group_state(settings, worker_group(region)) == ("Stable", 2)
+
+        await until("both workers joined one stable group", group_stable, everyone)
+
+        # J0 (offset 0) is held at the transcript API; J1 (offset 1) finishes first.
+        j0 = make_job(region, "j0", long_cid, 1200)
+        j1 = make_job(region, "j1", short_cid, 40)
+        await bus.publish_jobs([j0, j1])
+        [first] = await until("J1's result", lambda: results.of(j1.job_id), everyone)
+        holder = first.worker_id
+        [other] = [name for name in workers if name != holder]
+        await until("the holder asks for J0's transcript", lambda: api.asked.get(long_cid))
+        assert await committed_offset(settings, region) is None, "committed past running J0"
+
+        api.held[long_cid].set()
+
+        async def j0_running_at_holder() -> bool:
+            return (await engines[holder].metrics(http)).num_requests_running >= 1
+
+        await until("J0 mid-prefill on the holder's engine", j0_running_at_holder, everyone)
+        workers[holder].process.send_signal(signal.SIGKILL)
+        await asyncio.to_thread(workers[holder].process.wait, GIVE_UP_S)
+        assert workers[holder].process.returncode == -signal.SIGKILL
+        assert await committed_offset(settings, region) is None
+        assert (await engines[other].metrics(http)).generation_tokens_total == 0
+
+        survivors = [c for c in everyone if c is not workers[holder]]
+        [redone] = await until(
+            "J0 finished by the other worker", lambda: results.of(j0.job_id, other), survivors
+        )
+        assert (redone.status, redone.engine_id) == ("replayed", other)  # the CLI names it so
+        assert redone.prompt_tokens > 1200
+
+        async def committed_to_the_end() -> bool:
+            return await committed_offset(settings, region) == 2
+
+        await until("the offset committed past J0 and J1", committed_to_the_end, survivors)
+        # nothing was committed past J0, so the other worker got J1 again (at-least-once)
+        await until("J1 redelivered", lambda: results.of(j1.job_id, other), survivors)
+        assert results.of(j0.job_id, holder) == [], "a killed worker published J0's result"
+        assert {r.status for r in results.results} == {"replayed"}
+        other_engine = await engines[other].metrics(http)
+        assert other_engine.generation_tokens_total == 2  # J0 and J1, once each
