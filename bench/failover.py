@@ -91,7 +91,7 @@ async def run(rounds: int, shards: int, state_dir: Path) -> dict[str, object]:
 
             try:
                 await wait_until(recovered, RECOVERY_WAIT_S, "the moved shards to ack")
-            except RuntimeError as exc:
+            except TimeoutError as exc:
                 print(f"round {i + 1}: {exc}", flush=True)
             times = recovery_times(writers.acks, moved, victim, fault_s)
             got = [v for v in times.values() if v is not None]
