@@ -29,9 +29,8 @@ import contextlib
 import random
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
-from eventlog.aio import abandon, bounded
+from eventlog.aio import bounded
 from eventlog.clock import Clock
 from eventlog.config import LogConfig
 from eventlog.errors import (
@@ -41,7 +40,8 @@ from eventlog.errors import (
     NoQuorum,
     Overloaded,
 )
-from eventlog.model import Accepted, LogEntry, Mismatch, Promised, Rejected, leader_barrier
+from eventlog.model import Accepted, LogEntry, Mismatch, Rejected, leader_barrier
+from eventlog.recovery import RecoveredLog, prepare_round, read_range, recover_log
 from eventlog.replica import ReplicaStore
 
 #: called with (shard, epoch, newly committed entries) each time the commit position advances
@@ -123,8 +123,14 @@ class ShardLeader:
         backoff_s = self._config.retry_backoff_min_s
         while True:
             self.epoch = self.highest_seen_epoch + 1
-            promises = await self._prepare_round(deadline)
-            if promises is not None:
+            timeout_s = max(
+                0.0, min(self._config.replica_call_timeout_s, deadline - self._clock.monotonic())
+            )
+            round_ = await prepare_round(
+                self.shard, self.epoch, self._replicas, self._config, timeout_s
+            )
+            self.highest_seen_epoch = max(self.highest_seen_epoch, round_.highest_seen_epoch)
+            if round_.promises is not None:
                 break
             if self._clock.monotonic() >= deadline:
                 raise NoQuorum(
@@ -134,7 +140,8 @@ class ShardLeader:
             await self._clock.sleep(backoff_s * (0.5 + self._rng.random()))
             backoff_s = min(backoff_s * 2, self._config.retry_backoff_max_s)
         try:
-            await self._recover(promises)
+            recovered = await recover_log(self.shard, round_.promises, self._replicas, self._config)
+            self._install(recovered)
             self._start_replication()
             remaining_s = max(
                 deadline - self._clock.monotonic(), self._config.replica_call_timeout_s
@@ -146,111 +153,26 @@ class ShardLeader:
         self._serving = True
         return self.epoch
 
-    async def _prepare_round(self, deadline: float) -> dict[str, Promised] | None:
-        """One prepare at ``self.epoch``: the promises once a prepare quorum is reached, None if
-        rejected or out of time (``highest_seen_epoch`` is raised on rejection)."""
-        needed = self._config.prepare_quorum(len(self._replicas))
-        timeout_s = max(
-            0.0, min(self._config.replica_call_timeout_s, deadline - self._clock.monotonic())
-        )
-        calls = {
-            asyncio.ensure_future(
-                bounded(
-                    store.prepare(self.shard, self.epoch, self._config.prepare_tail_max),
-                    timeout_s,
-                )
-            ): region
-            for region, store in self._replicas.items()
-        }
-        promises: dict[str, Promised] = {}
-        rejected = False
-        pending = set(calls)
-        try:
-            while pending and len(promises) < needed and not rejected:
-                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-                for call in [c for c in calls if c in done]:  # deterministic order
-                    reply = _result_or_none(call)
-                    if isinstance(reply, Promised):
-                        promises[calls[call]] = reply
-                    elif isinstance(reply, Rejected):
-                        self.highest_seen_epoch = max(self.highest_seen_epoch, reply.promised_epoch)
-                        rejected = True
-        finally:
-            # Late promises are harmless (a promise only makes a replica reject lower epochs);
-            # do not wait for stragglers: a cut-off replica may take long to cancel.
-            for call in pending:
-                abandon(call)
-        self.highest_seen_epoch = max(self.highest_seen_epoch, self.epoch)
-        if rejected or len(promises) < needed:
-            return None
-        return promises
-
-    async def _recover(self, promises: dict[str, Promised]) -> None:
-        commit_lsn = max(p.status.commit_lsn for p in promises.values())
-        best_region = max(
-            promises, key=lambda r: (promises[r].status.last_epoch, promises[r].status.last_lsn)
-        )
-        best = promises[best_region]
-        if best.status.last_lsn < commit_lsn:
-            raise InvariantViolation(
-                f"shard {self.shard}: most up-to-date log ends at {best.status.last_lsn} "
-                f"before the commit point {commit_lsn}"
-            )
-        # The best log from the commit point on: the entry at commit_lsn (its epoch is needed
-        # for the prev check) and everything after it.
-        tail = [e for e in best.tail if e.lsn >= commit_lsn]
-        have_commit_entry = commit_lsn == 0 or (bool(tail) and tail[0].lsn == commit_lsn)
-        if not (best.tail_complete and have_commit_entry):
-            tail = await self._read_range(best_region, max(commit_lsn - 1, 0), best.status.last_lsn)
-        expected = list(range(max(commit_lsn, 1), best.status.last_lsn + 1))
-        if [e.lsn for e in tail] != expected:
-            # The replica changed after its promise: a newer epoch is at work. Retry later.
-            raise NoQuorum(
-                f"shard {self.shard}: recovery raced with a newer epoch", retry_after_s=0.5
-            )
-        # Raft's rule, not re-stamping: the recovered tail keeps its stamps (so every (epoch, lsn)
-        # names one entry everywhere) and a barrier entry of this epoch follows it. Counting
-        # matches commits only entries of this epoch; the tail commits with the barrier.
-        self._buffer_base = commit_lsn
-        self._epoch_at_base = tail[0].epoch if commit_lsn >= 1 else 0
-        self._buffer = [e for e in tail if e.lsn > commit_lsn]
-        self._barrier_lsn = best.status.last_lsn + 1
+    def _install(self, recovered: RecoveredLog) -> None:
+        """Continue the recovered log. Raft's rule, not re-stamping: the tail keeps its stamps
+        (so every (epoch, lsn) names one entry everywhere) and a barrier entry of this epoch
+        follows it. Counting matches commits only entries of this epoch; the tail commits with
+        the barrier."""
+        self._buffer_base = recovered.commit_lsn
+        self._epoch_at_base = recovered.epoch_at_commit
+        self._buffer = list(recovered.tail)
+        self._barrier_lsn = recovered.last_lsn + 1
         self._buffer.append(
             leader_barrier(self._barrier_lsn, self.epoch, self.region, self._clock.wall_ms())
         )
         self.last_lsn = self._barrier_lsn
-        self.commit_lsn = commit_lsn
-        self._recovery_source = best_region
-        self._recovery_commit_lsn = commit_lsn
+        self.commit_lsn = recovered.commit_lsn
+        self._recovery_source = recovered.source
+        self._recovery_commit_lsn = recovered.commit_lsn
         self._followers = {
-            region: _Follower(region, store, next_lsn=commit_lsn + 1)
+            region: _Follower(region, store, next_lsn=recovered.commit_lsn + 1)
             for region, store in self._replicas.items()
         }
-
-    async def _read_range(self, region: str, after_lsn: int, last_lsn: int) -> list[LogEntry]:
-        """Entries (after_lsn, last_lsn] of one replica, in pages."""
-        store = self._replicas[region]
-        found: list[LogEntry] = []
-        cursor = after_lsn
-        while cursor < last_lsn:
-            try:
-                page = await bounded(
-                    store.read_log(
-                        self.shard, cursor, min(self._config.prepare_tail_max, last_lsn - cursor)
-                    ),
-                    self._config.replica_call_timeout_s,
-                )
-            except TimeoutError as exc:
-                raise NoQuorum(
-                    f"shard {self.shard}: reading from {region} timed out", retry_after_s=0.5
-                ) from exc
-            if not page or page[0].lsn != cursor + 1:
-                raise NoQuorum(
-                    f"shard {self.shard}: {region} has no entry {cursor + 1}", retry_after_s=0.5
-                )
-            found.extend(page)
-            cursor = page[-1].lsn
-        return found
 
     def stop(self, fenced_by: int | None = None, crash: BaseException | None = None) -> None:
         """Stop leading: replication ends, every waiter fails (outcome unknown). ``crash`` is a
@@ -487,7 +409,9 @@ class ShardLeader:
         # Older than the buffer: committed entries, identical on every replica that has them.
         source = self._catch_up_source(target, min(last_lsn, self._buffer_base))
         end = min(last_lsn, self._buffer_base)
-        fetched = await self._read_range(source, max(prev_lsn - 1, 0), end)
+        fetched = await read_range(
+            self.shard, source, self._replicas[source], max(prev_lsn - 1, 0), end, self._config
+        )
         prev_epoch = fetched[0].epoch if prev_lsn > 0 else 0
         batch = fetched[1:] if prev_lsn > 0 else fetched
         return prev_epoch, [e for e in batch if e.lsn <= end]
@@ -538,16 +462,3 @@ class ShardLeader:
         if self._buffer_base < lsn <= self.last_lsn:
             return self._buffer[lsn - self._buffer_base - 1]
         return None
-
-
-def _result_or_none(call: asyncio.Future[Any]) -> object | None:
-    """A replica call's reply; a lost call (timeout, unreachable) is None."""
-    if call.cancelled():
-        return None
-    exc = call.exception()
-    if exc is None:
-        reply: object = call.result()
-        return reply
-    if isinstance(exc, ConvplaneError | TimeoutError | OSError):
-        return None
-    raise exc

@@ -1,0 +1,161 @@
+"""The first two steps of leading a shard, as functions: prepare at a quorum, then find the log
+to continue (the most up-to-date log of the prepare quorum, from the commit point on).
+
+``ShardLeader.lead`` calls them; they hold no state of their own. See ``eventlog.leader`` for
+the whole protocol and why the recovered tail keeps its stamps.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from eventlog.aio import abandon, bounded
+from eventlog.config import LogConfig
+from eventlog.errors import ConvplaneError, InvariantViolation, NoQuorum
+from eventlog.model import LogEntry, Promised, Rejected
+from eventlog.replica import ReplicaStore
+
+
+@dataclass(frozen=True, slots=True)
+class PrepareRound:
+    """The promises of a prepare quorum (None: rejected or too few answered in time) and the
+    highest epoch any replica named (the next attempt must go above it)."""
+
+    promises: dict[str, Promised] | None
+    highest_seen_epoch: int
+
+
+@dataclass(frozen=True, slots=True)
+class RecoveredLog:
+    """Where the new leader's log starts: everything up to ``commit_lsn`` is committed; ``tail``
+    holds the entries after it, with their original stamps, as ``source`` holds them."""
+
+    source: str
+    commit_lsn: int
+    epoch_at_commit: int  # stamp of the entry at commit_lsn (0 when commit_lsn == 0)
+    tail: tuple[LogEntry, ...]
+
+    @property
+    def last_lsn(self) -> int:
+        return self.commit_lsn + len(self.tail)
+
+
+async def prepare_round(
+    shard: int,
+    epoch: int,
+    replicas: Mapping[str, ReplicaStore],
+    config: LogConfig,
+    timeout_s: float,
+) -> PrepareRound:
+    """Send ``prepare(epoch)`` to every replica; return as soon as a prepare quorum promised,
+    one replica rejected, or every call ended. Stragglers are abandoned, not awaited (a cut-off
+    replica may take long to cancel), and late promises are harmless: a promise only makes a
+    replica reject lower epochs."""
+    needed = config.prepare_quorum(len(replicas))
+    calls = {
+        asyncio.ensure_future(
+            bounded(store.prepare(shard, epoch, config.prepare_tail_max), timeout_s)
+        ): region
+        for region, store in replicas.items()
+    }
+    promises: dict[str, Promised] = {}
+    highest_seen = epoch
+    rejected = False
+    pending = set(calls)
+    try:
+        while pending and len(promises) < needed and not rejected:
+            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            for call in [c for c in calls if c in done]:  # deterministic order
+                reply = _result_or_none(call)
+                if isinstance(reply, Promised):
+                    promises[calls[call]] = reply
+                elif isinstance(reply, Rejected):
+                    highest_seen = max(highest_seen, reply.promised_epoch)
+                    rejected = True
+    finally:
+        for call in pending:
+            abandon(call)
+    quorum = not rejected and len(promises) >= needed
+    return PrepareRound(promises if quorum else None, highest_seen)
+
+
+async def recover_log(
+    shard: int,
+    promises: Mapping[str, Promised],
+    replicas: Mapping[str, ReplicaStore],
+    config: LogConfig,
+) -> RecoveredLog:
+    """The most up-to-date log of the prepare quorum (highest last epoch, then longest) from the
+    highest commit hint on. By log matching it holds every committed entry."""
+    commit_lsn = max(p.status.commit_lsn for p in promises.values())
+    source = max(
+        promises, key=lambda r: (promises[r].status.last_epoch, promises[r].status.last_lsn)
+    )
+    best = promises[source]
+    last_lsn = best.status.last_lsn
+    if last_lsn < commit_lsn:
+        raise InvariantViolation(
+            f"shard {shard}: most up-to-date log ends at {last_lsn} before the commit point "
+            f"{commit_lsn}"
+        )
+    # From the entry at commit_lsn (its stamp is needed for the prev check) to the end.
+    tail = [e for e in best.tail if e.lsn >= commit_lsn]
+    have_commit_entry = commit_lsn == 0 or (bool(tail) and tail[0].lsn == commit_lsn)
+    if not (best.tail_complete and have_commit_entry):
+        tail = await read_range(
+            shard, source, replicas[source], max(commit_lsn - 1, 0), last_lsn, config
+        )
+    if [e.lsn for e in tail] != list(range(max(commit_lsn, 1), last_lsn + 1)):
+        # The replica changed after its promise: a newer epoch is at work. Retry later.
+        raise NoQuorum(f"shard {shard}: recovery raced with a newer epoch", retry_after_s=0.5)
+    return RecoveredLog(
+        source=source,
+        commit_lsn=commit_lsn,
+        epoch_at_commit=tail[0].epoch if commit_lsn >= 1 else 0,
+        tail=tuple(e for e in tail if e.lsn > commit_lsn),
+    )
+
+
+async def read_range(
+    shard: int,
+    region: str,
+    store: ReplicaStore,
+    after_lsn: int,
+    last_lsn: int,
+    config: LogConfig,
+) -> list[LogEntry]:
+    """Entries (after_lsn, last_lsn] of one replica, in pages; NoQuorum (retryable) when the
+    replica does not answer in time or lacks them."""
+    found: list[LogEntry] = []
+    cursor = after_lsn
+    while cursor < last_lsn:
+        try:
+            page = await bounded(
+                store.read_log(shard, cursor, min(config.prepare_tail_max, last_lsn - cursor)),
+                config.replica_call_timeout_s,
+            )
+        except TimeoutError as exc:
+            raise NoQuorum(
+                f"shard {shard}: reading from {region} timed out", retry_after_s=0.5
+            ) from exc
+        if not page or page[0].lsn != cursor + 1:
+            raise NoQuorum(f"shard {shard}: {region} has no entry {cursor + 1}", retry_after_s=0.5)
+        found.extend(page)
+        cursor = page[-1].lsn
+    return found
+
+
+def _result_or_none(call: asyncio.Future[Any]) -> object | None:
+    """A replica call's reply; a lost call (timeout, unreachable) is None."""
+    if call.cancelled():
+        return None
+    exc = call.exception()
+    if exc is None:
+        reply: object = call.result()
+        return reply
+    if isinstance(exc, ConvplaneError | TimeoutError | OSError):
+        return None
+    raise exc
