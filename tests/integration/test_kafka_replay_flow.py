@@ -129,14 +129,18 @@ class LiveLoad:
         self._stop = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self.completed = 0
+        self.errors: list[BaseException] = []  # a live request that failed (none expected)
 
     def start(self) -> None:
         self._tasks = [asyncio.create_task(self._client(n)) for n in range(self._clients)]
 
     async def stop(self) -> None:
-        """Let every client finish its request in flight, then stop (nothing is cancelled)."""
+        """Let every client finish its request in flight, then stop (nothing is cancelled).
+        Idempotent."""
         self._stop.set()
-        await asyncio.gather(*self._tasks)
+        outcomes = await asyncio.gather(*self._tasks, return_exceptions=True)
+        self.errors.extend(e for e in outcomes if isinstance(e, BaseException))
+        self._tasks = []
 
     async def _client(self, n: int) -> None:
         turn = 0
@@ -243,6 +247,7 @@ async def test_replay_pauses_at_live_capacity_and_drains_after(
             paused = (live.completed - live_before, refusals(gate, controller) - refusals_before)
             stopped_at_s = time.monotonic()
             await live.stop()
+            assert live.errors == []
             await until("the backlog drained", lambda: len(results.results) >= len(jobs), started)
             drained_s = time.monotonic() - stopped_at_s
             status = {r.conversation_id: r.status for r in results.results}
@@ -262,8 +267,7 @@ async def test_replay_pauses_at_live_capacity_and_drains_after(
             print(f"paused through {paused[0]} live completions and {paused[1]} refused pulls; "
                   f"{len(jobs)} jobs drained {drained_s:.1f}s after live stopped")  # fmt: skip
         finally:
-            if not live._stop.is_set():
-                await live.stop()
+            await live.stop()
             worker.request_stop()
             await asyncio.wait([tasks[1]], timeout=30.0)
             for task in tasks:
