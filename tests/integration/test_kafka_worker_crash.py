@@ -36,6 +36,7 @@ import httpx
 import pytest
 import uvicorn
 from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.errors import KafkaError
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 
@@ -168,6 +169,17 @@ async def start_sim_engine(
     return engine
 
 
+def spawn_worker(
+    name: str, region: str, engine_url: str, bootstrap_servers: str, api_url: str, log_dir: Path
+) -> Child:
+    """``convplane worker`` with two slots and the shortest session timeout the broker allows."""
+    return spawn(name, ["worker", "--region", region, "--engine-url", engine_url,
+                        "--bootstrap-servers", bootstrap_servers, "--region-url", api_url,
+                        "--api-key", "test-key", "--model-revision", MODEL, "--worker-id", name,
+                        "--capacity-tokens-per-s", str(GATE_TOKENS_PER_S), "--concurrency", "2",
+                        "--session-timeout-s", str(SESSION_TIMEOUT_S)], log_dir)  # fmt: skip
+
+
 # --- the region API's transcript endpoint, faked -------------------------------------------
 
 
@@ -267,11 +279,16 @@ async def result_log(bus: KafkaJobBus, region: str) -> AsyncIterator[ResultLog]:
 
 
 async def group_state(settings: KafkaBusSettings, group: str) -> tuple[str, int]:
-    """(state, member count) of a consumer group, as the broker's coordinator sees it."""
+    """(state, member count) of a consumer group, as the broker's coordinator sees it;
+    ("unknown", 0) while the coordinator is not available yet (a fresh broker's first group)."""
     admin = AIOKafkaAdminClient(bootstrap_servers=settings.bootstrap_servers)
     await admin.start()
     try:
         [response] = await admin.describe_consumer_groups([group])
+    except KafkaError as exc:
+        if not exc.retriable:
+            raise
+        return "unknown", 0
     finally:
         await admin.close()
     [described] = response.groups
@@ -314,15 +331,9 @@ async def test_a_sigkilled_worker_leaves_its_job_to_the_group_and_nothing_is_com
                 f"{name}-engine", started, tmp_path,
                 prefill_tokens_per_s=ENGINE_TOKENS_PER_S, chunk_tokens=ENGINE_CHUNK_TOKENS,
             )  # fmt: skip
-            workers[name] = spawn(name, ["worker", "--region", region,
-                                         "--engine-url", engines[name].url,
-                                         "--bootstrap-servers", kafka_bootstrap_servers,
-                                         "--region-url", api.url, "--api-key", "test-key",
-                                         "--model-revision", MODEL, "--worker-id", name,
-                                         "--capacity-tokens-per-s", str(GATE_TOKENS_PER_S),
-                                         "--concurrency", "2",
-                                         "--session-timeout-s", str(SESSION_TIMEOUT_S)],
-                                  tmp_path)  # fmt: skip
+            workers[name] = spawn_worker(
+                name, region, engines[name].url, kafka_bootstrap_servers, api.url, tmp_path
+            )
             started.append(workers[name])
         everyone = list(started)
 
