@@ -285,21 +285,7 @@ class LogNode(ConversationLog):
             "created_at_ms": now_ms,
             "fingerprint": request_fp,
         }
-        entry = leader.propose(
-            lambda lsn, epoch: LogEntry(
-                lsn=lsn,
-                epoch=epoch,
-                tenant_id=tenant_id,
-                conversation_id=conversation_id,
-                seq=0,
-                event_type=CONVERSATION_CREATED,
-                idempotency_key=None,
-                attempt_id=None,
-                token_count=0,
-                created_at_ms=now_ms,
-                body=json.dumps(body, separators=(",", ":")),
-            )
-        )
+        entry = _propose_body(leader, body)
         state = ConversationState(created=entry, last_lsn=entry.lsn)
         self._states[(shard, conversation_id)] = state
         await leader.wait_committed(entry.lsn)
@@ -350,21 +336,7 @@ class LogNode(ConversationLog):
             "idempotency_key": idempotency_key,
             "fingerprint": request_fp,
         }
-        entry = leader.propose(
-            lambda lsn, epoch: LogEntry(
-                lsn=lsn,
-                epoch=epoch,
-                tenant_id=tenant_id,
-                conversation_id=conversation_id,
-                seq=seq,
-                event_type=event_type,
-                idempotency_key=idempotency_key,
-                attempt_id=attempt_id,
-                token_count=tokens,
-                created_at_ms=now_ms,
-                body=json.dumps(body, separators=(",", ":")),
-            )
-        )
+        entry = _propose_body(leader, body, attempt_id=attempt_id)
         state.apply(entry)
         await leader.wait_committed(entry.lsn)
         for listener in self._listeners:
@@ -481,6 +453,28 @@ class LogNode(ConversationLog):
             lsn=entry.lsn,
             replayed=replayed,
         )
+
+
+def _propose_body(
+    leader: ShardLeader, body: dict[str, Any], attempt_id: str | None = None
+) -> LogEntry:
+    """Propose an entry of a conversation; its indexed fields are copies of its body's."""
+    text = json.dumps(body, separators=(",", ":"))
+    return leader.propose(
+        lambda lsn, epoch: LogEntry(
+            lsn=lsn,
+            epoch=epoch,
+            tenant_id=body["tenant_id"],
+            conversation_id=body["conversation_id"],
+            seq=body.get("seq", 0),
+            event_type=body["type"],
+            idempotency_key=body.get("idempotency_key"),
+            attempt_id=attempt_id,
+            token_count=body.get("token_count", 0),
+            created_at_ms=body["created_at_ms"],
+            body=text,
+        )
+    )
 
 
 def estimate_tokens(payload: dict[str, Any]) -> int:
