@@ -154,13 +154,13 @@ def _run_demo(console: Console, plane: LocalPlane, info: dict[str, Any]) -> None
         )
         attempt_id = f"att-{uuid.uuid4().hex[:8]}"
         steps: list[tuple[str, dict[str, Any], str | None]] = [
-            ("message.user", {"text": "What's the weather in Lisbon?"}, "demo-1"),
+            ("message.user", {"content": "What's the weather in Lisbon?"}, "demo-1"),
             ("tool.attempt", {"attempt_id": attempt_id, "tool": "weather.lookup",
                               "argument_digest": "sha256:lisbon"}, "demo-2"),
             ("tool.effect", {"attempt_id": attempt_id, "status": "committed",
                              "result": {"celsius": 21}}, "demo-3"),
-            ("message.assistant", {"text": "It is 21 °C in Lisbon."}, "demo-4"),
-            ("message.assistant", {"text": "It is 21 °C in Lisbon."}, "demo-4"),  # a retry
+            ("message.assistant", {"content": "It is 21 °C in Lisbon."}, "demo-4"),
+            ("message.assistant", {"content": "It is 21 °C in Lisbon."}, "demo-4"),  # a retry
         ]  # fmt: skip
         acks = Table(title="appends (each acknowledged by a quorum of regions)")
         for column in ("seq", "type", "status", "acked_by", "served_by", "idempotent replay"):
