@@ -87,6 +87,11 @@ class Controller:
             weights=weights,
         )
         self.peer_urls = {r.name: r.url_from.get(self.region, r.url) for r in cluster.regions}
+        # the header name is services.api.forwarding.PEER_AUTH_HEADER (not imported: the API
+        # layer sits above the controller)
+        self._peer_headers = (
+            {"X-Convplane-Peer-Auth": cluster.peer_secret} if cluster.peer_secret else {}
+        )
         self._lead_gate = asyncio.Semaphore(settings.lead_concurrency_max)
         self._leading: dict[int, asyncio.Task[None]] = {}
         self._control_leading: asyncio.Task[None] | None = None
@@ -198,7 +203,9 @@ class Controller:
     async def _probe(self, region: str) -> None:
         url = self.peer_urls[region].rstrip("/") + "/peer/health"
         try:
-            reply = await self._peers.get(url, timeout=self.settings.probe_timeout_s)
+            reply = await self._peers.get(
+                url, timeout=self.settings.probe_timeout_s, headers=self._peer_headers
+            )
             body = reply.json() if reply.status_code == 200 else None
         except (httpx.HTTPError, ValueError):
             body = None

@@ -297,6 +297,8 @@ def _choose_ports(host: str, base_port: int, count: int) -> list[int]:
     ports = [base_port + i for i in range(count)]
     for port in ports:
         with socket.socket() as sock:
+            # as uvicorn binds: connections of a plane just stopped (TIME_WAIT) do not count
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:
                 sock.bind((host, port))
             except OSError as exc:

@@ -9,19 +9,22 @@
 * ``POST /v1/admin/regions/{name}/evacuate|restore``: operator moves, committed by the control
   leader (other nodes forward there). **Admin is any authenticated tenant for now**: there are
   no operator roles yet.
-* ``GET /peer/health``, ``GET /peer/placement``: what nodes ask each other (unauthenticated:
-  they reveal only health and placement, never data).
+* ``GET /peer/health``, ``GET /peer/placement``: what nodes ask each other. When the cluster
+  file has a ``peer_secret`` they need it in ``X-Convplane-Peer-Auth`` (401 otherwise): a probe
+  reply steers failure detection, so only nodes may give one.
 """
 
 from __future__ import annotations
 
+import hmac
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Path, Request
 
-from eventlog.errors import NotLeader, Unavailable
+from eventlog.errors import NotLeader, Unauthorized, Unavailable
 from services.api import schemas
 from services.api.context import RequestContext, request_context
+from services.api.forwarding import PEER_AUTH_HEADER
 from services.controller import Controller
 from services.replay.routes import affinity_body
 
@@ -95,11 +98,22 @@ async def region_action(
     return await ctx.run(act, is_write=True)
 
 
+def _require_peer(request: Request) -> None:
+    secret = _controller(request).cluster.peer_secret
+    if secret is None:
+        return
+    sent = request.headers.get(PEER_AUTH_HEADER, "")
+    if not hmac.compare_digest(sent.encode(), secret.encode()):
+        raise Unauthorized("peer endpoints need the cluster's peer secret")
+
+
 @peer_router.get("/health")
 async def peer_health(request: Request) -> dict[str, Any]:
+    _require_peer(request)
     return _controller(request).health_reply()
 
 
 @peer_router.get("/placement")
 async def peer_placement(request: Request) -> dict[str, Any]:
+    _require_peer(request)
     return _placement_body(_controller(request))
