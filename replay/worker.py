@@ -95,6 +95,35 @@ class TranscriptSource(ABC):
         """The conversation's committed events with ``seq <= through_seq``, in seq order."""
 
 
+class PagedTranscriptSource(TranscriptSource):
+    """A source that reads the transcript a page at a time (``page``: events after a seq, at
+    most ``page_limit``), up to ``through_seq`` and never more than ``events_max`` events."""
+
+    def __init__(self, *, page_limit: int, events_max: int) -> None:
+        self._page_limit = page_limit
+        self._events_max = events_max
+
+    @abstractmethod
+    async def page(
+        self, tenant_id: str, conversation_id: str, after_seq: int
+    ) -> list[TranscriptEvent]: ...
+
+    async def fetch(
+        self, tenant_id: str, conversation_id: str, through_seq: int
+    ) -> list[TranscriptEvent]:
+        events: list[TranscriptEvent] = []
+        after_seq = 0
+        while after_seq < through_seq:
+            if len(events) >= self._events_max:
+                raise InvalidRequest(f"transcript over {self._events_max} events")
+            page = await self.page(tenant_id, conversation_id, after_seq)
+            events.extend(e for e in page if e.seq <= through_seq)
+            if len(page) < self._page_limit:
+                break
+            after_seq = page[-1].seq
+        return events
+
+
 def cache_salt_for(tenant_id: str) -> str:
     """Per-tenant prefix-cache salt: KV blocks never match across tenants."""
     return hashlib.sha256(tenant_id.encode("utf-8")).hexdigest()[:16]
@@ -349,7 +378,7 @@ class ReplayWorker:
         )
 
 
-class HttpTranscriptSource(TranscriptSource):
+class HttpTranscriptSource(PagedTranscriptSource):
     """Reads a transcript from the region's REST API, page by page.
 
     ``GET {region_url}/v1/conversations/{id}/events?after_seq=&limit=`` with the service API key
@@ -365,27 +394,11 @@ class HttpTranscriptSource(TranscriptSource):
         page_limit: int = 200,
         events_max: int = 20_000,
     ) -> None:
+        super().__init__(page_limit=page_limit, events_max=events_max)
         self._client = client  # base_url = the region's URL; owned by the caller
         self._api_key = api_key
-        self._page_limit = page_limit
-        self._events_max = events_max
 
-    async def fetch(
-        self, tenant_id: str, conversation_id: str, through_seq: int
-    ) -> list[TranscriptEvent]:
-        events: list[TranscriptEvent] = []
-        after_seq = 0
-        while after_seq < through_seq:
-            if len(events) >= self._events_max:
-                raise InvalidRequest(f"transcript over {self._events_max} events")
-            page = await self._page(tenant_id, conversation_id, after_seq)
-            events.extend(e for e in page if e.seq <= through_seq)
-            if len(page) < self._page_limit:
-                break
-            after_seq = page[-1].seq
-        return events
-
-    async def _page(
+    async def page(
         self, tenant_id: str, conversation_id: str, after_seq: int
     ) -> list[TranscriptEvent]:
         try:
