@@ -26,7 +26,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from eventlog.sharding import shard_of
-from tests.chaos.audit import audit
+from tests.chaos.audit import audit_after_writers
 from tests.chaos.harness import (
     FAST_ENV,
     ChaosPlane,
@@ -36,6 +36,7 @@ from tests.chaos.harness import (
     get_json,
     percentile,
     recovery_times,
+    tear_down,
     wait_until,
 )
 
@@ -112,16 +113,9 @@ async def run(rounds: int, shards: int, state_dir: Path) -> dict[str, object]:
 
             await wait_until(failed_back, FAILBACK_WAIT_S, "failback")
             await asyncio.sleep(1.0)
-        writers.stop.set()
-        await asyncio.wait_for(running, 60)
-        await asyncio.to_thread(plane.stop_nodes)
-        report = await audit({m.name: m.dsn for m in plane.members}, writers.acks)
+        report = await audit_after_writers(plane, writers, running)
     finally:
-        writers.stop.set()
-        if not running.done():
-            running.cancel()
-        await asyncio.gather(running, return_exceptions=True)
-        await asyncio.to_thread(plane.stop)
+        await tear_down(plane, writers, running)
     for problem in report.problems:
         print("audit:", problem)
     print(

@@ -11,6 +11,7 @@ project's stores) and checks what the log promises.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -19,7 +20,7 @@ from typing import Any
 import asyncpg
 
 from eventlog.model import LEADER_BARRIER
-from tests.chaos.harness import Ack, pg_dsn
+from tests.chaos.harness import Ack, ChaosPlane, Writers, pg_dsn
 
 #: the conversation shards only (the control shard has no conversations but is audited too)
 
@@ -150,3 +151,14 @@ def _check_acks(
                 f"held by {held}, committed prefix: "
                 f"{(a.conversation_id, a.seq, a.key) in in_prefix}"
             )
+
+
+async def audit_after_writers(
+    plane: ChaosPlane, writers: Writers, running: asyncio.Task[None]
+) -> AuditReport:
+    """Let the writers finish their last appends, stop the nodes (so nothing changes under the
+    audit), then audit every region's database."""
+    writers.stop.set()
+    await asyncio.wait_for(running, 60)
+    await asyncio.to_thread(plane.stop_nodes)
+    return await audit({m.name: m.dsn for m in plane.members}, writers.acks)

@@ -343,3 +343,16 @@ async def get_json(url: str, path: str, api_key: str) -> Any:
         )
         r.raise_for_status()
         return r.json()
+
+
+async def tear_down(
+    plane: ChaosPlane, writers: Writers | None, running: asyncio.Task[None] | None
+) -> None:
+    """Stop writers (cancelling them if they did not finish) and every process of the plane."""
+    if writers is not None:
+        writers.stop.set()
+    if running is not None:
+        if not running.done():
+            running.cancel()
+        await asyncio.gather(running, return_exceptions=True)
+    await asyncio.to_thread(plane.stop)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.chaos.audit import audit
+from tests.chaos.audit import audit_after_writers
 from tests.chaos.harness import (
     FAST_ENV,
     ChaosPlane,
@@ -23,6 +23,7 @@ from tests.chaos.harness import (
     get_json,
     percentile,
     recovery_times,
+    tear_down,
     wait_until,
 )
 
@@ -106,18 +107,9 @@ async def test_partitioned_region_acks_nothing_and_its_shards_fail_over(
 
         await wait_until(failed_back, 60.0, "failback after heal")
         await asyncio.sleep(2.0)
-        writers.stop.set()
-        await asyncio.wait_for(running, 60)
-        await asyncio.to_thread(plane.stop_nodes)
-        report = await audit({m.name: m.dsn for m in plane.members}, writers.acks)
+        report = await audit_after_writers(plane, writers, running)
     finally:
-        if writers is not None:
-            writers.stop.set()
-        if running is not None:
-            if not running.done():
-                running.cancel()
-            await asyncio.gather(running, return_exceptions=True)
-        await asyncio.to_thread(plane.stop)
+        await tear_down(plane, writers, running)
         await plane.close_proxies()
     print(f"audit: {report}")
     assert report.problems == []

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.chaos.audit import audit
+from tests.chaos.audit import audit_after_writers
 from tests.chaos.harness import (
     FAST_ENV,
     ChaosPlane,
@@ -22,6 +22,7 @@ from tests.chaos.harness import (
     get_json,
     percentile,
     recovery_times,
+    tear_down,
     wait_until,
 )
 
@@ -87,16 +88,9 @@ async def test_kill9_region_fails_over_then_back_without_losing_acks(
             urls["us-east"], f"/v1/conversations/{writers.conversations[0]}/route", info["api_key"]
         )
         assert route["region"] == full[str(route["shard"])] and route["worker"] is None
-        writers.stop.set()
-        await asyncio.wait_for(running, 60)
-        await asyncio.to_thread(plane.stop_nodes)
-        report = await audit({m.name: m.dsn for m in plane.members}, writers.acks)
+        report = await audit_after_writers(plane, writers, running)
     finally:
-        writers.stop.set()
-        if not running.done():
-            running.cancel()
-        await asyncio.gather(running, return_exceptions=True)
-        await asyncio.to_thread(plane.stop)
+        await tear_down(plane, writers, running)
     print(f"audit: {report}")
     print("recovery per shard:", {s: round(v or -1, 2) for s, v in rto.items()})
     print(
