@@ -106,17 +106,23 @@ class ConversationSummary:
     last_seq: int
 
 
-def leader_barrier(lsn: int, epoch: int, region: str, wall_ms: int) -> LogEntry:
+def record_entry(lsn: int, epoch: int, event_type: str, body: str, wall_ms: int) -> LogEntry:
+    """An entry that belongs to no conversation: a leader barrier or a control record."""
     return LogEntry(
         lsn=lsn,
         epoch=epoch,
         tenant_id="",
         conversation_id="",
         seq=0,
-        event_type=LEADER_BARRIER,
+        event_type=event_type,
         idempotency_key=None,
         attempt_id=None,
         token_count=0,
         created_at_ms=wall_ms,
-        body=f'{{"region": "{region}", "epoch": {epoch}}}',
+        body=body,
     )
+
+
+def leader_barrier(lsn: int, epoch: int, region: str, wall_ms: int) -> LogEntry:
+    body = f'{{"region": "{region}", "epoch": {epoch}}}'
+    return record_entry(lsn, epoch, LEADER_BARRIER, body, wall_ms)

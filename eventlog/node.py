@@ -40,7 +40,7 @@ from eventlog.errors import (
     NotLeader,
 )
 from eventlog.leader import CommitObserver, ShardLeader
-from eventlog.model import CONVERSATION_CREATED, LogEntry
+from eventlog.model import CONVERSATION_CREATED, LogEntry, record_entry
 from eventlog.replica import ReplicaStore
 from eventlog.sharding import shard_of
 
@@ -389,19 +389,7 @@ class LogNode(ConversationLog):
         now_ms = self._clock.wall_ms()
         text = json.dumps(body, separators=(",", ":"), sort_keys=True)
         entry = leader.propose(
-            lambda lsn, epoch: LogEntry(
-                lsn=lsn,
-                epoch=epoch,
-                tenant_id="",
-                conversation_id="",
-                seq=0,
-                event_type=record_type,
-                idempotency_key=None,
-                attempt_id=None,
-                token_count=0,
-                created_at_ms=now_ms,
-                body=text,
-            )
+            lambda lsn, epoch: record_entry(lsn, epoch, record_type, text, now_ms)
         )
         await leader.wait_committed(entry.lsn)
         return entry.lsn
