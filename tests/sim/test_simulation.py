@@ -16,8 +16,11 @@ from eventlog.sim import run_seed
 
 SEEDS = int(os.environ.get("CONVPLANE_SIM_SEEDS", "2000"))
 CHUNK = 250
-#: seeds that once found bugs (kept so they never come back)
-REGRESSION_SEEDS = (1, 2, 95, 96, 97)
+#: seeds that found bugs, by the bug they found (the simulation has changed since, so they now
+#: replay other schedules, but they stay as named runs):
+#: 384, 393 — two overlapping lead_shard calls on one node installed the second leader over
+#: the first one's conversation state: a seq gap after failover (fixed in eventlog/node.py)
+REGRESSION_SEEDS = (384, 393)
 
 
 @pytest.mark.parametrize("first", range(0, SEEDS, CHUNK))
