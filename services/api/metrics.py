@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from services.supervisor import Supervisor
 
 LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
@@ -36,9 +42,36 @@ class Metrics:
             registry=self.registry,
         )
 
+    def watch_loops(self, supervisor: Supervisor) -> None:
+        """Export the supervised loops' crash counts and crash-looping state at each scrape."""
+        self.registry.register(_LoopCollector(supervisor))
+
     def observe_request(self, route: str, method: str, status: int, latency_s: float) -> None:
         self.requests.labels(route, method, str(status)).inc()
         self.request_latency.labels(route, method).observe(latency_s)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class _LoopCollector(Collector):
+    def __init__(self, supervisor: Supervisor) -> None:
+        self._supervisor = supervisor
+
+    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+        crashes = CounterMetricFamily(
+            "convplane_background_loop_crashes",
+            "crashes of a supervised background loop (each was restarted with backoff)",
+            labels=["loop"],
+        )
+        looping = GaugeMetricFamily(
+            "convplane_background_loop_crash_looping",
+            "1 while a background loop has stopped or crashes on every run",
+            labels=["loop"],
+        )
+        unhealthy = set(self._supervisor.unhealthy())
+        for health in self._supervisor.loops():
+            crashes.add_metric([health.name], health.crashes)
+            looping.add_metric([health.name], 1.0 if health.name in unhealthy else 0.0)
+        yield crashes
+        yield looping
