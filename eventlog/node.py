@@ -95,6 +95,8 @@ class LogNode(ConversationLog):
     # --- leadership -----------------------------------------------------------------------
 
     def shard_of(self, conversation_id: str) -> int:
+        """The conversation's shard; InvalidRequest for an id no store could hold."""
+        check_text(conversation_id, "conversation_id", column=True)
         return shard_of(conversation_id, self.config.shard_count)
 
     def leads(self, shard: int) -> bool:
@@ -198,7 +200,6 @@ class LogNode(ConversationLog):
         recovered tail may hold the conversation. Such a load fails retryable
         (``LeadershipChanged``); it is never read as absence, or a retried create would write a
         second ``conversation.created`` and restart the seqs."""
-        check_text(conversation_id, "conversation_id", column=True)
         key = (shard, conversation_id)
         leader = self._serving_leader(shard)
         state = self._states.get(key)
@@ -284,7 +285,6 @@ class LogNode(ConversationLog):
         metadata: dict[str, Any],
     ) -> ConversationInfo:
         check_text(tenant_id, "tenant_id", column=True)
-        check_text(conversation_id, "conversation_id", column=True)
         check_text(model_revision, "model_revision")
         check_value(metadata, "metadata")
         shard = self.shard_of(conversation_id)
