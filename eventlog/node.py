@@ -8,6 +8,7 @@ region when known, so the routing layer can forward them.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
 import random
@@ -40,6 +41,7 @@ from eventlog.errors import (
     NotFound,
     NotLeader,
 )
+from eventlog.identity import IdentityGuard, Observation, plan_sweep
 from eventlog.leader import CommitObserver, ShardLeader
 from eventlog.model import CONVERSATION_CREATED, LogEntry, record_entry
 from eventlog.replica import ReplicaStore
@@ -91,6 +93,9 @@ class LogNode(ConversationLog):
         self._leading: dict[int, asyncio.Lock] = {}
         #: the last region known to lead each shard (hint or self), for LogListener.shard_led
         self._previous_leader: dict[int, str] = {}
+        #: which replicas may vote and ack (``eventlog.identity``); filled by verify_replicas
+        self.identity = IdentityGuard()
+        self._verify_lock = asyncio.Lock()
 
     # --- leadership -----------------------------------------------------------------------
 
@@ -128,6 +133,8 @@ class LogNode(ConversationLog):
         """Become the shard's leader at an epoch higher than any promised; returns the epoch.
         Calls for one shard are serialized: two overlapping calls would otherwise install two
         leaders, the second over the first's conversation state."""
+        if not self.identity.swept:
+            await self.verify_replicas()  # never lead on votes nobody has vouched for
         lock = self._leading.setdefault(shard, asyncio.Lock())
         async with lock:
             await self.resign_shard(shard)
@@ -141,6 +148,7 @@ class LogNode(ConversationLog):
                 min_epoch=self._epochs_seen.get(shard, 0),
                 observer=self._observer,
                 region_unreachable=self._region_unreachable,
+                identity=self.identity,
             )
             try:
                 epoch = await leader.lead()
@@ -169,6 +177,35 @@ class LogNode(ConversationLog):
                 self._hints[shard] = None
         for key in [k for k in self._states if k[0] == shard]:
             del self._states[key]
+
+    async def verify_replicas(self) -> list[str]:
+        """Sweep every store's identity and registry (``eventlog.identity``), record what a new
+        cluster trusts on first use, and update which replicas count. Returns the regions found
+        quarantined by this sweep that were not before (the caller alerts)."""
+        async with self._verify_lock:
+            timeout_s = self.config.replica_call_timeout_s
+            regions = list(self._replicas)
+            observed = await asyncio.gather(
+                *(self._observe_identity(self._replicas[r], timeout_s) for r in regions)
+            )
+            plan = plan_sweep(dict(zip(regions, observed, strict=True)))
+            for store_region, records in plan.writes.items():
+                for region, record in records.items():
+                    with contextlib.suppress(ConvplaneError, TimeoutError, OSError):
+                        await bounded(
+                            self._replicas[store_region].record_identity(region, record),
+                            timeout_s,
+                        )
+            return self.identity.apply(plan)
+
+    @staticmethod
+    async def _observe_identity(store: ReplicaStore, timeout_s: float) -> Observation:
+        try:
+            store_id = await bounded(store.identity(), timeout_s)
+            registry = await bounded(store.registry(), timeout_s)
+        except (ConvplaneError, TimeoutError, OSError):
+            return Observation(None, None)
+        return Observation(store_id, registry)
 
     async def close(self) -> None:
         for shard in list(self._leaders):

@@ -25,6 +25,7 @@ from eventlog.replica import ReplicaStore
 from eventlog.stores import open_replica_store
 from services.config import ClusterConfig, NodeSettings
 from services.controller import Controller
+from services.peer_probe import HttpPeerProber
 from services.replay.service import ReplayService
 from services.replay.wiring import open_replay_service
 
@@ -108,7 +109,12 @@ async def open_runtime(settings: NodeSettings) -> AsyncIterator[NodeRuntime]:
             cluster=cluster,
             node=node,
             replicas=replicas,
-            peers=peers,
+            prober=HttpPeerProber(
+                peers,
+                {r.name: r.url_from.get(settings.region, r.url) for r in cluster.regions},
+                timeout_s=settings.probe_timeout_s,
+                peer_secret=cluster.peer_secret,
+            ),
             clock=clock,
             rng=rng,
         )

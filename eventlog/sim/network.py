@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from eventlog.errors import ReplicaUnavailable
+from eventlog.identity import IdentityRecord
 from eventlog.memory_replica import MemoryReplica
 from eventlog.model import (
     AppendReply,
@@ -142,4 +143,15 @@ class SimLink(ReplicaStore):
             self._src,
             self.region,
             lambda: self._replica.list_conversations(shard, active_since_ms, max_lsn, limit),
+        )
+
+    async def identity(self) -> str:
+        return await self._net.deliver(self._src, self.region, self._replica.identity)
+
+    async def registry(self) -> dict[str, IdentityRecord]:
+        return await self._net.deliver(self._src, self.region, self._replica.registry)
+
+    async def record_identity(self, region: str, record: IdentityRecord) -> None:
+        await self._net.deliver(
+            self._src, self.region, lambda: self._replica.record_identity(region, record)
         )

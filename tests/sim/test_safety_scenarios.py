@@ -25,6 +25,7 @@ from eventlog.errors import (
 )
 from eventlog.memory_replica import MemoryReplica
 from eventlog.node import LogNode
+from eventlog.rebuild import rebuild_replica
 from eventlog.sim.checker import History, check_final_log
 from eventlog.sim.loop import VirtualTimeLoop
 from eventlog.sim.network import SimNetwork
@@ -63,6 +64,19 @@ def nodes_on(net: SimNetwork, regions: str, shard_count: int = 4) -> dict[str, L
 # --- bug 1: the control plane cannot brick itself -------------------------------------------
 
 
+PORT_CALLS = (
+    "prepare",
+    "append",
+    "status",
+    "read_log",
+    "read_conversation",
+    "list_conversations",
+    "identity",
+    "registry",
+    "record_identity",
+)
+
+
 class StallingReplica:
     """A replica port over a MemoryReplica that can be dead or have a stalling database."""
 
@@ -80,13 +94,18 @@ class StallingReplica:
         return await getattr(self.inner, name)(*args)
 
     def __getattr__(self, name: str) -> Callable[..., Awaitable[Any]]:
-        if name in ("prepare", "append", "status", "read_log", "read_conversation"):
-            return lambda *args: self._call(name, *args)
-        if name == "list_conversations":
+        if name in PORT_CALLS:
             return lambda *args: self._call(name, *args)
         raise AttributeError(name)
 
     async def close(self) -> None:
+        return None
+
+
+class NoPeers:
+    """The scenario feeds membership itself (below); the controller's own probes find nobody."""
+
+    async def health(self, region: str) -> None:
         return None
 
 
@@ -105,82 +124,79 @@ async def control_leader_dies_while_a_database_stalls(seed: int) -> dict[str, An
     )
     clock = LoopClock()
     controllers: dict[str, Controller] = {}
-    import httpx  # only for the constructor's type: no request is made in this scenario
+    for r in "ab":
+        node = LogNode(
+            region=r,
+            replicas=replicas,  # type: ignore[arg-type]
+            config=LogConfig(shard_count=8),
+            clock=clock,
+            rng=random.Random(rng.random()),
+        )
+        controllers[r] = Controller(
+            settings=NodeSettings(region=r, cluster=cluster),
+            cluster=cluster,
+            node=node,
+            replicas=replicas,  # type: ignore[arg-type]
+            prober=NoPeers(),
+            clock=clock,
+            rng=random.Random(rng.random()),
+        )
+    a_dead_at: list[float | None] = [None]
 
-    async with httpx.AsyncClient() as unused_peers:
-        for r in "ab":
-            node = LogNode(
-                region=r,
-                replicas=replicas,  # type: ignore[arg-type]
-                config=LogConfig(shard_count=8),
-                clock=clock,
-                rng=random.Random(rng.random()),
-            )
-            controllers[r] = Controller(
-                settings=NodeSettings(region=r, cluster=cluster),
-                cluster=cluster,
-                node=node,
-                replicas=replicas,  # type: ignore[arg-type]
-                peers=unused_peers,
-                clock=clock,
-                rng=random.Random(rng.random()),
-            )
-        a_dead_at: list[float | None] = [None]
+    async def probes() -> None:  # GET /peer/health between a, b and a c that answers
+        while True:
+            now = clock.monotonic()
+            dead_since = a_dead_at[0]
+            c_suspects = ["a"] if dead_since is not None and now - dead_since >= 1.0 else []
+            for me, ctl in controllers.items():
+                if me == "a" and dead_since is not None:
+                    continue
+                ctl.membership.probe_ok("c", now, suspects=c_suspects)
+                other = "b" if me == "a" else "a"
+                if other == "a" and dead_since is not None:
+                    continue
+                reply = controllers[other].health_reply()
+                ctl.membership.probe_ok(
+                    other, now, suspects=reply["suspects"], led_shards=reply["led_shards"]
+                )
+            await asyncio.sleep(0.2)
 
-        async def probes() -> None:  # GET /peer/health between a, b and a c that answers
-            while True:
-                now = clock.monotonic()
-                dead_since = a_dead_at[0]
-                c_suspects = ["a"] if dead_since is not None and now - dead_since >= 1.0 else []
-                for me, ctl in controllers.items():
-                    if me == "a" and dead_since is not None:
-                        continue
-                    ctl.membership.probe_ok("c", now, suspects=c_suspects)
-                    other = "b" if me == "a" else "a"
-                    if other == "a" and dead_since is not None:
-                        continue
-                    reply = controllers[other].health_reply()
-                    ctl.membership.probe_ok(
-                        other, now, suspects=reply["suspects"], led_shards=reply["led_shards"]
-                    )
-                await asyncio.sleep(0.2)
-
-        prober = asyncio.ensure_future(probes())
-        for ctl in controllers.values():
-            period_s = ctl.settings.placement_poll_s
-            ctl.supervisor.start("learn-reconcile", ctl._tick, period_s)
-            ctl.supervisor.start("control", ctl._control, period_s)
-        await asyncio.sleep(10)  # steady state: a leads the control shard
-        a_dead_at[0] = clock.monotonic()
-        await controllers["a"].supervisor.close()
-        replicas["a"].dead = True
-        await controllers["a"].node.close()
-        replicas["c"].slow = True  # c's database stalls under the failover burst
-        await asyncio.sleep(30)
-        replicas["c"].slow = False
-        await asyncio.sleep(10)
-        b = controllers["b"]
-        control_log = await replicas["b"].inner.read_log(cluster.shard_count, 0, 1000)
-        fresh = ControlState(shard_count=cluster.shard_count, regions=cluster.weights())
-        for entry in control_log:
-            fresh.apply(entry.lsn, entry.event_type, entry.body)  # must not raise
-        versions = [
-            json.loads(e.body)["version"] for e in control_log if e.event_type == PLACEMENT_RECORD
-        ]
-        mine = b.placement().shards_of("b")
-        result = {
-            "unhealthy": b.supervisor.unhealthy(),
-            "versions": versions,
-            "fresh_version": fresh.version,
-            "b_version": b.state.version,
-            "assigned_to_b": len(mine),
-            "led_by_b": sum(1 for s in mine if b.node.leads(s)),
-            "a_down": "a" in b.placement().down,
-        }
-        prober.cancel()
-        await b.supervisor.close()
-        await b.node.close()
-        return result
+    prober = asyncio.ensure_future(probes())
+    for ctl in controllers.values():
+        period_s = ctl.settings.placement_poll_s
+        ctl.supervisor.start("learn-reconcile", ctl._tick, period_s)
+        ctl.supervisor.start("control", ctl._control, period_s)
+    await asyncio.sleep(10)  # steady state: a leads the control shard
+    a_dead_at[0] = clock.monotonic()
+    await controllers["a"].supervisor.close()
+    replicas["a"].dead = True
+    await controllers["a"].node.close()
+    replicas["c"].slow = True  # c's database stalls under the failover burst
+    await asyncio.sleep(30)
+    replicas["c"].slow = False
+    await asyncio.sleep(10)
+    b = controllers["b"]
+    control_log = await replicas["b"].inner.read_log(cluster.shard_count, 0, 1000)
+    fresh = ControlState(shard_count=cluster.shard_count, regions=cluster.weights())
+    for entry in control_log:
+        fresh.apply(entry.lsn, entry.event_type, entry.body)  # must not raise
+    versions = [
+        json.loads(e.body)["version"] for e in control_log if e.event_type == PLACEMENT_RECORD
+    ]
+    mine = b.placement().shards_of("b")
+    result = {
+        "unhealthy": b.supervisor.unhealthy(),
+        "versions": versions,
+        "fresh_version": fresh.version,
+        "b_version": b.state.version,
+        "assigned_to_b": len(mine),
+        "led_by_b": sum(1 for s in mine if b.node.leads(s)),
+        "a_down": "a" in b.placement().down,
+    }
+    prober.cancel()
+    await b.supervisor.close()
+    await b.node.close()
+    return result
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -389,3 +405,66 @@ def test_values_no_store_round_trips_are_refused_at_the_edge(payload: dict[str, 
         await node.close()
 
     run(scenario)
+
+
+# --- bug 5: a wiped replica neither votes nor acks until rebuilt and re-admitted --------------
+
+
+async def wiped_replica_then_failover(sweep_after_wipe: bool) -> dict[str, Any]:
+    replicas = {r: MemoryReplica(r) for r in "abc"}
+    net = SimNetwork(random.Random(7), replicas)
+    nodes = nodes_on(net, "abc")
+    for node in nodes.values():
+        await node.verify_replicas()  # a running cluster: every node has swept
+    a, c = nodes["a"], nodes["c"]
+    shard = a.shard_of("X")
+    await a.lead_shard(shard)
+    await a.create_conversation("t", "X", "m@1", {})
+    net.crashed.add("c")
+    acked = await a.append_event("t", "X", "message.user", {"content": "acked by a and b"})
+    net.crashed.clear()
+    net.partition("a")  # the leader region is cut off
+    replicas["b"].wipe()  # b's database comes back empty
+    outcome: dict[str, Any] = {"acked_by": acked.acked_by}
+    if sweep_after_wipe:
+        outcome["quarantined"] = await c.verify_replicas()
+    try:
+        await c.lead_shard(shard)  # a prepare quorum would need b's vote
+        outcome["lead_while_cut_off"] = "led"
+    except NoQuorum:
+        outcome["lead_while_cut_off"] = "no quorum"
+    outcome["b_counts_at_c"] = c.identity.counts("b")
+    net.heal()
+    await c.lead_shard(shard)  # through {a, c}
+    events = await c.list_events("t", "X", 0, 100)
+    outcome["events_at_c"] = [e.event_id for e in events]
+    outcome["acked_event"] = acked.event_id
+    links = {r: net.link("c", r) for r in "abc"}
+    report = await rebuild_replica(links, "b", range(c.config.shard_count + 1), c.config)
+    outcome["generation"] = report.generation
+    await c.verify_replicas()
+    outcome["b_counts_after_rebuild"] = c.identity.counts("b")
+    b_log = await replicas["b"].read_log(shard, 0, 100)
+    outcome["b_holds_acked"] = any(
+        json.loads(e.body).get("event_id") == acked.event_id for e in b_log
+    )
+    for node in nodes.values():
+        await node.close()
+    await net.close()
+    return outcome
+
+
+@pytest.mark.parametrize("sweep_after_wipe", [True, False])
+def test_a_wiped_replica_cannot_vote_an_acked_event_away(sweep_after_wipe: bool) -> None:
+    """Acked by {a, b}; b wiped; a cut off: c must not take over through {b, c}. With a sweep
+    b is quarantined at once; without one the prepare's identity re-read refuses b's vote."""
+    outcome = run(lambda: wiped_replica_then_failover(sweep_after_wipe))
+    assert outcome["acked_by"] == ("a", "b")
+    if sweep_after_wipe:
+        assert outcome["quarantined"] == ["b"]
+        assert outcome["b_counts_at_c"] is False
+    assert outcome["lead_while_cut_off"] == "no quorum"
+    assert outcome["acked_event"] in outcome["events_at_c"]
+    assert outcome["generation"] == 1
+    assert outcome["b_counts_after_rebuild"] is True
+    assert outcome["b_holds_acked"]
