@@ -468,8 +468,12 @@ class LogNode(ConversationLog):
         return entry.lsn
 
     async def read_committed(self, shard: int, after_lsn: int, limit: int) -> list[LogEntry]:
-        """Committed entries of a shard this node leads (any kind), lsn order."""
+        """Committed entries of a shard this node leads (any kind), lsn order. Leadership is
+        confirmed first (``eventlog.read_index``): a leader that was paused or cut off while
+        another took over must learn that here, not keep answering from its old commit point
+        (the control plane reads its own records this way)."""
         leader = self._serving_leader(shard)
+        await leader.confirm_leadership()
         commit_lsn = leader.commit_lsn
         if after_lsn >= commit_lsn:
             return []
