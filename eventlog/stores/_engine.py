@@ -110,6 +110,11 @@ async def translated(region: str, what: str) -> AsyncIterator[None]:
     try:
         yield
     except (exc.IntegrityError, exc.ProgrammingError, exc.DataError) as error:
+        if _sqlstate(error) in SCHEMA_MISSING:
+            raise ReplicaUnavailable(
+                f"replica {region} has no convplane schema during {what} (database re-created "
+                f"and not migrated yet?): {error}"
+            ) from error
         raise InvariantViolation(f"{region}: {what}: {error}") from error
     except (exc.SQLAlchemyError, OSError, TimeoutError, UnicodeError) as error:
         if _is_bad_data(error):  # parameters the driver could not encode: our bug, not an outage
@@ -119,6 +124,21 @@ async def translated(region: str, what: str) -> AsyncIterator[None]:
         ) from error
 
 
+#: SQLSTATEs of a database without our schema (dropped and re-created, not migrated yet): an
+#: outage of that replica, not a bug in our SQL. undefined_table, undefined_function,
+#: invalid_catalog_name (the database itself is gone)
+SCHEMA_MISSING = frozenset({"42P01", "42883", "3D000"})
+
+
+def _sqlstate(error: BaseException) -> str | None:
+    orig = getattr(error, "orig", None)
+    for candidate in (orig, getattr(orig, "__cause__", None)):
+        sqlstate = getattr(candidate, "sqlstate", None)
+        if isinstance(sqlstate, str):
+            return sqlstate
+    return None
+
+
 def _is_bad_data(error: BaseException) -> bool:
     """Values the database refused (not an outage): the driver could not encode a parameter,
     or PostgreSQL answered SQLSTATE class 22, "data exception" (e.g. a NUL in text)."""
@@ -126,14 +146,10 @@ def _is_bad_data(error: BaseException) -> bool:
         return True
     if not isinstance(error, exc.StatementError):
         return False
-    orig = getattr(error, "orig", None)
-    if isinstance(orig, UnicodeError | ValueError):
+    if isinstance(getattr(error, "orig", None), UnicodeError | ValueError):
         return True
-    for candidate in (orig, getattr(orig, "__cause__", None)):
-        sqlstate = getattr(candidate, "sqlstate", None)
-        if isinstance(sqlstate, str) and sqlstate.startswith("22"):
-            return True
-    return False
+    sqlstate = _sqlstate(error)
+    return sqlstate is not None and sqlstate.startswith("22")
 
 
 @asynccontextmanager
