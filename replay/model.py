@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from replay.chat import ChatPrompt
+
 
 @dataclass(frozen=True, slots=True)
 class ReplayJob:
@@ -41,17 +43,11 @@ class ReplayResult:
 
 
 @dataclass(frozen=True, slots=True)
-class ChatMessage:
-    role: str  # "system" | "user" | "assistant" | "tool"
-    content: str
-
-
-@dataclass(frozen=True, slots=True)
 class PrefillRequest:
     """A prefill-only request: the exact prompt the live path will send, max_tokens=1."""
 
     model: str
-    messages: tuple[ChatMessage, ...]
+    prompt: ChatPrompt  # messages, tools, chat template and kwargs, verbatim
     cache_salt: str  # per tenant: prefix-cache entries never cross tenants
     priority: int  # larger = lower priority in vLLM's priority scheduler; replay uses a high value
     request_id: str

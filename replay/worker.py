@@ -20,34 +20,34 @@ cannot be published is logged and the job still finished: the KV is warm either 
 are hints. Stopping lets running jobs finish for ``drain_timeout_s``, then abandons them without
 finishing them, so the bus redelivers them to another worker; a crash does the same.
 
-Rendering (``render_messages``): ``message.system/user/assistant`` become messages of role
-``system/user/assistant`` with ``payload["content"]`` (a string, or OpenAI content parts whose
-text parts are joined). ``tool.attempt``, ``tool.effect`` and ``note`` are omitted: the message
-type has no tool-call fields, and a ``tool`` message without the assistant's tool call is
-rejected by chat templates; the KV of the prefix before the first tool event is still reused.
+Rendering (``replay.chat.render_prompt``): the transcript's messages as the application sent
+them (tool calls and tool results included) with the conversation's ``tools``, chat template and
+kwargs, sent with the tenant's keyed ``cache_salt`` (``replay.cache_salt``) and the pinned model
+revision: the exact request the live path will send, so its prefix is a cache hit.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import logging
 import random
 from abc import ABC, abstractmethod
 from collections import Counter
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
+from urllib.parse import quote
 
 import httpx
 
 from eventlog.clock import Clock
 from eventlog.errors import ConvplaneError, DeadlineExceeded, InvalidRequest, NotFound, Unavailable
 from replay.bus.port import JobBus, JobBusUnavailable, JobConsumer, JobDelivery
+from replay.cache_salt import cache_salt_for
+from replay.chat import render_prompt
 from replay.engines.base import InferenceEngine, ModelRevisionMismatch
 from replay.model import (
-    ChatMessage,
     PrefillOutcome,
     PrefillRequest,
     ReplayJob,
@@ -57,12 +57,6 @@ from replay.model import (
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-
-ROLE_OF_EVENT: Mapping[str, str] = {
-    "message.system": "system",
-    "message.user": "user",
-    "message.assistant": "assistant",
-}
 
 
 class SpareGate(Protocol):
@@ -124,31 +118,6 @@ class PagedTranscriptSource(TranscriptSource):
         return events
 
 
-def cache_salt_for(tenant_id: str) -> str:
-    """Per-tenant prefix-cache salt: KV blocks never match across tenants."""
-    return hashlib.sha256(tenant_id.encode("utf-8")).hexdigest()[:16]
-
-
-def _content_text(content: object) -> str | None:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        texts = [p.get("text") for p in content if isinstance(p, dict) and p.get("type") == "text"]
-        return "".join(t for t in texts if isinstance(t, str))
-    return None
-
-
-def render_messages(events: Sequence[TranscriptEvent]) -> tuple[ChatMessage, ...]:
-    """The chat messages the live path sends for this transcript (see the module docstring)."""
-    messages = []
-    for event in events:
-        role = ROLE_OF_EVENT.get(event.event_type)
-        text = _content_text(event.payload.get("content")) if role else None
-        if role is not None and text is not None:
-            messages.append(ChatMessage(role=role, content=text))
-    return tuple(messages)
-
-
 @dataclass(frozen=True, slots=True)
 class WorkerSettings:
     concurrency: int = 2  # jobs in flight on this worker
@@ -181,8 +150,11 @@ class ReplayWorker:
         clock: Clock,
         rng: random.Random,
         settings: WorkerSettings | None = None,
+        *,
+        cache_salt_key: bytes,
     ) -> None:
         self.worker_id = worker_id
+        self._cache_salt_key = cache_salt_key  # the cluster's salt key (replay.cache_salt)
         self.region = region
         self._bus = bus
         self._engine = engine
@@ -301,8 +273,8 @@ class ReplayWorker:
             )
             request = PrefillRequest(
                 model=job.model_revision,
-                messages=render_messages(events),
-                cache_salt=cache_salt_for(job.tenant_id),
+                prompt=render_prompt(events),
+                cache_salt=cache_salt_for(self._cache_salt_key, job.tenant_id),
                 priority=s.replay_priority,
                 request_id=f"replay-{job.job_id}-{self._rng.getrandbits(32):08x}",
             )
@@ -403,7 +375,7 @@ class HttpTranscriptSource(PagedTranscriptSource):
     ) -> list[TranscriptEvent]:
         try:
             response = await self._client.get(
-                f"/v1/conversations/{conversation_id}/events",
+                f"/v1/conversations/{quote(conversation_id, safe='')}/events",
                 params={"after_seq": after_seq, "limit": self._page_limit},
                 headers={
                     "Authorization": f"Bearer {self._api_key}",

@@ -4,10 +4,16 @@ This is a *simulator* (no GPU, no model). It exists so that demos, tests and cap
 run the replay machinery against something with the timing and caching behaviour of vLLM:
 
 Tokenizer (``sim_tokenize``)
-    Deterministic and model-free: one token per whitespace-separated word (token id = CRC-32 of
-    the word), framed like a chat template: every message adds 2 tokens before its words (start
-    marker, role) and 1 after (end marker), and the prompt ends with 2 tokens (the assistant
-    generation prompt). So ``[user: "hello world"]`` is 2 + 2 + 1 + 2 = 7 tokens.
+    Deterministic and model-free, and faithful where replay depends on it: it tokenizes the
+    *rendered* request, everything a chat template puts into the prompt, so two requests share
+    a token prefix exactly when a real template would render them alike. One token per
+    whitespace-separated word of the render (token id = CRC-32 of the word). The render: a
+    token for the chat template (a hash of it) when one is given, one for the template kwargs
+    when given, the ``tools`` as canonical JSON between ``<|tools|>`` markers; then per message
+    a start marker and the role, the content's words (text parts in order; an image or audio
+    part as one token hashing its data), each tool call's id, name and argument words, a tool
+    result's ``tool_call_id``, and an end marker; last the assistant generation prompt (2
+    tokens). So ``[user: "hello world"]`` is 2 + 2 + 1 + 2 = 7 tokens.
 
 Prefix cache (``PrefixCache``)
     vLLM's automatic prefix caching: the prompt is cut into 16-token blocks; a block's key is
@@ -48,30 +54,62 @@ from __future__ import annotations
 import hashlib
 import heapq
 import zlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from eventlog.errors import InvariantViolation
+from replay.chat import ChatPrompt, canonical_json
 from replay.engines.base import EngineUnavailable
-from replay.model import ChatMessage, EngineMetrics
+from replay.model import EngineMetrics
 
 BLOCK_TOKENS = 16
 
-_START = zlib.crc32(b"<|start|>")
-_END = zlib.crc32(b"<|end|>")
+_START = "<|start|>"
+_END = "<|end|>"
 
 
-def sim_tokenize(messages: Sequence[ChatMessage]) -> list[int]:
-    """The simulator's deterministic tokenizer (see the module docstring)."""
-    tokens: list[int] = []
-    for message in messages:
-        tokens.append(_START)
-        tokens.append(zlib.crc32(message.role.encode()))
-        tokens.extend(zlib.crc32(word.encode()) for word in message.content.split())
-        tokens.append(_END)
-    tokens.append(_START)
-    tokens.append(zlib.crc32(b"assistant"))
-    return tokens
+def sim_tokenize(prompt: ChatPrompt) -> list[int]:
+    """The simulator's deterministic tokenizer over the rendered prompt (module docstring)."""
+    return [zlib.crc32(word.encode()) for word in _render_words(prompt)]
+
+
+def _render_words(prompt: ChatPrompt) -> list[str]:
+    words: list[str] = []
+    if prompt.chat_template is not None:
+        words.append(f"<|template:{_digest(prompt.chat_template)}|>")
+    if prompt.chat_template_kwargs:
+        words.append(f"<|kwargs:{_digest(canonical_json(prompt.chat_template_kwargs))}|>")
+    if prompt.tools:
+        words.extend(["<|tools|>", *canonical_json(list(prompt.tools)).split(), "<|/tools|>"])
+    for message in prompt.messages:
+        words.extend([_START, str(message.get("role"))])
+        words.extend(_content_words(message.get("content")))
+        for call in message.get("tool_calls") or ():
+            function = call.get("function") or {}
+            words.extend(["<|tool_call|>", str(call.get("id")), str(function.get("name"))])
+            words.extend(str(function.get("arguments", "")).split())
+        if "tool_call_id" in message:
+            words.extend(["<|tool_result|>", str(message["tool_call_id"])])
+        words.append(_END)
+    words.extend([_START, "assistant"])
+    return words
+
+
+def _content_words(content: object) -> list[str]:
+    if isinstance(content, str):
+        return content.split()
+    words: list[str] = []
+    for part in content if isinstance(content, list) else ():
+        kind = part.get("type") if isinstance(part, Mapping) else None
+        if kind == "text":
+            words.extend(str(part.get("text", "")).split())
+        elif kind is not None:
+            words.append(f"<|{kind}:{_digest(canonical_json(part))}|>")
+    return words
+
+
+def _digest(text: str) -> str:
+    return hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
 
 
 def salt_key(cache_salt: str) -> int:

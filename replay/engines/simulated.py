@@ -55,7 +55,7 @@ class SimulatedEngine(InferenceEngine):
             raise ModelRevisionMismatch(
                 f"engine {self._engine_id} serves {self._model_revision!r}, not {request.model!r}"
             )
-        tokens = sim_tokenize(request.messages)
+        tokens = sim_tokenize(request.prompt)
         was_idle = self.core.next_event_s() is None
         ticket = self.core.submit(
             tokens, request.cache_salt, request.priority, self._clock.monotonic()

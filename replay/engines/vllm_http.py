@@ -1,7 +1,9 @@
 """``VllmHttpEngine``: the inference-engine port over vLLM's OpenAI-compatible HTTP server.
 
-Prefill = ``POST /v1/chat/completions`` with ``max_tokens=1`` and ``temperature=0`` plus two vLLM
-extensions of the request body: ``priority`` (honoured when the server runs
+Prefill = ``POST /v1/chat/completions`` with the conversation's prompt exactly as the live path
+sends it (messages with tool calls, ``tools``, ``chat_template`` and ``chat_template_kwargs``:
+``replay.chat``), ``max_completion_tokens=1`` (``max_tokens`` is deprecated) and
+``temperature=0``, plus two vLLM extensions of the request body: ``priority`` (honoured when the server runs
 ``--scheduling-policy priority``; lower value = scheduled first, so replay sends a high number)
 and ``cache_salt`` (prefix-cache entries are only shared between requests with the same salt:
 we salt per tenant). Prompt tokens come from ``usage.prompt_tokens``; cached tokens from
@@ -73,8 +75,8 @@ class VllmHttpEngine(InferenceEngine):
             )
         body = {
             "model": request.model,
-            "messages": [{"role": m.role, "content": m.content} for m in request.messages],
-            "max_tokens": 1,
+            **request.prompt.request_fields(),
+            "max_completion_tokens": 1,
             "temperature": 0,
             "priority": request.priority,
             "cache_salt": request.cache_salt,

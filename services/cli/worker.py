@@ -51,6 +51,7 @@ async def _run_worker(
     api_key: str,
     capacity_tokens_per_s: float,
     concurrency: int,
+    cache_salt_key: bytes,
     session_timeout_s: float = 10.0,
 ) -> None:
     import httpx
@@ -88,6 +89,7 @@ async def _run_worker(
             clock,
             rng,
             WorkerSettings(concurrency=concurrency),
+            cache_salt_key=cache_salt_key,
         )
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGINT, signal.SIGTERM):
@@ -114,6 +116,12 @@ def register(app: typer.Typer) -> None:
         worker_id: str = typer.Option("", help="Worker id (default: host-pid)."),
         capacity_tokens_per_s: float = typer.Option(20_000.0, help="Engine prefill capacity."),
         concurrency: int = typer.Option(2, min=1, max=64, help="Replays in flight."),
+        cache_salt_key: str = typer.Option(
+            ...,
+            envvar="CONVPLANE_CACHE_SALT_KEY",
+            help="The cluster's cache-salt key (64 hex: replay.cache_salt_key in the cluster "
+            "file); the salts must equal those /route hands the live path.",
+        ),
         session_timeout_s: float = typer.Option(
             10.0,
             min=6.0,  # the broker's default group.min.session.timeout.ms
@@ -123,7 +131,10 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Run one replay worker until SIGINT/SIGTERM."""
         import os
+        import re
 
+        if not re.fullmatch(r"[0-9a-f]{64}", cache_salt_key):
+            raise typer.BadParameter("64 lowercase hex characters", param_hint="--cache-salt-key")
         asyncio.run(
             _run_worker(
                 worker_id=worker_id or f"{socket.gethostname()}-{os.getpid()}",
@@ -135,6 +146,7 @@ def register(app: typer.Typer) -> None:
                 api_key=api_key,
                 capacity_tokens_per_s=capacity_tokens_per_s,
                 concurrency=concurrency,
+                cache_salt_key=bytes.fromhex(cache_salt_key),
                 session_timeout_s=session_timeout_s,
             )
         )

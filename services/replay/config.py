@@ -8,6 +8,8 @@ per configured engine) on the in-process job bus; with it, jobs go to Kafka and 
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
@@ -52,6 +54,11 @@ class ReplayConfig(BaseModel):
     #: the key replay workers present to read transcripts on behalf of a tenant
     #: (``X-Convplane-Tenant``); also the operator key for ``POST /v1/replays``
     service_api_key_sha256: Sha256Hex | None = None
+    #: 256-bit secret (64 hex) under which each tenant's ``cache_salt`` is derived
+    #: (``replay.cache_salt``); nodes and workers must share it. Absent: derived from the
+    #: cluster's ``peer_secret``; without that too, a fixed development key (salts still differ
+    #: per tenant, but anyone can compute them: never in production)
+    cache_salt_key: Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")] | None = None
 
     @model_validator(mode="after")
     def _check(self) -> ReplayConfig:
@@ -60,6 +67,13 @@ class ReplayConfig(BaseModel):
         if any(r <= 0 for r in self.tenant_tokens_per_s.values()):
             raise ValueError("tenant rates must be > 0")
         return self
+
+    def salt_key(self, peer_secret: str | None) -> bytes:
+        """The key of ``replay.cache_salt.cache_salt_for`` (see ``cache_salt_key``)."""
+        if self.cache_salt_key is not None:
+            return bytes.fromhex(self.cache_salt_key)
+        secret = (peer_secret or "convplane development cache-salt key").encode()
+        return hmac.new(secret, b"convplane/cache-salt-key/v1", hashlib.sha256).digest()
 
     def region_engines(self, region: str) -> list[tuple[str, EngineConfig]]:
         """The region's engines with their ids."""

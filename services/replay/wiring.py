@@ -51,6 +51,7 @@ def build_replay_service(
     bus: JobBus,
     mode: str,
     limits: ServiceLimits | None = None,
+    peer_secret: str | None = None,
 ) -> ReplayService:
     """The service over given engines and bus (tests pass fakes; ``open_replay_service`` real
     ones). In embedded mode each engine gets an in-process worker gated by its own spare."""
@@ -88,6 +89,7 @@ def build_replay_service(
                         concurrency=config.worker_concurrency,
                         drain_timeout_s=service_limits.worker_drain_timeout_s,
                     ),
+                    cache_salt_key=config.salt_key(peer_secret),
                 )
             )
     return ReplayService(
@@ -116,6 +118,7 @@ async def open_replay_service(
     replicas: Mapping[str, ReplicaStore],
     clock: Clock,
     rng: random.Random,
+    peer_secret: str | None = None,
 ) -> AsyncIterator[ReplayService]:
     """Engines (vLLM HTTP adapters, also for the simulator), bus, workers; listens to ``node``.
     Closes workers, loops, bus and engines on exit."""
@@ -128,7 +131,7 @@ async def open_replay_service(
         bus, mode = _bus(region, config)
         service = build_replay_service(
             region=region, shard_count=shard_count, config=config, node=node, replicas=replicas,
-            clock=clock, rng=rng, engines=engines, bus=bus, mode=mode,
+            clock=clock, rng=rng, engines=engines, bus=bus, mode=mode, peer_secret=peer_secret,
         )  # fmt: skip
         node.add_listener(service)
         service.start()

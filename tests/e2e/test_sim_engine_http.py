@@ -13,17 +13,20 @@ import pytest
 import uvicorn
 
 from eventlog.clock import SystemClock
+from replay.chat import ChatPrompt
 from replay.engines.base import EngineRejectedRequest, EngineUnavailable, ModelRevisionMismatch
 from replay.engines.sim_core import SimEngineConfig
 from replay.engines.sim_server import create_app
 from replay.engines.simulated import SimulatedEngine
 from replay.engines.vllm_http import VllmHttpEngine
-from replay.model import ChatMessage, PrefillRequest
+from replay.model import PrefillRequest
 
 MODEL = "sim-model@rev1"
-MESSAGES = (
-    ChatMessage("system", "you are a helpful assistant " * 20),
-    ChatMessage("user", " ".join(f"word{i}" for i in range(600))),
+MESSAGES = ChatPrompt(
+    (
+        {"role": "system", "content": "you are a helpful assistant " * 20},
+        {"role": "user", "content": " ".join(f"word{i}" for i in range(600))},
+    )
 )
 
 
@@ -111,7 +114,7 @@ async def test_http_errors_are_translated_once() -> None:
         assert unavailable.value.retry_after_s == 2.0
         with pytest.raises(EngineRejectedRequest):
             await engine.prefill(PrefillRequest(MODEL, MESSAGES, "t", 100, "r"))
-    assert sent[0]["max_tokens"] == 1 and sent[0]["temperature"] == 0
+    assert sent[0]["max_completion_tokens"] == 1 and sent[0]["temperature"] == 0
     assert sent[0]["priority"] == 100 and sent[0]["cache_salt"] == "t"
     assert sent[0]["model"] == MODEL
 

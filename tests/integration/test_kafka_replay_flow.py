@@ -205,6 +205,7 @@ async def test_replay_pauses_at_live_capacity_and_drains_after(
         worker = ReplayWorker(
             "flow-worker", region, bus, engine, DictTranscripts(REPLAY_WORDS), gate, clock, rng,
             WorkerSettings(concurrency=2, idle_poll_s=0.1, drain_timeout_s=10.0),
+            cache_salt_key=bytes(range(32)),
         )  # fmt: skip
         tasks = [asyncio.create_task(poller.run()), asyncio.create_task(worker.run())]
         live = LiveLoad(http, sim.url, LIVE_CLIENTS)

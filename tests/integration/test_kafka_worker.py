@@ -60,6 +60,7 @@ def worker(
         LoopClock(),
         random.Random(1),
         FAST,
+        cache_salt_key=bytes(range(32)),
     )
 
 

@@ -20,11 +20,13 @@ from eventlog.config import LogConfig
 from eventlog.memory_replica import MemoryReplica
 from eventlog.node import LogNode
 from replay.bus.kafka import KafkaBusSettings, KafkaJobBus
+from replay.cache_salt import cache_salt_for
 from replay.capacity import CapacityConfig, CapacityController, CapacityPoller
+from replay.chat import render_prompt
 from replay.engines.sim_core import SimEngineConfig
 from replay.engines.simulated import SimulatedEngine
 from replay.model import PrefillRequest
-from replay.worker import ReplayWorker, WorkerSettings, cache_salt_for, render_messages
+from replay.worker import ReplayWorker, WorkerSettings
 from services.cli.worker import CapacityGate
 from services.replay.config import EngineConfig, ReplayConfig
 from services.replay.service import ReplayService, ServiceLimits
@@ -41,6 +43,7 @@ from tests.unit.test_replay_service import (
 pytestmark = pytest.mark.kafka
 
 CONVERSATIONS = 3
+SALT_KEY = bytes(range(32))
 WAIT_STEPS_MAX = 1200  # 0.1 s each: a hang guard for group joins, not a speed assertion
 
 
@@ -99,6 +102,7 @@ async def test_jobs_of_a_moved_shard_go_through_kafka_and_affinity_is_learned(
             f"{region}-worker0", region, worker_bus, engine, LogTranscriptSource(survivor),
             CapacityGate(controller), SystemClock(), random.Random(5),
             WorkerSettings(concurrency=2, idle_poll_s=0.2, drain_timeout_s=5.0),
+            cache_salt_key=SALT_KEY,
         )  # fmt: skip
         tasks = [asyncio.create_task(poller.run()), asyncio.create_task(worker.run())]
         try:
@@ -130,7 +134,7 @@ async def test_jobs_of_a_moved_shard_go_through_kafka_and_affinity_is_learned(
             assert affinity.prompt_tokens > 700
         events = await LogTranscriptSource(survivor).fetch("t1", ids[0], 3)
         live = await engine.prefill(PrefillRequest(
-            model=REVISION, messages=render_messages(events), cache_salt=cache_salt_for("t1"),
+            model=REVISION, prompt=render_prompt(events), cache_salt=cache_salt_for(SALT_KEY, "t1"),
             priority=0, request_id="live",
         ))  # fmt: skip
         assert live.cached_prompt_tokens >= 0.9 * live.prompt_tokens

@@ -8,6 +8,7 @@ import pytest
 
 from eventlog.clock import LoopClock
 from eventlog.errors import InvariantViolation
+from replay.chat import ChatPrompt
 from replay.engines.base import EngineUnavailable, ModelRevisionMismatch
 from replay.engines.sim_core import (
     BLOCK_TOKENS,
@@ -18,7 +19,7 @@ from replay.engines.sim_core import (
     sim_tokenize,
 )
 from replay.engines.simulated import SimulatedEngine
-from replay.model import ChatMessage, PrefillRequest
+from replay.model import PrefillRequest
 
 RATE = 1000.0  # tokens/s: one 512-token chunk = 0.512 s
 
@@ -40,7 +41,7 @@ def _run_all(model: PrefillServerModel) -> None:
 
 
 def test_tokenizer_is_deterministic_and_frames_messages() -> None:
-    messages = [ChatMessage("user", "hello world")]
+    messages = ChatPrompt(({"role": "user", "content": "hello world"},))
     assert sim_tokenize(messages) == sim_tokenize(messages)
     assert len(sim_tokenize(messages)) == 2 + 2 + 1 + 2
 
@@ -150,7 +151,7 @@ async def test_async_engine_serves_concurrent_prefills_and_checks_revision() -> 
     config = SimEngineConfig(prefill_tokens_per_s=1_000_000.0, cache_tokens=100_000)
     engine = SimulatedEngine("sim-0", "model@r1", config, LoopClock())
     try:
-        messages = (ChatMessage("user", " ".join(f"w{i}" for i in range(800))),)
+        messages = ChatPrompt(({"role": "user", "content": " ".join(f"w{i}" for i in range(800))},))
 
         def request(salt: str, rid: str) -> PrefillRequest:
             return PrefillRequest("model@r1", messages, salt, 0, rid)
