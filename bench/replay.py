@@ -31,6 +31,9 @@ Reported (per region, and the worst region in the JSON):
   for the survivors' own conversations only (the traffic replay could slow down, unaffected by
   replay's warming of moved conversations).
 
+- the prefix a replay rebuilds for agent conversations with tool calls (``bench/replay_prefix.py``):
+  the live turn's cached share of its prompt after replay, against the whole-transcript bound.
+
 Diagnostics per region: denials by reason, the share of polls that saw live requests waiting
 or a spare of 0, the controllers' mean live estimate, and a timeline (per tenth of the run) of
 the controllers' rate-based spare estimate vs the spare measured afterwards vs the replay rate.
@@ -48,6 +51,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.replay_prefix import measure as measure_prefix
+from bench.replay_prefix import report_line as prefix_line
 from bench.replay_sim import Params, Region, simulate
 
 
@@ -153,6 +158,8 @@ def main(argv: list[str] | None = None) -> None:
             f"p99 {percentile(all_ms, 0.99):.1f} ms | own conversations: "
             f"p50 {percentile(own_ms, 0.5):.1f} ms p99 {percentile(own_ms, 0.99):.1f} ms"
         )
+    prefix = measure_prefix(conversations=200, seed=params.seed)
+    print(prefix_line(prefix))
     worst = max(per_region, key=lambda mb: mb[0] / mb[1])
     result = {
         "makespan_s": round(makespan_s, 2),
@@ -163,6 +170,8 @@ def main(argv: list[str] | None = None) -> None:
         "live_ttft_p99_ms_without_replay": round(percentile(rows[1][0], 0.99), 2),
         "own_live_ttft_p99_ms_with_replay": round(percentile(rows[0][1], 0.99), 2),
         "own_live_ttft_p99_ms_without_replay": round(percentile(rows[1][1], 0.99), 2),
+        "prefix_cached_share": prefix["cached_share"],
+        "prefix_cached_share_bound": prefix["cached_share_bound"],
         "seed": params.seed,
     }
     print(json.dumps(result))
