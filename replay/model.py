@@ -62,11 +62,31 @@ class PrefillOutcome:
 
 @dataclass(frozen=True, slots=True)
 class EngineMetrics:
-    """A snapshot of an engine's own counters (vLLM's Prometheus names in comments)."""
+    """A snapshot of an engine's own counters (vLLM's Prometheus names in comments).
 
-    prompt_tokens_total: float  # vllm:prompt_tokens_total
+    The first four are required (an engine without them is "unknown": no replay); the others
+    are None when the server does not export them (prefix caching off, an older vLLM)."""
+
+    prompt_tokens_total: float  # vllm:prompt_tokens_total (counted at a request's first output)
     generation_tokens_total: float  # vllm:generation_tokens_total
     num_requests_running: float  # vllm:num_requests_running
     num_requests_waiting: float  # vllm:num_requests_waiting
-    prefix_cache_queries_total: float  # vllm:prefix_cache_queries_total (tokens)
-    prefix_cache_hits_total: float  # vllm:prefix_cache_hits_total (tokens)
+    # vllm:prefix_cache_queries_total / _hits_total (tokens), counted when a request is
+    # *scheduled*: under chunked prefill they run ahead of prompt_tokens_total
+    prefix_cache_queries_total: float | None = None
+    prefix_cache_hits_total: float | None = None
+    # vllm:prompt_tokens_by_source_total{source="local_compute"}: prompt tokens this engine
+    # computed, counted with prompt_tokens_total (the live-demand series; newer vLLM only)
+    computed_prompt_tokens_total: float | None = None
+    kv_cache_usage_perc: float | None = None  # vllm:kv_cache_usage_perc (0..1)
+
+    def counters(self) -> tuple[float, ...]:
+        """Every counter, for restart detection: a counter going down means a restart."""
+        values = (
+            self.prompt_tokens_total,
+            self.generation_tokens_total,
+            self.prefix_cache_queries_total,
+            self.prefix_cache_hits_total,
+            self.computed_prompt_tokens_total,
+        )
+        return tuple(v if v is not None else 0.0 for v in values)

@@ -37,11 +37,12 @@ from replay.chat import (
     UserMessage,
 )
 from replay.engines.base import EngineRejectedRequest, ModelRevisionMismatch
-from replay.engines.prometheus_text import render_engine_metrics
+from replay.engines.sim_metrics import render_sim_exposition
 from replay.engines.simulated import SimulatedEngine
 from replay.model import PrefillRequest
 
 MESSAGES_MAX = 10_000
+MAX_MODEL_LEN = 131_072
 
 
 _Message = Annotated[
@@ -77,6 +78,8 @@ def create_app(engine: SimulatedEngine) -> FastAPI:
 
     app = FastAPI(title="convplane simulated inference engine", lifespan=lifespan)
     request_counter = iter(range(1 << 62))
+    started_at = int(time.time())
+    details = engine.core.config.prompt_tokens_details
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
@@ -124,20 +127,27 @@ def create_app(engine: SimulatedEngine) -> FastAPI:
                     "prompt_tokens": outcome.prompt_tokens,
                     "completion_tokens": 1,
                     "total_tokens": outcome.prompt_tokens + 1,
-                    "prompt_tokens_details": {"cached_tokens": outcome.cached_prompt_tokens},
+                    # vLLM fills this only with --enable-prompt-tokens-details
+                    "prompt_tokens_details": (
+                        {"cached_tokens": outcome.cached_prompt_tokens} if details else None
+                    ),
                 },
             }
         )
 
     @app.get("/v1/models")
     async def models() -> dict[str, object]:
+        # vLLM's ModelCard: id = --served-model-name, root = the --model path
         revision = engine.model_revision
-        entry = {"id": revision, "object": "model", "owned_by": "convplane-sim", "root": revision}
+        entry = {"id": revision, "object": "model", "created": started_at, "owned_by": "vllm",
+                 "root": revision, "parent": None, "max_model_len": MAX_MODEL_LEN,
+                 "permission": []}  # fmt: skip
         return {"object": "list", "data": [entry]}
 
     @app.get("/metrics")
     async def metrics() -> PlainTextResponse:
-        text = render_engine_metrics(await engine.metrics(), engine.model_revision)
+        await engine.metrics()  # advances the simulation to now
+        text = render_sim_exposition(engine.core, engine.model_revision, started_at)
         return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
 
     @app.get("/health")

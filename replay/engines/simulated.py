@@ -71,7 +71,10 @@ class SimulatedEngine(InferenceEngine):
             self._waiters.pop(ticket, None)
         return PrefillOutcome(
             prompt_tokens=done.prompt_tokens,
-            cached_prompt_tokens=done.cached_tokens,
+            # like vLLM's usage: cached tokens only with --enable-prompt-tokens-details
+            cached_prompt_tokens=done.cached_tokens
+            if self.core.config.prompt_tokens_details
+            else 0,
             duration_ms=done.ttft_s * 1000.0,
         )
 

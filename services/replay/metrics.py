@@ -70,9 +70,16 @@ class ReplayCollector(Collector):
             "spare prefill tokens/s of an engine",
             labels=["engine"],
         )
+        unknown = GaugeMetricFamily(
+            "convplane_replay_engine_unknown",
+            "1 while an engine's capacity is unknown (metrics missing or unreachable): no replay",
+            labels=["engine"],
+        )
         for engine_id, controller in sorted(service.capacity.engine_controllers.items()):
             snapshot = controller.snapshot()
             live.add_metric([engine_id], snapshot.live_tokens_per_s)
             spare.add_metric([engine_id], snapshot.spare_tokens_per_s)
+            unknown.add_metric([engine_id], float(engine_id in service.capacity.unknown_reasons))
         yield live
         yield spare
+        yield unknown

@@ -329,6 +329,9 @@ class ReplayService:
                 "live_tokens_per_s": round(snap.live_tokens_per_s, 1),
                 "live_waiting": snap.live_waiting,
                 "replays_in_flight": snap.in_flight,
+                "engine_restarts": controller.estimator.restarts_total,
+                # set while the engine's capacity is unknown (no replay there), with the reason
+                "unknown": self.capacity.unknown_reasons.get(engine_id),
             }
         return {
             "region": self.region,

@@ -114,18 +114,46 @@ def test_metrics_are_monotone_and_shaped_like_vllm() -> None:
     assert previous.num_requests_running == previous.num_requests_waiting == 0
 
 
-def test_live_request_behind_replay_waits_at_most_one_chunk() -> None:
-    model = _model()
-    model.submit(_tokens(0, 5000), "replay-tenant", 100, 0.0)  # 10 chunks of replay
-    model.submit(_tokens(90_000, 2000), "replay-tenant", 100, 0.0)
+def _first_chunks(policy: str) -> dict[int, float]:
+    model = PrefillServerModel(
+        SimEngineConfig(prefill_tokens_per_s=RATE, chunk_tokens=512, scheduling_policy=policy)
+    )
+    model.submit(_tokens(0, 5000), "replay-tenant", 100, 0.0)  # starts at once: running
+    model.submit(_tokens(90_000, 2000), "replay-tenant", 100, 0.0)  # waits behind it
     model.submit(_tokens(50_000, 200), "live-tenant", 0, 0.1)  # arrives mid-chunk
     _run_all(model)
-    done = {c.priority: c for c in model.pop_completed() if c.prompt_tokens == 200}
-    live = done[0]
-    chunk_s = 512 / RATE
-    assert live.first_chunk_s - live.arrival_s <= chunk_s + 1e-9
-    # it fits in the next step (which replay's remaining tokens fill up to the budget)
-    assert live.ttft_s <= 2 * chunk_s + 1e-9
+    return {c.prompt_tokens: c.first_chunk_s for c in model.pop_completed()}
+
+
+def test_a_running_replay_keeps_its_budget_and_priority_orders_only_the_waiting() -> None:
+    """vLLM V1 schedules running requests first: the live request waits for the running
+    replay's whole prefill (it fills every step's budget), but goes before the waiting one."""
+    first = _first_chunks("priority")
+    replay_end_s = 5000 / RATE
+    assert first[200] == pytest.approx(replay_end_s - (5000 % 512) / RATE)  # shares that step
+    assert first[200] < first[2000]
+
+
+def test_fcfs_ignores_priority() -> None:
+    first = _first_chunks("fcfs")
+    assert first[2000] < first[200]
+
+
+def test_cache_stats_are_counted_at_scheduling_and_prompt_tokens_at_completion() -> None:
+    model = _model()
+    prompt = _tokens(0, 2000)
+    model.submit(prompt, "t", 0, 0.0)
+    _run_all(model)
+    model.submit(prompt + _tokens(7000, 3000), "t", 0, 10.0)  # 2000 cached (125 blocks), 6 chunks
+    model.advance(10.0 + 0.001)
+    chunked = model.metrics()
+    assert chunked.prefix_cache_hits_total == 2000  # counted when scheduled ...
+    assert chunked.prompt_tokens_total == 2000  # ... its prompt tokens not yet: hits run ahead
+    assert chunked.computed_prompt_tokens_total == 2000
+    _run_all(model)
+    done = model.metrics()
+    assert done.prompt_tokens_total == 7000
+    assert done.computed_prompt_tokens_total == 2000 + 3000
 
 
 def test_same_priority_is_fifo() -> None:
