@@ -12,8 +12,7 @@ them first). The run is done twice with the same seed:
 - without replay: moved conversations rebuild their KV on their first live turn;
 - with replay: per region one ``ReplayScheduler``; per engine one ``CapacityController`` fed
   from that engine's own metrics every ``poll_s`` (the engine counts a request's prompt tokens
-  when its prefill completes, like vLLM V1; ``--prompt-tokens-per-chunk 1`` counts per step like
-  V0); every ``tick_s`` each engine's controller is asked for grants and the scheduler hands
+  when its prefill completes, like vLLM V1); every ``tick_s`` each engine's controller is asked for grants and the scheduler hands
   out jobs; a replay is a prefill at priority 100 (live: 0), and up to
   ``max_concurrent_replays`` of them sit in an engine, so it never idles between replays. A live turn of a
   queued conversation calls ``mark_live``. The job bus is skipped (transport is not measured);

@@ -56,8 +56,18 @@ class PrefillRequest:
 @dataclass(frozen=True, slots=True)
 class PrefillOutcome:
     prompt_tokens: int
-    cached_prompt_tokens: int
+    cached_prompt_tokens: int  # 0 when the engine does not report it (see cached_reported)
     duration_ms: float
+    cached_reported: bool = True  # vLLM reports cached tokens only with prompt_tokens_details
+
+
+@dataclass(frozen=True, slots=True)
+class EngineProblem:
+    """Why an engine fails the replay self-check (``InferenceEngine.self_check``)."""
+
+    code: str  # model_revision_mismatch | priority_scheduling_off | prompt_tokens_details_off
+    #          | prefix_caching_off | engine_unavailable
+    message: str
 
 
 @dataclass(frozen=True, slots=True)

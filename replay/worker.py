@@ -48,6 +48,7 @@ from replay.cache_salt import cache_salt_for
 from replay.chat import render_prompt
 from replay.engines.base import InferenceEngine, ModelRevisionMismatch
 from replay.model import (
+    EngineProblem,
     PrefillOutcome,
     PrefillRequest,
     ReplayJob,
@@ -132,6 +133,8 @@ class WorkerSettings:
     replay_priority: int = 100  # larger = lower priority in vLLM's priority scheduler
     drain_timeout_s: float = 30.0
     reroute_pause_s: float = 1.0  # before re-publishing a wrong_model job: bounds bouncing
+    check_timeout_s: float = 60.0  # the engine self-check, all probes
+    recheck_s: float = 30.0  # an unfit engine is checked again this often
 
 
 class _JobExpired(Exception):
@@ -166,13 +169,21 @@ class ReplayWorker:
         self._stopping = asyncio.Event()
         self.counts: Counter[str] = Counter()  # pulled and per-status totals
         self.consumer: JobConsumer | None = None  # while running (tests and metrics look at it)
+        self.engine_problems: list[EngineProblem] | None = None  # None: not checked yet
+
+    @property
+    def engine_id(self) -> str:
+        return self._engine.engine_id
 
     def request_stop(self) -> None:
         """Stop pulling; running jobs get ``drain_timeout_s`` to finish."""
         self._stopping.set()
 
     async def run(self) -> None:
-        """Serve until ``request_stop``; cancelling this task abandons running jobs."""
+        """Serve until ``request_stop``; cancelling this task abandons running jobs. Joins the
+        worker group only once the engine passes its self-check (``engine_fit``)."""
+        if not await self.engine_fit():
+            return
         consumer = self._bus.job_consumer(self.region, in_flight_max=self.settings.concurrency)
         await consumer.start()
         self.consumer = consumer
@@ -198,6 +209,34 @@ class ReplayWorker:
             error = None if slot.cancelled() else slot.exception()
             if error is not None:
                 raise error
+
+    async def engine_fit(self) -> bool:
+        """Run the engine's self-check (``InferenceEngine.self_check``) until it passes (True)
+        or the worker is stopped (False). While it fails the worker takes no job (it does not
+        even join the group, so no partition waits on it); ``engine_problems`` says why, and
+        the reason is logged each time it changes."""
+        s = self.settings
+        while not self._stopping.is_set():
+            try:
+                problems = await asyncio.wait_for(
+                    self._engine.self_check(s.replay_priority), s.check_timeout_s
+                )
+            except TimeoutError:
+                problems = [EngineProblem("engine_unavailable", "self-check timed out")]
+            if problems != self.engine_problems:
+                for problem in problems:
+                    log.error("%s: engine %s unfit for replay (%s): %s", self.worker_id,
+                              self._engine.engine_id, problem.code, problem.message)  # fmt: skip
+            self.engine_problems = problems
+            if not problems:
+                return True
+            self.counts["engine_check_failed"] += 1
+            pause = asyncio.create_task(self._clock.sleep(s.recheck_s))
+            stop = asyncio.create_task(self._stopping.wait())
+            await asyncio.wait([pause, stop], return_when=asyncio.FIRST_COMPLETED)
+            for task in (pause, stop):
+                await cancel_quietly(task)
+        return False
 
     async def _slot(self, consumer: JobConsumer) -> None:
         s = self.settings

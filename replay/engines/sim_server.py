@@ -102,6 +102,10 @@ def create_app(engine: SimulatedEngine) -> FastAPI:
             priority=body.priority,
             request_id=request.headers.get("x-request-id") or f"sim-{next(request_counter)}",
         )
+        if body.priority != 0 and engine.core.config.scheduling_policy != "priority":
+            # vLLM's request validation (``add_request``): priorities need the priority policy
+            return _error(400, f"Got priority {body.priority} but Priority scheduling is not "
+                          "enabled.", "BadRequestError")  # fmt: skip
         try:
             outcome = await engine.prefill(prefill)
         except ModelRevisionMismatch as exc:

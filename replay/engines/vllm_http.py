@@ -34,7 +34,8 @@ from replay.engines.base import (
     ModelRevisionMismatch,
 )
 from replay.engines.prometheus_text import parse_engine_metrics
-from replay.model import EngineMetrics, PrefillOutcome, PrefillRequest
+from replay.engines.vllm_check import run_self_check
+from replay.model import EngineMetrics, EngineProblem, PrefillOutcome, PrefillRequest
 
 
 class VllmHttpEngine(InferenceEngine):
@@ -89,10 +90,12 @@ class VllmHttpEngine(InferenceEngine):
         usage = _json_object(response).get("usage")
         if not isinstance(usage, Mapping):
             raise EngineUnavailable(f"engine {self._engine_id}: response without usage")
+        cached = _cached_tokens(usage)
         return PrefillOutcome(
             prompt_tokens=_count(usage.get("prompt_tokens")),
-            cached_prompt_tokens=_cached_tokens(usage),
+            cached_prompt_tokens=cached or 0,
             duration_ms=elapsed_ms,
+            cached_reported=cached is not None,
         )
 
     async def metrics(self) -> EngineMetrics:
@@ -113,6 +116,12 @@ class VllmHttpEngine(InferenceEngine):
             raise ModelRevisionMismatch(
                 f"engine {self._engine_id} serves {served}, not {self._model_revision!r}"
             )
+
+    async def self_check(self, replay_priority: int) -> list[EngineProblem]:
+        """``replay.engines.vllm_check``: revision, priority scheduling, prefix caching."""
+        return await run_self_check(
+            self._model_revision, self.served_models, self.prefill, replay_priority
+        )
 
     async def aclose(self) -> None:
         if self._owns_client:
@@ -136,6 +145,8 @@ class VllmHttpEngine(InferenceEngine):
         message = f"engine {self._engine_id}: {method} {path} -> {status}: {detail}"
         if status == 429 or status >= 500:
             raise EngineUnavailable(message, retry_after_s=_retry_after_s(response))
+        if status == 404 and path == "/v1/chat/completions":  # vLLM: the model is not served
+            raise ModelRevisionMismatch(message)
         raise EngineRejectedRequest(message)
 
 
@@ -155,10 +166,11 @@ def _count(value: object) -> int:
     return value
 
 
-def _cached_tokens(usage: Mapping[str, Any]) -> int:
+def _cached_tokens(usage: Mapping[str, Any]) -> int | None:
+    """None when not reported (vLLM without --enable-prompt-tokens-details)."""
     details = usage.get("prompt_tokens_details")
     if not isinstance(details, Mapping) or details.get("cached_tokens") is None:
-        return 0
+        return None
     return _count(details.get("cached_tokens"))
 
 

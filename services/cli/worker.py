@@ -104,20 +104,40 @@ async def _run_worker(
     typer.echo(f"worker {worker_id} stopped: {dict(worker.counts)}")
 
 
+async def _check_engine(engine_url: str, model_revision: str, replay_priority: int) -> int:
+    """``convplane worker --check``: the engine's replay self-check, printed; 0 when fit."""
+    from replay.engines.vllm_http import VllmHttpEngine
+
+    engine = VllmHttpEngine("check", engine_url, model_revision)
+    try:
+        problems = await engine.self_check(replay_priority)
+    finally:
+        await engine.aclose()
+    for problem in problems:
+        typer.echo(f"UNFIT {problem.code}: {problem.message}", err=True)
+    if not problems:
+        typer.echo(f"engine {engine_url} is fit for replay of {model_revision!r}: serves it, "
+                   "takes priorities, caches prefixes and reports cached tokens")  # fmt: skip
+    return 1 if problems else 0
+
+
 def register(app: typer.Typer) -> None:
     @app.command("worker")
     def worker(
         region: str = typer.Option(..., help="Region whose replay jobs this worker takes."),
         engine_url: str = typer.Option(..., help="Base URL of the vLLM-compatible engine."),
-        bootstrap_servers: str = typer.Option(..., help="Kafka bootstrap servers."),
-        region_url: str = typer.Option(..., help="Base URL of the region's REST API."),
-        api_key: str = typer.Option(..., envvar="CONVPLANE_WORKER_API_KEY", help="Service key."),
+        bootstrap_servers: str = typer.Option("", help="Kafka bootstrap servers."),
+        region_url: str = typer.Option("", help="Base URL of the region's REST API."),
+        api_key: str = typer.Option("", envvar="CONVPLANE_WORKER_API_KEY", help="Service key."),
+        check: bool = typer.Option(
+            False, "--check", help="Only run the engine self-check, print it, exit 0 if fit."
+        ),
         model_revision: str = typer.Option("default", help="Model revision the engine serves."),
         worker_id: str = typer.Option("", help="Worker id (default: host-pid)."),
         capacity_tokens_per_s: float = typer.Option(20_000.0, help="Engine prefill capacity."),
         concurrency: int = typer.Option(2, min=1, max=64, help="Replays in flight."),
         cache_salt_key: str = typer.Option(
-            ...,
+            "",
             envvar="CONVPLANE_CACHE_SALT_KEY",
             help="The cluster's cache-salt key (64 hex: replay.cache_salt_key in the cluster "
             "file); the salts must equal those /route hands the live path.",
@@ -129,10 +149,20 @@ def register(app: typer.Typer) -> None:
             help="A worker silent this long (crashed) loses its jobs to the rest of the group.",
         ),
     ) -> None:
-        """Run one replay worker until SIGINT/SIGTERM."""
+        """Run one replay worker until SIGINT/SIGTERM. It joins the region's worker group only
+        once its engine passes the self-check (``--check`` runs just that)."""
         import os
         import re
 
+        from replay.worker import WorkerSettings
+
+        if check:
+            priority = WorkerSettings().replay_priority
+            raise typer.Exit(asyncio.run(_check_engine(engine_url, model_revision, priority)))
+        for name, value in (("--bootstrap-servers", bootstrap_servers),
+                            ("--region-url", region_url), ("--api-key", api_key)):  # fmt: skip
+            if not value:
+                raise typer.BadParameter("required (unless --check)", param_hint=name)
         if not re.fullmatch(r"[0-9a-f]{64}", cache_salt_key):
             raise typer.BadParameter("64 lowercase hex characters", param_hint="--cache-salt-key")
         asyncio.run(

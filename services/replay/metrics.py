@@ -80,6 +80,15 @@ class ReplayCollector(Collector):
             live.add_metric([engine_id], snapshot.live_tokens_per_s)
             spare.add_metric([engine_id], snapshot.spare_tokens_per_s)
             unknown.add_metric([engine_id], float(engine_id in service.capacity.unknown_reasons))
+        unfit = GaugeMetricFamily(
+            "convplane_replay_worker_engine_unfit",
+            "1 while a worker's engine fails the replay self-check (no replay on it)",
+            labels=["worker", "engine", "reason"],
+        )
+        for worker in service.workers:
+            for problem in worker.engine_problems or ():
+                unfit.add_metric([worker.worker_id, worker.engine_id, problem.code], 1.0)
         yield live
         yield spare
         yield unknown
+        yield unfit

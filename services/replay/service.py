@@ -343,6 +343,13 @@ class ReplayService:
             "denied": region_capacity.denied,
             "engines": engines,
             "workers": {w.worker_id: dict(w.counts) for w in self.workers},
+            # per worker: why its engine failed the self-check (no replay there); [] = fit
+            "worker_engine_checks": {
+                w.worker_id: None
+                if w.engine_problems is None
+                else [{"code": p.code, "message": p.message} for p in w.engine_problems]
+                for w in self.workers
+            },
             "counts": dict(self.counts),
             "affinity_entries": len(self.affinity),
             "moved_shards_queued": self._moved.qsize(),
