@@ -35,7 +35,7 @@ import random
 from abc import ABC, abstractmethod
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol, TypeVar
 from urllib.parse import quote
 
@@ -45,7 +45,7 @@ from eventlog.clock import Clock
 from eventlog.errors import ConvplaneError, DeadlineExceeded, InvalidRequest, NotFound, Unavailable
 from replay.bus.port import JobBus, JobBusUnavailable, JobConsumer, JobDelivery
 from replay.cache_salt import cache_salt_for
-from replay.chat import render_prompt
+from replay.chat import ChatPrompt, canonical_json, render_prompt
 from replay.engines.base import InferenceEngine, ModelRevisionMismatch
 from replay.model import (
     EngineProblem,
@@ -119,6 +119,25 @@ class PagedTranscriptSource(TranscriptSource):
         return events
 
 
+def replay_pieces(prompt: ChatPrompt, piece_tokens_max: int) -> list[ChatPrompt]:
+    """The prompt as successively longer message prefixes, each adding about
+    ``piece_tokens_max`` tokens (estimated at 4 characters a token), the last the whole prompt.
+
+    vLLM schedules running requests before waiting ones, so a replay that is running holds
+    the step budget ahead of live requests that arrive later until its prefill ends; sent in
+    pieces, each piece hits the cache of the one before and holds the budget for about one
+    step. Cuts fall between messages (a message is never split), so a piece can be larger."""
+    pieces: list[ChatPrompt] = []
+    estimate = 0
+    for count, message in enumerate(prompt.messages[:-1], start=1):
+        estimate += len(canonical_json(message)) // 4
+        if piece_tokens_max > 0 and estimate >= piece_tokens_max:
+            pieces.append(replace(prompt, messages=prompt.messages[:count]))
+            estimate = 0
+    pieces.append(prompt)
+    return pieces
+
+
 @dataclass(frozen=True, slots=True)
 class WorkerSettings:
     concurrency: int = 2  # jobs in flight on this worker
@@ -134,6 +153,9 @@ class WorkerSettings:
     drain_timeout_s: float = 30.0
     reroute_pause_s: float = 1.0  # before re-publishing a wrong_model job: bounds bouncing
     check_timeout_s: float = 60.0  # the engine self-check, all probes
+    #: a replay goes out in message prefixes adding about this many tokens each
+    #: (``replay_pieces``): about one scheduler step (vLLM's max_num_batched_tokens); 0 = whole
+    piece_tokens_max: int = 2048
     recheck_s: float = 30.0  # an unfit engine is checked again this often
 
 
@@ -310,18 +332,27 @@ class ReplayWorker:
                 ),
                 s.transcript_timeout_s,
             )
-            request = PrefillRequest(
-                model=job.model_revision,
-                prompt=render_prompt(events),
-                cache_salt=cache_salt_for(self._cache_salt_key, job.tenant_id),
-                priority=s.replay_priority,
-                request_id=f"replay-{job.job_id}-{self._rng.getrandbits(32):08x}",
-            )
-            outcome = await self._retrying(
-                job, lambda: self._engine.prefill(request), s.prefill_timeout_s
-            )
-            computed_tokens = outcome.prompt_tokens - outcome.cached_prompt_tokens
-            return outcome
+            salt = cache_salt_for(self._cache_salt_key, job.tenant_id)
+            computed = 0
+            for prompt in replay_pieces(render_prompt(events), s.piece_tokens_max):
+                request = PrefillRequest(
+                    model=job.model_revision,
+                    prompt=prompt,
+                    cache_salt=salt,
+                    priority=s.replay_priority,
+                    request_id=f"replay-{job.job_id}-{self._rng.getrandbits(32):08x}",
+                )
+                outcome = await self._retrying(
+                    job, lambda request=request: self._engine.prefill(request),  # type: ignore[misc]
+                    s.prefill_timeout_s,
+                )  # fmt: skip
+                computed += outcome.prompt_tokens - outcome.cached_prompt_tokens
+            computed_tokens = computed
+            # the whole prompt; cached = what was there before this replay computed the rest
+            return PrefillOutcome(
+                outcome.prompt_tokens, max(outcome.prompt_tokens - computed, 0),
+                outcome.duration_ms, outcome.cached_reported,
+            )  # fmt: skip
         finally:
             self._gate.release(computed_tokens)
 

@@ -63,14 +63,16 @@ def common_prefix(a: list[int], b: list[int]) -> int:
     return n
 
 
-async def replay_then_live(events: list[TranscriptEvent], tag: str) -> dict[str, int]:
+async def replay_then_live(
+    events: list[TranscriptEvent], tag: str, piece_tokens_max: int = 0
+) -> dict[str, int]:
     clock = LoopClock()
     config = SimEngineConfig(prefill_tokens_per_s=2_000_000.0, cache_tokens=1_000_000)
     engine = SimulatedEngine("sim-0", REVISION, config, clock)
     async with InProcessJobBus(jobs_max_per_region=10) as bus:
         worker = ReplayWorker(
             "w1", "eu", bus, engine, Transcripts(events), OpenGate(), clock, random.Random(1),
-            WorkerSettings(), cache_salt_key=SALT_KEY,
+            WorkerSettings(piece_tokens_max=piece_tokens_max), cache_salt_key=SALT_KEY,
         )  # fmt: skip
         job = ReplayJob(
             job_id="j1", region="eu", tenant_id=TENANT, conversation_id="c1",
@@ -79,6 +81,8 @@ async def replay_then_live(events: list[TranscriptEvent], tag: str) -> dict[str,
         )  # fmt: skip
         replayed = await worker.process(job)
         assert replayed.status == "replayed"
+        replay_requests = engine.core.counters.requests_total
+        replay_computed = engine.core.computed_tokens_total
         # the application's next turn: its own messages + the new one, its own tools
         live_prompt = ChatPrompt.of_messages(
             [*conv.messages(tag), conv.next_user_message(tag)],
@@ -102,6 +106,9 @@ async def replay_then_live(events: list[TranscriptEvent], tag: str) -> dict[str,
         ),
         "live_prompt_tokens": live.prompt_tokens,
         "live_cached_tokens": live.cached_prompt_tokens,
+        "replay_requests": replay_requests,
+        "replay_computed_tokens": replay_computed,
+        "replayed_computed_tokens": replayed.prompt_tokens - replayed.cached_prompt_tokens,
     }
 
 
@@ -116,6 +123,17 @@ async def test_the_live_turn_after_replay_hits_the_whole_transcript_with_tool_ca
     share = numbers["live_cached_tokens"] / numbers["live_prompt_tokens"]
     print(f"live turn after replay: {numbers}, cached share {share:.3f}")
     assert numbers["transcript_tokens"] > 500  # the tool call and its result are in it
+
+
+async def test_a_replay_sent_in_pieces_rebuilds_the_same_prefix_for_little_more_compute() -> None:
+    whole = await replay_then_live(transcript("c"), "c")
+    pieces = await replay_then_live(transcript("c"), "c", piece_tokens_max=100)
+    assert whole["replay_requests"] == 1 and pieces["replay_requests"] >= 4
+    assert pieces["live_cached_tokens"] == whole["live_cached_tokens"]
+    # each later piece recomputes at most its predecessor's partial block and generation prompt
+    extra = pieces["replay_computed_tokens"] - whole["replay_computed_tokens"]
+    assert 0 <= extra <= pieces["replay_requests"] * 17
+    assert pieces["replayed_computed_tokens"] == pieces["transcript_tokens"]  # nothing was cached
 
 
 async def test_a_replay_that_drops_tool_events_rebuilds_only_what_came_before_them() -> None:
