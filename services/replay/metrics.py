@@ -46,6 +46,10 @@ class ReplayCollector(Collector):
             ),
             "rejected_full": ("replays refused: backlog full", snap.rejected_full_total),
             "outside_window": ("moved conversations outside the window", snap.outside_window_total),
+            "bus_results_rejected": (
+                "result records rejected on the bus (failed their MAC or validation)",
+                service.status_bus_rejected(),
+            ),
         }
         for name, (doc, value) in counters.items():
             yield CounterMetricFamily(f"convplane_replay_{name}", doc, value=value)

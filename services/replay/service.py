@@ -318,6 +318,10 @@ class ReplayService:
 
     # --- views ----------------------------------------------------------------------------
 
+    def status_bus_rejected(self) -> int:
+        """Result records the stream rejected (bad MAC or fields)."""
+        return 0 if self._stream is None else self._stream.skipped_malformed
+
     def status(self) -> dict[str, Any]:
         region_capacity = self.capacity.region.snapshot()
         engines = {}
@@ -351,6 +355,11 @@ class ReplayService:
                 for w in self.workers
             },
             "counts": dict(self.counts),
+            # result records rejected: failed validation / of which had no valid MAC
+            "bus_results_skipped": 0 if self._stream is None else self._stream.skipped_malformed,
+            "bus_results_unauthenticated": (
+                0 if self._stream is None else self._stream.rejected_unauthenticated
+            ),
             "affinity_entries": len(self.affinity),
             "moved_shards_queued": self._moved.qsize(),
         }

@@ -29,10 +29,22 @@ if TYPE_CHECKING:
 
 def _bus(region: str, config: ReplayConfig) -> tuple[JobBus, str]:
     if config.kafka_bootstrap_servers:
-        from replay.bus.kafka import KafkaBusSettings, KafkaJobBus
+        from replay.bus.kafka import KafkaBusSettings, KafkaJobBus, KafkaSecurity
 
+        security = KafkaSecurity(
+            protocol=config.kafka_security_protocol,
+            ssl_cafile=config.kafka_ssl_cafile,
+            ssl_certfile=config.kafka_ssl_certfile,
+            ssl_keyfile=config.kafka_ssl_keyfile,
+            sasl_mechanism=config.kafka_sasl_mechanism,
+            sasl_username=config.kafka_sasl_username,
+            sasl_password=config.kafka_sasl_password,
+        )
         settings = KafkaBusSettings(
-            config.kafka_bootstrap_servers, client_id=f"convplane-node-{region}"
+            config.kafka_bootstrap_servers,
+            bus_secrets=config.bus_keys(),
+            security=security,
+            client_id=f"convplane-node-{region}",
         )
         return KafkaJobBus(settings, regions=[region]), "kafka"
     return InProcessJobBus(jobs_max_per_region=10_000, results_max=10_000), "embedded"

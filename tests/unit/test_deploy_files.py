@@ -42,7 +42,7 @@ def test_vllm_is_pinned_and_started_as_the_worker_self_check_requires() -> None:
     assert served.endswith("@" + flags[flags.index("--revision") + 1])
 
 
-def test_workers_share_the_nodes_cache_salt_key() -> None:
+def test_workers_share_the_nodes_salt_key_and_their_regions_bus_secret() -> None:
     compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
     cluster = ClusterConfig.model_validate(
         json.loads((ROOT / "deploy" / "compose-cluster.json").read_text())
@@ -50,3 +50,4 @@ def test_workers_share_the_nodes_cache_salt_key() -> None:
     for region in cluster.regions:
         env = compose["services"][f"worker-{region.name}"]["environment"]
         assert env["CONVPLANE_CACHE_SALT_KEY"] == cluster.replay.cache_salt_key
+        assert env["CONVPLANE_REPLAY_BUS_SECRET"] == cluster.replay.bus_secrets[region.name]
