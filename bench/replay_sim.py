@@ -67,16 +67,17 @@ class Params:
     tenants: int = 5
     tick_s: float = 0.05
     poll_s: float = 0.25
-    max_concurrent_replays: int = 3  # a small queue of replay work in each engine
+    max_concurrent_replays: int = 4  # a small queue of replay work in each engine
     burst_s: float = 5.0  # spare bucket depth, seconds of capacity x headroom
     spare_window_s: float = 5.0
     rise_deadband: float = 0.7
     rise_window_s: float = 2.0
+    waiting_scrapes_to_stop: int = 3
     max_num_seqs: int = 256
     #: a replay is sent as prefixes that each add at most this many tokens (0: one request):
     #: vLLM schedules running requests first, so a running replay holds the step budget
     #: ahead of live requests until its prefill ends; small pieces bound that
-    replay_piece_tokens: int = 512
+    replay_piece_tokens: int = 256
     horizon_max_s: float = 3_600.0
 
 
@@ -221,6 +222,7 @@ def build_region(
             spare_window_s=params.spare_window_s,
             rise_deadband=params.rise_deadband,
             rise_window_s=params.rise_window_s,
+            waiting_scrapes_to_stop=params.waiting_scrapes_to_stop,
         )
         region.controllers = [CapacityController(capacity, clock, limits) for _ in engines]
         region.scheduler.add_moved(

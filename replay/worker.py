@@ -154,8 +154,9 @@ class WorkerSettings:
     reroute_pause_s: float = 1.0  # before re-publishing a wrong_model job: bounds bouncing
     check_timeout_s: float = 60.0  # the engine self-check, all probes
     #: a replay goes out in message prefixes adding about this many tokens each
-    #: (``replay_pieces``): about one scheduler step (vLLM's max_num_batched_tokens); 0 = whole
-    piece_tokens_max: int = 2048
+    #: (``replay_pieces``): about half the engine's scheduler step (vLLM's
+    #: ``max_num_batched_tokens``; bench/replay.py: 256 with 512-token steps); 0 = whole
+    piece_tokens_max: int = 1024
     recheck_s: float = 30.0  # an unfit engine is checked again this often
 
 
