@@ -14,10 +14,13 @@ import pytest
 
 from eventlog.clock import LoopClock, SystemClock
 from replay.bus import InProcessJobBus
+from replay.chat import ChatPrompt
+from replay.engines.base import ModelRevisionMismatch
 from replay.engines.sim_core import SchedulingPolicy, SimEngineConfig
 from replay.engines.sim_server import create_app
 from replay.engines.simulated import SimulatedEngine
 from replay.engines.vllm_http import VllmHttpEngine
+from replay.model import PrefillRequest
 from replay.worker import ReplayWorker, WorkerSettings
 from tests.unit.test_worker import FakeGate, FakeTranscripts
 
@@ -99,3 +102,12 @@ async def test_a_worker_on_an_unfit_engine_takes_no_job_and_says_why() -> None:
         assert [p.code for p in worker.engine_problems] == ["priority_scheduling_off"]
         worker.request_stop()
         await asyncio.wait_for(task, 5.0)
+
+
+async def test_a_404_from_the_server_is_a_model_revision_mismatch() -> None:
+    """The adapter is configured for a revision the server does not serve: vLLM answers 404."""
+    async with engine_over_http(revision="llama@r2") as engine:
+        request = PrefillRequest("llama@r2", ChatPrompt(({"role": "user", "content": "hi"},)),
+                                 "salt", 100, "r1")  # fmt: skip
+        with pytest.raises(ModelRevisionMismatch):
+            await engine.prefill(request)
