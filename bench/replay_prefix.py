@@ -45,19 +45,20 @@ def agent_conversation(
     rng: random.Random, turns: int
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """(prompt settings, messages) of one agent conversation, as the application keeps them."""
-    tools = [
-        {"type": "function", "function": {"name": f"tool_{i}", "description": _words(rng, 12),
+    names = [f"tool_{i}" for i in range(rng.randint(1, 4))]
+    tools: list[dict[str, Any]] = [
+        {"type": "function", "function": {"name": name, "description": _words(rng, 12),
                                           "parameters": {"type": "object"}}}
-        for i in range(rng.randint(1, 4))
+        for name in names
     ]  # fmt: skip
-    settings = {"tools": tools, "chat_template_kwargs": {"enable_thinking": False}}
+    settings: dict[str, Any] = {"tools": tools, "chat_template_kwargs": {"enable_thinking": False}}
     messages: list[dict[str, Any]] = [{"role": "system", "content": _words(rng, 60)}]
     for turn in range(turns):
         messages.append({"role": "user", "content": _words(rng, rng.randint(10, 120))})
         for call in range(rng.randint(0, 3)):
             call_id = f"call_{turn}_{call}"
             arguments = json.dumps({"q": _words(rng, rng.randint(1, 8))})
-            function = {"name": rng.choice(tools)["function"]["name"], "arguments": arguments}
+            function = {"name": rng.choice(names), "arguments": arguments}
             messages.append({"role": "assistant", "content": None,
                              "tool_calls": [{"id": call_id, "type": "function",
                                              "function": function}]})  # fmt: skip
