@@ -467,3 +467,16 @@ async def test_a_granted_replay_is_released_even_when_it_fails(bus: InProcessJob
     worker.request_stop()
     await task
     assert result.status == "failed" and gate.granted == 1 and gate.released == [None]
+
+
+async def test_http_transcript_source_escapes_the_conversation_id_in_the_path() -> None:
+    paths: list[str] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        paths.append(request.url.raw_path.decode())
+        return httpx.Response(200, json={"events": [], "next_after_seq": 0})
+
+    transport = httpx.MockTransport(handler)
+    async with httpx.AsyncClient(base_url="http://region", transport=transport) as client:
+        await HttpTranscriptSource(client, "k").fetch("t1", "../admin/x?y", through_seq=3)
+    assert paths[0].startswith("/v1/conversations/..%2Fadmin%2Fx%3Fy/events?")
