@@ -8,12 +8,13 @@ sends it (messages with tool calls, ``tools``, ``chat_template`` and ``chat_temp
 and ``cache_salt`` (prefix-cache entries are only shared between requests with the same salt:
 we salt per tenant). Prompt tokens come from ``usage.prompt_tokens``; cached tokens from
 ``usage.prompt_tokens_details.cached_tokens``, which vLLM only fills when started with
-``--enable-prompt-tokens-details`` (otherwise it reads as 0). Automatic prefix caching must be on
-(the default in vLLM V1).
+``--enable-prompt-tokens-details`` (otherwise ``cached_reported`` is False). Automatic prefix
+caching must be on (the default in vLLM V1). A 404 means the server does not serve the model:
+``ModelRevisionMismatch``.
 
-Metrics = ``GET /metrics`` (Prometheus text, see ``prometheus_text``). The model revision check
-(``check_model_revision``) is ``GET /v1/models``: the engine's served model id must equal the
-revision the conversation is pinned to.
+Metrics = ``GET /metrics`` (Prometheus text, see ``prometheus_text``). ``self_check`` (see
+``vllm_check``) is what a worker runs before it takes jobs: the pinned revision among
+``GET /v1/models``, priorities accepted, prefix caching on and cached tokens reported.
 
 The ``httpx.AsyncClient`` is pooled and owned here (or injected: tests pass one with an ASGI
 transport); every call has its own timeout. HTTP and transport errors are translated once, here.
@@ -108,14 +109,6 @@ class VllmHttpEngine(InferenceEngine):
         if not isinstance(data, list):
             raise EngineUnavailable(f"engine {self._engine_id}: /v1/models without data")
         return [str(item["id"]) for item in data if isinstance(item, Mapping) and "id" in item]
-
-    async def check_model_revision(self) -> None:
-        """Raise ModelRevisionMismatch unless the server serves exactly ``model_revision``."""
-        served = await self.served_models()
-        if self._model_revision not in served:
-            raise ModelRevisionMismatch(
-                f"engine {self._engine_id} serves {served}, not {self._model_revision!r}"
-            )
 
     async def self_check(self, replay_priority: int) -> list[EngineProblem]:
         """``replay.engines.vllm_check``: revision, priority scheduling, prefix caching."""
