@@ -12,8 +12,7 @@ them first). The run is done twice with the same seed:
 - without replay: moved conversations rebuild their KV on their first live turn;
 - with replay: per region one ``ReplayScheduler``; per engine one ``CapacityController`` fed
   from that engine's own metrics every ``poll_s`` (the engine counts a request's prompt tokens
-  when its prefill completes, like vLLM V1; ``--prompt-tokens-per-chunk 1`` counts per step like
-  V0); every ``tick_s`` each engine's controller is asked for grants and the scheduler hands
+  when its prefill completes, like vLLM V1); every ``tick_s`` each engine's controller is asked for grants and the scheduler hands
   out jobs; a replay is a prefill at priority 100 (live: 0), and up to
   ``max_concurrent_replays`` of them sit in an engine, so it never idles between replays. A live turn of a
   queued conversation calls ``mark_live``. The job bus is skipped (transport is not measured);
@@ -30,6 +29,9 @@ Reported (per region, and the worst region in the JSON):
 - live TTFT p50/p99 (all live requests arriving in [0, makespan]) with and without replay, and
   for the survivors' own conversations only (the traffic replay could slow down, unaffected by
   replay's warming of moved conversations).
+
+- the prefix a replay rebuilds for agent conversations with tool calls (``bench/replay_prefix.py``):
+  the live turn's cached share of its prompt after replay, against the whole-transcript bound.
 
 Diagnostics per region: denials by reason, the share of polls that saw live requests waiting
 or a spare of 0, the controllers' mean live estimate, and a timeline (per tenth of the run) of
@@ -48,6 +50,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.replay_prefix import measure as measure_prefix
+from bench.replay_prefix import report_line as prefix_line
 from bench.replay_sim import Params, Region, simulate
 
 
@@ -153,6 +157,8 @@ def main(argv: list[str] | None = None) -> None:
             f"p99 {percentile(all_ms, 0.99):.1f} ms | own conversations: "
             f"p50 {percentile(own_ms, 0.5):.1f} ms p99 {percentile(own_ms, 0.99):.1f} ms"
         )
+    prefix = measure_prefix(conversations=200, seed=params.seed)
+    print(prefix_line(prefix))
     worst = max(per_region, key=lambda mb: mb[0] / mb[1])
     result = {
         "makespan_s": round(makespan_s, 2),
@@ -163,6 +169,8 @@ def main(argv: list[str] | None = None) -> None:
         "live_ttft_p99_ms_without_replay": round(percentile(rows[1][0], 0.99), 2),
         "own_live_ttft_p99_ms_with_replay": round(percentile(rows[0][1], 0.99), 2),
         "own_live_ttft_p99_ms_without_replay": round(percentile(rows[1][1], 0.99), 2),
+        "prefix_cached_share": prefix["cached_share"],
+        "prefix_cached_share_bound": prefix["cached_share_bound"],
         "seed": params.seed,
     }
     print(json.dumps(result))

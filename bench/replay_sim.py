@@ -67,13 +67,17 @@ class Params:
     tenants: int = 5
     tick_s: float = 0.05
     poll_s: float = 0.25
-    max_concurrent_replays: int = 3  # a small queue of replay work in each engine
+    max_concurrent_replays: int = 4  # a small queue of replay work in each engine
     burst_s: float = 5.0  # spare bucket depth, seconds of capacity x headroom
     spare_window_s: float = 5.0
     rise_deadband: float = 0.7
     rise_window_s: float = 2.0
+    waiting_scrapes_to_stop: int = 3
     max_num_seqs: int = 256
-    prompt_tokens_per_chunk: int = 0  # 1: count prompt tokens per step (vLLM V0), 0: V1
+    #: a replay is sent as prefixes that each add at most this many tokens (0: one request):
+    #: vLLM schedules running requests first, so a running replay holds the step budget
+    #: ahead of live requests until its prefill ends; small pieces bound that
+    replay_piece_tokens: int = 256
     horizon_max_s: float = 3_600.0
 
 
@@ -102,6 +106,34 @@ class Session:
 
 
 @dataclass
+class ReplayPieces:
+    """A replay in flight: its job, the prompt's block keys and length, the piece running."""
+
+    job: ReplayJob
+    keys: list[int]
+    length: int
+    sent_length: int
+    computed_tokens: int = 0
+    cached_tokens: int = 0
+
+
+def piece_length(params: Params, replay: ReplayPieces) -> int:
+    """The next prefix to send: whole blocks, at most ``replay_piece_tokens`` more."""
+    step = params.replay_piece_tokens
+    if step <= 0 or replay.length - replay.sent_length <= step:
+        return replay.length
+    return (replay.sent_length + step) // BLOCK_TOKENS * BLOCK_TOKENS
+
+
+def submit_piece(params: Params, engine: PrefillServerModel, replay: ReplayPieces,
+                 now_s: float) -> int:  # fmt: skip
+    length = piece_length(params, replay)
+    replay.sent_length = length
+    keys = replay.keys[: length // BLOCK_TOKENS]
+    return engine.submit_blocks(keys, length, REPLAY_PRIORITY, now_s)
+
+
+@dataclass
 class Region:
     name: str
     engines: list[PrefillServerModel]
@@ -111,7 +143,7 @@ class Region:
     next_arrival_s: float = 0.0
     scheduler: ReplayScheduler | None = None
     controllers: list[CapacityController] = field(default_factory=list)
-    in_flight: dict[tuple[int, int], ReplayJob] = field(default_factory=dict)
+    in_flight: dict[tuple[int, int], ReplayPieces] = field(default_factory=dict)
     live_tickets: dict[tuple[int, int], tuple[Session, bool, float]] = field(default_factory=dict)
     ttft_own_s: list[tuple[float, float]] = field(default_factory=list)  # (arrival, ttft)
     ttft_moved_s: list[tuple[float, float]] = field(default_factory=list)
@@ -172,7 +204,6 @@ def build_region(
         params.chunk_tokens,
         queue_max=100_000,
         max_num_seqs=params.max_num_seqs,
-        prompt_tokens_per_chunk=bool(params.prompt_tokens_per_chunk),
     )
     engines = [PrefillServerModel(config) for _ in range(params.engines_per_region)]
     own = build_sessions(params, rng, f"{name}-own", params.own_sessions_per_region)
@@ -191,6 +222,7 @@ def build_region(
             spare_window_s=params.spare_window_s,
             rise_deadband=params.rise_deadband,
             rise_window_s=params.rise_window_s,
+            waiting_scrapes_to_stop=params.waiting_scrapes_to_stop,
         )
         region.controllers = [CapacityController(capacity, clock, limits) for _ in engines]
         region.scheduler.add_moved(
@@ -236,15 +268,22 @@ def live_arrival(params: Params, region: Region, now_s: float) -> None:
     region.next_arrival_s = now_s + _next_gap(params, region)
 
 
-def on_completion(region: Region, engine_index: int, done: SimCompletion) -> None:
+def on_completion(params: Params, region: Region, engine_index: int, done: SimCompletion) -> None:
     key = (engine_index, done.ticket)
     live = region.live_tickets.pop(key, None)
     if live is not None:
         _, is_moved, arrival_s = live
         (region.ttft_moved_s if is_moved else region.ttft_own_s).append((arrival_s, done.ttft_s))
         return
-    job = region.in_flight.pop(key)
-    computed = done.prompt_tokens - done.cached_tokens
+    replay = region.in_flight.pop(key)
+    replay.computed_tokens += done.prompt_tokens - done.cached_tokens
+    replay.cached_tokens = done.cached_tokens
+    if replay.sent_length < replay.length:  # the next piece, at once
+        engine = region.engines[engine_index]
+        ticket = submit_piece(params, engine, replay, done.finish_s)
+        region.in_flight[(engine_index, ticket)] = replay
+        return
+    job, computed = replay.job, replay.computed_tokens
     region.controllers[engine_index].release(computed)
     region.replay_done_s = done.finish_s
     region.computed_at_done = sum(e.computed_tokens_total for e in region.engines)
@@ -262,14 +301,16 @@ def on_completion(region: Region, engine_index: int, done: SimCompletion) -> Non
             f"w{engine_index}",
             f"e{engine_index}",
             done.prompt_tokens,
-            done.cached_tokens,
+            replay.cached_tokens,
             done.ttft_s * 1000,
             0,
         )
     )
 
 
-def dispatch_replay(region: Region, sessions: dict[str, Session], now_s: float) -> None:
+def dispatch_replay(
+    params: Params, region: Region, sessions: dict[str, Session], now_s: float
+) -> None:
     assert region.scheduler is not None
     for index, controller in enumerate(region.controllers):
 
@@ -285,8 +326,9 @@ def dispatch_replay(region: Region, sessions: dict[str, Session], now_s: float) 
             session.engine = index
             engine = region.engines[index]
             keys = session.block_keys()[:]  # a snapshot: the session's list grows later
-            ticket = engine.submit_blocks(keys, session.length, REPLAY_PRIORITY, now_s)
-            region.in_flight[(index, ticket)] = job
+            replay = ReplayPieces(job, keys, session.length, sent_length=0)
+            ticket = submit_piece(params, engine, replay, now_s)
+            region.in_flight[(index, ticket)] = replay
 
 
 def _sample_timeline(region: Region, now_s: float) -> None:
@@ -325,7 +367,7 @@ def simulate(params: Params, with_replay: bool, horizon_s: float | None) -> list
                 if event_s is not None and event_s <= now_s:
                     engine.advance(now_s)
                     for done in engine.pop_completed():
-                        on_completion(region, index, done)
+                        on_completion(params, region, index, done)
             if region.next_arrival_s <= now_s:
                 live_arrival(params, region, now_s)
         if with_replay and next_tick_s <= now_s:
@@ -337,13 +379,13 @@ def simulate(params: Params, with_replay: bool, horizon_s: float | None) -> list
                 for index, engine in enumerate(region.engines):
                     engine.advance(now_s)
                     for done in engine.pop_completed():
-                        on_completion(region, index, done)
+                        on_completion(params, region, index, done)
                     if poll:
                         region.controllers[index].observe(engine.metrics())
                         region.diag.observe(region.controllers[index].snapshot())
                 if poll:
                     _sample_timeline(region, now_s)
-                dispatch_replay(region, sessions, now_s)
+                dispatch_replay(params, region, sessions, now_s)
             if horizon_s is None and all(replay_finished(r) for r in regions):
                 break
     return regions

@@ -10,6 +10,8 @@ EVENT_TYPES: Final = (
     "message.user",
     "message.assistant",
     "message.system",
+    "message.tool",  # a tool result as the engine sees it (replay.chat)
+    "prompt.settings",  # tools, chat template and kwargs of the prompt (replay.chat)
     "tool.attempt",
     "tool.effect",
     "note",

@@ -6,10 +6,17 @@ Per engine (``SpareEstimator``)::
     spare_prefill_tokens_per_s = capacity_tokens_per_s * (1 - headroom) - live_tokens_per_s
 
 ``live_tokens_per_s`` is measured from the engine's own counters, not predicted: the rate of
-*computed* prompt tokens, ``d(vllm:prompt_tokens_total) - d(vllm:prefix_cache_hits_total)``
+*computed* prompt tokens, ``vllm:prompt_tokens_by_source_total{source="local_compute"}``
 (prefix-cache hits cost no prefill compute), minus the computed tokens of replay's own requests
 (the controller is told each replay outcome; a replay counted before it is reported is taken
-off later intervals, never clamped away). vLLM V1 counts a prompt when its prefill completes, so
+off later intervals, never clamped away). That series is counted at the same moment as
+``vllm:prompt_tokens_total``. Servers without it fall back to ``prompt_tokens_total -
+prefix_cache_hits_total``, but vLLM counts hits when a request is *scheduled* and prompt tokens
+when its prefill completes, so under chunked prefill hits run steps ahead and the difference
+dips: the fallback is held at its running maximum (a dip reads as no live work until the
+prompt tokens catch up; the total is unchanged). **Any counter going down** is an engine
+restart: the window and replay's own accounting start over (``restarts_total``); a dip of the
+fallback difference alone is not. vLLM V1 counts a prompt when its prefill completes, so
 the counter moves in lumps of whole prompts; the estimate must be unbiased over such lumps,
 because any bias becomes lost replay throughput (an earlier fast-rise/slow-fall EWMA read 60%
 high at 60% load and gave replay a fifth of the spare). So:
@@ -23,11 +30,15 @@ high at 60% load and gave replay a fifth of the spare). So:
   inside the deadband: measured in bench/replay.py, a 1 s window with a 0.25 deadband fired on
   noise alone and cost 25% of replay throughput; this setting never fires at 60% load.
 
-When live requests are waiting (``num_requests_waiting`` minus replay requests of ours in
-flight > 0; in vLLM: requests that did not fit a step's token budget or ``max_num_seqs``), the
-spare reads 0 and nothing is granted, but the spare bucket keeps the credit it earns at the
-measured rate (up to its depth): a waiting queue at 60% load lasts a step or two, and replay
-runs at a lower priority anyway, so dropping the credit would only lose throughput.
+When live requests are waiting (``num_requests_waiting`` minus replay requests of ours that
+can be waiting in that engine, i.e. sent to it and not finished; in vLLM: requests never
+scheduled yet) in ``waiting_scrapes_to_stop`` (3) scrapes in a row, the spare reads 0 and
+nothing is granted, but the spare bucket keeps the credit it earns at the measured rate (up to
+its depth): a waiting queue at 60% load lasts a step or two, and replay runs at a lower priority
+anyway, so dropping the credit would only lose throughput. One scrape is not enough: a request
+that arrived during the step in progress waits for it, so at 60% load a third of scrapes see
+one (bench/replay.py), and stopping on each cost replay 5% of its makespan (3 in a row:
+makespan 1.045 x its bound and live TTFT p99 733 ms vs 848 ms without replay; 2: 1.049).
 
 Dispatch (``CapacityController``, one per worker/engine) grants a replay of ``tokens`` only if
 all hold, and then takes from all (all or nothing):
@@ -47,6 +58,7 @@ feeds the estimator from ``InferenceEngine.metrics()``.
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import random
 from collections import deque
@@ -58,6 +70,8 @@ from eventlog.clock import Clock
 from eventlog.errors import DeadlineExceeded, InvariantViolation
 from replay.engines.base import EngineUnavailable, InferenceEngine
 from replay.model import EngineMetrics
+
+log = logging.getLogger(__name__)
 
 
 class Grant(StrEnum):
@@ -84,6 +98,11 @@ class CapacityConfig:
     spare_window_s: float = 5.0  # live rate = mean over this window
     rise_window_s: float = 2.0  # a surge is judged over this window ...
     rise_deadband: float = 0.7  # ... when it beats the older mean by this fraction of capacity
+    #: live requests seen waiting in this many consecutive scrapes stop replay grants: a
+    #: request that arrived during the step in progress waits for that step, so one scrape
+    #: seeing a waiting request is ordinary at any load (a third of scrapes at 60% in
+    #: bench/replay.py); a queue that outlives a scrape interval is not
+    waiting_scrapes_to_stop: int = 3
 
     def __post_init__(self) -> None:
         if self.capacity_tokens_per_s <= 0 or not 0 <= self.headroom < 1:
@@ -91,8 +110,8 @@ class CapacityConfig:
         windows_ok = 0 < self.rise_window_s <= self.spare_window_s
         if self.max_concurrent_replays < 1 or self.fall_tau_s <= 0 or not windows_ok:
             raise InvariantViolation("bad capacity config")
-        if self.rise_deadband < 0:
-            raise InvariantViolation("rise_deadband must be >= 0")
+        if self.rise_deadband < 0 or self.waiting_scrapes_to_stop < 1:
+            raise InvariantViolation("rise_deadband must be >= 0, waiting_scrapes_to_stop >= 1")
 
 
 class TokenBucket:
@@ -137,8 +156,11 @@ class SpareEstimator:
         self.config = config
         self.live_tokens_per_s = 0.0
         self.live_waiting = 0.0
+        self.waiting_scrapes = 0  # consecutive scrapes that saw live requests waiting
         self.last_observed_s: float | None = None
         self._last_computed: float | None = None
+        self._last_counters: tuple[float, ...] | None = None
+        self.restarts_total = 0
         self._replay_computed_since = 0.0
         self._live_total = 0.0  # live computed tokens since the first snapshot
         self._samples: deque[tuple[float, float]] = deque(maxlen=self.SAMPLES_MAX)
@@ -148,14 +170,26 @@ class SpareEstimator:
     def note_replay_computed(self, computed_tokens: float) -> None:
         self._replay_computed_since += computed_tokens
 
-    def observe(self, metrics: EngineMetrics, now_s: float, replay_in_flight: int) -> None:
-        computed = metrics.prompt_tokens_total - metrics.prefix_cache_hits_total
-        self.live_waiting = max(0.0, metrics.num_requests_waiting - replay_in_flight)
-        last_s, last = self.last_observed_s, self._last_computed
+    def observe(self, metrics: EngineMetrics, now_s: float, replays_at_engine: int) -> None:
+        """``replays_at_engine``: replay requests of ours sent to this engine (or these
+        engines) and not finished, the most of them its waiting gauge can hold."""
+        self.live_waiting = max(0.0, metrics.num_requests_waiting - replays_at_engine)
+        self.waiting_scrapes = self.waiting_scrapes + 1 if self.live_waiting > 0 else 0
+        last_s = self.last_observed_s
         if last_s is not None and now_s <= last_s:
             return  # no time passed: nothing to learn
+        counters = metrics.counters()
+        restarted = self._last_counters is not None and any(
+            now < before for now, before in zip(counters, self._last_counters, strict=True)
+        )
+        self._last_counters = counters
+        last = None if restarted else self._last_computed
+        computed = _computed_tokens(metrics)
+        if last is not None and metrics.computed_prompt_tokens_total is None:
+            computed = max(computed, last)  # the fallback's dips (module docstring)
         self.last_observed_s, self._last_computed = now_s, computed
-        if last is None or computed < last:  # first snapshot, or the engine restarted
+        if last is None:  # first snapshot, or the engine restarted
+            self.restarts_total += restarted
             self._replay_computed_since = 0.0
             self._samples.clear()
             self._samples.append((now_s, self._live_total))
@@ -220,9 +254,15 @@ class SpareEstimator:
         return max(0.0, usable - self.live_tokens_per_s)
 
     def spare_tokens_per_s(self, now_s: float) -> float:
-        if self.live_waiting > 0:
+        if self.waiting_scrapes >= self.config.waiting_scrapes_to_stop:
             return 0.0
         return self.rate_spare_tokens_per_s(now_s)
+
+
+def _computed_tokens(metrics: EngineMetrics) -> float:
+    if metrics.computed_prompt_tokens_total is not None:
+        return metrics.computed_prompt_tokens_total
+    return metrics.prompt_tokens_total - (metrics.prefix_cache_hits_total or 0.0)
 
 
 class OperatorLimits:
@@ -287,10 +327,13 @@ class CapacityController:
         self.granted_tokens_total = 0.0
         self._denied: dict[str, int] = {}
 
-    def observe(self, metrics: EngineMetrics) -> None:
+    def observe(self, metrics: EngineMetrics, replays_at_engine: int | None = None) -> None:
+        """Feed a scrape. ``replays_at_engine`` defaults to this controller's replays in flight
+        (a worker's controller: its grants are its requests at its engine)."""
         now_s = self._clock.monotonic()
         self._bucket.refill(now_s)
-        self.estimator.observe(metrics, now_s, self.in_flight)
+        at_engine = self.in_flight if replays_at_engine is None else replays_at_engine
+        self.estimator.observe(metrics, now_s, at_engine)
         self._bucket.set_rate(self.estimator.rate_spare_tokens_per_s(now_s), now_s)
 
     def try_acquire(self, tokens: int, tenant: str) -> Grant:
@@ -394,14 +437,22 @@ class CapacityPoller:
         self._timeout_s = timeout_s
         self._backoff_max_s = backoff_max_s
         self.failures_total = 0
+        #: why the engine's capacity is unknown (its last scrape failed), None when known
+        self.unknown_reason: str | None = None
 
     async def poll_once(self) -> bool:
         try:
             async with asyncio.timeout(self._timeout_s):
                 metrics = await self._engine.metrics()
-        except (TimeoutError, EngineUnavailable):
+        except (TimeoutError, EngineUnavailable) as exc:
             self.failures_total += 1
+            reason = str(exc) or "metrics scrape timed out"
+            if reason != self.unknown_reason:  # loudly, but once per reason
+                log.warning("engine %s: capacity unknown, no replay: %s",
+                            self._engine.engine_id, reason)  # fmt: skip
+            self.unknown_reason = reason
             return False
+        self.unknown_reason = None
         self._controller.observe(metrics)
         return True
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from replay.chat import ChatPrompt
+
 
 @dataclass(frozen=True, slots=True)
 class ReplayJob:
@@ -41,17 +43,11 @@ class ReplayResult:
 
 
 @dataclass(frozen=True, slots=True)
-class ChatMessage:
-    role: str  # "system" | "user" | "assistant" | "tool"
-    content: str
-
-
-@dataclass(frozen=True, slots=True)
 class PrefillRequest:
     """A prefill-only request: the exact prompt the live path will send, max_tokens=1."""
 
     model: str
-    messages: tuple[ChatMessage, ...]
+    prompt: ChatPrompt  # messages, tools, chat template and kwargs, verbatim
     cache_salt: str  # per tenant: prefix-cache entries never cross tenants
     priority: int  # larger = lower priority in vLLM's priority scheduler; replay uses a high value
     request_id: str
@@ -60,17 +56,47 @@ class PrefillRequest:
 @dataclass(frozen=True, slots=True)
 class PrefillOutcome:
     prompt_tokens: int
-    cached_prompt_tokens: int
+    cached_prompt_tokens: int  # 0 when the engine does not report it (see cached_reported)
     duration_ms: float
+    cached_reported: bool = True  # vLLM reports cached tokens only with prompt_tokens_details
+
+
+@dataclass(frozen=True, slots=True)
+class EngineProblem:
+    """Why an engine fails the replay self-check (``InferenceEngine.self_check``)."""
+
+    code: str  # model_revision_mismatch | priority_scheduling_off | prompt_tokens_details_off
+    #          | prefix_caching_off | engine_unavailable
+    message: str
 
 
 @dataclass(frozen=True, slots=True)
 class EngineMetrics:
-    """A snapshot of an engine's own counters (vLLM's Prometheus names in comments)."""
+    """A snapshot of an engine's own counters (vLLM's Prometheus names in comments).
 
-    prompt_tokens_total: float  # vllm:prompt_tokens_total
+    The first four are required (an engine without them is "unknown": no replay); the others
+    are None when the server does not export them (prefix caching off, an older vLLM)."""
+
+    prompt_tokens_total: float  # vllm:prompt_tokens_total (counted at a request's first output)
     generation_tokens_total: float  # vllm:generation_tokens_total
     num_requests_running: float  # vllm:num_requests_running
     num_requests_waiting: float  # vllm:num_requests_waiting
-    prefix_cache_queries_total: float  # vllm:prefix_cache_queries_total (tokens)
-    prefix_cache_hits_total: float  # vllm:prefix_cache_hits_total (tokens)
+    # vllm:prefix_cache_queries_total / _hits_total (tokens), counted when a request is
+    # *scheduled*: under chunked prefill they run ahead of prompt_tokens_total
+    prefix_cache_queries_total: float | None = None
+    prefix_cache_hits_total: float | None = None
+    # vllm:prompt_tokens_by_source_total{source="local_compute"}: prompt tokens this engine
+    # computed, counted with prompt_tokens_total (the live-demand series; newer vLLM only)
+    computed_prompt_tokens_total: float | None = None
+    kv_cache_usage_perc: float | None = None  # vllm:kv_cache_usage_perc (0..1)
+
+    def counters(self) -> tuple[float, ...]:
+        """Every counter, for restart detection: a counter going down means a restart."""
+        values = (
+            self.prompt_tokens_total,
+            self.generation_tokens_total,
+            self.prefix_cache_queries_total,
+            self.prefix_cache_hits_total,
+            self.computed_prompt_tokens_total,
+        )
+        return tuple(v if v is not None else 0.0 for v in values)

@@ -20,34 +20,35 @@ cannot be published is logged and the job still finished: the KV is warm either 
 are hints. Stopping lets running jobs finish for ``drain_timeout_s``, then abandons them without
 finishing them, so the bus redelivers them to another worker; a crash does the same.
 
-Rendering (``render_messages``): ``message.system/user/assistant`` become messages of role
-``system/user/assistant`` with ``payload["content"]`` (a string, or OpenAI content parts whose
-text parts are joined). ``tool.attempt``, ``tool.effect`` and ``note`` are omitted: the message
-type has no tool-call fields, and a ``tool`` message without the assistant's tool call is
-rejected by chat templates; the KV of the prefix before the first tool event is still reused.
+Rendering (``replay.chat.render_prompt``): the transcript's messages as the application sent
+them (tool calls and tool results included) with the conversation's ``tools``, chat template and
+kwargs, sent with the tenant's keyed ``cache_salt`` (``replay.cache_salt``) and the pinned model
+revision: the exact request the live path will send, so its prefix is a cache hit.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import logging
 import random
 from abc import ABC, abstractmethod
 from collections import Counter
-from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, replace
 from typing import Any, Protocol, TypeVar
+from urllib.parse import quote
 
 import httpx
 
 from eventlog.clock import Clock
 from eventlog.errors import ConvplaneError, DeadlineExceeded, InvalidRequest, NotFound, Unavailable
 from replay.bus.port import JobBus, JobBusUnavailable, JobConsumer, JobDelivery
+from replay.cache_salt import cache_salt_for
+from replay.chat import ChatPrompt, canonical_json, render_prompt
 from replay.engines.base import InferenceEngine, ModelRevisionMismatch
 from replay.model import (
-    ChatMessage,
+    EngineProblem,
     PrefillOutcome,
     PrefillRequest,
     ReplayJob,
@@ -57,12 +58,6 @@ from replay.model import (
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-
-ROLE_OF_EVENT: Mapping[str, str] = {
-    "message.system": "system",
-    "message.user": "user",
-    "message.assistant": "assistant",
-}
 
 
 class SpareGate(Protocol):
@@ -124,29 +119,23 @@ class PagedTranscriptSource(TranscriptSource):
         return events
 
 
-def cache_salt_for(tenant_id: str) -> str:
-    """Per-tenant prefix-cache salt: KV blocks never match across tenants."""
-    return hashlib.sha256(tenant_id.encode("utf-8")).hexdigest()[:16]
+def replay_pieces(prompt: ChatPrompt, piece_tokens_max: int) -> list[ChatPrompt]:
+    """The prompt as successively longer message prefixes, each adding about
+    ``piece_tokens_max`` tokens (estimated at 4 characters a token), the last the whole prompt.
 
-
-def _content_text(content: object) -> str | None:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        texts = [p.get("text") for p in content if isinstance(p, dict) and p.get("type") == "text"]
-        return "".join(t for t in texts if isinstance(t, str))
-    return None
-
-
-def render_messages(events: Sequence[TranscriptEvent]) -> tuple[ChatMessage, ...]:
-    """The chat messages the live path sends for this transcript (see the module docstring)."""
-    messages = []
-    for event in events:
-        role = ROLE_OF_EVENT.get(event.event_type)
-        text = _content_text(event.payload.get("content")) if role else None
-        if role is not None and text is not None:
-            messages.append(ChatMessage(role=role, content=text))
-    return tuple(messages)
+    vLLM schedules running requests before waiting ones, so a replay that is running holds
+    the step budget ahead of live requests that arrive later until its prefill ends; sent in
+    pieces, each piece hits the cache of the one before and holds the budget for about one
+    step. Cuts fall between messages (a message is never split), so a piece can be larger."""
+    pieces: list[ChatPrompt] = []
+    estimate = 0
+    for count, message in enumerate(prompt.messages[:-1], start=1):
+        estimate += len(canonical_json(message)) // 4
+        if piece_tokens_max > 0 and estimate >= piece_tokens_max:
+            pieces.append(replace(prompt, messages=prompt.messages[:count]))
+            estimate = 0
+    pieces.append(prompt)
+    return pieces
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,6 +152,12 @@ class WorkerSettings:
     replay_priority: int = 100  # larger = lower priority in vLLM's priority scheduler
     drain_timeout_s: float = 30.0
     reroute_pause_s: float = 1.0  # before re-publishing a wrong_model job: bounds bouncing
+    check_timeout_s: float = 60.0  # the engine self-check, all probes
+    #: a replay goes out in message prefixes adding about this many tokens each
+    #: (``replay_pieces``): about half the engine's scheduler step (vLLM's
+    #: ``max_num_batched_tokens``; bench/replay.py: 256 with 512-token steps); 0 = whole
+    piece_tokens_max: int = 1024
+    recheck_s: float = 30.0  # an unfit engine is checked again this often
 
 
 class _JobExpired(Exception):
@@ -181,8 +176,11 @@ class ReplayWorker:
         clock: Clock,
         rng: random.Random,
         settings: WorkerSettings | None = None,
+        *,
+        cache_salt_key: bytes,
     ) -> None:
         self.worker_id = worker_id
+        self._cache_salt_key = cache_salt_key  # the cluster's salt key (replay.cache_salt)
         self.region = region
         self._bus = bus
         self._engine = engine
@@ -194,13 +192,21 @@ class ReplayWorker:
         self._stopping = asyncio.Event()
         self.counts: Counter[str] = Counter()  # pulled and per-status totals
         self.consumer: JobConsumer | None = None  # while running (tests and metrics look at it)
+        self.engine_problems: list[EngineProblem] | None = None  # None: not checked yet
+
+    @property
+    def engine_id(self) -> str:
+        return self._engine.engine_id
 
     def request_stop(self) -> None:
         """Stop pulling; running jobs get ``drain_timeout_s`` to finish."""
         self._stopping.set()
 
     async def run(self) -> None:
-        """Serve until ``request_stop``; cancelling this task abandons running jobs."""
+        """Serve until ``request_stop``; cancelling this task abandons running jobs. Joins the
+        worker group only once the engine passes its self-check (``engine_fit``)."""
+        if not await self.engine_fit():
+            return
         consumer = self._bus.job_consumer(self.region, in_flight_max=self.settings.concurrency)
         await consumer.start()
         self.consumer = consumer
@@ -226,6 +232,34 @@ class ReplayWorker:
             error = None if slot.cancelled() else slot.exception()
             if error is not None:
                 raise error
+
+    async def engine_fit(self) -> bool:
+        """Run the engine's self-check (``InferenceEngine.self_check``) until it passes (True)
+        or the worker is stopped (False). While it fails the worker takes no job (it does not
+        even join the group, so no partition waits on it); ``engine_problems`` says why, and
+        the reason is logged each time it changes."""
+        s = self.settings
+        while not self._stopping.is_set():
+            try:
+                problems = await asyncio.wait_for(
+                    self._engine.self_check(s.replay_priority), s.check_timeout_s
+                )
+            except TimeoutError:
+                problems = [EngineProblem("engine_unavailable", "self-check timed out")]
+            if problems != self.engine_problems:
+                for problem in problems:
+                    log.error("%s: engine %s unfit for replay (%s): %s", self.worker_id,
+                              self._engine.engine_id, problem.code, problem.message)  # fmt: skip
+            self.engine_problems = problems
+            if not problems:
+                return True
+            self.counts["engine_check_failed"] += 1
+            pause = asyncio.create_task(self._clock.sleep(s.recheck_s))
+            stop = asyncio.create_task(self._stopping.wait())
+            await asyncio.wait([pause, stop], return_when=asyncio.FIRST_COMPLETED)
+            for task in (pause, stop):
+                await cancel_quietly(task)
+        return False
 
     async def _slot(self, consumer: JobConsumer) -> None:
         s = self.settings
@@ -299,18 +333,27 @@ class ReplayWorker:
                 ),
                 s.transcript_timeout_s,
             )
-            request = PrefillRequest(
-                model=job.model_revision,
-                messages=render_messages(events),
-                cache_salt=cache_salt_for(job.tenant_id),
-                priority=s.replay_priority,
-                request_id=f"replay-{job.job_id}-{self._rng.getrandbits(32):08x}",
-            )
-            outcome = await self._retrying(
-                job, lambda: self._engine.prefill(request), s.prefill_timeout_s
-            )
-            computed_tokens = outcome.prompt_tokens - outcome.cached_prompt_tokens
-            return outcome
+            salt = cache_salt_for(self._cache_salt_key, job.tenant_id)
+            computed = 0
+            for prompt in replay_pieces(render_prompt(events), s.piece_tokens_max):
+                request = PrefillRequest(
+                    model=job.model_revision,
+                    prompt=prompt,
+                    cache_salt=salt,
+                    priority=s.replay_priority,
+                    request_id=f"replay-{job.job_id}-{self._rng.getrandbits(32):08x}",
+                )
+                outcome = await self._retrying(
+                    job, lambda request=request: self._engine.prefill(request),  # type: ignore[misc]
+                    s.prefill_timeout_s,
+                )  # fmt: skip
+                computed += outcome.prompt_tokens - outcome.cached_prompt_tokens
+            computed_tokens = computed
+            # the whole prompt; cached = what was there before this replay computed the rest
+            return PrefillOutcome(
+                outcome.prompt_tokens, max(outcome.prompt_tokens - computed, 0),
+                outcome.duration_ms, outcome.cached_reported,
+            )  # fmt: skip
         finally:
             self._gate.release(computed_tokens)
 
@@ -403,7 +446,7 @@ class HttpTranscriptSource(PagedTranscriptSource):
     ) -> list[TranscriptEvent]:
         try:
             response = await self._client.get(
-                f"/v1/conversations/{conversation_id}/events",
+                f"/v1/conversations/{quote(conversation_id, safe='')}/events",
                 params={"after_seq": after_seq, "limit": self._page_limit},
                 headers={
                     "Authorization": f"Bearer {self._api_key}",

@@ -100,6 +100,7 @@ async def open_runtime(settings: NodeSettings) -> AsyncIterator[NodeRuntime]:
                 replicas=replicas,
                 clock=clock,
                 rng=rng,
+                peer_secret=cluster.peer_secret,  # the cache-salt key's fallback
             )
         )
         # The controller leads the shards the committed placement (at first the static one,

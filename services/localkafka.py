@@ -30,7 +30,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -117,14 +117,89 @@ def random_cluster_id() -> str:
     return base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode("ascii")
 
 
-def server_properties(base_dir: Path, broker_port: int, controller_port: int) -> str:
+@dataclass(frozen=True, slots=True)
+class BrokerSecurity:
+    """Extra listeners of a local broker: SASL/PLAIN users, over plaintext and (with
+    ``tls``) over TLS with a certificate the harness makes (``make_tls_files``). The PLAINTEXT
+    listener stays for the harness's own readiness probe and inter-broker traffic."""
+
+    sasl_users: Mapping[str, str]  # user -> password
+    tls: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class TlsFiles:
+    ca_cert: Path  # clients verify the broker with this
+    server_pem: Path  # the broker's key (PKCS#8, unencrypted) and certificate, PEM
+
+
+def make_tls_files(directory: Path, timeout_s: float = 60.0) -> TlsFiles:
+    """A throwaway CA and a server certificate for 127.0.0.1 (``openssl``), for tests only."""
+    openssl = shutil.which("openssl")
+    if openssl is None:
+        raise KafkaHarnessError("openssl is not on PATH; a TLS listener needs it")
+    directory.mkdir(parents=True, exist_ok=True)
+    ca_key, ca_cert = directory / "ca.key", directory / "ca.pem"
+    key, csr, cert = directory / "server.key", directory / "server.csr", directory / "server.crt"
+    ext = directory / "san.ext"
+    ext.write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n", encoding="utf-8")
+    steps = [
+        ["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", ca_key, "-out", ca_cert,
+         "-days", "2", "-subj", "/CN=convplane-test-ca"],
+        ["genpkey", "-algorithm", "RSA", "-pkeyopt", "rsa_keygen_bits:2048", "-out", key],
+        ["req", "-new", "-key", key, "-out", csr, "-subj", "/CN=127.0.0.1"],
+        ["x509", "-req", "-in", csr, "-CA", ca_cert, "-CAkey", ca_key, "-CAcreateserial",
+         "-out", cert, "-days", "2", "-extfile", ext],
+    ]  # fmt: skip
+    for step in steps:
+        done = subprocess.run(
+            [openssl, *map(str, step)], capture_output=True, text=True, timeout=timeout_s
+        )
+        if done.returncode != 0:
+            raise KafkaHarnessError(f"openssl {step[0]} failed: {done.stderr[-2000:]}")
+    server_pem = directory / "server.pem"
+    server_pem.write_text(key.read_text() + cert.read_text(), encoding="utf-8")
+    return TlsFiles(ca_cert, server_pem)
+
+
+def _security_settings(
+    security: BrokerSecurity, sasl_port: int, ssl_port: int, tls: TlsFiles | None
+) -> tuple[list[str], dict[str, str]]:
+    """(extra listeners, extra settings) for ``server_properties``."""
+    users = " ".join(f'user_{u}="{p}"' for u, p in security.sasl_users.items())
+    jaas = f"org.apache.kafka.common.security.plain.PlainLoginModule required {users};"
+    listeners = [f"SASL_PLAINTEXT://127.0.0.1:{sasl_port}"]
+    settings = {
+        "sasl.enabled.mechanisms": "PLAIN",
+        "listener.name.sasl_plaintext.plain.sasl.jaas.config": jaas,
+    }
+    if tls is not None:
+        listeners.append(f"SASL_SSL://127.0.0.1:{ssl_port}")
+        settings.update({
+            "listener.name.sasl_ssl.plain.sasl.jaas.config": jaas,
+            "listener.name.sasl_ssl.ssl.keystore.type": "PEM",
+            "listener.name.sasl_ssl.ssl.keystore.location": str(tls.server_pem),
+        })  # fmt: skip
+    return listeners, settings
+
+
+def server_properties(
+    base_dir: Path,
+    broker_port: int,
+    controller_port: int,
+    extra_listeners: Sequence[str] = (),
+    extra_settings: Mapping[str, str] | None = None,
+) -> str:
+    listeners = [f"PLAINTEXT://127.0.0.1:{broker_port}", *extra_listeners]
+    protocols = ["PLAINTEXT:PLAINTEXT", "CONTROLLER:PLAINTEXT"]
+    protocols += [f"{p}:{p}" for p in (lst.split(":", 1)[0] for lst in extra_listeners)]
     settings = {
         "process.roles": "broker,controller",
         "node.id": "1",
         "controller.quorum.voters": f"1@127.0.0.1:{controller_port}",
-        "listeners": f"PLAINTEXT://127.0.0.1:{broker_port},CONTROLLER://127.0.0.1:{controller_port}",
-        "advertised.listeners": f"PLAINTEXT://127.0.0.1:{broker_port}",
-        "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+        "listeners": ",".join([*listeners, f"CONTROLLER://127.0.0.1:{controller_port}"]),
+        "advertised.listeners": ",".join(listeners),
+        "listener.security.protocol.map": ",".join(protocols),
         "controller.listener.names": "CONTROLLER",
         "inter.broker.listener.name": "PLAINTEXT",
         "log.dirs": str(base_dir / "data"),
@@ -143,6 +218,7 @@ def server_properties(base_dir: Path, broker_port: int, controller_port: int) ->
         "num.io.threads": "4",
         "num.recovery.threads.per.data.dir": "1",
         "log.retention.hours": "24",
+        **(extra_settings or {}),
     }
     return "".join(f"{key}={value}\n" for key, value in settings.items())
 
@@ -209,6 +285,9 @@ class KafkaBroker:
     base_dir: Path
     log_path: Path
     start_duration_s: float
+    sasl_bootstrap_servers: str | None = None  # SASL_PLAINTEXT listener (BrokerSecurity)
+    sasl_ssl_bootstrap_servers: str | None = None  # SASL_SSL listener (BrokerSecurity.tls)
+    tls: TlsFiles | None = None
 
     @property
     def pid(self) -> int:
@@ -281,15 +360,24 @@ def start_broker(
     lib_dir: Path | None = None,
     start_timeout_s: float = 90.0,
     heap_max: str = "512m",
+    security: BrokerSecurity | None = None,
 ) -> KafkaBroker:
-    """Format and start a one-node KRaft broker under ``base_dir``; return when it serves."""
+    """Format and start a one-node KRaft broker under ``base_dir``; return when it serves.
+    With ``security``, SASL (and TLS) listeners besides the PLAINTEXT one."""
     base = Path(base_dir).resolve()
     base.mkdir(parents=True, exist_ok=True)
     lib = lib_dir if lib_dir is not None else ensure_kafka_jars()
     java = _java()
     broker_port, controller_port = free_port(), free_port()
+    sasl_port, ssl_port = free_port(), free_port()
+    tls = make_tls_files(base / "tls") if security is not None and security.tls else None
+    listeners, extra = (
+        _security_settings(security, sasl_port, ssl_port, tls) if security else ([], {})
+    )
     config_path = base / "server.properties"
-    config_path.write_text(server_properties(base, broker_port, controller_port), encoding="utf-8")
+    config_path.write_text(
+        server_properties(base, broker_port, controller_port, listeners, extra), encoding="utf-8"
+    )
     log4j_path = base / "log4j.properties"
     log4j_path.write_text(_LOG4J_PROPERTIES, encoding="utf-8")
     _format_storage(java, lib, config_path, base / "format.log")
@@ -317,6 +405,11 @@ def start_broker(
     )
     log_file.close()
     broker = KafkaBroker(f"127.0.0.1:{broker_port}", process, base, log_path, 0.0)
+    if security is not None:
+        broker.sasl_bootstrap_servers = f"127.0.0.1:{sasl_port}"
+        if tls is not None:
+            broker.sasl_ssl_bootstrap_servers = f"127.0.0.1:{ssl_port}"
+            broker.tls = tls
     _wait_until_serving(broker, broker_port, started, start_timeout_s)
     broker.start_duration_s = time.monotonic() - started
     return broker

@@ -11,6 +11,12 @@ A worker that pulls nothing for ``max_poll_interval_s`` (its engine has no spare
 the group by aiokafka and its partitions move to workers that do pull; it rejoins when it pulls
 again.
 
+Every record is signed and checked (``replay.bus.codec``: a MAC under the region's replay
+secret, then every field); a record that fails is skipped, logged, counted
+(``rejected_unauthenticated``, ``skipped_malformed``) and committed past. Connections can use
+TLS and SASL (``KafkaSecurity``: aiokafka's ``security_protocol``, ``ssl_context``,
+``sasl_mechanism`` and credentials), the same for producer, consumers and admin client.
+
 aiokafka errors and timeouts are translated once, here, into ``JobBusUnavailable``.
 """
 
@@ -20,14 +26,15 @@ import asyncio
 import contextlib
 import logging
 from collections import deque
-from collections.abc import Awaitable, Sequence
-from dataclasses import dataclass
-from typing import Any, TypeVar
+from collections.abc import Awaitable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, TypeVar
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import CommitFailedError, KafkaError
 
+from replay.bus.codec import BusCodec, ForeignRegionRecord
 from replay.bus.offsets import OffsetTracker
 from replay.bus.port import (
     RESULTS_TOPIC,
@@ -37,10 +44,7 @@ from replay.bus.port import (
     JobDelivery,
     MalformedMessage,
     ResultStream,
-    decode_job,
-    decode_result,
-    encode_job,
-    encode_result,
+    UnauthenticatedMessage,
     jobs_topic,
     worker_group,
 )
@@ -52,8 +56,42 @@ _TOPIC_ALREADY_EXISTS = 36
 
 
 @dataclass(frozen=True, slots=True)
+class KafkaSecurity:
+    """How clients connect: aiokafka's options. PLAINTEXT by default (a local broker)."""
+
+    protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
+    ssl_cafile: str | None = None  # CA bundle to verify the brokers (system CAs when None)
+    ssl_certfile: str | None = None  # client certificate (mutual TLS)
+    ssl_keyfile: str | None = None
+    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] = "PLAIN"
+    sasl_username: str | None = None
+    sasl_password: str | None = None
+
+    def client_kwargs(self) -> dict[str, Any]:
+        kwargs: dict[str, Any] = {"security_protocol": self.protocol}
+        if self.protocol in ("SSL", "SASL_SSL"):
+            from aiokafka.helpers import create_ssl_context
+
+            kwargs["ssl_context"] = create_ssl_context(
+                cafile=self.ssl_cafile, certfile=self.ssl_certfile, keyfile=self.ssl_keyfile
+            )
+        if self.protocol.startswith("SASL_"):
+            if not self.sasl_username or self.sasl_password is None:
+                raise JobBusUnavailable(f"kafka {self.protocol} needs a SASL username and password")
+            kwargs.update(
+                sasl_mechanism=self.sasl_mechanism,
+                sasl_plain_username=self.sasl_username,
+                sasl_plain_password=self.sasl_password,
+            )
+        return kwargs
+
+
+@dataclass(frozen=True, slots=True)
 class KafkaBusSettings:
     bootstrap_servers: str
+    #: region -> replay secret: records are signed with, and checked against, these
+    bus_secrets: Mapping[str, bytes] = field(default_factory=dict)
+    security: KafkaSecurity = field(default_factory=KafkaSecurity)
     client_id: str = "convplane"
     partitions_per_topic: int = 8
     replication_factor: int = 1
@@ -83,6 +121,7 @@ async def ensure_topics(settings: KafkaBusSettings, topics: Sequence[str]) -> No
         bootstrap_servers=settings.bootstrap_servers,
         client_id=f"{settings.client_id}-admin",
         request_timeout_ms=int(settings.request_timeout_s * 1000),
+        **settings.security.client_kwargs(),
     )
     try:
         await _bounded(admin.start(), settings.start_timeout_s, "admin start")
@@ -107,6 +146,7 @@ class KafkaJobBus(JobBus):
         self._regions = tuple(regions)
         self._ensured: set[str] = set()
         self._producer: AIOKafkaProducer | None = None
+        self._codec = BusCodec(settings.bus_secrets)
 
     async def start(self) -> None:
         s = self.settings
@@ -118,6 +158,7 @@ class KafkaJobBus(JobBus):
             enable_idempotence=True,
             linger_ms=5,
             request_timeout_ms=int(s.request_timeout_s * 1000),
+            **s.security.client_kwargs(),
         )
         await _bounded(producer.start(), s.start_timeout_s, "producer start")
         self._producer = producer
@@ -144,16 +185,18 @@ class KafkaJobBus(JobBus):
         for first in range(0, len(jobs), self.settings.publish_batch_max):
             batch = jobs[first : first + self.settings.publish_batch_max]
             await _bounded(
-                self._send_batch(producer, batch),
+                self._send_batch(producer, self._codec, batch),
                 self.settings.request_timeout_s,
                 f"publish {len(batch)} jobs",
             )
 
     @staticmethod
-    async def _send_batch(producer: AIOKafkaProducer, batch: Sequence[ReplayJob]) -> None:
+    async def _send_batch(
+        producer: AIOKafkaProducer, codec: BusCodec, batch: Sequence[ReplayJob]
+    ) -> None:
         acks = [
             await producer.send(
-                jobs_topic(job.region), encode_job(job), key=job.conversation_id.encode("utf-8")
+                jobs_topic(job.region), codec.encode_job(job), key=job.conversation_id.encode()
             )
             for job in batch
         ]
@@ -163,7 +206,9 @@ class KafkaJobBus(JobBus):
         producer = self._started()
         await _bounded(
             producer.send_and_wait(
-                RESULTS_TOPIC, encode_result(result), key=result.conversation_id.encode("utf-8")
+                RESULTS_TOPIC,
+                self._codec.encode_result(result),
+                key=result.conversation_id.encode("utf-8"),
             ),
             self.settings.request_timeout_s,
             "publish result",
@@ -198,7 +243,9 @@ class KafkaJobConsumer(JobConsumer):
         self._pull_lock = asyncio.Lock()
         self._commit_lock = asyncio.Lock()
         self._consumer: AIOKafkaConsumer | None = None
-        self.skipped_malformed = 0
+        self._codec = BusCodec(settings.bus_secrets)
+        self.skipped_malformed = 0  # records that failed validation (rejected ones included)
+        self.rejected_unauthenticated = 0  # records without a valid MAC: forged or tampered
 
     async def start(self) -> None:
         s = self._s
@@ -216,6 +263,7 @@ class KafkaJobConsumer(JobConsumer):
             session_timeout_ms=int(s.session_timeout_s * 1000),
             heartbeat_interval_ms=int(s.heartbeat_interval_s * 1000),
             max_poll_interval_ms=int(s.max_poll_interval_s * 1000),
+            **s.security.client_kwargs(),
         )
         consumer.subscribe([self.topic], listener=_Rebalance(self))
         await _bounded(consumer.start(), s.start_timeout_s, "consumer start")
@@ -238,10 +286,11 @@ class KafkaJobConsumer(JobConsumer):
                 for record in batch:
                     generation = self._tracker.delivered(tp, record.offset)
                     try:
-                        job = decode_job(record.value)
+                        job = self._codec.decode_job(record.value, self.region)
                     except MalformedMessage as exc:
-                        log.error("skipping %s@%d: %s", tp, record.offset, exc)
+                        log.error("rejecting %s@%d: %s", tp, record.offset, exc)
                         self.skipped_malformed += 1
+                        self.rejected_unauthenticated += isinstance(exc, UnauthenticatedMessage)
                         self._note_finished(tp, record.offset, generation)
                         continue
                     return JobDelivery(job, tp.partition, record.offset, generation)
@@ -329,6 +378,10 @@ class KafkaResultStream(ResultStream):
         self._group_id = group_id
         self._buffer: deque[ReplayResult] = deque()
         self._consumer: AIOKafkaConsumer | None = None
+        self._codec = BusCodec(settings.bus_secrets)
+        self.skipped_malformed = 0
+        self.rejected_unauthenticated = 0
+        self.skipped_foreign = 0  # results of regions whose secret this reader does not hold
 
     async def start(self) -> None:
         s = self._s
@@ -343,6 +396,7 @@ class KafkaResultStream(ResultStream):
             max_poll_records=s.results_batch_max,
             fetch_max_bytes=s.fetch_max_bytes,
             request_timeout_ms=int(s.request_timeout_s * 1000) + 5000,
+            **s.security.client_kwargs(),
         )
         await _bounded(consumer.start(), s.start_timeout_s, "results consumer start")
         self._consumer = consumer
@@ -362,9 +416,13 @@ class KafkaResultStream(ResultStream):
             for batch in records.values():
                 for record in batch:
                     try:
-                        self._buffer.append(decode_result(record.value))
+                        self._buffer.append(self._codec.decode_result(record.value))
+                    except ForeignRegionRecord:
+                        self.skipped_foreign += 1
                     except MalformedMessage as exc:
-                        log.error("skipping malformed result: %s", exc)
+                        log.error("rejecting result %s@%d: %s", record.topic, record.offset, exc)
+                        self.skipped_malformed += 1
+                        self.rejected_unauthenticated += isinstance(exc, UnauthenticatedMessage)
         return self._buffer.popleft() if self._buffer else None
 
     async def close(self) -> None:

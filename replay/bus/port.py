@@ -9,12 +9,13 @@ delivery is at-least-once; replay is idempotent, so a duplicate costs only GPU t
 
 Errors: ``JobBusUnavailable`` (the transport failed or timed out; retryable), ``JobBusFull`` (an
 in-process queue stayed full for the publish timeout), ``MalformedMessage`` (a record that does
-not decode; consumers skip and commit past it, since it can never succeed).
+not decode or validate; consumers skip and commit past it, since it can never succeed) and its
+kind ``UnauthenticatedMessage`` (a record without a valid MAC: forged or tampered).
 """
 
 from __future__ import annotations
 
-import json
+import re
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields
@@ -48,6 +49,10 @@ class MalformedMessage(InvalidRequest):
     code = "malformed_bus_message"
 
 
+class UnauthenticatedMessage(MalformedMessage):
+    code = "unauthenticated_bus_message"
+
+
 @dataclass(frozen=True, slots=True)
 class JobDelivery:
     """One delivery of a job to one consumer; pass it back to ``finish``."""
@@ -59,6 +64,9 @@ class JobDelivery:
 
 
 class JobConsumer(ABC):
+    skipped_malformed = 0  # records that failed validation (adapters over untrusted transports)
+    rejected_unauthenticated = 0  # ... of which without a valid MAC
+
     """One member of a region's worker group."""
 
     region: str
@@ -87,6 +95,9 @@ class JobConsumer(ABC):
 
 
 class ResultStream(ABC):
+    skipped_malformed = 0  # records that failed validation (adapters over untrusted transports)
+    rejected_unauthenticated = 0  # ... of which without a valid MAC
+
     @abstractmethod
     async def start(self) -> None: ...
 
@@ -134,24 +145,37 @@ class JobBus(ABC):
         await self.close()
 
 
-# --- wire format: JSON objects with the dataclass's field names -------------------------------
+# --- wire format: JSON objects with the dataclass's field names, every field checked ----------
+#
+# Records come from a topic anyone with broker access may write to: after the MAC
+# (``replay.bus.codec``) every field is still validated as data, so a bad value is a
+# ``MalformedMessage`` (skipped, counted), never a crash of the loop that reads it.
 
 _STATUSES: Final = frozenset(get_args(ReplayStatus))
+_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")  # the API's id pattern (conversations, tenants)
+_NAME = re.compile(r"[\x21-\x7e]{1,256}")  # printable, no spaces: job, worker, engine, revision
+_INT_MAX = 2**53 - 1  # what survives JSON everywhere (the API's bound too)
+TOKENS_MAX = 10_000_000  # one conversation's prompt, at most (the API's token_count bound)
+
+_JOB_IDS = ("tenant_id", "conversation_id")
+_JOB_NAMES = ("job_id", "region", "model_revision")
+_JOB_INTS = {"estimated_prompt_tokens": TOKENS_MAX, "last_activity_ms": _INT_MAX,
+             "deadline_ms": _INT_MAX, "through_seq": _INT_MAX}  # fmt: skip
+_RESULT_IDS = ("tenant_id", "conversation_id")
+_RESULT_NAMES = ("job_id", "region", "model_revision", "worker_id", "engine_id")
+_RESULT_INTS = {"prompt_tokens": TOKENS_MAX, "cached_prompt_tokens": TOKENS_MAX,
+                "finished_at_ms": _INT_MAX}  # fmt: skip
 
 
-def encode_job(job: ReplayJob) -> bytes:
-    return json.dumps(asdict(job), separators=(",", ":")).encode("utf-8")
+def job_body(job: ReplayJob) -> dict[str, Any]:
+    return asdict(job)
 
 
-def encode_result(result: ReplayResult) -> bytes:
-    return json.dumps(asdict(result), separators=(",", ":")).encode("utf-8")
+def result_body(result: ReplayResult) -> dict[str, Any]:
+    return asdict(result)
 
 
-def _decode_fields(raw: bytes | None, cls: type[Any]) -> dict[str, Any]:
-    try:
-        obj = json.loads(raw or b"")
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise MalformedMessage(f"{cls.__name__}: not JSON") from exc
+def _fields_of(obj: object, cls: type[Any]) -> dict[str, Any]:
     if not isinstance(obj, dict):
         raise MalformedMessage(f"{cls.__name__}: not a JSON object")
     names = [f.name for f in fields(cls)]
@@ -161,18 +185,36 @@ def _decode_fields(raw: bytes | None, cls: type[Any]) -> dict[str, Any]:
     return {n: obj[n] for n in names}  # unknown keys ignored: newer producers may add fields
 
 
-def decode_job(raw: bytes | None) -> ReplayJob:
-    values = _decode_fields(raw, ReplayJob)
-    ints = ("estimated_prompt_tokens", "last_activity_ms", "deadline_ms", "through_seq")
-    if not all(type(values[n]) is int for n in ints) or not all(
-        isinstance(values[n], str) for n in values if n not in ints
-    ):
-        raise MalformedMessage("ReplayJob: field of the wrong type")
+def _check(values: dict[str, Any], kind: str, ids: Sequence[str], names: Sequence[str],
+           ints: dict[str, int]) -> None:  # fmt: skip
+    for name in ids:
+        if not isinstance(values[name], str) or not _ID.fullmatch(values[name]):
+            raise MalformedMessage(f"{kind}: bad {name}")
+    for name in names:
+        if not isinstance(values[name], str) or not _NAME.fullmatch(values[name]):
+            raise MalformedMessage(f"{kind}: bad {name}")
+    for name, maximum in ints.items():
+        value = values[name]
+        if type(value) is not int or not 0 <= value <= maximum:
+            raise MalformedMessage(f"{kind}: {name} must be an integer in [0, {maximum}]")
+
+
+def job_from_body(obj: object) -> ReplayJob:
+    values = _fields_of(obj, ReplayJob)
+    _check(values, "ReplayJob", _JOB_IDS, _JOB_NAMES, _JOB_INTS)
+    if values["through_seq"] < 1:
+        raise MalformedMessage("ReplayJob: through_seq must be >= 1")
     return ReplayJob(**values)
 
 
-def decode_result(raw: bytes | None) -> ReplayResult:
-    values = _decode_fields(raw, ReplayResult)
+def result_from_body(obj: object) -> ReplayResult:
+    values = _fields_of(obj, ReplayResult)
+    _check(values, "ReplayResult", _RESULT_IDS, _RESULT_NAMES, _RESULT_INTS)
     if values["status"] not in _STATUSES:
         raise MalformedMessage(f"ReplayResult: unknown status {values['status']!r}")
-    return ReplayResult(**values)
+    duration = values["duration_ms"]
+    if type(duration) not in (int, float) or not 0 <= duration <= 86_400_000:
+        raise MalformedMessage("ReplayResult: duration_ms must be a number of ms within a day")
+    if values["cached_prompt_tokens"] > values["prompt_tokens"]:
+        raise MalformedMessage("ReplayResult: more cached tokens than prompt tokens")
+    return ReplayResult(**{**values, "duration_ms": float(duration)})

@@ -17,7 +17,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 
 from eventlog.errors import Conflict, InvalidRequest, Unavailable
-from replay.model import EngineMetrics, PrefillOutcome, PrefillRequest
+from replay.model import EngineMetrics, EngineProblem, PrefillOutcome, PrefillRequest
 
 
 class EngineUnavailable(Unavailable):
@@ -53,6 +53,13 @@ class InferenceEngine(ABC):
     @abstractmethod
     async def metrics(self) -> EngineMetrics:
         """A snapshot of the engine's own counters (vLLM's Prometheus names)."""
+
+    async def self_check(self, replay_priority: int) -> list[EngineProblem]:
+        """What keeps replay on this engine from paying off (empty: fit for replay): it must
+        serve the pinned revision, schedule by priority (replay runs at ``replay_priority``),
+        cache prefixes and report cached tokens. Engines that cannot be probed (test fakes)
+        report nothing."""
+        return []
 
     @abstractmethod
     async def aclose(self) -> None:

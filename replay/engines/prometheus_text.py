@@ -1,8 +1,14 @@
 """Read vLLM's ``/metrics`` (Prometheus text exposition format) into ``EngineMetrics``.
 
-Uses ``prometheus_client.parser``. Each value is the sum over all label sets of the sample
-(vLLM labels by ``model_name`` and, with data parallelism, ``engine``). A missing metric reads as
-0 (for example, the prefix-cache counters are absent when prefix caching is disabled).
+Uses ``prometheus_client.parser``. A value is the sum over the label sets of its sample (vLLM
+labels every series with ``model_name`` and ``engine``, one per data-parallel engine); a
+counter's ``_created`` sample is a different sample name and is never added in. The
+``prompt_tokens_by_source_total`` value is the ``source="local_compute"`` series only.
+
+**Absent is not zero.** The four series replay cannot judge spare capacity without
+(``REQUIRED``) make the scrape fail with ``EngineMetricsMissing``: the engine is "unknown" and
+gets no replay (``--disable-log-stats``, a renamed series). Reading them as 0 would read live
+load as 0 and hand replay the whole engine. Optional series are None when absent.
 """
 
 from __future__ import annotations
@@ -12,37 +18,61 @@ from prometheus_client.parser import text_string_to_metric_families
 from replay.engines.base import EngineUnavailable
 from replay.model import EngineMetrics
 
-#: EngineMetrics field -> sample name in vLLM's exposition
-VLLM_SAMPLE_NAMES: dict[str, str] = {
-    "prompt_tokens_total": "vllm:prompt_tokens_total",
-    "generation_tokens_total": "vllm:generation_tokens_total",
-    "num_requests_running": "vllm:num_requests_running",
-    "num_requests_waiting": "vllm:num_requests_waiting",
-    "prefix_cache_queries_total": "vllm:prefix_cache_queries_total",
-    "prefix_cache_hits_total": "vllm:prefix_cache_hits_total",
+#: EngineMetrics field -> (sample name in vLLM's exposition, required label values or None)
+VLLM_SAMPLES: dict[str, tuple[str, dict[str, str] | None]] = {
+    "prompt_tokens_total": ("vllm:prompt_tokens_total", None),
+    "generation_tokens_total": ("vllm:generation_tokens_total", None),
+    "num_requests_running": ("vllm:num_requests_running", None),
+    "num_requests_waiting": ("vllm:num_requests_waiting", None),
+    "prefix_cache_queries_total": ("vllm:prefix_cache_queries_total", None),
+    "prefix_cache_hits_total": ("vllm:prefix_cache_hits_total", None),
+    "computed_prompt_tokens_total": (
+        "vllm:prompt_tokens_by_source_total",
+        {"source": "local_compute"},
+    ),
+    "kv_cache_usage_perc": ("vllm:kv_cache_usage_perc", None),
 }
+REQUIRED = (
+    "prompt_tokens_total",
+    "generation_tokens_total",
+    "num_requests_running",
+    "num_requests_waiting",
+)
+
+
+class EngineMetricsMissing(EngineUnavailable):
+    """The engine's ``/metrics`` lacks a series replay needs: capacity unknown, no replay."""
+
+    code = "engine_metrics_missing"
 
 
 def parse_engine_metrics(text: str) -> EngineMetrics:
-    wanted = {name: 0.0 for name in VLLM_SAMPLE_NAMES.values()}
+    by_name: dict[str, list[tuple[str, dict[str, str] | None]]] = {}
+    for field, (name, labels) in VLLM_SAMPLES.items():
+        by_name.setdefault(name, []).append((field, labels))
+    found: dict[str, float] = {}
     try:
         for family in text_string_to_metric_families(text):
             for sample in family.samples:
-                if sample.name in wanted:
-                    wanted[sample.name] += float(sample.value)
+                for field, labels in by_name.get(sample.name, ()):
+                    if labels and any(sample.labels.get(k) != v for k, v in labels.items()):
+                        continue
+                    found[field] = found.get(field, 0.0) + float(sample.value)
     except ValueError as exc:
         raise EngineUnavailable(f"engine /metrics is not Prometheus text: {exc}") from exc
-    return EngineMetrics(**{field: wanted[name] for field, name in VLLM_SAMPLE_NAMES.items()})
-
-
-def render_engine_metrics(metrics: EngineMetrics, model_name: str) -> str:
-    """The simulator's exposition, shaped like vLLM's (same names, a ``model_name`` label)."""
-    label = '{model_name="' + model_name.replace("\\", "\\\\").replace('"', '\\"') + '"}'
-    lines: list[str] = []
-    for field, name in VLLM_SAMPLE_NAMES.items():
-        kind = "counter" if name.endswith("_total") else "gauge"
-        family = name.removesuffix("_total")
-        lines.append(f"# HELP {family} {field} (simulated engine)")
-        lines.append(f"# TYPE {family} {kind}")
-        lines.append(f"{name}{label} {getattr(metrics, field)!r}")
-    return "\n".join(lines) + "\n"
+    missing = [VLLM_SAMPLES[f][0] for f in REQUIRED if f not in found]
+    if missing:
+        raise EngineMetricsMissing(
+            f"engine /metrics lacks {', '.join(missing)} (started with --disable-log-stats, "
+            "or a vLLM that renamed them): live load unknown, no replay"
+        )
+    return EngineMetrics(
+        prompt_tokens_total=found["prompt_tokens_total"],
+        generation_tokens_total=found["generation_tokens_total"],
+        num_requests_running=found["num_requests_running"],
+        num_requests_waiting=found["num_requests_waiting"],
+        prefix_cache_queries_total=found.get("prefix_cache_queries_total"),
+        prefix_cache_hits_total=found.get("prefix_cache_hits_total"),
+        computed_prompt_tokens_total=found.get("computed_prompt_tokens_total"),
+        kv_cache_usage_perc=found.get("kv_cache_usage_perc"),
+    )

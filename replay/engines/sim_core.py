@@ -4,10 +4,16 @@ This is a *simulator* (no GPU, no model). It exists so that demos, tests and cap
 run the replay machinery against something with the timing and caching behaviour of vLLM:
 
 Tokenizer (``sim_tokenize``)
-    Deterministic and model-free: one token per whitespace-separated word (token id = CRC-32 of
-    the word), framed like a chat template: every message adds 2 tokens before its words (start
-    marker, role) and 1 after (end marker), and the prompt ends with 2 tokens (the assistant
-    generation prompt). So ``[user: "hello world"]`` is 2 + 2 + 1 + 2 = 7 tokens.
+    Deterministic and model-free, and faithful where replay depends on it: it tokenizes the
+    *rendered* request, everything a chat template puts into the prompt, so two requests share
+    a token prefix exactly when a real template would render them alike. One token per
+    whitespace-separated word of the render (token id = CRC-32 of the word). The render: a
+    token for the chat template (a hash of it) when one is given, one for the template kwargs
+    when given, the ``tools`` as canonical JSON between ``<|tools|>`` markers; then per message
+    a start marker and the role, the content's words (text parts in order; an image or audio
+    part as one token hashing its data), each tool call's id, name and argument words, a tool
+    result's ``tool_call_id``, and an end marker; last the assistant generation prompt (2
+    tokens). So ``[user: "hello world"]`` is 2 + 2 + 1 + 2 = 7 tokens.
 
 Prefix cache (``PrefixCache``)
     vLLM's automatic prefix caching: the prompt is cut into 16-token blocks; a block's key is
@@ -17,27 +23,31 @@ Prefix cache (``PrefixCache``)
     the least recently used block is evicted first. As in vLLM, at least the last prompt token
     is always computed, so ``cached_tokens <= prompt_tokens - 1``.
 
-Prefill server (``PrefillServerModel``)
-    One prefill pipeline with ``prefill_tokens_per_s`` capacity, run in scheduler steps like
-    vLLM's chunked prefill: a step has a token budget of ``chunk_tokens``
-    (``max_num_batched_tokens``) and at most ``max_num_seqs`` requests; requests are taken in
-    priority order (lower value first, FIFO within a priority: ``--scheduling-policy priority``)
-    and each gets ``min(remaining, budget left)`` tokens. A step lasts its tokens / rate. So a
-    live request (priority 0) that arrives behind replay (a high priority value) waits at most
-    the step in progress. The prefix-cache lookup happens when a request is first scheduled; its
-    blocks enter the cache when its prefill completes. TTFT = queueing + the request's steps
-    (max_tokens=1: no decode is modelled; one generation token is counted per request).
+Prefill server (``PrefillServerModel``), scheduled like vLLM V1's scheduler
+    One prefill pipeline with ``prefill_tokens_per_s`` capacity, run in scheduler steps with
+    chunked prefill: a step has a token budget of ``chunk_tokens`` (``max_num_batched_tokens``).
+    **Running requests are scheduled first**, in the order they started, each taking
+    ``min(remaining, budget left)``; only the budget they leave goes to waiting requests, taken
+    by priority (lower value first, FIFO within a priority) under ``--scheduling-policy
+    priority``, or by arrival ignoring priority under ``fcfs``, while fewer than
+    ``max_num_seqs`` run. So a low-priority replay already running in chunks keeps its budget
+    ahead of a live request that arrives later: the live request waits for whatever budget
+    the running chunks leave, up to the replay's whole remaining prefill when it fills the
+    budget (size replay requests with that in mind). A step lasts its tokens / rate. The
+    prefix-cache lookup happens when a request is first scheduled; its blocks enter the cache
+    when its prefill completes. TTFT = queueing + the request's steps (max_tokens=1: no
+    decode is modelled; one generation token is counted per request).
 
-Metrics (``metrics``), shaped like vLLM's
-    ``num_requests_running``: requests scheduled at least once and not finished;
-    ``num_requests_waiting``: requests never scheduled yet (they did not fit in a step's token
-    budget or ``max_num_seqs``), which is what vLLM's waiting queue holds, not "everything not
-    finished". ``prompt_tokens_total`` counts a request's whole prompt when its prefill
-    completes, as vLLM V1 does (``IterationStats.update_from_output`` adds ``prompt_len`` with the
-    first output token; partial prefills produce no output); ``prompt_tokens_per_chunk=True``
-    counts each scheduled chunk instead, as the V0 engine did (``token_chunk_size`` per step),
-    with the cached tokens counted when the request is first scheduled. Prefix-cache hits and
-    queries are counted with the prompt tokens, so ``prompt - hits`` is the computed tokens.
+Metrics (``metrics`` and ``counters``), counted when vLLM V1 counts them
+    ``num_requests_running``: scheduled at least once and not finished; ``num_requests_waiting``:
+    never scheduled yet. Prefix-cache queries and hits are counted when a request is first
+    *scheduled* (vLLM's KV cache manager records them there); prompt tokens, and the prompt
+    tokens by source (``local_compute``, ``local_cache_hit``), when its prefill completes
+    (``IterationStats`` adds them with the first output token). So under chunked prefill hits
+    run ahead of prompt tokens and ``prompt - hits`` can go down between two scrapes: the
+    live-demand series is the ``local_compute`` one. TTFT goes into vLLM's histogram buckets.
+    ``cached_tokens`` is reported in usage only with ``prompt_tokens_details`` (vLLM's
+    ``--enable-prompt-tokens-details``).
 
 Everything here is plain state driven by the caller's clock readings (``now_s``): no I/O, no
 asyncio, so the same model runs in real time (the HTTP simulator) and in virtual time (benches).
@@ -45,33 +55,67 @@ asyncio, so the same model runs in real time (the HTTP simulator) and in virtual
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import heapq
 import zlib
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
 
 from eventlog.errors import InvariantViolation
+from replay.chat import ChatPrompt, canonical_json
 from replay.engines.base import EngineUnavailable
-from replay.model import ChatMessage, EngineMetrics
+from replay.model import EngineMetrics
 
 BLOCK_TOKENS = 16
 
-_START = zlib.crc32(b"<|start|>")
-_END = zlib.crc32(b"<|end|>")
+_START = "<|start|>"
+_END = "<|end|>"
 
 
-def sim_tokenize(messages: Sequence[ChatMessage]) -> list[int]:
-    """The simulator's deterministic tokenizer (see the module docstring)."""
-    tokens: list[int] = []
-    for message in messages:
-        tokens.append(_START)
-        tokens.append(zlib.crc32(message.role.encode()))
-        tokens.extend(zlib.crc32(word.encode()) for word in message.content.split())
-        tokens.append(_END)
-    tokens.append(_START)
-    tokens.append(zlib.crc32(b"assistant"))
-    return tokens
+def sim_tokenize(prompt: ChatPrompt) -> list[int]:
+    """The simulator's deterministic tokenizer over the rendered prompt (module docstring)."""
+    return [zlib.crc32(word.encode()) for word in _render_words(prompt)]
+
+
+def _render_words(prompt: ChatPrompt) -> list[str]:
+    words: list[str] = []
+    if prompt.chat_template is not None:
+        words.append(f"<|template:{_digest(prompt.chat_template)}|>")
+    if prompt.chat_template_kwargs:
+        words.append(f"<|kwargs:{_digest(canonical_json(prompt.chat_template_kwargs))}|>")
+    if prompt.tools:
+        words.extend(["<|tools|>", *canonical_json(list(prompt.tools)).split(), "<|/tools|>"])
+    for message in prompt.messages:
+        words.extend([_START, str(message.get("role"))])
+        words.extend(_content_words(message.get("content")))
+        for call in message.get("tool_calls") or ():
+            function = call.get("function") or {}
+            words.extend(["<|tool_call|>", str(call.get("id")), str(function.get("name"))])
+            words.extend(str(function.get("arguments", "")).split())
+        if "tool_call_id" in message:
+            words.extend(["<|tool_result|>", str(message["tool_call_id"])])
+        words.append(_END)
+    words.extend([_START, "assistant"])
+    return words
+
+
+def _content_words(content: object) -> list[str]:
+    if isinstance(content, str):
+        return content.split()
+    words: list[str] = []
+    for part in content if isinstance(content, list) else ():
+        kind = part.get("type") if isinstance(part, Mapping) else None
+        if kind == "text":
+            words.extend(str(part.get("text", "")).split())
+        elif kind is not None:
+            words.append(f"<|{kind}:{_digest(canonical_json(part))}|>")
+    return words
+
+
+def _digest(text: str) -> str:
+    return hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
 
 
 def salt_key(cache_salt: str) -> int:
@@ -149,14 +193,25 @@ class PrefixCache:
         self._clock = top
 
 
+#: vLLM's buckets of ``vllm:time_to_first_token_seconds`` (seconds)
+TTFT_BUCKETS_S = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5,
+                  5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)  # fmt: skip
+
+SchedulingPolicy = Literal["priority", "fcfs"]
+
+
 @dataclass(frozen=True, slots=True)
 class SimEngineConfig:
     prefill_tokens_per_s: float = 20_000.0
     cache_tokens: int = 1_000_000
     chunk_tokens: int = 512  # token budget of one scheduler step (max_num_batched_tokens)
     queue_max: int = 4096  # requests queued or in progress; beyond it a submit is refused
-    max_num_seqs: int = 256  # requests in one step
-    prompt_tokens_per_chunk: bool = False  # False: vLLM V1 (at completion); True: V0 (per step)
+    max_num_seqs: int = 256  # requests running at once (and so in one step)
+    #: ``--scheduling-policy``: "priority" orders waiting requests by priority; "fcfs" (vLLM's
+    #: default) by arrival, ignoring ``priority``
+    scheduling_policy: SchedulingPolicy = "priority"
+    #: ``--enable-prompt-tokens-details``: only then is ``cached_tokens`` reported in usage
+    prompt_tokens_details: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,30 +237,43 @@ class _Pending:
     keys: Sequence[int]
     prompt_tokens: int
     cached_tokens: int = 0
-    remaining_tokens: int = -1  # -1: not started (cache not looked up yet)
+    remaining_tokens: int = -1  # -1: not scheduled yet (cache not looked up yet)
     first_chunk_s: float = 0.0
     step_tokens: int = 0  # tokens in the step in progress
 
 
+@dataclass(slots=True)
+class SimCounters:
+    """What the engine exposes, counted when vLLM V1 counts it (the module docstring)."""
+
+    prompt_tokens_total: int = 0  # at a request's first output (its prefill completed)
+    computed_prompt_tokens_total: int = 0  # by source local_compute, with prompt tokens
+    cached_prompt_tokens_total: int = 0  # by source local_cache_hit, with prompt tokens
+    prefix_cache_queries_total: int = 0  # at a request's first scheduling
+    prefix_cache_hits_total: int = 0  # at a request's first scheduling
+    requests_total: int = 0  # one generated token each
+    ttft_bucket_counts: list[int] = field(default_factory=lambda: [0] * len(TTFT_BUCKETS_S))
+    ttft_sum_s: float = 0.0
+
+
 class PrefillServerModel:
-    """The step-batched, priority-scheduled prefill server (see the module docstring)."""
+    """The step-batched, chunked-prefill server with vLLM V1's scheduling order (module
+    docstring): running requests first, then waiting ones by policy."""
 
     def __init__(self, config: SimEngineConfig) -> None:
         if config.prefill_tokens_per_s <= 0 or config.chunk_tokens <= 0 or config.max_num_seqs <= 0:
             raise InvariantViolation("prefill rate, step budget and max_num_seqs must be positive")
         self.config = config
         self.cache = PrefixCache(config.cache_tokens)
-        self._queue: list[tuple[int, int, _Pending]] = []  # (priority, ticket, request)
+        self._waiting: list[tuple[int, int, _Pending]] = []  # (priority or 0, ticket, request)
+        self._running: list[_Pending] = []  # scheduled at least once, in scheduling order
         self._step: list[_Pending] = []  # the requests of the step in progress
         self._step_end_s = 0.0
         self._now_s = 0.0
         self._next_ticket = 0
-        self._started_unfinished = 0
         self._done: list[SimCompletion] = []
-        self.prompt_tokens_total = 0  # as exposed (see prompt_tokens_per_chunk)
-        self.cached_tokens_total = 0  # as exposed, with the prompt tokens
+        self.counters = SimCounters()
         self.computed_tokens_total = 0  # every computed token, at the end of its step
-        self.requests_total = 0
         self.busy_s_total = 0.0
 
     # --- inputs ------------------------------------------------------------------------------
@@ -227,7 +295,8 @@ class PrefillServerModel:
         ticket = self._next_ticket
         self._next_ticket += 1
         pending = _Pending(ticket, priority, now_s, keys, prompt_tokens)
-        heapq.heappush(self._queue, (priority, ticket, pending))
+        order = priority if self.config.scheduling_policy == "priority" else 0
+        heapq.heappush(self._waiting, (order, ticket, pending))
         if not self._step:
             self._start_step(now_s)
         return ticket
@@ -252,17 +321,19 @@ class PrefillServerModel:
 
     @property
     def in_system(self) -> int:
-        return len(self._queue) + len(self._step)
+        return len(self._waiting) + len(self._running)
 
     def metrics(self) -> EngineMetrics:
-        running = self._started_unfinished
+        c = self.counters
         return EngineMetrics(
-            prompt_tokens_total=float(self.prompt_tokens_total),
-            generation_tokens_total=float(self.requests_total),
-            num_requests_running=float(running),
-            num_requests_waiting=float(self.in_system - running),
-            prefix_cache_queries_total=float(self.prompt_tokens_total),
-            prefix_cache_hits_total=float(self.cached_tokens_total),
+            prompt_tokens_total=float(c.prompt_tokens_total),
+            generation_tokens_total=float(c.requests_total),
+            num_requests_running=float(len(self._running)),
+            num_requests_waiting=float(len(self._waiting)),
+            prefix_cache_queries_total=float(c.prefix_cache_queries_total),
+            prefix_cache_hits_total=float(c.prefix_cache_hits_total),
+            computed_prompt_tokens_total=float(c.computed_prompt_tokens_total),
+            kv_cache_usage_perc=len(self.cache) / max(self.cache.capacity_blocks, 1),
         )
 
     # --- the server --------------------------------------------------------------------------
@@ -270,10 +341,15 @@ class PrefillServerModel:
     def _start_step(self, start_s: float) -> None:
         budget = self.config.chunk_tokens
         step: list[_Pending] = []
-        while self._queue and budget > 0 and len(step) < self.config.max_num_seqs:
-            _, _, pending = heapq.heappop(self._queue)
-            if pending.remaining_tokens < 0:
-                self._first_schedule(pending, start_s)
+        for pending in self._running:  # running first, in order: they keep their budget
+            if budget <= 0:
+                break
+            pending.step_tokens = min(budget, pending.remaining_tokens)
+            budget -= pending.step_tokens
+            step.append(pending)
+        while self._waiting and budget > 0 and len(self._running) < self.config.max_num_seqs:
+            _, _, pending = heapq.heappop(self._waiting)
+            self._first_schedule(pending, start_s)
             pending.step_tokens = min(budget, pending.remaining_tokens)
             budget -= pending.step_tokens
             step.append(pending)
@@ -288,32 +364,38 @@ class PrefillServerModel:
         pending.cached_tokens = min(hit_blocks * BLOCK_TOKENS, pending.prompt_tokens - 1)
         pending.remaining_tokens = pending.prompt_tokens - pending.cached_tokens
         pending.first_chunk_s = start_s
-        self._started_unfinished += 1
-        if self.config.prompt_tokens_per_chunk:
-            self.prompt_tokens_total += pending.cached_tokens
-            self.cached_tokens_total += pending.cached_tokens
+        self._running.append(pending)
+        # vLLM records prefix-cache stats when the KV cache manager schedules the request
+        self.counters.prefix_cache_queries_total += pending.prompt_tokens
+        self.counters.prefix_cache_hits_total += pending.cached_tokens
 
     def _finish_step(self) -> None:
         step, self._step = self._step, []
         end_s = self._step_end_s
+        finished = False
         for pending in step:
             pending.remaining_tokens -= pending.step_tokens
             self.computed_tokens_total += pending.step_tokens
-            if self.config.prompt_tokens_per_chunk:
-                self.prompt_tokens_total += pending.step_tokens
-            if pending.remaining_tokens > 0:
-                heapq.heappush(self._queue, (pending.priority, pending.ticket, pending))
-            else:
+            if pending.remaining_tokens <= 0:
                 self._complete(pending, end_s)
+                finished = True
+        if finished:
+            self._running = [p for p in self._running if p.remaining_tokens > 0]
         self._start_step(end_s)
 
     def _complete(self, pending: _Pending, end_s: float) -> None:
         self.cache.insert(pending.keys)
-        self._started_unfinished -= 1
-        if not self.config.prompt_tokens_per_chunk:
-            self.prompt_tokens_total += pending.prompt_tokens
-            self.cached_tokens_total += pending.cached_tokens
-        self.requests_total += 1
+        c = self.counters
+        # counted with the first output token, as vLLM V1's IterationStats does
+        c.prompt_tokens_total += pending.prompt_tokens
+        c.computed_prompt_tokens_total += pending.prompt_tokens - pending.cached_tokens
+        c.cached_prompt_tokens_total += pending.cached_tokens
+        c.requests_total += 1
+        ttft_s = end_s - pending.arrival_s
+        c.ttft_sum_s += ttft_s
+        index = bisect.bisect_left(TTFT_BUCKETS_S, ttft_s)
+        if index < len(TTFT_BUCKETS_S):
+            c.ttft_bucket_counts[index] += 1
         self._done.append(
             SimCompletion(
                 pending.ticket,

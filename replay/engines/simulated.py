@@ -24,7 +24,7 @@ from replay.engines.sim_core import (
     SimEngineConfig,
     sim_tokenize,
 )
-from replay.model import EngineMetrics, PrefillOutcome, PrefillRequest
+from replay.model import EngineMetrics, EngineProblem, PrefillOutcome, PrefillRequest
 
 
 class SimulatedEngine(InferenceEngine):
@@ -55,7 +55,7 @@ class SimulatedEngine(InferenceEngine):
             raise ModelRevisionMismatch(
                 f"engine {self._engine_id} serves {self._model_revision!r}, not {request.model!r}"
             )
-        tokens = sim_tokenize(request.messages)
+        tokens = sim_tokenize(request.prompt)
         was_idle = self.core.next_event_s() is None
         ticket = self.core.submit(
             tokens, request.cache_salt, request.priority, self._clock.monotonic()
@@ -69,11 +69,24 @@ class SimulatedEngine(InferenceEngine):
             done = await future
         finally:
             self._waiters.pop(ticket, None)
+        details = self.core.config.prompt_tokens_details
         return PrefillOutcome(
             prompt_tokens=done.prompt_tokens,
-            cached_prompt_tokens=done.cached_tokens,
+            # like vLLM's usage: cached tokens only with --enable-prompt-tokens-details
+            cached_prompt_tokens=done.cached_tokens if details else 0,
             duration_ms=done.ttft_s * 1000.0,
+            cached_reported=details,
         )
+
+    async def self_check(self, replay_priority: int) -> list[EngineProblem]:
+        """The simulator knows its own configuration (the HTTP face is probed like vLLM)."""
+        problems = []
+        if self.core.config.scheduling_policy != "priority":
+            problems.append(EngineProblem("priority_scheduling_off", "simulated engine is fcfs"))
+        if not self.core.config.prompt_tokens_details:
+            problems.append(EngineProblem("prompt_tokens_details_off",
+                                          "simulated engine does not report cached tokens"))  # fmt: skip
+        return problems
 
     async def metrics(self) -> EngineMetrics:
         self.core.advance(self._clock.monotonic())

@@ -1,17 +1,20 @@
 """``VllmHttpEngine``: the inference-engine port over vLLM's OpenAI-compatible HTTP server.
 
-Prefill = ``POST /v1/chat/completions`` with ``max_tokens=1`` and ``temperature=0`` plus two vLLM
-extensions of the request body: ``priority`` (honoured when the server runs
+Prefill = ``POST /v1/chat/completions`` with the conversation's prompt exactly as the live path
+sends it (messages with tool calls, ``tools``, ``chat_template`` and ``chat_template_kwargs``:
+``replay.chat``), ``max_completion_tokens=1`` (``max_tokens`` is deprecated) and
+``temperature=0``, plus two vLLM extensions of the request body: ``priority`` (honoured when the server runs
 ``--scheduling-policy priority``; lower value = scheduled first, so replay sends a high number)
 and ``cache_salt`` (prefix-cache entries are only shared between requests with the same salt:
 we salt per tenant). Prompt tokens come from ``usage.prompt_tokens``; cached tokens from
 ``usage.prompt_tokens_details.cached_tokens``, which vLLM only fills when started with
-``--enable-prompt-tokens-details`` (otherwise it reads as 0). Automatic prefix caching must be on
-(the default in vLLM V1).
+``--enable-prompt-tokens-details`` (otherwise ``cached_reported`` is False). Automatic prefix
+caching must be on (the default in vLLM V1). A 404 means the server does not serve the model:
+``ModelRevisionMismatch``.
 
-Metrics = ``GET /metrics`` (Prometheus text, see ``prometheus_text``). The model revision check
-(``check_model_revision``) is ``GET /v1/models``: the engine's served model id must equal the
-revision the conversation is pinned to.
+Metrics = ``GET /metrics`` (Prometheus text, see ``prometheus_text``). ``self_check`` (see
+``vllm_check``) is what a worker runs before it takes jobs: the pinned revision among
+``GET /v1/models``, priorities accepted, prefix caching on and cached tokens reported.
 
 The ``httpx.AsyncClient`` is pooled and owned here (or injected: tests pass one with an ASGI
 transport); every call has its own timeout. HTTP and transport errors are translated once, here.
@@ -32,7 +35,8 @@ from replay.engines.base import (
     ModelRevisionMismatch,
 )
 from replay.engines.prometheus_text import parse_engine_metrics
-from replay.model import EngineMetrics, PrefillOutcome, PrefillRequest
+from replay.engines.vllm_check import run_self_check
+from replay.model import EngineMetrics, EngineProblem, PrefillOutcome, PrefillRequest
 
 
 class VllmHttpEngine(InferenceEngine):
@@ -73,8 +77,8 @@ class VllmHttpEngine(InferenceEngine):
             )
         body = {
             "model": request.model,
-            "messages": [{"role": m.role, "content": m.content} for m in request.messages],
-            "max_tokens": 1,
+            **request.prompt.request_fields(),
+            "max_completion_tokens": 1,
             "temperature": 0,
             "priority": request.priority,
             "cache_salt": request.cache_salt,
@@ -87,10 +91,12 @@ class VllmHttpEngine(InferenceEngine):
         usage = _json_object(response).get("usage")
         if not isinstance(usage, Mapping):
             raise EngineUnavailable(f"engine {self._engine_id}: response without usage")
+        cached = _cached_tokens(usage)
         return PrefillOutcome(
             prompt_tokens=_count(usage.get("prompt_tokens")),
-            cached_prompt_tokens=_cached_tokens(usage),
+            cached_prompt_tokens=cached or 0,
             duration_ms=elapsed_ms,
+            cached_reported=cached is not None,
         )
 
     async def metrics(self) -> EngineMetrics:
@@ -104,13 +110,11 @@ class VllmHttpEngine(InferenceEngine):
             raise EngineUnavailable(f"engine {self._engine_id}: /v1/models without data")
         return [str(item["id"]) for item in data if isinstance(item, Mapping) and "id" in item]
 
-    async def check_model_revision(self) -> None:
-        """Raise ModelRevisionMismatch unless the server serves exactly ``model_revision``."""
-        served = await self.served_models()
-        if self._model_revision not in served:
-            raise ModelRevisionMismatch(
-                f"engine {self._engine_id} serves {served}, not {self._model_revision!r}"
-            )
+    async def self_check(self, replay_priority: int) -> list[EngineProblem]:
+        """``replay.engines.vllm_check``: revision, priority scheduling, prefix caching."""
+        return await run_self_check(
+            self._model_revision, self.served_models, self.prefill, replay_priority
+        )
 
     async def aclose(self) -> None:
         if self._owns_client:
@@ -134,6 +138,8 @@ class VllmHttpEngine(InferenceEngine):
         message = f"engine {self._engine_id}: {method} {path} -> {status}: {detail}"
         if status == 429 or status >= 500:
             raise EngineUnavailable(message, retry_after_s=_retry_after_s(response))
+        if status == 404 and path == "/v1/chat/completions":  # vLLM: the model is not served
+            raise ModelRevisionMismatch(message)
         raise EngineRejectedRequest(message)
 
 
@@ -153,10 +159,11 @@ def _count(value: object) -> int:
     return value
 
 
-def _cached_tokens(usage: Mapping[str, Any]) -> int:
+def _cached_tokens(usage: Mapping[str, Any]) -> int | None:
+    """None when not reported (vLLM without --enable-prompt-tokens-details)."""
     details = usage.get("prompt_tokens_details")
     if not isinstance(details, Mapping) or details.get("cached_tokens") is None:
-        return 0
+        return None
     return _count(details.get("cached_tokens"))
 
 

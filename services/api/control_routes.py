@@ -5,7 +5,8 @@
 * ``GET /v1/placement``: the committed placement (version, shard -> region, down, evacuated).
 * ``GET /v1/conversations/{id}/route``: the region serving the conversation's shard and the
   shard's epoch (answered by that region: a non-leader forwards); ``worker``: the engine replay
-  last warmed for it (``services.replay.routes.affinity_body``), null when none is known.
+  last warmed for it (``services.replay.routes.affinity_body``), null when none is known;
+  ``model_revision`` and ``cache_salt``: what the next turn must send to hit replay's KV.
 * ``POST /v1/admin/regions/{name}/evacuate|restore``: operator moves, committed by the control
   leader (other nodes forward there). **Admin is any authenticated tenant for now**: there are
   no operator roles yet.
@@ -26,7 +27,7 @@ from services.api import schemas
 from services.api.context import RequestContext, request_context
 from services.api.forwarding import PEER_AUTH_HEADER
 from services.controller import Controller
-from services.replay.routes import affinity_body
+from services.replay.routes import affinity_body, live_request_fields
 
 control_router = APIRouter(prefix="/v1")
 peer_router = APIRouter(prefix="/peer")
@@ -73,6 +74,7 @@ async def get_route(ctx: Context, conversation_id: ConversationIdPath) -> Any:
                 leader_region=owner,
                 retry_after_s=0.5,
             )
+        info = await ctx.api.log.get_conversation(ctx.tenant.tenant_id, conversation_id)
         return {
             "conversation_id": conversation_id,
             "region": controller.region,
@@ -80,6 +82,7 @@ async def get_route(ctx: Context, conversation_id: ConversationIdPath) -> Any:
             "epoch": leader.epoch,
             "placement_version": controller.placement().version,
             "worker": affinity_body(ctx.request, ctx.tenant.tenant_id, conversation_id),
+            **live_request_fields(ctx.request, ctx.tenant.tenant_id, info.model_revision),
         }
 
     return await ctx.run(locate, is_write=False)

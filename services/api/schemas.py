@@ -10,9 +10,10 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
 from eventlog.conversations import AppendedEvent, ConversationInfo, EventRecord, ToolAttemptStatus
+from replay.chat import validate_event_payload
 
 ID_PATTERN = r"^[A-Za-z0-9._:-]+$"
 JSON_INT_MAX = 2**53 - 1
@@ -21,8 +22,9 @@ EVENTS_PAGE_MAX = 1000
 
 ConversationId = Annotated[str, StringConstraints(min_length=1, max_length=128, pattern=ID_PATTERN)]
 EventType = Literal[
-    "message.user", "message.assistant", "message.system", "tool.attempt", "tool.effect", "note"
-]
+    "message.user", "message.assistant", "message.system", "message.tool", "prompt.settings",
+    "tool.attempt", "tool.effect", "note",
+]  # fmt: skip
 
 
 def iso_utc(ms: int) -> str:
@@ -85,6 +87,13 @@ class AppendEventRequest(_Strict):
     payload: dict[str, Any] = Field(default_factory=dict)
     token_count: int | None = Field(default=None, ge=0, le=TOKEN_COUNT_MAX)
     expected_seq: int | None = Field(default=None, ge=0, le=JSON_INT_MAX)
+
+    @model_validator(mode="after")
+    def _prompt_payload(self) -> AppendEventRequest:
+        """Messages and prompt settings must be what an engine accepts: replay sends them as
+        stored (``replay.chat``: the payload models and why)."""
+        validate_event_payload(self.type, self.payload)
+        return self
 
 
 class EventAppended(BaseModel):

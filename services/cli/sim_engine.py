@@ -21,6 +21,12 @@ def register(app: typer.Typer) -> None:
         cache_tokens: int = typer.Option(1_000_000, help="Prefix-cache capacity in tokens."),
         chunk_tokens: int = typer.Option(512, help="Chunked-prefill chunk size in tokens."),
         engine_id: str = typer.Option("sim-0", help="Engine id reported in results."),
+        scheduling_policy: str = typer.Option(
+            "priority", help="priority (vLLM --scheduling-policy priority) or fcfs (ignores it)."
+        ),
+        prompt_tokens_details: bool = typer.Option(
+            True, help="Report usage.prompt_tokens_details (vLLM --enable-prompt-tokens-details)."
+        ),
     ) -> None:
         """Serve /v1/chat/completions, /v1/models, /metrics and /health."""
         import uvicorn
@@ -34,7 +40,11 @@ def register(app: typer.Typer) -> None:
             prefill_tokens_per_s=prefill_tokens_per_s,
             cache_tokens=cache_tokens,
             chunk_tokens=chunk_tokens,
+            scheduling_policy="fcfs" if scheduling_policy == "fcfs" else "priority",
+            prompt_tokens_details=prompt_tokens_details,
         )
+        if scheduling_policy not in ("priority", "fcfs"):
+            raise typer.BadParameter("priority or fcfs", param_hint="--scheduling-policy")
         engine = SimulatedEngine(engine_id, model, config, SystemClock())
         uvicorn.run(create_app(engine), host=host, port=port, log_level="warning")
 

@@ -14,10 +14,14 @@ import asyncio
 import random
 import signal
 import socket
+from typing import TYPE_CHECKING
 
 import typer
 
 from replay.capacity import CapacityController
+
+if TYPE_CHECKING:
+    from replay.bus.kafka import KafkaSecurity
 
 
 class CapacityGate:
@@ -51,6 +55,9 @@ async def _run_worker(
     api_key: str,
     capacity_tokens_per_s: float,
     concurrency: int,
+    cache_salt_key: bytes,
+    bus_secret: bytes,
+    security: KafkaSecurity,
     session_timeout_s: float = 10.0,
 ) -> None:
     import httpx
@@ -69,6 +76,8 @@ async def _run_worker(
     poller = CapacityPoller(engine, controller, clock, rng)
     bus_settings = KafkaBusSettings(
         bootstrap_servers,
+        bus_secrets={region: bus_secret},  # its own region's only: it cannot sign for others
+        security=security,
         client_id=worker_id,
         session_timeout_s=session_timeout_s,
         heartbeat_interval_s=min(3.0, session_timeout_s / 3),  # Kafka's advice: <= 1/3
@@ -88,6 +97,7 @@ async def _run_worker(
             clock,
             rng,
             WorkerSettings(concurrency=concurrency),
+            cache_salt_key=cache_salt_key,
         )
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGINT, signal.SIGTERM):
@@ -102,18 +112,63 @@ async def _run_worker(
     typer.echo(f"worker {worker_id} stopped: {dict(worker.counts)}")
 
 
+async def _check_engine(engine_url: str, model_revision: str, replay_priority: int) -> int:
+    """``convplane worker --check``: the engine's replay self-check, printed; 0 when fit."""
+    from replay.engines.vllm_http import VllmHttpEngine
+
+    engine = VllmHttpEngine("check", engine_url, model_revision)
+    try:
+        problems = await engine.self_check(replay_priority)
+    finally:
+        await engine.aclose()
+    for problem in problems:
+        typer.echo(f"UNFIT {problem.code}: {problem.message}", err=True)
+    if not problems:
+        typer.echo(f"engine {engine_url} is fit for replay of {model_revision!r}: serves it, "
+                   "takes priorities, caches prefixes and reports cached tokens")  # fmt: skip
+    return 1 if problems else 0
+
+
 def register(app: typer.Typer) -> None:
     @app.command("worker")
     def worker(
         region: str = typer.Option(..., help="Region whose replay jobs this worker takes."),
         engine_url: str = typer.Option(..., help="Base URL of the vLLM-compatible engine."),
-        bootstrap_servers: str = typer.Option(..., help="Kafka bootstrap servers."),
-        region_url: str = typer.Option(..., help="Base URL of the region's REST API."),
-        api_key: str = typer.Option(..., envvar="CONVPLANE_WORKER_API_KEY", help="Service key."),
+        bootstrap_servers: str = typer.Option("", help="Kafka bootstrap servers."),
+        region_url: str = typer.Option("", help="Base URL of the region's REST API."),
+        api_key: str = typer.Option("", envvar="CONVPLANE_WORKER_API_KEY", help="Service key."),
+        check: bool = typer.Option(
+            False, "--check", help="Only run the engine self-check, print it, exit 0 if fit."
+        ),
         model_revision: str = typer.Option("default", help="Model revision the engine serves."),
         worker_id: str = typer.Option("", help="Worker id (default: host-pid)."),
         capacity_tokens_per_s: float = typer.Option(20_000.0, help="Engine prefill capacity."),
         concurrency: int = typer.Option(2, min=1, max=64, help="Replays in flight."),
+        bus_secret: str = typer.Option(
+            "",
+            envvar="CONVPLANE_REPLAY_BUS_SECRET",
+            help="The region's replay bus secret (64 hex: replay.bus_secrets[region] in the "
+            "cluster file): jobs and results are signed and checked with it.",
+        ),
+        kafka_security_protocol: str = typer.Option(
+            "PLAINTEXT", help="PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL."
+        ),
+        kafka_ssl_cafile: str = typer.Option("", help="CA bundle for the brokers' certificates."),
+        kafka_ssl_certfile: str = typer.Option("", help="Client certificate (mutual TLS)."),
+        kafka_ssl_keyfile: str = typer.Option("", help="Client certificate's key."),
+        kafka_sasl_mechanism: str = typer.Option(
+            "PLAIN", help="PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512."
+        ),
+        kafka_sasl_username: str = typer.Option("", help="SASL user."),
+        kafka_sasl_password: str = typer.Option(
+            "", envvar="CONVPLANE_KAFKA_SASL_PASSWORD", help="SASL password."
+        ),
+        cache_salt_key: str = typer.Option(
+            "",
+            envvar="CONVPLANE_CACHE_SALT_KEY",
+            help="The cluster's cache-salt key (64 hex: replay.cache_salt_key in the cluster "
+            "file); the salts must equal those /route hands the live path.",
+        ),
         session_timeout_s: float = typer.Option(
             10.0,
             min=6.0,  # the broker's default group.min.session.timeout.ms
@@ -121,9 +176,39 @@ def register(app: typer.Typer) -> None:
             help="A worker silent this long (crashed) loses its jobs to the rest of the group.",
         ),
     ) -> None:
-        """Run one replay worker until SIGINT/SIGTERM."""
+        """Run one replay worker until SIGINT/SIGTERM. It joins the region's worker group only
+        once its engine passes the self-check (``--check`` runs just that)."""
         import os
+        import re
 
+        from replay.worker import WorkerSettings
+
+        if check:
+            priority = WorkerSettings().replay_priority
+            raise typer.Exit(asyncio.run(_check_engine(engine_url, model_revision, priority)))
+        for name, value in (("--bootstrap-servers", bootstrap_servers),
+                            ("--region-url", region_url), ("--api-key", api_key)):  # fmt: skip
+            if not value:
+                raise typer.BadParameter("required (unless --check)", param_hint=name)
+        if not re.fullmatch(r"[0-9a-f]{64}", bus_secret):
+            raise typer.BadParameter("64 lowercase hex characters", param_hint="--bus-secret")
+        if kafka_security_protocol not in ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"):
+            raise typer.BadParameter("unknown protocol", param_hint="--kafka-security-protocol")
+        if kafka_sasl_mechanism not in ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"):
+            raise typer.BadParameter("unknown mechanism", param_hint="--kafka-sasl-mechanism")
+        from replay.bus.kafka import KafkaSecurity
+
+        security = KafkaSecurity(
+            protocol=kafka_security_protocol,  # type: ignore[arg-type]
+            ssl_cafile=kafka_ssl_cafile or None,
+            ssl_certfile=kafka_ssl_certfile or None,
+            ssl_keyfile=kafka_ssl_keyfile or None,
+            sasl_mechanism=kafka_sasl_mechanism,  # type: ignore[arg-type]
+            sasl_username=kafka_sasl_username or None,
+            sasl_password=kafka_sasl_password or None,
+        )
+        if not re.fullmatch(r"[0-9a-f]{64}", cache_salt_key):
+            raise typer.BadParameter("64 lowercase hex characters", param_hint="--cache-salt-key")
         asyncio.run(
             _run_worker(
                 worker_id=worker_id or f"{socket.gethostname()}-{os.getpid()}",
@@ -135,6 +220,9 @@ def register(app: typer.Typer) -> None:
                 api_key=api_key,
                 capacity_tokens_per_s=capacity_tokens_per_s,
                 concurrency=concurrency,
+                cache_salt_key=bytes.fromhex(cache_salt_key),
+                bus_secret=bytes.fromhex(bus_secret),
+                security=security,
                 session_timeout_s=session_timeout_s,
             )
         )

@@ -8,7 +8,9 @@ per configured engine) on the in-process job bus; with it, jobs go to Kafka and 
 
 from __future__ import annotations
 
-from typing import Annotated
+import hashlib
+import hmac
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
@@ -49,9 +51,28 @@ class ReplayConfig(BaseModel):
     #: KV affinities remembered by a node (LRU)
     affinity_max: int = Field(default=100_000, ge=1)
     kafka_bootstrap_servers: str | None = None
+    #: how nodes connect to Kafka (aiokafka's options; workers take the same as CLI options)
+    kafka_security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
+    kafka_ssl_cafile: str | None = None
+    kafka_ssl_certfile: str | None = None
+    kafka_ssl_keyfile: str | None = None
+    kafka_sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] = "PLAIN"
+    kafka_sasl_username: str | None = None
+    kafka_sasl_password: str | None = None
+    #: region -> 256-bit secret (64 hex) that signs the region's replay jobs and results on
+    #: Kafka (``replay.bus.codec``); a region's workers get only their region's. Required for
+    #: every region with engines when Kafka is configured.
+    bus_secrets: dict[str, Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]] = Field(
+        default_factory=dict
+    )
     #: the key replay workers present to read transcripts on behalf of a tenant
     #: (``X-Convplane-Tenant``); also the operator key for ``POST /v1/replays``
     service_api_key_sha256: Sha256Hex | None = None
+    #: 256-bit secret (64 hex) under which each tenant's ``cache_salt`` is derived
+    #: (``replay.cache_salt``); nodes and workers must share it. Absent: derived from the
+    #: cluster's ``peer_secret``; without that too, a fixed development key (salts still differ
+    #: per tenant, but anyone can compute them: never in production)
+    cache_salt_key: Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")] | None = None
 
     @model_validator(mode="after")
     def _check(self) -> ReplayConfig:
@@ -59,7 +80,22 @@ class ReplayConfig(BaseModel):
             raise ValueError("tenant weights must be > 0")
         if any(r <= 0 for r in self.tenant_tokens_per_s.values()):
             raise ValueError("tenant rates must be > 0")
+        unsigned = sorted(set(self.engines) - set(self.bus_secrets))
+        if self.kafka_bootstrap_servers and unsigned:
+            raise ValueError(
+                f"bus_secrets needs a secret for every region with engines: {unsigned}"
+            )
         return self
+
+    def bus_keys(self) -> dict[str, bytes]:
+        return {region: bytes.fromhex(secret) for region, secret in self.bus_secrets.items()}
+
+    def salt_key(self, peer_secret: str | None) -> bytes:
+        """The key of ``replay.cache_salt.cache_salt_for`` (see ``cache_salt_key``)."""
+        if self.cache_salt_key is not None:
+            return bytes.fromhex(self.cache_salt_key)
+        secret = (peer_secret or "convplane development cache-salt key").encode()
+        return hmac.new(secret, b"convplane/cache-salt-key/v1", hashlib.sha256).digest()
 
     def region_engines(self, region: str) -> list[tuple[str, EngineConfig]]:
         """The region's engines with their ids."""

@@ -46,6 +46,10 @@ class ReplayCollector(Collector):
             ),
             "rejected_full": ("replays refused: backlog full", snap.rejected_full_total),
             "outside_window": ("moved conversations outside the window", snap.outside_window_total),
+            "bus_results_rejected": (
+                "result records rejected on the bus (failed their MAC or validation)",
+                service.status_bus_rejected(),
+            ),
         }
         for name, (doc, value) in counters.items():
             yield CounterMetricFamily(f"convplane_replay_{name}", doc, value=value)
@@ -70,9 +74,25 @@ class ReplayCollector(Collector):
             "spare prefill tokens/s of an engine",
             labels=["engine"],
         )
+        unknown = GaugeMetricFamily(
+            "convplane_replay_engine_unknown",
+            "1 while an engine's capacity is unknown (metrics missing or unreachable): no replay",
+            labels=["engine"],
+        )
         for engine_id, controller in sorted(service.capacity.engine_controllers.items()):
             snapshot = controller.snapshot()
             live.add_metric([engine_id], snapshot.live_tokens_per_s)
             spare.add_metric([engine_id], snapshot.spare_tokens_per_s)
+            unknown.add_metric([engine_id], float(engine_id in service.capacity.unknown_reasons))
+        unfit = GaugeMetricFamily(
+            "convplane_replay_worker_engine_unfit",
+            "1 while a worker's engine fails the replay self-check (no replay on it)",
+            labels=["worker", "engine", "reason"],
+        )
+        for worker in service.workers:
+            for problem in worker.engine_problems or ():
+                unfit.add_metric([worker.worker_id, worker.engine_id, problem.code], 1.0)
         yield live
         yield spare
+        yield unknown
+        yield unfit

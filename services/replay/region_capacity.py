@@ -21,6 +21,7 @@ next poll backs off (doubling, jittered from the injected rng, at most ``backoff
 from __future__ import annotations
 
 import asyncio
+import logging
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -37,6 +38,8 @@ from replay.engines.base import EngineUnavailable, InferenceEngine
 from replay.model import EngineMetrics
 from services.replay.config import ReplayConfig
 
+log = logging.getLogger(__name__)
+
 
 @dataclass(frozen=True, slots=True)
 class PollSettings:
@@ -45,14 +48,23 @@ class PollSettings:
     backoff_max_s: float = 5.0
 
 
+def _sum_optional(values: Sequence[float | None]) -> float | None:
+    """A sum over engines, None when any engine lacks the series (no partial sums)."""
+    present = [v for v in values if v is not None]
+    return sum(present) if len(present) == len(values) else None
+
+
 def _sum(snapshots: Sequence[EngineMetrics]) -> EngineMetrics:
     return EngineMetrics(
         prompt_tokens_total=sum(m.prompt_tokens_total for m in snapshots),
         generation_tokens_total=sum(m.generation_tokens_total for m in snapshots),
         num_requests_running=sum(m.num_requests_running for m in snapshots),
         num_requests_waiting=sum(m.num_requests_waiting for m in snapshots),
-        prefix_cache_queries_total=sum(m.prefix_cache_queries_total for m in snapshots),
-        prefix_cache_hits_total=sum(m.prefix_cache_hits_total for m in snapshots),
+        prefix_cache_queries_total=_sum_optional([m.prefix_cache_queries_total for m in snapshots]),
+        prefix_cache_hits_total=_sum_optional([m.prefix_cache_hits_total for m in snapshots]),
+        computed_prompt_tokens_total=_sum_optional(
+            [m.computed_prompt_tokens_total for m in snapshots]
+        ),
     )
 
 
@@ -96,6 +108,8 @@ class RegionCapacity:
         self._last: dict[str, EngineMetrics] = {}
         self._members: frozenset[str] = frozenset()
         self.scrape_failures_total = 0
+        #: engine id -> why its capacity is unknown (last scrape failed): no replay there
+        self.unknown_reasons: dict[str, str] = {}
 
     def try_acquire(self, tokens: int, tenant: str) -> Grant:
         return self.region.try_acquire(tokens, tenant)
@@ -120,16 +134,26 @@ class RegionCapacity:
                 # demand, so the region's estimate starts over from this snapshot
                 self._members = members
                 self.region.estimator = SpareEstimator(self.region.config)
-            self.region.observe(_sum(list(self._last.values())))
+            # the region's grants include jobs still on the bus, which no engine's waiting gauge
+            # holds: only requests the workers sent (their controllers' grants) can be waiting
+            # there. (External Kafka workers' requests are not known here: conservative.)
+            at_engines = sum(c.in_flight for c in self.engine_controllers.values())
+            self.region.observe(_sum(list(self._last.values())), at_engines)
         return answered
 
     async def _scrape(self, engine: InferenceEngine) -> EngineMetrics | None:
         try:
             async with asyncio.timeout(self._poll.timeout_s):
-                return await engine.metrics()
-        except (TimeoutError, EngineUnavailable):
+                metrics = await engine.metrics()
+        except (TimeoutError, EngineUnavailable) as exc:
             self.scrape_failures_total += 1
+            reason = str(exc) or "metrics scrape timed out"
+            if self.unknown_reasons.get(engine.engine_id) != reason:  # loudly, once per reason
+                log.warning("engine %s: capacity unknown, no replay: %s", engine.engine_id, reason)
+            self.unknown_reasons[engine.engine_id] = reason
             return None
+        self.unknown_reasons.pop(engine.engine_id, None)
+        return metrics
 
     async def run(self) -> None:
         delay_s = self._poll.interval_s

@@ -5,6 +5,7 @@
 * ``POST /v1/replays``: operator (service key only): replay ``{"conversation_ids": [...]}``
   (each must be led by this region; the answer says, per id) or ``{"shard": n}`` (must be led
   here: 503 ``not_led_here`` names the leader otherwise).
+* ``live_request_fields``: the ``model_revision`` and ``cache_salt`` of ``/route``.
 * ``GET /v1/conversations/{id}/affinity``: the worker and engine whose KV for the conversation
   was last rebuilt by replay (``worker`` null when none is known), answered by the region that
   leads the conversation's shard (other regions forward). A tenant sees only its own.
@@ -18,6 +19,7 @@ from fastapi import APIRouter, Depends, Path, Request
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from eventlog.errors import InvalidRequest, NotLeader, Unauthorized, Unavailable
+from replay.cache_salt import cache_salt_for
 from services.api import schemas
 from services.api.context import RequestContext, api_state, request_context
 from services.replay.service import ReplayService
@@ -76,6 +78,15 @@ async def request_replay(request: Request, body: ReplayRequest) -> dict[str, Any
                 "outside_window": report.outside_window, "rejected_full": report.rejected_full,
                 "superseded": report.superseded}  # fmt: skip
     return {"conversations": await service.replay_conversations(body.conversation_ids or [])}
+
+
+def live_request_fields(request: Request, tenant_id: str, model_revision: str) -> dict[str, str]:
+    """What ``/route`` tells an inference gateway to send with the conversation's next turn so
+    that it hits the KV replay warmed: the pinned model revision (the engine's served model
+    name) and the tenant's ``cache_salt`` (``replay.cache_salt``), the values replay used."""
+    cluster = api_state(request).cluster
+    salt_key = cluster.replay.salt_key(cluster.peer_secret)
+    return {"model_revision": model_revision, "cache_salt": cache_salt_for(salt_key, tenant_id)}
 
 
 def affinity_body(request: Request, tenant_id: str, conversation_id: str) -> dict[str, Any] | None:

@@ -318,6 +318,10 @@ class ReplayService:
 
     # --- views ----------------------------------------------------------------------------
 
+    def status_bus_rejected(self) -> int:
+        """Result records the stream rejected (bad MAC or fields)."""
+        return 0 if self._stream is None else self._stream.skipped_malformed
+
     def status(self) -> dict[str, Any]:
         region_capacity = self.capacity.region.snapshot()
         engines = {}
@@ -329,6 +333,9 @@ class ReplayService:
                 "live_tokens_per_s": round(snap.live_tokens_per_s, 1),
                 "live_waiting": snap.live_waiting,
                 "replays_in_flight": snap.in_flight,
+                "engine_restarts": controller.estimator.restarts_total,
+                # set while the engine's capacity is unknown (no replay there), with the reason
+                "unknown": self.capacity.unknown_reasons.get(engine_id),
             }
         return {
             "region": self.region,
@@ -340,7 +347,19 @@ class ReplayService:
             "denied": region_capacity.denied,
             "engines": engines,
             "workers": {w.worker_id: dict(w.counts) for w in self.workers},
+            # per worker: why its engine failed the self-check (no replay there); [] = fit
+            "worker_engine_checks": {
+                w.worker_id: None
+                if w.engine_problems is None
+                else [{"code": p.code, "message": p.message} for p in w.engine_problems]
+                for w in self.workers
+            },
             "counts": dict(self.counts),
+            # result records rejected: failed validation / of which had no valid MAC
+            "bus_results_skipped": 0 if self._stream is None else self._stream.skipped_malformed,
+            "bus_results_unauthenticated": (
+                0 if self._stream is None else self._stream.rejected_unauthenticated
+            ),
             "affinity_entries": len(self.affinity),
             "moved_shards_queued": self._moved.qsize(),
         }

@@ -29,10 +29,22 @@ if TYPE_CHECKING:
 
 def _bus(region: str, config: ReplayConfig) -> tuple[JobBus, str]:
     if config.kafka_bootstrap_servers:
-        from replay.bus.kafka import KafkaBusSettings, KafkaJobBus
+        from replay.bus.kafka import KafkaBusSettings, KafkaJobBus, KafkaSecurity
 
+        security = KafkaSecurity(
+            protocol=config.kafka_security_protocol,
+            ssl_cafile=config.kafka_ssl_cafile,
+            ssl_certfile=config.kafka_ssl_certfile,
+            ssl_keyfile=config.kafka_ssl_keyfile,
+            sasl_mechanism=config.kafka_sasl_mechanism,
+            sasl_username=config.kafka_sasl_username,
+            sasl_password=config.kafka_sasl_password,
+        )
         settings = KafkaBusSettings(
-            config.kafka_bootstrap_servers, client_id=f"convplane-node-{region}"
+            config.kafka_bootstrap_servers,
+            bus_secrets=config.bus_keys(),
+            security=security,
+            client_id=f"convplane-node-{region}",
         )
         return KafkaJobBus(settings, regions=[region]), "kafka"
     return InProcessJobBus(jobs_max_per_region=10_000, results_max=10_000), "embedded"
@@ -51,6 +63,7 @@ def build_replay_service(
     bus: JobBus,
     mode: str,
     limits: ServiceLimits | None = None,
+    peer_secret: str | None = None,
 ) -> ReplayService:
     """The service over given engines and bus (tests pass fakes; ``open_replay_service`` real
     ones). In embedded mode each engine gets an in-process worker gated by its own spare."""
@@ -88,6 +101,7 @@ def build_replay_service(
                         concurrency=config.worker_concurrency,
                         drain_timeout_s=service_limits.worker_drain_timeout_s,
                     ),
+                    cache_salt_key=config.salt_key(peer_secret),
                 )
             )
     return ReplayService(
@@ -116,6 +130,7 @@ async def open_replay_service(
     replicas: Mapping[str, ReplicaStore],
     clock: Clock,
     rng: random.Random,
+    peer_secret: str | None = None,
 ) -> AsyncIterator[ReplayService]:
     """Engines (vLLM HTTP adapters, also for the simulator), bus, workers; listens to ``node``.
     Closes workers, loops, bus and engines on exit."""
@@ -128,7 +143,7 @@ async def open_replay_service(
         bus, mode = _bus(region, config)
         service = build_replay_service(
             region=region, shard_count=shard_count, config=config, node=node, replicas=replicas,
-            clock=clock, rng=rng, engines=engines, bus=bus, mode=mode,
+            clock=clock, rng=rng, engines=engines, bus=bus, mode=mode, peer_secret=peer_secret,
         )  # fmt: skip
         node.add_listener(service)
         service.start()

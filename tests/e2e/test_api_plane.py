@@ -47,14 +47,14 @@ def test_create_append_read(plane: Plane) -> None:
         url = f"/v1/conversations/{cid}/events"
         seqs = []
         for text in ("hello", "world"):
-            r = c.post(url, json={"type": "message.user", "payload": {"text": text}})
+            r = c.post(url, json={"type": "message.user", "payload": {"content": text}})
             assert r.status_code == 201, r.text
             assert len(r.json()["acked_by"]) >= 2  # a majority of 3 regions
             assert r.json()["committed_at"].endswith("Z")
             seqs.append(r.json()["seq"])
         assert seqs == [1, 2]
         page = c.get(url, params={"after_seq": 0, "limit": 10}).json()
-        assert [(e["seq"], e["payload"]["text"]) for e in page["events"]] == [
+        assert [(e["seq"], e["payload"]["content"]) for e in page["events"]] == [
             (1, "hello"), (2, "world"),
         ]  # fmt: skip
         assert page["next_after_seq"] == 2
@@ -67,7 +67,7 @@ def test_idempotent_retry_returns_the_same_seq(plane: Plane) -> None:
     with plane.client("eu-west") as c:
         assert c.post("/v1/conversations", json={"conversation_id": cid}).status_code == 201
         url = f"/v1/conversations/{cid}/events"
-        body = {"type": "message.user", "payload": {"text": "once"}}
+        body = {"type": "message.user", "payload": {"content": "once"}}
         first = c.post(url, json=body, headers={"Idempotency-Key": "retry-1"})
         again = c.post(url, json=body, headers={"Idempotency-Key": "retry-1"})
         assert (first.status_code, again.status_code) == (201, 200)

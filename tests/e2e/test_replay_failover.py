@@ -4,8 +4,10 @@ simulated prefill and prefix cache), conversations homed in ap-south, ap-south's
 
 The survivors take its shards (automatic failover: ``services.controller``), their replay
 services list the moved conversations, their in-process workers prefill them on the survivors'
-simulated engines, and ``/affinity`` names the warm engine. Sending that engine the chat prompt
-the live path would send then finds most of it in the prefix cache.
+simulated engines, and ``/affinity`` names the warm engine. The conversations are agent
+conversations with a tool call (``tests.tool_conversation``); the chat application then sends its
+next turn from its own messages with the ``cache_salt`` and ``model_revision`` that ``/route``
+hands out, and finds the whole transcript prefix in the prefix cache (to 16-token blocks).
 """
 
 from __future__ import annotations
@@ -19,7 +21,9 @@ from typing import Any
 import httpx
 import pytest
 
-from replay.worker import TranscriptEvent, cache_salt_for, render_messages
+from replay.chat import ChatPrompt
+from replay.engines.sim_core import BLOCK_TOKENS, sim_tokenize
+from tests import tool_conversation as conv
 from tests.e2e.plane import start_plane, stop_plane
 
 READY_WAIT_S = 120.0
@@ -28,20 +32,19 @@ CONVERSATIONS = 4
 VICTIM = "ap-south"
 
 
-def message(cid: str, turn: int, words: int = 250) -> str:
-    return " ".join(f"{cid}:{turn}:{i}" for i in range(words))
+TURN_WORDS = 200
 
 
 def write_conversation(client: httpx.Client, cid: str) -> None:
     r = client.post("/v1/conversations", json={"conversation_id": cid})
     assert r.status_code == 201, r.text
     assert r.headers["x-convplane-served-by"] == VICTIM
-    turns = [("message.system", "You are terse."), ("message.user", message(cid, 1)),
-             ("message.assistant", message(cid, 2)), ("message.user", message(cid, 3))]  # fmt: skip
-    for event_type, text in turns:
-        r = client.post(f"/v1/conversations/{cid}/events",
-                        json={"type": event_type, "payload": {"content": text}})  # fmt: skip
+    for body in conv.append_bodies(cid, TURN_WORDS):
+        r = client.post(f"/v1/conversations/{cid}/events", json=body)
         assert r.status_code == 201, r.text
+    orphan = {"type": "message.tool", "payload": {"content": "a result without its call id"}}
+    r = client.post(f"/v1/conversations/{cid}/events", json=orphan)
+    assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_request", r.text
 
 
 def wait_for_affinity(client: httpx.Client, cids: list[str]) -> dict[str, dict[str, Any]]:
@@ -60,10 +63,22 @@ def wait_for_affinity(client: httpx.Client, cids: list[str]) -> dict[str, dict[s
     return workers
 
 
-def live_prompt(client: httpx.Client, cid: str) -> list[dict[str, str]]:
-    events = client.get(f"/v1/conversations/{cid}/events", params={"limit": 100}).json()
-    transcript = [TranscriptEvent(e["seq"], e["type"], e["payload"]) for e in events["events"]]
-    return [{"role": m.role, "content": m.content} for m in render_messages(transcript)]
+def live_prompt(cid: str) -> ChatPrompt:
+    """The application's next turn, from its own messages (not from the log)."""
+    return ChatPrompt.of_messages(
+        [*conv.messages(cid, TURN_WORDS), conv.next_user_message(cid)],
+        tools=tuple(conv.TOOLS),
+        chat_template_kwargs=conv.SETTINGS["chat_template_kwargs"],
+    )
+
+
+def transcript_tokens(cid: str) -> list[int]:
+    prompt = ChatPrompt.of_messages(
+        conv.messages(cid, TURN_WORDS),
+        tools=tuple(conv.TOOLS),
+        chat_template_kwargs=conv.SETTINGS["chat_template_kwargs"],
+    )
+    return sim_tokenize(prompt)
 
 
 def engine_prompt_tokens(url: str) -> float:
@@ -96,7 +111,7 @@ def test_survivors_rebuild_moved_conversations_and_the_next_turn_hits_the_cache(
             for worker in workers.values():
                 assert worker["region"] != VICTIM
                 assert worker["engine_id"].startswith(worker["region"])
-                assert worker["prompt_tokens"] > 700  # ~760 words + chat framing
+                assert worker["prompt_tokens"] > 800  # ~840 words + chat framing + tools
             replayed = 0
             for region in ("us-east", "eu-west"):
                 status = httpx.get(plane.urls[region] + "/v1/replays",
@@ -115,16 +130,23 @@ def test_survivors_rebuild_moved_conversations_and_the_next_turn_hits_the_cache(
             assert route.status_code == 200, route.text
             assert route.json()["region"] == worker["region"]
             assert route.json()["worker"]["engine_id"] == worker["engine_id"]
+            assert route.json()["model_revision"] == worker["model_revision"]
+            salt = route.json()["cache_salt"]
+            assert len(bytes.fromhex(salt)) == 32  # 256 bits, keyed per tenant
+            prompt = live_prompt(cid)
             reply = httpx.post(
                 worker["engine_url"] + "/v1/chat/completions",
-                json={"model": worker["model_revision"], "messages": live_prompt(client, cid),
-                      "max_tokens": 1, "cache_salt": cache_salt_for(plane.info["tenant_id"])},
+                json={"model": route.json()["model_revision"], **prompt.request_fields(),
+                      "max_completion_tokens": 1, "cache_salt": salt},
                 timeout=30.0,
             )  # fmt: skip
             assert reply.status_code == 200, reply.text
             usage = reply.json()["usage"]
             cached = usage["prompt_tokens_details"]["cached_tokens"]
-            assert cached >= 0.9 * usage["prompt_tokens"], usage
+            # the whole transcript (all but its generation prompt's last token), to blocks
+            transcript = transcript_tokens(cid)
+            assert cached == (len(transcript) - 1) // BLOCK_TOKENS * BLOCK_TOKENS, usage
+            assert usage["prompt_tokens"] == len(sim_tokenize(prompt))
             print(f"replayed {replayed} conversations; live prompt {usage['prompt_tokens']} "
                   f"tokens, {cached} cached on {worker['engine_id']}")  # fmt: skip
     finally:

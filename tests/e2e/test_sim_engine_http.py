@@ -13,17 +13,20 @@ import pytest
 import uvicorn
 
 from eventlog.clock import SystemClock
-from replay.engines.base import EngineRejectedRequest, EngineUnavailable, ModelRevisionMismatch
+from replay.chat import ChatPrompt
+from replay.engines.base import EngineRejectedRequest, EngineUnavailable
 from replay.engines.sim_core import SimEngineConfig
 from replay.engines.sim_server import create_app
 from replay.engines.simulated import SimulatedEngine
 from replay.engines.vllm_http import VllmHttpEngine
-from replay.model import ChatMessage, PrefillRequest
+from replay.model import PrefillRequest
 
 MODEL = "sim-model@rev1"
-MESSAGES = (
-    ChatMessage("system", "you are a helpful assistant " * 20),
-    ChatMessage("user", " ".join(f"word{i}" for i in range(600))),
+MESSAGES = ChatPrompt(
+    (
+        {"role": "system", "content": "you are a helpful assistant " * 20},
+        {"role": "user", "content": " ".join(f"word{i}" for i in range(600))},
+    )
 )
 
 
@@ -54,7 +57,9 @@ async def base_url() -> AsyncIterator[str]:
 async def test_adapter_prefills_and_reads_metrics_over_loopback(base_url: str) -> None:
     engine = VllmHttpEngine("sim-0", base_url, MODEL)
     try:
-        await engine.check_model_revision()
+        assert await engine.self_check(replay_priority=100) == []
+        before = await engine.metrics()  # the self-check's two probe requests
+        assert before.generation_tokens_total == 2
         first = await engine.prefill(PrefillRequest(MODEL, MESSAGES, "tenant-a", 100, "r1"))
         second = await engine.prefill(PrefillRequest(MODEL, MESSAGES, "tenant-a", 0, "r2"))
         other = await engine.prefill(PrefillRequest(MODEL, MESSAGES, "tenant-b", 0, "r3"))
@@ -63,9 +68,14 @@ async def test_adapter_prefills_and_reads_metrics_over_loopback(base_url: str) -
         assert second.cached_prompt_tokens == (first.prompt_tokens // 16) * 16
         assert other.cached_prompt_tokens == 0
         metrics = await engine.metrics()
-        assert metrics.prompt_tokens_total == 3 * first.prompt_tokens
-        assert metrics.prefix_cache_hits_total == second.cached_prompt_tokens
-        assert metrics.generation_tokens_total == 3
+        assert metrics.prompt_tokens_total - before.prompt_tokens_total == 3 * first.prompt_tokens
+        assert before.prefix_cache_hits_total is not None
+        hits = metrics.prefix_cache_hits_total
+        assert (
+            hits is not None
+            and hits - before.prefix_cache_hits_total == second.cached_prompt_tokens
+        )
+        assert metrics.generation_tokens_total == 2 + 3
         assert metrics.num_requests_running == metrics.num_requests_waiting == 0
         async with httpx.AsyncClient(base_url=base_url) as raw:
             assert (await raw.get("/health")).status_code == 200
@@ -78,8 +88,8 @@ async def test_wrong_revision_is_detected() -> None:
     transport = httpx.ASGITransport(app=create_app(simulated))
     async with httpx.AsyncClient(transport=transport, base_url="http://sim") as client:
         engine = VllmHttpEngine("sim-0", "http://sim", "other@rev9", client=client)
-        with pytest.raises(ModelRevisionMismatch):
-            await engine.check_model_revision()
+        problems = await engine.self_check(replay_priority=100)
+        assert [p.code for p in problems] == ["model_revision_mismatch"]
         # the adapter refuses locally; the server refuses too (vLLM answers 404 for a model
         # it does not serve): the adapter translates it to a typed rejection
         response = await client.post(
@@ -111,7 +121,7 @@ async def test_http_errors_are_translated_once() -> None:
         assert unavailable.value.retry_after_s == 2.0
         with pytest.raises(EngineRejectedRequest):
             await engine.prefill(PrefillRequest(MODEL, MESSAGES, "t", 100, "r"))
-    assert sent[0]["max_tokens"] == 1 and sent[0]["temperature"] == 0
+    assert sent[0]["max_completion_tokens"] == 1 and sent[0]["temperature"] == 0
     assert sent[0]["priority"] == 100 and sent[0]["cache_salt"] == "t"
     assert sent[0]["model"] == MODEL
 

@@ -2,21 +2,24 @@
 
 from __future__ import annotations
 
-import uuid
+import dataclasses
+import json
 from collections.abc import AsyncIterator
 
 import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
+from replay.bus.codec import BusCodec
 from replay.bus.kafka import KafkaBusSettings, KafkaJobBus, KafkaJobConsumer
-from replay.bus.port import jobs_topic, worker_group
+from replay.bus.port import RESULTS_TOPIC, jobs_topic, worker_group
 from replay.model import ReplayJob, ReplayResult
+from tests.integration.bus_regions import FreshRegions
 
 pytestmark = pytest.mark.kafka
 
 
-def fresh_region() -> str:
-    return f"r{uuid.uuid4().hex[:10]}"  # topics and groups of one test never meet another's
+REGIONS = FreshRegions()
+fresh_region = REGIONS.fresh
 
 
 def job(n: int, region: str) -> ReplayJob:
@@ -27,6 +30,7 @@ def job(n: int, region: str) -> ReplayJob:
 def settings(kafka_bootstrap_servers: str) -> KafkaBusSettings:
     return KafkaBusSettings(
         kafka_bootstrap_servers,
+        bus_secrets=REGIONS.secrets,
         partitions_per_topic=1,
         session_timeout_s=6.0,
         heartbeat_interval_s=1.0,
@@ -86,13 +90,19 @@ async def test_offsets_are_committed_only_up_to_the_first_unfinished_job(
     assert await committed_offset(settings, region) == 2
 
 
-async def test_malformed_records_are_skipped_and_committed_past(
+async def test_malformed_forged_and_tampered_records_are_rejected_counted_and_committed_past(
     bus: KafkaJobBus, settings: KafkaBusSettings
 ) -> None:
     region = fresh_region()
     await bus.publish_jobs([job(0, region)])  # creates the topic
     producer = bus._started()
-    await producer.send_and_wait(jobs_topic(region), b"{not json", key=b"c9")
+    topic = jobs_topic(region)
+    await producer.send_and_wait(topic, b"{not json", key=b"c9")
+    forged = dataclasses.asdict(job(7, region))  # another tenant's conversation, unsigned
+    await producer.send_and_wait(topic, json.dumps({**forged, "tenant_id": "t2"}).encode())
+    signed = json.loads(BusCodec(settings.bus_secrets).encode_job(job(8, region)))
+    signed["body"]["tenant_id"] = "t2"  # tampered after signing
+    await producer.send_and_wait(topic, json.dumps(signed).encode())
     await bus.publish_jobs([job(2, region)])
     async with KafkaJobConsumer(settings, region, in_flight_max=2) as consumer:
         got = []
@@ -103,9 +113,11 @@ async def test_malformed_records_are_skipped_and_committed_past(
                 await consumer.finish(delivery)
             if len(got) == 2:
                 break
-        assert [d.offset for d in got] == [0, 2]
-        assert consumer.skipped_malformed == 1
-    assert await committed_offset(settings, region) == 3
+        assert [d.offset for d in got] == [0, 4]
+        assert [d.job.tenant_id for d in got] == ["t1", "t1"]
+        assert consumer.skipped_malformed == 3
+        assert consumer.rejected_unauthenticated == 2
+    assert await committed_offset(settings, region) == 5
 
 
 async def test_results_round_trip(bus: KafkaJobBus) -> None:
@@ -124,10 +136,13 @@ async def test_results_round_trip(bus: KafkaJobBus) -> None:
         12.5,
         1_700_000_000_000,
     )
+    forged = {**dataclasses.asdict(sent), "worker_id": "w-evil", "prompt_tokens": "x"}
+    await bus._started().send_and_wait(RESULTS_TOPIC, json.dumps(forged).encode())
     await bus.publish_result(sent)
     async with bus.result_stream() as stream:
         for _ in range(50):
             got = await stream.next_result(timeout_s=1.0)
             if got is not None and got.region == region:
                 break
-        assert got == sent
+        assert got == sent  # the forged one before it was rejected, and the loop lived on
+        assert stream.rejected_unauthenticated >= 1

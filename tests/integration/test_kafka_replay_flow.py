@@ -40,6 +40,7 @@ from replay.model import EngineMetrics, PrefillOutcome, PrefillRequest
 from replay.scheduler import MovedConversation, ReplayScheduler, SchedulerConfig
 from replay.worker import ReplayWorker, TranscriptEvent, TranscriptSource, WorkerSettings
 from services.cli.worker import CapacityGate
+from tests.integration.bus_regions import BUS_SECRET
 from tests.integration.test_kafka_worker_crash import (
     MODEL,
     TENANT,
@@ -184,7 +185,8 @@ async def test_replay_pauses_at_live_capacity_and_drains_after(
 ) -> None:
     region = f"p{uuid.uuid4().hex[:10]}"
     clock, rng = SystemClock(), random.Random(7)
-    settings = KafkaBusSettings(kafka_bootstrap_servers, client_id=f"flow-{region}",
+    settings = KafkaBusSettings(kafka_bootstrap_servers, bus_secrets={region: BUS_SECRET},
+                                client_id=f"flow-{region}",
                                 partitions_per_topic=PARTITIONS, session_timeout_s=6.0,
                                 heartbeat_interval_s=1.0)  # fmt: skip
     async with (
@@ -205,6 +207,7 @@ async def test_replay_pauses_at_live_capacity_and_drains_after(
         worker = ReplayWorker(
             "flow-worker", region, bus, engine, DictTranscripts(REPLAY_WORDS), gate, clock, rng,
             WorkerSettings(concurrency=2, idle_poll_s=0.1, drain_timeout_s=10.0),
+            cache_salt_key=bytes(range(32)),
         )  # fmt: skip
         tasks = [asyncio.create_task(poller.run()), asyncio.create_task(worker.run())]
         live = LiveLoad(http, sim.url, LIVE_CLIENTS)

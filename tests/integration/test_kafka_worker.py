@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import random
-import uuid
 from collections.abc import AsyncIterator
 
 import pytest
@@ -13,6 +12,7 @@ from eventlog.clock import LoopClock
 from replay.bus.kafka import KafkaBusSettings, KafkaJobBus, KafkaJobConsumer
 from replay.model import ReplayJob, ReplayResult
 from replay.worker import ReplayWorker, WorkerSettings, cancel_quietly
+from tests.integration.bus_regions import FreshRegions
 from tests.unit.test_worker import FakeEngine, FakeGate, FakeTranscripts
 
 pytestmark = pytest.mark.kafka
@@ -21,8 +21,8 @@ PARTITIONS = 4
 FAST = WorkerSettings(concurrency=2, idle_poll_s=0.2, reroute_pause_s=0.0, drain_timeout_s=10.0)
 
 
-def fresh_region() -> str:
-    return f"r{uuid.uuid4().hex[:10]}"
+REGIONS = FreshRegions()
+fresh_region = REGIONS.fresh
 
 
 def job(n: int, region: str, clock: LoopClock, ttl_ms: int = 120_000) -> ReplayJob:
@@ -35,6 +35,7 @@ def job(n: int, region: str, clock: LoopClock, ttl_ms: int = 120_000) -> ReplayJ
 async def bus(kafka_bootstrap_servers: str) -> AsyncIterator[KafkaJobBus]:
     settings = KafkaBusSettings(
         kafka_bootstrap_servers,
+        bus_secrets=REGIONS.secrets,
         partitions_per_topic=PARTITIONS,
         session_timeout_s=6.0,
         heartbeat_interval_s=1.0,
@@ -60,6 +61,7 @@ def worker(
         LoopClock(),
         random.Random(1),
         FAST,
+        cache_salt_key=bytes(range(32)),
     )
 
 

@@ -20,16 +20,19 @@ from eventlog.config import LogConfig
 from eventlog.memory_replica import MemoryReplica
 from eventlog.node import LogNode
 from replay.bus.kafka import KafkaBusSettings, KafkaJobBus
+from replay.cache_salt import cache_salt_for
 from replay.capacity import CapacityConfig, CapacityController, CapacityPoller
+from replay.chat import render_prompt
 from replay.engines.sim_core import SimEngineConfig
 from replay.engines.simulated import SimulatedEngine
 from replay.model import PrefillRequest
-from replay.worker import ReplayWorker, WorkerSettings, cache_salt_for, render_messages
+from replay.worker import ReplayWorker, WorkerSettings
 from services.cli.worker import CapacityGate
 from services.replay.config import EngineConfig, ReplayConfig
 from services.replay.service import ReplayService, ServiceLimits
 from services.replay.transcripts import LogTranscriptSource
 from services.replay.wiring import build_replay_service
+from tests.integration.bus_regions import BUS_SECRET
 from tests.unit.test_replay_service import (
     REVISION,
     SHARD,
@@ -41,11 +44,13 @@ from tests.unit.test_replay_service import (
 pytestmark = pytest.mark.kafka
 
 CONVERSATIONS = 3
+SALT_KEY = bytes(range(32))
 WAIT_STEPS_MAX = 1200  # 0.1 s each: a hang guard for group joins, not a speed assertion
 
 
-def kafka_settings(servers: str, client_id: str) -> KafkaBusSettings:
-    return KafkaBusSettings(servers, client_id=client_id, partitions_per_topic=2,
+def kafka_settings(servers: str, client_id: str, region: str) -> KafkaBusSettings:
+    return KafkaBusSettings(servers, bus_secrets={region: BUS_SECRET}, client_id=client_id,
+                            partitions_per_topic=2,
                             session_timeout_s=6.0, heartbeat_interval_s=1.0)  # fmt: skip
 
 
@@ -75,11 +80,12 @@ async def test_jobs_of_a_moved_shard_go_through_kafka_and_affinity_is_learned(
                                        capacity_tokens_per_s=200_000.0,
                                        engine_id=engine.engine_id)]},
         kafka_bootstrap_servers=kafka_bootstrap_servers,
+        bus_secrets={region: BUS_SECRET.hex()},
     )  # fmt: skip
     service = build_replay_service(
         region=region, shard_count=SHARDS, config=config, node=survivor, replicas=replicas,
         clock=SystemClock(), rng=random.Random(3), engines={engine.engine_id: engine},
-        bus=KafkaJobBus(kafka_settings(kafka_bootstrap_servers, f"node-{region}"),
+        bus=KafkaJobBus(kafka_settings(kafka_bootstrap_servers, f"node-{region}", region),
                         regions=[region]),
         mode="kafka", limits=ServiceLimits(dispatch_interval_s=0.02),
     )  # fmt: skip
@@ -93,12 +99,13 @@ async def test_jobs_of_a_moved_shard_go_through_kafka_and_affinity_is_learned(
         stack.push_async_callback(home.close)
         stack.push_async_callback(survivor.close)
         worker_bus = await stack.enter_async_context(
-            KafkaJobBus(kafka_settings(kafka_bootstrap_servers, f"worker-{region}"))
+            KafkaJobBus(kafka_settings(kafka_bootstrap_servers, f"worker-{region}", region))
         )
         worker = ReplayWorker(
             f"{region}-worker0", region, worker_bus, engine, LogTranscriptSource(survivor),
             CapacityGate(controller), SystemClock(), random.Random(5),
             WorkerSettings(concurrency=2, idle_poll_s=0.2, drain_timeout_s=5.0),
+            cache_salt_key=SALT_KEY,
         )  # fmt: skip
         tasks = [asyncio.create_task(poller.run()), asyncio.create_task(worker.run())]
         try:
@@ -130,7 +137,7 @@ async def test_jobs_of_a_moved_shard_go_through_kafka_and_affinity_is_learned(
             assert affinity.prompt_tokens > 700
         events = await LogTranscriptSource(survivor).fetch("t1", ids[0], 3)
         live = await engine.prefill(PrefillRequest(
-            model=REVISION, messages=render_messages(events), cache_salt=cache_salt_for("t1"),
+            model=REVISION, prompt=render_prompt(events), cache_salt=cache_salt_for(SALT_KEY, "t1"),
             priority=0, request_id="live",
         ))  # fmt: skip
         assert live.cached_prompt_tokens >= 0.9 * live.prompt_tokens

@@ -144,7 +144,7 @@ async def test_append_idempotent_retry_returns_the_original(nodes: Nodes) -> Non
     cid = conversation_led_by("east")
     await _create(nodes.east, cid)
     headers = {**AUTH_A, "Idempotency-Key": "k-1"}
-    body = {"type": "message.user", "payload": {"text": "hi"}, "token_count": 2}
+    body = {"type": "message.user", "payload": {"content": "hi"}, "token_count": 2}
     first = await nodes.east.post(f"/v1/conversations/{cid}/events", json=body, headers=headers)
     assert first.status_code == 201
     assert "idempotent-replayed" not in first.headers
@@ -154,7 +154,7 @@ async def test_append_idempotent_retry_returns_the_original(nodes: Nodes) -> Non
     assert again.status_code == 200
     assert again.headers["idempotent-replayed"] == "true"
     assert again.json() == first.json()
-    other = {**body, "payload": {"text": "changed"}}
+    other = {**body, "payload": {"content": "changed"}}
     r = await nodes.east.post(f"/v1/conversations/{cid}/events", json=other, headers=headers)
     _assert_error(r, 409, "idempotency_key_reused")
 

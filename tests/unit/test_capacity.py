@@ -126,8 +126,12 @@ def test_waiting_live_requests_mean_no_spare() -> None:
     _feed(clock, controller, engine, 1_000, seconds=5)
     assert controller.snapshot().spare_tokens_per_s > 0
     engine.waiting = 2
+    scrapes = controller.config.waiting_scrapes_to_stop
+    _feed(clock, controller, engine, 1_000, seconds=0.25 * (scrapes - 1))
+    # requests that arrived during the step in progress; not yet a queue
+    assert controller.snapshot().spare_tokens_per_s > 0
     _feed(clock, controller, engine, 1_000, seconds=0.25)
-    assert controller.snapshot().spare_tokens_per_s == 0
+    assert controller.snapshot().spare_tokens_per_s == 0  # waiting in `scrapes` in a row
     assert controller.try_acquire(100, "t") is Grant.NO_SPARE
     # our own replay requests waiting in the engine's queue are not live load
     engine.waiting = 0
@@ -135,7 +139,7 @@ def test_waiting_live_requests_mean_no_spare() -> None:
     assert controller.try_acquire(100, "t") is Grant.GRANTED
     assert controller.try_acquire(100, "t") is Grant.GRANTED
     engine.waiting = 2
-    _feed(clock, controller, engine, 1_000, seconds=0.25)
+    _feed(clock, controller, engine, 1_000, seconds=0.25 * (scrapes + 1))
     assert controller.snapshot().spare_tokens_per_s > 0
 
 
@@ -228,8 +232,10 @@ async def test_acquire_waits_in_clock_time_and_times_out() -> None:
     assert clock.now_s - start_s >= 0.5  # the second had to wait for the bucket
     controller.release(900)
     controller.release(900)
-    engine.waiting = 1  # a live request waits
-    controller.observe(engine.metrics())
+    engine.waiting = 1  # a live request waits, scrape after scrape
+    _feed(
+        clock, controller, engine, 8_000, seconds=0.25 * controller.config.waiting_scrapes_to_stop
+    )
     with pytest.raises(ReplayCapacityTimeout):
         await controller.acquire(900, "t", deadline_s=clock.now_s + 2)
 

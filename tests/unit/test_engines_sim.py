@@ -8,6 +8,7 @@ import pytest
 
 from eventlog.clock import LoopClock
 from eventlog.errors import InvariantViolation
+from replay.chat import ChatPrompt
 from replay.engines.base import EngineUnavailable, ModelRevisionMismatch
 from replay.engines.sim_core import (
     BLOCK_TOKENS,
@@ -18,7 +19,7 @@ from replay.engines.sim_core import (
     sim_tokenize,
 )
 from replay.engines.simulated import SimulatedEngine
-from replay.model import ChatMessage, PrefillRequest
+from replay.model import PrefillRequest
 
 RATE = 1000.0  # tokens/s: one 512-token chunk = 0.512 s
 
@@ -40,7 +41,7 @@ def _run_all(model: PrefillServerModel) -> None:
 
 
 def test_tokenizer_is_deterministic_and_frames_messages() -> None:
-    messages = [ChatMessage("user", "hello world")]
+    messages = ChatPrompt(({"role": "user", "content": "hello world"},))
     assert sim_tokenize(messages) == sim_tokenize(messages)
     assert len(sim_tokenize(messages)) == 2 + 2 + 1 + 2
 
@@ -113,18 +114,46 @@ def test_metrics_are_monotone_and_shaped_like_vllm() -> None:
     assert previous.num_requests_running == previous.num_requests_waiting == 0
 
 
-def test_live_request_behind_replay_waits_at_most_one_chunk() -> None:
-    model = _model()
-    model.submit(_tokens(0, 5000), "replay-tenant", 100, 0.0)  # 10 chunks of replay
-    model.submit(_tokens(90_000, 2000), "replay-tenant", 100, 0.0)
+def _first_chunks(policy: str) -> dict[int, float]:
+    model = PrefillServerModel(
+        SimEngineConfig(prefill_tokens_per_s=RATE, chunk_tokens=512, scheduling_policy=policy)
+    )
+    model.submit(_tokens(0, 5000), "replay-tenant", 100, 0.0)  # starts at once: running
+    model.submit(_tokens(90_000, 2000), "replay-tenant", 100, 0.0)  # waits behind it
     model.submit(_tokens(50_000, 200), "live-tenant", 0, 0.1)  # arrives mid-chunk
     _run_all(model)
-    done = {c.priority: c for c in model.pop_completed() if c.prompt_tokens == 200}
-    live = done[0]
-    chunk_s = 512 / RATE
-    assert live.first_chunk_s - live.arrival_s <= chunk_s + 1e-9
-    # it fits in the next step (which replay's remaining tokens fill up to the budget)
-    assert live.ttft_s <= 2 * chunk_s + 1e-9
+    return {c.prompt_tokens: c.first_chunk_s for c in model.pop_completed()}
+
+
+def test_a_running_replay_keeps_its_budget_and_priority_orders_only_the_waiting() -> None:
+    """vLLM V1 schedules running requests first: the live request waits for the running
+    replay's whole prefill (it fills every step's budget), but goes before the waiting one."""
+    first = _first_chunks("priority")
+    replay_end_s = 5000 / RATE
+    assert first[200] == pytest.approx(replay_end_s - (5000 % 512) / RATE)  # shares that step
+    assert first[200] < first[2000]
+
+
+def test_fcfs_ignores_priority() -> None:
+    first = _first_chunks("fcfs")
+    assert first[2000] < first[200]
+
+
+def test_cache_stats_are_counted_at_scheduling_and_prompt_tokens_at_completion() -> None:
+    model = _model()
+    prompt = _tokens(0, 2000)
+    model.submit(prompt, "t", 0, 0.0)
+    _run_all(model)
+    model.submit(prompt + _tokens(7000, 3000), "t", 0, 10.0)  # 2000 cached (125 blocks), 6 chunks
+    model.advance(10.0 + 0.001)
+    chunked = model.metrics()
+    assert chunked.prefix_cache_hits_total == 2000  # counted when scheduled ...
+    assert chunked.prompt_tokens_total == 2000  # ... its prompt tokens not yet: hits run ahead
+    assert chunked.computed_prompt_tokens_total == 2000
+    _run_all(model)
+    done = model.metrics()
+    assert done.prompt_tokens_total == 7000
+    assert done.computed_prompt_tokens_total == 2000 + 3000
 
 
 def test_same_priority_is_fifo() -> None:
@@ -150,7 +179,7 @@ async def test_async_engine_serves_concurrent_prefills_and_checks_revision() -> 
     config = SimEngineConfig(prefill_tokens_per_s=1_000_000.0, cache_tokens=100_000)
     engine = SimulatedEngine("sim-0", "model@r1", config, LoopClock())
     try:
-        messages = (ChatMessage("user", " ".join(f"w{i}" for i in range(800))),)
+        messages = ChatPrompt(({"role": "user", "content": " ".join(f"w{i}" for i in range(800))},))
 
         def request(salt: str, rid: str) -> PrefillRequest:
             return PrefillRequest("model@r1", messages, salt, 0, rid)

@@ -19,10 +19,11 @@ from eventlog.memory_replica import MemoryReplica
 from eventlog.node import LogNode, estimate_tokens
 from eventlog.sharding import shard_of
 from replay.bus.memory import InProcessJobBus
+from replay.cache_salt import cache_salt_for
+from replay.chat import render_prompt
 from replay.engines.sim_core import SimEngineConfig
 from replay.engines.simulated import SimulatedEngine
 from replay.model import PrefillRequest, ReplayResult
-from replay.worker import cache_salt_for, render_messages
 from services.api import create_app
 from services.bootstrap import NodeRuntime
 from services.config import ClusterConfig, NodeSettings, RegionConfig, TenantConfig, api_key_sha256
@@ -302,7 +303,8 @@ async def test_moved_conversations_are_rebuilt_and_a_later_prompt_hits_the_cache
         # the live path sends the same chat prompt to the engine affinity names
         events = await LogTranscriptSource(w.survivor).fetch("t1", ids[0], 3)
         live = await w.engine.prefill(PrefillRequest(
-            model=REVISION, messages=render_messages(events), cache_salt=cache_salt_for("t1"),
+            model=REVISION, prompt=render_prompt(events),
+            cache_salt=cache_salt_for(w.service.config.salt_key(None), "t1"),
             priority=0, request_id="live-1",
         ))  # fmt: skip
         assert live.cached_prompt_tokens >= 0.9 * live.prompt_tokens

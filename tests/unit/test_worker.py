@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import hmac
 import random
 from collections.abc import AsyncIterator
 
@@ -13,6 +14,8 @@ import pytest
 from eventlog.clock import LoopClock
 from eventlog.errors import DeadlineExceeded, NotFound
 from replay.bus import InProcessJobBus
+from replay.cache_salt import cache_salt_for
+from replay.chat import render_prompt
 from replay.engines.base import EngineRejectedRequest, EngineUnavailable, InferenceEngine
 from replay.model import EngineMetrics, PrefillOutcome, PrefillRequest, ReplayJob, ReplayResult
 from replay.worker import (
@@ -22,13 +25,12 @@ from replay.worker import (
     TranscriptSource,
     TranscriptUnavailable,
     WorkerSettings,
-    cache_salt_for,
     cancel_quietly,
-    render_messages,
 )
 from services.api.schemas import Event, EventPage
 
 REGION = "eu"
+SALT_KEY = bytes(range(32))
 FAST = WorkerSettings(
     concurrency=2,
     idle_poll_s=0.01,
@@ -63,7 +65,7 @@ class FakeEngine(InferenceEngine):
             raise self.failures.pop(0)
         if self.hold is not None:
             await self.hold.wait()
-        tokens = sum(len(m.content) for m in request.messages)
+        tokens = sum(len(str(m.get("content"))) for m in request.prompt.messages)
         return PrefillOutcome(prompt_tokens=tokens, cached_prompt_tokens=0, duration_ms=1.0)
 
     async def metrics(self) -> EngineMetrics:
@@ -160,6 +162,7 @@ def make_worker(
         LoopClock(),
         random.Random(7),
         settings,
+        cache_salt_key=SALT_KEY,
     )
 
 
@@ -188,8 +191,8 @@ async def test_replays_a_job_with_the_live_prompt_low_priority_and_tenant_salt(
     assert result.prompt_tokens == len("be brief") + len("hello from c1") + len("hi")
     [request] = engine.requests
     assert request.model == "rev-a"
-    assert [m.role for m in request.messages] == ["system", "user", "assistant"]
-    assert request.cache_salt == hashlib.sha256(b"t1").hexdigest()[:16]
+    assert [m["role"] for m in request.prompt.messages] == ["system", "user", "assistant"]
+    assert request.cache_salt == cache_salt_for(SALT_KEY, "t1")
     assert request.priority == FAST.replay_priority
     assert bus.pending_count(REGION) == 0
 
@@ -352,36 +355,47 @@ async def test_missing_transcript_fails_the_job_without_prefill(bus: InProcessJo
     assert result.status == "failed" and engine.requests == []
 
 
-def test_render_keeps_chat_messages_and_omits_tool_events_and_notes() -> None:
+def test_render_sends_messages_as_stored_and_omits_bookkeeping_events() -> None:
+    parts = [{"type": "text", "text": "a"}, {"type": "image_url", "image_url": {"url": "u"}}]
+    call = {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
     events = [
-        TranscriptEvent(1, "message.system", {"content": "sys"}),
-        TranscriptEvent(
-            2,
-            "message.user",
-            {
-                "content": [
-                    {"type": "text", "text": "a"},
-                    {"type": "image_url", "image_url": {}},
-                    {"type": "text", "text": "b"},
-                ]
-            },
-        ),
-        TranscriptEvent(3, "tool.attempt", {"attempt_id": "x", "tool": "search"}),
-        TranscriptEvent(4, "tool.effect", {"attempt_id": "x", "outcome": {}}),
-        TranscriptEvent(5, "note", {"content": "internal"}),
-        TranscriptEvent(6, "message.assistant", {"content": "done"}),
-        TranscriptEvent(7, "message.user", {"content": 42}),
+        TranscriptEvent(1, "prompt.settings", {"tools": tools, "chat_template_kwargs": {"x": 1}}),
+        TranscriptEvent(2, "message.system", {"content": "sys"}),
+        TranscriptEvent(3, "message.user", {"role": "user", "content": parts}),
+        TranscriptEvent(4, "message.assistant", {"content": None, "tool_calls": [call]}),
+        TranscriptEvent(5, "tool.attempt", {"attempt_id": "call_1", "tool": "f"}),
+        TranscriptEvent(6, "tool.effect", {"attempt_id": "call_1", "outcome": {}}),
+        TranscriptEvent(7, "message.tool", {"tool_call_id": "call_1", "content": "42"}),
+        TranscriptEvent(8, "note", {"content": "internal"}),
+        TranscriptEvent(9, "message.assistant", {"content": "done"}),
     ]
-    assert [(m.role, m.content) for m in render_messages(events)] == [
-        ("system", "sys"),
-        ("user", "ab"),
-        ("assistant", "done"),
+    prompt = render_prompt(events)
+    assert list(prompt.messages) == [
+        {"role": "system", "content": "sys"},
+        {"role": "user", "content": parts},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "42"},
+        {"role": "assistant", "content": "done"},
     ]
+    assert list(prompt.tools) == tools and prompt.chat_template_kwargs == {"x": 1}
 
 
-def test_cache_salt_is_per_tenant() -> None:
-    assert cache_salt_for("t1") != cache_salt_for("t2")
-    assert len(cache_salt_for("t1")) == 16
+def test_render_stops_at_the_first_message_it_cannot_send() -> None:
+    events = [
+        TranscriptEvent(1, "message.user", {"content": "one"}),
+        TranscriptEvent(2, "message.user", {"text": "written before the chat schema"}),
+        TranscriptEvent(3, "message.user", {"content": "three"}),
+    ]
+    assert list(render_prompt(events).messages) == [{"role": "user", "content": "one"}]
+
+
+def test_cache_salt_is_keyed_per_tenant_and_256_bits() -> None:
+    salt = cache_salt_for(SALT_KEY, "t1")
+    assert salt != cache_salt_for(SALT_KEY, "t2")
+    assert salt != cache_salt_for(bytes(32), "t1")
+    assert len(bytes.fromhex(salt)) == 32
+    assert salt == hmac.new(SALT_KEY, b"convplane/cache-salt/v1\x00t1", hashlib.sha256).hexdigest()
 
 
 async def test_http_transcript_source_pages_through_the_region_api() -> None:
@@ -453,3 +467,16 @@ async def test_a_granted_replay_is_released_even_when_it_fails(bus: InProcessJob
     worker.request_stop()
     await task
     assert result.status == "failed" and gate.granted == 1 and gate.released == [None]
+
+
+async def test_http_transcript_source_escapes_the_conversation_id_in_the_path() -> None:
+    paths: list[str] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        paths.append(request.url.raw_path.decode())
+        return httpx.Response(200, json={"events": [], "next_after_seq": 0})
+
+    transport = httpx.MockTransport(handler)
+    async with httpx.AsyncClient(base_url="http://region", transport=transport) as client:
+        await HttpTranscriptSource(client, "k").fetch("t1", "../admin/x?y", through_seq=3)
+    assert paths[0].startswith("/v1/conversations/..%2Fadmin%2Fx%3Fy/events?")

@@ -1,13 +1,17 @@
-"""The in-process job bus, the offset tracker and the wire format of the job bus."""
+"""The in-process job bus, the offset tracker and the signed wire format of the job bus."""
 
 from __future__ import annotations
+
+import dataclasses
+import json
 
 import pytest
 
 from eventlog.errors import InvariantViolation
 from replay.bus import InProcessJobBus, JobBusFull, MalformedMessage
+from replay.bus.codec import BusCodec, ForeignRegionRecord
 from replay.bus.offsets import OffsetTracker
-from replay.bus.port import decode_job, decode_result, encode_job, encode_result
+from replay.bus.port import UnauthenticatedMessage
 from replay.model import ReplayJob, ReplayResult
 
 
@@ -132,30 +136,91 @@ def test_rewinding_without_forget_or_overfilling_is_a_bug() -> None:
         tracker.delivered(1, 0)
 
 
-# --- wire format ------------------------------------------------------------------------------
+# --- wire format: signed envelopes, every field checked ----------------------------------------
+
+EU_KEY, US_KEY = bytes(range(32)), bytes(range(1, 33))
+CODEC = BusCodec({"eu": EU_KEY, "us": US_KEY})
 
 
 def test_jobs_and_results_round_trip() -> None:
-    assert decode_job(encode_job(job(1))) == job(1)
-    assert decode_result(encode_result(result(1))) == result(1)
+    assert CODEC.decode_job(CODEC.encode_job(job(1)), "eu") == job(1)
+    assert CODEC.decode_result(CODEC.encode_result(result(1))) == result(1)
+
+
+def _forge(envelope_bytes: bytes, **body_changes: object) -> bytes:
+    envelope = json.loads(envelope_bytes)
+    envelope["body"].update(body_changes)
+    return json.dumps(envelope).encode()
 
 
 @pytest.mark.parametrize(
     "raw",
     [
-        b"",
-        b"not json",
-        b"[]",
-        b'{"job_id": "x"}',
-        None,
-        encode_job(job(1)).replace(b'"through_seq":3', b'"through_seq":"3"'),
+        # tampered: another tenant's conversation, same MAC
+        _forge(CODEC.encode_job(job(1)), tenant_id="t2"),
+        _forge(CODEC.encode_job(job(1)), through_seq=99),
+        # forged: signed with a key that is not the region's
+        BusCodec({"eu": bytes(32)}).encode_job(job(1)),
+        # a plain, unsigned job as the bus carried them before
+        json.dumps(dataclasses.asdict(job(1))).encode(),
+        # a job signed for the us region, put on eu's topic
+        CODEC.encode_job(job(1, region="us")),
     ],
 )
-def test_malformed_jobs_are_typed_errors(raw: bytes | None) -> None:
-    with pytest.raises(MalformedMessage):
-        decode_job(raw)
+def test_forged_or_tampered_jobs_are_rejected(raw: bytes) -> None:
+    with pytest.raises(UnauthenticatedMessage):
+        CODEC.decode_job(raw, "eu")
 
 
-def test_unknown_result_status_is_malformed() -> None:
+def test_a_worker_holding_one_region_key_cannot_sign_for_another() -> None:
+    eu_worker = BusCodec({"eu": EU_KEY})
+    with pytest.raises(InvariantViolation):
+        eu_worker.encode_job(job(1, region="us"))
+    with pytest.raises(ForeignRegionRecord):  # a us result it cannot check: skipped, quietly
+        eu_worker.decode_result(CODEC.encode_result(dataclasses.replace(result(1), region="us")))
+    with pytest.raises(UnauthenticatedMessage):  # a job of us on eu's topic: rejected
+        eu_worker.decode_job(CODEC.encode_job(job(1, region="us")), "eu")
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"through_seq": "3"},
+        {"through_seq": 0},
+        {"estimated_prompt_tokens": -1},
+        {"deadline_ms": 2**60},
+        {"conversation_id": "../../v1/admin"},
+        {"tenant_id": ""},
+        {"model_revision": "has space"},
+    ],
+)
+def test_signed_jobs_with_bad_fields_are_malformed(bad: dict[str, object]) -> None:
+    signed = BusCodec({"eu": EU_KEY})._encode("job", "eu", {**dataclasses.asdict(job(1)), **bad})
+    with pytest.raises(MalformedMessage) as caught:
+        CODEC.decode_job(signed, "eu")
+    assert not isinstance(caught.value, UnauthenticatedMessage)
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"status": "maybe"},
+        {"prompt_tokens": "10"},
+        {"prompt_tokens": 1.5},
+        {"cached_prompt_tokens": 11},
+        {"duration_ms": "fast"},
+        {"duration_ms": float("inf")},
+        {"worker_id": ""},
+    ],
+)
+def test_signed_results_with_bad_fields_are_malformed(bad: dict[str, object]) -> None:
+    body = {**dataclasses.asdict(result(1)), **bad}
+    signed = BusCodec({"eu": EU_KEY})._encode("result", "eu", body)
     with pytest.raises(MalformedMessage):
-        decode_result(encode_result(result(1)).replace(b'"replayed"', b'"maybe"'))
+        CODEC.decode_result(signed)
+
+
+@pytest.mark.parametrize("raw", [b"", b"not json", b"[]", None, b"x" * 70_000])
+def test_garbage_is_malformed(raw: bytes | None) -> None:
+    with pytest.raises(MalformedMessage):
+        CODEC.decode_job(raw, "eu")
