@@ -4,6 +4,7 @@ failures are outcomes, not crashes (virtual time: ManualClock moves only when sl
 from __future__ import annotations
 
 import asyncio
+import itertools
 import random
 
 from eventlog.errors import InvariantViolation, NoQuorum
@@ -20,20 +21,22 @@ async def test_a_crashing_loop_is_restarted_with_backoff_and_shows_until_it_reco
     calls: list[float] = []
     crash_until = 5
     seen_unhealthy: list[list[str]] = []
+    enough = asyncio.Event()
 
     async def step() -> None:
         await asyncio.sleep(0)  # the manual clock's sleeps do not yield; this does
         calls.append(clock.now_s)
         seen_unhealthy.append(supervisor.unhealthy())
+        if len(calls) >= crash_until + 3:
+            enough.set()
         if len(calls) <= crash_until:
             raise InvariantViolation("a record no learner can apply")
 
     supervisor.start("learn", step, period_s=1.0)
-    while len(calls) < crash_until + 3:
-        await asyncio.sleep(0)
+    await enough.wait()
     await supervisor.close()
-    gaps = [b - a for a, b in zip(calls, calls[1:crash_until], strict=False)]
-    assert all(later >= earlier for earlier, later in zip(gaps, gaps[1:], strict=False))
+    gaps = [b - a for a, b in itertools.pairwise(calls[:crash_until])]
+    assert all(later >= earlier for earlier, later in itertools.pairwise(gaps))
     assert gaps[-1] > gaps[0]  # the backoff doubles (jittered)
     assert ["learn"] in seen_unhealthy  # crash-looping while it kept crashing
     assert seen_unhealthy[-1] == []  # a clean step clears it
@@ -46,16 +49,18 @@ async def test_expected_failures_are_not_crashes() -> None:
     clock = ManualClock()
     supervisor = Supervisor(clock=clock, rng=random.Random(1))
     calls = 0
+    enough = asyncio.Event()
 
     async def step() -> None:
         nonlocal calls
         await asyncio.sleep(0)
         calls += 1
+        if calls >= 10:
+            enough.set()
         raise NoQuorum("two regions unreachable")
 
     supervisor.start("control", step, period_s=1.0)
-    while calls < 10:
-        await asyncio.sleep(0)
+    await enough.wait()
     assert supervisor.unhealthy() == []
     assert supervisor.loops()[0].crashes == 0
     await supervisor.close()
@@ -67,16 +72,18 @@ async def test_metrics_export_crashes_and_crash_looping() -> None:
         clock=clock, rng=random.Random(1), limits=SupervisorLimits(crash_loop_after=2)
     )
     calls = 0
+    enough = asyncio.Event()
 
     async def step() -> None:
         nonlocal calls
         await asyncio.sleep(0)
         calls += 1
+        if calls >= 3:
+            enough.set()
         raise RuntimeError("boom")
 
     supervisor.start("probe", step, period_s=1.0)
-    while calls < 3:
-        await asyncio.sleep(0)
+    await enough.wait()
     metrics = Metrics()
     metrics.watch_loops(supervisor)
     text = metrics.render().decode()
