@@ -39,6 +39,14 @@ class RegionConfig(BaseModel):
     #: region (e.g. through a fault proxy in chaos tests); absent: ``dsn`` / ``url``
     dsn_from: dict[str, str] = Field(default_factory=dict)
     url_from: dict[str, str] = Field(default_factory=dict)
+    #: the node's peer listener (probes, placement, forwards; ``services.listeners``): its own
+    #: connection limits, so client connections cannot starve it. Absent: peers use ``url``.
+    peer_url: str | None = None
+
+    def peer_url_for(self, source: str) -> str:
+        """The URL a node of region ``source`` uses for peer traffic to this region: a
+        per-source override (``url_from``: a fault proxy) first, then the peer listener."""
+        return self.url_from.get(source) or self.peer_url or self.url
 
 
 class TenantConfig(BaseModel):
@@ -129,6 +137,18 @@ class NodeSettings(BaseSettings):
     admission_baseline_window_s: float = Field(default=60.0, gt=0.0)
     admission_queue_max: int = Field(default=128, ge=0)
     admission_sweep_s: float = Field(default=0.05, gt=0.0)
+    #: hostile connections (services.listeners): the client listener keeps at most
+    #: client_connections_max connections (past it the oldest idle one is closed); a connection
+    #: must send a whole request head within header_timeout_s of connecting or of its previous
+    #: response, else it is closed. The peer listener has its own peer_connections_max.
+    client_connections_max: int = Field(default=2048, ge=1)
+    peer_connections_max: int = Field(default=256, ge=1)
+    header_timeout_s: float = Field(default=5.0, gt=0.0)
+    #: a request body must arrive within this (and the request's deadline), before admission
+    body_read_timeout_s: float = Field(default=5.0, gt=0.0)
+    #: an over-limit body is read and discarded up to this many bytes so that the client can
+    #: read its 413 (past it the connection is closed after the 413 is written)
+    discard_body_max_bytes: int = Field(default=8 * 1024 * 1024, ge=0)
     #: /peer requests (probes, placement) under way at once; beyond it 503
     peer_in_flight_max: int = Field(default=64, ge=1)
     #: deadline of a request that sends no X-Convplane-Deadline-Ms

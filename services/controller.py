@@ -86,7 +86,7 @@ class Controller:
             ),
             weights=weights,
         )
-        self.peer_urls = {r.name: r.url_from.get(self.region, r.url) for r in cluster.regions}
+        self.peer_urls = {r.name: r.peer_url_for(self.region) for r in cluster.regions}
         # the header name is services.api.forwarding.PEER_AUTH_HEADER (not imported: the API
         # layer sits above the controller)
         self._peer_headers = (

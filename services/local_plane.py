@@ -44,6 +44,8 @@ LIMITED_BURST = 20
 READY_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 10.0
 HEALTH_POLL_S = 0.1
+#: a region's peer listener (services.listeners) is at its client port + this (with --base-port)
+PEER_PORT_OFFSET = 100
 _REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -65,6 +67,8 @@ class RegionProcess:
     name: str
     port: int
     url: str
+    peer_port: int
+    peer_url: str
     dsn: str
     path: str | None  # the SQLite file, when SQLite
     log_path: Path
@@ -137,6 +141,7 @@ class LocalPlane:
                 {
                     "name": m.name,
                     "url": m.url,
+                    "peer_url": m.peer_url,
                     "dsn": m.dsn,
                     "path": m.path,
                     "node_pid": m.node.pid if m.node else None,
@@ -149,7 +154,10 @@ class LocalPlane:
 
     def _prepare_members(self) -> None:
         ports = _choose_ports(self.host, self.base_port, self.regions)
-        for name, port in zip(REGION_NAMES[: self.regions], ports, strict=True):
+        peer_base_port = self.base_port + PEER_PORT_OFFSET if self.base_port else 0
+        peer_ports = _choose_ports(self.host, peer_base_port, self.regions)
+        names = REGION_NAMES[: self.regions]
+        for name, port, peer_port in zip(names, ports, peer_ports, strict=True):
             region_dir = self.state_dir / name
             region_dir.mkdir(exist_ok=True)
             db_path = region_dir / "replica.sqlite3"
@@ -158,6 +166,8 @@ class LocalPlane:
                     name=name,
                     port=port,
                     url=f"http://{self.host}:{port}",
+                    peer_port=peer_port,
+                    peer_url=f"http://{self.host}:{peer_port}",
                     dsn=f"sqlite+aiosqlite:///{db_path}",
                     path=None if self.postgres else str(db_path),
                     log_path=region_dir / "node.log",
@@ -176,7 +186,10 @@ class LocalPlane:
 
     def _cluster_config(self) -> ClusterConfig:
         return ClusterConfig(
-            regions=[RegionConfig(name=m.name, url=m.url, dsn=m.dsn) for m in self.members],
+            regions=[
+                RegionConfig(name=m.name, url=m.url, peer_url=m.peer_url, dsn=m.dsn)
+                for m in self.members
+            ],
             shard_count=self.shard_count,
             **({"replay": self.engines.replay_config()} if self.engines is not None else {}),
             tenants=[
@@ -199,7 +212,8 @@ class LocalPlane:
     def _spawn_node(self, member: RegionProcess) -> subprocess.Popen[bytes]:
         command = [
             sys.executable, "-m", "services.cli.node", "--cluster-file", str(self.cluster_file), "--region", member.name,
-            "--host", self.host, "--port", str(member.port), "--log-level", "warning",
+            "--host", self.host, "--port", str(member.port), "--peer-port", str(member.peer_port),
+            "--log-level", "warning",
         ]  # fmt: skip
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(
