@@ -1,0 +1,125 @@
+"""Hostile clients at one node's edge, over the fake log on virtual time: slow bodies hold no
+admission permit, queue time is taken from the deadline, method tokens cannot mint metric
+series. (The same attacks over real sockets: ``tests/e2e/test_hostile_clients.py``.)"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+
+import httpx
+import pytest
+
+from tests.unit.test_api_admission import (
+    AUTH_A,
+    _assert_error,
+    _created,
+    _until,
+    _until_metric,
+    two_nodes,
+)
+from tests.unit.test_api_fakes import HostRouting, conversation_led_by
+
+DEADLINE = "X-Convplane-Deadline-Ms"
+
+
+def _slow_body(release: asyncio.Event, sent: list[int]) -> AsyncIterator[bytes]:
+    async def chunks() -> AsyncIterator[bytes]:
+        yield b'{"metadata": {'
+        sent.append(1)
+        await release.wait()
+        yield b"}}"
+
+    return chunks()
+
+
+async def test_slow_bodies_hold_no_permit_while_they_arrive() -> None:
+    async with two_nodes(
+        admission_limit_initial=1, admission_limit_min=1, admission_queue_max=0
+    ) as n:
+        release, sent = asyncio.Event(), []
+        slow = [
+            asyncio.create_task(
+                n.east.post(
+                    "/v1/conversations",
+                    content=_slow_body(release, sent),
+                    headers={**AUTH_A, "Content-Type": "application/json"},
+                )
+            )
+            for _ in range(3)
+        ]
+        await _until(lambda: len(sent) == 3)  # every slow body is half sent
+        r = await n.east.post(
+            "/v1/conversations", json={"conversation_id": "quick"}, headers=AUTH_A
+        )
+        assert r.status_code == 201, r.text  # the only permit was free
+        release.set()  # now they compete for the one permit, with no queue
+        statuses = sorted([(await s).status_code for s in slow])
+        assert statuses[0] == 201 and set(statuses) <= {201, 503}
+
+
+async def test_a_body_that_does_not_arrive_in_time_is_408_and_never_admitted() -> None:
+    async with two_nodes(body_read_timeout_s=0.05) as n:
+        never, sent = asyncio.Event(), []
+        r = await n.east.post(
+            "/v1/conversations",
+            content=_slow_body(never, sent),
+            headers={**AUTH_A, "Content-Type": "application/json"},
+        )
+        _assert_error(r, 408, "request_timeout")
+        assert r.headers["connection"] == "close"
+        assert n.east_log.entered == 0
+
+
+async def test_a_deadline_shorter_than_the_body_timeout_is_504() -> None:
+    async with two_nodes(body_read_timeout_s=60.0) as n:
+        never, sent = asyncio.Event(), []
+        r = await n.east.post(
+            "/v1/conversations",
+            content=_slow_body(never, sent),
+            headers={**AUTH_A, "Content-Type": "application/json", DEADLINE: "50"},
+        )
+        _assert_error(r, 504, "deadline_exceeded")
+
+
+async def test_time_queued_in_admission_is_taken_from_the_deadline(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    forwarded_budgets_ms: list[int] = []
+    route = HostRouting.handle_async_request
+
+    async def recording(self: HostRouting, request: httpx.Request) -> httpx.Response:
+        forwarded_budgets_ms.append(int(request.headers[DEADLINE]))
+        return await route(self, request)
+
+    monkeypatch.setattr(HostRouting, "handle_async_request", recording)
+    async with two_nodes(admission_limit_initial=1, admission_limit_min=1) as n:
+        east_cid, west_cid = conversation_led_by("east"), conversation_led_by("west")
+        await _created(n.east, east_cid)
+        await _created(n.west, west_cid)
+        n.east_log.gate.clear()
+        holder = asyncio.create_task(n.east.get(f"/v1/conversations/{east_cid}", headers=AUTH_A))
+        await _until(lambda: n.east_log.entered == 2)  # the create, then this read
+        queued = asyncio.create_task(
+            n.east.get(f"/v1/conversations/{west_cid}", headers={**AUTH_A, DEADLINE: "1000"})
+        )
+        await _until_metric(n.east, "convplane_admission_queue_length", 1)
+        n.clock.now_s += 0.6  # 600 ms of its 1000 spent waiting for a permit
+        n.east_log.gate.set()
+        assert (await holder).status_code == 200
+        r = await queued
+        assert r.status_code == 200, r.text
+        assert r.headers["x-convplane-served-by"] == "west"
+    assert 0 < forwarded_budgets_ms[-1] <= 400
+
+
+async def test_unknown_method_tokens_share_one_metric_label() -> None:
+    async with two_nodes() as n:
+        for i in range(5):
+            r = await n.east.request(f"X{i}FOO", "/v1/conversations", headers=AUTH_A)
+            assert r.status_code in (404, 405), r.text
+            assert "error" in json.loads(r.text)
+        text = (await n.east.get("/metrics")).text
+    assert "FOO" not in text
+    assert 'method="other"' in text
