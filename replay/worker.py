@@ -39,6 +39,7 @@ from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
+from urllib.parse import quote
 
 import httpx
 
@@ -403,7 +404,7 @@ class HttpTranscriptSource(PagedTranscriptSource):
     ) -> list[TranscriptEvent]:
         try:
             response = await self._client.get(
-                f"/v1/conversations/{conversation_id}/events",
+                f"/v1/conversations/{quote(conversation_id, safe='')}/events",
                 params={"after_seq": after_seq, "limit": self._page_limit},
                 headers={
                     "Authorization": f"Bearer {self._api_key}",

@@ -208,3 +208,31 @@ def test_the_peer_listener_serves_nodes_only(plane: Plane) -> None:
         timeout=5.0,
     )
     assert node.status_code == 200 and node.json()["region"] == TARGET
+
+
+def test_route_is_404_for_another_tenants_conversation(plane: Plane) -> None:
+    keys = {t["tenant_id"]: t["api_key"] for t in plane.info["tenants"]}
+    owner, stranger = (keys[t] for t in ("demo", "demo-limited"))
+    cid = plane.conversation_led_by(OBSERVER, "route-owned")
+    routes = {}
+    with httpx.Client(base_url=plane.urls[TARGET], timeout=20.0) as client:
+        created = client.post(
+            "/v1/conversations",
+            json={"conversation_id": cid},
+            headers={"Authorization": f"Bearer {owner}"},
+        )
+        assert created.status_code == 201, created.text
+        for name, key, conversation in (
+            ("owner", owner, cid),
+            ("stranger", stranger, cid),
+            ("unknown", owner, cid + "-never-created"),
+        ):
+            routes[name] = client.get(
+                f"/v1/conversations/{conversation}/route",
+                headers={"Authorization": f"Bearer {key}"},
+            )
+    assert routes["owner"].status_code == 200, routes["owner"].text
+    assert routes["owner"].json()["region"] == OBSERVER  # forwarded to the leader
+    for name in ("stranger", "unknown"):
+        assert routes[name].status_code == 404, routes[name].text
+        assert routes[name].json()["error"]["code"] == "not_found"

@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 import httpx
 import pytest
 
+from services.api.forwarding import escaped_path
 from tests.unit.test_api_admission import (
     AUTH_A,
     _assert_error,
@@ -123,3 +124,35 @@ async def test_unknown_method_tokens_share_one_metric_label() -> None:
         text = (await n.east.get("/metrics")).text
     assert "FOO" not in text
     assert 'method="other"' in text
+
+
+@pytest.mark.parametrize("dots", [".", ".."])
+async def test_dot_ids_are_refused_in_bodies_and_paths(dots: str) -> None:
+    async with two_nodes() as n:
+        created = await n.east.post(
+            "/v1/conversations", json={"conversation_id": dots}, headers=AUTH_A
+        )
+        _assert_error(created, 400, "invalid_request")
+        encoded = "%2E" * len(dots)  # as a client would have to send it to get past its URL lib
+        read = await n.east.get(f"/v1/conversations/{encoded}/events", headers=AUTH_A)
+        _assert_error(read, 400, "invalid_request")
+        assert n.east_log.entered == 0
+
+
+@pytest.mark.parametrize("dotted", ["...", ".a", "..b", "a.."])
+async def test_ids_with_dots_that_are_not_path_segments_work(dotted: str) -> None:
+    async with two_nodes() as n:
+        cid = conversation_led_by("west", prefix=dotted)  # forwarded: east -> west
+        created = await n.east.post(
+            "/v1/conversations", json={"conversation_id": cid}, headers=AUTH_A
+        )
+        assert created.status_code == 201, created.text
+        read = await n.east.get(f"/v1/conversations/{cid}", headers=AUTH_A)
+        assert read.status_code == 200 and read.headers["x-convplane-served-by"] == "west"
+
+
+def test_forwarded_paths_escape_every_segment() -> None:
+    assert escaped_path("/v1/conversations/a:b.c/events") == "/v1/conversations/a%3Ab.c/events"
+    assert (
+        escaped_path("/v1/conversations/x?y#z%/events") == "/v1/conversations/x%3Fy%23z%25/events"
+    )
