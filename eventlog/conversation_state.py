@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,6 +22,7 @@ from eventlog.errors import (
     SeqConflict,
 )
 from eventlog.model import CONVERSATION_CREATED, EVENT_TYPES, LogEntry
+from eventlog.wire_values import check_text, check_value
 
 EFFECT_STATES = ("committed", "failed")
 
@@ -42,14 +44,17 @@ def fingerprint(event_type: str, payload: dict[str, Any], token_count: int | Non
 
 
 def validate_event(event_type: str, payload: dict[str, Any]) -> str | None:
-    """Check the log's rules for an event; return its attempt_id (tool events) or None."""
+    """Check the log's rules for an event; return its attempt_id (tool events) or None.
+    Every value must be one every store holds and hands back (``eventlog.wire_values``)."""
     if event_type not in EVENT_TYPES:
         raise InvalidRequest(f"unknown event type {event_type!r}; one of {', '.join(EVENT_TYPES)}")
+    check_value(payload, "payload")
     if not event_type.startswith("tool."):
         return None
     attempt_id = payload.get("attempt_id")
     if not isinstance(attempt_id, str) or not 1 <= len(attempt_id) <= 128:
         raise InvalidRequest(f"{event_type} needs payload.attempt_id (a string of 1-128 chars)")
+    check_text(attempt_id, "payload.attempt_id", column=True)
     if event_type == "tool.attempt":
         for name in ("tool", "argument_digest"):
             if not isinstance(payload.get(name), str) or not payload[name]:
@@ -74,6 +79,10 @@ class ConversationState:
     attempts: dict[str, Attempt] = field(default_factory=dict)
     #: highest lsn of an entry of this conversation proposed by the current leader
     last_lsn: int = 0
+    #: (lsn, seq) of proposed entries not yet seen committed, lsn order (bounded by the
+    #: leader's in-flight limit); reads answer ``committed_last_seq``, never ``last_seq``
+    proposed: deque[tuple[int, int]] = field(default_factory=deque)
+    committed_seq: int = 0
 
     @property
     def tenant_id(self) -> str:
@@ -92,7 +101,15 @@ class ConversationState:
         state = cls(created=entries[0])
         for entry in entries[1:]:
             state.apply(entry)
+        state.proposed.clear()
+        state.committed_seq = state.last_seq
         return state
+
+    def committed_last_seq(self, commit_lsn: int) -> int:
+        """The seq of the conversation's last entry at or below ``commit_lsn``."""
+        while self.proposed and self.proposed[0][0] <= commit_lsn:
+            self.committed_seq = self.proposed.popleft()[1]
+        return self.committed_seq
 
     def apply(self, entry: LogEntry) -> None:
         if entry.seq != self.last_seq + 1:
@@ -101,6 +118,7 @@ class ConversationState:
             )
         self.last_seq = entry.seq
         self.last_lsn = max(self.last_lsn, entry.lsn)
+        self.proposed.append((entry.lsn, entry.seq))
         if entry.idempotency_key is not None:
             self.keys[entry.idempotency_key] = entry
         if entry.attempt_id is not None:

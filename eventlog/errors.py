@@ -19,6 +19,7 @@ once, at the adapter boundary, with ``raise ... from exc``.
     ├── Unavailable              503  retryable; outcome of a write may be unknown
     │   ├── NoQuorum                  fewer than W replicas answered; nothing new acknowledged
     │   ├── NotLeader                 this region does not lead the shard (carries a leader hint)
+    │   ├── LeadershipChanged         the shard was re-led during the call; nothing written
     │   ├── Fenced                    a higher epoch took the shard; this leader stopped
     │   ├── Overloaded                admission control shed the request
     │   └── ReplicaUnavailable        one replica store could not be reached (adapter level)
@@ -128,6 +129,13 @@ class NotLeader(Unavailable):
         error["shard"] = self.shard
         error["leader_region"] = self.leader_region  # null when not known yet
         return body
+
+
+class LeadershipChanged(Unavailable):
+    """The shard was re-led while the call read the log: its answer would belong to the old
+    leader. Nothing was written; retry."""
+
+    code = "leadership_changed"
 
 
 class Fenced(Unavailable):

@@ -41,6 +41,7 @@ from eventlog.errors import (
     Overloaded,
 )
 from eventlog.model import Accepted, LogEntry, Mismatch, Rejected, leader_barrier
+from eventlog.read_index import ReadIndex
 from eventlog.recovery import RecoveredLog, prepare_round, read_range, recover_log
 from eventlog.replica import ReplicaStore
 
@@ -105,6 +106,7 @@ class ShardLeader:
         self._recovery_commit_lsn = 0
         self._barrier_lsn = 0
         self._tasks: list[asyncio.Task[None]] = []
+        self._read_index: ReadIndex | None = None
         self._serving = False
         self.fenced_by: int | None = None
         self._stopped = False
@@ -150,8 +152,39 @@ class ShardLeader:
         except BaseException:
             await self.close()
             raise
+        self._read_index = ReadIndex(
+            shard=self.shard,
+            epoch=self.epoch,
+            replicas=self._replicas,
+            needed=len(self._replicas) - self._config.prepare_quorum(len(self._replicas)) + 1,
+            timeout_s=self._config.replica_call_timeout_s,
+            on_fenced=lambda promised: self.stop(fenced_by=promised),
+            counts=self._counts,
+        )
         self._serving = True
         return self.epoch
+
+    async def confirm_leadership(self) -> None:
+        """Before answering a read: confirm at a quorum that no newer leader exists
+        (``eventlog.read_index``). Afterwards every write acknowledged before the call began is
+        at or below ``commit_lsn``. Fenced or NoQuorum when this leader cannot vouch for that."""
+        self._check_serving()
+        if self._quorum_suspected():
+            raise NoQuorum(
+                f"shard {self.shard}: too few replicas answer to confirm leadership",
+                retry_after_s=1.0,
+            )
+        assert self._read_index is not None
+        await self._read_index.confirm()
+        self._check_serving()
+
+    def _check_serving(self) -> None:
+        if not self.serving:
+            raise Fenced(
+                f"shard {self.shard}: not serving at epoch {self.epoch}",
+                shard=self.shard,
+                promised_epoch=self.fenced_by or self.epoch,
+            )
 
     def _install(self, recovered: RecoveredLog) -> None:
         """Continue the recovered log. Raft's rule, not re-stamping: the tail keeps its stamps
@@ -197,6 +230,8 @@ class ShardLeader:
         self._waiters.clear()
         for task in self._tasks:
             task.cancel()
+        if self._read_index is not None:
+            self._read_index.close()
         self._wake_followers()
 
     async def close(self) -> None:
@@ -208,12 +243,7 @@ class ShardLeader:
 
     def check_can_propose(self) -> None:
         """Fail fast (nothing written) when this leader cannot commit right now."""
-        if not self.serving:
-            raise Fenced(
-                f"shard {self.shard}: not serving at epoch {self.epoch}",
-                shard=self.shard,
-                promised_epoch=self.fenced_by or self.epoch,
-            )
+        self._check_serving()
         if self.last_lsn - self.commit_lsn >= self._config.inflight_entries_max:
             raise Overloaded(
                 f"shard {self.shard}: {self.last_lsn - self.commit_lsn} entries in flight",
@@ -228,6 +258,10 @@ class ShardLeader:
 
     def set_region_health(self, unreachable: Callable[[str], bool]) -> None:
         self._region_unreachable = unreachable
+
+    def _counts(self, region: str) -> bool:
+        """Whether a replica's acks and confirmations count (see ``eventlog.identity``)."""
+        return True
 
     def _reachable_count(self) -> int:
         now = self._clock.monotonic()

@@ -35,6 +35,7 @@ from eventlog.errors import (
     ConvplaneError,
     InvalidRequest,
     InvariantViolation,
+    LeadershipChanged,
     NoQuorum,
     NotFound,
     NotLeader,
@@ -43,6 +44,7 @@ from eventlog.leader import CommitObserver, ShardLeader
 from eventlog.model import CONVERSATION_CREATED, LogEntry, record_entry
 from eventlog.replica import ReplicaStore
 from eventlog.sharding import shard_of
+from eventlog.wire_values import check_text, check_value
 
 __all__ = ["LogConfig", "LogNode"]
 
@@ -188,7 +190,15 @@ class LogNode(ConversationLog):
         self, shard: int, conversation_id: str
     ) -> tuple[ShardLeader, ConversationState | None]:
         """The shard's serving leader and the conversation's state (None: no such conversation).
-        No await separates the return from the caller's decision."""
+        No await separates the return from the caller's decision.
+
+        "No such conversation" is an answer about the committed log of the leader that is
+        serving when this returns: a load that started under another leader (the shard was
+        re-led while the history was being read) proves nothing about the new leader's log, whose
+        recovered tail may hold the conversation. Such a load fails retryable
+        (``LeadershipChanged``); it is never read as absence, or a retried create would write a
+        second ``conversation.created`` and restart the seqs."""
+        check_text(conversation_id, "conversation_id", column=True)
         key = (shard, conversation_id)
         leader = self._serving_leader(shard)
         state = self._states.get(key)
@@ -199,14 +209,24 @@ class LogNode(ConversationLog):
                     state = self._states.get(key)
                     if state is None:
                         history = await self._read_history(leader, conversation_id)
-                        if self._leaders.get(shard) is not leader:
-                            return self._serving_leader(shard), None  # raises: leader changed
+                        if self._leaders.get(shard) is not leader or not leader.serving:
+                            raise LeadershipChanged(
+                                f"shard {shard}: leader changed while conversation "
+                                f"{conversation_id!r} was being read; retry",
+                                retry_after_s=0.1,
+                            )
                         if history:
                             state = ConversationState.from_history(history)
                             self._states[key] = state
             finally:
                 if not lock.locked():
                     self._loading.pop(key, None)
+        if self._leaders.get(shard) is not leader:
+            # re-led while this call waited for another caller's load: that load's answer (or
+            # its absence) belongs to the old leader
+            raise LeadershipChanged(
+                f"shard {shard}: leader changed during the call; retry", retry_after_s=0.1
+            )
         leader = self._serving_leader(shard)
         if state is not None:
             self._states.move_to_end(key)
@@ -263,6 +283,10 @@ class LogNode(ConversationLog):
         model_revision: str,
         metadata: dict[str, Any],
     ) -> ConversationInfo:
+        check_text(tenant_id, "tenant_id", column=True)
+        check_text(conversation_id, "conversation_id", column=True)
+        check_text(model_revision, "model_revision")
+        check_value(metadata, "metadata")
         shard = self.shard_of(conversation_id)
         leader, state = await self._state(shard, conversation_id)
         request_fp = fingerprint(
@@ -305,6 +329,8 @@ class LogNode(ConversationLog):
         attempt_id = validate_event(event_type, payload)
         if token_count is not None and token_count < 0:
             raise InvalidRequest("token_count must be >= 0")
+        if idempotency_key is not None:
+            check_text(idempotency_key, "Idempotency-Key", column=True)
         shard = self.shard_of(conversation_id)
         leader, state = await self._state(shard, conversation_id)
         if state is None or state.tenant_id != tenant_id:
@@ -373,7 +399,17 @@ class LogNode(ConversationLog):
     async def _committed_state(
         self, tenant_id: str, conversation_id: str
     ) -> tuple[ShardLeader, ConversationState]:
-        leader, state = await self._state(self.shard_of(conversation_id), conversation_id)
+        """For reads: the leadership is confirmed first (``eventlog.read_index``), so the state
+        and commit position read after it hold every write acknowledged before the read began;
+        callers show only what is at or below ``commit_lsn``."""
+        shard = self.shard_of(conversation_id)
+        confirmed = self._serving_leader(shard)
+        await confirmed.confirm_leadership()
+        leader, state = await self._state(shard, conversation_id)
+        if leader is not confirmed:
+            raise LeadershipChanged(
+                f"shard {shard}: leader changed during the read; retry", retry_after_s=0.1
+            )
         if state is None or state.tenant_id != tenant_id or state.created.lsn > leader.commit_lsn:
             raise NotFound(f"no conversation {conversation_id!r}")
         return leader, state
@@ -422,7 +458,7 @@ class LogNode(ConversationLog):
             model_revision=created["model_revision"],
             metadata=created["metadata"],
             created_at_ms=state.created.created_at_ms,
-            last_seq=state.last_seq,
+            last_seq=state.committed_last_seq(leader.commit_lsn),
             shard=leader.shard,
             epoch=leader.epoch,
         )

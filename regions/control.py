@@ -4,11 +4,16 @@ The control state lives in the log's control shard (shard id ``shard_count``, on
 conversation shards), replicated and fenced like any other shard. Each record is
 ``control.placement`` with the *full* assignment, so replay is "the last record wins":
 
-    {"version": 7, "assignment": {"0": "eu-west", ...}, "down": ["ap-south"],
-     "evacuated": [], "reason": "down: ap-south"}
+    {"version": 7, "supersedes": 6, "assignment": {"0": "eu-west", ...},
+     "down": ["ap-south"], "evacuated": [], "reason": "down: ap-south"}
 
-``ControlState.apply`` folds committed records in order (versions are contiguous: a gap is a
-bug). ``ControlPlanner.next_placement`` is run by the control leader only and decides the next
+Records are conditional, like a compare-and-set: each names the version it ``supersedes`` and
+applies only on top of exactly that version. A control leader whose proposal timed out (the
+entry may still commit) proposes again; when both commit, the second supersedes a version that
+is no longer current and applies as a recorded no-op. Records come from a log that other
+processes wrote, so ``apply`` validates them as data: a malformed record, one that does not cover
+every shard or names an unknown region is skipped (and counted), never a crash, since every node
+that reads the control log would otherwise die at the same record, restarted ones included. ``ControlPlanner.next_placement`` is run by the control leader only and decides the next
 record from the committed state and this leader's view of region health:
 
 * **Failover.** A region a majority declares down goes into ``down``; only its shards move, each
@@ -37,6 +42,8 @@ from regions.membership import RegionStatus
 from regions.placement import place_shards, rank_regions
 
 PLACEMENT_RECORD = "control.placement"
+#: how many skipped records ``ControlState`` keeps with their reasons (for operators)
+SKIPPED_KEPT = 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,9 +54,14 @@ class Placement:
     evacuated: frozenset[str]
     reason: str
 
+    @property
+    def supersedes(self) -> int:
+        return self.version - 1
+
     def to_body(self) -> dict[str, Any]:
         return {
             "version": self.version,
+            "supersedes": self.supersedes,
             "assignment": {str(s): r for s, r in sorted(self.assignment.items())},
             "down": sorted(self.down),
             "evacuated": sorted(self.evacuated),
@@ -58,11 +70,16 @@ class Placement:
 
     @classmethod
     def from_body(cls, body: Mapping[str, Any]) -> Placement:
+        """Parse a record; ValueError (or KeyError/TypeError) when it is not one."""
+        version = body["version"]
+        supersedes = body.get("supersedes", version - 1 if isinstance(version, int) else None)
+        if not isinstance(version, int) or supersedes != version - 1 or version < 1:
+            raise ValueError(f"bad version {version!r} / supersedes {supersedes!r}")
         return cls(
-            version=int(body["version"]),
+            version=version,
             assignment={int(s): str(r) for s, r in body["assignment"].items()},
-            down=frozenset(body.get("down", ())),
-            evacuated=frozenset(body.get("evacuated", ())),
+            down=frozenset(str(r) for r in body.get("down", ())),
+            evacuated=frozenset(str(r) for r in body.get("evacuated", ())),
             reason=str(body.get("reason", "")),
         )
 
@@ -88,6 +105,10 @@ class ControlState:
         self.weights = dict(regions)
         self.placement: Placement | None = None
         self.applied_lsn = 0
+        #: records applied as no-ops: stale or duplicate (a retried proposal that also
+        #: committed) or not valid records at all; the last few with their reasons
+        self.skipped_records = 0
+        self.last_skipped: list[tuple[int, str]] = []
 
     @property
     def version(self) -> int:
@@ -101,18 +122,27 @@ class ControlState:
         self.applied_lsn = lsn
         if record_type != PLACEMENT_RECORD:
             return False
-        placement = Placement.from_body(json.loads(body_text))
-        if placement.version != self.version + 1:
-            raise InvariantViolation(
-                f"placement version {placement.version} follows {self.version} at lsn {lsn}"
+        try:
+            placement = Placement.from_body(json.loads(body_text))
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            return self._skip(lsn, f"not a placement record: {exc!r}"[:200])
+        if placement.supersedes != self.version:
+            return self._skip(
+                lsn, f"v{placement.version} supersedes v{placement.supersedes}, not v{self.version}"
             )
         if set(placement.assignment) != set(range(self.shard_count)):
-            raise InvariantViolation(f"placement v{placement.version} does not cover all shards")
-        unknown = set(placement.assignment.values()) - set(self.weights)
+            return self._skip(lsn, f"v{placement.version} does not cover every shard")
+        named = set(placement.assignment.values()) | placement.down | placement.evacuated
+        unknown = named - set(self.weights)
         if unknown:
-            raise InvariantViolation(f"placement v{placement.version} names {sorted(unknown)}")
+            return self._skip(lsn, f"v{placement.version} names unknown regions {sorted(unknown)}")
         self.placement = placement
         return True
+
+    def _skip(self, lsn: int, reason: str) -> bool:
+        self.skipped_records += 1
+        self.last_skipped = [*self.last_skipped[-(SKIPPED_KEPT - 1) :], (lsn, reason)]
+        return False
 
     def effective(self) -> Placement:
         """The committed placement, or the static one every node starts from (version 0)."""

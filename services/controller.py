@@ -42,6 +42,7 @@ from eventlog.replica import ReplicaStore
 from regions.control import PLACEMENT_RECORD, ControlConfig, ControlPlanner, ControlState, Placement
 from regions.membership import Membership, MembershipConfig, statuses
 from services.config import ClusterConfig, NodeSettings
+from services.supervisor import Supervisor
 
 log = logging.getLogger("convplane.controller")
 
@@ -99,44 +100,26 @@ class Controller:
         self._learn_lock = asyncio.Lock()
         #: shard -> (previous owner, monotonic time the move was learned)
         self._moved: dict[int, tuple[str, float]] = {}
-        self._loops: list[asyncio.Task[None]] = []
+        self.supervisor = Supervisor(clock=clock, rng=rng)
+        #: what each peer's last health reply said of its own background loops
+        self._peer_unhealthy_loops: dict[str, list[str]] = {}
 
     # --- lifecycle ------------------------------------------------------------------------
 
     async def start(self) -> None:
         self._reconcile_hints()
-        self._loops = [
-            asyncio.create_task(
-                self._forever(self._probe_all, self.settings.probe_interval_s),
-                name=f"probe-{self.region}",
-            ),
-            asyncio.create_task(
-                self._forever(self._tick, self.settings.placement_poll_s),
-                name=f"reconcile-{self.region}",
-            ),
-            asyncio.create_task(
-                self._forever(self._control, self.settings.placement_poll_s),
-                name=f"control-{self.region}",
-            ),
-        ]
+        self.supervisor.start("probe", self._probe_all, self.settings.probe_interval_s)
+        self.supervisor.start("learn-reconcile", self._tick, self.settings.placement_poll_s)
+        self.supervisor.start("control", self._control, self.settings.placement_poll_s)
 
     async def close(self) -> None:
-        tasks = [*self._loops, *self._leading.values()]
+        await self.supervisor.close()
+        tasks = list(self._leading.values())
         if self._control_leading is not None:
             tasks.append(self._control_leading)
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-
-    async def _forever(self, step: Any, period_s: float) -> None:
-        while True:
-            try:
-                await step()
-            except ConvplaneError as exc:
-                log.warning("%s: %s", step.__name__, exc)
-            except (httpx.HTTPError, OSError, TimeoutError) as exc:  # adapter hiccups
-                log.warning("%s: %r", step.__name__, exc)
-            await self._clock.sleep(period_s * (0.8 + 0.4 * self._rng.random()))
 
     # --- views for the API ----------------------------------------------------------------
 
@@ -158,7 +141,14 @@ class Controller:
             "led_shards": self.node.led_shards(),
             "placement_version": self.state.version,
             "control_leader": self.membership.lowest_alive(now_s),
+            "unhealthy_loops": self.supervisor.unhealthy(),
         }
+
+    def unhealthy_loops(self, region: str) -> list[str]:
+        """Background loops of ``region``'s node that stopped or crash-loop (as last heard)."""
+        if region == self.region:
+            return self.supervisor.unhealthy()
+        return self._peer_unhealthy_loops.get(region, [])
 
     def regions_view(self) -> list[dict[str, Any]]:
         view = self.membership.view(self._clock.monotonic())
@@ -172,6 +162,7 @@ class Controller:
                 "suspected_by": list(view[r.name].suspected_by),
                 "evacuated": r.name in placement.evacuated,
                 "shards_assigned": len(placement.shards_of(r.name)),
+                "unhealthy_loops": self.unhealthy_loops(r.name),
             }
             for r in self.cluster.regions
         ]
@@ -216,6 +207,9 @@ class Controller:
         self.membership.probe_ok(
             region, now_s, suspects=body.get("suspects", ()), led_shards=body.get("led_shards", ())
         )
+        loops = body.get("unhealthy_loops", [])
+        if isinstance(loops, list):
+            self._peer_unhealthy_loops[region] = [str(x)[:64] for x in loops[:16]]
 
     # --- learn, reconcile, lead the control shard -----------------------------------------
 
@@ -228,7 +222,10 @@ class Controller:
             before = self.state.effective()
             for entry in await self._read_control():
                 if entry.lsn > self.state.applied_lsn:  # a concurrent learn may have applied it
+                    skipped = self.state.skipped_records
                     self.state.apply(entry.lsn, entry.event_type, entry.body)
+                    if self.state.skipped_records > skipped:
+                        log.warning("control record skipped: %s", self.state.last_skipped[-1])
             after = self.state.effective()
         if after.version != before.version:
             now_s = self._clock.monotonic()

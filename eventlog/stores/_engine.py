@@ -111,10 +111,20 @@ async def translated(region: str, what: str) -> AsyncIterator[None]:
         yield
     except (exc.IntegrityError, exc.ProgrammingError, exc.DataError) as error:
         raise InvariantViolation(f"{region}: {what}: {error}") from error
-    except (exc.SQLAlchemyError, OSError, TimeoutError) as error:
+    except (exc.SQLAlchemyError, OSError, TimeoutError, UnicodeError) as error:
+        if _is_bad_data(error):  # parameters the driver could not encode: our bug, not an outage
+            raise InvariantViolation(f"{region}: {what}: {error}") from error
         raise ReplicaUnavailable(
             f"replica {region} unavailable during {what}: {type(error).__name__}: {error}"
         ) from error
+
+
+def _is_bad_data(error: BaseException) -> bool:
+    if isinstance(error, UnicodeError):
+        return True
+    return isinstance(error, exc.StatementError) and isinstance(
+        getattr(error, "orig", None), UnicodeError | ValueError
+    )
 
 
 @asynccontextmanager

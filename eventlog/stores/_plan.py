@@ -91,5 +91,28 @@ def check_append_request(request: AppendRequest) -> None:
     check_append_batch(request.epoch, request.prev_lsn, request.entries)
 
 
+def check_storable(request: AppendRequest, *, nul_in_columns: bool) -> None:
+    """Every text a store writes must be storable (``eventlog.wire_values``): the log core admits
+    nothing else, so a failure here is a bug in the caller, caught before the entry can join a
+    group commit and fail other shards' appends with it."""
+    for entry in request.entries:
+        for name in ("tenant_id", "conversation_id", "event_type", "idempotency_key", "attempt_id"):
+            text = getattr(entry, name)
+            if text is None:
+                continue
+            if not _encodable(text) or (not nul_in_columns and "\x00" in text):
+                raise InvariantViolation(f"shard {request.shard} lsn {entry.lsn}: bad {name}")
+        if not _encodable(entry.body):
+            raise InvariantViolation(f"shard {request.shard} lsn {entry.lsn}: bad body text")
+
+
+def _encodable(text: str) -> bool:
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def _with(status: ShardStatus, *, promised_epoch: int) -> ShardStatus:
     return ShardStatus(promised_epoch, status.last_lsn, status.last_epoch, status.commit_lsn)

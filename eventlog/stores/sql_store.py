@@ -27,7 +27,7 @@ from eventlog.model import (
 from eventlog.replica import ReplicaStore
 from eventlog.stores import _pg_writes, _sqlite_writes
 from eventlog.stores._engine import SQLITE_WRITE_OPTION, StoreLimits, checked_out, translated
-from eventlog.stores._plan import AppendRequest, check_append_request
+from eventlog.stores._plan import AppendRequest, check_append_request, check_storable
 from eventlog.stores._schema import entries, entry_from_row, shards, status_from_row
 from eventlog.stores.group_commit import AppendOutcome, GroupCommitter
 
@@ -88,6 +88,7 @@ class SqlReplicaStore(ReplicaStore):
             shard, epoch, prev_lsn, prev_epoch, tuple(entries), leader_commit_lsn
         )
         check_append_request(request)
+        check_storable(request, nul_in_columns=not self._postgres)
         return await self._committer.submit(request)
 
     async def _execute_group(self, requests: Sequence[AppendRequest]) -> list[AppendOutcome]:

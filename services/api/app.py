@@ -78,6 +78,8 @@ def create_app(settings: NodeSettings, *, runtime_factory: RuntimeFactory | None
                 readiness=runtime.readiness,
             )
             app.state.controller = runtime.controller
+            if runtime.controller is not None:
+                metrics.watch_loops(runtime.controller.supervisor)
             install_replay(app, metrics.registry, runtime.replay)
             admission.open(
                 settings=settings,

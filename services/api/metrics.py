@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from services.supervisor import Supervisor
 
 #: the methods that get a label of their own; any other token is counted as "other"
 HTTP_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
@@ -38,6 +44,10 @@ class Metrics:
             registry=self.registry,
         )
 
+    def watch_loops(self, supervisor: Supervisor) -> None:
+        """Export the supervised loops' crash counts and crash-looping state at each scrape."""
+        self.registry.register(_LoopCollector(supervisor))
+
     def observe_request(self, route: str, method: str, status: int, latency_s: float) -> None:
         """``method`` is any token a client sent (HTTP allows any): unknown ones are "other"."""
         method = method if method in HTTP_METHODS else "other"
@@ -46,3 +56,26 @@ class Metrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class _LoopCollector(Collector):
+    def __init__(self, supervisor: Supervisor) -> None:
+        self._supervisor = supervisor
+
+    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+        crashes = CounterMetricFamily(
+            "convplane_background_loop_crashes",
+            "crashes of a supervised background loop (each was restarted with backoff)",
+            labels=["loop"],
+        )
+        looping = GaugeMetricFamily(
+            "convplane_background_loop_crash_looping",
+            "1 while a background loop has stopped or crashes on every run",
+            labels=["loop"],
+        )
+        unhealthy = set(self._supervisor.unhealthy())
+        for health in self._supervisor.loops():
+            crashes.add_metric([health.name], health.crashes)
+            looping.add_metric([health.name], 1.0 if health.name in unhealthy else 0.0)
+        yield crashes
+        yield looping

@@ -185,12 +185,15 @@ ops_router = APIRouter()
 async def healthz(request: Request) -> Any:
     api = api_state(request)
     placed, led = api.readiness()
-    ready = led >= placed
+    controller = getattr(request.app.state, "controller", None)
+    unhealthy = controller.supervisor.unhealthy() if controller is not None else []
+    ready = led >= placed and not unhealthy
     health = schemas.Health(
-        status="ok" if ready else "starting",
+        status="degraded" if unhealthy else "ok" if ready else "starting",
         region=api.region,
         shards_placed=placed,
         shards_led=led,
+        unhealthy_loops=unhealthy,
     )
     if ready:
         return health

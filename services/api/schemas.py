@@ -161,7 +161,9 @@ class ErrorBody(BaseModel):
 
 
 class Health(BaseModel):
-    status: Literal["ok", "starting"]
+    status: Literal["ok", "starting", "degraded"]
     region: str
     shards_placed: int
     shards_led: int
+    #: background loops of this node that stopped or crash-loop (``services.supervisor``)
+    unhealthy_loops: list[str] = []

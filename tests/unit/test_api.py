@@ -356,7 +356,13 @@ async def test_unreachable_leader_is_503_forward_failed(nodes: Nodes) -> None:
 async def test_healthz_metrics_and_docs(nodes: Nodes) -> None:
     r = await nodes.east.get("/healthz")
     assert r.status_code == 200
-    assert r.json() == {"status": "ok", "region": "east", "shards_placed": 4, "shards_led": 4}
+    assert r.json() == {
+        "status": "ok",
+        "region": "east",
+        "shards_placed": 4,
+        "shards_led": 4,
+        "unhealthy_loops": [],
+    }
     cid = conversation_led_by("east")
     await _create(nodes.east, cid)
     await nodes.east.post(f"/v1/conversations/{cid}/events", json={"type": "note"}, headers=AUTH_A)

@@ -147,13 +147,34 @@ def test_no_placement_when_every_region_is_down() -> None:
     assert planner.next_placement(state, 1.0, all_down) is None
 
 
-def test_replay_rejects_gaps_and_skips_other_records() -> None:
+def test_stale_duplicate_and_malformed_records_apply_as_recorded_no_ops() -> None:
+    """A retried proposal that also committed (same version twice), a record that skips a
+    version, and records that are not valid placements never crash a learner: each is a
+    recorded no-op, and the next valid record still applies (the control log of bug 1)."""
     state, planner = setup()
-    p = planner.next_placement(state, 0.0, UP)
-    assert p is not None
+    first = planner.next_placement(state, 0.0, UP)
+    assert first is not None and first.to_body()["supersedes"] == 0
     assert state.apply(1, "shard.leader_started", "{}") is False
-    body = {**p.to_body(), "version": 3}
-    with pytest.raises(InvariantViolation):
-        state.apply(2, PLACEMENT_RECORD, json.dumps(body))
-    with pytest.raises(InvariantViolation):
-        state.apply(2, PLACEMENT_RECORD, json.dumps(p.to_body()))  # lsn not after 2
+    assert state.apply(2, PLACEMENT_RECORD, json.dumps(first.to_body())) is True
+    duplicate = {**first.to_body(), "reason": "the same proposal, retried after NoQuorum"}
+    assert state.apply(3, PLACEMENT_RECORD, json.dumps(duplicate)) is False
+    gap = {**first.to_body(), "version": 3, "supersedes": 2}
+    assert state.apply(4, PLACEMENT_RECORD, json.dumps(gap)) is False
+    for lsn, text in enumerate(
+        [
+            "not json",
+            json.dumps({"version": "2"}),
+            json.dumps({**first.to_body(), "version": 2, "supersedes": 1, "assignment": {}}),
+            json.dumps({**first.to_body(), "version": 2, "supersedes": 1, "down": ["mars"]}),
+        ],
+        start=5,
+    ):
+        assert state.apply(lsn, PLACEMENT_RECORD, text) is False
+    assert state.version == 1 and state.placement == first
+    assert state.skipped_records == 6
+    assert "supersedes v0, not v1" in state.last_skipped[0][1]
+    following = planner.operator(state, "evacuate", "us-east", 1.0, UP)
+    assert following.version == 2
+    assert state.apply(9, PLACEMENT_RECORD, json.dumps(following.to_body())) is True
+    with pytest.raises(InvariantViolation):  # our own learner applying out of order is a bug
+        state.apply(9, PLACEMENT_RECORD, json.dumps(following.to_body()))
