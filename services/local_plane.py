@@ -4,7 +4,9 @@ Each region's node is its own child process (its own session), so a test or an S
 kill one region alone. Databases are SQLite files (default) or local PostgreSQL instances
 (``services.localpg``, each its own process). ``LocalPlane.start`` writes the cluster file the
 nodes read and ``<state-dir>/cluster.json`` describing the running plane (URLs, DSNs, pids and
-the tenants' API keys, in clear: it is a local development plane). Two tenants: ``demo`` (a
+the tenants' API keys, in clear: it is a local development plane). Both files and the SQLite
+replicas are written 0600, the state directory and each region's directory 0700 (0711 for the
+state directory with ``--postgres``: the ``postgres`` user must traverse it to its data). Two tenants: ``demo`` (a
 large quota) and ``demo-limited`` (a small one, to see 429s). The cluster file gets a fresh
 ``peer_secret`` each start (only forwards carrying it are trusted not to charge twice).
 """
@@ -105,7 +107,7 @@ class LocalPlane:
         if not 1 <= self.regions <= len(REGION_NAMES):
             raise PlaneError(f"--regions must be 1..{len(REGION_NAMES)}")
         self.state_dir = self.state_dir.resolve()
-        self.state_dir.mkdir(parents=True, exist_ok=True)
+        _private_dir(self.state_dir, 0o711 if self.postgres else 0o700)
         try:
             self._prepare_members()
             self._start_databases()
@@ -123,7 +125,7 @@ class LocalPlane:
             self.stop()
             raise
         info = self.info()
-        _write_json(self.info_file, info)
+        write_private_json(self.info_file, info)
         return info
 
     def info(self) -> dict[str, Any]:
@@ -159,8 +161,10 @@ class LocalPlane:
         names = REGION_NAMES[: self.regions]
         for name, port, peer_port in zip(names, ports, peer_ports, strict=True):
             region_dir = self.state_dir / name
-            region_dir.mkdir(exist_ok=True)
+            _private_dir(region_dir, 0o700)
             db_path = region_dir / "replica.sqlite3"
+            if not self.postgres:
+                _private_file(db_path)  # SQLite gives its -wal and -shm files the same mode
             self.members.append(
                 RegionProcess(
                     name=name,
@@ -335,10 +339,24 @@ def _tail(path: Path, max_bytes: int = 4000) -> str:
     return data[-max_bytes:].decode("utf-8", errors="replace")
 
 
-def _write_json(path: Path, value: dict[str, Any]) -> None:
-    tmp = path.with_suffix(".tmp")
+def write_private_json(path: Path, value: dict[str, Any]) -> None:
+    """Write ``value`` to ``path`` readable by this user only (it holds API keys)."""
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.unlink(missing_ok=True)
+    _private_file(tmp)
     tmp.write_text(json.dumps(value, indent=2) + "\n", encoding="utf-8")
     tmp.replace(path)
+
+
+def _private_file(path: Path) -> None:
+    """Create ``path`` (if missing) as 0600 before anything is written into it."""
+    os.close(os.open(path, os.O_WRONLY | os.O_CREAT, 0o600))
+    path.chmod(0o600)
+
+
+def _private_dir(path: Path, mode: int) -> None:
+    path.mkdir(mode=mode, parents=True, exist_ok=True)
+    path.chmod(mode)
 
 
 def stop_from_info(info_file: Path) -> list[str]:

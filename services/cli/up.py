@@ -40,7 +40,7 @@ def up(
     """Start a local plane: per region a database and a node process. Ctrl-C stops it."""
     from rich.console import Console
 
-    from services.local_plane import LocalPlane, PlaneError
+    from services.local_plane import LocalPlane, PlaneError, write_private_json
 
     console = Console()
     plane = LocalPlane(
@@ -59,7 +59,7 @@ def up(
         raise typer.Exit(1) from exc
     _print_plane(console, info, plane.info_file)
     if ready_file is not None:
-        ready_file.write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
+        write_private_json(ready_file, info)  # it holds the tenants' API keys
     if detach:
         console.print(f"detached; stop it with: convplane down --state-dir {state_dir}")
         return

@@ -236,3 +236,19 @@ def test_route_is_404_for_another_tenants_conversation(plane: Plane) -> None:
     for name in ("stranger", "unknown"):
         assert routes[name].status_code == 404, routes[name].text
         assert routes[name].json()["error"]["code"] == "not_found"
+
+
+def _mode(path: Path) -> int:
+    return path.stat().st_mode & 0o777
+
+
+def test_secrets_and_replicas_are_readable_by_their_owner_only(plane: Plane) -> None:
+    state_dir = Path(plane.info["cluster_file"]).parent
+    assert _mode(state_dir) == 0o700
+    for name in ("cluster.json", "cluster-config.json", "ready.json"):
+        assert _mode(state_dir / name) == 0o600, name
+    for region in plane.info["regions"]:
+        replica = Path(region["path"])
+        assert _mode(replica.parent) == 0o700
+        for file in replica.parent.glob(replica.name + "*"):  # the database, -wal, -shm
+            assert _mode(file) == 0o600, file
