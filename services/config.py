@@ -149,6 +149,9 @@ class NodeSettings(BaseSettings):
     #: an over-limit body is read and discarded up to this many bytes so that the client can
     #: read its 413 (past it the connection is closed after the 413 is written)
     discard_body_max_bytes: int = Field(default=8 * 1024 * 1024, ge=0)
+    #: a node refuses a cluster file with secrets published in the repository unless this is
+    #: set (a throwaway demo): services.compose_secrets.refuse_demo_secrets
+    allow_demo_secrets: bool = False
     #: /peer requests (probes, placement) under way at once; beyond it 503
     peer_in_flight_max: int = Field(default=64, ge=1)
     #: deadline of a request that sends no X-Convplane-Deadline-Ms

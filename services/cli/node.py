@@ -19,12 +19,15 @@ def node(
     log_level: Annotated[str, typer.Option(help="debug, info, warning, error")] = "info",
 ) -> None:
     """Run one region node: public API, forwarding, leadership of its shards."""
+    from services.compose_secrets import refuse_demo_secrets
     from services.config import NodeSettings
     from services.node import run_node
 
     settings = NodeSettings(region=region, cluster_file=cluster_file)
     try:
-        settings.load_cluster()
+        cluster = settings.load_cluster()
+        if not settings.allow_demo_secrets:
+            refuse_demo_secrets(cluster)
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="--cluster-file/--region") from exc
     run_node(settings, host=host, port=port, peer_port=peer_port, log_level=log_level)
