@@ -117,6 +117,9 @@ class NodeSettings(BaseSettings):
 
     #: largest request body accepted (Content-Length and streamed bytes)
     max_body_bytes: int = Field(default=256 * 1024, ge=1024)
+    #: an events page holds at most this many bytes of events (services.api.paging); at least
+    #: one event always, so keep it above max_body_bytes
+    events_page_bytes_max: int = Field(default=4 * 1024 * 1024, ge=64 * 1024)
     #: largest serialized ``metadata`` of a conversation
     max_metadata_bytes: int = Field(default=16 * 1024, ge=64)
     #: the most /v1 requests under way in this node: the adaptive limit's ceiling

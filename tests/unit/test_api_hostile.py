@@ -156,3 +156,31 @@ def test_forwarded_paths_escape_every_segment() -> None:
     assert (
         escaped_path("/v1/conversations/x?y#z%/events") == "/v1/conversations/x%3Fy%23z%25/events"
     )
+
+
+async def test_an_events_page_is_bounded_in_bytes_and_reading_on_gets_everything() -> None:
+    event_payload_bytes = 200 * 1024
+    async with two_nodes(events_page_bytes_max=1024 * 1024) as n:
+        cid = conversation_led_by("east")
+        await _created(n.east, cid)
+        for i in range(10):
+            body = {"type": "note", "payload": {"blob": str(i) * event_payload_bytes}}
+            r = await n.east.post(f"/v1/conversations/{cid}/events", json=body, headers=AUTH_A)
+            assert r.status_code == 201, r.text
+        seqs, after_seq, pages = [], 0, 0
+        while True:
+            r = await n.east.get(
+                f"/v1/conversations/{cid}/events",
+                params={"after_seq": after_seq, "limit": 1000},
+                headers=AUTH_A,
+            )
+            assert r.status_code == 200, r.text
+            assert len(r.content) <= 1024 * 1024 + 4096  # the page's bytes, plus its envelope
+            page = r.json()
+            if not page["events"]:
+                break
+            pages += 1
+            seqs += [e["seq"] for e in page["events"]]
+            after_seq = page["next_after_seq"]
+        assert pages >= 2
+        assert seqs == sorted(seqs) and len(seqs) == len(set(seqs)) == 10
