@@ -152,6 +152,11 @@ class NodeSettings(BaseSettings):
     #: an over-limit body is read and discarded up to this many bytes so that the client can
     #: read its 413 (past it the connection is closed after the 413 is written)
     discard_body_max_bytes: int = Field(default=8 * 1024 * 1024, ge=0)
+    #: mutual TLS on the peer listener and on every peer call (services.cluster_tls): the
+    #: cluster CA, this node's certificate and key (PEM). All three or none.
+    tls_ca_file: Path | None = None
+    tls_cert_file: Path | None = None
+    tls_key_file: Path | None = None
     #: a node refuses a cluster file with secrets published in the repository unless this is
     #: set (a throwaway demo): services.compose_secrets.refuse_demo_secrets
     allow_demo_secrets: bool = False
@@ -191,6 +196,13 @@ class NodeSettings(BaseSettings):
     failback_step_interval_s: float = Field(default=1.0, ge=0.0)
     #: a planned handoff waits at most this long for the old leader to stop first
     handoff_wait_s: float = Field(default=2.0, ge=0.0)
+
+    @model_validator(mode="after")
+    def _tls_all_or_none(self) -> NodeSettings:
+        given = [f is not None for f in (self.tls_ca_file, self.tls_cert_file, self.tls_key_file)]
+        if any(given) and not all(given):
+            raise ValueError("tls_ca_file, tls_cert_file and tls_key_file go together")
+        return self
 
     def load_cluster(self) -> ClusterConfig:
         if self.cluster is not None:

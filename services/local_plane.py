@@ -4,7 +4,9 @@ Each region's node is its own child process (its own session), so a test or an S
 kill one region alone. Databases are SQLite files (default) or local PostgreSQL instances
 (``services.localpg``, each its own process). ``LocalPlane.start`` writes the cluster file the
 nodes read and ``<state-dir>/cluster.json`` describing the running plane (URLs, DSNs, pids and
-the tenants' API keys, in clear: it is a local development plane). Both files and the SQLite
+the tenants' API keys, in clear: it is a local development plane). With ``tls`` (the default)
+it makes a CA for the plane and a certificate per node (``<state-dir>/tls``): the nodes' peer
+listeners speak mutual TLS only. Both files and the SQLite
 replicas are written 0600, the state directory and each region's directory 0700 (0711 for the
 state directory with ``--postgres``: the ``postgres`` user must traverse it to its data). Two tenants: ``demo`` (a
 large quota) and ``demo-limited`` (a small one, to see 429s). The cluster file gets a fresh
@@ -30,6 +32,7 @@ from typing import Any, Protocol
 
 import httpx
 
+from services.cluster_tls import NodeTls, issue_cluster_tls
 from services.config import (
     ClusterConfig,
     RegionConfig,
@@ -74,6 +77,7 @@ class RegionProcess:
     dsn: str
     path: str | None  # the SQLite file, when SQLite
     log_path: Path
+    tls: NodeTls | None = None  # the node's certificate under the plane's CA
     db: DbHandle | None = None
     node: subprocess.Popen[bytes] | None = None
     exit_reported: bool = False
@@ -92,6 +96,8 @@ class LocalPlane:
     limited_api_key: str = field(default_factory=lambda: "cp_" + secrets.token_urlsafe(24))
     members: list[RegionProcess] = field(default_factory=list)
     sim_engines: int = 0  # simulated inference engines per region (services.replay.local_engines)
+    #: mutual TLS between the nodes under a CA generated for this plane (services.cluster_tls)
+    tls: bool = True
     engines: Any = None  # SimEngines, when sim_engines > 0
 
     @property
@@ -159,6 +165,12 @@ class LocalPlane:
         peer_base_port = self.base_port + PEER_PORT_OFFSET if self.base_port else 0
         peer_ports = _choose_ports(self.host, peer_base_port, self.regions)
         names = REGION_NAMES[: self.regions]
+        issued = (
+            issue_cluster_tls(self.state_dir / "tls", names, [self.host, "localhost"])
+            if self.tls
+            else {}
+        )
+        peer_scheme = "https" if self.tls else "http"
         for name, port, peer_port in zip(names, ports, peer_ports, strict=True):
             region_dir = self.state_dir / name
             _private_dir(region_dir, 0o700)
@@ -171,7 +183,8 @@ class LocalPlane:
                     port=port,
                     url=f"http://{self.host}:{port}",
                     peer_port=peer_port,
-                    peer_url=f"http://{self.host}:{peer_port}",
+                    peer_url=f"{peer_scheme}://{self.host}:{peer_port}",
+                    tls=issued.get(name),
                     dsn=f"sqlite+aiosqlite:///{db_path}",
                     path=None if self.postgres else str(db_path),
                     log_path=region_dir / "node.log",
@@ -223,6 +236,10 @@ class LocalPlane:
         env["PYTHONPATH"] = os.pathsep.join(
             p for p in (str(_REPO_ROOT), env.get("PYTHONPATH", "")) if p
         )
+        if member.tls is not None:
+            env["CONVPLANE_TLS_CA_FILE"] = str(member.tls.ca_file)
+            env["CONVPLANE_TLS_CERT_FILE"] = str(member.tls.cert_file)
+            env["CONVPLANE_TLS_KEY_FILE"] = str(member.tls.key_file)
         with member.log_path.open("ab") as log_file:
             return subprocess.Popen(
                 command,

@@ -18,6 +18,7 @@ from collections.abc import Iterator
 import uvicorn
 
 from services.api import create_app
+from services.cluster_tls import node_tls, server_ssl_options
 from services.config import NodeSettings
 from services.listeners import ListenerLimits, PeerListenerGate, guarded_protocol
 
@@ -74,6 +75,9 @@ def run_node(
         log.warning("no peer_secret in the cluster file: no peer listener; peers use --port")
         client.run()
         return
+    tls = node_tls(settings)
+    if tls is None:
+        log.warning("no TLS files: the peer listener (bearer keys, the peer secret) is in clear")
     peer = _PeerServer(
         uvicorn.Config(
             PeerListenerGate(app, cluster.peer_secret),
@@ -87,6 +91,7 @@ def run_node(
             http=guarded_protocol(
                 ListenerLimits("peer", settings.peer_connections_max, settings.header_timeout_s)
             ),
+            **(server_ssl_options(tls) if tls is not None else {}),
         )
     )
     asyncio.run(_serve_both(client, peer))

@@ -36,6 +36,9 @@ def up(
     sim_engines: Annotated[
         int, typer.Option(help="simulated inference engines per region (no GPU), for replay")
     ] = 0,
+    tls: Annotated[
+        bool, typer.Option(help="mutual TLS between the nodes, under a CA made for this plane")
+    ] = True,
 ) -> None:
     """Start a local plane: per region a database and a node process. Ctrl-C stops it."""
     from rich.console import Console
@@ -50,6 +53,7 @@ def up(
         postgres=postgres,
         shard_count=shard_count,
         sim_engines=sim_engines,
+        tls=tls,
     )
     stop = _stop_on_signals()
     try:

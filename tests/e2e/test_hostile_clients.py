@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import json
 import socket
+import ssl
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,6 +17,7 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 
+from services.cluster_tls import NodeTls, client_ssl_context, issue_cluster_tls
 from tests.e2e.plane import Plane, start_plane, stop_plane
 
 TARGET = "eu-west"
@@ -194,20 +196,38 @@ def test_a_body_too_large_is_read_before_the_413_so_the_connection_closes_cleanl
     assert '"payload_too_large"' in reply
 
 
-def test_the_peer_listener_serves_nodes_only(plane: Plane) -> None:
-    cluster = json.loads(Path(plane.info["cluster_file"]).read_text())
+def _node_tls(plane: Plane, region: str) -> NodeTls:
+    tls_dir = Path(plane.info["cluster_file"]).parent / "tls"
+    return NodeTls(tls_dir / "ca.pem", tls_dir / f"{region}.pem", tls_dir / f"{region}-key.pem")
+
+
+def _peer_get(url: str, verify: ssl.SSLContext, **headers: str) -> httpx.Response:
+    with httpx.Client(verify=verify, timeout=5.0, trust_env=False) as client:
+        return client.get(url, headers=headers)
+
+
+def test_the_peer_listener_serves_nodes_of_the_cluster_only(plane: Plane, tmp_path: Path) -> None:
+    secret = json.loads(Path(plane.info["cluster_file"]).read_text())["peer_secret"]
     target = next(r for r in plane.info["regions"] if r["name"] == TARGET)
-    anonymous = httpx.get(target["peer_url"] + "/peer/health", timeout=5.0)
-    assert anonymous.status_code == 401
-    assert anonymous.json()["error"]["code"] == "unauthorized"
-    tenant = httpx.get(target["peer_url"] + "/v1/regions", headers=plane.headers, timeout=5.0)
-    assert tenant.status_code == 401
-    node = httpx.get(
-        target["peer_url"] + "/peer/health",
-        headers={"X-Convplane-Peer-Auth": cluster["peer_secret"]},
-        timeout=5.0,
-    )
-    assert node.status_code == 200 and node.json()["region"] == TARGET
+    health = target["peer_url"] + "/peer/health"
+    assert health.startswith("https://")  # TLS is on by default in convplane up
+    node = client_ssl_context(_node_tls(plane, OBSERVER))
+    answered = _peer_get(health, node, **{"X-Convplane-Peer-Auth": secret})
+    assert answered.status_code == 200 and answered.json()["region"] == TARGET
+    # a node of the cluster still needs the peer secret; a tenant's key is not enough
+    assert _peer_get(health, node).status_code == 401
+    tenant = _peer_get(target["peer_url"] + "/v1/regions", node, **plane.headers)
+    assert tenant.status_code == 401 and tenant.json()["error"]["code"] == "unauthorized"
+    # without a certificate of the cluster's CA nothing gets through, secret or not
+    no_certificate = ssl.create_default_context(cafile=str(_node_tls(plane, TARGET).ca_file))
+    impostor_ca = issue_cluster_tls(tmp_path / "impostor", [OBSERVER], ["127.0.0.1"])
+    impostor = client_ssl_context(impostor_ca[OBSERVER])
+    impostor.load_verify_locations(cafile=str(_node_tls(plane, TARGET).ca_file))
+    for refused in (no_certificate, impostor):
+        with pytest.raises(httpx.HTTPError):
+            _peer_get(health, refused, **{"X-Convplane-Peer-Auth": secret})
+    with pytest.raises(httpx.HTTPError):  # nor in clear
+        httpx.get(health.replace("https://", "http://"), timeout=5.0)
 
 
 def test_route_is_404_for_another_tenants_conversation(plane: Plane) -> None:
