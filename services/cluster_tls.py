@@ -76,6 +76,21 @@ def issue_cluster_tls(
     return issued
 
 
+def issue_certificate(directory: Path, name: str, hosts: Iterable[str]) -> NodeTls:
+    """One more certificate under the CA that ``issue_cluster_tls`` made in ``directory`` (a
+    database server's, say), for ``name`` and ``hosts``."""
+    ca_cert = x509.load_pem_x509_certificate((directory / "ca.pem").read_bytes())
+    ca_key = serialization.load_pem_private_key((directory / "ca-key.pem").read_bytes(), None)
+    if not isinstance(ca_key, ec.EllipticCurvePrivateKey):
+        raise ValueError(f"{directory / 'ca-key.pem'} is not the EC key this module writes")
+    key = ec.generate_private_key(ec.SECP256R1())
+    cert = node_certificate(ca_key, ca_cert, name, [name, *hosts], key.public_key())
+    cert_file, key_file = directory / f"{name}.pem", directory / f"{name}-key.pem"
+    _write(cert_file, cert.public_bytes(serialization.Encoding.PEM), mode=0o644)
+    _write(key_file, _key_pem(key), mode=0o600)
+    return NodeTls(directory / "ca.pem", cert_file, key_file)
+
+
 def node_certificate(
     ca_key: ec.EllipticCurvePrivateKey,
     ca_cert: x509.Certificate,

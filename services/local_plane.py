@@ -16,6 +16,7 @@ large quota) and ``demo-limited`` (a small one, to see 429s). The cluster file g
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib
 import inspect
 import json
@@ -26,13 +27,14 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
 import httpx
 
-from services.cluster_tls import NodeTls, issue_cluster_tls
+from services.cluster_tls import NodeTls, issue_certificate, issue_cluster_tls
 from services.config import (
     ClusterConfig,
     RegionConfig,
@@ -123,7 +125,8 @@ class LocalPlane:
                 self.engines = SimEngines(self.sim_engines, self.state_dir, self.host)
                 self.engines.start([m.name for m in self.members])
             write_cluster(self.cluster_file, self._cluster_config())
-            asyncio.run(_migrate_all([m.dsn for m in self.members]))
+            with _database_ca(self._database_ca_file()):
+                asyncio.run(_migrate_all([m.dsn for m in self.members]))
             for member in self.members:
                 member.node = self._spawn_node(member)
             self._wait_healthy()
@@ -195,7 +198,13 @@ class LocalPlane:
         if not self.postgres:
             return
         localpg: Any = importlib.import_module("services.localpg")
-        started: Any = localpg.start_instances(self.regions, self.state_dir / "postgres")
+        server_tls = None
+        if self.tls:  # node -> database over TLS, verify-full, under the plane's CA
+            issued = issue_certificate(self.state_dir / "tls", "database", [self.host, "localhost"])
+            server_tls = (issued.cert_file, issued.key_file)
+        started: Any = localpg.start_instances(
+            self.regions, self.state_dir / "postgres", server_tls=server_tls
+        )
         instances = asyncio.run(_awaited(started)) if inspect.isawaitable(started) else started
         for member, instance in zip(self.members, instances, strict=True):
             member.db = instance
@@ -226,6 +235,9 @@ class LocalPlane:
             peer_secret=secrets.token_urlsafe(32),
         )
 
+    def _database_ca_file(self) -> Path | None:
+        return self.state_dir / "tls" / "ca.pem" if self.tls and self.postgres else None
+
     def _spawn_node(self, member: RegionProcess) -> subprocess.Popen[bytes]:
         command = [
             sys.executable, "-m", "services.cli.node", "--cluster-file", str(self.cluster_file), "--region", member.name,
@@ -236,6 +248,8 @@ class LocalPlane:
         env["PYTHONPATH"] = os.pathsep.join(
             p for p in (str(_REPO_ROOT), env.get("PYTHONPATH", "")) if p
         )
+        if (database_ca := self._database_ca_file()) is not None:
+            env["PGSSLROOTCERT"] = str(database_ca)  # asyncpg's CA for ssl=verify-full
         if member.tls is not None:
             env["CONVPLANE_TLS_CA_FILE"] = str(member.tls.ca_file)
             env["CONVPLANE_TLS_CERT_FILE"] = str(member.tls.cert_file)
@@ -305,6 +319,24 @@ class LocalPlane:
                 if inspect.isawaitable(stopped):
                     asyncio.run(_awaited(stopped))
                 m.db = None
+
+
+@contextlib.contextmanager
+def _database_ca(ca_file: Path | None) -> Iterator[None]:
+    """``PGSSLROOTCERT`` for this process while it migrates (asyncpg reads the CA of
+    ``ssl=verify-full`` from there), as before afterwards."""
+    if ca_file is None:
+        yield
+        return
+    previous = os.environ.get("PGSSLROOTCERT")
+    os.environ["PGSSLROOTCERT"] = str(ca_file)
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop("PGSSLROOTCERT", None)
+        else:
+            os.environ["PGSSLROOTCERT"] = previous
 
 
 async def _awaited(awaitable: Any) -> Any:
