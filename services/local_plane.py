@@ -31,6 +31,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
+from urllib.parse import urlsplit
 
 import httpx
 
@@ -42,6 +43,8 @@ from services.config import (
     api_key_sha256,
     write_cluster,
 )
+from services.db_roles import node_role, restrict_to_protocol
+from services.localpg import asyncpg_dsn
 
 REGION_NAMES = ("us-east", "eu-west", "ap-south", "us-west", "eu-north", "ap-east", "sa-east")
 DEMO_TENANT = "demo"
@@ -80,6 +83,8 @@ class RegionProcess:
     path: str | None  # the SQLite file, when SQLite
     log_path: Path
     tls: NodeTls | None = None  # the node's certificate under the plane's CA
+    #: the node's own database role's password (services.db_roles), in its pgpass file only
+    db_password: str = field(default_factory=lambda: secrets.token_urlsafe(24), repr=False)
     db: DbHandle | None = None
     node: subprocess.Popen[bytes] | None = None
     exit_reported: bool = False
@@ -127,6 +132,8 @@ class LocalPlane:
             write_cluster(self.cluster_file, self._cluster_config())
             with _database_ca(self._database_ca_file()):
                 asyncio.run(_migrate_all([m.dsn for m in self.members]))
+            if self.postgres:
+                asyncio.run(self._restrict_databases())
             for member in self.members:
                 member.node = self._spawn_node(member)
             self._wait_healthy()
@@ -213,7 +220,16 @@ class LocalPlane:
     def _cluster_config(self) -> ClusterConfig:
         return ClusterConfig(
             regions=[
-                RegionConfig(name=m.name, url=m.url, peer_url=m.peer_url, dsn=m.dsn)
+                RegionConfig(
+                    name=m.name,
+                    url=m.url,
+                    peer_url=m.peer_url,
+                    # the owner's DSN without its password: every node has its own in dsn_from
+                    dsn=_without_password(m.dsn),
+                    dsn_from={s.name: self.node_dsn(s, m) for s in self.members}
+                    if self.postgres
+                    else {},
+                )
                 for m in self.members
             ],
             shard_count=self.shard_count,
@@ -235,6 +251,31 @@ class LocalPlane:
             peer_secret=secrets.token_urlsafe(32),
         )
 
+    async def _restrict_databases(self) -> None:
+        """Each node's role may run the protocol's functions and read, nothing else."""
+        roles = {node_role(m.name): m.db_password for m in self.members}
+        for member in self.members:
+            owner = asyncpg_dsn(member.dsn, ca_file=self._database_ca_file())
+            await restrict_to_protocol(owner, roles)
+        for member in self.members:
+            _write_private(
+                member.log_path.parent / "pgpass",
+                f"*:*:*:{node_role(member.name)}:{member.db_password}\n",
+            )
+
+    def owner_dsn(self, member: RegionProcess) -> str:
+        """An asyncpg DSN of ``member``'s database as its owner, for audits and tools."""
+        return asyncpg_dsn(member.dsn, ca_file=self._database_ca_file())
+
+    def node_dsn(self, source: RegionProcess, target: RegionProcess) -> str:
+        """The DSN the node of ``source`` uses for ``target``'s database: its own role, no
+        password (that is in its pgpass file)."""
+        if not self.postgres:
+            return target.dsn
+        parts = urlsplit(target.dsn)
+        netloc = f"{node_role(source.name)}@{parts.hostname}:{parts.port}"
+        return parts._replace(netloc=netloc).geturl()
+
     def _database_ca_file(self) -> Path | None:
         return self.state_dir / "tls" / "ca.pem" if self.tls and self.postgres else None
 
@@ -248,6 +289,8 @@ class LocalPlane:
         env["PYTHONPATH"] = os.pathsep.join(
             p for p in (str(_REPO_ROOT), env.get("PYTHONPATH", "")) if p
         )
+        if self.postgres:
+            env["PGPASSFILE"] = str(member.log_path.parent / "pgpass")
         if (database_ca := self._database_ca_file()) is not None:
             env["PGSSLROOTCERT"] = str(database_ca)  # asyncpg's CA for ssl=verify-full
         if member.tls is not None:
@@ -390,11 +433,22 @@ def _tail(path: Path, max_bytes: int = 4000) -> str:
 
 def write_private_json(path: Path, value: dict[str, Any]) -> None:
     """Write ``value`` to ``path`` readable by this user only (it holds API keys)."""
+    _write_private(path, json.dumps(value, indent=2) + "\n")
+
+
+def _write_private(path: Path, text: str) -> None:
     tmp = path.with_suffix(path.suffix + ".tmp")
     tmp.unlink(missing_ok=True)
     _private_file(tmp)
-    tmp.write_text(json.dumps(value, indent=2) + "\n", encoding="utf-8")
+    tmp.write_text(text, encoding="utf-8")
     tmp.replace(path)
+
+
+def _without_password(dsn: str) -> str:
+    parts = urlsplit(dsn)
+    if parts.password is None:
+        return dsn
+    return parts._replace(netloc=f"{parts.username}@{parts.hostname}:{parts.port}").geturl()
 
 
 def _private_file(path: Path) -> None:

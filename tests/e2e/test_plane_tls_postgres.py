@@ -5,6 +5,7 @@ CA, is refused even with the right password."""
 from __future__ import annotations
 
 import asyncio
+import json
 import ssl
 from collections.abc import Iterator
 from pathlib import Path
@@ -70,3 +71,42 @@ def test_nodes_write_through_verified_tls_and_nothing_else_gets_in(
     other_ca = issue_cluster_tls(tmp_path / "other", ["x"], ["127.0.0.1"])["x"].ca_file
     with pytest.raises(ssl.SSLCertVerificationError):
         asyncio.run(_connect(region["dsn"], ssl.create_default_context(cafile=str(other_ca))))
+
+
+async def _as_role(dsn: str, user: str, password: str, ca_file: Path, sql: str) -> object:
+    parts = urlsplit(dsn)
+    conn = await asyncpg.connect(
+        host=parts.hostname, port=parts.port, user=user, password=password,
+        database=parts.path.lstrip("/"), ssl=ssl.create_default_context(cafile=str(ca_file)),
+        timeout=10,
+    )  # fmt: skip
+    try:
+        return await conn.fetchval(sql)
+    finally:
+        await conn.close()
+
+
+def test_each_node_holds_only_its_own_role_which_can_run_the_protocol_and_read(
+    plane: Plane,
+) -> None:
+    state_dir = Path(plane.info["cluster_file"]).parent
+    ca_file = state_dir / "tls" / "ca.pem"
+    cluster = json.loads(Path(plane.info["cluster_file"]).read_text())
+    for region in cluster["regions"]:  # the shared cluster file holds no password
+        assert urlsplit(region["dsn"]).password is None
+        assert all(urlsplit(d).password is None for d in region["dsn_from"].values())
+    host, port, database, user, password = (
+        (state_dir / "us-east" / "pgpass").read_text().strip().split(":")
+    )
+    assert (host, port, database, user) == ("*", "*", "*", "convplane_node_us_east")
+    remote = next(r for r in plane.info["regions"] if r["name"] == "eu-west")["dsn"]
+    entries = asyncio.run(_as_role(remote, user, password, ca_file, "SELECT count(*) FROM entries"))
+    assert isinstance(entries, int) and entries > 0
+    for sql in (
+        "DELETE FROM entries",
+        "UPDATE shards SET promised_epoch = 0",
+        "DROP TABLE entries",
+        "CREATE TABLE mine (x int)",
+    ):
+        with pytest.raises(asyncpg.InsufficientPrivilegeError):
+            asyncio.run(_as_role(remote, user, password, ca_file, sql))
