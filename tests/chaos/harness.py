@@ -66,9 +66,10 @@ class ChaosPlane(LocalPlane):
         regions = [
             RegionConfig(
                 name=r.name, url=r.url, dsn=r.dsn, capacity_weight=r.capacity_weight,
-                dsn_from={s.name: _with_port(r.dsn_from.get(s.name, r.dsn),
-                                             self.proxies[f"{s.name}->{r.name}:db"].port)
-                          for s in self.members if s.name != r.name},
+                dsn_from={**r.dsn_from,  # the nodes' own roles; other regions via proxies
+                          **{s.name: _with_port(r.dsn_from.get(s.name, r.dsn),
+                                                self.proxies[f"{s.name}->{r.name}:db"].port)
+                             for s in self.members if s.name != r.name}},
                 url_from={s.name: _with_port(r.url, self.proxies[f"{s.name}->{r.name}:http"].port)
                           for s in self.members if s.name != r.name},
             )
