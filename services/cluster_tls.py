@@ -21,7 +21,7 @@ import datetime
 import ipaddress
 import os
 import ssl
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -55,8 +55,10 @@ def issue_cluster_tls(
     hosts: Iterable[str],
     *,
     cluster_name: str = "convplane",
+    hosts_of: Mapping[str, Iterable[str]] | None = None,
 ) -> dict[str, NodeTls]:
-    """A fresh CA and one certificate per region, under ``directory`` (module docstring)."""
+    """A fresh CA and one certificate per region, under ``directory`` (module docstring);
+    ``hosts_of``: names only one region's certificate carries (its node's host name)."""
     directory.mkdir(mode=0o700, parents=True, exist_ok=True)
     directory.chmod(0o700)
     ca_key = ec.generate_private_key(ec.SECP256R1())
@@ -68,7 +70,8 @@ def issue_cluster_tls(
     issued = {}
     for region in regions:
         key = ec.generate_private_key(ec.SECP256R1())
-        cert = node_certificate(ca_key, ca_cert, region, [region, *host_list], key.public_key())
+        names = [region, *host_list, *(hosts_of or {}).get(region, ())]
+        cert = node_certificate(ca_key, ca_cert, region, names, key.public_key())
         cert_file, key_file = directory / f"{region}.pem", directory / f"{region}-key.pem"
         _write(cert_file, cert.public_bytes(serialization.Encoding.PEM), mode=0o644)
         _write(key_file, _key_pem(key), mode=0o600)

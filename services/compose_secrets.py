@@ -8,7 +8,9 @@ run it generates, into ``DIR`` (a volume only the stack mounts), each file 0600:
 * ``service_api_key``: the replay workers' key (they read it from the file into their
   environment: a key on a command line is visible to every user in ``ps``);
 * ``pg-<region>-password``: each region's database password (``POSTGRES_PASSWORD_FILE``);
-* ``cluster.json``: the template with the peer secret, the key hashes and each DSN's password.
+* ``cluster.json``: the template with the peer secret, the key hashes and each DSN's password;
+* ``tls/``: a cluster CA and a certificate per node (``services.cluster_tls``, host name
+  ``node-<region>``) for the mutual TLS of the peer listeners.
 
 Later runs keep what exists, so restarts keep their keys and databases. Operators who bring
 their own secrets write ``DIR`` themselves (or mount it from an env-specific store).
@@ -28,6 +30,7 @@ from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from services.cluster_tls import issue_cluster_tls
 from services.config import ClusterConfig, api_key_sha256
 
 #: what the repository used to ship in docker-compose.yml and deploy/: public, so never secret
@@ -90,6 +93,10 @@ def ensure_secrets(
         parts = urlsplit(region["dsn"])
         netloc = f"{parts.username}:{password}@{parts.hostname}:{parts.port}"
         region["dsn"] = parts._replace(netloc=netloc).geturl()
+    tls_dir = out_dir / "tls"
+    if not (tls_dir / "ca.pem").exists():
+        names = [r["name"] for r in template["regions"]]
+        issue_cluster_tls(tls_dir, names, [], hosts_of={n: [f"node-{n}"] for n in names})
     template["tenants"] = [{"tenant_id": DEMO_TENANT, "api_key_sha256": api_key_sha256(api_key)}]
     template["peer_secret"] = peer_secret
     template.setdefault("replay", {})["service_api_key_sha256"] = api_key_sha256(service_key)

@@ -25,5 +25,7 @@ def test_compose_has_a_full_stack_per_region(tmp_path: Path) -> None:
         assert node_command[node_command.index("--region") + 1] == region.name
         assert f"pg-{region.name}:5432" in region.dsn
         peer_port = node_command[node_command.index("--peer-port") + 1]
-        assert region.peer_url == f"http://node-{region.name}:{peer_port}"
+        assert region.peer_url == f"https://node-{region.name}:{peer_port}"
+        environment = services[f"node-{region.name}"]["environment"]
+        assert environment["CONVPLANE_TLS_CERT_FILE"].endswith(f"/tls/{region.name}.pem")
     assert cluster.replay.kafka_bootstrap_servers == "kafka:9092"

@@ -43,7 +43,8 @@ def test_secrets_are_generated_once_private_and_consistent(tmp_path: Path) -> No
     out = tmp_path / "secrets"
     cluster = ensure_secrets(TEMPLATE, out)
     assert _mode(out) == 0o700
-    assert {_mode(f) for f in out.iterdir()} == {0o600}
+    assert {_mode(f) for f in out.iterdir() if f.is_file()} == {0o600}
+    assert _mode(out / "tls") == 0o700 and _mode(out / "tls" / "us-east-key.pem") == 0o600
     assert load_cluster(out / "cluster.json") == cluster
     api_key = (out / "api_key").read_text().strip()
     service_key = (out / "service_api_key").read_text().strip()
