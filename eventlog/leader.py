@@ -40,9 +40,16 @@ from eventlog.errors import (
     NoQuorum,
     Overloaded,
 )
+from eventlog.identity import IdentityGuard
 from eventlog.model import Accepted, LogEntry, Mismatch, Rejected, leader_barrier
 from eventlog.read_index import ReadIndex
-from eventlog.recovery import RecoveredLog, prepare_round, read_range, recover_log
+from eventlog.recovery import (
+    RecoveredLog,
+    prepare_round,
+    read_range,
+    recover_log,
+    vouched_promises,
+)
 from eventlog.replica import ReplicaStore
 
 #: called with (shard, epoch, newly committed entries) each time the commit position advances
@@ -80,6 +87,7 @@ class ShardLeader:
         min_epoch: int = 0,
         observer: CommitObserver | None = None,
         region_unreachable: Callable[[str], bool] | None = None,
+        identity: IdentityGuard | None = None,
     ) -> None:
         self.shard = shard
         self.region = region
@@ -91,6 +99,7 @@ class ShardLeader:
         #: outside knowledge (the region's failure detector): a region whose node this region
         #: cannot reach is counted as unreachable at once, before its replica calls time out
         self._region_unreachable = region_unreachable
+        self._identity = identity or IdentityGuard()
         self._w = config.quorum(len(replicas))
         self.epoch = min_epoch
         self.highest_seen_epoch = min_epoch
@@ -132,7 +141,10 @@ class ShardLeader:
                 self.shard, self.epoch, self._replicas, self._config, timeout_s
             )
             self.highest_seen_epoch = max(self.highest_seen_epoch, round_.highest_seen_epoch)
-            if round_.promises is not None:
+            promises = await vouched_promises(
+                round_.promises, self._replicas, self._identity, self._config, timeout_s
+            )
+            if promises is not None:
                 break
             if self._clock.monotonic() >= deadline:
                 raise NoQuorum(
@@ -142,7 +154,7 @@ class ShardLeader:
             await self._clock.sleep(backoff_s * (0.5 + self._rng.random()))
             backoff_s = min(backoff_s * 2, self._config.retry_backoff_max_s)
         try:
-            recovered = await recover_log(self.shard, round_.promises, self._replicas, self._config)
+            recovered = await recover_log(self.shard, promises, self._replicas, self._config)
             self._install(recovered)
             self._start_replication()
             remaining_s = max(
@@ -260,12 +272,16 @@ class ShardLeader:
         self._region_unreachable = unreachable
 
     def _counts(self, region: str) -> bool:
-        """Whether a replica's acks and confirmations count (see ``eventlog.identity``)."""
-        return True
+        """Whether a replica's acks and confirmations count: not while it is quarantined
+        (``eventlog.identity``)."""
+        return self._identity.counts(region)
+
+    def _counted(self) -> list[_Follower]:
+        return [f for f in self._followers.values() if self._counts(f.region)]
 
     def _reachable_count(self) -> int:
         now = self._clock.monotonic()
-        return sum(1 for f in self._followers.values() if not self._suspect(f, now))
+        return sum(1 for f in self._counted() if not self._suspect(f, now))
 
     def _quorum_suspected(self) -> bool:
         return bool(self._followers) and self._reachable_count() < self._w
@@ -337,12 +353,12 @@ class ShardLeader:
 
     def holders(self, lsn: int) -> tuple[str, ...]:
         """Regions whose replicas are known to hold the leader's log through ``lsn``."""
-        return tuple(r for r, f in self._followers.items() if f.match_lsn >= lsn)
+        return tuple(f.region for f in self._counted() if f.match_lsn >= lsn)
 
     def read_sources(self) -> list[str]:
         """Regions whose replicas hold every committed entry, best first: this region's own,
         then replicas whose last call succeeded, then the rest."""
-        holders = [f for f in self._followers.values() if f.match_lsn >= self.commit_lsn]
+        holders = [f for f in self._counted() if f.match_lsn >= self.commit_lsn]
         if not holders:
             raise InvariantViolation(f"shard {self.shard}: no replica holds the commit point")
         holders.sort(key=lambda f: (f.region != self.region, f.failing_since is not None, f.region))
@@ -454,7 +470,7 @@ class ShardLeader:
         """A replica known to hold the leader's log through ``through_lsn``: one that accepted
         it at this epoch, or (for the committed base found at recovery) the recovery source."""
         candidates = [
-            f for f in self._followers.values() if f.region != target and f.match_lsn >= through_lsn
+            f for f in self._counted() if f.region != target and f.match_lsn >= through_lsn
         ]
         if candidates:
             return max(
@@ -467,7 +483,9 @@ class ShardLeader:
         )
 
     def _advance_commit(self) -> None:
-        matches = sorted((f.match_lsn for f in self._followers.values()), reverse=True)
+        matches = sorted((f.match_lsn for f in self._counted()), reverse=True)
+        if len(matches) < self._w:
+            return  # too few replicas count (some are quarantined): nothing commits
         quorum_lsn = matches[self._w - 1]
         if quorum_lsn <= self.commit_lsn or quorum_lsn < self._barrier_lsn:
             return  # only entries of this epoch are committed by counting (Raft, section 5.4.2)

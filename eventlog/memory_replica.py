@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from eventlog.errors import InvariantViolation
+from eventlog.identity import IdentityRecord
 from eventlog.model import (
     Accepted,
     AppendReply,
@@ -58,6 +59,28 @@ class MemoryReplica(ReplicaStore):
     def __init__(self, region: str) -> None:
         self.region = region
         self._shards: dict[int, _ShardLog] = {}
+        self._incarnation = 1
+        self.store_id = f"{region}#1"
+        self._registry: dict[str, IdentityRecord] = {}
+
+    def wipe(self) -> None:
+        """Lose everything, as a re-provisioned database does: a new identity, no promises, no
+        log, no registry (for tests and the simulator's disk-loss fault)."""
+        self._incarnation += 1
+        self.store_id = f"{self.region}#{self._incarnation}"
+        self._shards.clear()
+        self._registry.clear()
+
+    async def identity(self) -> str:
+        return self.store_id
+
+    async def registry(self) -> dict[str, IdentityRecord]:
+        return dict(self._registry)
+
+    async def record_identity(self, region: str, record: IdentityRecord) -> None:
+        held = self._registry.get(region)
+        if held is None or held.generation <= record.generation:
+            self._registry[region] = record
 
     def _shard(self, shard: int) -> _ShardLog:
         return self._shards.setdefault(shard, _ShardLog())

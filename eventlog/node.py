@@ -8,6 +8,7 @@ region when known, so the routing layer can forward them.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
 import random
@@ -40,6 +41,7 @@ from eventlog.errors import (
     NotFound,
     NotLeader,
 )
+from eventlog.identity import IdentityGuard, Observation, plan_sweep
 from eventlog.leader import CommitObserver, ShardLeader
 from eventlog.model import CONVERSATION_CREATED, LogEntry, record_entry
 from eventlog.replica import ReplicaStore
@@ -91,10 +93,15 @@ class LogNode(ConversationLog):
         self._leading: dict[int, asyncio.Lock] = {}
         #: the last region known to lead each shard (hint or self), for LogListener.shard_led
         self._previous_leader: dict[int, str] = {}
+        #: which replicas may vote and ack (``eventlog.identity``); filled by verify_replicas
+        self.identity = IdentityGuard()
+        self._verify_lock = asyncio.Lock()
 
     # --- leadership -----------------------------------------------------------------------
 
     def shard_of(self, conversation_id: str) -> int:
+        """The conversation's shard; InvalidRequest for an id no store could hold."""
+        check_text(conversation_id, "conversation_id", column=True)
         return shard_of(conversation_id, self.config.shard_count)
 
     def leads(self, shard: int) -> bool:
@@ -126,6 +133,8 @@ class LogNode(ConversationLog):
         """Become the shard's leader at an epoch higher than any promised; returns the epoch.
         Calls for one shard are serialized: two overlapping calls would otherwise install two
         leaders, the second over the first's conversation state."""
+        if not self.identity.swept:
+            await self.verify_replicas()  # never lead on votes nobody has vouched for
         lock = self._leading.setdefault(shard, asyncio.Lock())
         async with lock:
             await self.resign_shard(shard)
@@ -139,6 +148,7 @@ class LogNode(ConversationLog):
                 min_epoch=self._epochs_seen.get(shard, 0),
                 observer=self._observer,
                 region_unreachable=self._region_unreachable,
+                identity=self.identity,
             )
             try:
                 epoch = await leader.lead()
@@ -167,6 +177,35 @@ class LogNode(ConversationLog):
                 self._hints[shard] = None
         for key in [k for k in self._states if k[0] == shard]:
             del self._states[key]
+
+    async def verify_replicas(self) -> list[str]:
+        """Sweep every store's identity and registry (``eventlog.identity``), record what a new
+        cluster trusts on first use, and update which replicas count. Returns the regions found
+        quarantined by this sweep that were not before (the caller alerts)."""
+        async with self._verify_lock:
+            timeout_s = self.config.replica_call_timeout_s
+            regions = list(self._replicas)
+            observed = await asyncio.gather(
+                *(self._observe_identity(self._replicas[r], timeout_s) for r in regions)
+            )
+            plan = plan_sweep(dict(zip(regions, observed, strict=True)))
+            for store_region, records in plan.writes.items():
+                for region, record in records.items():
+                    with contextlib.suppress(ConvplaneError, TimeoutError, OSError):
+                        await bounded(
+                            self._replicas[store_region].record_identity(region, record),
+                            timeout_s,
+                        )
+            return self.identity.apply(plan)
+
+    @staticmethod
+    async def _observe_identity(store: ReplicaStore, timeout_s: float) -> Observation:
+        try:
+            store_id = await bounded(store.identity(), timeout_s)
+            registry = await bounded(store.registry(), timeout_s)
+        except (ConvplaneError, TimeoutError, OSError):
+            return Observation(None, None)
+        return Observation(store_id, registry)
 
     async def close(self) -> None:
         for shard in list(self._leaders):
@@ -198,7 +237,6 @@ class LogNode(ConversationLog):
         recovered tail may hold the conversation. Such a load fails retryable
         (``LeadershipChanged``); it is never read as absence, or a retried create would write a
         second ``conversation.created`` and restart the seqs."""
-        check_text(conversation_id, "conversation_id", column=True)
         key = (shard, conversation_id)
         leader = self._serving_leader(shard)
         state = self._states.get(key)
@@ -284,7 +322,6 @@ class LogNode(ConversationLog):
         metadata: dict[str, Any],
     ) -> ConversationInfo:
         check_text(tenant_id, "tenant_id", column=True)
-        check_text(conversation_id, "conversation_id", column=True)
         check_text(model_revision, "model_revision")
         check_value(metadata, "metadata")
         shard = self.shard_of(conversation_id)
@@ -431,8 +468,12 @@ class LogNode(ConversationLog):
         return entry.lsn
 
     async def read_committed(self, shard: int, after_lsn: int, limit: int) -> list[LogEntry]:
-        """Committed entries of a shard this node leads (any kind), lsn order."""
+        """Committed entries of a shard this node leads (any kind), lsn order. Leadership is
+        confirmed first (``eventlog.read_index``): a leader that was paused or cut off while
+        another took over must learn that here, not keep answering from its old commit point
+        (the control plane reads its own records this way)."""
         leader = self._serving_leader(shard)
+        await leader.confirm_leadership()
         commit_lsn = leader.commit_lsn
         if after_lsn >= commit_lsn:
             return []

@@ -15,6 +15,7 @@ from typing import Any
 from eventlog.aio import abandon, bounded
 from eventlog.config import LogConfig
 from eventlog.errors import ConvplaneError, InvariantViolation, NoQuorum
+from eventlog.identity import IdentityGuard
 from eventlog.model import LogEntry, Promised, Rejected
 from eventlog.replica import ReplicaStore
 
@@ -159,3 +160,30 @@ def _result_or_none(call: asyncio.Future[Any]) -> object | None:
     if isinstance(exc, ConvplaneError | TimeoutError | OSError):
         return None
     raise exc
+
+
+async def vouched_promises(
+    promises: dict[str, Promised] | None,
+    replicas: Mapping[str, ReplicaStore],
+    identity: IdentityGuard,
+    config: LogConfig,
+    timeout_s: float,
+) -> dict[str, Promised] | None:
+    """The promises that may count: each voter's identity is read again *after* it promised
+    and must be the one the cluster knows it by (``eventlog.identity``); None when fewer than
+    a prepare quorum remain. Ids are never reused, so a store wiped at any moment before the
+    re-read cannot pass. A node that does not verify identities (never swept) counts all."""
+    if promises is None or not identity.swept:
+        return promises
+    regions = list(promises)
+    found = await asyncio.gather(
+        *(bounded(replicas[r].identity(), timeout_s) for r in regions), return_exceptions=True
+    )
+    vouched = {
+        r: promises[r]
+        for r, store_id in zip(regions, found, strict=True)
+        if isinstance(store_id, str) and identity.vouches_for(r, store_id)
+    }
+    if len(vouched) < config.prepare_quorum(len(replicas)):
+        return None
+    return vouched

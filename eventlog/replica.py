@@ -23,6 +23,11 @@ append(shard, epoch, prev_lsn, prev_epoch, entries, leader_commit_lsn)
     4. ``match = prev_lsn + len(entries)``; ``commit_lsn = max(commit_lsn,
        min(leader_commit_lsn, match))``. All of it durable before replying ``Accepted(match)``.
 
+identity() / registry() / record_identity(region, record)
+    The store's durable identity (``store_id``, new with every new database) and its registry
+    of what each region's replica is known as; ``record_identity`` writes one registry row
+    unless the row already holds a higher generation. See ``eventlog.identity``.
+
 Reads never change state and see only what is durable. ``max_lsn`` bounds reads to the committed
 prefix the caller knows of.
 
@@ -35,6 +40,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 
+from eventlog.identity import IdentityRecord
 from eventlog.model import (
     AppendReply,
     ConversationSummary,
@@ -84,6 +90,18 @@ class ReplicaStore(ABC):
         """Conversations (never the barrier entries, whose conversation_id is "") with an entry at ``created_at_ms >= active_since_ms`` (and
         ``lsn <= max_lsn``), most recently active first, at most ``limit``; ``token_count`` and
         ``last_seq`` are over all of the conversation's entries up to ``max_lsn``."""
+
+    @abstractmethod
+    async def identity(self) -> str:
+        """This store's ``store_id``."""
+
+    @abstractmethod
+    async def registry(self) -> dict[str, IdentityRecord]:
+        """Region -> the identity this store knows that region's replica by."""
+
+    @abstractmethod
+    async def record_identity(self, region: str, record: IdentityRecord) -> None:
+        """Write ``region``'s row unless it holds a higher generation already."""
 
     async def close(self) -> None:  # noqa: B027 - optional hook
         """Release connections. Default: nothing to release."""

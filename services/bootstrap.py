@@ -27,6 +27,7 @@ from eventlog.stores import open_replica_store
 from services.cluster_tls import client_ssl_context, node_tls
 from services.config import ClusterConfig, NodeSettings
 from services.controller import Controller
+from services.peer_probe import HttpPeerProber
 from services.replay.service import ReplayService
 from services.replay.wiring import open_replay_service
 
@@ -112,7 +113,12 @@ async def open_runtime(settings: NodeSettings) -> AsyncIterator[NodeRuntime]:
             cluster=cluster,
             node=node,
             replicas=replicas,
-            peers=peers,
+            prober=HttpPeerProber(
+                peers,
+                {r.name: r.peer_url_for(settings.region) for r in cluster.regions},
+                timeout_s=settings.probe_timeout_s,
+                peer_secret=cluster.peer_secret,
+            ),
             clock=clock,
             rng=rng,
         )

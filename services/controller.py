@@ -2,8 +2,8 @@
 
 Four loops, all bounded and under timeouts, around the pure cores in ``regions``:
 
-* **probe** (every ``probe_interval_s``): ``GET /peer/health`` of every peer over the pooled
-  client; replies (with each peer's suspect set and led shards) feed ``regions.membership``.
+* **probe** (every ``probe_interval_s``): every peer's health through the ``PeerProber`` port
+  (``GET /peer/health`` over the pooled client in production); replies (with each peer's suspect set and led shards) feed ``regions.membership``.
 * **learn + reconcile** (every ``placement_poll_s``): read newly committed records of the control
   shard and apply them (``regions.control.ControlState``), then make this node's leadership match
   the assignment: lead the shards assigned here (bounded concurrency, jittered retries), resign
@@ -31,8 +31,6 @@ import random
 from collections.abc import Mapping
 from typing import Any
 
-import httpx
-
 from eventlog.aio import bounded
 from eventlog.clock import Clock
 from eventlog.errors import ConvplaneError, NotLeader
@@ -42,12 +40,16 @@ from eventlog.replica import ReplicaStore
 from regions.control import PLACEMENT_RECORD, ControlConfig, ControlPlanner, ControlState, Placement
 from regions.membership import Membership, MembershipConfig, statuses
 from services.config import ClusterConfig, NodeSettings
+from services.peer_probe import PeerProber
 from services.supervisor import Supervisor
 
 log = logging.getLogger("convplane.controller")
 
 #: most control entries read per poll
 CONTROL_READ_MAX = 256
+#: how often the replicas' identities are swept (eventlog.identity): a wiped replica is
+#: quarantined within this long (a leader's prepare re-reads voters' identities anyway)
+VERIFY_REPLICAS_EVERY_S = 2.0
 
 
 class Controller:
@@ -58,7 +60,7 @@ class Controller:
         cluster: ClusterConfig,
         node: LogNode,
         replicas: Mapping[str, ReplicaStore],
-        peers: httpx.AsyncClient,
+        prober: PeerProber,
         clock: Clock,
         rng: random.Random,
     ) -> None:
@@ -68,7 +70,7 @@ class Controller:
         self.node = node
         self.replicas = dict(replicas)
         self.control_shard = cluster.shard_count
-        self._peers = peers
+        self._prober = prober
         self._clock = clock
         self._rng = rng
         weights = cluster.weights()
@@ -86,12 +88,6 @@ class Controller:
                 failback_step_interval_s=settings.failback_step_interval_s,
             ),
             weights=weights,
-        )
-        self.peer_urls = {r.name: r.peer_url_for(self.region) for r in cluster.regions}
-        # the header name is services.api.forwarding.PEER_AUTH_HEADER (not imported: the API
-        # layer sits above the controller)
-        self._peer_headers = (
-            {"X-Convplane-Peer-Auth": cluster.peer_secret} if cluster.peer_secret else {}
         )
         self._lead_gate = asyncio.Semaphore(settings.lead_concurrency_max)
         self._leading: dict[int, asyncio.Task[None]] = {}
@@ -111,6 +107,7 @@ class Controller:
         self.supervisor.start("probe", self._probe_all, self.settings.probe_interval_s)
         self.supervisor.start("learn-reconcile", self._tick, self.settings.placement_poll_s)
         self.supervisor.start("control", self._control, self.settings.placement_poll_s)
+        self.supervisor.start("verify-replicas", self._verify_replicas, VERIFY_REPLICAS_EVERY_S)
 
     async def close(self) -> None:
         await self.supervisor.close()
@@ -144,6 +141,10 @@ class Controller:
             "unhealthy_loops": self.supervisor.unhealthy(),
         }
 
+    def _replica_state(self, region: str) -> str:
+        verdict = self.node.identity.verdicts.get(region)
+        return verdict.state if verdict is not None else "unknown"
+
     def unhealthy_loops(self, region: str) -> list[str]:
         """Background loops of ``region``'s node that stopped or crash-loop (as last heard)."""
         if region == self.region:
@@ -163,6 +164,7 @@ class Controller:
                 "evacuated": r.name in placement.evacuated,
                 "shards_assigned": len(placement.shards_of(r.name)),
                 "unhealthy_loops": self.unhealthy_loops(r.name),
+                "replica": self._replica_state(r.name),
             }
             for r in self.cluster.regions
         ]
@@ -192,13 +194,9 @@ class Controller:
         await asyncio.gather(*(self._probe(r) for r in peers))
 
     async def _probe(self, region: str) -> None:
-        url = self.peer_urls[region].rstrip("/") + "/peer/health"
         try:
-            reply = await self._peers.get(
-                url, timeout=self.settings.probe_timeout_s, headers=self._peer_headers
-            )
-            body = reply.json() if reply.status_code == 200 else None
-        except (httpx.HTTPError, ValueError):
+            body = await bounded(self._prober.health(region), self.settings.probe_timeout_s)
+        except TimeoutError:
             body = None
         now_s = self._clock.monotonic()
         if not isinstance(body, dict) or body.get("region") != region:
@@ -210,6 +208,18 @@ class Controller:
         loops = body.get("unhealthy_loops", [])
         if isinstance(loops, list):
             self._peer_unhealthy_loops[region] = [str(x)[:64] for x in loops[:16]]
+
+    async def _verify_replicas(self) -> None:
+        for region in await self.node.verify_replicas():
+            verdict = self.node.identity.verdicts[region]
+            log.error(
+                "replica %s QUARANTINED: its identity %s is not the one the cluster knows (%s); "
+                "it neither votes nor acks until `convplane replica rebuild --region %s`",
+                region,
+                verdict.found,
+                verdict.expected.store_id if verdict.expected else "contested",
+                region,
+            )
 
     # --- learn, reconcile, lead the control shard -----------------------------------------
 

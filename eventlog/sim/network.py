@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from eventlog.errors import ReplicaUnavailable
+from eventlog.identity import IdentityRecord
 from eventlog.memory_replica import MemoryReplica
 from eventlog.model import (
     AppendReply,
@@ -41,6 +42,10 @@ class SimNetwork:
         self.faults = NetworkFaults()
         self.cut: set[tuple[str, str]] = set()  # (from region, to region) pairs cut off
         self.crashed: set[str] = set()
+        #: extra delay of every call to a region's database (a stalled or slow database)
+        self.stalled_s: dict[str, float] = {}
+        #: regions whose node process is paused: its calls are neither sent nor answered
+        self.frozen: set[str] = set()
         self._background: list[asyncio.Task[object]] = []
 
     def link(self, src: str, dst: str) -> SimLink:
@@ -61,6 +66,8 @@ class SimNetwork:
     async def deliver(self, src: str, dst: str, op: Callable[[], Awaitable[T]]) -> T:
         faults = self.faults
         await asyncio.sleep(self.rng.uniform(faults.delay_min_s, faults.delay_max_s))
+        if src in self.frozen:
+            await asyncio.sleep(_HANG_S)
         if not self.reachable(src, dst):
             raise ReplicaUnavailable(f"{dst} unreachable from {src}")
         if self.rng.random() < faults.drop_p:
@@ -68,9 +75,11 @@ class SimNetwork:
         if self.rng.random() < faults.duplicate_p:
             delay_s = self.rng.uniform(faults.delay_min_s, faults.delay_max_s * 3)
             self._background.append(asyncio.ensure_future(self._late_copy(dst, delay_s, op)))
+        if dst in self.stalled_s:
+            await asyncio.sleep(self.rng.uniform(0.0, self.stalled_s[dst]))
         result = await op()
         await asyncio.sleep(self.rng.uniform(faults.delay_min_s, faults.delay_max_s))
-        if not self.reachable(dst, src) or self.rng.random() < faults.drop_p:
+        if not self.reachable(dst, src) or src in self.frozen or self.rng.random() < faults.drop_p:
             await asyncio.sleep(_HANG_S)
         return result
 
@@ -142,4 +151,15 @@ class SimLink(ReplicaStore):
             self._src,
             self.region,
             lambda: self._replica.list_conversations(shard, active_since_ms, max_lsn, limit),
+        )
+
+    async def identity(self) -> str:
+        return await self._net.deliver(self._src, self.region, self._replica.identity)
+
+    async def registry(self) -> dict[str, IdentityRecord]:
+        return await self._net.deliver(self._src, self.region, self._replica.registry)
+
+    async def record_identity(self, region: str, record: IdentityRecord) -> None:
+        await self._net.deliver(
+            self._src, self.region, lambda: self._replica.record_identity(region, record)
         )

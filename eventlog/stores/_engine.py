@@ -120,11 +120,20 @@ async def translated(region: str, what: str) -> AsyncIterator[None]:
 
 
 def _is_bad_data(error: BaseException) -> bool:
+    """Values the database refused (not an outage): the driver could not encode a parameter,
+    or PostgreSQL answered SQLSTATE class 22, "data exception" (e.g. a NUL in text)."""
     if isinstance(error, UnicodeError):
         return True
-    return isinstance(error, exc.StatementError) and isinstance(
-        getattr(error, "orig", None), UnicodeError | ValueError
-    )
+    if not isinstance(error, exc.StatementError):
+        return False
+    orig = getattr(error, "orig", None)
+    if isinstance(orig, UnicodeError | ValueError):
+        return True
+    for candidate in (orig, getattr(orig, "__cause__", None)):
+        sqlstate = getattr(candidate, "sqlstate", None)
+        if isinstance(sqlstate, str) and sqlstate.startswith("22"):
+            return True
+    return False
 
 
 @asynccontextmanager

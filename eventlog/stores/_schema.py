@@ -43,6 +43,21 @@ entries = Table(
     Index("ix_entries_created", "shard", "created_at_ms"),
 )
 
+replica_identity = Table(
+    "replica_identity",
+    metadata,
+    Column("singleton", Integer, primary_key=True, autoincrement=False),
+    Column("store_id", Text, nullable=False),
+)
+
+replica_registry = Table(
+    "replica_registry",
+    metadata,
+    Column("region", Text, primary_key=True),
+    Column("store_id", Text, nullable=False),
+    Column("generation", BigInteger, nullable=False),
+)
+
 #: entry columns in LogEntry field order (without the shard)
 ENTRY_COLUMNS = (
     "lsn",

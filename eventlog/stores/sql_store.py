@@ -10,13 +10,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from sqlalchemy import BigInteger, ColumnElement, cast, collate, func, select
+from sqlalchemy import BigInteger, ColumnElement, cast, collate, func, select, text
+from sqlalchemy.dialects.postgresql import insert as postgresql_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from eventlog.clock import Clock, SystemClock
+from eventlog.identity import IdentityRecord
 from eventlog.model import (
     AppendReply,
     ConversationSummary,
@@ -28,7 +32,14 @@ from eventlog.replica import ReplicaStore
 from eventlog.stores import _pg_writes, _sqlite_writes
 from eventlog.stores._engine import SQLITE_WRITE_OPTION, StoreLimits, checked_out, translated
 from eventlog.stores._plan import AppendRequest, check_append_request, check_storable
-from eventlog.stores._schema import entries, entry_from_row, shards, status_from_row
+from eventlog.stores._schema import (
+    entries,
+    entry_from_row,
+    replica_identity,
+    replica_registry,
+    shards,
+    status_from_row,
+)
 from eventlog.stores.group_commit import AppendOutcome, GroupCommitter
 
 
@@ -219,6 +230,43 @@ class SqlReplicaStore(ReplicaStore):
         return checked_out(
             self._engine, self.region, what, self.limits.statement_timeout_s, write=write
         )
+
+    # --- identity (eventlog.identity) ----------------------------------------------------
+
+    async def identity(self) -> str:
+        """The ``store_id`` made by the migration, qualified by where the data lives now: the
+        database's oid (PostgreSQL: a dump restored into a new database is a new database) or
+        the file's inode (SQLite: a copied-back backup file is a new file)."""
+        async with self._connection("identity") as conn:
+            store_id = (await conn.execute(select(replica_identity.c.store_id))).scalar_one()
+            if self._postgres:
+                oid = (
+                    await conn.execute(
+                        text("SELECT oid FROM pg_database WHERE datname = current_database()")
+                    )
+                ).scalar_one()
+                return f"{store_id}/db{oid}"
+        path = self._engine.url.database or ""
+        return f"{store_id}/ino{os.stat(path).st_ino}"
+
+    async def registry(self) -> dict[str, IdentityRecord]:
+        async with self._connection("registry") as conn:
+            rows = (await conn.execute(select(replica_registry))).mappings().all()
+        return {r["region"]: IdentityRecord(r["store_id"], int(r["generation"])) for r in rows}
+
+    async def record_identity(self, region: str, record: IdentityRecord) -> None:
+        insert = postgresql_insert if self._postgres else sqlite_insert
+        statement = insert(replica_registry).values(
+            region=region, store_id=record.store_id, generation=record.generation
+        )
+        statement = statement.on_conflict_do_update(
+            index_elements=[replica_registry.c.region],
+            set_={"store_id": record.store_id, "generation": record.generation},
+            where=replica_registry.c.generation <= record.generation,
+        )
+        async with self._connection("record_identity", write=True) as conn:
+            await conn.execute(statement)
+            await conn.commit()
 
     # --- lifecycle -----------------------------------------------------------------------
 

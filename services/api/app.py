@@ -80,6 +80,7 @@ def create_app(settings: NodeSettings, *, runtime_factory: RuntimeFactory | None
             app.state.controller = runtime.controller
             if runtime.controller is not None:
                 metrics.watch_loops(runtime.controller.supervisor)
+                metrics.watch_replicas(runtime.controller.node.identity)
             install_replay(app, metrics.registry, runtime.replay)
             admission.open(
                 settings=settings,

@@ -8,6 +8,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from eventlog.identity import IdentityGuard
 from services.supervisor import Supervisor
 
 #: the methods that get a label of their own; any other token is counted as "other"
@@ -48,6 +49,10 @@ class Metrics:
         """Export the supervised loops' crash counts and crash-looping state at each scrape."""
         self.registry.register(_LoopCollector(supervisor))
 
+    def watch_replicas(self, identity: IdentityGuard) -> None:
+        """Export which replicas are quarantined (``eventlog.identity``) at each scrape."""
+        self.registry.register(_ReplicaCollector(identity))
+
     def observe_request(self, route: str, method: str, status: int, latency_s: float) -> None:
         """``method`` is any token a client sent (HTTP allows any): unknown ones are "other"."""
         method = method if method in HTTP_METHODS else "other"
@@ -79,3 +84,19 @@ class _LoopCollector(Collector):
             looping.add_metric([health.name], 1.0 if health.name in unhealthy else 0.0)
         yield crashes
         yield looping
+
+
+class _ReplicaCollector(Collector):
+    def __init__(self, identity: IdentityGuard) -> None:
+        self._identity = identity
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        quarantined = GaugeMetricFamily(
+            "convplane_replica_quarantined",
+            "1 while a region's replica is quarantined: its identity is not the one the cluster "
+            "knows (lost or re-provisioned database); it neither votes nor acks until rebuilt",
+            labels=["region"],
+        )
+        for region, verdict in sorted(self._identity.verdicts.items()):
+            quarantined.add_metric([region], 1.0 if verdict.state == "quarantined" else 0.0)
+        yield quarantined

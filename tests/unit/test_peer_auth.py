@@ -22,6 +22,11 @@ SECRET = "s" * 40
 PEERS = httpx.AsyncClient(transport=httpx.MockTransport(lambda r: httpx.Response(503)))
 
 
+class NoPeers:
+    async def health(self, region: str) -> None:
+        return None
+
+
 def peer_app(peer_secret: str | None) -> FastAPI:
     cluster = cluster_config().model_copy(update={"peer_secret": peer_secret})
     replicas = {r.name: MemoryReplica(r.name) for r in cluster.regions}
@@ -37,7 +42,7 @@ def peer_app(peer_secret: str | None) -> FastAPI:
         cluster=cluster,
         node=node,
         replicas=replicas,
-        peers=httpx.AsyncClient(),
+        prober=NoPeers(),
         clock=clock,
         rng=rng,
     )

@@ -18,6 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from eventlog.errors import InvariantViolation
+from eventlog.identity import IdentityRecord
 from eventlog.memory_replica import MemoryReplica
 from eventlog.model import (
     Accepted,
@@ -291,6 +292,23 @@ class ReplicaConformance:
         assert await reopened.read_log(4, 0, 10) == run(1, 3, 1)
         assert await reopened.append(4, 6, 3, 1, run(4, 4, 6), 0) == Rejected(7)
 
+    async def test_identity_is_durable_and_the_registry_keeps_the_highest_generation(
+        self, replica: ReplicaStore, replica_opener: ReplicaOpener
+    ) -> None:
+        store_id = await replica.identity()
+        assert store_id and await replica.registry() == {}
+        await replica.record_identity("a", IdentityRecord("a-1", 0))
+        await replica.record_identity("a", IdentityRecord("a-2", 2))
+        await replica.record_identity("a", IdentityRecord("a-3", 1))  # lower: ignored
+        await replica.record_identity("b", IdentityRecord("b-1", 0))
+        await replica.close()
+        reopened = await replica_opener()
+        assert await reopened.identity() == store_id
+        assert await reopened.registry() == {
+            "a": IdentityRecord("a-2", 2),
+            "b": IdentityRecord("b-1", 0),
+        }
+
     # --- the same replies as the reference, for random operation sequences ---------------
 
     @settings(
@@ -400,3 +418,16 @@ async def replica_opener(
 
 class TestReplicaConformance(ReplicaConformance):
     """The suite on MemoryReplica and the SQLite store."""
+
+
+async def test_a_new_sqlite_database_in_the_same_place_is_a_new_identity(tmp_path: Path) -> None:
+    """Deleting and re-creating a replica's database (re-provisioning) changes its identity."""
+    dsn = f"sqlite+aiosqlite:///{tmp_path / 'replica.db'}"
+    store = await open_replica_store(dsn, "r1")
+    first = await store.identity()
+    await store.close()
+    for suffix in ("", "-wal", "-shm"):
+        (tmp_path / f"replica.db{suffix}").unlink(missing_ok=True)
+    store = await open_replica_store(dsn, "r1")
+    assert await store.identity() != first
+    await store.close()

@@ -1,0 +1,49 @@
+"""What the whole-plane simulation adds to the log simulator's network: node-to-node probes.
+
+Replica calls go through ``eventlog.sim.network.SimNetwork`` (delay, loss, duplication, cuts,
+crashed databases). A node's health probe of a peer goes through the same cuts (a directed pair
+``(src, dst)`` in ``SimNetwork.cut`` drops traffic from ``src`` to ``dst``, so a one-way
+partition is one pair) and fails while the peer's node process is down or paused.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from eventlog.sim.network import SimNetwork
+
+#: a probe that is lost never gets a reply; the prober's deadline ends the wait
+_LOST_S = 3600.0
+
+
+class SimProber:
+    """The ``PeerProber`` port of node ``src`` on the simulated network."""
+
+    def __init__(
+        self,
+        net: SimNetwork,
+        src: str,
+        health_of: Callable[[str], Mapping[str, Any] | None],
+    ) -> None:
+        self._net = net
+        self._src = src
+        self._health_of = health_of  # None while that region's node is down or paused
+
+    async def health(self, region: str) -> Mapping[str, Any] | None:
+        net = self._net
+        await asyncio.sleep(net.rng.uniform(net.faults.delay_min_s, net.faults.delay_max_s))
+        if (
+            self._src in net.frozen
+            or (self._src, region) in net.cut
+            or net.rng.random() < net.faults.drop_p
+        ):
+            await asyncio.sleep(_LOST_S)
+        reply = self._health_of(region)
+        if reply is None:
+            await asyncio.sleep(_LOST_S)
+        await asyncio.sleep(net.rng.uniform(net.faults.delay_min_s, net.faults.delay_max_s))
+        if (region, self._src) in net.cut or self._src in net.frozen:
+            await asyncio.sleep(_LOST_S)
+        return reply

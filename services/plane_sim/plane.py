@@ -1,0 +1,215 @@
+"""The simulated plane: every region's real ``LogNode`` and real ``Controller`` on virtual time.
+
+Each region has an in-memory replica, a log node and a controller running its supervised loops
+(probe, learn + reconcile, control, verify replicas), wired as ``services.bootstrap`` wires them
+but with the simulated network behind the replica ports and the ``PeerProber`` port. What the
+simulation can do to a region (each counted as a fault by kind in ``PlaneRun.faults``):
+
+* ``crash_node`` / ``restart_node``: the node process dies (its memory is gone) and later a new
+  one starts with a fresh controller and log node;
+* ``pause_node`` / ``resume_node``: the node stops answering and sending (a GC pause, a stopped
+  VM) and later wakes up with its old memory, leaders and all;
+* ``wipe_replica``: the region's database comes back empty (disk loss, re-provisioning);
+  ``rebuild_replica`` is the operator's ``convplane replica rebuild``.
+
+Nothing here decides anything the product decides: it only runs the product's code.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+from eventlog.clock import LoopClock
+from eventlog.config import LogConfig
+from eventlog.memory_replica import MemoryReplica
+from eventlog.node import LogNode
+from eventlog.rebuild import rebuild_replica
+from eventlog.sim.checker import History
+from eventlog.sim.network import SimNetwork
+from services.config import ClusterConfig, NodeSettings, RegionConfig
+from services.controller import Controller
+from services.plane_sim.network import SimProber
+
+REGION_NAMES = "abcde"
+
+
+class SkewedClock(LoopClock):
+    """The loop's time, with this node's wall clock off by ``skew_ms`` (clock skew)."""
+
+    def __init__(self, skew_ms: int) -> None:
+        super().__init__()
+        self.skew_ms = skew_ms
+
+    def wall_ms(self) -> int:
+        return super().wall_ms() + self.skew_ms
+
+
+@dataclass
+class RegionProcess:
+    """One region's node process as the simulation sees it."""
+
+    name: str
+    node: LogNode | None = None
+    controller: Controller | None = None
+    paused: bool = False
+
+    @property
+    def serving(self) -> bool:
+        return self.node is not None and not self.paused
+
+
+class _LeaderChanges:
+    """A ``LogListener`` that counts shard leaderships taken, for the run's report."""
+
+    def __init__(self, counter: Counter[str]) -> None:
+        self._counter = counter
+
+    def shard_led(self, shard: int, epoch: int, previous_region: str | None) -> None:
+        self._counter["leader_changes"] += 1
+
+    def conversation_written(self, tenant_id: str, conversation_id: str, event_type: str) -> None:
+        return None
+
+
+class SimPlane:
+    def __init__(self, rng: random.Random, regions: int, shard_count: int) -> None:
+        self.rng = rng
+        self.names = list(REGION_NAMES[:regions])
+        self.replicas = {r: MemoryReplica(r) for r in self.names}
+        self.net = SimNetwork(random.Random(rng.getrandbits(64)), self.replicas)
+        self.history = History()
+        self.counts: Counter[str] = Counter()
+        self.cluster = ClusterConfig(
+            shard_count=shard_count,
+            regions=[
+                RegionConfig(name=r, url=f"http://{r}.sim", dsn=f"sqlite+aiosqlite:///{r}.sim")
+                for r in self.names
+            ],
+        )
+        self.config = LogConfig(
+            shard_count=shard_count,
+            replica_call_timeout_s=0.3,
+            append_timeout_s=1.0,
+            lead_timeout_s=1.0,
+            replica_suspect_after_s=0.5,
+            retry_backoff_max_s=0.1,
+            commit_push_delay_s=0.01,
+        )
+        self.skews_ms = {r: rng.choice([0, 0, -1500, 2500]) for r in self.names}
+        self.processes = {r: RegionProcess(r) for r in self.names}
+        self.wiped: set[str] = set()
+
+    # --- processes ------------------------------------------------------------------------
+
+    def settings(self, region: str) -> NodeSettings:
+        return NodeSettings(
+            region=region,
+            cluster=self.cluster,
+            probe_interval_s=0.2,
+            probe_timeout_s=0.3,
+            detection_s=1.0,
+            never_seen_grace_s=2.0,
+            placement_poll_s=0.1,
+            control_read_timeout_s=0.5,
+            failback_hysteresis_s=4.0,
+            failback_shards_per_step=2,
+            failback_step_interval_s=0.5,
+            handoff_wait_s=1.0,
+            lead_backoff_max_s=0.5,
+        )
+
+    async def start_node(self, region: str) -> None:
+        process = self.processes[region]
+        assert process.node is None
+        clock = SkewedClock(self.skews_ms[region])
+        links = {dst: self.net.link(region, dst) for dst in self.names}
+        node = LogNode(
+            region=region,
+            replicas=links,
+            config=self.config,
+            clock=clock,
+            rng=random.Random(self.rng.getrandbits(64)),
+            observer=partial(self.history.on_commit, region),
+            listeners=[_LeaderChanges(self.counts)],
+        )
+        controller = Controller(
+            settings=self.settings(region),
+            cluster=self.cluster,
+            node=node,
+            replicas=links,
+            prober=SimProber(self.net, region, self._health_of),
+            clock=clock,
+            rng=random.Random(self.rng.getrandbits(64)),
+        )
+        node.set_region_health(
+            lambda other: (
+                other != region and other in controller.membership.suspects(clock.monotonic())
+            )
+        )
+        process.node, process.controller = node, controller
+        await controller.start()
+
+    async def stop_node(self, region: str) -> None:
+        process = self.processes[region]
+        if process.controller is not None:
+            await process.controller.close()
+        if process.node is not None:
+            await process.node.close()
+        process.node = process.controller = None
+        self.pause_node(region, False)
+
+    def pause_node(self, region: str, paused: bool) -> None:
+        """A paused node sends nothing and answers nothing (its calls hang), then wakes up with
+        all its memory: leaders that believe they still lead, a stale placement."""
+        self.processes[region].paused = paused
+        if paused:
+            self.net.frozen.add(region)
+        else:
+            self.net.frozen.discard(region)
+
+    def _health_of(self, region: str) -> Mapping[str, Any] | None:
+        process = self.processes[region]
+        if process.controller is None or process.paused:
+            return None
+        return process.controller.health_reply()
+
+    # --- databases ------------------------------------------------------------------------
+
+    def wipe_replica(self, region: str) -> None:
+        self.replicas[region].wipe()
+        self.wiped.add(region)
+
+    async def rebuild_replica(self, region: str) -> None:
+        """The operator's ``convplane replica rebuild``, run from another region."""
+        source = next(r for r in self.names if r != region)
+        links = {dst: self.net.link(source, dst) for dst in self.names}
+        await rebuild_replica(links, region, range(self.cluster.shard_count + 1), self.config)
+        self.wiped.discard(region)
+
+    # --- views ----------------------------------------------------------------------------
+
+    def serving(self) -> list[RegionProcess]:
+        return [p for p in self.processes.values() if p.serving]
+
+    def controllers(self) -> list[Controller]:
+        return [p.controller for p in self.processes.values() if p.controller is not None]
+
+    def leaders_of(self, shard: int) -> list[str]:
+        return [p.name for p in self.serving() if p.node is not None and p.node.leads(shard)]
+
+    def node(self, region: str) -> LogNode | None:
+        process = self.processes[region]
+        return process.node if process.serving else None
+
+    async def close(self) -> None:
+        for region in self.names:
+            await self.stop_node(region)
+        await self.net.close()
+
+
+Action = Callable[[], Any]

@@ -1,0 +1,470 @@
+"""The five safety bugs of issue 7, each as a deterministic scenario named by the behaviour it
+guards. Each ran (as a script in shared/repro) against the code before its fix and showed the
+bug; here each asserts the fixed behaviour, on the simulator's virtual-time loop where time
+matters, so no test depends on this machine's speed."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import pytest
+
+from eventlog.clock import LoopClock
+from eventlog.config import LogConfig
+from eventlog.errors import (
+    ConvplaneError,
+    Fenced,
+    InvalidRequest,
+    LeadershipChanged,
+    NoQuorum,
+    ReplicaUnavailable,
+)
+from eventlog.memory_replica import MemoryReplica
+from eventlog.node import LogNode
+from eventlog.rebuild import rebuild_replica
+from eventlog.sim.checker import History, check_final_log
+from eventlog.sim.loop import VirtualTimeLoop
+from eventlog.sim.network import SimNetwork
+from regions.control import PLACEMENT_RECORD, ControlState
+from services.config import ClusterConfig, NodeSettings, RegionConfig
+from services.controller import Controller
+
+T = TypeVar("T")
+
+
+def run(scenario: Callable[[], Awaitable[T]]) -> T:
+    loop = VirtualTimeLoop()
+    try:
+        return loop.run_until_complete(scenario())
+    finally:
+        for task in asyncio.all_tasks(loop):
+            task.cancel()
+        loop.run_until_complete(asyncio.sleep(0))
+        loop.close()
+
+
+def nodes_on(net: SimNetwork, regions: str, shard_count: int = 4) -> dict[str, LogNode]:
+    config = LogConfig(shard_count=shard_count)
+    return {
+        r: LogNode(
+            region=r,
+            replicas={d: net.link(r, d) for d in regions},
+            config=config,
+            clock=LoopClock(),
+            rng=random.Random(ord(r)),
+        )
+        for r in regions
+    }
+
+
+# --- bug 1: the control plane cannot brick itself -------------------------------------------
+
+
+PORT_CALLS = (
+    "prepare",
+    "append",
+    "status",
+    "read_log",
+    "read_conversation",
+    "list_conversations",
+    "identity",
+    "registry",
+    "record_identity",
+)
+
+
+class StallingReplica:
+    """A replica port over a MemoryReplica that can be dead or have a stalling database."""
+
+    def __init__(self, inner: MemoryReplica, rng: random.Random) -> None:
+        self.inner, self.region, self.rng = inner, inner.region, rng
+        self.dead = False
+        self.slow = False
+
+    async def _call(self, name: str, *args: Any) -> Any:
+        await asyncio.sleep(0.002)
+        if self.dead:
+            raise ReplicaUnavailable(f"{self.region} down")
+        if self.slow and name == "append":
+            await asyncio.sleep(self.rng.uniform(0.2, 1.5))
+        return await getattr(self.inner, name)(*args)
+
+    def __getattr__(self, name: str) -> Callable[..., Awaitable[Any]]:
+        if name in PORT_CALLS:
+            return lambda *args: self._call(name, *args)
+        raise AttributeError(name)
+
+    async def close(self) -> None:
+        return None
+
+
+class NoPeers:
+    """The scenario feeds membership itself (below); the controller's own probes find nobody."""
+
+    async def health(self, region: str) -> None:
+        return None
+
+
+async def control_leader_dies_while_a_database_stalls(seed: int) -> dict[str, Any]:
+    """Region a (the control leader) dies; b takes the control shard while c's database stalls,
+    so b's first proposals time out (NoQuorum) and are proposed again while the first may still
+    commit. Before the fix two records of one version committed and every learner died."""
+    rng = random.Random(seed)
+    replicas = {r: StallingReplica(MemoryReplica(r), random.Random(rng.random())) for r in "abc"}
+    cluster = ClusterConfig(
+        shard_count=8,
+        regions=[
+            RegionConfig(name=r, url=f"http://{r}.invalid", dsn=f"sqlite+aiosqlite:///{r}.db")
+            for r in "abc"
+        ],
+    )
+    clock = LoopClock()
+    controllers: dict[str, Controller] = {}
+    for r in "ab":
+        node = LogNode(
+            region=r,
+            replicas=replicas,  # type: ignore[arg-type]
+            config=LogConfig(shard_count=8),
+            clock=clock,
+            rng=random.Random(rng.random()),
+        )
+        controllers[r] = Controller(
+            settings=NodeSettings(region=r, cluster=cluster),
+            cluster=cluster,
+            node=node,
+            replicas=replicas,  # type: ignore[arg-type]
+            prober=NoPeers(),
+            clock=clock,
+            rng=random.Random(rng.random()),
+        )
+    a_dead_at: list[float | None] = [None]
+
+    async def probes() -> None:  # GET /peer/health between a, b and a c that answers
+        while True:
+            now = clock.monotonic()
+            dead_since = a_dead_at[0]
+            c_suspects = ["a"] if dead_since is not None and now - dead_since >= 1.0 else []
+            for me, ctl in controllers.items():
+                if me == "a" and dead_since is not None:
+                    continue
+                ctl.membership.probe_ok("c", now, suspects=c_suspects)
+                other = "b" if me == "a" else "a"
+                if other == "a" and dead_since is not None:
+                    continue
+                reply = controllers[other].health_reply()
+                ctl.membership.probe_ok(
+                    other, now, suspects=reply["suspects"], led_shards=reply["led_shards"]
+                )
+            await asyncio.sleep(0.2)
+
+    prober = asyncio.ensure_future(probes())
+    for ctl in controllers.values():
+        period_s = ctl.settings.placement_poll_s
+        ctl.supervisor.start("learn-reconcile", ctl._tick, period_s)
+        ctl.supervisor.start("control", ctl._control, period_s)
+    await asyncio.sleep(10)  # steady state: a leads the control shard
+    a_dead_at[0] = clock.monotonic()
+    await controllers["a"].supervisor.close()
+    replicas["a"].dead = True
+    await controllers["a"].node.close()
+    replicas["c"].slow = True  # c's database stalls under the failover burst
+    await asyncio.sleep(30)
+    replicas["c"].slow = False
+    await asyncio.sleep(10)
+    b = controllers["b"]
+    control_log = await replicas["b"].inner.read_log(cluster.shard_count, 0, 1000)
+    fresh = ControlState(shard_count=cluster.shard_count, regions=cluster.weights())
+    for entry in control_log:
+        fresh.apply(entry.lsn, entry.event_type, entry.body)  # must not raise
+    versions = [
+        json.loads(e.body)["version"] for e in control_log if e.event_type == PLACEMENT_RECORD
+    ]
+    mine = b.placement().shards_of("b")
+    result = {
+        "unhealthy": b.supervisor.unhealthy(),
+        "versions": versions,
+        "fresh_version": fresh.version,
+        "b_version": b.state.version,
+        "assigned_to_b": len(mine),
+        "led_by_b": sum(1 for s in mine if b.node.leads(s)),
+        "a_down": "a" in b.placement().down,
+    }
+    prober.cancel()
+    await b.supervisor.close()
+    await b.node.close()
+    return result
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_retried_placement_that_commits_twice_is_a_no_op_and_every_loop_lives(
+    seed: int,
+) -> None:
+    result = run(lambda: control_leader_dies_while_a_database_stalls(seed))
+    assert result["unhealthy"] == []
+    assert result["a_down"], result
+    assert result["fresh_version"] == result["b_version"] == max(result["versions"])
+    assert result["assigned_to_b"] > 0 and result["led_by_b"] == result["assigned_to_b"]
+
+
+def test_the_stalled_database_scenario_does_propose_one_version_twice() -> None:
+    """The scenario above is worth something only if it produces the duplicate that killed
+    the learners before: some seed commits one version twice."""
+    duplicates = 0
+    for seed in range(6):
+        versions = run(lambda seed=seed: control_leader_dies_while_a_database_stalls(seed))[
+            "versions"
+        ]
+        duplicates += len(versions) - len(set(versions))
+    assert duplicates > 0
+
+
+# --- bug 2: a load that straddles a re-lead never re-creates a conversation -----------------
+
+
+class GatedReads(MemoryReplica):
+    """A replica whose conversation reads can be held (a big history, a busy database)."""
+
+    gate: asyncio.Event
+
+    async def read_conversation(self, *args: Any) -> Any:
+        await self.gate.wait()
+        return await super().read_conversation(*args)
+
+
+async def create_retry_straddles_relead() -> tuple[list[tuple[int, str]], type[Exception]]:
+    gate = asyncio.Event()
+    gate.set()
+    replicas = {r: GatedReads(r) for r in "abc"}
+    for replica in replicas.values():
+        replica.gate = gate
+    node = LogNode(
+        region="a",
+        replicas=replicas,
+        config=LogConfig(shard_count=4),
+        clock=LoopClock(),
+        rng=random.Random(1),
+    )
+    shard = node.shard_of("X")
+    await node.lead_shard(shard)
+    await node.create_conversation("t", "X", "m@1", {})
+    await node.append_event("t", "X", "message.user", {"content": "one"}, idempotency_key="k1")
+    await node.lead_shard(shard)  # re-led (e.g. after a fence): the cache is empty
+    gate.clear()
+    retry = asyncio.ensure_future(node.create_conversation("t", "X", "m@1", {}))
+    await asyncio.sleep(0.01)
+    await node.lead_shard(shard)  # another re-lead completes while the load is in flight
+    gate.set()
+    error: type[Exception] = type(None)  # type: ignore[assignment]
+    try:
+        await retry
+    except ConvplaneError as exc:
+        error = type(exc)
+    again = await node.append_event(
+        "t", "X", "message.user", {"content": "one"}, idempotency_key="k1"
+    )
+    assert again.replayed and again.seq == 1
+    log = await replicas["a"].read_log(shard, 0, 100)
+    await node.close()
+    assert check_final_log(shard, log, History()) == []
+    return [(e.seq, e.event_type) for e in log if e.conversation_id == "X"], error
+
+
+def test_a_create_whose_load_straddles_a_relead_fails_retryable_and_writes_nothing() -> None:
+    entries, error = run(create_retry_straddles_relead)
+    assert error is LeadershipChanged and LeadershipChanged.retryable
+    assert entries == [(0, "conversation.created"), (1, "message.user")]
+
+
+# --- bug 3: a deposed leader answers no read ------------------------------------------------
+
+
+async def reads_at_a_cut_off_leader() -> dict[str, Any]:
+    replicas = {r: MemoryReplica(r) for r in "abc"}
+    net = SimNetwork(random.Random(7), replicas)
+    nodes = nodes_on(net, "abc")
+    a, b = nodes["a"], nodes["b"]
+    shard = a.shard_of("X")
+    await a.lead_shard(shard)
+    await a.create_conversation("t", "X", "m@1", {})
+    await a.append_event("t", "X", "message.user", {"content": "hi"})
+    attempt = {"attempt_id": "att1", "tool": "pay", "argument_digest": "d"}
+    await a.append_event("t", "X", "tool.attempt", attempt)
+    net.partition("a")  # region a is cut off, node and database
+    with pytest.raises(ConvplaneError):
+        await a.append_event("t", "X", "message.user", {"content": "never acked"})
+    await b.lead_shard(shard)
+    await b.append_event("t", "X", "tool.effect", {"attempt_id": "att1", "status": "committed"})
+    await asyncio.sleep(30)  # 30 s later a still believes it leads
+    outcomes: dict[str, Any] = {"a_leads": a.leads(shard)}
+    reads = {
+        "get": lambda n: n.get_conversation("t", "X"),
+        "events": lambda n: n.list_events("t", "X", 0, 100),
+        "attempt": lambda n: n.tool_attempt("t", "X", "att1"),
+    }
+    for name, read in reads.items():
+        try:
+            outcomes[name] = await read(a)
+        except (NoQuorum, Fenced) as exc:
+            outcomes[name] = type(exc)
+    outcomes["b_last_seq"] = (await b.get_conversation("t", "X")).last_seq
+    outcomes["b_attempt"] = (await b.tool_attempt("t", "X", "att1")).state
+    for node in nodes.values():
+        await node.close()
+    await net.close()
+    return outcomes
+
+
+def test_a_cut_off_leader_refuses_every_read_and_the_new_leader_answers_them() -> None:
+    outcomes = run(reads_at_a_cut_off_leader)
+    assert outcomes["a_leads"]  # it still thinks it leads: the reads must not trust that
+    assert {outcomes[k] for k in ("get", "events", "attempt")} <= {NoQuorum, Fenced}
+    assert outcomes["b_last_seq"] == 3 and outcomes["b_attempt"] == "committed"
+
+
+class HeldAppends(MemoryReplica):
+    """A replica that answers status reads but holds appends (a slow disk, a long fsync)."""
+
+    held: asyncio.Event
+
+    async def append(self, *args: Any) -> Any:
+        await self.held.wait()
+        return await super().append(*args)
+
+
+async def last_seq_while_an_append_is_in_flight() -> tuple[int, int]:
+    released = asyncio.Event()
+    released.set()
+    replicas = {r: HeldAppends(r) for r in "abc"}
+    for replica in replicas.values():
+        replica.held = released
+    a = LogNode(
+        region="a",
+        replicas=replicas,
+        config=LogConfig(shard_count=4),
+        clock=LoopClock(),
+        rng=random.Random(1),
+    )
+    shard = a.shard_of("X")
+    await a.lead_shard(shard)
+    await a.create_conversation("t", "X", "m@1", {})
+    released.clear()  # the append below cannot commit until released
+    pending = asyncio.ensure_future(a.append_event("t", "X", "message.user", {"content": "x"}))
+    await asyncio.sleep(0.01)
+    seen_during = (await a.get_conversation("t", "X")).last_seq
+    released.set()
+    await pending
+    after = (await a.get_conversation("t", "X")).last_seq
+    await a.close()
+    return seen_during, after
+
+
+def test_last_seq_shows_committed_entries_only() -> None:
+    during, after = run(last_seq_while_an_append_is_in_flight)
+    assert (during, after) == (0, 1)
+
+
+# --- bug 4: one client's payload cannot take down other tenants' shards --------------------
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        {"attempt_id": "a\ud800", "tool": "t", "argument_digest": "d"},
+        {"attempt_id": "a\x00b", "tool": "t", "argument_digest": "d"},
+        {"attempt_id": "a", "tool": "t\udfff", "argument_digest": "d"},
+        {"attempt_id": "a", "tool": "t", "argument_digest": "d", "n": float("inf")},
+        {"attempt_id": "a", "tool": "t", "argument_digest": "d", "x\ud800": 1},
+    ],
+)
+def test_values_no_store_round_trips_are_refused_at_the_edge(payload: dict[str, Any]) -> None:
+    async def scenario() -> None:
+        replicas = {r: MemoryReplica(r) for r in "abc"}
+        node = LogNode(
+            region="a",
+            replicas=replicas,
+            config=LogConfig(shard_count=2),
+            clock=LoopClock(),
+            rng=random.Random(1),
+        )
+        await node.lead_shard(node.shard_of("X"))
+        await node.create_conversation("t", "X", "m@1", {})
+        with pytest.raises(InvalidRequest):
+            await node.append_event("t", "X", "tool.attempt", payload)
+        if "\x00" not in payload["attempt_id"]:  # a NUL inside JSON text is storable
+            with pytest.raises(InvalidRequest):
+                await node.create_conversation("t", "Y", "m@1", {"bad": payload})
+        else:
+            await node.create_conversation("t", "Y", "m@1", {"nul": payload})
+        with pytest.raises(InvalidRequest):
+            await node.get_conversation("t", "X\ud800")
+        assert (await node.append_event("t", "X", "note", {"ok": 1})).seq == 1
+        await node.close()
+
+    run(scenario)
+
+
+# --- bug 5: a wiped replica neither votes nor acks until rebuilt and re-admitted --------------
+
+
+async def wiped_replica_then_failover(sweep_after_wipe: bool) -> dict[str, Any]:
+    replicas = {r: MemoryReplica(r) for r in "abc"}
+    net = SimNetwork(random.Random(7), replicas)
+    nodes = nodes_on(net, "abc")
+    for node in nodes.values():
+        await node.verify_replicas()  # a running cluster: every node has swept
+    a, c = nodes["a"], nodes["c"]
+    shard = a.shard_of("X")
+    await a.lead_shard(shard)
+    await a.create_conversation("t", "X", "m@1", {})
+    net.crashed.add("c")
+    acked = await a.append_event("t", "X", "message.user", {"content": "acked by a and b"})
+    net.crashed.clear()
+    net.partition("a")  # the leader region is cut off
+    replicas["b"].wipe()  # b's database comes back empty
+    outcome: dict[str, Any] = {"acked_by": acked.acked_by}
+    if sweep_after_wipe:
+        outcome["quarantined"] = await c.verify_replicas()
+    try:
+        await c.lead_shard(shard)  # a prepare quorum would need b's vote
+        outcome["lead_while_cut_off"] = "led"
+    except NoQuorum:
+        outcome["lead_while_cut_off"] = "no quorum"
+    outcome["b_counts_at_c"] = c.identity.counts("b")
+    net.heal()
+    await c.lead_shard(shard)  # through {a, c}
+    events = await c.list_events("t", "X", 0, 100)
+    outcome["events_at_c"] = [e.event_id for e in events]
+    outcome["acked_event"] = acked.event_id
+    links = {r: net.link("c", r) for r in "abc"}
+    report = await rebuild_replica(links, "b", range(c.config.shard_count + 1), c.config)
+    outcome["generation"] = report.generation
+    await c.verify_replicas()
+    outcome["b_counts_after_rebuild"] = c.identity.counts("b")
+    b_log = await replicas["b"].read_log(shard, 0, 100)
+    outcome["b_holds_acked"] = any(
+        json.loads(e.body).get("event_id") == acked.event_id for e in b_log
+    )
+    for node in nodes.values():
+        await node.close()
+    await net.close()
+    return outcome
+
+
+@pytest.mark.parametrize("sweep_after_wipe", [True, False])
+def test_a_wiped_replica_cannot_vote_an_acked_event_away(sweep_after_wipe: bool) -> None:
+    """Acked by {a, b}; b wiped; a cut off: c must not take over through {b, c}. With a sweep
+    b is quarantined at once; without one the prepare's identity re-read refuses b's vote."""
+    outcome = run(lambda: wiped_replica_then_failover(sweep_after_wipe))
+    assert outcome["acked_by"] == ("a", "b")
+    if sweep_after_wipe:
+        assert outcome["quarantined"] == ["b"]
+        assert outcome["b_counts_at_c"] is False
+    assert outcome["lead_while_cut_off"] == "no quorum"
+    assert outcome["acked_event"] in outcome["events_at_c"]
+    assert outcome["generation"] == 1
+    assert outcome["b_counts_after_rebuild"] is True
+    assert outcome["b_holds_acked"]
