@@ -6,8 +6,11 @@ fenced, log-matching group append) and ``convplane_prepare`` (the fenced promise
 fixed ``search_path``) and gives each node's role only:
 
 * ``EXECUTE`` on those two functions;
-* ``SELECT`` on ``shards``, ``entries`` and ``alembic_version`` (reads, recovery, the schema
-  check every node makes when it opens a store);
+* ``SELECT`` on ``shards``, ``entries``, ``replica_identity``, ``replica_registry`` and
+  ``alembic_version`` (reads, recovery, identity sweeps, the schema check every node makes
+  when it opens a store);
+* ``INSERT`` and ``UPDATE`` on ``replica_registry`` (the identity sweep's upsert: the one write
+  outside the two functions; it should become a function too);
 * ``CONNECT`` on the database.
 
 No role but the owner may ``INSERT``, ``UPDATE``, ``DELETE``, ``TRUNCATE`` or change the schema.
@@ -31,7 +34,9 @@ from collections.abc import Mapping
 import asyncpg
 
 PROTOCOL_FUNCTIONS = ("convplane_append", "convplane_prepare")
-READABLE_TABLES = ("shards", "entries", "alembic_version")
+READABLE_TABLES = ("shards", "entries", "replica_identity", "replica_registry", "alembic_version")
+#: tables a node writes directly (table -> privileges), when the schema has them
+WRITABLE_TABLES = {"replica_registry": "INSERT, UPDATE"}
 _ROLE_RE = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 _PASSWORD_RE = re.compile(r"^[A-Za-z0-9_-]{16,128}$")
 
@@ -55,6 +60,13 @@ async def restrict_to_protocol(
     try:
         async with conn.transaction():
             database = await conn.fetchval("SELECT current_database()")
+            existing = {
+                r["tablename"]
+                for r in await conn.fetch(
+                    "SELECT tablename FROM pg_tables WHERE schemaname = 'public'"
+                )
+            }
+            readable = ", ".join(t for t in READABLE_TABLES if t in existing)
             await conn.execute(f'REVOKE ALL ON DATABASE "{database}" FROM PUBLIC')
             await conn.execute("REVOKE ALL ON SCHEMA public FROM PUBLIC")
             for function in PROTOCOL_FUNCTIONS:
@@ -68,7 +80,10 @@ async def restrict_to_protocol(
                 await conn.execute(f"{verb} ROLE {role} LOGIN PASSWORD '{password}'")
                 await conn.execute(f'GRANT CONNECT ON DATABASE "{database}" TO {role}')
                 await conn.execute(f"GRANT USAGE ON SCHEMA public TO {role}")
-                await conn.execute(f"GRANT SELECT ON {', '.join(READABLE_TABLES)} TO {role}")
+                await conn.execute(f"GRANT SELECT ON {readable} TO {role}")
+                for table, privileges in WRITABLE_TABLES.items():
+                    if table in existing:
+                        await conn.execute(f"GRANT {privileges} ON {table} TO {role}")
                 for function in PROTOCOL_FUNCTIONS:
                     await conn.execute(f"GRANT EXECUTE ON FUNCTION {function} TO {role}")
     finally:

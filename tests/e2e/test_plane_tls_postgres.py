@@ -104,6 +104,7 @@ def test_each_node_holds_only_its_own_role_which_can_run_the_protocol_and_read(
     assert isinstance(entries, int) and entries > 0
     for sql in (
         "DELETE FROM entries",
+        "DELETE FROM replica_registry",
         "UPDATE shards SET promised_epoch = 0",
         "DROP TABLE entries",
         "CREATE TABLE mine (x int)",
