@@ -14,6 +14,8 @@ Both listeners run ``guarded_protocol``: uvicorn's h11 protocol with two guards.
   ``header_timeout_s`` of connecting, and again of its previous response (the keep-alive idle
   time), else it is closed. uvicorn alone never times out a connection that sends nothing, and
   any single byte cancels its keep-alive timer (slowloris).
+* **JSON errors.** A request the HTTP parser refuses gets a JSON 400 like every other client
+  mistake (uvicorn's own is plain text).
 * **Connection bound.** At most ``connections_max`` connections; a new connection past it closes
   the *oldest idle* one (no request under way: connected, or between requests), never one whose
   request is being served. Idle connections therefore cost the attacker more than anybody else.
@@ -87,6 +89,18 @@ def guarded_protocol(limits: ListenerLimits) -> type[H11Protocol]:
                 return  # a pipelined request was already parsed and is under way
             self._await_request()
 
+        def send_400_response(self, msg: str) -> None:
+            """A request the HTTP parser refuses gets the API's JSON error, not plain text."""
+            body = _error_body("invalid_request", msg)
+            self.transport.write(
+                b"HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\n"
+                b"connection: close\r\ncontent-length: "
+                + str(len(body)).encode()
+                + b"\r\n\r\n"
+                + body
+            )
+            self.transport.close()
+
         def _await_request(self) -> None:
             self._stop_waiting()
             self._cycle_when_idle = self.cycle
@@ -116,6 +130,10 @@ def guarded_protocol(limits: ListenerLimits) -> type[H11Protocol]:
     return GuardedProtocol
 
 
+def _error_body(code: str, message: str) -> bytes:
+    return json.dumps({"error": {"code": code, "message": message, "retryable": False}}).encode()
+
+
 class PeerListenerGate:
     """The peer listener's app: the node's app, for callers with the peer secret only."""
 
@@ -125,15 +143,7 @@ class PeerListenerGate:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and not self._authentic(scope):
-            body = json.dumps(
-                {
-                    "error": {
-                        "code": "unauthorized",
-                        "message": "the peer listener serves nodes of the cluster only",
-                        "retryable": False,
-                    }
-                }
-            ).encode()
+            body = _error_body("unauthorized", "the peer listener serves nodes of the cluster only")
             headers = [
                 (b"content-type", b"application/json"),
                 (b"content-length", str(len(body)).encode()),

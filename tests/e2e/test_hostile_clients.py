@@ -179,6 +179,15 @@ def test_a_body_too_large_gets_a_413_the_client_can_read(plane: Plane, framing: 
         assert r.json()["error"]["code"] == "payload_too_large"
 
 
+def test_a_request_the_http_parser_refuses_gets_a_json_400(plane: Plane) -> None:
+    with _sockets(plane.urls[TARGET], 1) as (sock,):
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nBroken header line\r\n\r\n")
+        reply = _reply_until_closed(sock, wait_s=5.0)
+    head, _, body = reply.partition("\r\n\r\n")
+    assert head.startswith("HTTP/1.1 400 ") and "application/json" in head
+    assert json.loads(body)["error"]["code"] == "invalid_request"
+
+
 def test_a_body_too_large_is_read_before_the_413_so_the_connection_closes_cleanly(
     plane: Plane,
 ) -> None:
