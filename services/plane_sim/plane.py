@@ -114,7 +114,7 @@ class SimPlane:
             probe_timeout_s=0.3,
             detection_s=1.0,
             never_seen_grace_s=2.0,
-            placement_poll_s=0.1,
+            placement_poll_s=0.25,
             control_read_timeout_s=0.5,
             failback_hysteresis_s=4.0,
             failback_shards_per_step=2,
