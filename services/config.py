@@ -149,6 +149,9 @@ class NodeSettings(BaseSettings):
     header_timeout_s: float = Field(default=5.0, gt=0.0)
     #: a request body must arrive within this (and the request's deadline), before admission
     body_read_timeout_s: float = Field(default=5.0, gt=0.0)
+    #: a client must take each response message within this, else its connection is closed
+    #: (and its admission permit given back)
+    send_timeout_s: float = Field(default=10.0, gt=0.0)
     #: an over-limit body is read and discarded up to this many bytes so that the client can
     #: read its 413 (past it the connection is closed after the 413 is written)
     discard_body_max_bytes: int = Field(default=8 * 1024 * 1024, ge=0)

@@ -114,6 +114,7 @@ def create_app(settings: NodeSettings, *, runtime_factory: RuntimeFactory | None
         retry_after_s=settings.retry_after_default_s,
         body_read_timeout_s=settings.body_read_timeout_s,
         discard_body_max_bytes=settings.discard_body_max_bytes,
+        send_timeout_s=settings.send_timeout_s,
     )
     return app
 

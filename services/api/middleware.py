@@ -10,6 +10,10 @@ buffered body goes to the app. An over-limit body is read and discarded up to
 ``discard_body_max_bytes`` before the 413 is sent, so that an ordinary HTTP client, which writes
 the whole body before it reads, gets the 413 rather than a reset connection.
 
+A client that does not take its response (each message within ``send_timeout_s``) loses its
+connection, and its admission permit is given back: slow readers hold a permit no longer than
+slow writers do.
+
 Every response gets ``X-Convplane-Served-By`` (a forwarded response keeps the serving peer's) and
 is counted in the metrics by route template and a known method, never by raw path or a raw
 method token (bounded label cardinality).
@@ -33,6 +37,10 @@ from services.api.metrics import Metrics
 SERVED_BY_HEADER = b"x-convplane-served-by"
 JSON_DEPTH_MAX = 32
 _BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
+
+
+class _SlowReader(Exception):
+    """The client did not take a response message within ``send_timeout_s``."""
 
 
 class _Reject(Exception):
@@ -148,6 +156,7 @@ class EdgeMiddleware:
         retry_after_s: float,
         body_read_timeout_s: float,
         discard_body_max_bytes: int,
+        send_timeout_s: float,
     ) -> None:
         self.app = app
         self.region = region.encode()
@@ -155,6 +164,7 @@ class EdgeMiddleware:
         self.max_body_bytes = max_body_bytes
         self.body_read_timeout_s = body_read_timeout_s
         self.discard_body_max_bytes = discard_body_max_bytes
+        self.send_timeout_s = send_timeout_s
         self.admission = admission
         self.retry_after_s = retry_after_s
 
@@ -167,6 +177,10 @@ class EdgeMiddleware:
         send = self._stamping(send, status_seen)
         try:
             await self._guarded(scope, receive, send, status_seen)
+        except _SlowReader:
+            # the permit went back in _guarded; returning with the response incomplete makes
+            # the server close the connection
+            status_seen[0] = 408
         finally:
             route = scope.get("route")
             template = getattr(route, "path", None) or "unmatched"
@@ -224,7 +238,11 @@ class EdgeMiddleware:
                 if not any(bytes(k).lower() == SERVED_BY_HEADER for k, _ in headers):
                     headers.append((SERVED_BY_HEADER, self.region))
                 message["headers"] = headers
-            await send(message)
+            try:
+                async with asyncio.timeout(self.send_timeout_s):
+                    await send(message)
+            except TimeoutError:
+                raise _SlowReader from None
 
         return stamped
 

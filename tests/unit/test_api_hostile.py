@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator
+from typing import Any
 
 import httpx
 import pytest
@@ -14,10 +15,14 @@ import pytest
 from services.api.forwarding import escaped_path
 from tests.unit.test_api_admission import (
     AUTH_A,
+    SlowLog,
     _assert_error,
     _created,
     _until,
     _until_metric,
+    build_node,
+    cluster,
+    node_clock,
     two_nodes,
 )
 from tests.unit.test_api_fakes import HostRouting, conversation_led_by
@@ -184,3 +189,41 @@ async def test_an_events_page_is_bounded_in_bytes_and_reading_on_gets_everything
             after_seq = page["next_after_seq"]
         assert pages >= 2
         assert seqs == sorted(seqs) and len(seqs) == len(set(seqs)) == 10
+
+
+async def test_a_client_that_does_not_read_its_response_gives_its_permit_back() -> None:
+    clock = node_clock()
+    log = SlowLog("east", clock)
+    async with httpx.AsyncClient(transport=HostRouting()) as peers:
+        app = build_node(
+            "east", log, peers, clock, cluster(), send_timeout_s=0.05,
+            admission_limit_initial=1, admission_limit_min=1, admission_queue_max=0,
+        )  # fmt: skip
+        async with app.router.lifespan_context(app):
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://east.test") as c:
+                cid = conversation_led_by("east")
+                await _created(c, cid)
+
+                async def never_reads(message: Any) -> None:
+                    if message["type"] == "http.response.body":
+                        await asyncio.Event().wait()
+
+                async def request() -> Any:
+                    return {"type": "http.request", "body": b"", "more_body": False}
+
+                path = f"/v1/conversations/{cid}"
+                scope = {
+                    "type": "http", "http_version": "1.1", "method": "GET", "scheme": "http",
+                    "path": path, "raw_path": path.encode(), "query_string": b"",
+                    "root_path": "", "server": ("east.test", 80), "client": ("127.0.0.1", 1),
+                    "headers": [(b"host", b"east.test"), (b"authorization", AUTH_A["Authorization"].encode())],
+                }  # fmt: skip
+                stuck = asyncio.create_task(app(scope, request, never_reads))
+                for _ in range(500):  # bounded: the test fails, never hangs, on a held permit
+                    if stuck.done():
+                        break
+                    await asyncio.sleep(0.01)
+                stuck.cancel()
+                r = await c.get(path, headers=AUTH_A)  # the one permit is free again
+                assert r.status_code == 200, r.text
