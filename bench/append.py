@@ -51,7 +51,7 @@ from eventlog.config import LogConfig
 from eventlog.node import LogNode
 from eventlog.stores import SqlReplicaStore, open_replica_store
 from regions.faultproxy import FaultProxy, ProxyRules, ProxySpec
-from services.localpg import PgInstance, start_instances, start_sync_replication_cluster
+from services.localpg import PgInstance, dsn_via, start_instances, start_sync_replication_cluster
 
 REGIONS = ("a", "b", "c")
 TENANT = "bench"
@@ -278,7 +278,7 @@ async def close_proxy(proxy: FaultProxy) -> None:
 
 
 def through(proxy: FaultProxy, dsn: str) -> str:
-    return urlsplit(dsn)._replace(netloc=f"postgres@127.0.0.1:{proxy.port}").geturl()
+    return dsn_via(dsn, "127.0.0.1", proxy.port)
 
 
 async def mode_latency(servers: list[PgInstance], args: argparse.Namespace) -> dict[str, Any]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import random
+import ssl
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
@@ -23,6 +24,7 @@ from eventlog.conversations import ConversationLog
 from eventlog.node import LogNode
 from eventlog.replica import ReplicaStore
 from eventlog.stores import open_replica_store
+from services.cluster_tls import client_ssl_context, node_tls
 from services.config import ClusterConfig, NodeSettings
 from services.controller import Controller
 from services.peer_probe import HttpPeerProber
@@ -77,7 +79,9 @@ def peer_client(settings: NodeSettings) -> httpx.AsyncClient:
         max_keepalive_connections=settings.forward_connections_max,
     )
     timeout_s = settings.max_deadline_ms / 1000  # each forward passes its own, shorter timeout
-    return httpx.AsyncClient(limits=limits, timeout=timeout_s, trust_env=False)
+    tls = node_tls(settings)  # mutual TLS to peers' https listeners (services.cluster_tls)
+    verify: ssl.SSLContext | bool = client_ssl_context(tls) if tls is not None else True
+    return httpx.AsyncClient(limits=limits, timeout=timeout_s, trust_env=False, verify=verify)
 
 
 @asynccontextmanager
@@ -112,7 +116,7 @@ async def open_runtime(settings: NodeSettings) -> AsyncIterator[NodeRuntime]:
             replicas=replicas,
             prober=HttpPeerProber(
                 peers,
-                {r.name: r.url_from.get(settings.region, r.url) for r in cluster.regions},
+                {r.name: r.peer_url_for(settings.region) for r in cluster.regions},
                 timeout_s=settings.probe_timeout_s,
                 peer_secret=cluster.peer_secret,
             ),

@@ -39,6 +39,14 @@ class RegionConfig(BaseModel):
     #: region (e.g. through a fault proxy in chaos tests); absent: ``dsn`` / ``url``
     dsn_from: dict[str, str] = Field(default_factory=dict)
     url_from: dict[str, str] = Field(default_factory=dict)
+    #: the node's peer listener (probes, placement, forwards; ``services.listeners``): its own
+    #: connection limits, so client connections cannot starve it. Absent: peers use ``url``.
+    peer_url: str | None = None
+
+    def peer_url_for(self, source: str) -> str:
+        """The URL a node of region ``source`` uses for peer traffic to this region: a
+        per-source override (``url_from``: a fault proxy) first, then the peer listener."""
+        return self.url_from.get(source) or self.peer_url or self.url
 
 
 class TenantConfig(BaseModel):
@@ -109,6 +117,9 @@ class NodeSettings(BaseSettings):
 
     #: largest request body accepted (Content-Length and streamed bytes)
     max_body_bytes: int = Field(default=256 * 1024, ge=1024)
+    #: an events page holds at most this many bytes of events (services.api.paging); at least
+    #: one event always, so keep it above max_body_bytes
+    events_page_bytes_max: int = Field(default=4 * 1024 * 1024, ge=64 * 1024)
     #: largest serialized ``metadata`` of a conversation
     max_metadata_bytes: int = Field(default=16 * 1024, ge=64)
     #: the most /v1 requests under way in this node: the adaptive limit's ceiling
@@ -129,6 +140,29 @@ class NodeSettings(BaseSettings):
     admission_baseline_window_s: float = Field(default=60.0, gt=0.0)
     admission_queue_max: int = Field(default=128, ge=0)
     admission_sweep_s: float = Field(default=0.05, gt=0.0)
+    #: hostile connections (services.listeners): the client listener keeps at most
+    #: client_connections_max connections (past it the oldest idle one is closed); a connection
+    #: must send a whole request head within header_timeout_s of connecting or of its previous
+    #: response, else it is closed. The peer listener has its own peer_connections_max.
+    client_connections_max: int = Field(default=2048, ge=1)
+    peer_connections_max: int = Field(default=256, ge=1)
+    header_timeout_s: float = Field(default=5.0, gt=0.0)
+    #: a request body must arrive within this (and the request's deadline), before admission
+    body_read_timeout_s: float = Field(default=5.0, gt=0.0)
+    #: a client must take each response message within this, else its connection is closed
+    #: (and its admission permit given back)
+    send_timeout_s: float = Field(default=10.0, gt=0.0)
+    #: an over-limit body is read and discarded up to this many bytes so that the client can
+    #: read its 413 (past it the connection is closed after the 413 is written)
+    discard_body_max_bytes: int = Field(default=8 * 1024 * 1024, ge=0)
+    #: mutual TLS on the peer listener and on every peer call (services.cluster_tls): the
+    #: cluster CA, this node's certificate and key (PEM). All three or none.
+    tls_ca_file: Path | None = None
+    tls_cert_file: Path | None = None
+    tls_key_file: Path | None = None
+    #: a node refuses a cluster file with secrets published in the repository unless this is
+    #: set (a throwaway demo): services.compose_secrets.refuse_demo_secrets
+    allow_demo_secrets: bool = False
     #: /peer requests (probes, placement) under way at once; beyond it 503
     peer_in_flight_max: int = Field(default=64, ge=1)
     #: deadline of a request that sends no X-Convplane-Deadline-Ms
@@ -165,6 +199,13 @@ class NodeSettings(BaseSettings):
     failback_step_interval_s: float = Field(default=1.0, ge=0.0)
     #: a planned handoff waits at most this long for the old leader to stop first
     handoff_wait_s: float = Field(default=2.0, ge=0.0)
+
+    @model_validator(mode="after")
+    def _tls_all_or_none(self) -> NodeSettings:
+        given = [f is not None for f in (self.tls_ca_file, self.tls_cert_file, self.tls_key_file)]
+        if any(given) and not all(given):
+            raise ValueError("tls_ca_file, tls_cert_file and tls_key_file go together")
+        return self
 
     def load_cluster(self) -> ClusterConfig:
         if self.cluster is not None:

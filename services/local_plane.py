@@ -4,7 +4,11 @@ Each region's node is its own child process (its own session), so a test or an S
 kill one region alone. Databases are SQLite files (default) or local PostgreSQL instances
 (``services.localpg``, each its own process). ``LocalPlane.start`` writes the cluster file the
 nodes read and ``<state-dir>/cluster.json`` describing the running plane (URLs, DSNs, pids and
-the tenants' API keys, in clear: it is a local development plane). Two tenants: ``demo`` (a
+the tenants' API keys, in clear: it is a local development plane). With ``tls`` (the default)
+it makes a CA for the plane and a certificate per node (``<state-dir>/tls``): the nodes' peer
+listeners speak mutual TLS only. Both files and the SQLite
+replicas are written 0600, the state directory and each region's directory 0700 (0711 for the
+state directory with ``--postgres``: the ``postgres`` user must traverse it to its data). Two tenants: ``demo`` (a
 large quota) and ``demo-limited`` (a small one, to see 429s). The cluster file gets a fresh
 ``peer_secret`` each start (only forwards carrying it are trusted not to charge twice).
 """
@@ -12,6 +16,7 @@ large quota) and ``demo-limited`` (a small one, to see 429s). The cluster file g
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib
 import inspect
 import json
@@ -22,12 +27,15 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
+from urllib.parse import urlsplit
 
 import httpx
 
+from services.cluster_tls import NodeTls, issue_certificate, issue_cluster_tls
 from services.config import (
     ClusterConfig,
     RegionConfig,
@@ -35,6 +43,8 @@ from services.config import (
     api_key_sha256,
     write_cluster,
 )
+from services.db_roles import node_role, restrict_to_protocol
+from services.localpg import asyncpg_dsn
 
 REGION_NAMES = ("us-east", "eu-west", "ap-south", "us-west", "eu-north", "ap-east", "sa-east")
 DEMO_TENANT = "demo"
@@ -44,6 +54,8 @@ LIMITED_BURST = 20
 READY_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 10.0
 HEALTH_POLL_S = 0.1
+#: a region's peer listener (services.listeners) is at its client port + this (with --base-port)
+PEER_PORT_OFFSET = 100
 _REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -65,9 +77,14 @@ class RegionProcess:
     name: str
     port: int
     url: str
+    peer_port: int
+    peer_url: str
     dsn: str
     path: str | None  # the SQLite file, when SQLite
     log_path: Path
+    tls: NodeTls | None = None  # the node's certificate under the plane's CA
+    #: the node's own database role's password (services.db_roles), in its pgpass file only
+    db_password: str = field(default_factory=lambda: secrets.token_urlsafe(24), repr=False)
     db: DbHandle | None = None
     node: subprocess.Popen[bytes] | None = None
     exit_reported: bool = False
@@ -86,6 +103,8 @@ class LocalPlane:
     limited_api_key: str = field(default_factory=lambda: "cp_" + secrets.token_urlsafe(24))
     members: list[RegionProcess] = field(default_factory=list)
     sim_engines: int = 0  # simulated inference engines per region (services.replay.local_engines)
+    #: mutual TLS between the nodes under a CA generated for this plane (services.cluster_tls)
+    tls: bool = True
     engines: Any = None  # SimEngines, when sim_engines > 0
 
     @property
@@ -101,7 +120,7 @@ class LocalPlane:
         if not 1 <= self.regions <= len(REGION_NAMES):
             raise PlaneError(f"--regions must be 1..{len(REGION_NAMES)}")
         self.state_dir = self.state_dir.resolve()
-        self.state_dir.mkdir(parents=True, exist_ok=True)
+        _private_dir(self.state_dir, 0o711 if self.postgres else 0o700)
         try:
             self._prepare_members()
             self._start_databases()
@@ -111,7 +130,10 @@ class LocalPlane:
                 self.engines = SimEngines(self.sim_engines, self.state_dir, self.host)
                 self.engines.start([m.name for m in self.members])
             write_cluster(self.cluster_file, self._cluster_config())
-            asyncio.run(_migrate_all([m.dsn for m in self.members]))
+            with _database_ca(self._database_ca_file()):
+                asyncio.run(_migrate_all([m.dsn for m in self.members]))
+            if self.postgres:
+                asyncio.run(self._restrict_databases())
             for member in self.members:
                 member.node = self._spawn_node(member)
             self._wait_healthy()
@@ -119,7 +141,7 @@ class LocalPlane:
             self.stop()
             raise
         info = self.info()
-        _write_json(self.info_file, info)
+        write_private_json(self.info_file, info)
         return info
 
     def info(self) -> dict[str, Any]:
@@ -137,6 +159,7 @@ class LocalPlane:
                 {
                     "name": m.name,
                     "url": m.url,
+                    "peer_url": m.peer_url,
                     "dsn": m.dsn,
                     "path": m.path,
                     "node_pid": m.node.pid if m.node else None,
@@ -149,15 +172,29 @@ class LocalPlane:
 
     def _prepare_members(self) -> None:
         ports = _choose_ports(self.host, self.base_port, self.regions)
-        for name, port in zip(REGION_NAMES[: self.regions], ports, strict=True):
+        peer_base_port = self.base_port + PEER_PORT_OFFSET if self.base_port else 0
+        peer_ports = _choose_ports(self.host, peer_base_port, self.regions)
+        names = REGION_NAMES[: self.regions]
+        issued = (
+            issue_cluster_tls(self.state_dir / "tls", names, [self.host, "localhost"])
+            if self.tls
+            else {}
+        )
+        peer_scheme = "https" if self.tls else "http"
+        for name, port, peer_port in zip(names, ports, peer_ports, strict=True):
             region_dir = self.state_dir / name
-            region_dir.mkdir(exist_ok=True)
+            _private_dir(region_dir, 0o700)
             db_path = region_dir / "replica.sqlite3"
+            if not self.postgres:
+                _private_file(db_path)  # SQLite gives its -wal and -shm files the same mode
             self.members.append(
                 RegionProcess(
                     name=name,
                     port=port,
                     url=f"http://{self.host}:{port}",
+                    peer_port=peer_port,
+                    peer_url=f"{peer_scheme}://{self.host}:{peer_port}",
+                    tls=issued.get(name),
                     dsn=f"sqlite+aiosqlite:///{db_path}",
                     path=None if self.postgres else str(db_path),
                     log_path=region_dir / "node.log",
@@ -168,7 +205,13 @@ class LocalPlane:
         if not self.postgres:
             return
         localpg: Any = importlib.import_module("services.localpg")
-        started: Any = localpg.start_instances(self.regions, self.state_dir / "postgres")
+        server_tls = None
+        if self.tls:  # node -> database over TLS, verify-full, under the plane's CA
+            issued = issue_certificate(self.state_dir / "tls", "database", [self.host, "localhost"])
+            server_tls = (issued.cert_file, issued.key_file)
+        started: Any = localpg.start_instances(
+            self.regions, self.state_dir / "postgres", server_tls=server_tls
+        )
         instances = asyncio.run(_awaited(started)) if inspect.isawaitable(started) else started
         for member, instance in zip(self.members, instances, strict=True):
             member.db = instance
@@ -176,7 +219,19 @@ class LocalPlane:
 
     def _cluster_config(self) -> ClusterConfig:
         return ClusterConfig(
-            regions=[RegionConfig(name=m.name, url=m.url, dsn=m.dsn) for m in self.members],
+            regions=[
+                RegionConfig(
+                    name=m.name,
+                    url=m.url,
+                    peer_url=m.peer_url,
+                    # the owner's DSN without its password: every node has its own in dsn_from
+                    dsn=_without_password(m.dsn),
+                    dsn_from={s.name: self.node_dsn(s, m) for s in self.members}
+                    if self.postgres
+                    else {},
+                )
+                for m in self.members
+            ],
             shard_count=self.shard_count,
             **({"replay": self.engines.replay_config()} if self.engines is not None else {}),
             tenants=[
@@ -196,15 +251,52 @@ class LocalPlane:
             peer_secret=secrets.token_urlsafe(32),
         )
 
+    async def _restrict_databases(self) -> None:
+        """Each node's role may run the protocol's functions and read, nothing else."""
+        roles = {node_role(m.name): m.db_password for m in self.members}
+        for member in self.members:
+            owner = asyncpg_dsn(member.dsn, ca_file=self._database_ca_file())
+            await restrict_to_protocol(owner, roles)
+        for member in self.members:
+            _write_private(
+                member.log_path.parent / "pgpass",
+                f"*:*:*:{node_role(member.name)}:{member.db_password}\n",
+            )
+
+    def owner_dsn(self, member: RegionProcess) -> str:
+        """An asyncpg DSN of ``member``'s database as its owner, for audits and tools."""
+        return asyncpg_dsn(member.dsn, ca_file=self._database_ca_file())
+
+    def node_dsn(self, source: RegionProcess, target: RegionProcess) -> str:
+        """The DSN the node of ``source`` uses for ``target``'s database: its own role, no
+        password (that is in its pgpass file)."""
+        if not self.postgres:
+            return target.dsn
+        parts = urlsplit(target.dsn)
+        netloc = f"{node_role(source.name)}@{parts.hostname}:{parts.port}"
+        return parts._replace(netloc=netloc).geturl()
+
+    def _database_ca_file(self) -> Path | None:
+        return self.state_dir / "tls" / "ca.pem" if self.tls and self.postgres else None
+
     def _spawn_node(self, member: RegionProcess) -> subprocess.Popen[bytes]:
         command = [
             sys.executable, "-m", "services.cli.node", "--cluster-file", str(self.cluster_file), "--region", member.name,
-            "--host", self.host, "--port", str(member.port), "--log-level", "warning",
+            "--host", self.host, "--port", str(member.port), "--peer-port", str(member.peer_port),
+            "--log-level", "warning",
         ]  # fmt: skip
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(
             p for p in (str(_REPO_ROOT), env.get("PYTHONPATH", "")) if p
         )
+        if self.postgres:
+            env["PGPASSFILE"] = str(member.log_path.parent / "pgpass")
+        if (database_ca := self._database_ca_file()) is not None:
+            env["PGSSLROOTCERT"] = str(database_ca)  # asyncpg's CA for ssl=verify-full
+        if member.tls is not None:
+            env["CONVPLANE_TLS_CA_FILE"] = str(member.tls.ca_file)
+            env["CONVPLANE_TLS_CERT_FILE"] = str(member.tls.cert_file)
+            env["CONVPLANE_TLS_KEY_FILE"] = str(member.tls.key_file)
         with member.log_path.open("ab") as log_file:
             return subprocess.Popen(
                 command,
@@ -272,6 +364,24 @@ class LocalPlane:
                 m.db = None
 
 
+@contextlib.contextmanager
+def _database_ca(ca_file: Path | None) -> Iterator[None]:
+    """``PGSSLROOTCERT`` for this process while it migrates (asyncpg reads the CA of
+    ``ssl=verify-full`` from there), as before afterwards."""
+    if ca_file is None:
+        yield
+        return
+    previous = os.environ.get("PGSSLROOTCERT")
+    os.environ["PGSSLROOTCERT"] = str(ca_file)
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop("PGSSLROOTCERT", None)
+        else:
+            os.environ["PGSSLROOTCERT"] = previous
+
+
 async def _awaited(awaitable: Any) -> Any:
     return await awaitable
 
@@ -321,10 +431,35 @@ def _tail(path: Path, max_bytes: int = 4000) -> str:
     return data[-max_bytes:].decode("utf-8", errors="replace")
 
 
-def _write_json(path: Path, value: dict[str, Any]) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(value, indent=2) + "\n", encoding="utf-8")
+def write_private_json(path: Path, value: dict[str, Any]) -> None:
+    """Write ``value`` to ``path`` readable by this user only (it holds API keys)."""
+    _write_private(path, json.dumps(value, indent=2) + "\n")
+
+
+def _write_private(path: Path, text: str) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.unlink(missing_ok=True)
+    _private_file(tmp)
+    tmp.write_text(text, encoding="utf-8")
     tmp.replace(path)
+
+
+def _without_password(dsn: str) -> str:
+    parts = urlsplit(dsn)
+    if parts.password is None:
+        return dsn
+    return parts._replace(netloc=f"{parts.username}@{parts.hostname}:{parts.port}").geturl()
+
+
+def _private_file(path: Path) -> None:
+    """Create ``path`` (if missing) as 0600 before anything is written into it."""
+    os.close(os.open(path, os.O_WRONLY | os.O_CREAT, 0o600))
+    path.chmod(0o600)
+
+
+def _private_dir(path: Path, mode: int) -> None:
+    path.mkdir(mode=mode, parents=True, exist_ok=True)
+    path.chmod(mode)
 
 
 def stop_from_info(info_file: Path) -> list[str]:

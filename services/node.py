@@ -1,41 +1,121 @@
-"""Running one region node: the app from ``services.api`` under uvicorn.
+"""Running one region node: the app from ``services.api`` under uvicorn, on two listeners.
 
-uvicorn handles SIGTERM/SIGINT by finishing in-flight requests and running the lifespan's
-shutdown (leaders resign, stores close), so ``convplane up`` can stop a node with SIGTERM.
+The client listener (``port``) runs the app's lifespan; the peer listener (``peer_port``, when
+given and the cluster has a peer secret) serves the same app to other nodes only, with limits of
+its own (``services.listeners``). uvicorn handles SIGTERM/SIGINT on the client listener by
+finishing in-flight requests and running the lifespan's shutdown (leaders resign, stores close);
+the peer listener stops with it. So ``convplane up`` can stop a node with SIGTERM.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
+import resource
+from collections.abc import Iterator
 
 import uvicorn
 
 from services.api import create_app
+from services.cluster_tls import node_tls, server_ssl_options
 from services.config import NodeSettings
+from services.listeners import ListenerLimits, PeerListenerGate, guarded_protocol
+
+log = logging.getLogger("convplane.node")
 
 #: seconds uvicorn waits for in-flight requests at shutdown before closing connections
 GRACEFUL_SHUTDOWN_S = 10
+#: file descriptors a node needs beyond its listeners' connections (databases, peers, logs)
+FDS_RESERVED = 256
 
 
-def run_node(settings: NodeSettings, *, host: str, port: int, log_level: str = "info") -> None:
+class _PeerServer(uvicorn.Server):
+    """The peer listener's server: signals are the client listener's to handle."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+def run_node(
+    settings: NodeSettings,
+    *,
+    host: str,
+    port: int,
+    peer_port: int | None = None,
+    log_level: str = "info",
+) -> None:
     logging.basicConfig(
         level=log_level.upper(),
         format=f"%(asctime)s {settings.region} %(name)s %(levelname)s %(message)s",
     )
+    cluster = settings.load_cluster()
+    _raise_fd_limit(settings.client_connections_max + settings.peer_connections_max)
     app = create_app(settings)
-    config = uvicorn.Config(
-        app,
-        host=host,
-        port=port,
-        log_level=log_level,
-        access_log=False,
-        lifespan="on",
-        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
-        # above admission's own bound (limit + queue + peer cap), so admission, not uvicorn's
-        # plain-text 503, decides what to shed
-        limit_concurrency=settings.max_in_flight
-        + settings.admission_queue_max
-        + settings.peer_in_flight_max
-        + 16,
+    client = uvicorn.Server(
+        uvicorn.Config(
+            app,
+            host=host,
+            port=port,
+            log_level=log_level,
+            access_log=False,
+            lifespan="on",
+            timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+            timeout_keep_alive=int(settings.header_timeout_s) or 1,
+            http=guarded_protocol(
+                ListenerLimits("client", settings.client_connections_max, settings.header_timeout_s)
+            ),
+        )
     )
-    uvicorn.Server(config).run()
+    if peer_port is None:
+        client.run()
+        return
+    if cluster.peer_secret is None:
+        log.warning("no peer_secret in the cluster file: no peer listener; peers use --port")
+        client.run()
+        return
+    tls = node_tls(settings)
+    if tls is None:
+        log.warning("no TLS files: the peer listener (bearer keys, the peer secret) is in clear")
+    peer = _PeerServer(
+        uvicorn.Config(
+            PeerListenerGate(app, cluster.peer_secret),
+            host=host,
+            port=peer_port,
+            log_level=log_level,
+            access_log=False,
+            lifespan="off",
+            timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+            timeout_keep_alive=int(settings.header_timeout_s) or 1,
+            http=guarded_protocol(
+                ListenerLimits("peer", settings.peer_connections_max, settings.header_timeout_s)
+            ),
+            **(server_ssl_options(tls) if tls is not None else {}),
+        )
+    )
+    asyncio.run(_serve_both(client, peer))
+
+
+async def _serve_both(client: uvicorn.Server, peer: uvicorn.Server) -> None:
+    peer_task = asyncio.create_task(peer.serve(), name="peer-listener")
+    try:
+        await client.serve()
+    finally:
+        peer.should_exit = True
+        await peer_task
+
+
+def _raise_fd_limit(connections_max: int) -> None:
+    """Each connection is a file descriptor: past the soft limit ``accept`` fails for every
+    listener at once (the peer listener too), so raise it as far as the node's bounds need."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = connections_max + FDS_RESERVED
+    if hard != resource.RLIM_INFINITY:
+        wanted = min(wanted, hard)
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    if soft != resource.RLIM_INFINITY and soft < connections_max + FDS_RESERVED:
+        log.warning("file descriptor limit %d is below the connection bounds (%d + %d)",
+                    soft, connections_max, FDS_RESERVED)  # fmt: skip

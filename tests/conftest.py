@@ -121,6 +121,7 @@ class LogCluster:
 
         from eventlog.stores import open_replica_store
         from regions.faultproxy import FaultProxy, ProxySpec
+        from services.localpg import dsn_via
 
         dsn = self.dsns[region]
         if via_proxy is not None:
@@ -131,7 +132,7 @@ class LogCluster:
             )
             await proxy.start()
             self.proxies[via_proxy] = proxy
-            dsn = target._replace(netloc=f"postgres@127.0.0.1:{proxy.port}").geturl()
+            dsn = dsn_via(dsn, "127.0.0.1", proxy.port)
         limits = {"statement_timeout_s": 2.0, "connect_timeout_s": 2.0, **limits}
         store = await open_replica_store(dsn, region, **limits)
         self._stores.append(store)

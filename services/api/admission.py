@@ -2,13 +2,16 @@
 
 ``NodeAdmission`` is built (empty) by ``create_app``; the lifespan ``open``s it with the node's
 clock, the cluster's tenants and the node's limits, which builds one ``AdmissionController`` and
-starts the sweeper; ``close`` stops it. ``EdgeMiddleware`` calls ``enter(scope)`` before it reads
-a body and ``exit(entry, status)`` after the response, so no request does any work before it
-was admitted:
+starts the sweeper; ``close`` stops it. ``EdgeMiddleware`` calls ``arrive(scope)`` first, then
+reads the body, then ``admit(scope, arrival)``, and ``exit(entry, status)`` after the response,
+so no request does any work before it was admitted, and none holds a permit while its body
+is still arriving (``enter`` is ``arrive`` then ``admit``):
 
-* ``/v1/...``: authenticate the API key (401; the replay service key is admitted unmetered,
-  the routes decide what it may do), fix the deadline (``X-Convplane-Deadline-Ms``;
-  already passed: 504 ``deadline_exceeded``), then the controller: tenant over quota -> 429
+* ``/v1/...``: ``arrive`` authenticates the API key (401; the replay service key is admitted
+  unmetered, the routes decide what it may do) and fixes the deadline once
+  (``X-Convplane-Deadline-Ms``; already passed: 504 ``deadline_exceeded``), kept in the scope
+  under ``DEADLINE_SCOPE_KEY`` for the handlers, so time spent reading the body and queued here
+  is taken from the request's budget. ``admit`` asks the controller: tenant over quota -> 429
   ``quota_exceeded``; limit reached and queue full, or queued past the deadline -> 503
   ``overloaded``. Both carry ``Retry-After``. The limit's latency sample runs from admission
   (after any queueing) to the response; a 504, or a 503 that came after the deadline passed,
@@ -84,6 +87,18 @@ _FORWARDED = FORWARDED_HEADER.lower().encode()
 _PEER_AUTH = PEER_AUTH_HEADER.lower().encode()
 
 Scope = MutableMapping[str, Any]
+
+
+#: the scope key under which ``arrive`` leaves the request's deadline (on the node's clock)
+DEADLINE_SCOPE_KEY = "convplane.deadline_s"
+
+
+@dataclass(frozen=True, slots=True)
+class Arrival:
+    """An authenticated /v1 request, not yet admitted."""
+
+    tenant_key: str
+    deadline_s: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,11 +190,13 @@ class NodeAdmission:
     # --- the middleware's two calls --------------------------------------------------------
 
     async def enter(self, scope: Scope) -> Entry | None:
-        """Admit the request or raise the ``ConvplaneError`` to answer; ``None``: not gated."""
-        path: str = scope["path"]
-        if path.startswith("/peer/"):
-            return self._enter_peer()
-        if not path.startswith("/v1/"):
+        """``arrive`` then ``admit``: for requests whose body is not read first."""
+        return await self.admit(scope, self.arrive(scope))
+
+    def arrive(self, scope: Scope) -> Arrival | None:
+        """Authenticate a /v1 request and fix its deadline, or raise the ``ConvplaneError`` to
+        answer; ``None`` for anything else."""
+        if not scope["path"].startswith("/v1/"):
             return None
         opened, clock = self._open, self._clock
         if opened is None or clock is None:
@@ -191,8 +208,27 @@ class NodeAdmission:
         if deadline_s <= now_s:
             self.rejections.labels("deadline_exceeded").inc()
             raise DeadlineExceeded("the request's deadline passed before it was admitted")
-        permit = await self._acquire(tenant_key, deadline_s)
-        return Entry(permit, clock.monotonic(), deadline_s)
+        scope[DEADLINE_SCOPE_KEY] = deadline_s
+        return Arrival(tenant_key, deadline_s)
+
+    def remaining_s(self, arrival: Arrival) -> float:
+        """What is left of an arrived request's budget."""
+        if self._clock is None:
+            raise InvariantViolation("admission asked for the time while closed")
+        return arrival.deadline_s - self._clock.monotonic()
+
+    async def admit(self, scope: Scope, arrival: Arrival | None) -> Entry | None:
+        """Admit an arrived request or raise the ``ConvplaneError`` to answer; ``None``: not
+        gated (neither /v1 nor /peer)."""
+        if scope["path"].startswith("/peer/"):
+            return self._enter_peer()
+        if arrival is None:
+            return None
+        clock = self._clock
+        if self._open is None or clock is None:
+            raise Unavailable("the node is starting or stopping", retry_after_s=1.0)
+        permit = await self._acquire(arrival.tenant_key, arrival.deadline_s)
+        return Entry(permit, clock.monotonic(), arrival.deadline_s)
 
     def exit(self, entry: Entry | None, status: int) -> None:
         """The response went out: release the permit with its latency, settle waiters."""

@@ -51,7 +51,7 @@ def create_app(settings: NodeSettings, *, runtime_factory: RuntimeFactory | None
             forwarder = Forwarder(
                 client=runtime.peers,
                 peer_urls={
-                    r.name: r.url_from.get(settings.region, r.url) for r in runtime.cluster.regions
+                    r.name: r.peer_url_for(settings.region) for r in runtime.cluster.regions
                 },
                 clock=runtime.clock,
                 rng=runtime.rng,
@@ -112,6 +112,9 @@ def create_app(settings: NodeSettings, *, runtime_factory: RuntimeFactory | None
         max_body_bytes=settings.max_body_bytes,
         admission=admission,
         retry_after_s=settings.retry_after_default_s,
+        body_read_timeout_s=settings.body_read_timeout_s,
+        discard_body_max_bytes=settings.discard_body_max_bytes,
+        send_timeout_s=settings.send_timeout_s,
     )
     return app
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import random
-import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TypeVar
@@ -16,15 +15,15 @@ from fastapi import Request, Response
 
 from eventlog.clock import Clock
 from eventlog.conversations import ConversationLog
-from eventlog.errors import DeadlineExceeded, InvalidRequest, NotLeader
+from eventlog.errors import DeadlineExceeded, InvariantViolation, NotLeader
+from services.api.admission import DEADLINE_SCOPE_KEY
 from services.api.auth import Tenants
 from services.api.errors import ForwardFailed, OutcomeUnknown
-from services.api.forwarding import DEADLINE_HEADER, FORWARDED_HEADER, Forwarder
+from services.api.forwarding import FORWARDED_HEADER, Forwarder
 from services.api.metrics import Metrics
 from services.config import ClusterConfig, NodeSettings, TenantConfig
 
 T = TypeVar("T")
-_INT_RE = re.compile(r"-?[0-9]{1,12}")
 
 
 @dataclass
@@ -102,14 +101,12 @@ class RequestContext:
 
 
 def _deadline_s(api: ApiState, request: Request) -> float:
-    raw = request.headers.get(DEADLINE_HEADER)
-    budget_ms = api.settings.default_deadline_ms
-    if raw is not None:
-        raw = raw.strip()
-        if not _INT_RE.fullmatch(raw):
-            raise InvalidRequest(f"{DEADLINE_HEADER} must be an integer number of milliseconds")
-        budget_ms = min(int(raw), api.settings.max_deadline_ms)
-    return api.clock.monotonic() + budget_ms / 1000
+    """The deadline admission fixed when the request arrived (``X-Convplane-Deadline-Ms``,
+    parsed once there): time spent reading the body and queued for a permit is already spent."""
+    deadline_s = request.scope.get(DEADLINE_SCOPE_KEY)
+    if not isinstance(deadline_s, float):
+        raise InvariantViolation("a /v1 request reached a handler without passing admission")
+    return deadline_s
 
 
 async def request_context(request: Request) -> RequestContext:

@@ -74,6 +74,7 @@ async def get_route(ctx: Context, conversation_id: ConversationIdPath) -> Any:
                 leader_region=owner,
                 retry_after_s=0.5,
             )
+        # another tenant's conversation is a 404, like every other read (no existence oracle)
         info = await ctx.api.log.get_conversation(ctx.tenant.tenant_id, conversation_id)
         return {
             "conversation_id": conversation_id,

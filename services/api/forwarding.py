@@ -16,6 +16,7 @@ import asyncio
 import random
 from collections.abc import Callable, Coroutine, Mapping
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 from fastapi import Request, Response
@@ -90,7 +91,7 @@ class Forwarder:
         if self._peer_reachable is not None and not self._peer_reachable(target_region):
             self._metrics.forwarded.labels(target_region, "suspected").inc()
             raise ForwardFailed(f"leader region {target_region} is not answering probes")
-        url = base_url.rstrip("/") + request.url.path
+        url = base_url.rstrip("/") + escaped_path(request.url.path)
         if body is None:
             body = await request.body()
             headers = self._headers(request)
@@ -162,6 +163,13 @@ class Forwarder:
         headers = {k: v for k in _REQUEST_HEADERS if (v := request.headers.get(k)) is not None}
         headers[FORWARDED_HEADER] = "1"
         return headers
+
+
+def escaped_path(path: str) -> str:
+    """``path`` (decoded, as routed here) with every segment percent-encoded again, so the
+    leader routes exactly the segments this node did (an id holding ``/``, ``%`` or ``?``
+    stays one segment)."""
+    return "/".join(quote(segment, safe="") for segment in path.split("/"))
 
 
 def _relayed(reply: httpx.Response) -> Response:

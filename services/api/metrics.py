@@ -11,6 +11,8 @@ from prometheus_client.registry import Collector
 from eventlog.identity import IdentityGuard
 from services.supervisor import Supervisor
 
+#: the methods that get a label of their own; any other token is counted as "other"
+HTTP_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 
@@ -52,6 +54,8 @@ class Metrics:
         self.registry.register(_ReplicaCollector(identity))
 
     def observe_request(self, route: str, method: str, status: int, latency_s: float) -> None:
+        """``method`` is any token a client sent (HTTP allows any): unknown ones are "other"."""
+        method = method if method in HTTP_METHODS else "other"
         self.requests.labels(route, method, str(status)).inc()
         self.request_latency.labels(route, method).observe(latency_s)
 

@@ -1,15 +1,27 @@
 """The edge of a node, as one pure ASGI middleware (it must see raw bytes and every response).
 
-In order: admission (``services.api.admission``: 401, 429 quota_exceeded, 503 overloaded, 504
-deadline_exceeded, before any work), read the body under its limit (413 on
-Content-Length or on the bytes actually streamed), check the media type (415) and that the JSON
-is well formed, finite and shallow (400), then hand the buffered body to the app. Every response
-gets ``X-Convplane-Served-By`` (a forwarded response keeps the serving peer's) and is counted in
-the metrics by route template, never by raw path (bounded label cardinality).
+In order: arrival (``services.api.admission``: 401, the deadline fixed once, 504
+deadline_exceeded if it already passed), read the body under its limit and a deadline
+(``body_read_timeout_s`` and the request's own: 408 request_timeout or 504; 413 on Content-Length
+or on the bytes actually streamed), check the media type (415) and that the JSON is well formed,
+finite and shallow (400), and only then admission (429 quota_exceeded, 503 overloaded): a client
+that sends its body slowly holds a connection, never one of the node's admission permits. The
+buffered body goes to the app. An over-limit body is read and discarded up to
+``discard_body_max_bytes`` before the 413 is sent, so that an ordinary HTTP client, which writes
+the whole body before it reads, gets the 413 rather than a reset connection.
+
+A client that does not take its response (each message within ``send_timeout_s``) loses its
+connection, and its admission permit is given back: slow readers hold a permit no longer than
+slow writers do.
+
+Every response gets ``X-Convplane-Served-By`` (a forwarded response keeps the serving peer's) and
+is counted in the metrics by route template and a known method, never by raw path or a raw
+method token (bounded label cardinality).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import time
@@ -19,12 +31,16 @@ from typing import Any
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from eventlog.errors import ConvplaneError
-from services.api.admission import NodeAdmission
+from services.api.admission import Arrival, NodeAdmission
 from services.api.metrics import Metrics
 
 SERVED_BY_HEADER = b"x-convplane-served-by"
 JSON_DEPTH_MAX = 32
 _BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
+
+
+class _SlowReader(Exception):
+    """The client did not take a response message within ``send_timeout_s``."""
 
 
 class _Reject(Exception):
@@ -72,13 +88,18 @@ def _check_media_type(scope: Scope) -> None:
         raise _Reject(415, "unsupported_media_type", "request bodies must be application/json")
 
 
-async def _read_body(scope: Scope, receive: Receive, max_body_bytes: int) -> bytes:
+async def _read_body(
+    scope: Scope, receive: Receive, max_body_bytes: int, discard_max_bytes: int
+) -> bytes:
+    too_large = _Reject(413, "payload_too_large", f"body over {max_body_bytes} bytes")
     declared = _header(scope, b"content-length")
     if declared is not None:
         if not declared.strip().isdigit():
             raise _Reject(400, "invalid_request", "malformed Content-Length")
         if int(declared) > max_body_bytes:
-            raise _Reject(413, "payload_too_large", f"body over {max_body_bytes} bytes")
+            if int(declared) <= discard_max_bytes:
+                await _discard_body(receive, discard_max_bytes)
+            raise too_large
     chunks: list[bytes] = []
     size = 0
     while True:
@@ -87,11 +108,27 @@ async def _read_body(scope: Scope, receive: Receive, max_body_bytes: int) -> byt
             raise _Reject(400, "invalid_request", "client disconnected")
         chunk = message.get("body", b"")
         size += len(chunk)
+        more = bool(message.get("more_body", False))
         if size > max_body_bytes:
-            raise _Reject(413, "payload_too_large", f"body over {max_body_bytes} bytes")
+            chunks.clear()
+            if more:
+                await _discard_body(receive, discard_max_bytes - size)
+            raise too_large
         chunks.append(chunk)
-        if not message.get("more_body", False):
+        if not more:
             return b"".join(chunks)
+
+
+async def _discard_body(receive: Receive, budget_bytes: int) -> None:
+    """Read and drop the rest of a body, at most ``budget_bytes`` (then give up: the response
+    closes the connection, and the client may see a reset instead of the 413)."""
+    while budget_bytes >= 0:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return
+        budget_bytes -= len(message.get("body", b""))
+        if not message.get("more_body", False):
+            return
 
 
 def _replaying(body: bytes, receive: Receive) -> Receive:
@@ -117,11 +154,17 @@ class EdgeMiddleware:
         max_body_bytes: int,
         admission: NodeAdmission,
         retry_after_s: float,
+        body_read_timeout_s: float,
+        discard_body_max_bytes: int,
+        send_timeout_s: float,
     ) -> None:
         self.app = app
         self.region = region.encode()
         self.metrics = metrics
         self.max_body_bytes = max_body_bytes
+        self.body_read_timeout_s = body_read_timeout_s
+        self.discard_body_max_bytes = discard_body_max_bytes
+        self.send_timeout_s = send_timeout_s
         self.admission = admission
         self.retry_after_s = retry_after_s
 
@@ -134,6 +177,10 @@ class EdgeMiddleware:
         send = self._stamping(send, status_seen)
         try:
             await self._guarded(scope, receive, send, status_seen)
+        except _SlowReader:
+            # the permit went back in _guarded; returning with the response incomplete makes
+            # the server close the connection
+            status_seen[0] = 408
         finally:
             route = scope.get("route")
             template = getattr(route, "path", None) or "unmatched"
@@ -144,28 +191,40 @@ class EdgeMiddleware:
         self, scope: Scope, receive: Receive, send: Send, status_seen: list[int]
     ) -> None:
         try:
-            entry = await self.admission.enter(scope)
+            arrival = self.admission.arrive(scope)
+            if arrival is not None:
+                receive = await self._checked_body(scope, receive, arrival)
+            entry = await self.admission.admit(scope, arrival)
         except ConvplaneError as exc:
             rej = _Reject(exc.http_status, exc.code, exc.message, exc.retryable)
             await _send_error(send, rej, retry_after_s=exc.retry_after_s or self.retry_after_s)
             return
+        except _Reject as rej:
+            await _send_error(send, rej, retry_after_s=self.retry_after_s)
+            return
         try:
-            if not scope["path"].startswith("/v1/"):
-                await self.app(scope, receive, send)
-                return
-            try:
-                receive = await self._checked_body(scope, receive)
-            except _Reject as rej:
-                await _send_error(send, rej, retry_after_s=self.retry_after_s)
-                return
             await self.app(scope, receive, send)
         finally:
             self.admission.exit(entry, status_seen[0])
 
-    async def _checked_body(self, scope: Scope, receive: Receive) -> Receive:
+    async def _checked_body(self, scope: Scope, receive: Receive, arrival: Arrival) -> Receive:
+        """The whole body, read before admission, within ``body_read_timeout_s`` and the
+        request's deadline (whichever ends first names the error)."""
         if scope["method"] not in _BODY_METHODS:
             return receive
-        body = await _read_body(scope, receive, self.max_body_bytes)
+        remaining_s = self.admission.remaining_s(arrival)
+        timeout_s = min(self.body_read_timeout_s, remaining_s)
+        try:
+            async with asyncio.timeout(max(0.0, timeout_s)):
+                body = await _read_body(
+                    scope, receive, self.max_body_bytes, self.discard_body_max_bytes
+                )
+        except TimeoutError:
+            if remaining_s <= self.body_read_timeout_s:
+                raise _Reject(504, "deadline_exceeded", "the deadline passed while the "
+                              "request body was still arriving") from None  # fmt: skip
+            raise _Reject(408, "request_timeout", f"the request body did not arrive within "
+                          f"{self.body_read_timeout_s:g} s", retryable=True) from None  # fmt: skip
         if body.strip():
             _check_media_type(scope)
             check_json_body(body)
@@ -179,7 +238,11 @@ class EdgeMiddleware:
                 if not any(bytes(k).lower() == SERVED_BY_HEADER for k, _ in headers):
                     headers.append((SERVED_BY_HEADER, self.region))
                 message["headers"] = headers
-            await send(message)
+            try:
+                async with asyncio.timeout(self.send_timeout_s):
+                    await send(message)
+            except TimeoutError:
+                raise _SlowReader from None
 
         return stamped
 
@@ -191,7 +254,7 @@ async def _send_error(send: Send, rej: _Reject, *, retry_after_s: float) -> None
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     if rej.status in (429, 503):
         headers.append((b"retry-after", str(max(1, math.ceil(retry_after_s))).encode()))
-    if rej.status == 413:
-        headers.append((b"connection", b"close"))  # the rest of the body was not read
+    if rej.status in (408, 413, 504):
+        headers.append((b"connection", b"close"))  # the rest of the body may be unread
     await send({"type": "http.response.start", "status": rej.status, "headers": headers})
     await send({"type": "http.response.body", "body": body})

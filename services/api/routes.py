@@ -17,6 +17,7 @@ from eventlog.errors import InvalidRequest
 from services.api import schemas
 from services.api.context import RequestContext, _deadline_s, api_state, request_context
 from services.api.forwarding import FORWARDED_HEADER
+from services.api.paging import within_bytes
 
 IDEMPOTENCY_KEY_RE = re.compile(r"[\x20-\x7e]{1,255}")
 ATTEMPT_ID_MAX = 255
@@ -155,7 +156,9 @@ async def list_events(
     )
     if isinstance(result, Response):
         return result
-    events = [schemas.Event.of(r) for r in result]
+    events = [
+        schemas.Event.of(r) for r in within_bytes(result, ctx.api.settings.events_page_bytes_max)
+    ]
     next_after_seq = events[-1].seq if events else after_seq
     return schemas.EventPage(events=events, next_after_seq=next_after_seq)
 

@@ -15,7 +15,13 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_vali
 from eventlog.conversations import AppendedEvent, ConversationInfo, EventRecord, ToolAttemptStatus
 from replay.chat import validate_event_payload
 
-ID_PATTERN = r"^[A-Za-z0-9._:-]+$"
+#: letters, digits and ``._:-``, but never ``.`` or ``..`` alone: URL normalisation turns those
+#: into other paths, so forwarding and replay could never reach such a conversation
+ID_PATTERN = (
+    r"^([A-Za-z0-9_:-][A-Za-z0-9._:-]*"
+    r"|\.[A-Za-z0-9_:-][A-Za-z0-9._:-]*"
+    r"|\.\.[A-Za-z0-9._:-]+)$"
+)
 JSON_INT_MAX = 2**53 - 1
 TOKEN_COUNT_MAX = 10_000_000
 EVENTS_PAGE_MAX = 1000

@@ -12,19 +12,25 @@ def node(
     cluster_file: Annotated[Path, typer.Option(help="the cluster file (JSON)", exists=True)],
     region: Annotated[str, typer.Option(help="this node's region, as named in the file")],
     host: Annotated[str, typer.Option(help="address to listen on")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="port to listen on")] = 8700,
+    port: Annotated[int, typer.Option(help="port of the client listener")] = 8700,
+    peer_port: Annotated[
+        int | None, typer.Option(help="port of the peer listener (other nodes only)")
+    ] = None,
     log_level: Annotated[str, typer.Option(help="debug, info, warning, error")] = "info",
 ) -> None:
     """Run one region node: public API, forwarding, leadership of its shards."""
+    from services.compose_secrets import refuse_demo_secrets
     from services.config import NodeSettings
     from services.node import run_node
 
     settings = NodeSettings(region=region, cluster_file=cluster_file)
     try:
-        settings.load_cluster()
+        cluster = settings.load_cluster()
+        if not settings.allow_demo_secrets:
+            refuse_demo_secrets(cluster)
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="--cluster-file/--region") from exc
-    run_node(settings, host=host, port=port, log_level=log_level)
+    run_node(settings, host=host, port=port, peer_port=peer_port, log_level=log_level)
 
 
 def register(app: typer.Typer) -> None:

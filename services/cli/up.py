@@ -36,11 +36,14 @@ def up(
     sim_engines: Annotated[
         int, typer.Option(help="simulated inference engines per region (no GPU), for replay")
     ] = 0,
+    tls: Annotated[
+        bool, typer.Option(help="mutual TLS between the nodes, under a CA made for this plane")
+    ] = True,
 ) -> None:
     """Start a local plane: per region a database and a node process. Ctrl-C stops it."""
     from rich.console import Console
 
-    from services.local_plane import LocalPlane, PlaneError
+    from services.local_plane import LocalPlane, PlaneError, write_private_json
 
     console = Console()
     plane = LocalPlane(
@@ -50,6 +53,7 @@ def up(
         postgres=postgres,
         shard_count=shard_count,
         sim_engines=sim_engines,
+        tls=tls,
     )
     stop = _stop_on_signals()
     try:
@@ -59,7 +63,7 @@ def up(
         raise typer.Exit(1) from exc
     _print_plane(console, info, plane.info_file)
     if ready_file is not None:
-        ready_file.write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
+        write_private_json(ready_file, info)  # it holds the tenants' API keys
     if detach:
         console.print(f"detached; stop it with: convplane down --state-dir {state_dir}")
         return

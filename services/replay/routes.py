@@ -121,6 +121,8 @@ async def get_affinity(ctx: Context, conversation_id: ConversationIdPath) -> Any
                 f"{service.region} does not lead shard {shard}", shard=shard,
                 leader_region=owner, retry_after_s=0.5,
             )  # fmt: skip
+        # another tenant's conversation is a 404, like every other read (no existence oracle)
+        await ctx.api.log.get_conversation(ctx.tenant.tenant_id, conversation_id)
         return {
             "conversation_id": conversation_id,
             "region": service.region,

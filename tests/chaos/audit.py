@@ -161,4 +161,4 @@ async def audit_after_writers(
     writers.stop.set()
     await asyncio.wait_for(running, 60)
     await asyncio.to_thread(plane.stop_nodes)
-    return await audit({m.name: m.dsn for m in plane.members}, writers.acks)
+    return await audit({m.name: plane.owner_dsn(m) for m in plane.members}, writers.acks)

@@ -31,6 +31,7 @@ from regions.faultproxy import HEALED, FaultProxy, ProxySpec
 from regions.placement import place_shards
 from services.config import ClusterConfig, RegionConfig
 from services.local_plane import LocalPlane, RegionProcess
+from services.localpg import asyncpg_dsn
 
 #: node settings for chaos runs: 1 s detection (the production default), a short failback
 FAST_ENV = {
@@ -65,8 +66,10 @@ class ChaosPlane(LocalPlane):
         regions = [
             RegionConfig(
                 name=r.name, url=r.url, dsn=r.dsn, capacity_weight=r.capacity_weight,
-                dsn_from={s.name: _with_port(r.dsn, self.proxies[f"{s.name}->{r.name}:db"].port)
-                          for s in self.members if s.name != r.name},
+                dsn_from={**r.dsn_from,  # the nodes' own roles; other regions via proxies
+                          **{s.name: _with_port(r.dsn_from.get(s.name, r.dsn),
+                                                self.proxies[f"{s.name}->{r.name}:db"].port)
+                             for s in self.members if s.name != r.name}},
                 url_from={s.name: _with_port(r.url, self.proxies[f"{s.name}->{r.name}:http"].port)
                           for s in self.members if s.name != r.name},
             )
@@ -147,7 +150,7 @@ def _with_port(url: str, port: int) -> str:
 
 
 def pg_dsn(sqlalchemy_dsn: str) -> str:
-    return sqlalchemy_dsn.replace("postgresql+asyncpg://", "postgresql://", 1)
+    return asyncpg_dsn(sqlalchemy_dsn)
 
 
 # --- writers ----------------------------------------------------------------------------------

@@ -51,15 +51,19 @@ class Plane:
 
 
 def start_plane(
-    state_dir: Path, *extra_args: str, ready_wait_s: float = READY_WAIT_S
+    state_dir: Path,
+    *extra_args: str,
+    ready_wait_s: float = READY_WAIT_S,
+    env: dict[str, str] | None = None,
 ) -> tuple[subprocess.Popen[bytes], Plane]:
-    """``convplane up`` with 3 regions and 16 shards (plus ``extra_args``); fails the test if it
-    exits or is not ready within ``ready_wait_s``."""
+    """``convplane up`` with 3 regions and 16 shards (plus ``extra_args``, and ``env`` added to
+    the environment: ``CONVPLANE_*`` node settings); fails the test if it exits or is not ready
+    within ``ready_wait_s``."""
     ready_file = state_dir / "ready.json"
     proc = subprocess.Popen(
         [*CONVPLANE, "up", "--regions", "3", "--state-dir", str(state_dir), "--base-port", "0",
          "--shard-count", "16", *extra_args, "--ready-file", str(ready_file)],
-        env=convplane_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        env={**convplane_env(), **(env or {})}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
     )  # fmt: skip
     deadline = time.monotonic() + ready_wait_s
     while not ready_file.exists():

@@ -1,32 +1,33 @@
 """docker-compose.yml cannot be run here (no Docker engine), so check what can be checked: it
-parses, every region in the cluster file has its database, node, engine and worker, and the
-cluster file the nodes read is valid."""
+parses, every region in the cluster template has its database, node, engine and worker, and the
+cluster file the secrets service generates from the template is valid."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import yaml
 
-from services.config import ClusterConfig
+from services.compose_secrets import ensure_secrets
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_compose_has_a_full_stack_per_region() -> None:
+def test_compose_has_a_full_stack_per_region(tmp_path: Path) -> None:
     compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
-    cluster = ClusterConfig.model_validate(
-        json.loads((ROOT / "deploy" / "compose-cluster.json").read_text())
-    )
+    cluster = ensure_secrets(ROOT / "deploy" / "compose-cluster.template.json", tmp_path)
     services = compose["services"]
-    assert "kafka" in services
+    assert "kafka" in services and "secrets" in services
     for region in cluster.regions:
         for role in ("pg", "node", "engine", "worker"):
             assert f"{role}-{region.name}" in services
         node_command = services[f"node-{region.name}"]["command"]
         assert node_command[node_command.index("--region") + 1] == region.name
         assert f"pg-{region.name}:5432" in region.dsn
+        peer_port = node_command[node_command.index("--peer-port") + 1]
+        assert region.peer_url == f"https://node-{region.name}:{peer_port}"
+        environment = services[f"node-{region.name}"]["environment"]
+        assert environment["CONVPLANE_TLS_CERT_FILE"].endswith(f"/tls/{region.name}.pem")
     assert cluster.replay.kafka_bootstrap_servers == "kafka:9092"
 
 
@@ -42,12 +43,22 @@ def test_vllm_is_pinned_and_started_as_the_worker_self_check_requires() -> None:
     assert served.endswith("@" + flags[flags.index("--revision") + 1])
 
 
-def test_workers_share_the_nodes_salt_key_and_their_regions_bus_secret() -> None:
+def test_workers_get_the_nodes_salt_key_and_only_their_regions_bus_secret(
+    tmp_path: Path,
+) -> None:
+    """The secrets service generates replay's keys; each worker's entrypoint reads the salt key
+    the nodes use and the signing secret of its own region, by file, never from the compose
+    file itself."""
     compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
-    cluster = ClusterConfig.model_validate(
-        json.loads((ROOT / "deploy" / "compose-cluster.json").read_text())
-    )
+    cluster = ensure_secrets(ROOT / "deploy" / "compose-cluster.template.json", tmp_path)
+    assert cluster.replay.cache_salt_key == (tmp_path / "cache_salt_key").read_text().strip()
+    entrypoint = " ".join(compose["x-worker-entrypoint"])
+    assert "CONVPLANE_CACHE_SALT_KEY=$$(cat /run/convplane-secrets/cache_salt_key)" in entrypoint
+    assert "CONVPLANE_REPLAY_BUS_SECRET=$$(cat $$CONVPLANE_BUS_SECRET_FILE)" in entrypoint
     for region in cluster.regions:
-        env = compose["services"][f"worker-{region.name}"]["environment"]
-        assert env["CONVPLANE_CACHE_SALT_KEY"] == cluster.replay.cache_salt_key
-        assert env["CONVPLANE_REPLAY_BUS_SECRET"] == cluster.replay.bus_secrets[region.name]
+        worker = compose["services"][f"worker-{region.name}"]
+        secret_file = worker["environment"]["CONVPLANE_BUS_SECRET_FILE"]
+        assert secret_file == f"/run/convplane-secrets/bus-secret-{region.name}"
+        secret = (tmp_path / f"bus-secret-{region.name}").read_text().strip()
+        assert cluster.replay.bus_secrets[region.name] == secret
+        assert len(set(cluster.replay.bus_secrets.values())) == len(cluster.regions)

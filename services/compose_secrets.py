@@ -1,0 +1,151 @@
+"""Secrets of the docker compose stack, generated at its first start, never in the repository.
+
+``python -m services.compose_secrets --template deploy/compose-cluster.template.json --out DIR``
+runs once per ``docker compose up`` (service ``secrets``, before anything else). On the first
+run it generates, into ``DIR`` (a volume only the stack mounts), each file 0600:
+
+* ``api_key``: the demo tenant's API key (the cluster file holds only its sha256);
+* ``service_api_key``: the replay workers' key (they read it from the file into their
+  environment: a key on a command line is visible to every user in ``ps``);
+* ``pg-<region>-password``: each region's database password (``POSTGRES_PASSWORD_FILE``);
+* ``cache_salt_key`` and ``bus-secret-<region>``: replay's cache-salt key and each region's
+  job-signing secret (a worker reads only its own region's);
+* ``cluster.json``: the template with the peer secret, the key hashes and each DSN's password;
+* ``tls/``: a cluster CA and a certificate per node (``services.cluster_tls``, host name
+  ``node-<region>``) for the mutual TLS of the peer listeners.
+
+Later runs keep what exists, so restarts keep their keys and databases. Operators who bring
+their own secrets write ``DIR`` themselves (or mount it from an env-specific store).
+
+``refuse_demo_secrets`` is the other half: a node refuses a cluster file that still carries one
+of the fixed secrets convplane once shipped in its repository (anyone could read them), unless
+``CONVPLANE_ALLOW_DEMO_SECRETS=1`` says this is a throwaway demo.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import secrets
+from collections.abc import Callable
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from services.cluster_tls import issue_cluster_tls
+from services.config import ClusterConfig, api_key_sha256
+
+#: what the repository used to ship in docker-compose.yml and deploy/: public, so never secret
+KNOWN_DEMO_SECRETS = frozenset(
+    {"demo-key-change-me", "service-key-change-me", "convplane",
+     "compose-only-peer-secret-change-me-0123456789"}
+)  # fmt: skip
+_KNOWN_DEMO_KEY_HASHES = frozenset(api_key_sha256(s) for s in KNOWN_DEMO_SECRETS)
+DEMO_TENANT = "demo"
+
+
+class DemoSecretRefused(ValueError):
+    """The cluster file carries a secret published in the repository."""
+
+
+def refuse_demo_secrets(cluster: ClusterConfig) -> None:
+    """Raise ``DemoSecretRefused`` naming every published secret ``cluster`` still uses."""
+    found = []
+    if cluster.peer_secret in KNOWN_DEMO_SECRETS:
+        found.append("peer_secret")
+    found += [
+        f"tenant {t.tenant_id}'s API key"
+        for t in cluster.tenants
+        if t.api_key_sha256 in _KNOWN_DEMO_KEY_HASHES
+    ]
+    if cluster.replay.service_api_key_sha256 in _KNOWN_DEMO_KEY_HASHES:
+        found.append("the replay service key")
+    for region in cluster.regions:
+        for dsn in (region.dsn, *region.dsn_from.values()):
+            if urlsplit(dsn).password in KNOWN_DEMO_SECRETS:
+                found.append(f"region {region.name}'s database password")
+                break
+    if found:
+        raise DemoSecretRefused(
+            "the cluster file uses secrets published in convplane's repository ("
+            + ", ".join(found)
+            + "): generate your own (python -m services.compose_secrets), or set "
+            "CONVPLANE_ALLOW_DEMO_SECRETS=1 for a throwaway demo"
+        )
+
+
+def ensure_secrets(
+    template_path: Path, out_dir: Path, *, pg_uid: int | None = None
+) -> ClusterConfig:
+    """Generate what ``out_dir`` lacks (module docstring); return the cluster it describes.
+    ``pg_uid``: the database containers' user, which must read its password file (0600)."""
+    out_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    out_dir.chmod(0o700)
+    template = json.loads(template_path.read_text(encoding="utf-8"))
+    api_key = _secret_file(out_dir / "api_key", lambda: "cp_" + secrets.token_urlsafe(24))
+    service_key = _secret_file(
+        out_dir / "service_api_key", lambda: "cps_" + secrets.token_urlsafe(24)
+    )
+    peer_secret = _secret_file(out_dir / "peer_secret", lambda: secrets.token_urlsafe(32))
+    for region in template["regions"]:
+        password_file = out_dir / f"pg-{region['name']}-password"
+        password = _secret_file(password_file, lambda: secrets.token_urlsafe(24))
+        if pg_uid is not None:
+            os.chown(password_file, pg_uid, pg_uid)
+        parts = urlsplit(region["dsn"])
+        netloc = f"{parts.username}:{password}@{parts.hostname}:{parts.port}"
+        region["dsn"] = parts._replace(netloc=netloc).geturl()
+    tls_dir = out_dir / "tls"
+    if not (tls_dir / "ca.pem").exists():
+        names = [r["name"] for r in template["regions"]]
+        issue_cluster_tls(tls_dir, names, [], hosts_of={n: [f"node-{n}"] for n in names})
+    template["tenants"] = [{"tenant_id": DEMO_TENANT, "api_key_sha256": api_key_sha256(api_key)}]
+    template["peer_secret"] = peer_secret
+    replay = template.setdefault("replay", {})
+    replay["service_api_key_sha256"] = api_key_sha256(service_key)
+    replay["cache_salt_key"] = _secret_file(
+        out_dir / "cache_salt_key", lambda: secrets.token_hex(32)
+    )
+    replay["bus_secrets"] = {
+        region["name"]: _secret_file(
+            out_dir / f"bus-secret-{region['name']}", lambda: secrets.token_hex(32)
+        )
+        for region in template["regions"]
+    }
+    cluster = ClusterConfig.model_validate(template)
+    cluster_file = out_dir / "cluster.json"
+    _write_private(cluster_file, cluster.model_dump_json(indent=2))
+    return cluster
+
+
+def _secret_file(path: Path, generate: Callable[[], str]) -> str:
+    if path.exists():
+        return path.read_text(encoding="utf-8").strip()
+    value = generate()
+    _write_private(path, value + "\n")
+    return value
+
+
+def _write_private(path: Path, text: str) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.unlink(missing_ok=True)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as file:
+        file.write(text)
+    tmp.replace(path)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--template", type=Path, required=True)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--pg-uid", type=int, default=None, help="owner of the pg-* files")
+    args = parser.parse_args(argv)
+    cluster = ensure_secrets(args.template, args.out, pg_uid=args.pg_uid)
+    print(
+        f"secrets for {len(cluster.regions)} regions in {args.out} (demo key: {args.out}/api_key)"
+    )
+
+
+if __name__ == "__main__":
+    main()

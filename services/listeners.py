@@ -1,0 +1,159 @@
+"""A node's two listeners, and what keeps hostile connections from taking the node down.
+
+A region node serves one app on two sockets:
+
+* the **client listener** (``--port``): chat applications, operators, anyone;
+* the **peer listener** (``--peer-port``): other nodes only (probes, placement, forwards). Every
+  request on it must carry the cluster's peer secret (401 otherwise), and it has its own
+  connection bound, so no number of client connections can keep a probe from being answered
+  (a region whose probes go unanswered is suspected and failed over).
+
+Both listeners run ``guarded_protocol``: uvicorn's h11 protocol with two guards.
+
+* **Header timeout.** A connection must send a complete request head within
+  ``header_timeout_s`` of connecting, and again of its previous response (the keep-alive idle
+  time), else it is closed. uvicorn alone never times out a connection that sends nothing, and
+  any single byte cancels its keep-alive timer (slowloris).
+* **JSON errors.** A request the HTTP parser refuses gets a JSON 400 like every other client
+  mistake (uvicorn's own is plain text).
+* **Connection bound.** At most ``connections_max`` connections; a new connection past it closes
+  the *oldest idle* one (no request under way: connected, or between requests), never one whose
+  request is being served. Idle connections therefore cost the attacker more than anybody else.
+  With no idle connection to close, the new connection is refused (closed at once).
+
+uvicorn's own ``limit_concurrency`` (a plain-text 503 to every request once the connection
+count passes the limit, idle connections included) is not used: admission
+(``services.api.admission``) bounds the requests under way, and the guards above bound the rest.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from starlette.types import ASGIApp, Receive, Scope, Send
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from services.api.forwarding import PEER_AUTH_HEADER
+
+log = logging.getLogger("convplane.listeners")
+
+_PEER_AUTH = PEER_AUTH_HEADER.lower().encode()
+
+
+@dataclass(frozen=True, slots=True)
+class ListenerLimits:
+    name: str  # "client" or "peer", for logs
+    connections_max: int
+    header_timeout_s: float
+
+
+def guarded_protocol(limits: ListenerLimits) -> type[H11Protocol]:
+    """An ``H11Protocol`` class for one listener (module docstring); pass it as uvicorn's
+    ``http``. Each call makes a class of its own: the idle set is per listener."""
+    #: this listener's idle connections, oldest first (a dict keeps insertion order)
+    idle: dict[GuardedProtocol, None] = {}
+
+    class GuardedProtocol(H11Protocol):
+        _header_timer: asyncio.TimerHandle | None = None
+        _cycle_when_idle: Any = None
+
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            if len(self.connections) > limits.connections_max and not _evict_oldest_idle():
+                log.warning("%s listener: %d connections, none idle: refusing one",
+                            limits.name, len(self.connections))  # fmt: skip
+                transport.abort()
+                return
+            self._await_request()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._stop_waiting()
+            super().connection_lost(exc)
+
+        def data_received(self, data: bytes) -> None:
+            super().data_received(data)
+            if self._header_timer is not None and self.cycle is not self._cycle_when_idle:
+                self._stop_waiting()  # a request head arrived: its body and response are
+                # bounded by the app (body read timeout, deadlines)
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            if self.transport.is_closing():
+                return
+            if self.cycle is not None and not self.cycle.response_complete:
+                return  # a pipelined request was already parsed and is under way
+            self._await_request()
+
+        def send_400_response(self, msg: str) -> None:
+            """A request the HTTP parser refuses gets the API's JSON error, not plain text."""
+            body = _error_body("invalid_request", msg)
+            self.transport.write(
+                b"HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\n"
+                b"connection: close\r\ncontent-length: "
+                + str(len(body)).encode()
+                + b"\r\n\r\n"
+                + body
+            )
+            self.transport.close()
+
+        def _await_request(self) -> None:
+            self._stop_waiting()
+            self._cycle_when_idle = self.cycle
+            self._header_timer = self.loop.call_later(limits.header_timeout_s, self._timed_out)
+            idle[self] = None
+
+        def _stop_waiting(self) -> None:
+            idle.pop(self, None)
+            if self._header_timer is not None:
+                self._header_timer.cancel()
+                self._header_timer = None
+
+        def _timed_out(self) -> None:
+            self._header_timer = None
+            idle.pop(self, None)
+            if not self.transport.is_closing():
+                self.transport.close()
+
+    def _evict_oldest_idle() -> bool:
+        for oldest in idle:
+            oldest._stop_waiting()
+            oldest.transport.close()
+            return True
+        return False
+
+    GuardedProtocol.__name__ = f"GuardedProtocol_{limits.name}"
+    return GuardedProtocol
+
+
+def _error_body(code: str, message: str) -> bytes:
+    return json.dumps({"error": {"code": code, "message": message, "retryable": False}}).encode()
+
+
+class PeerListenerGate:
+    """The peer listener's app: the node's app, for callers with the peer secret only."""
+
+    def __init__(self, app: ASGIApp, peer_secret: str) -> None:
+        self.app = app
+        self._secret = peer_secret.encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and not self._authentic(scope):
+            body = _error_body("unauthorized", "the peer listener serves nodes of the cluster only")
+            headers = [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+                (b"connection", b"close"),
+            ]
+            await send({"type": "http.response.start", "status": 401, "headers": headers})
+            await send({"type": "http.response.body", "body": body})
+            return
+        await self.app(scope, receive, send)
+
+    def _authentic(self, scope: Scope) -> bool:
+        sent = [bytes(v) for k, v in scope.get("headers", ()) if bytes(k) == _PEER_AUTH]
+        return len(sent) == 1 and hmac.compare_digest(sent[0], self._secret)

@@ -1,0 +1,283 @@
+"""Hostile clients against a real plane (3 node processes, SQLite), all on 127.0.0.1, every
+attack bounded in count and time: idle sockets, slowloris heads, slow bodies, a body too large.
+Each test shows the attack failing and the region staying healthy for everyone else (its peers
+keep hearing from it, another tenant is served)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import socket
+import ssl
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import httpx
+import pytest
+
+from services.cluster_tls import NodeTls, client_ssl_context, issue_cluster_tls
+from tests.e2e.plane import Plane, start_plane, stop_plane
+
+TARGET = "eu-west"
+OBSERVER = "us-east"
+IDLE_SOCKETS = 1000
+#: the client listener's bound in this plane: the idle sockets are well past it
+CLIENT_CONNECTIONS_MAX = 300
+HEADER_TIMEOUT_S = 2.0
+BODY_READ_TIMEOUT_S = 1.0
+SLOW_BODIES = 60  # above the admission limit (32) plus what it may queue in a second
+#: how long an attack is held while the peers' view is watched: several detection times (1 s)
+HOLD_S = 4.0
+WATCH_POLL_S = 0.2
+PLANE_ENV = {
+    "CONVPLANE_CLIENT_CONNECTIONS_MAX": str(CLIENT_CONNECTIONS_MAX),
+    "CONVPLANE_HEADER_TIMEOUT_S": str(HEADER_TIMEOUT_S),
+    "CONVPLANE_BODY_READ_TIMEOUT_S": str(BODY_READ_TIMEOUT_S),
+}
+
+
+@pytest.fixture(scope="module")
+def plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Plane]:
+    proc, plane = start_plane(tmp_path_factory.mktemp("hostile"), env=PLANE_ENV)
+    try:
+        yield plane
+    finally:
+        output = stop_plane(proc)
+        assert proc.returncode == 0, output
+
+
+def _address(url: str) -> tuple[str, int]:
+    parts = urlsplit(url)
+    assert parts.hostname == "127.0.0.1" and parts.port  # attacks only against loopback
+    return parts.hostname, parts.port
+
+
+@contextlib.contextmanager
+def _sockets(url: str, count: int) -> Iterator[list[socket.socket]]:
+    opened: list[socket.socket] = []
+    try:
+        for _ in range(count):
+            opened.append(socket.create_connection(_address(url), timeout=5.0))
+        yield opened
+    finally:
+        for sock in opened:
+            sock.close()
+
+
+def _target_suspected(plane: Plane) -> list[str]:
+    """Who, in the observer's view, suspects the target (empty: it is up)."""
+    regions = httpx.get(plane.urls[OBSERVER] + "/v1/regions", headers=plane.headers, timeout=5.0)
+    assert regions.status_code == 200, regions.text
+    view = next(r for r in regions.json()["regions"] if r["name"] == TARGET)
+    return [*view["suspected_by"], *([] if view["status"] == "up" else [view["status"]])]
+
+
+def _watch_target(plane: Plane, hold_s: float) -> list[str]:
+    """Every suspicion of the target the observer reports during ``hold_s``."""
+    seen: list[str] = []
+    until = time.monotonic() + hold_s
+    while time.monotonic() < until:
+        seen += _target_suspected(plane)
+        time.sleep(WATCH_POLL_S)
+    return seen
+
+
+def _served(plane: Plane, prefix: str) -> httpx.Response:
+    """A tenant's write to a conversation the target leads, sent to the target itself."""
+    cid = plane.conversation_led_by(TARGET, prefix)
+    with plane.client(TARGET) as client:
+        created = client.post("/v1/conversations", json={"conversation_id": cid})
+        assert created.status_code == 201, created.text
+        return client.post(
+            f"/v1/conversations/{cid}/events", json={"type": "note", "payload": {"ok": True}}
+        )
+
+
+def _closed_by_server(sock: socket.socket, wait_s: float) -> bool:
+    sock.settimeout(wait_s)
+    try:
+        return sock.recv(1) == b""
+    except (ConnectionResetError, TimeoutError):
+        return False
+
+
+def _reply_until_closed(sock: socket.socket, wait_s: float) -> str:
+    sock.settimeout(wait_s)
+    chunks = []
+    while len(chunks) < 64 and (chunk := sock.recv(4096)):
+        chunks.append(chunk)
+    return b"".join(chunks).decode("latin-1")
+
+
+def test_idle_sockets_past_the_connection_bound_neither_suspect_the_region_nor_block_a_tenant(
+    plane: Plane,
+) -> None:
+    with _sockets(plane.urls[TARGET], IDLE_SOCKETS) as idle:
+        suspicions = _watch_target(plane, HOLD_S)
+        served = _served(plane, "idle-attack")
+        oldest_closed = _closed_by_server(idle[0], wait_s=1.0)
+    assert suspicions == []  # the peers' probes use the peer listener
+    assert served.status_code == 201, served.text  # the oldest idle socket made room
+    assert oldest_closed
+
+
+def test_a_connection_that_never_finishes_its_request_head_is_closed(plane: Plane) -> None:
+    with _sockets(plane.urls[TARGET], 1) as (sock,):
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
+        closed = False
+        for i in range(int(3 * HEADER_TIMEOUT_S / 0.25)):  # slowloris: a header byte at a time
+            try:
+                sock.sendall(b"X"[: i % 1 + 1])
+            except (BrokenPipeError, ConnectionResetError):
+                closed = True
+                break
+            if _closed_by_server(sock, wait_s=0.25):
+                closed = True
+                break
+        assert closed
+
+
+def test_slow_bodies_hold_no_admission_permit(plane: Plane) -> None:
+    head = (
+        f"POST /v1/conversations HTTP/1.1\r\nHost: x\r\nAuthorization: {plane.headers['Authorization']}"
+        "\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{"
+    ).encode()
+    with _sockets(plane.urls[TARGET], SLOW_BODIES) as slow:
+        for sock in slow:
+            sock.sendall(head)
+        served = _served(plane, "slow-bodies")
+        replies = [_reply_until_closed(sock, wait_s=3 * BODY_READ_TIMEOUT_S) for sock in slow]
+    assert served.status_code == 201, served.text
+    assert all(r.startswith("HTTP/1.1 408 ") for r in replies), replies[:3]
+    assert all('"code":"request_timeout"' in r.replace(" ", "") for r in replies)
+
+
+LARGE_BODY = b'{"metadata": {"x": "' + b"a" * (4 * 1024 * 1024) + b'"}}'
+
+
+#: a client on a real network sends slower than loopback: a pause between its chunks
+CHUNK_PAUSE_S = 0.0
+
+
+def _chunks(body: bytes, size: int = 64 * 1024) -> Iterator[bytes]:
+    for i in range(0, len(body), size):
+        time.sleep(CHUNK_PAUSE_S)
+        yield body[i : i + size]
+
+
+@pytest.mark.parametrize("framing", ["content-length", "chunked"])
+def test_a_body_too_large_gets_a_413_the_client_can_read(plane: Plane, framing: str) -> None:
+    content = _chunks(LARGE_BODY)
+    headers = {"Content-Type": "application/json"}
+    if framing == "content-length":
+        headers["Content-Length"] = str(len(LARGE_BODY))
+    with plane.client(TARGET) as client:
+        r = client.post("/v1/conversations", content=content, headers=headers)
+        assert r.status_code == 413
+        assert r.json()["error"]["code"] == "payload_too_large"
+
+
+def test_a_request_the_http_parser_refuses_gets_a_json_400(plane: Plane) -> None:
+    with _sockets(plane.urls[TARGET], 1) as (sock,):
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nBroken header line\r\n\r\n")
+        reply = _reply_until_closed(sock, wait_s=5.0)
+    head, _, body = reply.partition("\r\n\r\n")
+    assert head.startswith("HTTP/1.1 400 ") and "application/json" in head
+    assert json.loads(body)["error"]["code"] == "invalid_request"
+
+
+def test_a_body_too_large_is_read_before_the_413_so_the_connection_closes_cleanly(
+    plane: Plane,
+) -> None:
+    """What an HTTP client needs to see the 413: its whole body is taken (no failed write) and
+    the connection ends in an orderly close after the response, not a reset."""
+    head = (
+        f"POST /v1/conversations HTTP/1.1\r\nHost: x\r\nAuthorization: "
+        f"{plane.headers['Authorization']}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(LARGE_BODY)}\r\n\r\n"
+    ).encode()
+    with _sockets(plane.urls[TARGET], 1) as (sock,):
+        sock.sendall(head + LARGE_BODY)
+        reply = _reply_until_closed(sock, wait_s=10.0)
+    assert reply.startswith("HTTP/1.1 413 "), reply[:200]
+    assert '"payload_too_large"' in reply
+
+
+def _node_tls(plane: Plane, region: str) -> NodeTls:
+    tls_dir = Path(plane.info["cluster_file"]).parent / "tls"
+    return NodeTls(tls_dir / "ca.pem", tls_dir / f"{region}.pem", tls_dir / f"{region}-key.pem")
+
+
+def _peer_get(url: str, verify: ssl.SSLContext, **headers: str) -> httpx.Response:
+    with httpx.Client(verify=verify, timeout=5.0, trust_env=False) as client:
+        return client.get(url, headers=headers)
+
+
+def test_the_peer_listener_serves_nodes_of_the_cluster_only(plane: Plane, tmp_path: Path) -> None:
+    secret = json.loads(Path(plane.info["cluster_file"]).read_text())["peer_secret"]
+    target = next(r for r in plane.info["regions"] if r["name"] == TARGET)
+    health = target["peer_url"] + "/peer/health"
+    assert health.startswith("https://")  # TLS is on by default in convplane up
+    node = client_ssl_context(_node_tls(plane, OBSERVER))
+    answered = _peer_get(health, node, **{"X-Convplane-Peer-Auth": secret})
+    assert answered.status_code == 200 and answered.json()["region"] == TARGET
+    # a node of the cluster still needs the peer secret; a tenant's key is not enough
+    assert _peer_get(health, node).status_code == 401
+    tenant = _peer_get(target["peer_url"] + "/v1/regions", node, **plane.headers)
+    assert tenant.status_code == 401 and tenant.json()["error"]["code"] == "unauthorized"
+    # without a certificate of the cluster's CA nothing gets through, secret or not
+    no_certificate = ssl.create_default_context(cafile=str(_node_tls(plane, TARGET).ca_file))
+    impostor_ca = issue_cluster_tls(tmp_path / "impostor", [OBSERVER], ["127.0.0.1"])
+    impostor = client_ssl_context(impostor_ca[OBSERVER])
+    impostor.load_verify_locations(cafile=str(_node_tls(plane, TARGET).ca_file))
+    for refused in (no_certificate, impostor):
+        with pytest.raises(httpx.HTTPError):
+            _peer_get(health, refused, **{"X-Convplane-Peer-Auth": secret})
+    with pytest.raises(httpx.HTTPError):  # nor in clear
+        httpx.get(health.replace("https://", "http://"), timeout=5.0)
+
+
+def test_route_is_404_for_another_tenants_conversation(plane: Plane) -> None:
+    keys = {t["tenant_id"]: t["api_key"] for t in plane.info["tenants"]}
+    owner, stranger = (keys[t] for t in ("demo", "demo-limited"))
+    cid = plane.conversation_led_by(OBSERVER, "route-owned")
+    routes = {}
+    with httpx.Client(base_url=plane.urls[TARGET], timeout=20.0) as client:
+        created = client.post(
+            "/v1/conversations",
+            json={"conversation_id": cid},
+            headers={"Authorization": f"Bearer {owner}"},
+        )
+        assert created.status_code == 201, created.text
+        for name, key, conversation in (
+            ("owner", owner, cid),
+            ("stranger", stranger, cid),
+            ("unknown", owner, cid + "-never-created"),
+        ):
+            routes[name] = client.get(
+                f"/v1/conversations/{conversation}/route",
+                headers={"Authorization": f"Bearer {key}"},
+            )
+    assert routes["owner"].status_code == 200, routes["owner"].text
+    assert routes["owner"].json()["region"] == OBSERVER  # forwarded to the leader
+    for name in ("stranger", "unknown"):
+        assert routes[name].status_code == 404, routes[name].text
+        assert routes[name].json()["error"]["code"] == "not_found"
+
+
+def _mode(path: Path) -> int:
+    return path.stat().st_mode & 0o777
+
+
+def test_secrets_and_replicas_are_readable_by_their_owner_only(plane: Plane) -> None:
+    state_dir = Path(plane.info["cluster_file"]).parent
+    assert _mode(state_dir) == 0o700
+    for name in ("cluster.json", "cluster-config.json", "ready.json"):
+        assert _mode(state_dir / name) == 0o600, name
+    for region in plane.info["regions"]:
+        replica = Path(region["path"])
+        assert _mode(replica.parent) == 0o700
+        for file in replica.parent.glob(replica.name + "*"):  # the database, -wal, -shm
+            assert _mode(file) == 0o600, file

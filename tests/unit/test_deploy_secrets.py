@@ -1,0 +1,98 @@
+"""No secret in the repository: the compose stack generates its own at first start, passes
+them as files or environment (never on a command line), and a node refuses the secrets the
+repository once published unless told it is a throwaway demo."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import pytest
+import yaml
+
+from services.compose_secrets import (
+    KNOWN_DEMO_SECRETS,
+    DemoSecretRefused,
+    ensure_secrets,
+    refuse_demo_secrets,
+)
+from services.config import ClusterConfig, NodeSettings, api_key_sha256, load_cluster
+
+ROOT = Path(__file__).resolve().parents[2]
+TEMPLATE = ROOT / "deploy" / "compose-cluster.template.json"
+#: the cluster file the repository used to ship (deploy/compose-cluster.json)
+PUBLISHED_CLUSTER = {
+    "regions": [
+        {"name": "us-east", "url": "http://node-us-east:8700",
+         "dsn": "postgresql+asyncpg://postgres:convplane@pg-us-east:5432/convplane"},
+    ],
+    "tenants": [{"tenant_id": "demo", "api_key_sha256": api_key_sha256("demo-key-change-me")}],
+    "peer_secret": "compose-only-peer-secret-change-me-0123456789",
+    "replay": {"service_api_key_sha256": api_key_sha256("service-key-change-me")},
+}  # fmt: skip
+
+
+def _mode(path: Path) -> int:
+    return path.stat().st_mode & 0o777
+
+
+def test_secrets_are_generated_once_private_and_consistent(tmp_path: Path) -> None:
+    out = tmp_path / "secrets"
+    cluster = ensure_secrets(TEMPLATE, out)
+    assert _mode(out) == 0o700
+    assert {_mode(f) for f in out.iterdir() if f.is_file()} == {0o600}
+    assert _mode(out / "tls") == 0o700 and _mode(out / "tls" / "us-east-key.pem") == 0o600
+    assert load_cluster(out / "cluster.json") == cluster
+    api_key = (out / "api_key").read_text().strip()
+    service_key = (out / "service_api_key").read_text().strip()
+    assert [t.api_key_sha256 for t in cluster.tenants] == [api_key_sha256(api_key)]
+    assert cluster.replay.service_api_key_sha256 == api_key_sha256(service_key)
+    passwords = {r.name: urlsplit(r.dsn).password for r in cluster.regions}
+    for name, password in passwords.items():
+        assert password == (out / f"pg-{name}-password").read_text().strip()
+    assert len({*passwords.values(), api_key, service_key, cluster.peer_secret}) == 6
+    refuse_demo_secrets(cluster)  # nothing published
+    assert ensure_secrets(TEMPLATE, out) == cluster  # a restart keeps its keys
+    assert ensure_secrets(TEMPLATE, tmp_path / "elsewhere").peer_secret != cluster.peer_secret
+
+
+def test_the_repository_holds_no_secret() -> None:
+    text = (ROOT / "docker-compose.yml").read_text() + TEMPLATE.read_text()
+    for secret in KNOWN_DEMO_SECRETS - {"convplane"}:  # "convplane" is also the stack's name
+        assert secret not in text
+    template = json.loads(TEMPLATE.read_text())
+    assert "peer_secret" not in template and "tenants" not in template
+    assert all(urlsplit(r["dsn"]).password is None for r in template["regions"])
+    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    for name, service in compose["services"].items():
+        assert "POSTGRES_PASSWORD" not in service.get("environment", {}), name
+        assert "--api-key" not in service.get("command", []), name  # ps would show it
+
+
+def test_published_secrets_are_refused_each_by_name() -> None:
+    with pytest.raises(DemoSecretRefused) as refused:
+        refuse_demo_secrets(ClusterConfig.model_validate(PUBLISHED_CLUSTER))
+    for what in ("peer_secret", "tenant demo", "replay service key", "us-east's database"):
+        assert what in str(refused.value)
+
+
+def test_a_node_with_published_secrets_does_not_start(tmp_path: Path) -> None:
+    cluster_file = tmp_path / "cluster.json"
+    cluster_file.write_text(json.dumps(PUBLISHED_CLUSTER))
+    refused = subprocess.run(
+        [sys.executable, "-m", "services.cli.node", "--cluster-file", str(cluster_file),
+         "--region", "us-east", "--port", "0"],
+        capture_output=True, text=True, timeout=60, check=False, cwd=ROOT,
+    )  # fmt: skip
+    assert refused.returncode == 2
+    assert "published in convplane's repository" in refused.stderr
+
+
+def test_a_demo_may_allow_published_secrets(monkeypatch: pytest.MonkeyPatch) -> None:
+    cluster = ClusterConfig.model_validate(PUBLISHED_CLUSTER)
+    assert not NodeSettings(region="us-east", cluster=cluster).allow_demo_secrets
+    monkeypatch.setenv("CONVPLANE_ALLOW_DEMO_SECRETS", "1")
+    assert NodeSettings(region="us-east", cluster=cluster).allow_demo_secrets
