@@ -1,0 +1,183 @@
+"""The body of ``POST /v1/conversations/{id}/events``: one model per event type, joined in a
+union discriminated by ``type``, so the OpenAPI document says exactly what the server requires
+of each type (a generated client cannot build an event the server refuses).
+
+Payloads are open objects (``additionalProperties: true``): the log stores what the chat
+application sends, whole, because replay renders it back into the prompt. Only the fields the
+log's rules read are declared and required (``eventlog.conversation_state.validate_event``
+checks the same rules again, below the API).
+
+To give an event type a richer payload (for example OpenAI-style chat messages with
+``tool_calls``), write its payload model in its own module and use it as the ``payload`` of that
+type's event model here; the union, the document and the route follow.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+
+ID_PATTERN = r"^[A-Za-z0-9._:-]+$"
+ATTEMPT_ID_MAX = 128
+JSON_INT_MAX = 2**53 - 1
+TOKEN_COUNT_MAX = 10_000_000
+
+AttemptId = Annotated[
+    str, StringConstraints(min_length=1, max_length=ATTEMPT_ID_MAX, pattern=ID_PATTERN)
+]
+NonEmpty = Annotated[str, StringConstraints(min_length=1)]
+
+
+class OpenPayload(BaseModel):
+    """A payload that keeps every field the client sent (declared or not)."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+
+
+class MessagePayload(OpenPayload):
+    """What the application sends the engine for this message (for example ``content``, or an
+    OpenAI-style chat message); stored as sent and rendered back into the prompt by replay."""
+
+    model_config = ConfigDict(json_schema_extra={"examples": [{"content": "Hello!"}]})
+
+
+class NotePayload(OpenPayload):
+    """Anything the application wants in the transcript that is not part of the prompt."""
+
+    model_config = ConfigDict(json_schema_extra={"examples": [{"text": "user opened settings"}]})
+
+
+class ToolAttemptPayload(OpenPayload):
+    """Recorded *before* the external call. ``attempt_id`` doubles as the idempotency key sent
+    to the external system; ask ``GET .../tool-attempts/{attempt_id}`` after a failover before
+    running the tool again."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {"attempt_id": "att-1", "tool": "get_weather", "argument_digest": "sha256:9f2c"}
+            ]
+        }
+    )
+
+    attempt_id: AttemptId
+    tool: NonEmpty = Field(description="the tool's name")
+    argument_digest: NonEmpty = Field(description="a digest of the call's arguments")
+
+
+class ToolEffectPayload(OpenPayload):
+    """Recorded *after* the external effect committed (or definitely failed). At most one
+    effect per attempt commits: an identical repeat returns the original, a different one is
+    409 ``effect_conflict``; an effect for an attempt never recorded is 409 ``unknown_attempt``."""
+
+    model_config = ConfigDict(
+        json_schema_extra={"examples": [{"attempt_id": "att-1", "status": "committed"}]}
+    )
+
+    attempt_id: AttemptId
+    status: Literal["committed", "failed"]
+
+
+class _EventCommon(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    token_count: int | None = Field(
+        default=None,
+        ge=0,
+        le=TOKEN_COUNT_MAX,
+        description="prompt tokens of this event, when the application knows them",
+    )
+    expected_seq: int | None = Field(
+        default=None,
+        ge=0,
+        le=JSON_INT_MAX,
+        description="append only if the conversation's last seq is this (else 409 seq_conflict)",
+    )
+
+
+def _example(event_type: str, payload: dict[str, Any]) -> ConfigDict:
+    return ConfigDict(json_schema_extra={"examples": [{"type": event_type, "payload": payload}]})
+
+
+class UserMessageEvent(_EventCommon):
+    """A message from the end user."""
+
+    model_config = _example("message.user", {"content": "What's the weather in Paris?"})
+    type: Literal["message.user"]
+    payload: MessagePayload = Field(default_factory=MessagePayload)
+
+
+class AssistantMessageEvent(_EventCommon):
+    """A message the model produced."""
+
+    model_config = _example("message.assistant", {"content": "It is sunny, 21 °C."})
+    type: Literal["message.assistant"]
+    payload: MessagePayload = Field(default_factory=MessagePayload)
+
+
+class SystemMessageEvent(_EventCommon):
+    """A system prompt or instruction."""
+
+    model_config = _example("message.system", {"content": "You are a helpful assistant."})
+    type: Literal["message.system"]
+    payload: MessagePayload = Field(default_factory=MessagePayload)
+
+
+class ToolAttemptEvent(_EventCommon):
+    """The application is about to call a tool."""
+
+    model_config = _example(
+        "tool.attempt", {"attempt_id": "att-1", "tool": "get_weather", "argument_digest": "9f2c"}
+    )
+    type: Literal["tool.attempt"]
+    payload: ToolAttemptPayload
+
+
+class ToolEffectEvent(_EventCommon):
+    """The tool call's effect committed (or failed) in the external system."""
+
+    model_config = _example("tool.effect", {"attempt_id": "att-1", "status": "committed"})
+    type: Literal["tool.effect"]
+    payload: ToolEffectPayload
+
+
+class NoteEvent(_EventCommon):
+    """A note kept in the transcript."""
+
+    model_config = _example("note", {"text": "escalated to a human"})
+    type: Literal["note"]
+    payload: NotePayload = Field(default_factory=NotePayload)
+
+
+EVENT_MODELS: tuple[type[_EventCommon], ...] = (
+    UserMessageEvent,
+    AssistantMessageEvent,
+    SystemMessageEvent,
+    ToolAttemptEvent,
+    ToolEffectEvent,
+    NoteEvent,
+)
+AnyEvent = (
+    UserMessageEvent
+    | AssistantMessageEvent
+    | SystemMessageEvent
+    | ToolAttemptEvent
+    | ToolEffectEvent
+    | NoteEvent
+)
+AppendEventRequest = Annotated[AnyEvent, Field(discriminator="type")]
+
+
+def examples_by_type() -> dict[str, dict[str, Any]]:
+    """One named example per event type, for the operation's ``openapi_examples``."""
+    named = {}
+    for model in EVENT_MODELS:
+        example = model.model_config["json_schema_extra"]["examples"][0]  # type: ignore[index]
+        named[example["type"]] = {"summary": model.__doc__, "value": example}
+    return named
+
+
+def payload_of(event: AnyEvent) -> dict[str, Any]:
+    """The payload as the client sent it (declared fields and extras, no defaults added)."""
+    return event.payload.model_dump(mode="json", exclude_unset=True)
