@@ -107,14 +107,14 @@ async def get_route(ctx: Context, conversation_id: ConversationIdPath) -> Any:
     "/admin/regions/{name}/{action}",
     tags=[OPERATORS],
     response_model=bodies.Placement,
-    responses=errors(404),
+    responses=errors(404, 409),
 )
 async def region_action(
     ctx: Context, name: RegionPath, action: Literal["evacuate", "restore"]
 ) -> Any:
     """An operator move: `evacuate` moves the region's shards away (planned handoff, no acked
     loss), `restore` lets them come back. Committed by the control shard's leader (other nodes
-    forward there); answers the new placement. 404: no such region; 400: the move would leave
+    forward there); answers the new placement. 404: no such region; 409: the move would leave
     no region to lead shards."""
     controller = _controller(ctx.request)
     if name not in {r.name for r in controller.cluster.regions}:

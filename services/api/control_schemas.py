@@ -11,6 +11,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from services.api.event_bodies import JsonInt
 from services.api.schemas import ConversationId
 
 REGION_PATTERN = r"^[a-z0-9][a-z0-9-]*$"
@@ -139,7 +140,7 @@ class ReplayShard(_Closed):
 
     model_config = ConfigDict(json_schema_extra={"examples": [{"shard": 5}]})
 
-    shard: int = Field(ge=0, le=SHARD_MAX, description="below the cluster's shard count")
+    shard: JsonInt = Field(ge=0, le=SHARD_MAX, description="below the cluster's shard count")
 
 
 ReplayRequest = Annotated[

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints
 
 ID_PATTERN = r"^[A-Za-z0-9._:-]+$"
 ATTEMPT_ID_MAX = 128
@@ -27,6 +27,18 @@ AttemptId = Annotated[
     str, StringConstraints(min_length=1, max_length=ATTEMPT_ID_MAX, pattern=ID_PATTERN)
 ]
 NonEmpty = Annotated[str, StringConstraints(min_length=1)]
+
+
+def _integral(value: Any) -> Any:
+    """JSON Schema's integer includes ``5.0``; strict pydantic would refuse it. Strings and
+    booleans stay refused (the models are strict)."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+#: an integer as JSON Schema means it: 5 and 5.0, never "5" or true
+JsonInt = Annotated[int, BeforeValidator(_integral)]
 
 
 class OpenPayload(BaseModel):
@@ -82,13 +94,13 @@ class ToolEffectPayload(OpenPayload):
 class _EventCommon(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
-    token_count: int | None = Field(
+    token_count: JsonInt | None = Field(
         default=None,
         ge=0,
         le=TOKEN_COUNT_MAX,
         description="prompt tokens of this event, when the application knows them",
     )
-    expected_seq: int | None = Field(
+    expected_seq: JsonInt | None = Field(
         default=None,
         ge=0,
         le=JSON_INT_MAX,

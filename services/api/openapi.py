@@ -76,8 +76,8 @@ _DEADLINE_PARAMETER = {
     "in": "header",
     "required": False,
     "description": "the request's deadline in milliseconds (default 10000, capped by the node); "
-    "forwards carry what is left of it. 0 or less: 504 at once",
-    "schema": {"type": "integer", "minimum": -(10**12) + 1, "maximum": 10**12 - 1},
+    "forwards carry what is left of it (one that already passed is answered 504)",
+    "schema": {"type": "integer", "minimum": 1, "maximum": 10**12 - 1},
 }
 _LINKS = {
     "create_conversation": (
