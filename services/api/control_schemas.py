@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
-from services.api.event_bodies import JsonInt
+from services.api.event_bodies import integral
 from services.api.schemas import ConversationId
 
 REGION_PATTERN = r"^[a-z0-9][a-z0-9-]*$"
@@ -140,7 +140,9 @@ class ReplayShard(_Closed):
 
     model_config = ConfigDict(json_schema_extra={"examples": [{"shard": 5}]})
 
-    shard: JsonInt = Field(ge=0, le=SHARD_MAX, description="below the cluster's shard count")
+    shard: Annotated[int, Field(ge=0, le=SHARD_MAX), BeforeValidator(integral)] = Field(
+        description="below the cluster's shard count"
+    )
 
 
 ReplayRequest = Annotated[

@@ -29,7 +29,7 @@ AttemptId = Annotated[
 NonEmpty = Annotated[str, StringConstraints(min_length=1)]
 
 
-def _integral(value: Any) -> Any:
+def integral(value: Any) -> Any:
     """JSON Schema's integer includes ``5.0``; strict pydantic would refuse it. Strings and
     booleans stay refused (the models are strict)."""
     if isinstance(value, float) and value.is_integer():
@@ -37,8 +37,10 @@ def _integral(value: Any) -> Any:
     return value
 
 
-#: an integer as JSON Schema means it: 5 and 5.0, never "5" or true
-JsonInt = Annotated[int, BeforeValidator(_integral)]
+# Integers as JSON Schema means them: 5 and 5.0, never "5" or true. The bounds come before the
+# validator so that pydantic prints them as minimum/maximum in the document.
+TokenCount = Annotated[int, Field(ge=0, le=TOKEN_COUNT_MAX), BeforeValidator(integral)]
+Seq = Annotated[int, Field(ge=0, le=JSON_INT_MAX), BeforeValidator(integral)]
 
 
 class OpenPayload(BaseModel):
@@ -94,16 +96,12 @@ class ToolEffectPayload(OpenPayload):
 class _EventCommon(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
-    token_count: JsonInt | None = Field(
+    token_count: TokenCount | None = Field(
         default=None,
-        ge=0,
-        le=TOKEN_COUNT_MAX,
         description="prompt tokens of this event, when the application knows them",
     )
-    expected_seq: JsonInt | None = Field(
+    expected_seq: Seq | None = Field(
         default=None,
-        ge=0,
-        le=JSON_INT_MAX,
         description="append only if the conversation's last seq is this (else 409 seq_conflict)",
     )
 

@@ -78,6 +78,7 @@ _DEADLINE_PARAMETER = {
     "description": "the request's deadline in milliseconds (default 10000, capped by the node); "
     "forwards carry what is left of it (one that already passed is answered 504)",
     "schema": {"type": "integer", "minimum": 1, "maximum": 10**12 - 1},
+    "example": 10000,
 }
 _LINKS = {
     "create_conversation": (
