@@ -1,4 +1,6 @@
-"""The OpenAPI document is the contract: schemathesis (every check, every phase, stateful links
+"""The OpenAPI document is the contract. A client generated from it (openapi-python-client)
+creates a conversation, appends every event type, pages the transcript and reads a tool
+attempt; then schemathesis (every check, every phase, stateful links
 from ``POST /v1/conversations`` into the conversation's operations) against a real 3-region
 plane finds 0 failures, with each kind of key the plane has.
 
@@ -16,7 +18,9 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import httpx
 import pytest
 
 from tests.e2e.plane import Plane, convplane_env, start_plane, stop_plane
@@ -24,6 +28,9 @@ from tests.e2e.plane import Plane, convplane_env, start_plane, stop_plane
 MAX_EXAMPLES = int(os.environ.get("CONVPLANE_SCHEMATHESIS_EXAMPLES", "15"))
 SEED = int(os.environ.get("CONVPLANE_SCHEMATHESIS_SEED", "20261201"))
 RUN_TIMEOUT_S = 600
+GENERATE_CLIENT = [
+    sys.executable, "-c", "from openapi_python_client.cli import app; app()",
+]  # fmt: skip
 SCHEMATHESIS = [sys.executable, "-c", "from schemathesis.cli import schemathesis; schemathesis()"]
 CONFIG = """\
 [auth.openapi.apiKey]
@@ -51,6 +58,104 @@ def plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Plane]:
     finally:
         output = stop_plane(proc)
         assert proc.returncode == 0, output
+
+
+def test_a_client_generated_from_the_document_uses_the_api(plane: Plane, tmp_path: Path) -> None:
+    document = tmp_path / "openapi.json"
+    document.write_text(httpx.get(plane.urls["eu-west"] + "/openapi.json", timeout=20).text)
+    env = {
+        **convplane_env(),
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+    }
+    subprocess.run(
+        [*GENERATE_CLIENT, "generate", "--path", str(document), "--meta", "none",
+         "--output-path", str(tmp_path / "cpclient")],
+        cwd=tmp_path, env=env, check=True, capture_output=True, timeout=RUN_TIMEOUT_S,
+    )  # fmt: skip
+    sys.path.insert(0, str(tmp_path))
+    try:
+        _use_generated_client(plane.urls["eu-west"], plane.info["api_key"])
+    finally:
+        sys.path.remove(str(tmp_path))
+        for name in [m for m in sys.modules if m == "cpclient" or m.startswith("cpclient.")]:
+            del sys.modules[name]
+
+
+def _use_generated_client(url: str, key: str) -> None:
+    from cpclient import AuthenticatedClient  # type: ignore[import-not-found]
+
+    with AuthenticatedClient(base_url=url, token=key, raise_on_unexpected_status=True) as client:
+        _create_append_page_read(client)
+
+
+def _create_append_page_read(client: Any) -> None:
+    from cpclient.api.chat_applications import (  # type: ignore[import-not-found]
+        append_event,
+        create_conversation,
+        list_events,
+        tool_attempt,
+    )
+    from cpclient.models import (  # type: ignore[import-not-found]
+        ConversationCreated,
+        CreateConversationRequest,
+        EventAppended,
+        EventPage,
+        ToolAttempt,
+        ToolAttemptEvent,
+        ToolAttemptPayload,
+    )
+
+    created = create_conversation.sync(
+        client=client, body=CreateConversationRequest(model_revision="rev-generated")
+    )
+    assert isinstance(created, ConversationCreated), created
+    cid = created.conversation_id
+    attempt = ToolAttemptEvent(
+        type_="tool.attempt",
+        payload=ToolAttemptPayload(attempt_id="att-1", tool="get_weather", argument_digest="9f"),
+    )
+    models = {m.__name__: m for m in _event_models()}
+    events = [
+        models["UserMessageEvent"].from_dict(
+            {"type": "message.user", "payload": {"content": "hi"}}
+        ),
+        models["SystemMessageEvent"].from_dict({"type": "message.system", "payload": {}}),
+        attempt,
+        models["ToolEffectEvent"].from_dict(
+            {"type": "tool.effect", "payload": {"attempt_id": "att-1", "status": "committed"}}
+        ),
+        models["AssistantMessageEvent"].from_dict(
+            {"type": "message.assistant", "payload": {"content": "sunny"}, "token_count": 2}
+        ),
+        models["NoteEvent"].from_dict({"type": "note", "payload": {"text": "done"}}),
+    ]
+    for seq, event in enumerate(events, start=1):
+        appended = append_event.sync(cid, client=client, body=event, idempotency_key=f"k-{seq}")
+        assert isinstance(appended, EventAppended) and appended.seq == seq, appended
+    pages: list[list[tuple[int, str]]] = []
+    after_seq = 0
+    while True:
+        page = list_events.sync(cid, client=client, after_seq=after_seq, limit=4)
+        assert isinstance(page, EventPage), page
+        if not page.events:
+            break
+        pages.append([(e.seq, e.type_.value) for e in page.events])
+        after_seq = page.next_after_seq
+    assert pages == [
+        [(1, "message.user"), (2, "message.system"), (3, "tool.attempt"), (4, "tool.effect")],
+        [(5, "message.assistant"), (6, "note")],
+    ]
+    status = tool_attempt.sync(cid, "att-1", client=client)
+    assert isinstance(status, ToolAttempt) and status.state.value == "committed", status
+    assert [e.type_.value for e in status.events] == ["tool.attempt", "tool.effect"]
+
+
+def _event_models() -> list[type]:
+    from cpclient import models  # type: ignore[import-not-found]
+
+    names = ("UserMessageEvent", "AssistantMessageEvent", "SystemMessageEvent", "ToolEffectEvent",
+             "NoteEvent")  # fmt: skip
+    return [getattr(models, name) for name in names]
 
 
 def _run_schemathesis(plane: Plane, key: str, tmp: Path, *filters: str) -> str:
@@ -93,6 +198,12 @@ def test_schemathesis_finds_no_failure_with_the_replay_service_key(
     plane: Plane, tmp_path: Path
 ) -> None:
     output = _run_schemathesis(
-        plane, plane.info["service_api_key"], tmp_path, "--include-path-regex", "^/v1/replays"
+        plane,
+        plane.info["service_api_key"],
+        tmp_path,
+        "--include-path-regex",
+        "^/v1/replays",
+        "--phases",
+        "examples,coverage,fuzzing",
     )
     _assert_all_passed(output, "Examples", "Coverage", "Fuzzing")
