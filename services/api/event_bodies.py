@@ -14,8 +14,9 @@ type's event model here; the union, the document and the route follow.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
+from fastapi.openapi.models import Example
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints
 
 ID_PATTERN = r"^[A-Za-z0-9._:-]+$"
@@ -106,14 +107,25 @@ class _EventCommon(BaseModel):
     )
 
 
-def _example(event_type: str, payload: dict[str, Any]) -> ConfigDict:
-    return ConfigDict(json_schema_extra={"examples": [{"type": event_type, "payload": payload}]})
+EVENT_EXAMPLES: dict[str, dict[str, Any]] = {
+    "message.user": {"content": "What's the weather in Paris?"},
+    "message.assistant": {"content": "It is sunny, 21 °C."},
+    "message.system": {"content": "You are a helpful assistant."},
+    "tool.attempt": {"attempt_id": "att-1", "tool": "get_weather", "argument_digest": "9f2c"},
+    "tool.effect": {"attempt_id": "att-1", "status": "committed"},
+    "note": {"text": "escalated to a human"},
+}
+
+
+def _example(event_type: str) -> ConfigDict:
+    example: dict[str, Any] = {"type": event_type, "payload": EVENT_EXAMPLES[event_type]}
+    return ConfigDict(json_schema_extra={"examples": [example]})
 
 
 class UserMessageEvent(_EventCommon):
     """A message from the end user."""
 
-    model_config = _example("message.user", {"content": "What's the weather in Paris?"})
+    model_config = _example("message.user")
     type: Literal["message.user"]
     payload: MessagePayload = Field(default_factory=MessagePayload)
 
@@ -121,7 +133,7 @@ class UserMessageEvent(_EventCommon):
 class AssistantMessageEvent(_EventCommon):
     """A message the model produced."""
 
-    model_config = _example("message.assistant", {"content": "It is sunny, 21 °C."})
+    model_config = _example("message.assistant")
     type: Literal["message.assistant"]
     payload: MessagePayload = Field(default_factory=MessagePayload)
 
@@ -129,7 +141,7 @@ class AssistantMessageEvent(_EventCommon):
 class SystemMessageEvent(_EventCommon):
     """A system prompt or instruction."""
 
-    model_config = _example("message.system", {"content": "You are a helpful assistant."})
+    model_config = _example("message.system")
     type: Literal["message.system"]
     payload: MessagePayload = Field(default_factory=MessagePayload)
 
@@ -137,9 +149,7 @@ class SystemMessageEvent(_EventCommon):
 class ToolAttemptEvent(_EventCommon):
     """The application is about to call a tool."""
 
-    model_config = _example(
-        "tool.attempt", {"attempt_id": "att-1", "tool": "get_weather", "argument_digest": "9f2c"}
-    )
+    model_config = _example("tool.attempt")
     type: Literal["tool.attempt"]
     payload: ToolAttemptPayload
 
@@ -147,7 +157,7 @@ class ToolAttemptEvent(_EventCommon):
 class ToolEffectEvent(_EventCommon):
     """The tool call's effect committed (or failed) in the external system."""
 
-    model_config = _example("tool.effect", {"attempt_id": "att-1", "status": "committed"})
+    model_config = _example("tool.effect")
     type: Literal["tool.effect"]
     payload: ToolEffectPayload
 
@@ -155,7 +165,7 @@ class ToolEffectEvent(_EventCommon):
 class NoteEvent(_EventCommon):
     """A note kept in the transcript."""
 
-    model_config = _example("note", {"text": "escalated to a human"})
+    model_config = _example("note")
     type: Literal["note"]
     payload: NotePayload = Field(default_factory=NotePayload)
 
@@ -179,12 +189,15 @@ AnyEvent = (
 AppendEventRequest = Annotated[AnyEvent, Field(discriminator="type")]
 
 
-def examples_by_type() -> dict[str, dict[str, Any]]:
+def examples_by_type() -> dict[str, Example]:
     """One named example per event type, for the operation's ``openapi_examples``."""
-    named = {}
+    named: dict[str, Example] = {}
     for model in EVENT_MODELS:
-        example = model.model_config["json_schema_extra"]["examples"][0]  # type: ignore[index]
-        named[example["type"]] = {"summary": model.__doc__, "value": example}
+        (event_type,) = get_args(model.model_fields["type"].annotation)
+        named[event_type] = {
+            "summary": model.__doc__ or event_type,
+            "value": {"type": event_type, "payload": EVENT_EXAMPLES[event_type]},
+        }
     return named
 
 

@@ -173,17 +173,17 @@ def _complete(path: str, method: str, operation: dict[str, Any]) -> None:
         operation["tags"] = [PEERS]
     else:
         operation["security"] = []
-    for status in statuses:
-        responses.setdefault(str(status), errors(status)[status] | {"content": _error_content()})
-        responses[str(status)].pop("model", None)
-    for status, response in responses.items():
-        if status in ("429", "503", "504"):
-            header = {**_RETRY_AFTER, "required": status != "504"}
+    for shared in statuses:
+        responses.setdefault(str(shared), {"description": _describe(shared)})
+        responses[str(shared)].setdefault("content", _error_content())
+    for code, response in responses.items():
+        if code in ("429", "503", "504"):
+            header = {**_RETRY_AFTER, "required": code != "504"}
             response.setdefault("headers", {})["Retry-After"] = header
     link = _LINKS.get(operation.get("operationId", ""))
     if link is not None:
-        status, links = link
-        responses[status]["links"] = links
+        linked_code, links = link
+        responses[linked_code]["links"] = links
 
 
 def _error_content() -> dict[str, Any]:
