@@ -42,9 +42,9 @@ SECURITY_SCHEMES = {
         "scheme": "bearer",
         "description": "`Authorization: Bearer <api key>`. A key has a role: `tenant` (chat "
         "applications: its own conversations only; another tenant's are 404), `operator` "
-        "(drills, evacuate/restore, replay, keys) or `viewer` (read-only); the replay service "
-        "key reads transcripts on behalf of the tenant named in `X-Convplane-Tenant`. A key the "
-        "operation does not accept is 401.",
+        "(drills, evacuate/restore, replay, keys) or `viewer` (read-only), and an operation "
+        "refuses a key whose role it does not take. The replay service key reads transcripts "
+        "on behalf of the tenant named in `X-Convplane-Tenant`.",
     },
     "peerSecret": {
         "type": "apiKey",

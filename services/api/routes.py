@@ -117,7 +117,16 @@ async def create_conversation(
     status_code=201,
     response_model=schemas.EventAppended,
     responses={
-        200: {"model": schemas.EventAppended, "description": "idempotent replay"},
+        200: {
+            "model": schemas.EventAppended,
+            "description": "a retry of an append that committed: the original result",
+            "headers": {
+                "Idempotent-Replayed": {
+                    "required": True,
+                    "schema": {"type": "string", "enum": ["true"]},
+                }
+            },
+        },
         **errors(404, 409),
     },
 )
