@@ -71,7 +71,10 @@ async def get_placement(ctx: Context) -> dict[str, Any]:
 
 
 @control_router.get(
-    "/conversations/{conversation_id}/route", tags=[CHAT_APPS], response_model=bodies.Route
+    "/conversations/{conversation_id}/route",
+    tags=[CHAT_APPS],
+    response_model=bodies.Route,
+    responses=errors(404),
 )
 async def get_route(ctx: Context, conversation_id: ConversationIdPath) -> Any:
     """Where an inference gateway should send the conversation's next turn: the region leading

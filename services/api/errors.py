@@ -28,6 +28,7 @@ _METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
 ERROR_CODES: dict[str, tuple[int, str]] = {
     "invalid_request": (400, "the request breaks the schema or a rule of the log; do not retry"),
     "unauthorized": (401, "missing or unknown API key (or peer secret, on /peer)"),
+    "forbidden": (403, "the key's role (tenant, operator, viewer) does not take this operation"),
     "not_found": (404, "no such conversation, attempt or path (another tenant's is not found)"),
     "method_not_allowed": (405, "the path does not take this method (`Allow` lists those it does)"),
     "seq_conflict": (409, "`expected_seq` is not the conversation's last seq"),

@@ -56,6 +56,7 @@ SECURITY_SCHEMES = {
 _STATUS_TEXT = {
     400: "invalid request",
     401: "missing or unknown credentials",
+    403: "the key's role does not take this operation",
     404: "not found",
     409: "conflict with the conversation's state",
     413: "body too large",
@@ -68,7 +69,7 @@ _RETRY_AFTER = {
     "description": "seconds to wait before retrying",
     "schema": {"type": "integer", "minimum": 1},
 }
-_EDGE_STATUSES = (400, 401, 429, 503, 504)
+_EDGE_STATUSES = (400, 401, 403, 429, 503, 504)
 _BODY_STATUSES = (413, 415)
 _PEER_STATUSES = (401, 503)
 _DEADLINE_PARAMETER = {
@@ -80,10 +81,11 @@ _DEADLINE_PARAMETER = {
     "schema": {"type": "integer", "minimum": 1, "maximum": 10**12 - 1},
     "example": 10000,
 }
+_CREATED_ID = {"conversation_id": "$response.body#/conversation_id"}
 _LINKS = {
     "create_conversation": (
         "201",
-        {op: {"operationId": op, "parameters": {"conversation_id": "$response.body#/conversation_id"}}
+        {op: {"operationId": op, "parameters": _CREATED_ID}
          for op in ("get_conversation", "append_event", "list_events", "get_route", "get_affinity")},
     ),
     "append_event": (

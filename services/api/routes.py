@@ -32,7 +32,7 @@ TENANT_HEADER = "X-Convplane-Tenant"
 
 async def read_context(
     request: Request,
-    _on_behalf_of: Annotated[
+    on_behalf_of: Annotated[
         str | None,
         Header(
             alias=TENANT_HEADER,
@@ -48,7 +48,7 @@ async def read_context(
     authorization = request.headers.get("authorization")
     if not api.tenants.is_service_key(authorization):
         return await request_context(request)
-    tenant = api.tenants.authenticate_read(authorization, request.headers.get(TENANT_HEADER))
+    tenant = api.tenants.authenticate_read(authorization, on_behalf_of)
     forwarded = request.headers.get(FORWARDED_HEADER) is not None
     return RequestContext(api, request, tenant, _deadline_s(api, request), forwarded)
 

@@ -20,7 +20,7 @@ from eventlog.errors import InvalidRequest, NotLeader, Unauthorized, Unavailable
 from services.api import control_schemas as bodies
 from services.api import schemas
 from services.api.context import RequestContext, api_state, request_context
-from services.api.openapi import CHAT_APPS, OPERATORS
+from services.api.openapi import CHAT_APPS, OPERATORS, errors
 from services.replay.service import ReplayService
 
 replay_router = APIRouter(prefix="/v1")
@@ -87,7 +87,10 @@ def affinity_body(request: Request, tenant_id: str, conversation_id: str) -> dic
 
 
 @replay_router.get(
-    "/conversations/{conversation_id}/affinity", tags=[CHAT_APPS], response_model=bodies.Affinity
+    "/conversations/{conversation_id}/affinity",
+    tags=[CHAT_APPS],
+    response_model=bodies.Affinity,
+    responses=errors(404),
 )
 async def get_affinity(ctx: Context, conversation_id: ConversationIdPath) -> Any:
     """The worker and engine whose KV for the conversation replay last rebuilt (null when none
