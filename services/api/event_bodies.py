@@ -14,10 +14,19 @@ type's event model here; the union, the document and the route follow.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, get_args
+from typing import Annotated, Any, Literal, Self, get_args
 
 from fastapi.openapi.models import Example
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ModelWrapValidatorHandler,
+    PrivateAttr,
+    StringConstraints,
+    model_validator,
+)
 
 ID_PATTERN = r"^[A-Za-z0-9._:-]+$"
 ATTEMPT_ID_MAX = 128
@@ -45,9 +54,24 @@ Seq = Annotated[int, Field(ge=0, le=JSON_INT_MAX), BeforeValidator(integral)]
 
 
 class OpenPayload(BaseModel):
-    """A payload that keeps every field the client sent (declared or not)."""
+    """A payload that keeps every field the client sent (declared or not), in the order sent:
+    the log stores the object the client sent, not pydantic's re-serialization of it."""
 
     model_config = ConfigDict(extra="allow", strict=True)
+    _as_sent: dict[str, Any] | None = PrivateAttr(default=None)
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _keep_as_sent(cls, data: Any, handler: ModelWrapValidatorHandler[Self]) -> Self:
+        payload = handler(data)
+        if isinstance(data, dict):
+            payload._as_sent = dict(data)
+        return payload
+
+    def as_sent(self) -> dict[str, Any]:
+        if self._as_sent is not None:
+            return self._as_sent
+        return self.model_dump(mode="json", exclude_unset=True)
 
 
 class MessagePayload(OpenPayload):
@@ -202,5 +226,5 @@ def examples_by_type() -> dict[str, Example]:
 
 
 def payload_of(event: AnyEvent) -> dict[str, Any]:
-    """The payload as the client sent it (declared fields and extras, no defaults added)."""
-    return event.payload.model_dump(mode="json", exclude_unset=True)
+    """The payload as the client sent it (every field, in its order, no defaults added)."""
+    return event.payload.as_sent()

@@ -123,3 +123,14 @@ async def test_405_names_every_method_of_the_path(east: httpx.AsyncClient) -> No
         assert r.json()["error"]["code"] == "method_not_allowed"
     r = await east.request("PATCH", "/v1/replays", headers=AUTH)
     assert (r.status_code, r.headers["allow"]) == (405, "GET, POST")
+
+
+async def test_payload_is_stored_as_sent(east: httpx.AsyncClient) -> None:
+    cid = await _create(east)
+    payload = {"z": [1, {"b": 2, "a": 1}], "tool": "t", "argument_digest": "d", "attempt_id": "a"}
+    body = {"type": "tool.attempt", "payload": payload}
+    r = await east.post(f"/v1/conversations/{cid}/events", json=body, headers=AUTH)
+    assert r.status_code == 201, r.text
+    page = (await east.get(f"/v1/conversations/{cid}/events", headers=AUTH)).json()
+    stored = page["events"][0]["payload"]
+    assert json.dumps(stored) == json.dumps(payload)  # same fields, same order
