@@ -78,6 +78,8 @@ async def test_append_body_is_one_model_per_event_type(east: httpx.AsyncClient) 
     append = doc["paths"]["/v1/conversations/{conversation_id}/events"]["post"]
     schema = append["requestBody"]["content"]["application/json"]["schema"]
     assert set(schema["discriminator"]["mapping"]) == set(EVENT_TYPES)
+    read_back = doc["components"]["schemas"]["Event"]["properties"]["type"]
+    assert set(read_back["enum"]) == set(EVENT_TYPES)
     assert set(append["requestBody"]["content"]["application/json"]["examples"]) == set(EVENT_TYPES)
     attempt = doc["components"]["schemas"]["ToolAttemptPayload"]
     assert set(attempt["required"]) == {"attempt_id", "tool", "argument_digest"}
