@@ -189,7 +189,11 @@ def _assert_all_passed(output: str, *phases: str) -> None:
 
 
 def test_schemathesis_finds_no_failure_with_a_tenant_key(plane: Plane, tmp_path: Path) -> None:
-    output = _run_schemathesis(plane, plane.info["api_key"], tmp_path)
+    # Operator moves have their own run, last (below): they change the placement under the
+    # other operations, and one of them can hit a controller bug that this run should not hide.
+    output = _run_schemathesis(
+        plane, plane.info["api_key"], tmp_path, "--exclude-operation-id", "region_action"
+    )
     _assert_all_passed(output, "Examples", "Coverage", "Fuzzing", "Stateful")
     links = re.search(r"API Links:\s+(\d+) covered", output)
     assert links is not None and int(links[1]) >= 5, output[-5000:]  # create -> its operations
@@ -208,3 +212,17 @@ def test_schemathesis_finds_no_failure_with_the_replay_service_key(
         "examples,coverage,fuzzing",
     )
     _assert_all_passed(output, "Examples", "Coverage", "Fuzzing")
+
+
+def test_schemathesis_finds_no_failure_in_operator_region_moves(
+    plane: Plane, tmp_path: Path
+) -> None:
+    """Evacuate and restore, with the real region names (links inferred from GET /v1/regions).
+    When written it failed about one run in three: a restore answered 500
+    (``InvariantViolation: placement version N follows N`` from ``services/controller.py``);
+    the log shows two placement records of one version committed at consecutive lsns, as when
+    a commit whose outcome was unknown is followed by a move proposed from the older state."""
+    output = _run_schemathesis(
+        plane, plane.info["api_key"], tmp_path, "--include-path-regex", "^/v1/(admin|regions)"
+    )
+    _assert_all_passed(output, "Examples", "Coverage", "Fuzzing", "Stateful")
