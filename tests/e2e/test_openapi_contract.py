@@ -220,8 +220,9 @@ def test_schemathesis_finds_no_failure_in_operator_region_moves(
     """Evacuate and restore, with the real region names (links inferred from GET /v1/regions).
     When written it failed about one run in three: a restore answered 500
     (``InvariantViolation: placement version N follows N`` from ``services/controller.py``);
-    the log shows two placement records of one version committed at consecutive lsns, as when
-    a commit whose outcome was unknown is followed by a move proposed from the older state."""
+    the log shows two placement records of one version at consecutive lsns: a move whose short
+    ``X-Convplane-Deadline-Ms`` cancelled it mid-append (outcome unknown, propose lock released)
+    and the next move, proposed from the state before it."""
     output = _run_schemathesis(
         plane, plane.info["api_key"], tmp_path, "--include-path-regex", "^/v1/(admin|regions)"
     )
