@@ -37,7 +37,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from eventlog.errors import InvalidRequest, InvariantViolation
+from eventlog.errors import Conflict, InvalidRequest, InvariantViolation
 from regions.membership import RegionStatus
 from regions.placement import place_shards, rank_regions
 
@@ -213,7 +213,7 @@ class ControlPlanner:
         else:
             raise InvalidRequest(f"unknown action {action!r}")
         if not self._eligible(frozenset(down), frozenset(evacuated)):
-            raise InvalidRequest(f"{action} {region} would leave no region to lead shards")
+            raise Conflict(f"{action} {region} would leave no region to lead shards")
         planned = self._plan(
             current,
             frozenset(down),

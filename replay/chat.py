@@ -28,8 +28,9 @@ event type           payload (an OpenAI chat message without ``role``; ``role`` 
 effects) and never part of the prompt: the model sees a tool call as the assistant message's
 ``tool_calls`` and its result as the ``message.tool`` event.
 
-``validate_event_payload`` is the API edge's check (400 on anything else); ``render_prompt``
-turns a transcript back into the request. What is read back from the log is validated again, as
+The API's event models (``services/api/event_bodies.py``) use these models as the payloads of
+the prompt's events, so the edge accepts exactly what replay can send (400 otherwise);
+``render_prompt`` turns a transcript back into the request. What is read back from the log is validated again, as
 data: rendering stops at the first message it cannot render (an event written before this
 schema, for example), because every token after a difference misses the cache anyway.
 
@@ -171,26 +172,6 @@ MESSAGE_MODELS: Mapping[str, type[_Strict]] = {
 SETTINGS_EVENT = "prompt.settings"
 PROMPT_EVENT_TYPES = frozenset({*MESSAGE_MODELS, SETTINGS_EVENT})
 ROLE_OF_EVENT: Mapping[str, str] = {t: t.removeprefix("message.") for t in MESSAGE_MODELS}
-
-
-class ChatPayloadError(ValueError):
-    """A prompt event's payload is not what an engine accepts (the API answers 400)."""
-
-
-def validate_event_payload(event_type: str, payload: Mapping[str, Any]) -> None:
-    """Raise ChatPayloadError unless ``payload`` is a valid payload for ``event_type`` (the
-    module docstring); event types that are not part of the prompt are not checked here."""
-    model = MESSAGE_MODELS.get(event_type)
-    if model is None and event_type != SETTINGS_EVENT:
-        return
-    try:
-        (model or PromptSettings).model_validate(dict(payload))
-    except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc']) or 'payload'}: {e['msg']}"
-            for e in exc.errors()[:5]
-        )
-        raise ChatPayloadError(f"{event_type} payload: {problems}") from None
 
 
 @dataclass(frozen=True, slots=True)

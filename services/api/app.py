@@ -17,6 +17,7 @@ from services.api.errors import install_error_handlers
 from services.api.forwarding import Forwarder
 from services.api.metrics import Metrics
 from services.api.middleware import EdgeMiddleware
+from services.api.openapi import install_openapi, operation_id
 from services.api.routes import ops_router, router
 from services.bootstrap import NodeRuntime, RuntimeFactory, open_runtime
 from services.config import NodeSettings
@@ -27,13 +28,19 @@ DESCRIPTION = """\
 Public API of one convplane region node. Any region accepts any request and forwards it to the
 region leading the conversation's shard (`X-Convplane-Served-By` names who served it).
 
-* Auth: `Authorization: Bearer <api key>`.
+The document is the contract: what it calls valid the server accepts, what it calls invalid
+the server refuses with 400, and every status an operation can answer is listed with its body.
+
+* Auth: `Authorization: Bearer <api key>`; a key's role (`tenant`, `operator`, `viewer`) says
+  what it may call. Peer endpoints (tag `peers`, `x-internal`) take the cluster's peer secret.
 * Deadline: `X-Convplane-Deadline-Ms` (default 10000). A read past it gets 504; an append whose
   outcome is unknown at the deadline gets 503 `outcome_unknown` — retry with the same
   `Idempotency-Key`, which is always safe.
 * An idempotent retry of an append that committed answers **200** with the original body and
   `Idempotent-Replayed: true` (a fresh append answers 201).
 * Errors: `{"error": {"code", "message", "retryable"}}`; 429 and 503 carry `Retry-After`.
+  Invalid requests (schema, headers, JSON) are **400** `invalid_request`, never 422. A method a
+  path does not take is 405 with `Allow`.
 * Admission, before any work: a tenant over its quota gets 429 `quota_exceeded`; a region at its
   (adaptive) concurrency limit with a full queue, or a request queued past its deadline, gets
   503 `overloaded`; a deadline that already passed gets 504 `deadline_exceeded`.
@@ -98,7 +105,9 @@ def create_app(settings: NodeSettings, *, runtime_factory: RuntimeFactory | None
         description=DESCRIPTION,
         version="0.1.0",
         lifespan=lifespan,
+        generate_unique_id_function=operation_id,
     )
+    install_openapi(app, lambda: _shard_count(app))
     install_error_handlers(app, settings.retry_after_default_s)
     app.include_router(router)
     app.include_router(ops_router)
@@ -117,6 +126,11 @@ def create_app(settings: NodeSettings, *, runtime_factory: RuntimeFactory | None
         send_timeout_s=settings.send_timeout_s,
     )
     return app
+
+
+def _shard_count(app: FastAPI) -> int | None:
+    api = getattr(app.state, "api", None)
+    return api.cluster.shard_count if isinstance(api, ApiState) else None
 
 
 def _peer_reachable(runtime: NodeRuntime) -> Callable[[str], bool] | None:

@@ -22,10 +22,12 @@ from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Path, Request
 
-from eventlog.errors import NotLeader, Unauthorized, Unavailable
+from eventlog.errors import NotFound, NotLeader, Unauthorized, Unavailable
+from services.api import control_schemas as bodies
 from services.api import schemas
 from services.api.context import RequestContext, request_context
 from services.api.forwarding import PEER_AUTH_HEADER
+from services.api.openapi import CHAT_APPS, OPERATORS, PEERS, errors
 from services.controller import Controller
 from services.replay.routes import affinity_body, live_request_fields
 
@@ -33,7 +35,15 @@ control_router = APIRouter(prefix="/v1")
 peer_router = APIRouter(prefix="/peer")
 Context = Annotated[RequestContext, Depends(request_context)]
 ConversationIdPath = Annotated[str, Path(min_length=1, max_length=128, pattern=schemas.ID_PATTERN)]
-RegionPath = Annotated[str, Path(min_length=1, max_length=63, pattern=r"^[a-z0-9][a-z0-9-]*$")]
+RegionPath = Annotated[
+    str,
+    Path(
+        min_length=1,
+        max_length=bodies.REGION_NAME_MAX,
+        pattern=bodies.REGION_PATTERN,
+        openapi_examples={"region": {"value": "eu-west"}},
+    ),
+]
 
 
 def _controller(request: Request) -> Controller:
@@ -47,19 +57,30 @@ def _placement_body(controller: Controller) -> dict[str, Any]:
     return {**controller.placement().to_body(), "control_leader": controller.control_leader()}
 
 
-@control_router.get("/regions")
+@control_router.get("/regions", tags=[OPERATORS], response_model=bodies.Regions)
 async def list_regions(ctx: Context) -> dict[str, Any]:
+    """Every region with its status (up / suspected / down, by this node's view and its peers'
+    reports), capacity weight, who suspects it and how many shards it leads."""
     controller = _controller(ctx.request)
     return {"observer": controller.region, "regions": controller.regions_view()}
 
 
-@control_router.get("/placement")
+@control_router.get("/placement", tags=[OPERATORS], response_model=bodies.Placement)
 async def get_placement(ctx: Context) -> dict[str, Any]:
+    """The committed placement: shard -> region, regions down and evacuated, its version."""
     return _placement_body(_controller(ctx.request))
 
 
-@control_router.get("/conversations/{conversation_id}/route")
+@control_router.get(
+    "/conversations/{conversation_id}/route",
+    tags=[CHAT_APPS],
+    response_model=bodies.Route,
+    responses=errors(404),
+)
 async def get_route(ctx: Context, conversation_id: ConversationIdPath) -> Any:
+    """Where an inference gateway should send the conversation's next turn: the region leading
+    its shard, and the replay worker whose KV for it is warm (null when none is known).
+    Answered by the leading region (others forward)."""
     controller = _controller(ctx.request)
     node = controller.node
     shard = node.shard_of(conversation_id)
@@ -89,11 +110,22 @@ async def get_route(ctx: Context, conversation_id: ConversationIdPath) -> Any:
     return await ctx.run(locate, is_write=False)
 
 
-@control_router.post("/admin/regions/{name}/{action}")
+@control_router.post(
+    "/admin/regions/{name}/{action}",
+    tags=[OPERATORS],
+    response_model=bodies.Placement,
+    responses=errors(404, 409),
+)
 async def region_action(
     ctx: Context, name: RegionPath, action: Literal["evacuate", "restore"]
 ) -> Any:
+    """An operator move: `evacuate` moves the region's shards away (planned handoff, no acked
+    loss), `restore` lets them come back. Committed by the control shard's leader (other nodes
+    forward there); answers the new placement. 404: no such region; 409: the move would leave
+    no region to lead shards."""
     controller = _controller(ctx.request)
+    if name not in {r.name for r in controller.cluster.regions}:
+        raise NotFound(f"no region {name!r}")
 
     async def act() -> dict[str, Any]:
         await controller.operator(action, name)
@@ -111,13 +143,15 @@ def _require_peer(request: Request) -> None:
         raise Unauthorized("peer endpoints need the cluster's peer secret")
 
 
-@peer_router.get("/health")
+@peer_router.get("/health", tags=[PEERS], response_model=bodies.PeerHealth)
 async def peer_health(request: Request) -> dict[str, Any]:
+    """Internal: a node's probe reply (its suspects and led shards) for failure detection."""
     _require_peer(request)
     return _controller(request).health_reply()
 
 
-@peer_router.get("/placement")
+@peer_router.get("/placement", tags=[PEERS], response_model=bodies.Placement)
 async def peer_placement(request: Request) -> dict[str, Any]:
+    """Internal: the placement this node holds."""
     _require_peer(request)
     return _placement_body(_controller(request))

@@ -2,7 +2,11 @@
 
 Every ``ConvplaneError`` becomes its ``http_status`` with ``{"error": {"code", "message",
 "retryable"}}``; a ``retry_after_s`` becomes ``Retry-After`` and every 503 carries one. Request
-validation failures become 400 ``invalid_request``. Anything else is a bug and stays a 500.
+validation failures become 400 ``invalid_request`` (never FastAPI's 422). A 405 names the
+path's methods in ``Allow``. Anything else is a bug and stays a 500.
+
+``ERROR_CODES`` lists every code a client can see, with its status and meaning; the OpenAPI
+document prints it, and a test checks that every error class's code is in it.
 """
 
 from __future__ import annotations
@@ -13,10 +17,40 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 from eventlog.errors import ConvplaneError, Unavailable
 
 VALIDATION_ERRORS_SHOWN_MAX = 5
+_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
+
+#: code -> (HTTP status, what it means, what the client should do)
+ERROR_CODES: dict[str, tuple[int, str]] = {
+    "invalid_request": (400, "the request breaks the schema or a rule of the log; do not retry"),
+    "unauthorized": (401, "missing or unknown API key (or peer secret, on /peer)"),
+    "forbidden": (403, "the key's role (tenant, operator, viewer) does not take this operation"),
+    "not_found": (404, "no such conversation, attempt or path (another tenant's is not found)"),
+    "method_not_allowed": (405, "the path does not take this method (`Allow` lists those it does)"),
+    "seq_conflict": (409, "`expected_seq` is not the conversation's last seq"),
+    "effect_conflict": (409, "a different `tool.effect` is already recorded for the attempt"),
+    "unknown_attempt": (409, "a `tool.effect` for an attempt that was never recorded"),
+    "idempotency_key_reused": (409, "the same `Idempotency-Key` with a different body"),
+    "conversation_exists": (409, "the id exists with another model revision or metadata"),
+    "conflict": (409, "the request conflicts with the current state"),
+    "payload_too_large": (413, "the body is over the node's limit"),
+    "unsupported_media_type": (415, "a body that is not `application/json`"),
+    "quota_exceeded": (429, "the tenant is over its rate; retry after `Retry-After`"),
+    "unavailable": (503, "not serving right now; retry after `Retry-After`"),
+    "no_quorum": (503, "fewer than a quorum of replicas answered; nothing new acknowledged"),
+    "not_leader": (503, "no region leads the shard yet (`leader_region` hints at the next)"),
+    "fenced": (503, "a newer leader took the shard; retry"),
+    "leadership_changed": (503, "the shard was re-led during the call; nothing written, retry"),
+    "overloaded": (503, "admission shed the request (concurrency limit and queue full)"),
+    "replica_unavailable": (503, "a replica store could not be reached"),
+    "outcome_unknown": (503, "the deadline passed before the ack: retry with the same key"),
+    "forward_failed": (503, "the shard's leader region could not be reached"),
+    "deadline_exceeded": (504, "the request's deadline passed (a write's outcome is unknown)"),
+}
 
 
 class OutcomeUnknown(Unavailable):
@@ -54,6 +88,20 @@ def _describe_validation(exc: RequestValidationError) -> str:
     return "; ".join(parts) or "invalid request"
 
 
+def allowed_methods(request: Request) -> list[str]:
+    """Every method some route takes on the request's path, probed through the router's own
+    matching (Starlette's 405 names only the first route that matched the path, and a path with
+    a GET and a POST route, or routes of included routers, has more)."""
+    return [
+        method
+        for method in _METHODS
+        if any(
+            route.matches({**request.scope, "method": method})[0] == Match.FULL
+            for route in request.app.router.routes
+        )
+    ]
+
+
 def install_error_handlers(app: FastAPI, retry_after_default_s: float) -> None:
     async def on_convplane_error(_: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, ConvplaneError)
@@ -63,12 +111,14 @@ def install_error_handlers(app: FastAPI, retry_after_default_s: float) -> None:
         assert isinstance(exc, RequestValidationError)
         return plain_error(400, "invalid_request", _describe_validation(exc))
 
-    async def on_http_error(_: Request, exc: Exception) -> JSONResponse:
+    async def on_http_error(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, StarletteHTTPException)
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
         response = plain_error(exc.status_code, code, str(exc.detail))
         if exc.headers:
             response.headers.update(exc.headers)
+        if exc.status_code == 405:
+            response.headers["Allow"] = ", ".join(allowed_methods(request))
         return response
 
     app.add_exception_handler(ConvplaneError, on_convplane_error)

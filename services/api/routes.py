@@ -1,12 +1,14 @@
 """Routes of the public API. Handlers are thin: validate, call the log under the request's
 deadline (``RequestContext.run``), shape the answer. A replayed idempotent append answers
 **200** with ``Idempotent-Replayed: true`` and the original body; a fresh one answers 201.
+
+Docstrings are the operations' descriptions in the OpenAPI document; the error responses every
+operation shares are added there by ``services.api.openapi``.
 """
 
 from __future__ import annotations
 
 import json
-import re
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Header, Path, Query, Request, Response
@@ -16,33 +18,30 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from eventlog.errors import InvalidRequest
 from services.api import schemas
 from services.api.context import RequestContext, _deadline_s, api_state, request_context
+from services.api.event_bodies import AnyEvent, payload_of
 from services.api.forwarding import FORWARDED_HEADER
+from services.api.openapi import CHAT_APPS, OPERATORS, errors, event_body
 from services.api.paging import within_bytes
 
-IDEMPOTENCY_KEY_RE = re.compile(r"[\x20-\x7e]{1,255}")
-ATTEMPT_ID_MAX = 255
+# Printable ASCII without surrounding spaces (HTTP strips those, so the server never sees them).
+IDEMPOTENCY_KEY_PATTERN = r"^[\x21-\x7e]([\x20-\x7e]{0,253}[\x21-\x7e])?$"
 
-_ERRORS: dict[int | str, dict[str, Any]] = {
-    status: {"model": schemas.ErrorBody, "description": text}
-    for status, text in {
-        400: "invalid request",
-        401: "missing or unknown API key",
-        404: "no such conversation",
-        409: "seq, effect or idempotency-key conflict",
-        413: "body too large",
-        415: "body is not JSON",
-        429: "tenant over quota",
-        503: "unavailable (retryable)",
-        504: "deadline exceeded",
-    }.items()
-}
-
-router = APIRouter(prefix="/v1", responses=_ERRORS)
+router = APIRouter(prefix="/v1", tags=[CHAT_APPS])
 Context = Annotated[RequestContext, Depends(request_context)]
 TENANT_HEADER = "X-Convplane-Tenant"
 
 
-async def read_context(request: Request) -> RequestContext:
+async def read_context(
+    request: Request,
+    on_behalf_of: Annotated[
+        str | None,
+        Header(
+            alias=TENANT_HEADER,
+            max_length=128,
+            description="replay service key only: the tenant it reads for (ignored otherwise)",
+        ),
+    ] = None,
+) -> RequestContext:
     """``request_context`` for reads, which the replay service key may also make on behalf of
     the tenant named in ``X-Convplane-Tenant`` (not charged to the tenant's quota: replay reads
     are paced by the replay service's own limits)."""
@@ -50,7 +49,7 @@ async def read_context(request: Request) -> RequestContext:
     authorization = request.headers.get("authorization")
     if not api.tenants.is_service_key(authorization):
         return await request_context(request)
-    tenant = api.tenants.authenticate_read(authorization, request.headers.get(TENANT_HEADER))
+    tenant = api.tenants.authenticate_read(authorization, on_behalf_of)
     forwarded = request.headers.get(FORWARDED_HEADER) is not None
     return RequestContext(api, request, tenant, _deadline_s(api, request), forwarded)
 
@@ -58,7 +57,18 @@ async def read_context(request: Request) -> RequestContext:
 ReadContext = Annotated[RequestContext, Depends(read_context)]
 ConversationIdPath = Annotated[str, Path(min_length=1, max_length=128, pattern=schemas.ID_PATTERN)]
 AttemptIdPath = Annotated[
-    str, Path(min_length=1, max_length=ATTEMPT_ID_MAX, pattern=schemas.ID_PATTERN)
+    str, Path(min_length=1, max_length=schemas.ATTEMPT_ID_MAX, pattern=schemas.ID_PATTERN)
+]
+IdempotencyKey = Annotated[
+    str | None,
+    Header(
+        alias="Idempotency-Key",
+        max_length=255,
+        pattern=IDEMPOTENCY_KEY_PATTERN,
+        description="makes the append safe to retry: a retry with the same key and body returns "
+        "the original result (200, Idempotent-Replayed: true); with another body, 409 "
+        "idempotency_key_reused",
+    ),
 ]
 
 
@@ -66,10 +76,17 @@ def _conversation_id(ctx: RequestContext) -> str:
     return f"c-{ctx.api.rng.getrandbits(96):024x}"
 
 
-@router.post("/conversations", status_code=201, response_model=schemas.ConversationCreated)
+@router.post(
+    "/conversations",
+    status_code=201,
+    response_model=schemas.ConversationCreated,
+    responses=errors(409),
+)
 async def create_conversation(
     ctx: Context, body: schemas.CreateConversationRequest | None = None
 ) -> Any:
+    """Create a conversation (a tenant key). Its shard's leader region commits it at a quorum
+    like any event. The answer links to the conversation's other operations."""
     body = body or schemas.CreateConversationRequest()
     metadata_bytes = len(json.dumps(body.metadata, separators=(",", ":")))
     if metadata_bytes > ctx.api.settings.max_metadata_bytes:
@@ -100,23 +117,38 @@ async def create_conversation(
     "/conversations/{conversation_id}/events",
     status_code=201,
     response_model=schemas.EventAppended,
-    responses={200: {"model": schemas.EventAppended, "description": "idempotent replay"}},
+    responses={
+        200: {
+            "model": schemas.EventAppended,
+            "description": "a retry of an append that committed: the original result",
+            "headers": {
+                "Idempotent-Replayed": {
+                    "required": True,
+                    "schema": {"type": "string", "enum": ["true"]},
+                }
+            },
+        },
+        **errors(404, 409),
+    },
 )
 async def append_event(
     ctx: Context,
     conversation_id: ConversationIdPath,
-    body: schemas.AppendEventRequest,
-    idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key")] = None,
+    body: Annotated[AnyEvent, event_body()],
+    idempotency_key: IdempotencyKey = None,
 ) -> Any:
-    if idempotency_key is not None and not IDEMPOTENCY_KEY_RE.fullmatch(idempotency_key):
-        raise InvalidRequest("Idempotency-Key must be 1-255 printable ASCII characters")
+    """Append an event (a tenant key); acknowledged (201) once a quorum of regions holds it
+    durably, and `acked_by` names them. The body's `type` selects the payload's shape. A 503 or
+    504 means the outcome is unknown: retry with the same `Idempotency-Key`, which is always
+    safe. 409: `seq_conflict` (`expected_seq` is not the last seq), `effect_conflict`,
+    `unknown_attempt`, `idempotency_key_reused`."""
     started_s = ctx.api.clock.monotonic()
     result = await ctx.run(
         lambda: ctx.api.log.append_event(
             ctx.tenant.tenant_id,
             conversation_id,
             body.type,
-            body.payload,
+            payload_of(body),
             token_count=body.token_count,
             expected_seq=body.expected_seq,
             idempotency_key=idempotency_key,
@@ -132,8 +164,12 @@ async def append_event(
     return JSONResponse(content, status_code=201)
 
 
-@router.get("/conversations/{conversation_id}", response_model=schemas.Conversation)
+@router.get(
+    "/conversations/{conversation_id}", response_model=schemas.Conversation, responses=errors(404)
+)
 async def get_conversation(ctx: ReadContext, conversation_id: ConversationIdPath) -> Any:
+    """The conversation's last committed seq, home region, leader epoch and model revision
+    (a linearizable read: answered by the shard's leader after it confirms it still leads)."""
     result = await ctx.run(
         lambda: ctx.api.log.get_conversation(ctx.tenant.tenant_id, conversation_id),
         is_write=False,
@@ -143,13 +179,19 @@ async def get_conversation(ctx: ReadContext, conversation_id: ConversationIdPath
     return schemas.Conversation.of(result)
 
 
-@router.get("/conversations/{conversation_id}/events", response_model=schemas.EventPage)
+@router.get(
+    "/conversations/{conversation_id}/events",
+    response_model=schemas.EventPage,
+    responses=errors(404),
+)
 async def list_events(
     ctx: ReadContext,
     conversation_id: ConversationIdPath,
     after_seq: Annotated[int, Query(ge=0, le=schemas.JSON_INT_MAX)] = 0,
     limit: Annotated[int, Query(ge=1, le=schemas.EVENTS_PAGE_MAX)] = 100,
 ) -> Any:
+    """The committed transcript, in seq order, `limit` events after `after_seq`; pass
+    `next_after_seq` as `after_seq` to read the next page (an empty page: the end)."""
     result = await ctx.run(
         lambda: ctx.api.log.list_events(ctx.tenant.tenant_id, conversation_id, after_seq, limit),
         is_write=False,
@@ -166,10 +208,13 @@ async def list_events(
 @router.get(
     "/conversations/{conversation_id}/tool-attempts/{attempt_id}",
     response_model=schemas.ToolAttempt,
+    responses=errors(404),
 )
 async def tool_attempt(
     ctx: Context, conversation_id: ConversationIdPath, attempt_id: AttemptIdPath
 ) -> Any:
+    """Whether a tool attempt's effect committed: ask this after a failover before running the
+    tool again (404 when the attempt was never recorded)."""
     result = await ctx.run(
         lambda: ctx.api.log.tool_attempt(ctx.tenant.tenant_id, conversation_id, attempt_id),
         is_write=False,
@@ -179,13 +224,17 @@ async def tool_attempt(
     return schemas.ToolAttempt.of(result)
 
 
-ops_router = APIRouter()
+ops_router = APIRouter(tags=[OPERATORS])
 
 
 @ops_router.get(
-    "/healthz", response_model=schemas.Health, responses={503: {"model": schemas.Health}}
+    "/healthz",
+    response_model=schemas.Health,
+    responses={503: {"model": schemas.Health, "description": "still taking its shards"}},
 )
 async def healthz(request: Request) -> Any:
+    """Readiness, no key needed: 200 once the region leads every shard placed on it, 503
+    (with `Retry-After`) until then."""
     api = api_state(request)
     placed, led = api.readiness()
     controller = getattr(request.app.state, "controller", None)
@@ -204,6 +253,11 @@ async def healthz(request: Request) -> Any:
     return JSONResponse(health.model_dump(), status_code=503, headers=headers)
 
 
-@ops_router.get("/metrics", response_class=Response)
+@ops_router.get(
+    "/metrics",
+    response_class=Response,
+    responses={200: {"content": {CONTENT_TYPE_LATEST: {"schema": {"type": "string"}}}}},
+)
 async def metrics(request: Request) -> Response:
+    """Prometheus metrics of this node, no key needed."""
     return Response(api_state(request).metrics.render(), media_type=CONTENT_TYPE_LATEST)

@@ -2,7 +2,9 @@
 
 Every field a client sends has a bound: ids by pattern and length, integers below 2**53 (so
 they survive JSON in every client language and fit the stores' 64-bit columns), metadata by
-its serialized size (checked in the route, where the limit is known).
+its serialized size (checked in the route, where the limit is known). Request models are strict
+(no coercion of ``"5"`` into 5): what the OpenAPI document calls invalid, the server refuses.
+The event bodies, one model per event type, are in ``services.api.event_bodies``.
 """
 
 from __future__ import annotations
@@ -10,27 +12,34 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from eventlog.conversations import AppendedEvent, ConversationInfo, EventRecord, ToolAttemptStatus
-from replay.chat import validate_event_payload
-
-#: letters, digits and ``._:-``, but never ``.`` or ``..`` alone: URL normalisation turns those
-#: into other paths, so forwarding and replay could never reach such a conversation
-ID_PATTERN = (
-    r"^([A-Za-z0-9_:-][A-Za-z0-9._:-]*"
-    r"|\.[A-Za-z0-9_:-][A-Za-z0-9._:-]*"
-    r"|\.\.[A-Za-z0-9._:-]+)$"
+from services.api.event_bodies import (
+    ATTEMPT_ID_MAX,
+    ID_PATTERN,
+    JSON_INT_MAX,
+    TOKEN_COUNT_MAX,
+    AppendEventRequest,
 )
-JSON_INT_MAX = 2**53 - 1
-TOKEN_COUNT_MAX = 10_000_000
-EVENTS_PAGE_MAX = 1000
 
-ConversationId = Annotated[str, StringConstraints(min_length=1, max_length=128, pattern=ID_PATTERN)]
+__all__ = ["ATTEMPT_ID_MAX", "ID_PATTERN", "JSON_INT_MAX", "TOKEN_COUNT_MAX", "AppendEventRequest"]
+
+EVENTS_PAGE_MAX = 1000
+CONVERSATION_ID_MAX = 128
+
+ConversationId = Annotated[
+    str, StringConstraints(min_length=1, max_length=CONVERSATION_ID_MAX, pattern=ID_PATTERN)
+]
 EventType = Literal[
     "message.user", "message.assistant", "message.system", "message.tool", "prompt.settings",
     "tool.attempt", "tool.effect", "note",
 ]  # fmt: skip
+_TIME_EXAMPLE = "2026-01-01T12:00:00.000Z"
+
+
+def _examples(*examples: dict[str, Any]) -> ConfigDict:
+    return ConfigDict(json_schema_extra={"examples": list(examples)})
 
 
 def iso_utc(ms: int) -> str:
@@ -39,20 +48,41 @@ def iso_utc(ms: int) -> str:
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 class CreateConversationRequest(_Strict):
+    """The body is optional: an empty one creates a conversation with a random id. Creating an
+    existing id again with the same model revision and metadata returns it (idempotent);
+    anything else is 409 ``conversation_exists``."""
+
+    model_config = _examples(
+        {"conversation_id": "c-support-42", "model_revision": "llama-3.1-8b@2024-07",
+         "metadata": {"channel": "web"}},
+        {},
+    )  # fmt: skip
+
     conversation_id: ConversationId | None = Field(
         default=None, description="client-chosen id; a random one is generated when absent"
     )
-    model_revision: Annotated[str, StringConstraints(min_length=1, max_length=256)] | None = None
-    metadata: dict[str, Any] = Field(default_factory=dict)
+    model_revision: Annotated[str, StringConstraints(min_length=1, max_length=256)] | None = Field(
+        default=None,
+        description="the model revision the conversation is pinned to (KV is reusable only for "
+        "it); the cluster's default when absent",
+    )
+    metadata: dict[str, Any] = Field(
+        default_factory=dict, description="free-form JSON object, at most 16 KiB serialized"
+    )
 
 
 class ConversationCreated(BaseModel):
+    model_config = _examples(
+        {"conversation_id": "c-support-42", "home_region": "us-east",
+         "model_revision": "llama-3.1-8b@2024-07", "created_at": _TIME_EXAMPLE}
+    )  # fmt: skip
+
     conversation_id: str
-    home_region: str
+    home_region: str = Field(description="the region leading the conversation's shard now")
     model_revision: str
     created_at: str
 
@@ -67,10 +97,16 @@ class ConversationCreated(BaseModel):
 
 
 class Conversation(BaseModel):
+    model_config = _examples(
+        {"conversation_id": "c-support-42", "last_seq": 3, "home_region": "us-east", "epoch": 2,
+         "model_revision": "llama-3.1-8b@2024-07", "metadata": {"channel": "web"},
+         "created_at": _TIME_EXAMPLE}
+    )  # fmt: skip
+
     conversation_id: str
-    last_seq: int
+    last_seq: int = Field(description="seq of the last committed event (0: none yet)")
     home_region: str
-    epoch: int
+    epoch: int = Field(description="epoch of the shard's current leader")
     model_revision: str
     metadata: dict[str, Any]
     created_at: str
@@ -88,24 +124,15 @@ class Conversation(BaseModel):
         )
 
 
-class AppendEventRequest(_Strict):
-    type: EventType
-    payload: dict[str, Any] = Field(default_factory=dict)
-    token_count: int | None = Field(default=None, ge=0, le=TOKEN_COUNT_MAX)
-    expected_seq: int | None = Field(default=None, ge=0, le=JSON_INT_MAX)
-
-    @model_validator(mode="after")
-    def _prompt_payload(self) -> AppendEventRequest:
-        """Messages and prompt settings must be what an engine accepts: replay sends them as
-        stored (``replay.chat``: the payload models and why)."""
-        validate_event_payload(self.type, self.payload)
-        return self
-
-
 class EventAppended(BaseModel):
+    model_config = _examples(
+        {"event_id": "e-3f1a", "seq": 4, "acked_by": ["us-east", "eu-west"],
+         "committed_at": _TIME_EXAMPLE}
+    )  # fmt: skip
+
     event_id: str
-    seq: int
-    acked_by: list[str]
+    seq: int = Field(description="the event's place in the conversation: 1, 2, 3, ... gapless")
+    acked_by: list[str] = Field(description="regions whose replicas durably hold the event")
     committed_at: str
 
     @classmethod
@@ -119,10 +146,16 @@ class EventAppended(BaseModel):
 
 
 class Event(BaseModel):
+    model_config = _examples(
+        {"event_id": "e-3f1a", "seq": 1, "type": "message.user",
+         "payload": {"content": "What's the weather in Paris?"}, "token_count": 9,
+         "created_at": _TIME_EXAMPLE}
+    )  # fmt: skip
+
     event_id: str
     seq: int
-    type: str
-    payload: dict[str, Any]
+    type: EventType
+    payload: dict[str, Any] = Field(description="the payload exactly as appended")
     token_count: int
     created_at: str
 
@@ -131,7 +164,7 @@ class Event(BaseModel):
         return cls(
             event_id=record.event_id,
             seq=record.seq,
-            type=record.event_type,
+            type=record.event_type,  # type: ignore[arg-type]  # the log only holds EVENT_TYPES
             payload=record.payload,
             token_count=record.token_count,
             created_at=iso_utc(record.created_at_ms),
@@ -146,9 +179,20 @@ class EventPage(BaseModel):
 
 
 class ToolAttempt(BaseModel):
+    model_config = _examples(
+        {"attempt_id": "att-1", "state": "pending", "events": [
+            {"event_id": "e-77", "seq": 2, "type": "tool.attempt",
+             "payload": {"attempt_id": "att-1", "tool": "get_weather", "argument_digest": "9f2c"},
+             "token_count": 0, "created_at": _TIME_EXAMPLE}]}
+    )  # fmt: skip
+
     attempt_id: str
-    state: Literal["pending", "committed", "failed"]
-    events: list[Event]
+    state: Literal["pending", "committed", "failed"] = Field(
+        description="pending: no effect recorded (the tool may or may not have run: ask the "
+        "external system with attempt_id as its idempotency key); committed / failed: the "
+        "recorded effect"
+    )
+    events: list[Event] = Field(description="the attempt and its effect, when recorded")
 
     @classmethod
     def of(cls, status: ToolAttemptStatus) -> ToolAttempt:
@@ -160,16 +204,29 @@ class ToolAttempt(BaseModel):
 
 
 class ErrorDetail(BaseModel):
-    code: str
-    message: str
-    retryable: bool
+    code: str = Field(description="stable error code (the table in the API description)")
+    message: str = Field(description="for people; do not parse")
+    retryable: bool = Field(description="whether the same request may succeed later")
+    shard: int | None = Field(default=None, description="not_leader only: the shard")
+    leader_region: str | None = Field(
+        default=None, description="not_leader only: the region that leads the shard, if known"
+    )
 
 
 class ErrorBody(BaseModel):
+    model_config = _examples(
+        {"error": {"code": "seq_conflict", "message": "expected_seq 3 but last seq is 4",
+                   "retryable": False}}
+    )  # fmt: skip
+
     error: ErrorDetail
 
 
 class Health(BaseModel):
+    model_config = _examples(
+        {"status": "ok", "region": "us-east", "shards_placed": 22, "shards_led": 22,
+         "unhealthy_loops": []}
+    )  # fmt: skip
     status: Literal["ok", "starting", "degraded"]
     region: str
     shards_placed: int

@@ -16,33 +16,18 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Path, Request
-from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from eventlog.errors import InvalidRequest, NotLeader, Unauthorized, Unavailable
 from replay.cache_salt import cache_salt_for
+from services.api import control_schemas as bodies
 from services.api import schemas
 from services.api.context import RequestContext, api_state, request_context
+from services.api.openapi import CHAT_APPS, OPERATORS, errors
 from services.replay.service import ReplayService
 
 replay_router = APIRouter(prefix="/v1")
 Context = Annotated[RequestContext, Depends(request_context)]
 ConversationIdPath = Annotated[str, Path(min_length=1, max_length=128, pattern=schemas.ID_PATTERN)]
-REPLAY_IDS_MAX = 1000
-
-
-class ReplayRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    conversation_ids: list[schemas.ConversationId] | None = Field(
-        default=None, max_length=REPLAY_IDS_MAX
-    )
-    shard: int | None = Field(default=None, ge=0)
-
-    @model_validator(mode="after")
-    def _one(self) -> ReplayRequest:
-        if (self.conversation_ids is None) == (self.shard is None):
-            raise ValueError("give either conversation_ids or shard")
-        return self
 
 
 def _service(request: Request) -> ReplayService:
@@ -57,8 +42,9 @@ def _operator(request: Request) -> None:
         raise Unauthorized("replay operations need the service API key")
 
 
-@replay_router.get("/replays")
+@replay_router.get("/replays", tags=[OPERATORS], response_model=bodies.ReplayStatus)
 async def replay_status(request: Request) -> dict[str, Any]:
+    """This region's replay: backlog, counters, spare prefill, engines, workers (any key)."""
     tenants = api_state(request).tenants
     authorization = request.headers.get("authorization")
     if not tenants.is_service_key(authorization):
@@ -66,18 +52,22 @@ async def replay_status(request: Request) -> dict[str, Any]:
     return _service(request).status()
 
 
-@replay_router.post("/replays", status_code=202)
-async def request_replay(request: Request, body: ReplayRequest) -> dict[str, Any]:
+@replay_router.post(
+    "/replays", status_code=202, tags=[OPERATORS], response_model=bodies.ReplayAccepted
+)
+async def request_replay(request: Request, body: bodies.ReplayRequest) -> dict[str, Any]:
+    """Replay conversations, or a whole shard, led by this region (the replay service key
+    only). 202: queued; the answer says what happened to each."""
     _operator(request)
     service = _service(request)
-    if body.shard is not None:
+    if isinstance(body, bodies.ReplayShard):
         if body.shard >= service.shard_count:
             raise InvalidRequest(f"shard must be < {service.shard_count}")
         report = await service.replay_shard(body.shard)
         return {"shard": body.shard, "accepted": report.accepted,
                 "outside_window": report.outside_window, "rejected_full": report.rejected_full,
                 "superseded": report.superseded}  # fmt: skip
-    return {"conversations": await service.replay_conversations(body.conversation_ids or [])}
+    return {"conversations": await service.replay_conversations(body.conversation_ids)}
 
 
 def live_request_fields(request: Request, tenant_id: str, model_revision: str) -> dict[str, str]:
@@ -107,8 +97,15 @@ def affinity_body(request: Request, tenant_id: str, conversation_id: str) -> dic
     }
 
 
-@replay_router.get("/conversations/{conversation_id}/affinity")
+@replay_router.get(
+    "/conversations/{conversation_id}/affinity",
+    tags=[CHAT_APPS],
+    response_model=bodies.Affinity,
+    responses=errors(404),
+)
 async def get_affinity(ctx: Context, conversation_id: ConversationIdPath) -> Any:
+    """The worker and engine whose KV for the conversation replay last rebuilt (null when none
+    is known); answered by the region leading the conversation's shard."""
     service = _service(ctx.request)
     node = service.planner.node
     shard = node.shard_of(conversation_id)

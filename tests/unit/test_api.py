@@ -176,7 +176,7 @@ async def test_events_page_and_tool_attempt(nodes: Nodes) -> None:
     for payload in ({"text": "a"}, {"attempt_id": "t1", "tool": "x"}, {"text": "b"}):
         r = await nodes.east.post(url, json={"type": "note", "payload": payload}, headers=AUTH_A)
         assert r.status_code == 201
-    effect = {"type": "tool.effect", "payload": {"attempt_id": "t1", "outcome": "ok"}}
+    effect = {"type": "tool.effect", "payload": {"attempt_id": "t1", "status": "committed"}}
     assert (await nodes.east.post(url, json=effect, headers=AUTH_A)).status_code == 201
     _assert_error(await nodes.east.post(url, json=effect, headers=AUTH_A), 409, "effect_conflict")
     page = (await nodes.east.get(url, params={"after_seq": 1, "limit": 2}, headers=AUTH_A)).json()

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from eventlog.errors import InvalidRequest, InvariantViolation
+from eventlog.errors import Conflict, InvalidRequest, InvariantViolation
 from regions.control import (
     PLACEMENT_RECORD,
     ControlConfig,
@@ -134,7 +134,7 @@ def test_evacuating_every_region_is_refused() -> None:
     commit(state, planner.next_placement(state, 0.0, UP))
     commit(state, planner.operator(state, "evacuate", "us-east", 1.0, UP))
     commit(state, planner.operator(state, "evacuate", "eu-west", 2.0, UP))
-    with pytest.raises(InvalidRequest):
+    with pytest.raises(Conflict):  # 409: refused for the state it is in, not for its shape
         planner.operator(state, "evacuate", "ap-south", 3.0, UP)
     with pytest.raises(InvalidRequest):
         planner.operator(state, "evacuate", "nowhere", 3.0, UP)

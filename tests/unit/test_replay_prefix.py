@@ -13,7 +13,7 @@ import random
 from typing import Any
 
 import pytest
-from pydantic import ValidationError
+from pydantic import TypeAdapter, ValidationError
 
 from eventlog.clock import LoopClock
 from replay.bus import InProcessJobBus
@@ -23,8 +23,10 @@ from replay.engines.sim_core import BLOCK_TOKENS, SimEngineConfig, sim_tokenize
 from replay.engines.simulated import SimulatedEngine
 from replay.model import PrefillRequest, ReplayJob
 from replay.worker import ReplayWorker, TranscriptEvent, TranscriptSource, WorkerSettings
-from services.api.schemas import AppendEventRequest
+from services.api.event_bodies import AnyEvent, AppendEventRequest, payload_of
 from tests import tool_conversation as conv
+
+EVENT_BODY: TypeAdapter[AnyEvent] = TypeAdapter(AppendEventRequest)
 
 REVISION = "model@rev1"
 TENANT = "t1"
@@ -52,8 +54,8 @@ class OpenGate:
 
 def transcript(tag: str) -> list[TranscriptEvent]:
     """The events as the API stores them: every body validated by the API's request model."""
-    bodies = [AppendEventRequest.model_validate(b) for b in conv.append_bodies(tag)]
-    return [TranscriptEvent(seq, b.type, b.payload) for seq, b in enumerate(bodies, start=1)]
+    bodies = [EVENT_BODY.validate_python(b) for b in conv.append_bodies(tag)]
+    return [TranscriptEvent(seq, b.type, payload_of(b)) for seq, b in enumerate(bodies, start=1)]
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:
@@ -168,12 +170,15 @@ def test_the_api_edge_refuses_what_an_engine_would_not_render(
     event_type: str, payload: dict[str, Any]
 ) -> None:
     with pytest.raises(ValidationError):
-        AppendEventRequest.model_validate({"type": event_type, "payload": payload})
+        EVENT_BODY.validate_python({"type": event_type, "payload": payload})
 
 
 def test_bookkeeping_events_keep_their_free_payloads() -> None:
     for body in (
         {"type": "note", "payload": {"text": "anything"}},
-        {"type": "tool.attempt", "payload": {"attempt_id": "a", "tool": "t", "x": [1]}},
+        {
+            "type": "tool.attempt",
+            "payload": {"attempt_id": "a", "tool": "t", "argument_digest": "d", "x": [1]},
+        },
     ):
-        assert AppendEventRequest.model_validate(body).payload == body["payload"]
+        assert payload_of(EVENT_BODY.validate_python(body)) == body["payload"]

@@ -1,0 +1,229 @@
+"""The OpenAPI document is the contract, checked against a real 3-region plane: a client
+generated from it (openapi-python-client) creates a conversation, appends every event type,
+pages the transcript and reads a tool attempt; schemathesis (every check, every phase, stateful
+links from ``POST /v1/conversations`` into the conversation's operations) finds 0 failures with
+each kind of key the plane has.
+
+Declared choices (``CONFIG`` below): 503 and 504 are documented, retryable answers, so
+``not_a_server_error`` accepts them and still fails on any 500; unknown headers are no error.
+``CONVPLANE_SCHEMATHESIS_EXAMPLES`` raises the examples per operation (15: ~1,200 cases, under
+a minute on 2 cores), ``CONVPLANE_SCHEMATHESIS_SEED`` changes the seed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.e2e.plane import Plane, convplane_env, start_plane, stop_plane
+
+MAX_EXAMPLES = int(os.environ.get("CONVPLANE_SCHEMATHESIS_EXAMPLES", "15"))
+SEED = int(os.environ.get("CONVPLANE_SCHEMATHESIS_SEED", "20261201"))
+RUN_TIMEOUT_S = 600
+GENERATE_CLIENT = [
+    sys.executable, "-c", "from openapi_python_client.cli import app; app()",
+]  # fmt: skip
+SCHEMATHESIS = [sys.executable, "-c", "from schemathesis.cli import schemathesis; schemathesis()"]
+CONFIG = """\
+[auth.openapi.apiKey]
+bearer = "${CONVPLANE_TEST_KEY}"
+
+[auth.openapi.peerSecret]
+api_key = "${CONVPLANE_TEST_PEER_SECRET}"
+
+[checks.not_a_server_error]
+# 503 and 504 are documented retryable answers (with Retry-After); a 500 is a bug.
+expected-statuses = ["2xx", "3xx", "4xx", "503", "504"]
+
+[generation]
+# A header the API does not know is no error (clients and proxies add their own); the flag
+# also covers extra body properties, which tests/unit/test_openapi_document.py checks instead.
+allow-extra-parameters = false
+"""
+
+
+@pytest.fixture(scope="module")
+def plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Plane]:
+    proc, plane = start_plane(tmp_path_factory.mktemp("plane"), "--sim-engines", "1")
+    try:
+        yield plane
+    finally:
+        output = stop_plane(proc)
+        assert proc.returncode == 0, output
+
+
+def test_a_client_generated_from_the_document_uses_the_api(plane: Plane, tmp_path: Path) -> None:
+    document = tmp_path / "openapi.json"
+    document.write_text(httpx.get(plane.urls["eu-west"] + "/openapi.json", timeout=20).text)
+    env = {
+        **convplane_env(),
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+    }
+    subprocess.run(
+        [*GENERATE_CLIENT, "generate", "--path", str(document), "--meta", "none",
+         "--output-path", str(tmp_path / "cpclient")],
+        cwd=tmp_path, env=env, check=True, capture_output=True, timeout=RUN_TIMEOUT_S,
+    )  # fmt: skip
+    sys.path.insert(0, str(tmp_path))
+    try:
+        _use_generated_client(plane.urls["eu-west"], plane.info["api_key"])
+    finally:
+        sys.path.remove(str(tmp_path))
+        for name in [m for m in sys.modules if m == "cpclient" or m.startswith("cpclient.")]:
+            del sys.modules[name]
+
+
+def _use_generated_client(url: str, key: str) -> None:
+    from cpclient import AuthenticatedClient  # type: ignore[import-not-found]
+
+    with AuthenticatedClient(base_url=url, token=key, raise_on_unexpected_status=True) as client:
+        _create_append_page_read(client)
+
+
+def _create_append_page_read(client: Any) -> None:
+    from cpclient.api.chat_applications import (  # type: ignore[import-not-found]
+        append_event,
+        create_conversation,
+        list_events,
+        tool_attempt,
+    )
+    from cpclient.models import (  # type: ignore[import-not-found]
+        AssistantMessageEvent,
+        ConversationCreated,
+        CreateConversationRequest,
+        EventAppended,
+        EventPage,
+        MessagePayload,
+        NoteEvent,
+        SystemMessageEvent,
+        ToolAttempt,
+        ToolAttemptEvent,
+        ToolAttemptPayload,
+        ToolEffectEvent,
+        ToolEffectPayload,
+        ToolEffectPayloadStatus,
+        UserMessageEvent,
+    )
+
+    created = create_conversation.sync(
+        client=client, body=CreateConversationRequest(model_revision="rev-generated")
+    )
+    assert isinstance(created, ConversationCreated), created
+    cid = created.conversation_id
+    events = [
+        UserMessageEvent(type_="message.user", payload=MessagePayload.from_dict({"content": "hi"})),
+        SystemMessageEvent(type_="message.system"),
+        ToolAttemptEvent(
+            type_="tool.attempt",
+            payload=ToolAttemptPayload(attempt_id="att-1", tool="weather", argument_digest="9f"),
+        ),
+        ToolEffectEvent(
+            type_="tool.effect",
+            payload=ToolEffectPayload(attempt_id="att-1", status=ToolEffectPayloadStatus.COMMITTED),
+        ),
+        AssistantMessageEvent(
+            type_="message.assistant",
+            payload=MessagePayload.from_dict({"content": "sunny"}),
+            token_count=2,
+        ),
+        NoteEvent.from_dict({"type": "note", "payload": {"text": "done"}}),
+    ]
+    for seq, event in enumerate(events, start=1):
+        appended = append_event.sync(cid, client=client, body=event, idempotency_key=f"k-{seq}")
+        assert isinstance(appended, EventAppended) and appended.seq == seq, appended
+    pages: list[list[tuple[int, str]]] = []
+    after_seq = 0
+    while True:
+        page = list_events.sync(cid, client=client, after_seq=after_seq, limit=4)
+        assert isinstance(page, EventPage), page
+        if not page.events:
+            break
+        pages.append([(e.seq, e.type_.value) for e in page.events])
+        after_seq = page.next_after_seq
+    assert pages == [
+        [(1, "message.user"), (2, "message.system"), (3, "tool.attempt"), (4, "tool.effect")],
+        [(5, "message.assistant"), (6, "note")],
+    ]
+    status = tool_attempt.sync(cid, "att-1", client=client)
+    assert isinstance(status, ToolAttempt) and status.state.value == "committed", status
+    assert [e.type_.value for e in status.events] == ["tool.attempt", "tool.effect"]
+
+
+def _run_schemathesis(plane: Plane, key: str, tmp: Path, *filters: str) -> str:
+    cluster = json.loads(Path(plane.info["cluster_file"]).read_text())
+    config = tmp / "schemathesis.toml"
+    config.write_text(CONFIG)
+    env = {
+        **convplane_env(),
+        "CONVPLANE_TEST_KEY": key,
+        "CONVPLANE_TEST_PEER_SECRET": cluster["peer_secret"],
+    }
+    command = [
+        *SCHEMATHESIS, "--config-file", str(config), "--no-color", "run",
+        plane.urls["us-east"] + "/openapi.json", "--checks", "all",
+        "--max-examples", str(MAX_EXAMPLES), "--seed", str(SEED), "--workers", "2",
+        "--generation-database", "none", "--request-timeout", "30", *filters,
+    ]  # fmt: skip
+    done = subprocess.run(
+        command, cwd=tmp, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S
+    )
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output[-20_000:]
+    return output
+
+
+def _assert_all_passed(output: str, *phases: str) -> None:
+    counts = re.search(r"(\d+) generated, (\d+) passed", output)
+    assert counts is not None and counts[1] == counts[2] and int(counts[1]) > 0, output[-5000:]
+    for phase in phases:
+        assert f"✅ {phase}" in output, output[-5000:]
+
+
+def test_schemathesis_finds_no_failure_with_a_tenant_key(plane: Plane, tmp_path: Path) -> None:
+    # Operator moves have their own run, last (below): they change the placement under the
+    # other operations, and one of them can hit a controller bug that this run should not hide.
+    output = _run_schemathesis(
+        plane, plane.info["api_key"], tmp_path, "--exclude-operation-id", "region_action"
+    )
+    _assert_all_passed(output, "Examples", "Coverage", "Fuzzing", "Stateful")
+    links = re.search(r"API Links:\s+(\d+) covered", output)
+    assert links is not None and int(links[1]) >= 5, output[-5000:]  # create -> its operations
+
+
+def test_schemathesis_finds_no_failure_with_the_replay_service_key(
+    plane: Plane, tmp_path: Path
+) -> None:
+    output = _run_schemathesis(
+        plane,
+        plane.info["service_api_key"],
+        tmp_path,
+        "--include-path-regex",
+        "^/v1/replays",
+        "--phases",
+        "examples,coverage,fuzzing",
+    )
+    _assert_all_passed(output, "Examples", "Coverage", "Fuzzing")
+
+
+def test_schemathesis_finds_no_failure_in_operator_region_moves(
+    plane: Plane, tmp_path: Path
+) -> None:
+    """Evacuate and restore, with the real region names (links inferred from GET /v1/regions).
+    When written it failed about one run in three: a restore answered 500
+    (``InvariantViolation: placement version N follows N`` from ``services/controller.py``);
+    the log shows two placement records of one version at consecutive lsns: a move whose short
+    ``X-Convplane-Deadline-Ms`` cancelled it mid-append (outcome unknown, propose lock released)
+    and the next move, proposed from the state before it."""
+    output = _run_schemathesis(
+        plane, plane.info["api_key"], tmp_path, "--include-path-regex", "^/v1/(admin|regions)"
+    )
+    _assert_all_passed(output, "Examples", "Coverage", "Fuzzing", "Stateful")
