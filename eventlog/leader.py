@@ -41,7 +41,7 @@ from eventlog.errors import (
     Overloaded,
 )
 from eventlog.identity import IdentityGuard
-from eventlog.model import Accepted, LogEntry, Mismatch, Rejected, leader_barrier
+from eventlog.model import Accepted, LogEntry, Mismatch, Rejected, ShardStatus, leader_barrier
 from eventlog.read_index import ReadIndex
 from eventlog.recovery import (
     RecoveredLog,
@@ -121,6 +121,8 @@ class ShardLeader:
         self._stopped = False
         #: a bug (InvariantViolation) that killed a replication task; the simulator checks it
         self.crash: BaseException | None = None
+        #: times a replica answered with less than it had accepted (see note_replica_status)
+        self.replicas_gone_backwards = 0
 
     # --- leadership ---------------------------------------------------------------------
 
@@ -172,6 +174,7 @@ class ShardLeader:
             timeout_s=self._config.replica_call_timeout_s,
             on_fenced=lambda promised: self.stop(fenced_by=promised),
             counts=self._counts,
+            on_status=self.note_replica_status,
         )
         self._serving = True
         return self.epoch
@@ -189,6 +192,17 @@ class ShardLeader:
         assert self._read_index is not None
         await self._read_index.confirm()
         self._check_serving()
+
+    def note_replica_status(self, region: str, status: ShardStatus) -> None:
+        """What a replica said it holds. Less than it accepted means it lost data (a wiped or
+        restored database, before the identity sweep quarantines it): stop counting it for
+        commits and reads until this leader has filled it again."""
+        follower = self._followers.get(region)
+        if follower is not None and status.last_lsn < follower.match_lsn:
+            self.replicas_gone_backwards += 1
+            follower.match_lsn = status.last_lsn
+            follower.next_lsn = min(follower.next_lsn, status.last_lsn + 1)
+            follower.wakeup.set()
 
     def _check_serving(self) -> None:
         if not self.serving:
@@ -439,6 +453,9 @@ class ShardLeader:
             )
             self._advance_commit()
         elif isinstance(reply, Mismatch):
+            if reply.last_lsn < follower.match_lsn:  # it lost entries it had accepted
+                self.replicas_gone_backwards += 1
+                follower.match_lsn = reply.last_lsn
             # Step back, doubling the step while mismatches repeat (re-sending entries the
             # replica already has is harmless: it keeps same-epoch entries).
             follower.next_lsn = max(

@@ -298,16 +298,26 @@ class LogNode(ConversationLog):
         """Committed entries, from a replica known to hold everything committed."""
         commit_lsn = leader.commit_lsn
         last_error: ConvplaneError | None = None
+        timeout_s = self.config.replica_call_timeout_s
         for region in leader.read_sources():
+            replica = self._replicas[region]
             try:
-                return await bounded(
-                    self._replicas[region].read_conversation(
+                entries = await bounded(
+                    replica.read_conversation(
                         leader.shard, conversation_id, after_seq, limit, commit_lsn
                     ),
-                    self.config.replica_call_timeout_s,
+                    timeout_s,
                 )
+                # The source held the commit point when chosen; a database that was wiped or
+                # restored since answers from an emptier log. Its status *after* the read
+                # tells: a log shorter than the commit point lost data (never legitimate).
+                status = await bounded(replica.status(leader.shard), timeout_s)
             except (ConvplaneError, TimeoutError) as exc:
                 last_error = exc if isinstance(exc, ConvplaneError) else None
+                continue
+            leader.note_replica_status(region, status)
+            if status.last_lsn >= commit_lsn:
+                return entries
         raise last_error or NoQuorum(
             f"shard {leader.shard}: no replica answered a read", retry_after_s=0.5
         )

@@ -25,12 +25,15 @@ from collections.abc import Callable, Mapping
 
 from eventlog.aio import abandon, bounded
 from eventlog.errors import ConvplaneError, Fenced, NoQuorum
+from eventlog.model import ShardStatus
 from eventlog.replica import ReplicaStore
 
 #: called with the higher promise a replica named: the leader stops (fenced)
 OnFenced = Callable[[int], None]
 #: whether a replica's answer may count (False: quarantined, see ``eventlog.identity``)
 Counts = Callable[[str], bool]
+#: every status a round saw, so the leader can notice a replica that lost data it had accepted
+OnStatus = Callable[[str, ShardStatus], None]
 
 
 class ReadIndex:
@@ -44,6 +47,7 @@ class ReadIndex:
         timeout_s: float,
         on_fenced: OnFenced,
         counts: Counts,
+        on_status: OnStatus,
     ) -> None:
         self._shard = shard
         self._epoch = epoch
@@ -52,6 +56,7 @@ class ReadIndex:
         self._timeout_s = timeout_s
         self._on_fenced = on_fenced
         self._counts = counts
+        self._on_status = on_status
         self._running: asyncio.Task[None] | None = None
         self._next: asyncio.Future[None] | None = None  # the round that new reads join
 
@@ -117,7 +122,9 @@ class ReadIndex:
                         ):
                             raise error  # a bug below us
                         continue
-                    promised = call.result().promised_epoch
+                    status = call.result()
+                    self._on_status(calls[call], status)
+                    promised = status.promised_epoch
                     if promised > self._epoch:
                         self._on_fenced(promised)
                         raise Fenced(

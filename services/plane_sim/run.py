@@ -29,7 +29,7 @@ LIVENESS_BOUND_S = 30.0
 STABLE_S = 2.0
 #: version of the simulation: a seed replays exactly only on the same version; regression
 #: seeds are pinned to it (tests/sim/test_plane_simulation.py)
-PLANE_SIM_VERSION = 1
+PLANE_SIM_VERSION = 2
 
 
 @dataclass

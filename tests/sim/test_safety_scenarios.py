@@ -468,3 +468,43 @@ def test_a_wiped_replica_cannot_vote_an_acked_event_away(sweep_after_wipe: bool)
     assert outcome["generation"] == 1
     assert outcome["b_counts_after_rebuild"] is True
     assert outcome["b_holds_acked"]
+
+
+async def reads_after_the_leaders_own_replica_is_wiped() -> dict[str, Any]:
+    """The leader's own region's database is wiped while it leads, before any identity sweep:
+    its reads (which prefer that replica) must not come back short."""
+    replicas = {r: MemoryReplica(r) for r in "abc"}
+    net = SimNetwork(random.Random(5), replicas)
+    nodes = nodes_on(net, "abc")
+    a = nodes["a"]
+    shard = a.shard_of("X")
+    await a.lead_shard(shard)
+    await a.create_conversation("t", "X", "m@1", {})
+    acked = [
+        (await a.append_event("t", "X", "message.user", {"content": f"m{i}"})).event_id
+        for i in range(3)
+    ]
+    replicas["a"].wipe()
+    events = await a.list_events("t", "X", 0, 100)
+    info = await a.get_conversation("t", "X")
+    leader = a.leader(shard)
+    assert leader is not None
+    outcome = {
+        "acked": acked,
+        "read": [e.event_id for e in events],
+        "last_seq": info.last_seq,
+        "noticed": leader.replicas_gone_backwards,
+    }
+    for node in nodes.values():
+        await node.close()
+    await net.close()
+    return outcome
+
+
+def test_a_replica_wiped_under_a_serving_leader_serves_no_short_read() -> None:
+    """Found by the whole-plane simulation (seeds 2195, 2548, ... on PLANE_SIM_VERSION 1): the
+    leader kept reading from its own, freshly wiped replica until the next identity sweep."""
+    outcome = run(reads_after_the_leaders_own_replica_is_wiped)
+    assert outcome["read"] == outcome["acked"]
+    assert outcome["last_seq"] == 3
+    assert outcome["noticed"] >= 1
