@@ -70,6 +70,8 @@ class _Follower:
     #: when the append now in flight was sent (None: none in flight)
     inflight_since: float | None = None
     last_call_at: float = 0.0
+    #: when match_lsn last rose (the accepting reply arrived)
+    matched_at: float = 0.0
     mismatch_step: int = 1
     wakeup: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -175,6 +177,7 @@ class ShardLeader:
             on_fenced=lambda promised: self.stop(fenced_by=promised),
             counts=self._counts,
             on_status=self.note_replica_status,
+            clock=self._clock,
         )
         self._serving = True
         return self.epoch
@@ -193,12 +196,17 @@ class ShardLeader:
         await self._read_index.confirm()
         self._check_serving()
 
-    def note_replica_status(self, region: str, status: ShardStatus) -> None:
-        """What a replica said it holds. Less than it accepted means it lost data (a wiped or
-        restored database, before the identity sweep quarantines it): stop counting it for
-        commits and reads until this leader has filled it again."""
+    def note_replica_status(self, region: str, status: ShardStatus, asked_at: float) -> None:
+        """What a replica said it holds, asked at ``asked_at`` (this clock). Less than it had
+        accepted *before it was asked* means it lost data (a wiped or restored database, before
+        the identity sweep quarantines it): stop counting it for commits and reads until this
+        leader has filled it again. (A status asked before an acceptance proves nothing.)"""
         follower = self._followers.get(region)
-        if follower is not None and status.last_lsn < follower.match_lsn:
+        if (
+            follower is not None
+            and status.last_lsn < follower.match_lsn
+            and asked_at >= follower.matched_at
+        ):
             self.replicas_gone_backwards += 1
             follower.match_lsn = status.last_lsn
             follower.next_lsn = min(follower.next_lsn, status.last_lsn + 1)
@@ -374,7 +382,11 @@ class ShardLeader:
         then replicas whose last call succeeded, then the rest."""
         holders = [f for f in self._counted() if f.match_lsn >= self.commit_lsn]
         if not holders:
-            raise InvariantViolation(f"shard {self.shard}: no replica holds the commit point")
+            # possible since replicas can lose data (a wiped database): refill first
+            raise NoQuorum(
+                f"shard {self.shard}: no replica known to hold the commit point right now",
+                retry_after_s=0.5,
+            )
         holders.sort(key=lambda f: (f.region != self.region, f.failing_since is not None, f.region))
         return [f.region for f in holders]
 
@@ -446,7 +458,9 @@ class ShardLeader:
             if reply.match_lsn != prev_lsn + len(batch):
                 raise InvariantViolation(f"shard {self.shard}: bad match from {follower.region}")
             follower.mismatch_step = 1
-            follower.match_lsn = max(follower.match_lsn, reply.match_lsn)
+            if reply.match_lsn > follower.match_lsn:
+                follower.match_lsn = reply.match_lsn
+                follower.matched_at = self._clock.monotonic()
             follower.next_lsn = max(follower.next_lsn, reply.match_lsn + 1)
             follower.sent_commit_lsn = max(
                 follower.sent_commit_lsn, min(commit_lsn, reply.match_lsn)

@@ -311,11 +311,12 @@ class LogNode(ConversationLog):
                 # The source held the commit point when chosen; a database that was wiped or
                 # restored since answers from an emptier log. Its status *after* the read
                 # tells: a log shorter than the commit point lost data (never legitimate).
+                asked_at = self._clock.monotonic()
                 status = await bounded(replica.status(leader.shard), timeout_s)
             except (ConvplaneError, TimeoutError) as exc:
                 last_error = exc if isinstance(exc, ConvplaneError) else None
                 continue
-            leader.note_replica_status(region, status)
+            leader.note_replica_status(region, status, asked_at)
             if status.last_lsn >= commit_lsn:
                 return entries
         raise last_error or NoQuorum(

@@ -24,6 +24,7 @@ import asyncio
 from collections.abc import Callable, Mapping
 
 from eventlog.aio import abandon, bounded
+from eventlog.clock import Clock
 from eventlog.errors import ConvplaneError, Fenced, NoQuorum
 from eventlog.model import ShardStatus
 from eventlog.replica import ReplicaStore
@@ -33,7 +34,7 @@ OnFenced = Callable[[int], None]
 #: whether a replica's answer may count (False: quarantined, see ``eventlog.identity``)
 Counts = Callable[[str], bool]
 #: every status a round saw, so the leader can notice a replica that lost data it had accepted
-OnStatus = Callable[[str, ShardStatus], None]
+OnStatus = Callable[[str, ShardStatus, float], None]
 
 
 class ReadIndex:
@@ -48,6 +49,7 @@ class ReadIndex:
         on_fenced: OnFenced,
         counts: Counts,
         on_status: OnStatus,
+        clock: Clock,
     ) -> None:
         self._shard = shard
         self._epoch = epoch
@@ -57,6 +59,7 @@ class ReadIndex:
         self._on_fenced = on_fenced
         self._counts = counts
         self._on_status = on_status
+        self._clock = clock
         self._running: asyncio.Task[None] | None = None
         self._next: asyncio.Future[None] | None = None  # the round that new reads join
 
@@ -105,6 +108,7 @@ class ReadIndex:
             batch.set_result(None)
 
     async def _ask_replicas(self) -> None:
+        asked_at = self._clock.monotonic()
         calls = {
             asyncio.ensure_future(bounded(store.status(self._shard), self._timeout_s)): region
             for region, store in self._replicas.items()
@@ -123,7 +127,7 @@ class ReadIndex:
                             raise error  # a bug below us
                         continue
                     status = call.result()
-                    self._on_status(calls[call], status)
+                    self._on_status(calls[call], status, asked_at)
                     promised = status.promised_epoch
                     if promised > self._epoch:
                         self._on_fenced(promised)
