@@ -1,0 +1,481 @@
+"""The drill driver: runs drills, the halt switch and the audit log from the control shard.
+
+Every node runs one ``DrillDriver``; only the node that leads the control shard drives. Each
+step (every ``DRIVER_TICK_S``) it reads the active drills from ``OpsState`` (learned from the
+control shard), observes the world, asks ``regions.drills.advance`` for the next record and
+commits it to the control shard; then it carries out what the phase asks (evacuate, restore,
+canary rounds, the read-back). Because every decision starts from the committed record, a new
+control leader (the old one crashed, was the drill's target, or lost an election) continues the
+drill where the records left it; canary counts and RTOs so far are in the record too.
+
+Only the control leader writes ``control.drill`` records, and on it one lock serializes them
+(driver steps, operator aborts), so a record always names the revision it follows; a record of a
+deposed leader names a stale revision and applies as a no-op (``OpsState``).
+
+On every node the driver also fences the node when it is itself a region-loss target: it resigns
+the shards it leads (its appends could not reach a quorum anyway, ``services.drill_faults``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import time
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import Any
+
+import httpx
+
+from eventlog.aio import bounded
+from eventlog.clock import Clock
+from eventlog.errors import Conflict, ConvplaneError, InvalidRequest, NotFound, NotLeader
+from eventlog.node import LogNode
+from eventlog.replica import ReplicaStore
+from regions.drill_plan import DrillPlan, LiveLoad, MovedLoad, preflight
+from regions.drills import (
+    Drill,
+    DrillSpec,
+    Measurements,
+    Observation,
+    advance,
+    request_abort,
+    start,
+    with_measurements,
+)
+from regions.membership import statuses
+from regions.ops_state import AUDIT_RECORD, DRILL_RECORD, HALT_RECORD, OpsState, audit_body
+from services.controller import Controller
+from services.drill_canary import (
+    CanaryRunner,
+    append_canary,
+    canary_conversation,
+    read_canary,
+)
+
+log = logging.getLogger("convplane.drills")
+
+DRIVER_TICK_S = 0.2
+#: canary rounds: one write per shard per round
+CANARY_ROUND_S = 0.25
+#: a progress record (canary numbers) at most this often while holding
+PROGRESS_EVERY_S = 2.0
+#: a committed record shows up in OpsState within this long, or the step gives up
+APPLY_WAIT_S = 2.0
+#: one peer call of the driver (load, canary) and the dry run's replica reads
+PEER_CALL_TIMEOUT_S = 1.0
+#: conversations listed per shard for the dry run
+PLAN_CONVERSATIONS_PER_SHARD_MAX = 1000
+#: the load meter's window
+LOAD_WINDOW_S = 10.0
+#: a node is restarted by nobody: a crashed step is logged and the loop goes on, backing off
+STEP_BACKOFF_MAX_S = 5.0
+
+
+class PreflightFailed(Conflict):
+    code = "preflight_failed"
+
+
+class LoadMeter:
+    """Acknowledged appends of the shards this node leads, per second over a sliding window
+    (a ``LogListener``: the node calls it for every acknowledged conversation event)."""
+
+    def __init__(self, clock: Clock) -> None:
+        self._clock = clock
+        self._times: deque[float] = deque(maxlen=1_000_000)
+
+    def shard_led(self, shard: int, epoch: int, previous_region: str | None) -> None:
+        return None
+
+    def conversation_written(self, tenant_id: str, conversation_id: str, event_type: str) -> None:
+        self._times.append(self._clock.monotonic())
+
+    def append_rate_per_s(self) -> float:
+        cutoff = self._clock.monotonic() - LOAD_WINDOW_S
+        while self._times and self._times[0] < cutoff:
+            self._times.popleft()
+        return len(self._times) / LOAD_WINDOW_S
+
+
+class DrillDriver:
+    def __init__(
+        self,
+        *,
+        controller: Controller,
+        node: LogNode,
+        ops: OpsState,
+        replicas: Mapping[str, ReplicaStore],
+        peers: httpx.AsyncClient,
+        peer_urls: Mapping[str, str],
+        peer_secret: str | None,
+        load: LoadMeter,
+        clock: Clock,
+        region_append_capacity_per_s: float,
+    ) -> None:
+        self.region = controller.region
+        self.controller = controller
+        self.node = node
+        self.ops = ops
+        self.load = load
+        self._replicas = dict(replicas)
+        self._peers = peers
+        self._peer_urls = dict(peer_urls)
+        self._peer_headers = {"X-Convplane-Peer-Auth": peer_secret} if peer_secret else {}
+        self._clock = clock
+        self._capacity_per_s = region_append_capacity_per_s
+        self._model_revision = controller.cluster.default_model_revision
+        self._shard_count = controller.cluster.shard_count
+        self._write_lock = asyncio.Lock()
+        self._canaries: dict[str, tuple[CanaryRunner, asyncio.Task[None]]] = {}
+        self._progress_at_s: dict[str, float] = {}
+        self._fenced_for: str | None = None
+        self._loop: asyncio.Task[None] | None = None
+
+    # --- lifecycle ------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._loop = asyncio.create_task(self._forever(), name=f"drills-{self.region}")
+
+    async def close(self) -> None:
+        tasks = [t for _, t in self._canaries.values()]
+        if self._loop is not None:
+            tasks.append(self._loop)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _forever(self) -> None:
+        backoff_s = DRIVER_TICK_S
+        while True:
+            try:
+                await self.step()
+                backoff_s = DRIVER_TICK_S
+            except (ConvplaneError, httpx.HTTPError, OSError, TimeoutError) as exc:
+                log.warning("drill step: %r", exc)
+                backoff_s = min(backoff_s * 2, STEP_BACKOFF_MAX_S)
+            await self._clock.sleep(backoff_s)
+
+    # --- the step -------------------------------------------------------------------------
+
+    @property
+    def leads_control(self) -> bool:
+        return self.node.leads(self.controller.control_shard)
+
+    async def step(self) -> None:
+        await self._fence_if_target()
+        if not self.leads_control:
+            self._stop_canaries(keep=())
+            return
+        active = self.ops.active_drills()
+        self._stop_canaries(keep=[d.drill_id for d in active])
+        for drill in active:
+            await self._drive(drill)
+
+    async def _fence_if_target(self) -> None:
+        holed = self.ops.black_holed(self._clock.wall_ms())
+        if self.region not in holed:
+            self._fenced_for = None
+            return
+        for shard in self.node.led_shards():
+            await self.node.resign_shard(shard)
+        if self._fenced_for is None:
+            log.warning("%s is a region-loss drill target: fenced itself", self.region)
+            self._fenced_for = self.region
+
+    async def _drive(self, drill: Drill) -> None:
+        runner = self._canary(drill)
+        placement = self.controller.placement()
+        region = drill.spec.region
+        if drill.phase == "injecting" and drill.spec.kind == "evacuate":
+            if region not in placement.evacuated:
+                await self.controller.operator("evacuate", region)
+                placement = self.controller.placement()
+        restored = False
+        canary_lost = None
+        if drill.phase == "restoring":
+            restored = await self._restore(drill)
+            if restored:
+                canary_lost = await runner.read_back(self._owners())
+        error_ratio, ack_p99_ms = runner.window()
+        obs = Observation(
+            now_ms=self._clock.wall_ms(),
+            halt_on=self.ops.halt.on,
+            injected=drill.phase != "injecting" or self._injected(drill),
+            injected_at_ms=drill.created_at_ms if drill.spec.kind == "region-loss" else None,
+            shards_moved=drill.measurements.shards_moved,
+            error_ratio=error_ratio,
+            ack_p99_ms=ack_p99_ms,
+            restored=restored,
+            canary_lost=canary_lost,
+        )
+        measured = runner.measurements(drill)
+        versions = dict(measured.placement_versions)
+        key = "after" if drill.phase == "restoring" else "during"
+        versions[key] = max(versions.get(key, 0), placement.version)
+        measured = replace(measured, placement_versions=versions)
+        following = advance(replace(drill, measurements=measured), obs)
+        now_s = self._clock.monotonic()
+        if following is not None:
+            await self.commit_drill(following)
+            self._progress_at_s[drill.drill_id] = now_s
+        elif now_s - self._progress_at_s.get(drill.drill_id, 0.0) >= PROGRESS_EVERY_S:
+            await self.commit_drill(with_measurements(drill, measured))
+            self._progress_at_s[drill.drill_id] = now_s
+
+    def _injected(self, drill: Drill) -> bool:
+        if drill.spec.kind == "evacuate":
+            return drill.spec.region in self.controller.placement().evacuated
+        return True  # region-loss: the committed injecting record is the fault
+
+    async def _restore(self, drill: Drill) -> bool:
+        """Give the target back; True once the placement no longer excludes it."""
+        region = drill.spec.region
+        placement = self.controller.placement()
+        now_s = self._clock.monotonic()
+        if self.controller.membership.status(region, now_s) != "up":
+            return False  # the black-hole is lifted (phase); wait until the region answers
+        if region in placement.down | placement.evacuated:
+            await self.controller.operator("restore", region)
+            placement = self.controller.placement()
+        return region not in placement.down | placement.evacuated
+
+    # --- canaries -------------------------------------------------------------------------
+
+    def _owners(self) -> dict[int, str]:
+        return dict(self.controller.placement().assignment)
+
+    def _canary(self, drill: Drill) -> CanaryRunner:
+        existing = self._canaries.get(drill.drill_id)
+        if existing is not None and not existing[1].done():
+            return existing[0]
+        runner = CanaryRunner(
+            drill=drill,
+            shard_count=self._shard_count,
+            send=self._send_canary,
+            read=self._read_canary,
+            clock=self._clock,
+        )
+        task = asyncio.create_task(self._canary_rounds(runner), name=f"canary-{drill.drill_id}")
+        self._canaries[drill.drill_id] = (runner, task)
+        return runner
+
+    async def _canary_rounds(self, runner: CanaryRunner) -> None:
+        while True:
+            drill = self.ops.drills.get(runner.drill_id)
+            if drill is None or not drill.active:
+                return
+            if drill.phase != "restoring":  # the read-back must see a final count
+                await runner.round(drill, self._owners())
+            await self._clock.sleep(CANARY_ROUND_S)
+
+    def _stop_canaries(self, keep: Any) -> None:
+        for drill_id in [d for d in self._canaries if d not in keep]:
+            _, task = self._canaries.pop(drill_id)
+            task.cancel()
+
+    async def _send_canary(
+        self, region: str, conversation_id: str, key: str, payload: dict[str, Any]
+    ) -> str:
+        shard = self.node.shard_of(conversation_id)
+        if self.node.leads(shard):
+            await append_canary(self.node, self._model_revision, conversation_id, key, payload)
+            return self.region
+        body = {"conversation_id": conversation_id, "idempotency_key": key, "payload": payload}
+        reply = await self._peers.post(
+            self._peer_url(region, "/peer/drills/canary"),
+            json=body,
+            headers=self._peer_headers,
+            timeout=PEER_CALL_TIMEOUT_S,
+        )
+        if reply.status_code != 200:
+            raise InvalidRequest(f"canary to {region}: {reply.status_code}")
+        return str(reply.json()["served_by"])
+
+    async def _read_canary(
+        self, region: str, conversation_id: str, after_seq: int
+    ) -> list[dict[str, Any]]:
+        if self.node.leads(self.node.shard_of(conversation_id)):
+            return await read_canary(self.node, conversation_id, after_seq)
+        reply = await self._peers.get(
+            self._peer_url(region, "/peer/drills/canary"),
+            params={"conversation_id": conversation_id, "after_seq": after_seq},
+            headers=self._peer_headers,
+            timeout=PEER_CALL_TIMEOUT_S * 5,
+        )
+        if reply.status_code == 404:
+            return []
+        if reply.status_code != 200:
+            raise InvalidRequest(f"canary read from {region}: {reply.status_code}")
+        events: list[dict[str, Any]] = reply.json()["events"]
+        return events
+
+    def _peer_url(self, region: str, path: str) -> str:
+        return self._peer_urls[region].rstrip("/") + path
+
+    # --- operator actions (the API calls these on the control leader) ---------------------
+
+    def _require_control_leader(self) -> None:
+        if not self.leads_control:
+            raise NotLeader(
+                f"{self.region} does not lead the control shard",
+                shard=self.controller.control_shard,
+                leader_region=self.controller.control_leader(),
+                retry_after_s=0.5,
+            )
+
+    async def plan(self, spec: DrillSpec) -> DrillPlan:
+        self._require_control_leader()
+        now_s = self._clock.monotonic()
+        placement = self.controller.placement()
+        weights = self.controller.cluster.weights()
+        moved_shards = placement.shards_of(spec.region) if spec.region in weights else []
+        return preflight(
+            spec,
+            statuses=statuses(self.controller.membership.view(now_s)),
+            weights=weights,
+            placement=placement,
+            active=self.ops.active_drills(),
+            halt=self.ops.halt,
+            load=LiveLoad(await self._append_rate_per_s(), self._capacity_per_s),
+            moved_load=await self._moved_load(moved_shards),
+        )
+
+    async def create(self, spec: DrillSpec, *, by: str, role: str) -> tuple[Drill, DrillPlan]:
+        """Preflight, then commit the drill's first record and an audit entry; raises
+        ``PreflightFailed`` (nothing committed) when preflight refuses."""
+        async with self._write_lock:
+            plan = await self.plan(spec)
+            if not plan.ok:
+                raise PreflightFailed("preflight refused the drill: " + "; ".join(plan.failures))
+            drill_id = f"d{time.strftime('%Y%m%d')}-{secrets.token_hex(4)}"
+            now_ms = self._clock.wall_ms()
+            drill = start(drill_id, spec, now_ms)
+            placement = self.controller.placement()
+            measured = Measurements(
+                shards_moved=tuple(placement.shards_of(spec.region)),
+                placement_versions={"before": placement.version},
+            )
+            drill = replace(drill, measurements=measured)
+            await self._audit(by, role, "drill.start", spec.region, spec.reason,
+                              {"drill_id": drill_id, "kind": spec.kind, "hold_s": spec.hold_s,
+                               "force": spec.force})  # fmt: skip
+            await self._commit_locked(drill)
+        return self.ops.drills.get(drill_id, drill), plan
+
+    async def abort(self, drill_id: str, *, by: str, role: str, reason: str) -> Drill:
+        async with self._write_lock:
+            self._require_control_leader()
+            drill = self.ops.drills.get(drill_id)
+            if drill is None:
+                raise NotFound(f"no drill {drill_id!r}")
+            await self._audit(by, role, "drill.abort", drill.spec.region, reason,
+                              {"drill_id": drill_id})  # fmt: skip
+            aborted = request_abort(drill, f"aborted by {by}: {reason}", self._clock.wall_ms())
+            if aborted is not None:
+                await self._commit_locked(aborted)
+        return self.ops.drills[drill_id]
+
+    async def set_halt(self, on: bool, *, by: str, role: str, reason: str) -> dict[str, Any]:
+        async with self._write_lock:
+            self._require_control_leader()
+            now_ms = self._clock.wall_ms()
+            await self._audit(by, role, "halt.on" if on else "halt.off", "*", reason)
+            body = {"on": on, "reason": reason, "by": by, "at_ms": now_ms}
+            await self._append(HALT_RECORD, body)
+            if on:  # abort now rather than at the next step
+                for drill in self.ops.active_drills():
+                    aborted = request_abort(drill, f"halt switch on: {reason}", now_ms)
+                    if aborted is not None:
+                        await self._commit_locked(aborted)
+        return self.ops.halt.to_body()
+
+    async def audit(
+        self, by: str, role: str, action: str, target: str, reason: str, detail: dict[str, Any]
+    ) -> None:
+        async with self._write_lock:
+            self._require_control_leader()
+            await self._audit(by, role, action, target, reason, detail)
+
+    # --- writing records ------------------------------------------------------------------
+
+    async def commit_drill(self, drill: Drill) -> None:
+        async with self._write_lock:
+            current = self.ops.drills.get(drill.drill_id)
+            if current is not None and current.rev != drill.rev - 1:
+                return  # an abort got in first: decide again at the next step
+            await self._commit_locked(drill)
+
+    async def _commit_locked(self, drill: Drill) -> None:
+        await self._append(DRILL_RECORD, drill.to_body())
+
+    async def _audit(
+        self,
+        by: str,
+        role: str,
+        action: str,
+        target: str,
+        reason: str,
+        detail: dict[str, Any] | None = None,
+    ) -> None:
+        body = audit_body(at_ms=self._clock.wall_ms(), by=by, role=role, action=action,
+                          target=target, reason=reason, detail=detail)  # fmt: skip
+        await self._append(AUDIT_RECORD, body)
+
+    async def _append(self, record_type: str, body: dict[str, Any]) -> None:
+        """Commit a record to the control shard and wait until this node applied it."""
+        lsn = await self.node.append_record(self.controller.control_shard, record_type, body)
+        deadline_s = self._clock.monotonic() + APPLY_WAIT_S
+        while self.ops.applied_lsn < lsn:
+            if self._clock.monotonic() > deadline_s:
+                raise TimeoutError(f"control record {lsn} not applied within {APPLY_WAIT_S}s")
+            await self._clock.sleep(0.02)
+
+    # --- load and the dry run's numbers ---------------------------------------------------
+
+    async def _append_rate_per_s(self) -> float:
+        others = [r for r in self._peer_urls if r != self.region]
+        replies = await asyncio.gather(
+            *(
+                self._peers.get(
+                    self._peer_url(r, "/peer/drills/load"),
+                    headers=self._peer_headers,
+                    timeout=PEER_CALL_TIMEOUT_S,
+                )
+                for r in others
+            ),
+            return_exceptions=True,
+        )
+        total = self.load.append_rate_per_s()
+        for reply in replies:
+            if isinstance(reply, httpx.Response) and reply.status_code == 200:
+                total += float(reply.json().get("append_rate_per_s", 0.0))
+        return total
+
+    async def _moved_load(self, shards: list[int]) -> MovedLoad | None:
+        store = self._replicas.get(self.region)
+        if store is None or not shards:
+            return None
+        window_s = self.controller.cluster.replay.replay_window_s
+        since_ms = self._clock.wall_ms() - int(window_s * 1000)
+        conversations = tokens = 0
+        try:
+            for shard in shards:
+                status = await bounded(store.status(shard), PEER_CALL_TIMEOUT_S)
+                found = await bounded(
+                    store.list_conversations(
+                        shard, since_ms, status.commit_lsn, PLAN_CONVERSATIONS_PER_SHARD_MAX
+                    ),
+                    PEER_CALL_TIMEOUT_S,
+                )
+                for c in found:
+                    if c.tenant_id != "_drill":
+                        conversations += 1
+                        tokens += c.token_count
+        except (ConvplaneError, TimeoutError, OSError):
+            return None
+        return MovedLoad(conversations, tokens)
+
+
+__all__ = ["DrillDriver", "LoadMeter", "PreflightFailed", "canary_conversation"]
