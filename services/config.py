@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -21,6 +21,9 @@ from services.replay.config import ReplayConfig
 
 RegionName = Annotated[str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9-]{0,62}$")]
 Sha256Hex = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]
+#: what a key may do: ``tenant`` (chat applications), ``operator`` (drills, evacuate/restore,
+#: halt, keys), ``viewer`` (read-only: regions, placement, drills, reports, audit)
+Role = Literal["tenant", "operator", "viewer"]
 
 
 def api_key_sha256(api_key: str) -> str:
@@ -48,6 +51,7 @@ class TenantConfig(BaseModel):
     api_key_sha256: Sha256Hex
     requests_per_s: float = Field(default=100.0, gt=0.0)
     burst: int = Field(default=200, ge=1)
+    role: Role = "tenant"
 
 
 class ClusterConfig(BaseModel):
@@ -165,6 +169,9 @@ class NodeSettings(BaseSettings):
     failback_step_interval_s: float = Field(default=1.0, ge=0.0)
     #: a planned handoff waits at most this long for the old leader to stop first
     handoff_wait_s: float = Field(default=2.0, ge=0.0)
+    #: acknowledged appends per second one region sustains: a drill's preflight refuses when
+    #: the survivors of a region loss would need more (regions.drill_plan)
+    region_append_capacity_per_s: float = Field(default=2000.0, gt=0.0)
 
     def load_cluster(self) -> ClusterConfig:
         if self.cluster is not None:

@@ -28,7 +28,7 @@ import asyncio
 import functools
 import logging
 import random
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import httpx
@@ -100,6 +100,9 @@ class Controller:
         #: shard -> (previous owner, monotonic time the move was learned)
         self._moved: dict[int, tuple[str, float]] = {}
         self._loops: list[asyncio.Task[None]] = []
+        #: called with every committed control entry, in lsn order, after the placement saw it
+        #: (services.drills folds drill, halt and audit records this way)
+        self.record_listeners: list[Callable[[LogEntry], None]] = []
 
     # --- lifecycle ------------------------------------------------------------------------
 
@@ -229,6 +232,8 @@ class Controller:
             for entry in await self._read_control():
                 if entry.lsn > self.state.applied_lsn:  # a concurrent learn may have applied it
                     self.state.apply(entry.lsn, entry.event_type, entry.body)
+                    for listener in self.record_listeners:
+                        listener(entry)
             after = self.state.effective()
         if after.version != before.version:
             now_s = self._clock.monotonic()

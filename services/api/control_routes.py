@@ -7,8 +7,8 @@
   shard's epoch (answered by that region: a non-leader forwards); ``worker``: the engine replay
   last warmed for it (``services.replay.routes.affinity_body``), null when none is known.
 * ``POST /v1/admin/regions/{name}/evacuate|restore``: operator moves, committed by the control
-  leader (other nodes forward there). **Admin is any authenticated tenant for now**: there are
-  no operator roles yet.
+  leader (other nodes forward there); operator keys only (``services.api.roles``), each one
+  recorded in the audit log.
 * ``GET /peer/health``, ``GET /peer/placement``: what nodes ask each other. When the cluster
   file has a ``peer_secret`` they need it in ``X-Convplane-Peer-Auth`` (401 otherwise): a probe
   reply steers failure detection, so only nodes may give one.
@@ -25,6 +25,7 @@ from eventlog.errors import NotLeader, Unauthorized, Unavailable
 from services.api import schemas
 from services.api.context import RequestContext, request_context
 from services.api.forwarding import PEER_AUTH_HEADER
+from services.api.roles import OPERATORS, require_role
 from services.controller import Controller
 from services.replay.routes import affinity_body
 
@@ -89,10 +90,15 @@ async def get_route(ctx: Context, conversation_id: ConversationIdPath) -> Any:
 async def region_action(
     ctx: Context, name: RegionPath, action: Literal["evacuate", "restore"]
 ) -> Any:
+    require_role(ctx.tenant, OPERATORS)
     controller = _controller(ctx.request)
+    drills = getattr(ctx.request.app.state, "drills", None)
 
     async def act() -> dict[str, Any]:
         await controller.operator(action, name)
+        if drills is not None:
+            who, role = ctx.tenant.tenant_id, ctx.tenant.role
+            await drills.audit(who, role, f"region.{action}", name, "operator request", {})
         return _placement_body(controller)
 
     return await ctx.run(act, is_write=True)
