@@ -5,7 +5,8 @@ kill one region alone. Databases are SQLite files (default) or local PostgreSQL 
 (``services.localpg``, each its own process). ``LocalPlane.start`` writes the cluster file the
 nodes read and ``<state-dir>/cluster.json`` describing the running plane (URLs, DSNs, pids and
 the tenants' API keys, in clear: it is a local development plane). Two tenants: ``demo`` (a
-large quota) and ``demo-limited`` (a small one, to see 429s). The cluster file gets a fresh
+large quota) and ``demo-limited`` (a small one, to see 429s), and an operator key (``sre``,
+``operator_api_key``) for drills. The cluster file gets a fresh
 ``peer_secret`` each start (only forwards carrying it are trusted not to charge twice).
 """
 
@@ -39,6 +40,7 @@ from services.config import (
 REGION_NAMES = ("us-east", "eu-west", "ap-south", "us-west", "eu-north", "ap-east", "sa-east")
 DEMO_TENANT = "demo"
 LIMITED_TENANT = "demo-limited"
+OPERATOR_TENANT = "sre"  # the operator key: drills, evacuate/restore, halt
 LIMITED_REQUESTS_PER_S = 10.0
 LIMITED_BURST = 20
 READY_TIMEOUT_S = 60.0
@@ -84,6 +86,7 @@ class LocalPlane:
     ready_timeout_s: float = READY_TIMEOUT_S
     api_key: str = field(default_factory=lambda: "cp_" + secrets.token_urlsafe(24))
     limited_api_key: str = field(default_factory=lambda: "cp_" + secrets.token_urlsafe(24))
+    operator_api_key: str = field(default_factory=lambda: "cp_" + secrets.token_urlsafe(24))
     members: list[RegionProcess] = field(default_factory=list)
     sim_engines: int = 0  # simulated inference engines per region (services.replay.local_engines)
     engines: Any = None  # SimEngines, when sim_engines > 0
@@ -126,9 +129,15 @@ class LocalPlane:
         return {
             "api_key": self.api_key,
             "tenant_id": DEMO_TENANT,
+            "operator_api_key": self.operator_api_key,
             "tenants": [
                 {"tenant_id": DEMO_TENANT, "api_key": self.api_key},
                 {"tenant_id": LIMITED_TENANT, "api_key": self.limited_api_key},
+                {
+                    "tenant_id": OPERATOR_TENANT,
+                    "api_key": self.operator_api_key,
+                    "role": "operator",
+                },
             ],
             **(self.engines.info() if self.engines is not None else {}),
             "cluster_file": str(self.cluster_file),
@@ -191,6 +200,11 @@ class LocalPlane:
                     api_key_sha256=api_key_sha256(self.limited_api_key),
                     requests_per_s=LIMITED_REQUESTS_PER_S,
                     burst=LIMITED_BURST,
+                ),
+                TenantConfig(
+                    tenant_id=OPERATOR_TENANT,
+                    api_key_sha256=api_key_sha256(self.operator_api_key),
+                    role="operator",
                 ),
             ],
             peer_secret=secrets.token_urlsafe(32),

@@ -20,6 +20,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "services.cli.up",
     "services.cli.sim",
     "services.cli.worker",
+    "services.cli.drill",
 )
 
 

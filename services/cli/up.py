@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from services.local_plane import LocalPlane
 
 SUPERVISE_POLL_S = 0.5
+DEMO_DRILL_HOLD_S = 3.0
 
 
 def up(
@@ -92,7 +93,8 @@ def demo(
         Path | None, typer.Option(help="keep the plane's files here (default: a temp dir)")
     ] = None,
 ) -> None:
-    """Start a plane, write a conversation with a tool call, show acks and transcript, stop."""
+    """Start a plane, write a conversation with a tool call, show acks and transcript, run a
+    short region-loss drill and show its summary, stop."""
     from rich.console import Console
 
     from services.local_plane import LocalPlane, PlaneError
@@ -109,6 +111,7 @@ def demo(
         try:
             _print_plane(console, info, plane.info_file)
             _run_demo(console, plane, info)
+            _run_demo_drill(console, info)
         finally:
             plane.stop()
     console.print("plane stopped.")
@@ -175,6 +178,25 @@ def _run_demo(console: Console, plane: LocalPlane, info: dict[str, Any]) -> None
             )  # fmt: skip
         console.print(acks)
         _print_transcript(console, client, cid, attempt_id)
+
+
+def _run_demo_drill(console: Console, info: dict[str, Any]) -> None:
+    """A short region-loss drill of the last region: a failover in the first minute."""
+    from regions.drill_report import summary_lines
+    from services.cli.drill import Api, drill_body, watch
+
+    region = info["regions"][-1]["name"]
+    api = Api([r["url"] for r in info["regions"]], info["operator_api_key"])
+    body = drill_body("region-loss", region, DEMO_DRILL_HOLD_S, "demo", False, None, None, None,
+                      dry_run=False)  # fmt: skip
+    drill = api.call("POST", "/v1/drills", body)
+    console.print(
+        f"\n[bold]region-loss drill[/bold] {drill['drill_id']}: {region} black-holed at every "
+        f"node for {DEMO_DRILL_HOLD_S:g}s; its {drill['shards_moved']} shards fail over"
+    )
+    report = watch(api, drill["drill_id"], DEMO_DRILL_HOLD_S, echo=console.print)
+    for line in summary_lines(report):
+        console.print(line)
 
 
 def _print_transcript(console: Console, client: httpx.Client, cid: str, attempt_id: str) -> None:
