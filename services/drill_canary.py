@@ -122,7 +122,7 @@ class CanaryRunner:
                 )
                 ok = True
             except (ConvplaneError, httpx.HTTPError, OSError, TimeoutError, ValueError) as exc:
-                log.debug("drill %s canary shard %d: %r", self.drill_id, shard, exc)
+                log.debug("drill %s canary shard %d via %s: %r", self.drill_id, shard, owner, exc)
                 served_by, ok = None, False
         now_ms = self._clock.wall_ms()
         latency_ms = (self._clock.monotonic() - started_s) * 1000
@@ -139,7 +139,7 @@ class CanaryRunner:
                 self.rto_s[shard] = max(0.0, (now_ms - injected_at_ms) / 1000)
         else:
             self.errors += 1
-        counts = not moved or shard in self.rto_s or drill.injected_at_ms is None
+        counts = not moved or shard in self.rto_s
         self._observe(_Sample(now_ms, ok, latency_ms, counts))
 
     def _observe(self, sample: _Sample) -> None:

@@ -290,7 +290,7 @@ class DrillDriver:
             timeout=PEER_CALL_TIMEOUT_S,
         )
         if reply.status_code != 200:
-            raise InvalidRequest(f"canary to {region}: {reply.status_code}")
+            raise InvalidRequest(f"canary to {region}: {reply.status_code} {reply.text[:300]}")
         return str(reply.json()["served_by"])
 
     async def _read_canary(

@@ -20,8 +20,12 @@ import typer
 
 from regions.drill_report import summary_lines
 
-drill_app = typer.Typer(help="regional drills: plan, run, watch, abort, report", no_args_is_help=True)
-halt_app = typer.Typer(help="the halt switch: abort every drill and refuse new ones", no_args_is_help=True)
+drill_app = typer.Typer(
+    help="regional drills: plan, run, watch, abort, report", no_args_is_help=True
+)
+halt_app = typer.Typer(
+    help="the halt switch: abort every drill and refuse new ones", no_args_is_help=True
+)
 keys_app = typer.Typer(help="API keys and their roles", no_args_is_help=True)  # fmt: skip
 
 #: one REST call of the CLI; a drill is polled this often
@@ -46,7 +50,10 @@ class Api:
             headers={"Authorization": f"Bearer {key}"}, timeout=CALL_TIMEOUT_S, trust_env=False
         )
 
-    def call(self, method: str, path: str, body: Any = None, **kw: Any) -> Any:
+    def call(self, method: str, path: str, body: Any = None, *, missing_ok: bool = False,
+             **kw: Any) -> Any:  # fmt: skip
+        """The JSON (or text) answer; None for a 404 when ``missing_ok`` (a node that has not
+        learned a new drill yet)."""
         import httpx
 
         last: Exception | None = None
@@ -58,6 +65,8 @@ class Api:
                 continue
             if reply.status_code == 503 and url != self._urls[-1]:
                 continue
+            if reply.status_code == 404 and missing_ok:
+                return None
             if reply.status_code >= 400:
                 raise typer.Exit(_fail(f"{method} {path}: {reply.status_code} {reply.text[:800]}"))
             return reply.json() if "json" in reply.headers.get("content-type", "") else reply.text
@@ -99,7 +108,10 @@ def watch(api: Api, drill_id: str, hold_s: float, echo: Any = typer.echo) -> dic
     deadline = time.monotonic() + hold_s + RUN_SLACK_S
     shown = ""
     while time.monotonic() < deadline:
-        d = api.call("GET", f"/v1/drills/{drill_id}")
+        d = api.call("GET", f"/v1/drills/{drill_id}", missing_ok=True)
+        if d is None:
+            time.sleep(POLL_S)
+            continue
         line = (f"  {d['phase']:<10} shards recovered {d['shards_recovered']}/{d['shards_moved']}"
                 f"  canary acked {d['canary_acked']} errors {d['canary_errors']}")  # fmt: skip
         if line != shown:
@@ -152,7 +164,9 @@ def run(region: RegionOpt, kind: KindOpt = "region-loss", hold_s: HoldOpt = 10.0
 def status(drill_id: str, state_dir: StateDir = Path(".state/plane"), url: Url = None,
            key: Key = None) -> None:  # fmt: skip
     """A drill's phase and timeline so far."""
-    typer.echo(json.dumps(api_for(state_dir, url, key).call("GET", f"/v1/drills/{drill_id}"), indent=2))
+    typer.echo(
+        json.dumps(api_for(state_dir, url, key).call("GET", f"/v1/drills/{drill_id}"), indent=2)
+    )
 
 
 @drill_app.command("abort")
@@ -189,7 +203,9 @@ def list_cmd(state_dir: StateDir = Path(".state/plane"), url: Url = None, key: K
 def halt_on(reason: ReasonOpt, state_dir: StateDir = Path(".state/plane"), url: Url = None,
             key: Key = None) -> None:  # fmt: skip
     """Abort every active drill and refuse new ones."""
-    typer.echo(json.dumps(api_for(state_dir, url, key).call("POST", "/v1/admin/halt", {"reason": reason})))
+    typer.echo(
+        json.dumps(api_for(state_dir, url, key).call("POST", "/v1/admin/halt", {"reason": reason}))
+    )
 
 
 @halt_app.command("off")
