@@ -1,9 +1,10 @@
 """Canary writes of a drill: one conversation per shard (moved or not), written in rounds for the
 whole run, by the node that drives the drill.
 
-Each round sends, concurrently, one canary event to every shard: in-process when this node leads
+Every ``CANARY_EVERY_S`` one canary event goes to every shard: in-process when this node leads
 the shard, else to the region the committed placement names (``POST /peer/drills/canary``,
-under a deadline). A shard's canaries are numbered 1, 2, 3 ... and carry the idempotency key
+under a deadline). The driver runs one loop per shard (a slow shard does not delay
+the others' measurements). A shard's canaries are numbered 1, 2, 3 ... and carry the idempotency key
 ``<drill>:<shard>:<n>``; a failed write is retried in the next round with the same key, so
 after any failure (or a new control leader taking over with the persisted counts) every
 acknowledged ``n`` stays unique and contiguous. RTO of a moved shard is the time from injection
@@ -106,9 +107,10 @@ class CanaryRunner:
 
     async def round(self, drill: Drill, owners: Mapping[int, str]) -> None:
         """One canary write per shard, concurrently; each under ``CANARY_TIMEOUT_S``."""
-        await asyncio.gather(*(self._write(drill, s, owners[s]) for s in sorted(owners)))
+        await asyncio.gather(*(self.write(drill, s, owners[s]) for s in sorted(owners)))
 
-    async def _write(self, drill: Drill, shard: int, owner: str) -> None:
+    async def write(self, drill: Drill, shard: int, owner: str) -> None:
+        """One canary write to ``shard`` (through ``owner``), retried by the next call."""
         n = self.acked[shard] + 1
         if n > CANARY_PER_SHARD_MAX:
             return

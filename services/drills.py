@@ -58,8 +58,8 @@ from services.drill_canary import (
 log = logging.getLogger("convplane.drills")
 
 DRIVER_TICK_S = 0.2
-#: canary rounds: one write per shard per round
-CANARY_ROUND_S = 0.25
+#: each shard gets a canary write this often (one loop per shard)
+CANARY_EVERY_S = 0.2
 #: a progress record (canary numbers) at most this often while holding
 PROGRESS_EVERY_S = 2.0
 #: a committed record shows up in OpsState within this long, or the step gives up
@@ -248,7 +248,7 @@ class DrillDriver:
 
     def _canary(self, drill: Drill) -> CanaryRunner:
         existing = self._canaries.get(drill.drill_id)
-        if existing is not None and not existing[1].done():
+        if existing is not None:  # its loops end at restoring; its numbers live on till the end
             return existing[0]
         runner = CanaryRunner(
             drill=drill,
@@ -262,13 +262,15 @@ class DrillDriver:
         return runner
 
     async def _canary_rounds(self, runner: CanaryRunner) -> None:
+        await asyncio.gather(*(self._canary_shard(runner, s) for s in range(self._shard_count)))
+
+    async def _canary_shard(self, runner: CanaryRunner, shard: int) -> None:
         while True:
             drill = self.ops.drills.get(runner.drill_id)
-            if drill is None or not drill.active:
-                return
-            if drill.phase != "restoring":  # the read-back must see a final count
-                await runner.round(drill, self._owners())
-            await self._clock.sleep(CANARY_ROUND_S)
+            if drill is None or not drill.active or drill.phase == "restoring":
+                return  # the read-back must see a final count
+            await runner.write(drill, shard, self.controller.placement().assignment[shard])
+            await self._clock.sleep(CANARY_EVERY_S)
 
     def _stop_canaries(self, keep: Any) -> None:
         for drill_id in [d for d in self._canaries if d not in keep]:
