@@ -24,6 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from eventlog.model import LogEntry
 from regions.drills import Drill
 
 DRILL_RECORD = "control.drill"
@@ -108,6 +109,10 @@ class OpsState:
         #: records that applied as no-ops (stale revision) or were malformed
         self.stale_records = 0
         self.malformed_records = 0
+
+    def apply_entry(self, entry: LogEntry) -> None:
+        """``apply`` for a committed control entry (a ``Controller.record_listeners`` hook)."""
+        self.apply(entry.lsn, entry.event_type, entry.body)
 
     def apply(self, lsn: int, record_type: str, body_text: str) -> bool:
         """Fold one committed control entry; returns whether it changed anything."""

@@ -144,9 +144,7 @@ async def open_runtime(settings: NodeSettings) -> AsyncIterator[NodeRuntime]:
                 and region in controller.membership.suspects(clock.monotonic())
             )
         )
-        controller.record_listeners.append(
-            lambda entry: ops.apply(entry.lsn, entry.event_type, entry.body)
-        )
+        controller.record_listeners.append(ops.apply_entry)
         drills = DrillDriver(
             controller=controller,
             node=node,

@@ -115,7 +115,7 @@ async def create_drill(ctx: Context, body: DrillRequest) -> Any:
             region=body.region,
             hold_s=body.hold_s,
             reason=body.reason,
-            guards=Guards.from_body(body.guards),
+            guards=Guards.from_body({str(k): v for k, v in (body.guards or {}).items()}),
             force=body.force,
             requested_by=f"{who['by']} ({who['role']})",
         )
