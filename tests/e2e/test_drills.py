@@ -284,8 +284,10 @@ def test_killing_the_control_leader_mid_drill_still_restores_and_reports(ops: Op
     os.kill(leader["node_pid"], signal.SIGKILL)
     ops.urls = [u for name, u in ops.plane.urls.items() if name != "ap-south"]
     body = ops.report(created["drill_id"])
-    assert body["phase"] in ("done", "failed", "aborted"), body
-    assert body["canary_lost"] == 0
+    # another node took the control shard over and finished the drill from its records
+    assert body["verdict"] == "passed", body
+    assert [t["phase"] for t in body["timeline"]][-2:] == ["restoring", "done"]
+    assert body["canary_lost"] == 0 and body["shards_recovered"] == body["shards_moved"]
     p = ops.placement()
     assert "us-east" not in p["evacuated"]
     assert p["control_leader"] != "ap-south"
