@@ -397,8 +397,12 @@ def _finish(drill: Drill, canary_lost: int, now_ms: int) -> Drill:
     overran_ms = now_ms - (drill.created_at_ms + int(deadline_s(drill.spec) * 1000))
     phase: Phase
     verdict: Verdict
+    unrecovered = [s for s in measured.shards_moved if s not in measured.rto_s]
     if drill.abort_reason is not None:
         phase, verdict, why = "aborted", "aborted", drill.abort_reason
+    elif unrecovered:
+        phase, verdict = "failed", "failed"
+        why = f"moved shards {unrecovered} never took a canary write elsewhere"
     elif canary_lost > 0:
         phase, verdict, why = "failed", "failed", f"{canary_lost} acknowledged canary events lost"
     elif overran_ms > 0:

@@ -21,10 +21,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
-import time
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import replace
+from datetime import UTC, datetime
 from typing import Any
 
 import httpx
@@ -49,6 +49,7 @@ from regions.membership import statuses
 from regions.ops_state import AUDIT_RECORD, DRILL_RECORD, HALT_RECORD, OpsState, audit_body
 from services.controller import Controller
 from services.drill_canary import (
+    CANARY_TIMEOUT_S,
     CanaryRunner,
     append_canary,
     canary_conversation,
@@ -60,6 +61,8 @@ log = logging.getLogger("convplane.drills")
 DRIVER_TICK_S = 0.2
 #: each shard gets a canary write this often (one loop per shard)
 CANARY_EVERY_S = 0.2
+#: preflight's canary write to every shard: attempts per shard before the drill is refused
+PREFLIGHT_CANARY_ATTEMPTS = 3
 #: a progress record (canary numbers) at most this often while holding
 PROGRESS_EVERY_S = 2.0
 #: a committed record shows up in OpsState within this long, or the step gives up
@@ -197,6 +200,7 @@ class DrillDriver:
         if drill.phase == "restoring":
             restored = await self._restore(drill)
             if restored:
+                await self._stop_writing(drill.drill_id)
                 canary_lost = await runner.read_back(self._owners())
         error_ratio, ack_p99_ms = runner.window()
         obs = Observation(
@@ -250,27 +254,36 @@ class DrillDriver:
         existing = self._canaries.get(drill.drill_id)
         if existing is not None:  # its loops end at restoring; its numbers live on till the end
             return existing[0]
-        runner = CanaryRunner(
+        runner = self._new_runner(drill)
+        task = asyncio.create_task(self._canary_rounds(runner), name=f"canary-{drill.drill_id}")
+        self._canaries[drill.drill_id] = (runner, task)
+        return runner
+
+    def _new_runner(self, drill: Drill) -> CanaryRunner:
+        return CanaryRunner(
             drill=drill,
             shard_count=self._shard_count,
             send=self._send_canary,
             read=self._read_canary,
             clock=self._clock,
         )
-        task = asyncio.create_task(self._canary_rounds(runner), name=f"canary-{drill.drill_id}")
-        self._canaries[drill.drill_id] = (runner, task)
-        return runner
 
     async def _canary_rounds(self, runner: CanaryRunner) -> None:
         await asyncio.gather(*(self._canary_shard(runner, s) for s in range(self._shard_count)))
 
     async def _canary_shard(self, runner: CanaryRunner, shard: int) -> None:
-        while True:
+        while runner.writing:
             drill = self.ops.drills.get(runner.drill_id)
-            if drill is None or not drill.active or drill.phase == "restoring":
-                return  # the read-back must see a final count
+            if drill is None or not drill.active:
+                return
             await runner.write(drill, shard, self.controller.placement().assignment[shard])
             await self._clock.sleep(CANARY_EVERY_S)
+
+    async def _stop_writing(self, drill_id: str) -> None:
+        """Stop a drill's canary writes (at restore: the read-back must see a final count)."""
+        runner, task = self._canaries[drill_id]
+        runner.writing = False
+        await bounded(asyncio.shield(task), CANARY_TIMEOUT_S + CANARY_EVERY_S + 1.0)
 
     def _stop_canaries(self, keep: Any) -> None:
         for drill_id in [d for d in self._canaries if d not in keep]:
@@ -351,20 +364,41 @@ class DrillDriver:
             plan = await self.plan(spec)
             if not plan.ok:
                 raise PreflightFailed("preflight refused the drill: " + "; ".join(plan.failures))
-            drill_id = f"d{time.strftime('%Y%m%d')}-{secrets.token_hex(4)}"
             now_ms = self._clock.wall_ms()
-            drill = start(drill_id, spec, now_ms)
+            day = datetime.fromtimestamp(now_ms / 1000, tz=UTC).strftime("%Y%m%d")
+            drill_id = f"d{day}-{secrets.token_hex(4)}"
             placement = self.controller.placement()
             measured = Measurements(
                 shards_moved=tuple(placement.shards_of(spec.region)),
                 placement_versions={"before": placement.version},
             )
-            drill = replace(drill, measurements=measured)
+            measured = await self._first_canaries(
+                replace(start(drill_id, spec, now_ms), measurements=measured)
+            )
+            # the fault starts with the first record (a region-loss's injection time): stamp it
+            # after the preflight writes, which may take a while
+            drill = replace(start(drill_id, spec, self._clock.wall_ms()), measurements=measured)
             await self._audit(by, role, "drill.start", spec.region, spec.reason,
                               {"drill_id": drill_id, "kind": spec.kind, "hold_s": spec.hold_s,
                                "force": spec.force})  # fmt: skip
             await self._commit_locked(drill)
         return self.ops.drills.get(drill_id, drill), plan
+
+    async def _first_canaries(self, drill: Drill) -> Measurements:
+        """The last preflight check, before the fault: one canary write to every shard (it also
+        creates the canary conversations, so the fault's measurements start from a baseline).
+        A shard that cannot take one refuses the drill."""
+        runner = self._new_runner(drill)
+        failed = list(range(self._shard_count))
+        for _ in range(PREFLIGHT_CANARY_ATTEMPTS):
+            owners = self._owners()
+            await asyncio.gather(*(runner.write(drill, s, owners[s]) for s in failed))
+            failed = sorted(s for s, n in runner.acked.items() if n == 0)
+            if not failed:
+                break
+        if failed:
+            raise PreflightFailed(f"preflight refused the drill: shards not writable: {failed}")
+        return runner.measurements(drill)
 
     async def abort(self, drill_id: str, *, by: str, role: str, reason: str) -> Drill:
         async with self._write_lock:

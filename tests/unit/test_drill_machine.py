@@ -132,6 +132,16 @@ def test_a_lost_canary_or_an_overrun_restore_fails_the_drill() -> None:
     assert late is not None and late.verdict == "failed" and "past hold_s" in late.verdict_reason
 
 
+def test_a_moved_shard_that_never_recovered_fails_the_drill() -> None:
+    holding = injected(start("d1", spec(), T0), T0)
+    partly = replace(holding, measurements=replace(holding.measurements, rto_s={1: 1.0}))
+    restoring = advance(partly, Observation(now_ms=T0 + 10_000))
+    assert restoring is not None
+    ended = advance(restoring, Observation(now_ms=T0 + 11_000, restored=True, canary_lost=0))
+    assert ended is not None and ended.verdict == "failed"
+    assert ended.verdict_reason == "moved shards [4, 7] never took a canary write elsewhere"
+
+
 def test_a_fault_that_cannot_be_injected_in_time_is_restored() -> None:
     drill = start("d1", spec(kind="evacuate"), T0)
     late_ms = T0 + int((10.0 + RESTORE_GRACE_S) * 1000)
