@@ -65,6 +65,9 @@ class ClusterConfig(BaseModel):
     #: shared by the nodes: a forward carries it (X-Convplane-Peer-Auth) so the leader knows the
     #: entry node charged the tenant. Absent: no forward is trusted (each hop is charged).
     peer_secret: str | None = Field(default=None, min_length=32, max_length=256)
+    #: the plane was started by ``convplane up``, whose supervisor kills and restarts a region's
+    #: processes for ``kill`` drills (services.drill_supervisor); nothing else can
+    local_supervisor: bool = False
     #: engines per region, replay window, limits, Kafka, service key (services.replay.config)
     replay: ReplayConfig = Field(default_factory=ReplayConfig)
 

@@ -207,7 +207,9 @@ class DrillDriver:
             now_ms=self._clock.wall_ms(),
             halt_on=self.ops.halt.on,
             injected=drill.phase != "injecting" or self._injected(drill),
-            injected_at_ms=drill.created_at_ms if drill.spec.kind == "region-loss" else None,
+            # region-loss and kill: the fault follows the first record (at once, or at the
+            # supervisor's next poll), so RTO counts from it
+            injected_at_ms=drill.created_at_ms if drill.spec.kind != "evacuate" else None,
             shards_moved=drill.measurements.shards_moved,
             error_ratio=error_ratio,
             ack_p99_ms=ack_p99_ms,
@@ -231,6 +233,9 @@ class DrillDriver:
     def _injected(self, drill: Drill) -> bool:
         if drill.spec.kind == "evacuate":
             return drill.spec.region in self.controller.placement().evacuated
+        if drill.spec.kind == "kill":  # the local supervisor killed it: nobody hears it
+            now_s = self._clock.monotonic()
+            return self.controller.membership.status(drill.spec.region, now_s) != "up"
         return True  # region-loss: the committed injecting record is the fault
 
     async def _restore(self, drill: Drill) -> bool:
@@ -355,6 +360,7 @@ class DrillDriver:
             halt=self.ops.halt,
             load=LiveLoad(await self._append_rate_per_s(), self._capacity_per_s),
             moved_load=await self._moved_load(moved_shards),
+            kill_supported=self.controller.cluster.local_supervisor,
         )
 
     async def create(self, spec: DrillSpec, *, by: str, role: str) -> tuple[Drill, DrillPlan]:

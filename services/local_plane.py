@@ -59,7 +59,9 @@ class DbHandle(Protocol):
     dsn: str
     pid: int
 
-    def stop(self) -> Any: ...
+    def stop(self, mode: Any = ...) -> Any: ...
+
+    def start(self) -> Any: ...
 
 
 @dataclass
@@ -90,6 +92,9 @@ class LocalPlane:
     members: list[RegionProcess] = field(default_factory=list)
     sim_engines: int = 0  # simulated inference engines per region (services.replay.local_engines)
     engines: Any = None  # SimEngines, when sim_engines > 0
+    #: this process stays and supervises the plane (``up`` without ``--detach``): it carries
+    #: out kill drills (``kill_region`` / ``restart_region``)
+    supervised: bool = False
 
     @property
     def cluster_file(self) -> Path:
@@ -208,6 +213,7 @@ class LocalPlane:
                 ),
             ],
             peer_secret=secrets.token_urlsafe(32),
+            local_supervisor=self.supervised,
         )
 
     def _spawn_node(self, member: RegionProcess) -> subprocess.Popen[bytes]:
@@ -263,6 +269,33 @@ class LocalPlane:
                 m.exit_reported = True
                 exited.append((m.name, code))
         return exited
+
+    def kill_region(self, name: str) -> None:
+        """A kill drill's fault: SIGKILL the region's node; its PostgreSQL (if any) crashes too
+        (an immediate stop: no checkpoint, crash recovery at restart)."""
+        member = self._member(name)
+        if member.node is not None and member.node.poll() is None:
+            _signal(member.node, signal.SIGKILL)
+            member.node.wait(timeout=STOP_TIMEOUT_S)
+        member.exit_reported = True  # the drill did it: not an exit to report
+        if member.db is not None:
+            member.db.stop("immediate")
+
+    def restart_region(self, name: str) -> None:
+        """Start the region's database and node again (the end of a kill drill)."""
+        member = self._member(name)
+        if member.db is not None:
+            member.db.start()
+        if member.node is None or member.node.poll() is not None:
+            member.node = self._spawn_node(member)
+            member.exit_reported = False
+        _write_json(self.info_file, self.info())
+
+    def _member(self, name: str) -> RegionProcess:
+        for member in self.members:
+            if member.name == name:
+                return member
+        raise PlaneError(f"no region {name!r} in this plane")
 
     def stop(self) -> None:
         """SIGTERM every node, SIGKILL those still running after STOP_TIMEOUT_S, stop DBs."""

@@ -56,6 +56,7 @@ def up(
         postgres=postgres,
         shard_count=shard_count,
         sim_engines=sim_engines,
+        supervised=not detach,
     )
     stop = _stop_on_signals()
     try:
@@ -70,12 +71,31 @@ def up(
         console.print(f"detached; stop it with: convplane down --state-dir {state_dir}")
         return
     try:
-        while not stop.wait(SUPERVISE_POLL_S):
-            for name, code in plane.exited_nodes():
-                console.print(f"[yellow]node {name} exited with code {code}[/yellow]")
+        _supervise(console, plane, info, stop)
     finally:
         console.print("stopping the plane ...")
         plane.stop()
+
+
+def _supervise(
+    console: Console, plane: LocalPlane, info: dict[str, Any], stop: threading.Event
+) -> None:
+    """Report exited nodes and carry out kill drills until stopped."""
+    import httpx
+
+    from services.drill_supervisor import KillDrills
+    from services.local_plane import PlaneError
+
+    kill_drills = KillDrills(plane, [r["url"] for r in info["regions"]], info["operator_api_key"])
+    with httpx.Client(trust_env=False) as client:
+        while not stop.wait(SUPERVISE_POLL_S):
+            for name, code in plane.exited_nodes():
+                console.print(f"[yellow]node {name} exited with code {code}[/yellow]")
+            try:
+                for line in kill_drills.poll(client):
+                    console.print(line)
+            except (PlaneError, OSError, RuntimeError) as exc:  # a restart that failed
+                console.print(f"[red]kill drill: {exc}[/red]")
 
 
 def down(

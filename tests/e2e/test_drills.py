@@ -23,6 +23,7 @@ import httpx
 import pytest
 
 from eventlog.sharding import shard_of
+from services.cli.up import SUPERVISE_POLL_S
 from tests.e2e.plane import CONVPLANE, Plane, convplane_env, start_plane, stop_plane
 
 pytestmark = pytest.mark.postgres
@@ -274,6 +275,19 @@ def test_convplane_drill_run_follows_a_drill_and_exits_0_when_it_passed(ops: Ops
     listed = subprocess.run([*CONVPLANE, "drill", "list", "--state-dir", str(state_dir)],
                             env=convplane_env(), capture_output=True, text=True, timeout=60)  # fmt: skip
     assert listed.returncode == 0 and "passed" in listed.stdout.splitlines()[0]
+
+
+def test_a_kill_drill_kills_the_region_and_the_supervisor_restarts_it(ops: Ops) -> None:
+    victim = next(r for r in ops.plane.info["regions"] if r["name"] == "us-east")
+    created = ops.start(region="us-east", hold_s=5.0, kind="kill")
+    body = ops.report(created["drill_id"])
+    assert body["verdict"] == "passed", body
+    assert body["shards_recovered"] == body["shards_moved"] > 0
+    # RTO counts from the drill's first record; the supervisor kills at its next poll
+    assert body["rto_max_s"] <= RTO_MAX_S + SUPERVISE_POLL_S and body["canary_lost"] == 0
+    with pytest.raises(ProcessLookupError):
+        os.kill(victim["node_pid"], 0)  # the node that ran before the drill was SIGKILLed
+    assert ops.region_back("us-east")  # a new node process serves the region again
 
 
 def test_killing_the_control_leader_mid_drill_still_restores_and_reports(ops: Ops) -> None:
