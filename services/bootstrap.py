@@ -32,7 +32,8 @@ from services.drill_faults import (
     black_holed_replicas,
     region_by_address,
 )
-from services.drills import DrillDriver, LoadMeter
+from services.drill_load import LoadMeter
+from services.drills import DrillDriver
 from services.replay.service import ReplayService
 from services.replay.wiring import open_replay_service
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
-from collections import deque
 from collections.abc import Mapping
 from dataclasses import replace
 from datetime import UTC, datetime
@@ -31,10 +30,17 @@ import httpx
 
 from eventlog.aio import bounded
 from eventlog.clock import Clock
-from eventlog.errors import Conflict, ConvplaneError, InvalidRequest, NotFound, NotLeader
+from eventlog.errors import (
+    Conflict,
+    ConvplaneError,
+    InvalidRequest,
+    InvariantViolation,
+    NotFound,
+    NotLeader,
+)
 from eventlog.node import LogNode
 from eventlog.replica import ReplicaStore
-from regions.drill_plan import DrillPlan, LiveLoad, MovedLoad, preflight
+from regions.drill_plan import DrillPlan, LiveLoad, preflight
 from regions.drills import (
     Drill,
     DrillSpec,
@@ -52,9 +58,9 @@ from services.drill_canary import (
     CANARY_TIMEOUT_S,
     CanaryRunner,
     append_canary,
-    canary_conversation,
     read_canary,
 )
+from services.drill_load import LoadMeter, moved_load, plane_append_rate_per_s
 
 log = logging.getLogger("convplane.drills")
 
@@ -69,37 +75,12 @@ PROGRESS_EVERY_S = 2.0
 APPLY_WAIT_S = 2.0
 #: one peer call of the driver (load, canary) and the dry run's replica reads
 PEER_CALL_TIMEOUT_S = 1.0
-#: conversations listed per shard for the dry run
-PLAN_CONVERSATIONS_PER_SHARD_MAX = 1000
-#: the load meter's window
-LOAD_WINDOW_S = 10.0
 #: a node is restarted by nobody: a crashed step is logged and the loop goes on, backing off
 STEP_BACKOFF_MAX_S = 5.0
 
 
 class PreflightFailed(Conflict):
     code = "preflight_failed"
-
-
-class LoadMeter:
-    """Acknowledged appends of the shards this node leads, per second over a sliding window
-    (a ``LogListener``: the node calls it for every acknowledged conversation event)."""
-
-    def __init__(self, clock: Clock) -> None:
-        self._clock = clock
-        self._times: deque[float] = deque(maxlen=1_000_000)
-
-    def shard_led(self, shard: int, epoch: int, previous_region: str | None) -> None:
-        return None
-
-    def conversation_written(self, tenant_id: str, conversation_id: str, event_type: str) -> None:
-        self._times.append(self._clock.monotonic())
-
-    def append_rate_per_s(self) -> float:
-        cutoff = self._clock.monotonic() - LOAD_WINDOW_S
-        while self._times and self._times[0] < cutoff:
-            self._times.popleft()
-        return len(self._times) / LOAD_WINDOW_S
 
 
 class DrillDriver:
@@ -135,6 +116,8 @@ class DrillDriver:
         self._progress_at_s: dict[str, float] = {}
         self._fenced_for: str | None = None
         self._loop: asyncio.Task[None] | None = None
+        self.step_failures = 0
+        self.last_step_error: str | None = None
 
     # --- lifecycle ------------------------------------------------------------------------
 
@@ -155,10 +138,32 @@ class DrillDriver:
             try:
                 await self.step()
                 backoff_s = DRIVER_TICK_S
+            except InvariantViolation:
+                raise  # a bug: never swallowed
             except (ConvplaneError, httpx.HTTPError, OSError, TimeoutError) as exc:
-                log.warning("drill step: %r", exc)
+                self._step_failed(exc)
                 backoff_s = min(backoff_s * 2, STEP_BACKOFF_MAX_S)
+            except Exception as exc:  # supervised: the loop goes on, the failure shows
+                log.exception("drill step crashed")
+                self._step_failed(exc)
+                backoff_s = STEP_BACKOFF_MAX_S
             await self._clock.sleep(backoff_s)
+
+    def _step_failed(self, exc: BaseException) -> None:
+        log.warning("drill step: %r", exc)
+        self.step_failures += 1
+        self.last_step_error = repr(exc)[:500]
+
+    def health(self) -> dict[str, Any]:
+        """What ``GET /v1/drills`` shows of this node's driver."""
+        return {
+            "region": self.region,
+            "leads_control": self.leads_control,
+            "step_failures": self.step_failures,
+            "last_step_error": self.last_step_error,
+            "stale_records": self.ops.stale_records,
+            "malformed_records": self.ops.malformed_records,
+        }
 
     # --- the step -------------------------------------------------------------------------
 
@@ -358,8 +363,18 @@ class DrillDriver:
             placement=placement,
             active=self.ops.active_drills(),
             halt=self.ops.halt,
-            load=LiveLoad(await self._append_rate_per_s(), self._capacity_per_s),
-            moved_load=await self._moved_load(moved_shards),
+            load=LiveLoad(
+                await plane_append_rate_per_s(
+                    self._peers, self._peer_urls, self.region, self._peer_headers, self.load
+                ),
+                self._capacity_per_s,
+            ),
+            moved_load=await moved_load(
+                self._replicas.get(self.region),
+                moved_shards,
+                since_ms=self._clock.wall_ms()
+                - int(self.controller.cluster.replay.replay_window_s * 1000),
+            ),
             kill_supported=self.controller.cluster.local_supervisor,
         )
 
@@ -474,50 +489,5 @@ class DrillDriver:
                 raise TimeoutError(f"control record {lsn} not applied within {APPLY_WAIT_S}s")
             await self._clock.sleep(0.02)
 
-    # --- load and the dry run's numbers ---------------------------------------------------
 
-    async def _append_rate_per_s(self) -> float:
-        others = [r for r in self._peer_urls if r != self.region]
-        replies = await asyncio.gather(
-            *(
-                self._peers.get(
-                    self._peer_url(r, "/peer/drills/load"),
-                    headers=self._peer_headers,
-                    timeout=PEER_CALL_TIMEOUT_S,
-                )
-                for r in others
-            ),
-            return_exceptions=True,
-        )
-        total = self.load.append_rate_per_s()
-        for reply in replies:
-            if isinstance(reply, httpx.Response) and reply.status_code == 200:
-                total += float(reply.json().get("append_rate_per_s", 0.0))
-        return total
-
-    async def _moved_load(self, shards: list[int]) -> MovedLoad | None:
-        store = self._replicas.get(self.region)
-        if store is None or not shards:
-            return None
-        window_s = self.controller.cluster.replay.replay_window_s
-        since_ms = self._clock.wall_ms() - int(window_s * 1000)
-        conversations = tokens = 0
-        try:
-            for shard in shards:
-                status = await bounded(store.status(shard), PEER_CALL_TIMEOUT_S)
-                found = await bounded(
-                    store.list_conversations(
-                        shard, since_ms, status.commit_lsn, PLAN_CONVERSATIONS_PER_SHARD_MAX
-                    ),
-                    PEER_CALL_TIMEOUT_S,
-                )
-                for c in found:
-                    if c.tenant_id != "_drill":
-                        conversations += 1
-                        tokens += c.token_count
-        except (ConvplaneError, TimeoutError, OSError):
-            return None
-        return MovedLoad(conversations, tokens)
-
-
-__all__ = ["DrillDriver", "LoadMeter", "PreflightFailed", "canary_conversation"]
+__all__ = ["DrillDriver", "PreflightFailed"]

@@ -137,8 +137,9 @@ async def list_drills(
     ctx: Context, limit: Annotated[int, Query(ge=1, le=DRILLS_LISTED_MAX)] = 50
 ) -> dict[str, Any]:
     require_role(ctx.tenant, OBSERVERS)
-    drills = list(_driver(ctx.request).ops.drills.values())[::-1][:limit]
-    return {"drills": [_drill_body(d) for d in drills]}
+    driver = _driver(ctx.request)
+    drills = list(driver.ops.drills.values())[::-1][:limit]
+    return {"drills": [_drill_body(d) for d in drills], "driver": driver.health()}
 
 
 @drill_router.get("/drills/{drill_id}")
