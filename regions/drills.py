@@ -398,11 +398,15 @@ def _finish(drill: Drill, canary_lost: int, now_ms: int) -> Drill:
     phase: Phase
     verdict: Verdict
     unrecovered = [s for s in measured.shards_moved if s not in measured.rto_s]
+    slow = sorted(s for s, rto_s in measured.rto_s.items() if rto_s > drill.spec.guards.max_rto_s)
     if drill.abort_reason is not None:
         phase, verdict, why = "aborted", "aborted", drill.abort_reason
     elif unrecovered:
         phase, verdict = "failed", "failed"
-        why = f"moved shards {unrecovered} never took a canary write elsewhere"
+        why = f"moved shards {unrecovered} never took a canary write again"
+    elif slow:
+        phase, verdict = "failed", "failed"
+        why = f"moved shards {slow} took longer than max_rto_s to take a canary write"
     elif canary_lost > 0:
         phase, verdict, why = "failed", "failed", f"{canary_lost} acknowledged canary events lost"
     elif overran_ms > 0:

@@ -8,7 +8,8 @@ the others' measurements). A shard's canaries are numbered 1, 2, 3 ... and carry
 ``<drill>:<shard>:<n>``; a failed write is retried in the next round with the same key, so
 after any failure (or a new control leader taking over with the persisted counts) every
 acknowledged ``n`` stays unique and contiguous. RTO of a moved shard is the time from injection
-to its first acknowledged canary served by another region than the target; RPO is the count of
+to its first acknowledged canary served by another region than the target (or, for a loss or a
+kill whose failover outlasted the hold, by the target once it is back); RPO is the count of
 acknowledged ``n`` not found when the canary conversations are read back after the restore.
 
 Writes go on while the drill restores (a failover still under way is measured), and stop once
@@ -138,11 +139,14 @@ class CanaryRunner:
         if ok:
             self.acked[shard] = n
             injected_at_ms = drill.injected_at_ms
+            # writable again: served elsewhere, or (a loss or kill) by the target once it is
+            # back, when the failover took longer than the hold
+            back = drill.phase == "restoring" and drill.spec.kind != "evacuate"
             if (
                 moved
                 and shard not in self.rto_s
                 and injected_at_ms is not None
-                and served_by != self.target
+                and (served_by != self.target or back)
             ):
                 self.rto_s[shard] = max(0.0, (now_ms - injected_at_ms) / 1000)
         else:

@@ -139,7 +139,22 @@ def test_a_moved_shard_that_never_recovered_fails_the_drill() -> None:
     assert restoring is not None
     ended = advance(restoring, Observation(now_ms=T0 + 11_000, restored=True, canary_lost=0))
     assert ended is not None and ended.verdict == "failed"
-    assert ended.verdict_reason == "moved shards [4, 7] never took a canary write elsewhere"
+    assert ended.verdict_reason == "moved shards [4, 7] never took a canary write again"
+
+
+def test_a_moved_shard_slower_than_max_rto_after_the_hold_fails_the_drill() -> None:
+    holding = injected(start("d1", spec(hold_s=2.0, guards=Guards(max_rto_s=5.0)), T0), T0)
+    restoring = advance(holding, Observation(now_ms=T0 + 2_000))  # hold over before recovery
+    assert restoring is not None and restoring.abort_reason is None
+    late = replace(restoring.measurements, rto_s={1: 1.0, 4: 6.5, 7: 2.0})
+    ended = advance(
+        replace(restoring, measurements=late),
+        Observation(now_ms=T0 + 8_000, restored=True, canary_lost=0),
+    )
+    assert ended is not None and ended.verdict == "failed"
+    assert (
+        ended.verdict_reason == "moved shards [4] took longer than max_rto_s to take a canary write"
+    )
 
 
 def test_a_fault_that_cannot_be_injected_in_time_is_restored() -> None:

@@ -46,6 +46,8 @@ class SimPlane:
     lose_on_restore: int = 0
     #: every write stalls past the canary deadline while this is set
     stalled: bool = False
+    #: the target is back (its shards are served by it again)
+    restored: bool = False
 
     async def send(self, owner: str, cid: str, key: str, payload: dict[str, Any]) -> str:
         shard = payload["shard"]
@@ -53,7 +55,7 @@ class SimPlane:
             await self.clock.sleep(CANARY_TIMEOUT_S * 2)
         now_s = self.clock.monotonic()
         region = OWNERS[shard]
-        if self.injected_at_s is not None and shard in MOVED:
+        if self.injected_at_s is not None and shard in MOVED and not self.restored:
             if now_s - self.injected_at_s < self.takeover_s:
                 raise Unavailable("no quorum: the target is black-holed")
             region = "eu-west"
@@ -65,6 +67,7 @@ class SimPlane:
         return [{"seq": n, "payload": {"n": n}} for n in sorted(self.durable.get(cid, ()))]
 
     def restore(self) -> None:
+        self.restored = True
         for cid in sorted(self.durable):
             if "-s1-" in cid:
                 for n in sorted(self.durable[cid])[: self.lose_on_restore]:
@@ -81,11 +84,11 @@ async def run_drill(plane: SimPlane, spec: DrillSpec, *, stall_at_s: float | Non
     while drill.active:
         if drill.phase == "injecting" and plane.injected_at_s is None:
             plane.injected_at_s = clock.monotonic()
-        if drill.phase != "restoring":
-            await runner.round(drill, OWNERS)
+        await runner.round(drill, OWNERS)  # canaries write while restoring, too
         restored, lost = False, None
         if drill.phase == "restoring":
             plane.restore()
+            await runner.round(drill, OWNERS)  # the target serves its shards again
             restored, lost = True, await runner.read_back(OWNERS)
         error_ratio, p99 = runner.window()
         obs = Observation(now_ms=clock.wall_ms(), injected=True, injected_at_ms=drill.created_at_ms,
@@ -176,3 +179,15 @@ def test_a_new_driver_continues_the_canary_numbers_from_the_record() -> None:
 
     lost, histories = run_virtual(main())
     assert lost == 0 and histories == {"[1, 2, 3, 4]"}
+
+
+def test_a_failover_slower_than_the_hold_counts_rto_until_the_target_is_back() -> None:
+    async def main() -> Drill:
+        plane = SimPlane(LoopClock(), takeover_s=60.0)
+        return await run_drill(plane, spec(hold_s=2.0, guards=Guards(max_rto_s=5.0)))
+
+    drill = run_virtual(main())
+    assert drill.verdict == "passed", drill.verdict_reason
+    assert sorted(drill.measurements.rto_s) == list(MOVED)
+    for rto_s in drill.measurements.rto_s.values():
+        assert 2.0 <= rto_s <= 2.0 + 3 * TICK_S  # the hold, then the restore's first round
