@@ -16,8 +16,8 @@ so whichever node leads the control shard can pick it up where the last one left
   injecting and holding; a tripped guard, an operator abort or the halt switch go straight to
   restoring with the verdict ``aborted``.
 * **restoring**: the target is given back (restore record, black-hole lifted by the phase
-  change); once the placement no longer excludes it and the canaries were read back, the drill
-  ends: ``done`` (verdict ``passed``, or ``failed`` when a canary was lost or the restore
+  change); once the placement no longer excludes it, every moved shard took a canary write
+  again (or the deadline passed) and the canaries were read back, the drill ends: ``done`` (verdict ``passed``, or ``failed`` when a canary was lost or the restore
   overran ``hold_s + restore_grace_s``) or ``aborted``.
 
 ``advance`` is the whole state machine: the driver (``services.drills``) observes the world,

@@ -47,6 +47,7 @@ from regions.drills import (
     Measurements,
     Observation,
     advance,
+    deadline_s,
     request_abort,
     start,
     with_measurements,
@@ -203,7 +204,11 @@ class DrillDriver:
         restored = False
         canary_lost = None
         if drill.phase == "restoring":
-            restored = await self._restore(drill)
+            # back in the placement, and every moved shard writable again (or out of time)
+            restored = await self._restore(drill) and (
+                all(s in runner.rto_s for s in drill.measurements.shards_moved)
+                or self._clock.wall_ms() >= drill.created_at_ms + int(deadline_s(drill.spec) * 1000)
+            )
             if restored:
                 await self._stop_writing(drill.drill_id)
                 canary_lost = await runner.read_back(self._owners())
