@@ -153,6 +153,9 @@ class Measurements:
     canary_lost: int | None = None
     #: (seconds since the drill started, acked, errors, ack p99 ms) per sample interval
     series: tuple[tuple[float, int, int, float], ...] = ()
+    #: (seconds since the drill started, live acknowledged appends per second over the plane,
+    #: from the nodes' own counters), one per progress record
+    live_appends: tuple[tuple[float, float], ...] = ()
     #: placement versions: before the fault, during it (highest seen), after restore
     placement_versions: Mapping[str, int] = field(default_factory=dict)
 
@@ -164,6 +167,7 @@ class Measurements:
             "canary_errors": self.canary_errors,
             "canary_lost": self.canary_lost,
             "series": [list(p) for p in self.series[-SERIES_POINTS_MAX:]],
+            "live_appends": [list(p) for p in self.live_appends[-SERIES_POINTS_MAX:]],
             "placement_versions": dict(self.placement_versions),
         }
 
@@ -179,6 +183,7 @@ class Measurements:
             series=tuple(
                 (float(p[0]), int(p[1]), int(p[2]), float(p[3])) for p in body.get("series", ())
             ),
+            live_appends=tuple((float(p[0]), float(p[1])) for p in body.get("live_appends", ())),
             placement_versions={
                 str(k): int(v) for k, v in body.get("placement_versions", {}).items()
             },

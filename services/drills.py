@@ -42,6 +42,7 @@ from eventlog.node import LogNode
 from eventlog.replica import ReplicaStore
 from regions.drill_plan import DrillPlan, LiveLoad, preflight
 from regions.drills import (
+    SERIES_POINTS_MAX,
     Drill,
     DrillSpec,
     Measurements,
@@ -237,8 +238,19 @@ class DrillDriver:
             await self.commit_drill(following)
             self._progress_at_s[drill.drill_id] = now_s
         elif now_s - self._progress_at_s.get(drill.drill_id, 0.0) >= PROGRESS_EVERY_S:
-            await self.commit_drill(with_measurements(drill, measured))
             self._progress_at_s[drill.drill_id] = now_s
+            live = await self._live_rate()
+            t_s = (self._clock.wall_ms() - drill.created_at_ms) / 1000
+            measured = replace(
+                measured,
+                live_appends=(*measured.live_appends, (t_s, live))[-SERIES_POINTS_MAX:],
+            )
+            await self.commit_drill(with_measurements(drill, measured))
+
+    async def _live_rate(self) -> float:
+        return await plane_append_rate_per_s(
+            self._peers, self._peer_urls, self.region, self._peer_headers, self.load
+        )
 
     def _injected(self, drill: Drill) -> bool:
         if drill.spec.kind == "evacuate":
@@ -368,12 +380,7 @@ class DrillDriver:
             placement=placement,
             active=self.ops.active_drills(),
             halt=self.ops.halt,
-            load=LiveLoad(
-                await plane_append_rate_per_s(
-                    self._peers, self._peer_urls, self.region, self._peer_headers, self.load
-                ),
-                self._capacity_per_s,
-            ),
+            load=LiveLoad(await self._live_rate(), self._capacity_per_s),
             moved_load=await moved_load(
                 self._replicas.get(self.region),
                 moved_shards,

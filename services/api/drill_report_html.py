@@ -51,7 +51,10 @@ def render(body: dict[str, Any]) -> str:
         f"<span class={escape(str(verdict))}>{escape(str(verdict))}</span></h1>"
         f"<p>{escape(body['verdict_reason'])}</p><table>{facts}</table>"
         f"<h2>RTO per moved shard (s)</h2>{_bars(body['rto_by_shard_s'])}"
-        f"<h2>Canary writes per second</h2>{_series(body['series'])}"
+        f"<h2>Canary writes per second</h2>"
+        f"{_series(body['series'], [('acked', '#1a7f37'), ('errors', '#b42318')])}"
+        f"<h2>Live appends per second (the plane's own counters)</h2>"
+        f"{_series(body['live_appends_per_s'], [('appends_per_s', '#4c78a8')])}"
         f"<h2>Guards tripped</h2><table><tr><th>guard</th><th>measured</th><th>limit</th></tr>"
         f"{guards}</table>"
         f"<h2>Timeline</h2><table><tr><th>phase</th><th>at</th><th>note</th></tr>{timeline}</table>"
@@ -88,12 +91,13 @@ def _bars(values: dict[str, float]) -> str:
     return _svg("".join(parts), "RTO per moved shard")
 
 
-def _series(points: list[dict[str, Any]]) -> str:
+def _series(points: list[dict[str, Any]], lines: list[tuple[str, str]]) -> str:
+    """One polyline per ``(key, colour)`` over ``points`` (dicts with ``t_s`` and the keys)."""
     if len(points) < 2:
         return "<p>too few samples</p>"
     t0, t1 = points[0]["t_s"], points[-1]["t_s"]
     span = (t1 - t0) or 1.0
-    top = max(max(p["acked"], p["errors"]) for p in points) or 1
+    top = max(max(p[key] for key, _ in lines) for p in points) or 1
 
     def line(key: str, color: str) -> str:
         coords = " ".join(
@@ -103,10 +107,11 @@ def _series(points: list[dict[str, Any]]) -> str:
         )
         return f'<polyline fill="none" stroke="{color}" stroke-width="1.5" points="{coords}"/>'
 
-    legend = (
-        '<text x="4" y="14" font-size="11" fill="#1a7f37">acked</text>'
-        '<text x="50" y="14" font-size="11" fill="#b42318">errors</text>'
+    legend = "".join(
+        f'<text x="{4 + 110 * i}" y="14" font-size="11" fill="{color}">{escape(key)}</text>'
+        for i, (key, color) in enumerate(lines)
+    ) + (
         f'<text x="{CHART_W - 4}" y="{CHART_H - 8}" font-size="10" text-anchor="end">'
-        f"{t0:.0f}s to {t1:.0f}s since start</text>"
+        f"{t0:.0f}s to {t1:.0f}s since start; top {top:.4g}</text>"
     )
-    return _svg(legend + line("acked", "#1a7f37") + line("errors", "#b42318"), "canary writes")
+    return _svg(legend + "".join(line(k, c) for k, c in lines), ", ".join(k for k, _ in lines))

@@ -100,6 +100,7 @@ def finished_drill() -> Drill:
         canary_acked={1: 10, 5: 20},
         canary_errors=4,
         series=((0.0, 10, 2, 12.0), (1.0, 12, 0, 9.0)),
+        live_appends=((0.0, 120.0), (2.0, 80.0), (4.0, 118.5)),
         placement_versions={"before": 3, "during": 4},
     )
     restoring = advance(replace(holding, measurements=measured), Observation(now_ms=t + 5_000))
@@ -118,12 +119,13 @@ def test_the_report_has_the_numbers_an_sre_reads() -> None:
         "planned", "preflight", "injecting", "holding", "restoring", "done"
     ]  # fmt: skip
     assert body["started_at"].startswith("2026-01-01T00:00:00")
+    assert body["live_appends_per_s"][1] == {"t_s": 2.0, "appends_per_s": 80.0}
     assert "RTO p50 2.00s" in "\n".join(summary_lines(body))
 
 
 def test_the_html_report_is_self_contained() -> None:
     page = render(report(finished_drill()))
-    assert page.startswith("<!doctype html>") and page.count("<svg") == 2
+    assert page.startswith("<!doctype html>") and page.count("<svg") == 3
     assert "<script" not in page and not re.search(r"\b(src|href)=", page)
     urls = set(re.findall(r"https?://[^\s\"'<>]+", page))
     assert urls == {"http://www.w3.org/2000/svg"}  # the SVG namespace, never fetched
