@@ -81,7 +81,8 @@ def build_log_node(
 
 
 def peer_client(
-    settings: NodeSettings, wrap: Callable[[httpx.AsyncBaseTransport], httpx.AsyncBaseTransport]
+    settings: NodeSettings,
+    wrap: Callable[[httpx.AsyncBaseTransport], httpx.AsyncBaseTransport] | None = None,
 ) -> httpx.AsyncClient:
     """The pooled client of probes, forwards and drill calls; ``wrap`` puts the drills'
     black-hole (``services.drill_faults``) around its transport."""
@@ -90,7 +91,9 @@ def peer_client(
         max_keepalive_connections=settings.forward_connections_max,
     )
     timeout_s = settings.max_deadline_ms / 1000  # each forward passes its own, shorter timeout
-    transport = wrap(httpx.AsyncHTTPTransport(limits=limits, trust_env=False))
+    transport: httpx.AsyncBaseTransport = httpx.AsyncHTTPTransport(limits=limits, trust_env=False)
+    if wrap is not None:
+        transport = wrap(transport)
     return httpx.AsyncClient(transport=transport, timeout=timeout_s, trust_env=False)
 
 

@@ -275,6 +275,14 @@ def test_convplane_drill_run_follows_a_drill_and_exits_0_when_it_passed(ops: Ops
     listed = subprocess.run([*CONVPLANE, "drill", "list", "--state-dir", str(state_dir)],
                             env=convplane_env(), capture_output=True, text=True, timeout=60)  # fmt: skip
     assert listed.returncode == 0 and "passed" in listed.stdout.splitlines()[0]
+    drill_id = listed.stdout.split()[0]
+    page = state_dir / "report.html"
+    wrote = subprocess.run([*CONVPLANE, "drill", "report", drill_id, "--html", str(page),
+                            "--state-dir", str(state_dir)],
+                           env=convplane_env(), capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert wrote.returncode == 0, wrote.stderr
+    html = page.read_text()
+    assert html.startswith("<!doctype html>") and drill_id in html and "<script" not in html
 
 
 def test_a_kill_drill_kills_the_region_and_the_supervisor_restarts_it(ops: Ops) -> None:
