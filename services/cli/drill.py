@@ -28,8 +28,11 @@ halt_app = typer.Typer(
 )
 keys_app = typer.Typer(help="API keys and their roles", no_args_is_help=True)  # fmt: skip
 
-#: one REST call of the CLI; a drill is polled this often
-CALL_TIMEOUT_S = 15.0
+#: the deadline the CLI gives the plane (starting a drill writes a canary to every shard first),
+#: and its own timeout a little past it; a drill is polled this often
+DEADLINE_HEADER = "X-Convplane-Deadline-Ms"
+DEADLINE_MS = 30_000
+CALL_TIMEOUT_S = 35.0
 POLL_S = 0.5
 #: the longest ``run`` waits past hold_s (the drill's own restore grace plus slack)
 RUN_SLACK_S = 90.0
@@ -47,7 +50,9 @@ class Api:
 
         self._urls = urls
         self._client = httpx.Client(
-            headers={"Authorization": f"Bearer {key}"}, timeout=CALL_TIMEOUT_S, trust_env=False
+            headers={"Authorization": f"Bearer {key}", DEADLINE_HEADER: str(DEADLINE_MS)},
+            timeout=CALL_TIMEOUT_S,
+            trust_env=False,
         )
 
     def call(self, method: str, path: str, body: Any = None, *, missing_ok: bool = False,
@@ -63,8 +68,8 @@ class Api:
             except httpx.HTTPError as exc:
                 last = exc
                 continue
-            if reply.status_code == 503 and url != self._urls[-1]:
-                continue
+            if reply.status_code == 503 and method == "GET" and url != self._urls[-1]:
+                continue  # a read elsewhere; a write's 503 may be an unknown outcome: shown
             if reply.status_code == 404 and missing_ok:
                 return None
             if reply.status_code >= 400:
