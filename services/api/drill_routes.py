@@ -9,6 +9,7 @@
 * ``POST /v1/admin/halt`` ``{reason}`` aborts every active drill and refuses new ones until
   ``DELETE /v1/admin/halt``; ``GET /v1/admin/halt`` shows it.
 * ``GET /v1/audit?after=&limit=``: operator actions, oldest first; ``next_after`` pages on.
+  ``POST /v1/audit`` ``{action, target, reason}`` records one taken outside the API.
 * ``/peer/drills/...``: what the drill driver asks other nodes (canary writes and reads, load).
 
 Reads answer from this node's view of the control shard (a poll behind the leader at most).
@@ -206,6 +207,29 @@ async def audit(
         "entries": [e.to_body() for e in entries],
         "next_after": entries[-1].lsn if entries else after,
     }
+
+
+class AuditRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    action: str = Field(min_length=1, max_length=100, pattern=r"^[a-z][a-z0-9._-]*$")
+    target: str = Field(min_length=1, max_length=200)
+    reason: str = Field(min_length=1, max_length=500)
+
+
+@drill_router.post("/audit", status_code=201)
+async def record_audit(ctx: Context, body: AuditRequest) -> Any:
+    """An operator action taken outside the API (``convplane keys create`` edits the cluster
+    file) is recorded here; ``by`` and ``role`` are the caller's key's."""
+    require_role(ctx.tenant, OPERATORS)
+    driver = _driver(ctx.request)
+
+    async def record() -> dict[str, Any]:
+        await driver.audit(ctx.tenant.tenant_id, ctx.tenant.role, body.action, body.target,
+                           body.reason, {"recorded_via": "POST /v1/audit"})  # fmt: skip
+        return {"recorded": True}
+
+    return await ctx.run(record, is_write=True)
 
 
 # --- what the drill driver asks other nodes ----------------------------------------------------

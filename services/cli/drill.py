@@ -228,9 +228,13 @@ def keys_create(
     cluster_file: Annotated[Path, typer.Option(help="the cluster file the nodes read")] = Path(
         ".state/plane/cluster-config.json"
     ),
+    reason: ReasonOpt = "new key",
+    audit_url: Url = None,
+    audit_key: Key = None,
 ) -> None:
     """Add a key with a role to the cluster file and print it (once: only its sha256 is kept).
-    Nodes load keys when they start."""
+    Nodes load keys when they start. With --audit-url and --audit-key (an operator key) the
+    creation is recorded in the plane's audit log."""
     from pydantic import ValidationError
 
     from services.config import TenantConfig, api_key_sha256, load_cluster, write_cluster
@@ -247,6 +251,11 @@ def keys_create(
     typer.echo(key)
     print(f"added a {role} key for tenant {tenant} to {cluster_file}; restart the nodes to load it",
           file=sys.stderr)  # fmt: skip
+    if audit_url and audit_key:
+        api = Api([audit_url], audit_key)
+        api.call("POST", "/v1/audit", {"action": "key.create", "target": f"{tenant} ({role})",
+                                       "reason": reason})  # fmt: skip
+        print("recorded in the audit log", file=sys.stderr)
 
 
 def register(app: typer.Typer) -> None:

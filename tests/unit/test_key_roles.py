@@ -67,6 +67,7 @@ OPERATOR_CALLS = [
     ("DELETE", "/v1/admin/halt", None),
     ("POST", "/v1/admin/regions/west/evacuate", None),
     ("POST", "/v1/admin/regions/west/restore", None),
+    ("POST", "/v1/audit", {"action": "key.create", "target": "t", "reason": "r"}),
 ]
 OBSERVER_READS = ["/v1/drills", "/v1/drills/d1", "/v1/drills/d1/report", "/v1/audit",
                   "/v1/admin/halt"]  # fmt: skip
