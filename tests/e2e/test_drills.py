@@ -24,6 +24,7 @@ import pytest
 
 from eventlog.sharding import shard_of
 from services.cli.up import SUPERVISE_POLL_S
+from services.config import api_key_sha256, load_cluster
 from tests.e2e.plane import CONVPLANE, Plane, convplane_env, start_plane, stop_plane
 
 pytestmark = pytest.mark.postgres
@@ -296,6 +297,24 @@ def test_a_kill_drill_kills_the_region_and_the_supervisor_restarts_it(ops: Ops) 
     with pytest.raises(ProcessLookupError):
         os.kill(victim["node_pid"], 0)  # the node that ran before the drill was SIGKILLed
     assert ops.region_back("us-east")  # a new node process serves the region again
+
+
+def test_keys_create_adds_a_key_with_a_role_and_audits_it(ops: Ops) -> None:
+    cluster_file = Path(ops.plane.info["cluster_file"])
+    made = subprocess.run(
+        [*CONVPLANE, "keys", "create", "--tenant", "dashboards", "--role", "viewer",
+         "--cluster-file", str(cluster_file), "--reason", "grafana",
+         "--audit-url", ops.urls[0], "--audit-key", ops.operator["Authorization"][7:]],
+        env=convplane_env(), capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    key = made.stdout.strip()
+    cluster = load_cluster(cluster_file)
+    added = [t for t in cluster.tenants if t.tenant_id == "dashboards"]
+    assert [(t.role, t.api_key_sha256) for t in added] == [("viewer", api_key_sha256(key))]
+    entry = ops.call("GET", "/v1/audit").json()["entries"][-1]
+    assert (entry["action"], entry["target"], entry["reason"], entry["by"]) == (
+        "key.create", "dashboards (viewer)", "grafana", "sre")  # fmt: skip
 
 
 def test_killing_the_control_leader_mid_drill_still_restores_and_reports(ops: Ops) -> None:
