@@ -71,8 +71,10 @@ DRIVER_TICK_S = 0.2
 CANARY_EVERY_S = 0.2
 #: preflight's canary write to every shard: attempts per shard before the drill is refused
 PREFLIGHT_CANARY_ATTEMPTS = 3
-#: a progress record (canary numbers) at most this often while holding
+#: a progress record (canary numbers) at most this often, and at most about this many per
+#: drill (a long hold writes them further apart: the control shard stays small)
 PROGRESS_EVERY_S = 2.0
+PROGRESS_RECORDS_PER_DRILL_MAX = 120
 #: a committed record shows up in OpsState within this long, or the step gives up
 APPLY_WAIT_S = 2.0
 #: one peer call of the driver (load, canary) and the dry run's replica reads
@@ -237,7 +239,7 @@ class DrillDriver:
         if following is not None:
             await self.commit_drill(following)
             self._progress_at_s[drill.drill_id] = now_s
-        elif now_s - self._progress_at_s.get(drill.drill_id, 0.0) >= PROGRESS_EVERY_S:
+        elif now_s - self._progress_at_s.get(drill.drill_id, 0.0) >= _progress_every_s(drill):
             self._progress_at_s[drill.drill_id] = now_s
             live = await self._live_rate()
             t_s = (self._clock.wall_ms() - drill.created_at_ms) / 1000
@@ -500,6 +502,10 @@ class DrillDriver:
             if self._clock.monotonic() > deadline_s:
                 raise TimeoutError(f"control record {lsn} not applied within {APPLY_WAIT_S}s")
             await self._clock.sleep(0.02)
+
+
+def _progress_every_s(drill: Drill) -> float:
+    return max(PROGRESS_EVERY_S, drill.spec.hold_s / PROGRESS_RECORDS_PER_DRILL_MAX)
 
 
 __all__ = ["DrillDriver", "PreflightFailed"]
