@@ -402,7 +402,12 @@ def _finish(drill: Drill, canary_lost: int, now_ms: int) -> Drill:
     overran_ms = now_ms - (drill.created_at_ms + int(deadline_s(drill.spec) * 1000))
     phase: Phase
     verdict: Verdict
-    unrecovered = [s for s in measured.shards_moved if s not in measured.rto_s]
+    # an evacuate moves shards in steps: one restored before its step never moved at all
+    unrecovered = [
+        s
+        for s in measured.shards_moved
+        if s not in measured.rto_s and drill.spec.kind != "evacuate"
+    ]
     slow = sorted(s for s, rto_s in measured.rto_s.items() if rto_s > drill.spec.guards.max_rto_s)
     if drill.abort_reason is not None:
         phase, verdict, why = "aborted", "aborted", drill.abort_reason

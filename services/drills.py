@@ -207,9 +207,11 @@ class DrillDriver:
         restored = False
         canary_lost = None
         if drill.phase == "restoring":
-            # back in the placement, and every moved shard writable again (or out of time)
+            # back in the placement, and (a loss or a kill) every moved shard writable again,
+            # or out of time; an evacuate's shards were writable all along
             restored = await self._restore(drill) and (
-                all(s in runner.rto_s for s in drill.measurements.shards_moved)
+                drill.spec.kind == "evacuate"
+                or all(s in runner.rto_s for s in drill.measurements.shards_moved)
                 or self._clock.wall_ms() >= drill.created_at_ms + int(deadline_s(drill.spec) * 1000)
             )
             if restored:

@@ -142,6 +142,15 @@ def test_a_moved_shard_that_never_recovered_fails_the_drill() -> None:
     assert ended.verdict_reason == "moved shards [4, 7] never took a canary write again"
 
 
+def test_an_evacuate_restored_before_every_step_is_not_failed_for_shards_that_never_moved() -> None:
+    holding = injected(start("d1", spec(kind="evacuate"), T0), T0)
+    partly = replace(holding, measurements=replace(holding.measurements, rto_s={1: 0.4}))
+    restoring = advance(partly, Observation(now_ms=T0 + 10_000))
+    assert restoring is not None
+    ended = advance(restoring, Observation(now_ms=T0 + 11_000, restored=True, canary_lost=0))
+    assert ended is not None and ended.verdict == "passed"
+
+
 def test_a_moved_shard_slower_than_max_rto_after_the_hold_fails_the_drill() -> None:
     holding = injected(start("d1", spec(hold_s=2.0, guards=Guards(max_rto_s=5.0)), T0), T0)
     restoring = advance(holding, Observation(now_ms=T0 + 2_000))  # hold over before recovery
