@@ -24,9 +24,18 @@ from eventlog.conversations import ConversationLog
 from eventlog.node import LogNode
 from eventlog.replica import ReplicaStore
 from eventlog.stores import open_replica_store
+from regions.ops_state import OpsState
 from services.cluster_tls import client_ssl_context, node_tls
 from services.config import ClusterConfig, NodeSettings
 from services.controller import Controller
+from services.drill_faults import (
+    BlackHole,
+    BlackHoleTransport,
+    black_holed_replicas,
+    region_by_address,
+)
+from services.drill_load import LoadMeter
+from services.drills import DrillDriver
 from services.peer_probe import HttpPeerProber
 from services.replay.service import ReplayService
 from services.replay.wiring import open_replay_service
@@ -45,6 +54,7 @@ class NodeRuntime:
     readiness: Callable[[], tuple[int, int]]  # (shards placed here, shards led now)
     controller: Controller | None = None  # failure detection, placement, failover
     replay: ReplayService | None = None  # KV replay of conversations whose shards moved here
+    drills: DrillDriver | None = None  # drills, halt switch, audit log (services.drills)
 
 
 RuntimeFactory = Callable[[NodeSettings], AbstractAsyncContextManager[NodeRuntime]]
@@ -73,7 +83,12 @@ def build_log_node(
     return LogNode(region=settings.region, replicas=replicas, config=config, clock=clock, rng=rng)
 
 
-def peer_client(settings: NodeSettings) -> httpx.AsyncClient:
+def peer_client(
+    settings: NodeSettings,
+    wrap: Callable[[httpx.AsyncBaseTransport], httpx.AsyncBaseTransport] | None = None,
+) -> httpx.AsyncClient:
+    """The pooled client of probes, forwards and drill calls; ``wrap`` puts the drills'
+    black-hole (``services.drill_faults``) around its transport."""
     limits = httpx.Limits(
         max_connections=settings.forward_connections_max,
         max_keepalive_connections=settings.forward_connections_max,
@@ -81,7 +96,12 @@ def peer_client(settings: NodeSettings) -> httpx.AsyncClient:
     timeout_s = settings.max_deadline_ms / 1000  # each forward passes its own, shorter timeout
     tls = node_tls(settings)  # mutual TLS to peers' https listeners (services.cluster_tls)
     verify: ssl.SSLContext | bool = client_ssl_context(tls) if tls is not None else True
-    return httpx.AsyncClient(limits=limits, timeout=timeout_s, trust_env=False, verify=verify)
+    transport: httpx.AsyncBaseTransport = httpx.AsyncHTTPTransport(
+        limits=limits, trust_env=False, verify=verify
+    )
+    if wrap is not None:  # a drill's black-hole (services.drill_faults)
+        transport = wrap(transport)
+    return httpx.AsyncClient(transport=transport, timeout=timeout_s, trust_env=False)
 
 
 @asynccontextmanager
@@ -89,11 +109,25 @@ async def open_runtime(settings: NodeSettings) -> AsyncIterator[NodeRuntime]:
     cluster = settings.load_cluster()
     clock = SystemClock()
     rng = random.Random(int.from_bytes(os.urandom(8), "big"))
+    ops = OpsState()  # drills, halt, audit: folded from the control shard by the controller
+    hole = BlackHole(region=settings.region, ops=ops, clock=clock)
+    peer_urls = {r.name: r.url_from.get(settings.region, r.url) for r in cluster.regions}
+    peer_listener_urls = {r.name: r.peer_url_for(settings.region) for r in cluster.regions}
     async with AsyncExitStack() as stack:
-        replicas = await open_replica_stores(cluster, clock, stack, settings.region)
+        opened = await open_replica_stores(cluster, clock, stack, settings.region)
+        replicas = black_holed_replicas(opened, hole)
         node = build_log_node(settings, cluster, replicas, clock, rng)
         stack.push_async_callback(node.close)
-        peers = await stack.enter_async_context(peer_client(settings))
+        load = LoadMeter(clock)
+        node.add_listener(load)
+        peers = await stack.enter_async_context(
+            peer_client(
+                settings,
+                lambda inner: BlackHoleTransport(
+                    inner, hole, region_by_address(peer_urls, peer_listener_urls)
+                ),
+            )
+        )
         # Replay listens to the node before the controller leads anything (moves are seen).
         replay = await stack.enter_async_context(
             open_replay_service(
@@ -116,7 +150,7 @@ async def open_runtime(settings: NodeSettings) -> AsyncIterator[NodeRuntime]:
             replicas=replicas,
             prober=HttpPeerProber(
                 peers,
-                {r.name: r.peer_url_for(settings.region) for r in cluster.regions},
+                peer_listener_urls,
                 timeout_s=settings.probe_timeout_s,
                 peer_secret=cluster.peer_secret,
             ),
@@ -130,8 +164,23 @@ async def open_runtime(settings: NodeSettings) -> AsyncIterator[NodeRuntime]:
                 and region in controller.membership.suspects(clock.monotonic())
             )
         )
+        controller.record_listeners.append(ops.apply_entry)
+        drills = DrillDriver(
+            controller=controller,
+            node=node,
+            ops=ops,
+            replicas=replicas,
+            peers=peers,
+            peer_urls=peer_urls,
+            peer_secret=cluster.peer_secret,
+            load=load,
+            clock=clock,
+            region_append_capacity_per_s=settings.region_append_capacity_per_s,
+        )
         await controller.start()
         stack.push_async_callback(controller.close)
+        drills.start()
+        stack.push_async_callback(drills.close)
         yield NodeRuntime(
             settings.region,
             cluster,
@@ -142,4 +191,5 @@ async def open_runtime(settings: NodeSettings) -> AsyncIterator[NodeRuntime]:
             controller.readiness,
             controller,
             replay,
+            drills,
         )

@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -21,6 +21,9 @@ from services.replay.config import ReplayConfig
 
 RegionName = Annotated[str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9-]{0,62}$")]
 Sha256Hex = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]
+#: what a key may do: ``tenant`` (chat applications), ``operator`` (drills, evacuate/restore,
+#: halt, keys), ``viewer`` (read-only: regions, placement, drills, reports, audit)
+Role = Literal["tenant", "operator", "viewer"]
 
 
 def api_key_sha256(api_key: str) -> str:
@@ -56,6 +59,7 @@ class TenantConfig(BaseModel):
     api_key_sha256: Sha256Hex
     requests_per_s: float = Field(default=100.0, gt=0.0)
     burst: int = Field(default=200, ge=1)
+    role: Role = "tenant"
 
 
 class ClusterConfig(BaseModel):
@@ -69,6 +73,9 @@ class ClusterConfig(BaseModel):
     #: shared by the nodes: a forward carries it (X-Convplane-Peer-Auth) so the leader knows the
     #: entry node charged the tenant. Absent: no forward is trusted (each hop is charged).
     peer_secret: str | None = Field(default=None, min_length=32, max_length=256)
+    #: the plane was started by ``convplane up``, whose supervisor kills and restarts a region's
+    #: processes for ``kill`` drills (services.drill_supervisor); nothing else can
+    local_supervisor: bool = False
     #: engines per region, replay window, limits, Kafka, service key (services.replay.config)
     replay: ReplayConfig = Field(default_factory=ReplayConfig)
 
@@ -199,6 +206,9 @@ class NodeSettings(BaseSettings):
     failback_step_interval_s: float = Field(default=1.0, ge=0.0)
     #: a planned handoff waits at most this long for the old leader to stop first
     handoff_wait_s: float = Field(default=2.0, ge=0.0)
+    #: acknowledged appends per second one region sustains: a drill's preflight refuses when
+    #: the survivors of a region loss would need more (regions.drill_plan)
+    region_append_capacity_per_s: float = Field(default=2000.0, gt=0.0)
 
     @model_validator(mode="after")
     def _tls_all_or_none(self) -> NodeSettings:

@@ -28,7 +28,7 @@ import asyncio
 import functools
 import logging
 import random
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from eventlog.aio import bounded
@@ -99,6 +99,9 @@ class Controller:
         self.supervisor = Supervisor(clock=clock, rng=rng)
         #: what each peer's last health reply said of its own background loops
         self._peer_unhealthy_loops: dict[str, list[str]] = {}
+        #: called with every committed control entry, in lsn order, after the placement saw it
+        #: (services.drills folds drill, halt and audit records this way)
+        self.record_listeners: list[Callable[[LogEntry], None]] = []
 
     # --- lifecycle ------------------------------------------------------------------------
 
@@ -236,6 +239,8 @@ class Controller:
                     self.state.apply(entry.lsn, entry.event_type, entry.body)
                     if self.state.skipped_records > skipped:
                         log.warning("control record skipped: %s", self.state.last_skipped[-1])
+                    for listener in self.record_listeners:
+                        listener(entry)
             after = self.state.effective()
         if after.version != before.version:
             now_s = self._clock.monotonic()

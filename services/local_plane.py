@@ -6,10 +6,11 @@ kill one region alone. Databases are SQLite files (default) or local PostgreSQL 
 nodes read and ``<state-dir>/cluster.json`` describing the running plane (URLs, DSNs, pids and
 the tenants' API keys, in clear: it is a local development plane). With ``tls`` (the default)
 it makes a CA for the plane and a certificate per node (``<state-dir>/tls``): the nodes' peer
-listeners speak mutual TLS only. Both files and the SQLite
-replicas are written 0600, the state directory and each region's directory 0700 (0711 for the
-state directory with ``--postgres``: the ``postgres`` user must traverse it to its data). Two tenants: ``demo`` (a
-large quota) and ``demo-limited`` (a small one, to see 429s). The cluster file gets a fresh
+listeners speak mutual TLS only. Both files and the SQLite replicas are written 0600, the state
+directory and each region's directory 0700 (0711 for the state directory with ``--postgres``:
+the ``postgres`` user must traverse it to its data). Two tenants: ``demo`` (a large quota) and
+``demo-limited`` (a small one, to see 429s), and an operator key (``sre``,
+``operator_api_key``) for drills. The cluster file gets a fresh
 ``peer_secret`` each start (only forwards carrying it are trusted not to charge twice).
 """
 
@@ -49,6 +50,7 @@ from services.localpg import asyncpg_dsn
 REGION_NAMES = ("us-east", "eu-west", "ap-south", "us-west", "eu-north", "ap-east", "sa-east")
 DEMO_TENANT = "demo"
 LIMITED_TENANT = "demo-limited"
+OPERATOR_TENANT = "sre"  # the operator key: drills, evacuate/restore, halt
 LIMITED_REQUESTS_PER_S = 10.0
 LIMITED_BURST = 20
 READY_TIMEOUT_S = 60.0
@@ -69,7 +71,9 @@ class DbHandle(Protocol):
     dsn: str
     pid: int
 
-    def stop(self) -> Any: ...
+    def stop(self, mode: Any = ...) -> Any: ...
+
+    def start(self) -> Any: ...
 
 
 @dataclass
@@ -101,11 +105,15 @@ class LocalPlane:
     ready_timeout_s: float = READY_TIMEOUT_S
     api_key: str = field(default_factory=lambda: "cp_" + secrets.token_urlsafe(24))
     limited_api_key: str = field(default_factory=lambda: "cp_" + secrets.token_urlsafe(24))
+    operator_api_key: str = field(default_factory=lambda: "cp_" + secrets.token_urlsafe(24))
     members: list[RegionProcess] = field(default_factory=list)
     sim_engines: int = 0  # simulated inference engines per region (services.replay.local_engines)
     #: mutual TLS between the nodes under a CA generated for this plane (services.cluster_tls)
     tls: bool = True
     engines: Any = None  # SimEngines, when sim_engines > 0
+    #: this process stays and supervises the plane (``up`` without ``--detach``): it carries
+    #: out kill drills (``kill_region`` / ``restart_region``)
+    supervised: bool = False
 
     @property
     def cluster_file(self) -> Path:
@@ -148,9 +156,15 @@ class LocalPlane:
         return {
             "api_key": self.api_key,
             "tenant_id": DEMO_TENANT,
+            "operator_api_key": self.operator_api_key,
             "tenants": [
                 {"tenant_id": DEMO_TENANT, "api_key": self.api_key},
                 {"tenant_id": LIMITED_TENANT, "api_key": self.limited_api_key},
+                {
+                    "tenant_id": OPERATOR_TENANT,
+                    "api_key": self.operator_api_key,
+                    "role": "operator",
+                },
             ],
             **(self.engines.info() if self.engines is not None else {}),
             "cluster_file": str(self.cluster_file),
@@ -247,8 +261,14 @@ class LocalPlane:
                     requests_per_s=LIMITED_REQUESTS_PER_S,
                     burst=LIMITED_BURST,
                 ),
+                TenantConfig(
+                    tenant_id=OPERATOR_TENANT,
+                    api_key_sha256=api_key_sha256(self.operator_api_key),
+                    role="operator",
+                ),
             ],
             peer_secret=secrets.token_urlsafe(32),
+            local_supervisor=self.supervised,
         )
 
     async def _restrict_databases(self) -> None:
@@ -341,6 +361,33 @@ class LocalPlane:
                 m.exit_reported = True
                 exited.append((m.name, code))
         return exited
+
+    def kill_region(self, name: str) -> None:
+        """A kill drill's fault: SIGKILL the region's node; its PostgreSQL (if any) crashes too
+        (an immediate stop: no checkpoint, crash recovery at restart)."""
+        member = self._member(name)
+        if member.node is not None and member.node.poll() is None:
+            _signal(member.node, signal.SIGKILL)
+            member.node.wait(timeout=STOP_TIMEOUT_S)
+        member.exit_reported = True  # the drill did it: not an exit to report
+        if member.db is not None:
+            member.db.stop("immediate")
+
+    def restart_region(self, name: str) -> None:
+        """Start the region's database and node again (the end of a kill drill)."""
+        member = self._member(name)
+        if member.db is not None:
+            member.db.start()
+        if member.node is None or member.node.poll() is not None:
+            member.node = self._spawn_node(member)
+            member.exit_reported = False
+        write_private_json(self.info_file, self.info())
+
+    def _member(self, name: str) -> RegionProcess:
+        for member in self.members:
+            if member.name == name:
+                return member
+        raise PlaneError(f"no region {name!r} in this plane")
 
     def stop(self) -> None:
         """SIGTERM every node, SIGKILL those still running after STOP_TIMEOUT_S, stop DBs."""

@@ -13,6 +13,7 @@ from services.api.admission import NodeAdmission
 from services.api.auth import Tenants
 from services.api.context import ApiState
 from services.api.control_routes import control_router, peer_router
+from services.api.drill_routes import drill_peer_router, drill_router
 from services.api.errors import install_error_handlers
 from services.api.forwarding import Forwarder
 from services.api.metrics import Metrics
@@ -88,6 +89,7 @@ def create_app(settings: NodeSettings, *, runtime_factory: RuntimeFactory | None
             if runtime.controller is not None:
                 metrics.watch_loops(runtime.controller.supervisor)
                 metrics.watch_replicas(runtime.controller.node.identity)
+            app.state.drills = runtime.drills
             install_replay(app, metrics.registry, runtime.replay)
             admission.open(
                 settings=settings,
@@ -114,6 +116,8 @@ def create_app(settings: NodeSettings, *, runtime_factory: RuntimeFactory | None
     app.include_router(control_router)
     app.include_router(peer_router)
     app.include_router(replay_router)
+    app.include_router(drill_router)
+    app.include_router(drill_peer_router)
     app.add_middleware(
         EdgeMiddleware,
         region=settings.region,

@@ -21,6 +21,7 @@ from services.api.auth import Tenants
 from services.api.errors import ForwardFailed, OutcomeUnknown
 from services.api.forwarding import FORWARDED_HEADER, Forwarder
 from services.api.metrics import Metrics
+from services.api.roles import require_read_only_viewer
 from services.config import ClusterConfig, NodeSettings, TenantConfig
 
 T = TypeVar("T")
@@ -114,6 +115,7 @@ async def request_context(request: Request) -> RequestContext:
     tenant's quota, before any work)."""
     api = api_state(request)
     tenant = api.tenants.authenticate(request.headers.get("authorization"))
+    require_read_only_viewer(tenant, request.method)
     forwarded = request.headers.get(FORWARDED_HEADER) is not None
     deadline_s = _deadline_s(api, request)
     return RequestContext(api, request, tenant, deadline_s, forwarded)

@@ -8,8 +8,8 @@
   last warmed for it (``services.replay.routes.affinity_body``), null when none is known;
   ``model_revision`` and ``cache_salt``: what the next turn must send to hit replay's KV.
 * ``POST /v1/admin/regions/{name}/evacuate|restore``: operator moves, committed by the control
-  leader (other nodes forward there). **Admin is any authenticated tenant for now**: there are
-  no operator roles yet.
+  leader (other nodes forward there); operator keys only (``services.api.roles``), each one
+  recorded in the audit log.
 * ``GET /peer/health``, ``GET /peer/placement``: what nodes ask each other. When the cluster
   file has a ``peer_secret`` they need it in ``X-Convplane-Peer-Auth`` (401 otherwise): a probe
   reply steers failure detection, so only nodes may give one.
@@ -28,6 +28,7 @@ from services.api import schemas
 from services.api.context import RequestContext, request_context
 from services.api.forwarding import PEER_AUTH_HEADER
 from services.api.openapi import CHAT_APPS, OPERATORS, PEERS, errors
+from services.api.roles import OPERATOR_ROLES, require_role
 from services.controller import Controller
 from services.replay.routes import affinity_body, live_request_fields
 
@@ -119,16 +120,21 @@ async def get_route(ctx: Context, conversation_id: ConversationIdPath) -> Any:
 async def region_action(
     ctx: Context, name: RegionPath, action: Literal["evacuate", "restore"]
 ) -> Any:
-    """An operator move: `evacuate` moves the region's shards away (planned handoff, no acked
-    loss), `restore` lets them come back. Committed by the control shard's leader (other nodes
-    forward there); answers the new placement. 404: no such region; 409: the move would leave
-    no region to lead shards."""
+    """An operator move (operator keys only): `evacuate` moves the region's shards away
+    (planned handoff, no acked loss), `restore` lets them come back. Committed by the control
+    shard's leader (other nodes forward there), recorded in the audit log; answers the new
+    placement. 404: no such region; 409: the move would leave no region to lead shards."""
+    require_role(ctx.tenant, OPERATOR_ROLES)
     controller = _controller(ctx.request)
     if name not in {r.name for r in controller.cluster.regions}:
         raise NotFound(f"no region {name!r}")
+    drills = getattr(ctx.request.app.state, "drills", None)
 
     async def act() -> dict[str, Any]:
         await controller.operator(action, name)
+        if drills is not None:
+            who, role = ctx.tenant.tenant_id, ctx.tenant.role
+            await drills.audit(who, role, f"region.{action}", name, "operator request", {})
         return _placement_body(controller)
 
     return await ctx.run(act, is_write=True)

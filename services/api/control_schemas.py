@@ -34,6 +34,16 @@ class RegionView(BaseModel):
     suspected_by: list[str] = Field(description="regions that suspect it now")
     evacuated: bool
     shards_assigned: int
+    unhealthy_loops: list[str] = Field(
+        default_factory=list,
+        description="background loops of that region's node that stopped or crash-loop "
+        "(as last heard)",
+    )
+    replica: Literal["admitted", "quarantined", "unknown"] = Field(
+        default="unknown",
+        description="whether its replica counts: quarantined when its database is not the one "
+        "the cluster knows (lost or re-created) until `convplane replica rebuild`",
+    )
 
 
 class Regions(BaseModel):
@@ -111,6 +121,7 @@ class PeerHealth(BaseModel):
     led_shards: list[int]
     placement_version: int
     control_leader: str
+    unhealthy_loops: list[str] = Field(default_factory=list)
 
 
 class ReplayStatus(BaseModel):

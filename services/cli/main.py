@@ -21,6 +21,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "services.cli.sim",
     "services.cli.worker",
     "services.cli.replica",
+    "services.cli.drill",
 )
 
 

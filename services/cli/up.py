@@ -19,6 +19,12 @@ if TYPE_CHECKING:
     from services.local_plane import LocalPlane
 
 SUPERVISE_POLL_S = 0.5
+DEMO_DRILL_HOLD_S = 5.0
+#: the demo's plane: few shards, so its drill's failover is quick on a small machine
+DEMO_SHARD_COUNT = 16
+#: the demo drill's error-ratio guard, looser than the default (0.2): three nodes sharing SQLite
+#: files on one laptop lose some writes on shards that do not move while a failover runs
+DEMO_MAX_ERROR_RATIO = 0.5
 
 
 def up(
@@ -54,6 +60,7 @@ def up(
         shard_count=shard_count,
         sim_engines=sim_engines,
         tls=tls,
+        supervised=not detach,
     )
     stop = _stop_on_signals()
     try:
@@ -68,12 +75,31 @@ def up(
         console.print(f"detached; stop it with: convplane down --state-dir {state_dir}")
         return
     try:
-        while not stop.wait(SUPERVISE_POLL_S):
-            for name, code in plane.exited_nodes():
-                console.print(f"[yellow]node {name} exited with code {code}[/yellow]")
+        _supervise(console, plane, info, stop)
     finally:
         console.print("stopping the plane ...")
         plane.stop()
+
+
+def _supervise(
+    console: Console, plane: LocalPlane, info: dict[str, Any], stop: threading.Event
+) -> None:
+    """Report exited nodes and carry out kill drills until stopped."""
+    import httpx
+
+    from services.drill_supervisor import KillDrills
+    from services.local_plane import PlaneError
+
+    kill_drills = KillDrills(plane, [r["url"] for r in info["regions"]], info["operator_api_key"])
+    with httpx.Client(trust_env=False) as client:
+        while not stop.wait(SUPERVISE_POLL_S):
+            for name, code in plane.exited_nodes():
+                console.print(f"[yellow]node {name} exited with code {code}[/yellow]")
+            try:
+                for line in kill_drills.poll(client):
+                    console.print(line)
+            except (PlaneError, OSError, RuntimeError) as exc:  # a restart that failed
+                console.print(f"[red]kill drill: {exc}[/red]")
 
 
 def down(
@@ -96,14 +122,20 @@ def demo(
         Path | None, typer.Option(help="keep the plane's files here (default: a temp dir)")
     ] = None,
 ) -> None:
-    """Start a plane, write a conversation with a tool call, show acks and transcript, stop."""
+    """Start a plane, write a conversation with a tool call, show acks and transcript, run a
+    short region-loss drill and show its summary, stop."""
     from rich.console import Console
 
     from services.local_plane import LocalPlane, PlaneError
 
     console = Console()
     with tempfile.TemporaryDirectory(prefix="convplane-demo-") as tmp:
-        plane = LocalPlane(regions=regions, state_dir=state_dir or Path(tmp), base_port=0)
+        plane = LocalPlane(
+            regions=regions,
+            state_dir=state_dir or Path(tmp),
+            base_port=0,
+            shard_count=DEMO_SHARD_COUNT,
+        )
         console.print(f"starting {regions} regions (SQLite replicas) ...")
         try:
             info = plane.start()
@@ -113,6 +145,7 @@ def demo(
         try:
             _print_plane(console, info, plane.info_file)
             _run_demo(console, plane, info)
+            _run_demo_drill(console, info)
         finally:
             plane.stop()
     console.print("plane stopped.")
@@ -179,6 +212,25 @@ def _run_demo(console: Console, plane: LocalPlane, info: dict[str, Any]) -> None
             )  # fmt: skip
         console.print(acks)
         _print_transcript(console, client, cid, attempt_id)
+
+
+def _run_demo_drill(console: Console, info: dict[str, Any]) -> None:
+    """A short region-loss drill of the last region: a failover in the first minute."""
+    from regions.drill_report import summary_lines
+    from services.cli.drill import Api, drill_body, watch
+
+    region = info["regions"][-1]["name"]
+    api = Api([r["url"] for r in info["regions"]], info["operator_api_key"])
+    body = drill_body("region-loss", region, DEMO_DRILL_HOLD_S, "demo", False, None,
+                      DEMO_MAX_ERROR_RATIO, None, dry_run=False)  # fmt: skip
+    drill = api.call("POST", "/v1/drills", body)
+    console.print(
+        f"\n[bold]region-loss drill[/bold] {drill['drill_id']}: {region} black-holed at every "
+        f"node for {DEMO_DRILL_HOLD_S:g}s; its {drill['shards_moved']} shards fail over"
+    )
+    report = watch(api, drill["drill_id"], DEMO_DRILL_HOLD_S, echo=console.print)
+    for line in summary_lines(report):
+        console.print(line)
 
 
 def _print_transcript(console: Console, client: httpx.Client, cid: str, attempt_id: str) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -93,5 +94,12 @@ def test_demo_runs_and_exits_zero(tmp_path: Path) -> None:
     assert "tool attempt" in out and "committed" in out
     assert "plane stopped." in out
     assert "true" in out  # the idempotent retry was replayed
+    # it ends with a short region-loss drill of the last region and its summary
+    # (its verdict is the plane's under this machine's load; tests/e2e/test_drills.py holds
+    # drills to passing)
+    assert "region-loss drill" in out and re.search(
+        r"region-loss of ap-south -> (passed|failed|aborted) \(", out
+    ), out
+    assert "RTO p50" in out and "canary events acked" in out
     info = json.loads((tmp_path / "demo" / "cluster.json").read_text())
     assert all(_wait_exit(r["node_pid"]) for r in info["regions"])

@@ -1,0 +1,95 @@
+"""A drill's report: the numbers an SRE reads after a drill, from its record alone. Pure.
+
+Every drill has one, aborted and unfinished ones included (``verdict`` is null while it runs).
+RTO of a moved shard is the time from injection to its first acknowledged canary write served
+by another region; RPO is the count of acknowledged canary events not found when every canary
+conversation is read back after the restore (it must be 0).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+from regions.drills import Drill
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """Nearest-rank percentile (``q`` in [0, 1]); None for no values."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    rank = max(1, math.ceil(q * len(ordered)))
+    return ordered[rank - 1]
+
+
+def iso(ms: int | None) -> str | None:
+    if ms is None:
+        return None
+    return datetime.fromtimestamp(ms / 1000, tz=UTC).isoformat(timespec="milliseconds")
+
+
+def report(drill: Drill) -> dict[str, Any]:
+    m = drill.measurements
+    rtos = list(m.rto_s.values())
+    unrecovered = [s for s in m.shards_moved if s not in m.rto_s]
+    return {
+        "drill_id": drill.drill_id,
+        "kind": drill.spec.kind,
+        "region": drill.spec.region,
+        "phase": drill.phase,
+        "verdict": drill.verdict,
+        "verdict_reason": drill.verdict_reason,
+        "reason": drill.spec.reason,
+        "requested_by": drill.spec.requested_by,
+        "hold_s": drill.spec.hold_s,
+        "guards": drill.spec.guards.to_body(),
+        "started_at": iso(drill.created_at_ms),
+        "injected_at": iso(drill.injected_at_ms),
+        "ended_at": iso(drill.ended_at_ms),
+        "shards_moved": len(m.shards_moved),
+        "shards_recovered": len(rtos),
+        "shards_unrecovered": unrecovered,
+        "rto_p50_s": percentile(rtos, 0.5),
+        "rto_p99_s": percentile(rtos, 0.99),
+        "rto_max_s": max(rtos) if rtos else None,
+        "rto_by_shard_s": {str(s): v for s, v in sorted(m.rto_s.items())},
+        "canary_acked": sum(m.canary_acked.values()),
+        "canary_errors": m.canary_errors,
+        "canary_lost": m.canary_lost,
+        "guards_tripped": [g.to_body() for g in drill.guards_tripped],
+        "abort_reason": drill.abort_reason,
+        "placement_versions": dict(m.placement_versions),
+        "series": [
+            {"t_s": t, "acked": acked, "errors": errors, "ack_p99_ms": p99}
+            for t, acked, errors, p99 in m.series
+        ],
+        "live_appends_per_s": [{"t_s": t, "appends_per_s": rate} for t, rate in m.live_appends],
+        "timeline": [
+            {"phase": phase, "at": iso(at_ms), "at_ms": at_ms, "note": note}
+            for phase, at_ms, note in drill.timeline
+        ],
+    }
+
+
+def summary_lines(body: dict[str, Any]) -> list[str]:
+    """A few lines for a terminal (``convplane drill report``, ``convplane demo``)."""
+
+    def seconds(value: Any) -> str:
+        return "-" if value is None else f"{value:.2f}s"
+
+    return [
+        f"drill {body['drill_id']}: {body['kind']} of {body['region']} -> "
+        f"{body['verdict'] or body['phase']} ({body['verdict_reason'] or 'running'})",
+        f"  shards moved {body['shards_moved']}, recovered {body['shards_recovered']}; "
+        f"RTO p50 {seconds(body['rto_p50_s'])} p99 {seconds(body['rto_p99_s'])} "
+        f"max {seconds(body['rto_max_s'])}",
+        f"  canary events acked {body['canary_acked']}, errors {body['canary_errors']}, "
+        f"lost {'-' if body['canary_lost'] is None else body['canary_lost']}",
+        *(
+            f"  guard tripped: {g['guard']} measured {g['measured']:.3g} > {g['limit']:.3g}"
+            for g in body["guards_tripped"]
+        ),
+    ]

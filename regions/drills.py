@@ -1,0 +1,430 @@
+"""Regional drills: what a drill is, and how it moves from phase to phase. Pure: no I/O, no clock.
+
+A drill is a record in the control shard (``regions.ops_state``), rewritten whole at every step,
+so whichever node leads the control shard can pick it up where the last one left it::
+
+    planned -> preflight -> injecting -> holding -> restoring -> done | aborted | failed
+
+* **planned, preflight** happen inside the request that starts the drill: ``preflight`` must
+  pass (every region up, no other drill, halt off, capacity for the loss) before the drill is
+  committed at all, so a refused drill changes nothing. The first record is ``injecting``, with
+  the two earlier phases in its timeline.
+* **injecting**: the driver puts the fault in place (``evacuate``: an evacuate record;
+  ``region-loss``: the record itself is the fault, every node black-holes the target while the
+  drill is injecting or holding) and stamps ``injected_at_ms``.
+* **holding** until ``injected_at_ms + hold_s``. Guards are checked on every step while
+  injecting and holding; a tripped guard, an operator abort or the halt switch go straight to
+  restoring with the verdict ``aborted``.
+* **restoring**: the target is given back (restore record, black-hole lifted by the phase
+  change); once the placement no longer excludes it, every moved shard took a canary write
+  again (or the deadline passed) and the canaries were read back, the drill ends: ``done`` (verdict ``passed``, or ``failed`` when a canary was lost or the restore
+  overran ``hold_s + restore_grace_s``) or ``aborted``.
+
+``advance`` is the whole state machine: the driver (``services.drills``) observes the world,
+calls it, commits what it returns and carries out the phase's action.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal, cast, get_args
+
+from eventlog.errors import InvalidRequest
+
+DrillKind = Literal["evacuate", "region-loss", "kill"]
+Phase = Literal[
+    "planned", "preflight", "injecting", "holding", "restoring", "done", "aborted", "failed"
+]
+Verdict = Literal["passed", "failed", "aborted"]
+KINDS: tuple[DrillKind, ...] = get_args(DrillKind)
+TERMINAL: frozenset[Phase] = frozenset({"done", "aborted", "failed"})
+#: phases during which a region-loss drill black-holes its target at every node
+FAULT_PHASES: frozenset[Phase] = frozenset({"injecting", "holding"})
+
+HOLD_S_MAX = 3600.0
+REASON_CHARS_MAX = 500
+#: the most timeline entries and series points one drill record keeps
+TIMELINE_MAX = 64
+SERIES_POINTS_MAX = 600
+#: a drill must have restored its target this long after its hold ended, or it fails
+RESTORE_GRACE_S = 30.0
+
+
+@dataclass(frozen=True, slots=True)
+class Guards:
+    """Stop conditions, checked while injecting and holding."""
+
+    #: a moved shard not writable (no acknowledged canary) this long after injection
+    max_rto_s: float = 10.0
+    #: failed canary writes over all canary writes to shards that should be serving, in the
+    #: sliding window (a moved shard counts only once it recovered)
+    max_error_ratio: float = 0.2
+    #: p99 acknowledgment latency of canary writes in the sliding window
+    max_ack_p99_ms: float = 2000.0
+
+    @classmethod
+    def from_body(cls, body: Mapping[str, Any] | None) -> Guards:
+        body = dict(body or {})
+        unknown = set(body) - {"max_rto_s", "max_error_ratio", "max_ack_p99_ms"}
+        if unknown:
+            raise InvalidRequest(f"unknown guards {sorted(unknown)}")
+        guards = cls(**{k: float(v) for k, v in body.items()})
+        if not (0 < guards.max_rto_s <= HOLD_S_MAX and 0 <= guards.max_error_ratio <= 1):
+            raise InvalidRequest("guards: max_rto_s in (0, 3600], max_error_ratio in [0, 1]")
+        if not 0 < guards.max_ack_p99_ms <= 600_000:
+            raise InvalidRequest("guards: max_ack_p99_ms in (0, 600000]")
+        return guards
+
+    def to_body(self) -> dict[str, float]:
+        return {
+            "max_rto_s": self.max_rto_s,
+            "max_error_ratio": self.max_error_ratio,
+            "max_ack_p99_ms": self.max_ack_p99_ms,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class DrillSpec:
+    kind: DrillKind
+    region: str
+    hold_s: float
+    reason: str
+    guards: Guards = field(default_factory=Guards)
+    force: bool = False
+    #: who asked: the key's tenant and role
+    requested_by: str = ""
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise InvalidRequest(f"kind must be one of {list(KINDS)}")
+        if not 0 < self.hold_s <= HOLD_S_MAX:
+            raise InvalidRequest(f"hold_s must be in (0, {HOLD_S_MAX:g}]")
+        if not self.reason.strip() or len(self.reason) > REASON_CHARS_MAX:
+            raise InvalidRequest(f"reason is required, at most {REASON_CHARS_MAX} characters")
+
+    def to_body(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "region": self.region,
+            "hold_s": self.hold_s,
+            "reason": self.reason,
+            "guards": self.guards.to_body(),
+            "force": self.force,
+            "requested_by": self.requested_by,
+        }
+
+    @classmethod
+    def from_body(cls, body: Mapping[str, Any]) -> DrillSpec:
+        return cls(
+            kind=cast(DrillKind, str(body["kind"])),
+            region=str(body["region"]),
+            hold_s=float(body["hold_s"]),
+            reason=str(body["reason"]),
+            guards=Guards.from_body(body.get("guards")),
+            force=bool(body.get("force", False)),
+            requested_by=str(body.get("requested_by", "")),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class GuardTrip:
+    guard: str
+    measured: float
+    limit: float
+
+    def to_body(self) -> dict[str, Any]:
+        return {"guard": self.guard, "measured": self.measured, "limit": self.limit}
+
+
+@dataclass(frozen=True, slots=True)
+class Measurements:
+    """What the canaries measured so far (persisted in the drill record, so a new control
+    leader continues from it)."""
+
+    #: shards the fault moved away from the target
+    shards_moved: tuple[int, ...] = ()
+    #: moved shard -> seconds from injection to its first acknowledged canary elsewhere
+    rto_s: Mapping[int, float] = field(default_factory=dict)
+    #: shard -> how many canary events of this drill were acknowledged on it
+    canary_acked: Mapping[int, int] = field(default_factory=dict)
+    canary_errors: int = 0
+    #: acknowledged canary events not found when read back after restore (None: not yet read)
+    canary_lost: int | None = None
+    #: (seconds since the drill started, acked, errors, ack p99 ms) per sample interval
+    series: tuple[tuple[float, int, int, float], ...] = ()
+    #: (seconds since the drill started, live acknowledged appends per second over the plane,
+    #: from the nodes' own counters), one per progress record
+    live_appends: tuple[tuple[float, float], ...] = ()
+    #: placement versions: before the fault, during it (highest seen), after restore
+    placement_versions: Mapping[str, int] = field(default_factory=dict)
+
+    def to_body(self) -> dict[str, Any]:
+        return {
+            "shards_moved": list(self.shards_moved),
+            "rto_s": {str(s): v for s, v in sorted(self.rto_s.items())},
+            "canary_acked": {str(s): n for s, n in sorted(self.canary_acked.items())},
+            "canary_errors": self.canary_errors,
+            "canary_lost": self.canary_lost,
+            "series": [list(p) for p in self.series[-SERIES_POINTS_MAX:]],
+            "live_appends": [list(p) for p in self.live_appends[-SERIES_POINTS_MAX:]],
+            "placement_versions": dict(self.placement_versions),
+        }
+
+    @classmethod
+    def from_body(cls, body: Mapping[str, Any]) -> Measurements:
+        lost = body.get("canary_lost")
+        return cls(
+            shards_moved=tuple(int(s) for s in body.get("shards_moved", ())),
+            rto_s={int(s): float(v) for s, v in body.get("rto_s", {}).items()},
+            canary_acked={int(s): int(n) for s, n in body.get("canary_acked", {}).items()},
+            canary_errors=int(body.get("canary_errors", 0)),
+            canary_lost=None if lost is None else int(lost),
+            series=tuple(
+                (float(p[0]), int(p[1]), int(p[2]), float(p[3])) for p in body.get("series", ())
+            ),
+            live_appends=tuple((float(p[0]), float(p[1])) for p in body.get("live_appends", ())),
+            placement_versions={
+                str(k): int(v) for k, v in body.get("placement_versions", {}).items()
+            },
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Drill:
+    drill_id: str
+    #: revision: a drill record applies only on top of revision ``rev - 1`` (a stale or
+    #: duplicate record from a deposed control leader is a recorded no-op)
+    rev: int
+    spec: DrillSpec
+    phase: Phase
+    #: (phase, wall ms, note)
+    timeline: tuple[tuple[str, int, str], ...]
+    created_at_ms: int
+    injected_at_ms: int | None = None
+    restore_started_at_ms: int | None = None
+    ended_at_ms: int | None = None
+    #: why the drill is being aborted (operator abort, halt, guard), None while it is not
+    abort_reason: str | None = None
+    guards_tripped: tuple[GuardTrip, ...] = ()
+    verdict: Verdict | None = None
+    verdict_reason: str = ""
+    measurements: Measurements = field(default_factory=Measurements)
+
+    @property
+    def active(self) -> bool:
+        return self.phase not in TERMINAL
+
+    def fault_active(self, now_ms: int) -> bool:
+        """Whether a region-loss drill black-holes its target now. Bounded by the drill's own
+        deadline too: a target cut off from the control shard still lets go in time."""
+        if self.spec.kind != "region-loss" or self.phase not in FAULT_PHASES:
+            return False
+        return now_ms < self.created_at_ms + int(deadline_s(self.spec) * 1000)
+
+    def to_body(self) -> dict[str, Any]:
+        return {
+            "drill_id": self.drill_id,
+            "rev": self.rev,
+            "spec": self.spec.to_body(),
+            "phase": self.phase,
+            "timeline": [list(t) for t in self.timeline],
+            "created_at_ms": self.created_at_ms,
+            "injected_at_ms": self.injected_at_ms,
+            "restore_started_at_ms": self.restore_started_at_ms,
+            "ended_at_ms": self.ended_at_ms,
+            "abort_reason": self.abort_reason,
+            "guards_tripped": [g.to_body() for g in self.guards_tripped],
+            "verdict": self.verdict,
+            "verdict_reason": self.verdict_reason,
+            "measurements": self.measurements.to_body(),
+        }
+
+    @classmethod
+    def from_body(cls, body: Mapping[str, Any]) -> Drill:
+        phase = str(body["phase"])
+        if phase not in get_args(Phase):
+            raise ValueError(f"unknown phase {phase!r}")
+        verdict = body.get("verdict")
+        if verdict is not None and verdict not in get_args(Verdict):
+            raise ValueError(f"unknown verdict {verdict!r}")
+
+        def optional_int(key: str) -> int | None:
+            value = body.get(key)
+            return None if value is None else int(value)
+
+        return cls(
+            drill_id=str(body["drill_id"]),
+            rev=int(body["rev"]),
+            spec=DrillSpec.from_body(body["spec"]),
+            phase=cast(Phase, phase),
+            timeline=tuple((str(t[0]), int(t[1]), str(t[2])) for t in body.get("timeline", ())),
+            created_at_ms=int(body["created_at_ms"]),
+            injected_at_ms=optional_int("injected_at_ms"),
+            restore_started_at_ms=optional_int("restore_started_at_ms"),
+            ended_at_ms=optional_int("ended_at_ms"),
+            abort_reason=body.get("abort_reason"),
+            guards_tripped=tuple(
+                GuardTrip(str(g["guard"]), float(g["measured"]), float(g["limit"]))
+                for g in body.get("guards_tripped", ())
+            ),
+            verdict=cast(Verdict | None, verdict),
+            verdict_reason=str(body.get("verdict_reason", "")),
+            measurements=Measurements.from_body(body.get("measurements", {})),
+        )
+
+
+def deadline_s(spec: DrillSpec) -> float:
+    """From creation, the longest a drill may take before its target must be back: the hold
+    plus the stated grace for injecting and restoring."""
+    return spec.hold_s + RESTORE_GRACE_S
+
+
+# --- the state machine -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Observation:
+    """What the driver saw this step."""
+
+    now_ms: int
+    halt_on: bool = False
+    #: the fault is in place (evacuate committed; for region-loss: the injecting record is)
+    injected: bool = False
+    #: when the fault took effect, when known better than "now" (region-loss: the injecting
+    #: record's commit, which every node acts on)
+    injected_at_ms: int | None = None
+    #: shards the fault moved (known once injected)
+    shards_moved: tuple[int, ...] = ()
+    #: sliding-window canary numbers (None: too few samples to judge)
+    error_ratio: float | None = None
+    ack_p99_ms: float | None = None
+    #: the placement no longer excludes the target and the target is up
+    restored: bool = False
+    #: canary events lost after the read-back (None: not read back yet)
+    canary_lost: int | None = None
+
+
+def start(drill_id: str, spec: DrillSpec, now_ms: int) -> Drill:
+    """The first record of a drill that passed preflight."""
+    return Drill(
+        drill_id=drill_id,
+        rev=1,
+        spec=spec,
+        phase="injecting",
+        timeline=(
+            ("planned", now_ms, spec.reason[:100]),
+            ("preflight", now_ms, "passed" + (" (capacity check forced)" if spec.force else "")),
+            ("injecting", now_ms, ""),
+        ),
+        created_at_ms=now_ms,
+    )
+
+
+def request_abort(drill: Drill, reason: str, now_ms: int) -> Drill | None:
+    """An operator abort or the halt switch: go to restoring at once (None: nothing to do)."""
+    if drill.phase in TERMINAL or drill.phase == "restoring":
+        return None
+    return _to_restoring(drill, now_ms, abort_reason=reason)
+
+
+def advance(drill: Drill, obs: Observation) -> Drill | None:
+    """The drill's next record given what the driver observed, or None when nothing changes."""
+    if drill.phase in TERMINAL:
+        return None
+    now_ms = obs.now_ms
+    if drill.phase in FAULT_PHASES:
+        if obs.halt_on:
+            return _to_restoring(drill, now_ms, abort_reason="halt switch on")
+        trips = check_guards(drill, obs)
+        if trips:
+            tripped = replace(drill, guards_tripped=drill.guards_tripped + tuple(trips))
+            names = ", ".join(t.guard for t in trips)
+            return _to_restoring(tripped, now_ms, abort_reason=f"guard tripped: {names}")
+        if now_ms >= drill.created_at_ms + int(deadline_s(drill.spec) * 1000):
+            return _to_restoring(
+                drill, now_ms, abort_reason="deadline passed before the hold ended"
+            )
+    if drill.phase == "injecting":
+        if not obs.injected:
+            return None
+        moved = obs.shards_moved or drill.measurements.shards_moved
+        measured = replace(drill.measurements, shards_moved=tuple(sorted(moved)))
+        return _bump(
+            replace(drill, injected_at_ms=obs.injected_at_ms or now_ms, measurements=measured),
+            "holding",
+            now_ms,
+            f"{len(obs.shards_moved)} shards moved",
+        )
+    if drill.phase == "holding":
+        assert drill.injected_at_ms is not None
+        if now_ms >= drill.injected_at_ms + int(drill.spec.hold_s * 1000):
+            return _to_restoring(drill, now_ms, abort_reason=None)
+        return None
+    # restoring
+    if not obs.restored or obs.canary_lost is None:
+        return None
+    return _finish(drill, obs.canary_lost, now_ms)
+
+
+def check_guards(drill: Drill, obs: Observation) -> list[GuardTrip]:
+    guards = drill.spec.guards
+    trips: list[GuardTrip] = []
+    if drill.injected_at_ms is not None:
+        waited_s = (obs.now_ms - drill.injected_at_ms) / 1000
+        pending = [s for s in drill.measurements.shards_moved if s not in drill.measurements.rto_s]
+        if pending and waited_s > guards.max_rto_s:
+            trips.append(GuardTrip("max_rto_s", waited_s, guards.max_rto_s))
+    if obs.error_ratio is not None and obs.error_ratio > guards.max_error_ratio:
+        trips.append(GuardTrip("max_error_ratio", obs.error_ratio, guards.max_error_ratio))
+    if obs.ack_p99_ms is not None and obs.ack_p99_ms > guards.max_ack_p99_ms:
+        trips.append(GuardTrip("max_ack_p99_ms", obs.ack_p99_ms, guards.max_ack_p99_ms))
+    return trips
+
+
+def with_measurements(drill: Drill, measurements: Measurements) -> Drill:
+    """A progress record: the same phase with newer canary numbers."""
+    return replace(drill, rev=drill.rev + 1, measurements=measurements)
+
+
+def _bump(drill: Drill, phase: Phase, now_ms: int, note: str) -> Drill:
+    timeline = (*drill.timeline, (phase, now_ms, note))[-TIMELINE_MAX:]
+    return replace(drill, rev=drill.rev + 1, phase=phase, timeline=timeline)
+
+
+def _to_restoring(drill: Drill, now_ms: int, *, abort_reason: str | None) -> Drill:
+    restoring = replace(drill, restore_started_at_ms=now_ms, abort_reason=abort_reason)
+    return _bump(restoring, "restoring", now_ms, abort_reason or "hold over")
+
+
+def _finish(drill: Drill, canary_lost: int, now_ms: int) -> Drill:
+    measured = replace(drill.measurements, canary_lost=canary_lost)
+    overran_ms = now_ms - (drill.created_at_ms + int(deadline_s(drill.spec) * 1000))
+    phase: Phase
+    verdict: Verdict
+    # an evacuate moves shards in steps: one restored before its step never moved at all
+    unrecovered = [
+        s
+        for s in measured.shards_moved
+        if s not in measured.rto_s and drill.spec.kind != "evacuate"
+    ]
+    slow = sorted(s for s, rto_s in measured.rto_s.items() if rto_s > drill.spec.guards.max_rto_s)
+    if drill.abort_reason is not None:
+        phase, verdict, why = "aborted", "aborted", drill.abort_reason
+    elif unrecovered:
+        phase, verdict = "failed", "failed"
+        why = f"moved shards {unrecovered} never took a canary write again"
+    elif slow:
+        phase, verdict = "failed", "failed"
+        why = f"moved shards {slow} took longer than max_rto_s to take a canary write"
+    elif canary_lost > 0:
+        phase, verdict, why = "failed", "failed", f"{canary_lost} acknowledged canary events lost"
+    elif overran_ms > 0:
+        phase, verdict = "failed", "failed"
+        why = f"restore finished {overran_ms / 1000:.1f}s past hold_s + {RESTORE_GRACE_S:g}s"
+    else:
+        phase, verdict, why = "done", "passed", "restored, no acknowledged canary lost"
+    ended = replace(
+        drill, measurements=measured, ended_at_ms=now_ms, verdict=verdict, verdict_reason=why
+    )
+    return _bump(ended, phase, now_ms, why)

@@ -1,0 +1,178 @@
+"""Operator state in the control shard: drills, the halt switch and the audit log. Pure.
+
+Three record kinds live beside ``control.placement`` in the control shard and are folded here in
+lsn order by every node (``services.controller`` hands each committed control entry to
+``OpsState.apply``):
+
+* ``control.drill``: a whole drill (``regions.drills.Drill``). It applies only on top of the
+  revision it names as its predecessor (``rev - 1``; ``rev == 1`` for a new drill), so a stale
+  or duplicate record (a deposed control leader's, a retried append's) is a recorded no-op.
+* ``control.halt``: ``{"on": bool, "reason", "by", "at_ms"}``; the last one wins.
+* ``control.audit``: ``{"at_ms", "by", "role", "action", "target", "reason", "detail"}``, one per
+  operator action; the entry's lsn is its cursor for paging.
+
+Records come from the log, i.e. from outside this process: a malformed one is counted and
+skipped, never trusted to uphold an invariant.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections import OrderedDict, deque
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from eventlog.model import LogEntry
+from regions.drills import Drill
+
+DRILL_RECORD = "control.drill"
+HALT_RECORD = "control.halt"
+AUDIT_RECORD = "control.audit"
+OPS_RECORDS = frozenset({DRILL_RECORD, HALT_RECORD, AUDIT_RECORD})
+
+#: drills kept in memory (the oldest finished ones are forgotten first)
+DRILLS_KEPT_MAX = 200
+#: audit entries kept in memory for GET /v1/audit
+AUDIT_KEPT_MAX = 10_000
+AUDIT_FIELD_CHARS_MAX = 500
+
+log = logging.getLogger("convplane.ops")
+
+
+@dataclass(frozen=True, slots=True)
+class Halt:
+    on: bool
+    reason: str
+    by: str
+    at_ms: int
+
+    def to_body(self) -> dict[str, Any]:
+        return {"on": self.on, "reason": self.reason, "by": self.by, "at_ms": self.at_ms}
+
+
+@dataclass(frozen=True, slots=True)
+class AuditEntry:
+    lsn: int
+    at_ms: int
+    by: str
+    role: str
+    action: str
+    target: str
+    reason: str
+    detail: Mapping[str, Any]
+
+    def to_body(self) -> dict[str, Any]:
+        return {
+            "cursor": self.lsn,
+            "at_ms": self.at_ms,
+            "by": self.by,
+            "role": self.role,
+            "action": self.action,
+            "target": self.target,
+            "reason": self.reason,
+            "detail": dict(self.detail),
+        }
+
+
+def audit_body(
+    *,
+    at_ms: int,
+    by: str,
+    role: str,
+    action: str,
+    target: str,
+    reason: str,
+    detail: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    cut = AUDIT_FIELD_CHARS_MAX
+    return {
+        "at_ms": at_ms,
+        "by": by[:cut],
+        "role": role[:cut],
+        "action": action[:cut],
+        "target": target[:cut],
+        "reason": reason[:cut],
+        "detail": dict(detail or {}),
+    }
+
+
+class OpsState:
+    """Drills, halt switch and audit log as committed in the control shard."""
+
+    def __init__(self) -> None:
+        self.drills: OrderedDict[str, Drill] = OrderedDict()
+        self.halt = Halt(on=False, reason="", by="", at_ms=0)
+        self.audit: deque[AuditEntry] = deque(maxlen=AUDIT_KEPT_MAX)
+        self.applied_lsn = 0
+        #: records that applied as no-ops (stale revision) or were malformed
+        self.stale_records = 0
+        self.malformed_records = 0
+
+    def apply_entry(self, entry: LogEntry) -> None:
+        """``apply`` for a committed control entry (a ``Controller.record_listeners`` hook)."""
+        self.apply(entry.lsn, entry.event_type, entry.body)
+
+    def apply(self, lsn: int, record_type: str, body_text: str) -> bool:
+        """Fold one committed control entry; returns whether it changed anything."""
+        if lsn <= self.applied_lsn:
+            return False  # already applied (a concurrent learn, a re-read)
+        self.applied_lsn = lsn
+        if record_type not in OPS_RECORDS:
+            return False
+        try:
+            body = json.loads(body_text)
+            if record_type == DRILL_RECORD:
+                return self._apply_drill(Drill.from_body(body))
+            if record_type == HALT_RECORD:
+                self.halt = Halt(
+                    bool(body["on"]), str(body["reason"]), str(body["by"]), int(body["at_ms"])
+                )
+                return True
+            self.audit.append(
+                AuditEntry(
+                    lsn=lsn,
+                    at_ms=int(body["at_ms"]),
+                    by=str(body["by"]),
+                    role=str(body["role"]),
+                    action=str(body["action"]),
+                    target=str(body["target"]),
+                    reason=str(body["reason"]),
+                    detail=dict(body.get("detail") or {}),
+                )
+            )
+            return True
+        except (ValueError, KeyError, TypeError) as exc:
+            self.malformed_records += 1
+            log.warning("control entry %d (%s) is malformed, skipped: %r", lsn, record_type, exc)
+            return False
+
+    def _apply_drill(self, drill: Drill) -> bool:
+        current = self.drills.get(drill.drill_id)
+        expected_rev = 1 if current is None else current.rev + 1
+        if drill.rev != expected_rev:
+            self.stale_records += 1
+            return False
+        self.drills[drill.drill_id] = drill
+        self._forget_old()
+        return True
+
+    def _forget_old(self) -> None:
+        while len(self.drills) > DRILLS_KEPT_MAX:
+            oldest = next((d for d in self.drills.values() if not d.active), None)
+            if oldest is None:
+                return
+            del self.drills[oldest.drill_id]
+
+    # --- views ----------------------------------------------------------------------------
+
+    def active_drills(self) -> list[Drill]:
+        return [d for d in self.drills.values() if d.active]
+
+    def black_holed(self, now_ms: int) -> frozenset[str]:
+        """Regions every node must treat as black-holed now (active region-loss drills)."""
+        return frozenset(d.spec.region for d in self.drills.values() if d.fault_active(now_ms))
+
+    def audit_page(self, after: int, limit: int) -> list[AuditEntry]:
+        return [e for e in self.audit if e.lsn > after][:limit]

@@ -1,0 +1,269 @@
+"""Routes of drills, the halt switch and the audit log (operator and viewer keys only).
+
+* ``POST /v1/drills`` ``{kind, region, hold_s, reason, dry_run?, force?, guards?}``: preflight,
+  then 201 with the drill; ``dry_run``: 200 with the plan, nothing committed. A refused
+  preflight is 409 ``preflight_failed``. Committed by the control leader (others forward).
+* ``GET /v1/drills``, ``GET /v1/drills/{id}`` (phase, timeline so far),
+  ``POST /v1/drills/{id}/abort``, ``GET /v1/drills/{id}/report`` (JSON, or a self-contained
+  HTML page with ``Accept: text/html``).
+* ``POST /v1/admin/halt`` ``{reason}`` aborts every active drill and refuses new ones until
+  ``DELETE /v1/admin/halt``; ``GET /v1/admin/halt`` shows it.
+* ``GET /v1/audit?after=&limit=``: operator actions, oldest first; ``next_after`` pages on.
+  ``POST /v1/audit`` ``{action, target, reason}`` records one taken outside the API.
+* ``/peer/drills/...``: what the drill driver asks other nodes (canary writes and reads, load).
+
+Reads answer from this node's view of the control shard (a poll behind the leader at most).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Depends, Path, Query, Request
+from fastapi.responses import HTMLResponse, JSONResponse, Response
+from pydantic import BaseModel, ConfigDict, Field
+
+from eventlog.errors import InvalidRequest, NotFound, Unavailable
+from regions.drill_report import report
+from regions.drills import Drill, DrillSpec, Guards
+from services.api.context import RequestContext, api_state, request_context
+from services.api.control_routes import _require_peer
+from services.api.drill_report_html import render
+from services.api.roles import OBSERVER_ROLES, OPERATOR_ROLES, require_role
+from services.drill_canary import CANARY_TIMEOUT_S, DRILL_TENANT, append_canary, read_canary
+from services.drills import DrillDriver
+
+drill_router = APIRouter(prefix="/v1")
+drill_peer_router = APIRouter(prefix="/peer/drills")
+Context = Annotated[RequestContext, Depends(request_context)]
+DrillIdPath = Annotated[str, Path(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")]
+DRILLS_LISTED_MAX = 200
+AUDIT_PAGE_MAX = 1000
+
+
+class DrillRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    kind: Literal["evacuate", "region-loss", "kill"]
+    region: str = Field(min_length=1, max_length=63, pattern=r"^[a-z0-9][a-z0-9-]*$")
+    hold_s: float = Field(gt=0, le=3600)
+    reason: str = Field(min_length=1, max_length=500)
+    dry_run: bool = False
+    force: bool = False
+    guards: dict[Literal["max_rto_s", "max_error_ratio", "max_ack_p99_ms"], float] | None = None
+
+
+class ReasonRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    reason: str = Field(min_length=1, max_length=500)
+
+
+class CanaryWrite(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    conversation_id: str = Field(min_length=1, max_length=128)
+    idempotency_key: str = Field(min_length=1, max_length=255)
+    payload: dict[str, Any]
+
+
+def _driver(request: Request) -> DrillDriver:
+    driver = getattr(request.app.state, "drills", None)
+    if not isinstance(driver, DrillDriver):
+        raise Unavailable("drills are not running on this node")
+    return driver
+
+
+def _who(ctx: RequestContext) -> dict[str, str]:
+    return {"by": ctx.tenant.tenant_id, "role": ctx.tenant.role}
+
+
+def _drill(driver: DrillDriver, drill_id: str) -> Drill:
+    drill = driver.ops.drills.get(drill_id)
+    if drill is None:
+        raise NotFound(f"no drill {drill_id!r}")
+    return drill
+
+
+def _drill_body(drill: Drill) -> dict[str, Any]:
+    body = report(drill)
+    return {
+        "drill_id": drill.drill_id,
+        "status": drill.phase,
+        "phase": drill.phase,
+        "verdict": drill.verdict,
+        "kind": drill.spec.kind,
+        "region": drill.spec.region,
+        "hold_s": drill.spec.hold_s,
+        "guards": drill.spec.guards.to_body(),
+        "shards_moved": body["shards_moved"],
+        "shards_recovered": body["shards_recovered"],
+        "canary_acked": body["canary_acked"],
+        "canary_errors": body["canary_errors"],
+        "timeline": body["timeline"],
+    }
+
+
+@drill_router.post("/drills")
+async def create_drill(ctx: Context, body: DrillRequest) -> Any:
+    require_role(ctx.tenant, OPERATOR_ROLES)
+    driver = _driver(ctx.request)
+    who = _who(ctx)
+    try:
+        spec = DrillSpec(
+            kind=body.kind,
+            region=body.region,
+            hold_s=body.hold_s,
+            reason=body.reason,
+            guards=Guards.from_body({str(k): v for k, v in (body.guards or {}).items()}),
+            force=body.force,
+            requested_by=f"{who['by']} ({who['role']})",
+        )
+    except (TypeError, ValueError) as exc:
+        raise InvalidRequest(str(exc)) from exc
+
+    async def create() -> Response:
+        if body.dry_run:
+            plan = await driver.plan(spec)
+            return JSONResponse({"dry_run": True, "plan": plan.to_body()}, status_code=200)
+        drill, plan = await driver.create(spec, **who)
+        return JSONResponse({**_drill_body(drill), "plan": plan.to_body()}, status_code=201)
+
+    return await ctx.run(create, is_write=not body.dry_run)
+
+
+@drill_router.get("/drills")
+async def list_drills(
+    ctx: Context, limit: Annotated[int, Query(ge=1, le=DRILLS_LISTED_MAX)] = 50
+) -> dict[str, Any]:
+    require_role(ctx.tenant, OBSERVER_ROLES)
+    driver = _driver(ctx.request)
+    drills = list(driver.ops.drills.values())[::-1][:limit]
+    return {"drills": [_drill_body(d) for d in drills], "driver": driver.health()}
+
+
+@drill_router.get("/drills/{drill_id}")
+async def get_drill(ctx: Context, drill_id: DrillIdPath) -> dict[str, Any]:
+    require_role(ctx.tenant, OBSERVER_ROLES)
+    return _drill_body(_drill(_driver(ctx.request), drill_id))
+
+
+@drill_router.post("/drills/{drill_id}/abort")
+async def abort_drill(ctx: Context, drill_id: DrillIdPath, body: ReasonRequest) -> Any:
+    require_role(ctx.tenant, OPERATOR_ROLES)
+    driver = _driver(ctx.request)
+
+    async def abort() -> dict[str, Any]:
+        return _drill_body(await driver.abort(drill_id, reason=body.reason, **_who(ctx)))
+
+    return await ctx.run(abort, is_write=True)
+
+
+@drill_router.get("/drills/{drill_id}/report", response_model=None)
+async def drill_report(ctx: Context, drill_id: DrillIdPath) -> dict[str, Any] | HTMLResponse:
+    require_role(ctx.tenant, OBSERVER_ROLES)
+    body = report(_drill(_driver(ctx.request), drill_id))
+    if "text/html" in ctx.request.headers.get("accept", ""):
+        return HTMLResponse(render(body))
+    return body
+
+
+@drill_router.get("/admin/halt")
+async def get_halt(ctx: Context) -> dict[str, Any]:
+    require_role(ctx.tenant, OBSERVER_ROLES)
+    return _driver(ctx.request).ops.halt.to_body()
+
+
+@drill_router.post("/admin/halt")
+async def halt_on(ctx: Context, body: ReasonRequest) -> Any:
+    return await _set_halt(ctx, True, body.reason)
+
+
+@drill_router.delete("/admin/halt")
+async def halt_off(ctx: Context, reason: Annotated[str, Query(max_length=500)] = "") -> Any:
+    return await _set_halt(ctx, False, reason or "halt lifted")
+
+
+async def _set_halt(ctx: RequestContext, on: bool, reason: str) -> Any:
+    require_role(ctx.tenant, OPERATOR_ROLES)
+    driver = _driver(ctx.request)
+
+    async def flip() -> dict[str, Any]:
+        return await driver.set_halt(on, reason=reason, **_who(ctx))
+
+    return await ctx.run(flip, is_write=True)
+
+
+@drill_router.get("/audit")
+async def audit(
+    ctx: Context,
+    after: Annotated[int, Query(ge=0)] = 0,
+    limit: Annotated[int, Query(ge=1, le=AUDIT_PAGE_MAX)] = 100,
+) -> dict[str, Any]:
+    require_role(ctx.tenant, OBSERVER_ROLES)
+    entries = _driver(ctx.request).ops.audit_page(after, limit)
+    return {
+        "entries": [e.to_body() for e in entries],
+        "next_after": entries[-1].lsn if entries else after,
+    }
+
+
+class AuditRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    action: str = Field(min_length=1, max_length=100, pattern=r"^[a-z][a-z0-9._-]*$")
+    target: str = Field(min_length=1, max_length=200)
+    reason: str = Field(min_length=1, max_length=500)
+
+
+@drill_router.post("/audit", status_code=201)
+async def record_audit(ctx: Context, body: AuditRequest) -> Any:
+    """An operator action taken outside the API (``convplane keys create`` edits the cluster
+    file) is recorded here; ``by`` and ``role`` are the caller's key's."""
+    require_role(ctx.tenant, OPERATOR_ROLES)
+    driver = _driver(ctx.request)
+
+    async def record() -> dict[str, Any]:
+        await driver.audit(ctx.tenant.tenant_id, ctx.tenant.role, body.action, body.target,
+                           body.reason, {"recorded_via": "POST /v1/audit"})  # fmt: skip
+        return {"recorded": True}
+
+    return await ctx.run(record, is_write=True)
+
+
+# --- what the drill driver asks other nodes ----------------------------------------------------
+
+
+@drill_peer_router.post("/canary")
+async def peer_canary_write(request: Request, body: CanaryWrite) -> dict[str, Any]:
+    _require_peer(request)
+    api = api_state(request)
+    async with asyncio.timeout(CANARY_TIMEOUT_S):
+        await append_canary(
+            api.log,
+            api.cluster.default_model_revision,
+            body.conversation_id,
+            body.idempotency_key,
+            body.payload,
+        )
+    return {"served_by": api.region}
+
+
+@drill_peer_router.get("/canary")
+async def peer_canary_read(
+    request: Request,
+    conversation_id: Annotated[str, Query(min_length=1, max_length=128)],
+    after_seq: Annotated[int, Query(ge=0)] = 0,
+) -> dict[str, Any]:
+    _require_peer(request)
+    api = api_state(request)
+    async with asyncio.timeout(CANARY_TIMEOUT_S * 5):
+        events = await read_canary(api.log, conversation_id, after_seq)
+    return {"tenant": DRILL_TENANT, "events": events}
+
+
+@drill_peer_router.get("/load")
+async def peer_load(request: Request) -> dict[str, Any]:
+    _require_peer(request)
+    return {"append_rate_per_s": _driver(request).load.append_rate_per_s()}

@@ -1,0 +1,264 @@
+"""``convplane drill plan|run|status|abort|report|list``, ``convplane halt on|off`` and
+``convplane keys create``.
+
+Drill and halt commands talk to a plane's REST API with an operator key: ``--url`` and
+``--key`` (or ``CONVPLANE_URL`` / ``CONVPLANE_API_KEY``), or a local plane's ``cluster.json``
+(``--state-dir``: every region's URL and ``operator_api_key``). Each request goes to the first
+region that answers, so a command outlives the node it started on, as the drill does.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from regions.drill_report import summary_lines
+
+drill_app = typer.Typer(
+    help="regional drills: plan, run, watch, abort, report", no_args_is_help=True
+)
+halt_app = typer.Typer(
+    help="the halt switch: abort every drill and refuse new ones", no_args_is_help=True
+)
+keys_app = typer.Typer(help="API keys and their roles", no_args_is_help=True)  # fmt: skip
+
+#: the deadline the CLI gives the plane (starting a drill writes a canary to every shard first),
+#: and its own timeout a little past it; a drill is polled this often
+DEADLINE_HEADER = "X-Convplane-Deadline-Ms"
+DEADLINE_MS = 30_000
+CALL_TIMEOUT_S = 35.0
+POLL_S = 0.5
+#: the longest ``run`` waits past hold_s (the drill's own restore grace plus slack)
+RUN_SLACK_S = 90.0
+
+StateDir = Annotated[Path, typer.Option(help="a local plane's state dir (its cluster.json)")]
+Url = Annotated[str | None, typer.Option(envvar="CONVPLANE_URL", help="a region node's URL")]
+Key = Annotated[str | None, typer.Option(envvar="CONVPLANE_API_KEY", help="an operator key")]
+
+
+class Api:
+    """The plane's REST API over every region URL known, first that answers."""
+
+    def __init__(self, urls: list[str], key: str) -> None:
+        import httpx
+
+        self._urls = urls
+        self._client = httpx.Client(
+            headers={"Authorization": f"Bearer {key}", DEADLINE_HEADER: str(DEADLINE_MS)},
+            timeout=CALL_TIMEOUT_S,
+            trust_env=False,
+        )
+
+    def call(self, method: str, path: str, body: Any = None, *, missing_ok: bool = False,
+             **kw: Any) -> Any:  # fmt: skip
+        """The JSON (or text) answer; None for a 404 when ``missing_ok`` (a node that has not
+        learned a new drill yet)."""
+        import httpx
+
+        last: Exception | None = None
+        for url in self._urls:
+            try:
+                reply = self._client.request(method, url.rstrip("/") + path, json=body, **kw)
+            except httpx.HTTPError as exc:
+                last = exc
+                continue
+            if reply.status_code == 503 and method == "GET" and url != self._urls[-1]:
+                continue  # a read elsewhere; a write's 503 may be an unknown outcome: shown
+            if reply.status_code == 404 and missing_ok:
+                return None
+            if reply.status_code >= 400:
+                raise typer.Exit(_fail(f"{method} {path}: {reply.status_code} {reply.text[:800]}"))
+            return reply.json() if "json" in reply.headers.get("content-type", "") else reply.text
+        raise typer.Exit(_fail(f"{method} {path}: no region answered ({last!r})"))
+
+
+def _fail(message: str) -> int:
+    typer.echo(message, err=True)
+    return 1
+
+
+def api_for(state_dir: Path, url: str | None, key: str | None) -> Api:
+    urls = [url] if url else []
+    info_file = state_dir / "cluster.json"
+    if info_file.exists():
+        info = json.loads(info_file.read_text(encoding="utf-8"))
+        urls += [r["url"] for r in info["regions"]]
+        key = key or info.get("operator_api_key")
+    if not urls or not key:
+        raise typer.Exit(_fail("give --url and --key, or --state-dir of a local plane"))
+    return Api(urls, key)
+
+
+def drill_body(kind: str, region: str, hold_s: float, reason: str, force: bool,
+               max_rto_s: float | None, max_error_ratio: float | None,
+               max_ack_p99_ms: float | None, dry_run: bool) -> dict[str, Any]:  # fmt: skip
+    guards = {
+        k: v
+        for k, v in (("max_rto_s", max_rto_s), ("max_error_ratio", max_error_ratio),
+                     ("max_ack_p99_ms", max_ack_p99_ms))
+        if v is not None
+    }  # fmt: skip
+    return {"kind": kind, "region": region, "hold_s": hold_s, "reason": reason,
+            "force": force, "dry_run": dry_run, **({"guards": guards} if guards else {})}  # fmt: skip
+
+
+def watch(api: Api, drill_id: str, hold_s: float, echo: Any = typer.echo) -> dict[str, Any]:
+    """Poll a drill until it ends (showing progress), then return its report."""
+    deadline = time.monotonic() + hold_s + RUN_SLACK_S
+    shown = ""
+    while time.monotonic() < deadline:
+        d = api.call("GET", f"/v1/drills/{drill_id}", missing_ok=True)
+        if d is None:
+            time.sleep(POLL_S)
+            continue
+        line = (f"  {d['phase']:<10} shards recovered {d['shards_recovered']}/{d['shards_moved']}"
+                f"  canary acked {d['canary_acked']} errors {d['canary_errors']}")  # fmt: skip
+        if line != shown:
+            echo(line)
+            shown = line
+        if d["verdict"] is not None:
+            report: dict[str, Any] = api.call("GET", f"/v1/drills/{drill_id}/report")
+            return report
+        time.sleep(POLL_S)
+    raise typer.Exit(_fail(f"drill {drill_id} did not end within hold_s + {RUN_SLACK_S:g}s"))
+
+
+KindOpt = Annotated[str, typer.Option(help="evacuate | region-loss | kill")]
+RegionOpt = Annotated[str, typer.Option(help="the target region")]
+HoldOpt = Annotated[float, typer.Option(help="seconds to hold the fault")]
+ReasonOpt = Annotated[str, typer.Option(help="why (kept in the audit log)")]
+ForceOpt = Annotated[bool, typer.Option(help="override the capacity check (only)")]
+Guard = Annotated[float | None, typer.Option()]
+
+
+@drill_app.command("plan")
+def plan(region: RegionOpt, kind: KindOpt = "region-loss", hold_s: HoldOpt = 10.0,
+         reason: ReasonOpt = "dry run", force: ForceOpt = False,
+         state_dir: StateDir = Path(".state/plane"), url: Url = None, key: Key = None) -> None:  # fmt: skip
+    """Dry run: preflight and what would move. Changes nothing."""
+    api = api_for(state_dir, url, key)
+    body = drill_body(kind, region, hold_s, reason, force, None, None, None, dry_run=True)
+    result = api.call("POST", "/v1/drills", body)
+    typer.echo(json.dumps(result["plan"], indent=2))
+    raise typer.Exit(0 if result["plan"]["ok"] else 1)
+
+
+@drill_app.command("run")
+def run(region: RegionOpt, kind: KindOpt = "region-loss", hold_s: HoldOpt = 10.0,
+        reason: ReasonOpt = "drill", force: ForceOpt = False, max_rto_s: Guard = None,
+        max_error_ratio: Guard = None, max_ack_p99_ms: Guard = None,
+        state_dir: StateDir = Path(".state/plane"), url: Url = None, key: Key = None) -> None:  # fmt: skip
+    """Start a drill and follow it; exit 0 when it passed, 1 otherwise."""
+    api = api_for(state_dir, url, key)
+    body = drill_body(kind, region, hold_s, reason, force, max_rto_s, max_error_ratio,
+                      max_ack_p99_ms, dry_run=False)  # fmt: skip
+    drill = api.call("POST", "/v1/drills", body)
+    typer.echo(f"drill {drill['drill_id']}: {kind} of {region}, hold {hold_s:g}s")
+    report = watch(api, drill["drill_id"], hold_s)
+    typer.echo("\n".join(summary_lines(report)))
+    raise typer.Exit(0 if report["verdict"] == "passed" else 1)
+
+
+@drill_app.command("status")
+def status(drill_id: str, state_dir: StateDir = Path(".state/plane"), url: Url = None,
+           key: Key = None) -> None:  # fmt: skip
+    """A drill's phase and timeline so far."""
+    typer.echo(
+        json.dumps(api_for(state_dir, url, key).call("GET", f"/v1/drills/{drill_id}"), indent=2)
+    )
+
+
+@drill_app.command("abort")
+def abort(drill_id: str, reason: ReasonOpt = "aborted from the CLI",
+          state_dir: StateDir = Path(".state/plane"), url: Url = None, key: Key = None) -> None:  # fmt: skip
+    """Abort a drill: restore its target now."""
+    api = api_for(state_dir, url, key)
+    d = api.call("POST", f"/v1/drills/{drill_id}/abort", {"reason": reason})
+    typer.echo(f"drill {drill_id}: {d['phase']}")
+
+
+@drill_app.command("report")
+def report_cmd(drill_id: str, html: Annotated[Path | None, typer.Option(help="write the HTML report here")] = None,
+               state_dir: StateDir = Path(".state/plane"), url: Url = None, key: Key = None) -> None:  # fmt: skip
+    """Print a drill's summary, or write its self-contained HTML report."""
+    api = api_for(state_dir, url, key)
+    if html is not None:
+        page = api.call("GET", f"/v1/drills/{drill_id}/report", headers={"Accept": "text/html"})
+        html.write_text(page, encoding="utf-8")
+        typer.echo(f"wrote {html}")
+        return
+    typer.echo("\n".join(summary_lines(api.call("GET", f"/v1/drills/{drill_id}/report"))))
+
+
+@drill_app.command("list")
+def list_cmd(state_dir: StateDir = Path(".state/plane"), url: Url = None, key: Key = None) -> None:
+    """Drills, newest first."""
+    for d in api_for(state_dir, url, key).call("GET", "/v1/drills")["drills"]:
+        typer.echo(f"{d['drill_id']}  {d['kind']:<12} {d['region']:<10} {d['phase']:<10} "
+                   f"{d['verdict'] or '-'}")  # fmt: skip
+
+
+@halt_app.command("on")
+def halt_on(reason: ReasonOpt, state_dir: StateDir = Path(".state/plane"), url: Url = None,
+            key: Key = None) -> None:  # fmt: skip
+    """Abort every active drill and refuse new ones."""
+    typer.echo(
+        json.dumps(api_for(state_dir, url, key).call("POST", "/v1/admin/halt", {"reason": reason}))
+    )
+
+
+@halt_app.command("off")
+def halt_off(reason: ReasonOpt = "halt lifted", state_dir: StateDir = Path(".state/plane"),
+             url: Url = None, key: Key = None) -> None:  # fmt: skip
+    """Lift the halt switch."""
+    api = api_for(state_dir, url, key)
+    typer.echo(json.dumps(api.call("DELETE", "/v1/admin/halt", params={"reason": reason})))
+
+
+@keys_app.command("create")
+def keys_create(
+    tenant: Annotated[str, typer.Option(help="the key's tenant id")],
+    role: Annotated[str, typer.Option(help="tenant | operator | viewer")] = "tenant",
+    cluster_file: Annotated[Path, typer.Option(help="the cluster file the nodes read")] = Path(
+        ".state/plane/cluster-config.json"
+    ),
+    reason: ReasonOpt = "new key",
+    audit_url: Url = None,
+    audit_key: Key = None,
+) -> None:
+    """Add a key with a role to the cluster file and print it (once: only its sha256 is kept).
+    Nodes load keys when they start. With --audit-url and --audit-key (an operator key) the
+    creation is recorded in the plane's audit log."""
+    from pydantic import ValidationError
+
+    from services.config import TenantConfig, api_key_sha256, load_cluster, write_cluster
+
+    cluster = load_cluster(cluster_file)
+    key = "cp_" + secrets.token_urlsafe(24)
+    try:
+        added = TenantConfig(tenant_id=tenant, api_key_sha256=api_key_sha256(key), role=role)  # type: ignore[arg-type]
+        updated = cluster.model_copy(update={"tenants": [*cluster.tenants, added]})
+        updated = type(cluster).model_validate(updated.model_dump())
+    except ValidationError as exc:
+        raise typer.Exit(_fail(f"invalid key: {exc}")) from exc
+    write_cluster(cluster_file, updated)
+    typer.echo(key)
+    print(f"added a {role} key for tenant {tenant} to {cluster_file}; restart the nodes to load it",
+          file=sys.stderr)  # fmt: skip
+    if audit_url and audit_key:
+        api = Api([audit_url], audit_key)
+        api.call("POST", "/v1/audit", {"action": "key.create", "target": f"{tenant} ({role})",
+                                       "reason": reason})  # fmt: skip
+        print("recorded in the audit log", file=sys.stderr)
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(drill_app, name="drill")
+    app.add_typer(halt_app, name="halt")
+    app.add_typer(keys_app, name="keys")

@@ -1,0 +1,244 @@
+"""Canary writes of a drill: one conversation per shard (moved or not), written in rounds for the
+whole run, by the node that drives the drill.
+
+Every ``CANARY_EVERY_S`` one canary event goes to every shard: in-process when this node leads
+the shard, else to the region the committed placement names (``POST /peer/drills/canary``,
+under a deadline). The driver runs one loop per shard (a slow shard does not delay
+the others' measurements). A shard's canaries are numbered 1, 2, 3 ... and carry the idempotency key
+``<drill>:<shard>:<n>``; a failed write is retried in the next round with the same key, so
+after any failure (or a new control leader taking over with the persisted counts) every
+acknowledged ``n`` stays unique and contiguous. RTO of a moved shard is the time from injection
+to its first acknowledged canary served by another region than the target (or, for a loss or a
+kill whose failover outlasted the hold, by the target once it is back); RPO is the count of
+acknowledged ``n`` not found when the canary conversations are read back after the restore.
+
+Writes go on while the drill restores (a failover still under way is measured), and stop once
+the target is back, before the read-back.
+
+The sliding window behind the guards counts only shards that should be serving: shards that do
+not move, and moved shards once they recovered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+from eventlog.aio import bounded
+from eventlog.clock import Clock
+from eventlog.conversations import ConversationLog
+from eventlog.errors import InvariantViolation, NotFound
+from eventlog.sharding import shard_of
+from regions.drill_report import percentile
+from regions.drills import SERIES_POINTS_MAX, Drill, Measurements
+
+log = logging.getLogger("convplane.drills")
+
+#: the reserved tenant of canary conversations
+DRILL_TENANT = "_drill"
+CANARY_EVENT = "note"
+#: one canary write (in-process or to a peer), and one read-back page. A slow ack is not an
+#: error (the ack p99 guard judges latency); one this late is
+CANARY_TIMEOUT_S = 2.0
+#: canary writes under way at once
+CANARY_IN_FLIGHT_MAX = 16
+#: the guards' sliding window, and the fewest samples in it to judge by
+GUARD_WINDOW_S = 5.0
+GUARD_SAMPLES_MIN = 20
+#: one point of the report's series per this many seconds
+SERIES_STEP_S = 1.0
+READ_PAGE_MAX = 1000
+#: the most canaries one shard may have acknowledged in one drill (bounds the read-back)
+CANARY_PER_SHARD_MAX = 100_000
+
+CanarySend = Callable[[str, str, str, dict[str, Any]], Awaitable[str]]
+"""(region, conversation_id, idempotency_key, payload) -> the region that served it."""
+CanaryRead = Callable[[str, str, int], Awaitable[list[dict[str, Any]]]]
+"""(region, conversation_id, after_seq) -> a page of committed events (dicts with seq, payload)."""
+
+
+def canary_conversation(drill_id: str, shard: int, shard_count: int) -> str:
+    for i in range(1_000_000):
+        cid = f"drill-{drill_id}-s{shard}-{i}"
+        if shard_of(cid, shard_count) == shard:
+            return cid
+    raise AssertionError(f"no conversation id hashes to shard {shard}")  # 1e6 tries: a bug
+
+
+@dataclass(slots=True)
+class _Sample:
+    at_ms: int
+    ok: bool
+    latency_ms: float
+    counts: bool  # the shard should be serving (guard window)
+
+
+class CanaryRunner:
+    """The canary writes and read-back of one drill, driven by the control leader."""
+
+    def __init__(
+        self,
+        *,
+        drill: Drill,
+        shard_count: int,
+        send: CanarySend,
+        read: CanaryRead,
+        clock: Clock,
+    ) -> None:
+        self.drill_id = drill.drill_id
+        self.target = drill.spec.region
+        self._send = send
+        self._read = read
+        self._clock = clock
+        self._gate = asyncio.Semaphore(CANARY_IN_FLIGHT_MAX)
+        m = drill.measurements
+        self.conversations = {
+            s: canary_conversation(drill.drill_id, s, shard_count) for s in range(shard_count)
+        }
+        self.acked: dict[int, int] = {s: m.canary_acked.get(s, 0) for s in range(shard_count)}
+        self.rto_s: dict[int, float] = dict(m.rto_s)
+        self.errors = m.canary_errors
+        self.series: list[tuple[float, int, int, float]] = list(m.series)
+        self._window: deque[_Sample] = deque()
+        self._bucket: list[_Sample] = []
+        self._bucket_start_ms: int | None = None
+        self._origin_ms = drill.created_at_ms
+        #: the driver's write loops run while this holds; cleared once the target is restored
+        self.writing = True
+
+    async def round(self, drill: Drill, owners: Mapping[int, str]) -> None:
+        """One canary write per shard, concurrently; each under ``CANARY_TIMEOUT_S``."""
+        await asyncio.gather(*(self.write(drill, s, owners[s]) for s in sorted(owners)))
+
+    async def write(self, drill: Drill, shard: int, owner: str) -> None:
+        """One canary write to ``shard`` (through ``owner``), retried by the next call."""
+        n = self.acked[shard] + 1
+        if n > CANARY_PER_SHARD_MAX:
+            return
+        key = f"{self.drill_id}:{shard}:{n}"
+        payload = {"drill_id": self.drill_id, "shard": shard, "n": n}
+        async with self._gate:
+            started_s = self._clock.monotonic()
+            try:
+                served_by = await bounded(
+                    self._send(owner, self.conversations[shard], key, payload), CANARY_TIMEOUT_S
+                )
+                ok = True
+            except InvariantViolation:
+                raise  # a bug: never swallowed
+            except Exception as exc:  # any failure of a canary write is an error sample
+                log.warning("drill %s canary shard %d via %s: %r", self.drill_id, shard, owner, exc)
+                served_by, ok = None, False
+        now_ms = self._clock.wall_ms()
+        latency_ms = (self._clock.monotonic() - started_s) * 1000
+        moved = shard in drill.measurements.shards_moved
+        if ok:
+            self.acked[shard] = n
+            injected_at_ms = drill.injected_at_ms
+            # writable again: served elsewhere, or (a loss or kill) by the target once it is
+            # back, when the failover took longer than the hold
+            back = drill.phase == "restoring" and drill.spec.kind != "evacuate"
+            if (
+                moved
+                and shard not in self.rto_s
+                and injected_at_ms is not None
+                and (served_by != self.target or back)
+            ):
+                self.rto_s[shard] = max(0.0, (now_ms - injected_at_ms) / 1000)
+        else:
+            self.errors += 1
+        counts = not moved or shard in self.rto_s
+        self._observe(_Sample(now_ms, ok, latency_ms, counts))
+
+    def _observe(self, sample: _Sample) -> None:
+        self._window.append(sample)
+        cutoff_ms = sample.at_ms - int(GUARD_WINDOW_S * 1000)
+        while self._window and self._window[0].at_ms < cutoff_ms:
+            self._window.popleft()
+        if self._bucket_start_ms is None:
+            self._bucket_start_ms = sample.at_ms
+        if sample.at_ms - self._bucket_start_ms >= SERIES_STEP_S * 1000:
+            self._close_bucket()
+            self._bucket_start_ms = sample.at_ms
+        self._bucket.append(sample)
+
+    def _close_bucket(self) -> None:
+        if not self._bucket or self._bucket_start_ms is None:
+            return
+        acked = sum(1 for s in self._bucket if s.ok)
+        p99 = percentile([s.latency_ms for s in self._bucket if s.ok], 0.99) or 0.0
+        t_s = (self._bucket_start_ms - self._origin_ms) / 1000
+        self.series.append((t_s, acked, len(self._bucket) - acked, p99))
+        del self.series[:-SERIES_POINTS_MAX]
+        self._bucket = []
+
+    def window(self) -> tuple[float | None, float | None]:
+        """(error ratio, ack p99 ms) over the guard window, None when too few samples."""
+        judged = [s for s in self._window if s.counts]
+        if len(judged) < GUARD_SAMPLES_MIN:
+            return None, None
+        errors = sum(1 for s in judged if not s.ok)
+        p99 = percentile([s.latency_ms for s in judged if s.ok], 0.99)
+        return errors / len(judged), p99
+
+    def measurements(self, drill: Drill) -> Measurements:
+        return replace(
+            drill.measurements,
+            rto_s=dict(self.rto_s),
+            canary_acked={s: n for s, n in self.acked.items() if n > 0},
+            canary_errors=self.errors,
+            series=tuple(self.series),
+        )
+
+    async def read_back(self, owners: Mapping[int, str]) -> int:
+        """Acknowledged canary events not found in their conversations (RPO, must be 0)."""
+        lost = 0
+        for shard, acked in sorted(self.acked.items()):
+            if acked == 0:
+                continue
+            found: set[int] = set()
+            after_seq = 0
+            while True:
+                page = await bounded(
+                    self._read(owners[shard], self.conversations[shard], after_seq),
+                    CANARY_TIMEOUT_S * 5,
+                )
+                for event in page:
+                    n = event.get("payload", {}).get("n")
+                    if isinstance(n, int):
+                        found.add(n)
+                if len(page) < READ_PAGE_MAX:
+                    break
+                after_seq = int(page[-1]["seq"])
+            lost += sum(1 for n in range(1, acked + 1) if n not in found)
+        return lost
+
+
+async def append_canary(
+    log_node: ConversationLog,
+    model_revision: str,
+    conversation_id: str,
+    idempotency_key: str,
+    payload: dict[str, Any],
+) -> None:
+    """Append one canary event in-process, creating the canary conversation on first use."""
+    try:
+        await log_node.append_event(
+            DRILL_TENANT, conversation_id, CANARY_EVENT, payload, idempotency_key=idempotency_key
+        )
+    except NotFound:
+        await log_node.create_conversation(DRILL_TENANT, conversation_id, model_revision, {})
+        await log_node.append_event(
+            DRILL_TENANT, conversation_id, CANARY_EVENT, payload, idempotency_key=idempotency_key
+        )
+
+
+async def read_canary(
+    log_node: ConversationLog, conversation_id: str, after_seq: int
+) -> list[dict[str, Any]]:
+    events = await log_node.list_events(DRILL_TENANT, conversation_id, after_seq, READ_PAGE_MAX)
+    return [{"seq": e.seq, "payload": e.payload} for e in events]

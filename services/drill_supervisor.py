@@ -1,0 +1,77 @@
+"""Kill drills on a local plane: the ``convplane up`` supervisor carries them out.
+
+A ``kill`` drill is a record in the control shard like any other (``services.drills``); only the
+process that started the plane can SIGKILL a region's node and database and start them again,
+so the supervisor polls the plane's drills (with the operator key ``up`` created) every
+``SUPERVISE_POLL_S``: a kill drill injecting or holding gets its target killed once; once the
+drill restores (or ends), the target is started again and the drill's driver restores it in the
+placement. The driver counts the fault from the drill's first record, so the poll's delay makes
+the measured RTO longer, never shorter.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import httpx
+
+#: one poll of the plane's drills
+POLL_TIMEOUT_S = 1.0
+DRILLS_POLLED_MAX = 20
+FAULT_PHASES = ("injecting", "holding")
+
+
+class Killable(Protocol):
+    def kill_region(self, name: str) -> None: ...
+
+    def restart_region(self, name: str) -> None: ...
+
+
+class KillDrills:
+    def __init__(self, plane: Killable, urls: list[str], operator_api_key: str) -> None:
+        self._plane = plane
+        self._urls = urls
+        self._headers = {"Authorization": f"Bearer {operator_api_key}"}
+        #: drill id -> region this supervisor killed and has not restarted yet
+        self._killed: dict[str, str] = {}
+        self._done: set[str] = set()
+
+    def poll(self, client: httpx.Client) -> list[str]:
+        """One look at the plane's drills; returns what it did, for the console."""
+        drills = self._drills(client)
+        if drills is None:
+            return []
+        done: list[str] = []
+        for d in drills:
+            if d.get("kind") != "kill":
+                continue
+            drill_id, region, phase = str(d["drill_id"]), str(d["region"]), str(d["phase"])
+            if (
+                phase in FAULT_PHASES
+                and drill_id not in self._killed
+                and drill_id not in self._done
+            ):
+                self._plane.kill_region(region)
+                self._killed[drill_id] = region
+                done.append(f"kill drill {drill_id}: killed {region}")
+            elif phase not in FAULT_PHASES and drill_id in self._killed:
+                self._plane.restart_region(self._killed.pop(drill_id))
+                self._done.add(drill_id)
+                done.append(f"kill drill {drill_id}: restarted {region}")
+        return done
+
+    def _drills(self, client: httpx.Client) -> list[dict[str, Any]] | None:
+        for url in self._urls:
+            try:
+                reply = client.get(
+                    url.rstrip("/") + "/v1/drills",
+                    params={"limit": DRILLS_POLLED_MAX},
+                    headers=self._headers,
+                    timeout=POLL_TIMEOUT_S,
+                )
+            except httpx.HTTPError:
+                continue
+            if reply.status_code == 200:
+                drills: list[dict[str, Any]] = reply.json()["drills"]
+                return drills
+        return None

@@ -1,0 +1,513 @@
+"""The drill driver: runs drills, the halt switch and the audit log from the control shard.
+
+Every node runs one ``DrillDriver``; only the node that leads the control shard drives. Each
+step (every ``DRIVER_TICK_S``) it reads the active drills from ``OpsState`` (learned from the
+control shard), observes the world, asks ``regions.drills.advance`` for the next record and
+commits it to the control shard; then it carries out what the phase asks (evacuate, restore,
+canary rounds, the read-back). Because every decision starts from the committed record, a new
+control leader (the old one crashed, was the drill's target, or lost an election) continues the
+drill where the records left it; canary counts and RTOs so far are in the record too.
+
+Only the control leader writes ``control.drill`` records, and on it one lock serializes them
+(driver steps, operator aborts), so a record always names the revision it follows; a record of a
+deposed leader names a stale revision and applies as a no-op (``OpsState``).
+
+On every node the driver also fences the node when it is itself a region-loss target: it resigns
+the shards it leads (its appends could not reach a quorum anyway, ``services.drill_faults``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+from collections.abc import Mapping
+from dataclasses import replace
+from datetime import UTC, datetime
+from typing import Any
+
+import httpx
+
+from eventlog.aio import bounded
+from eventlog.clock import Clock
+from eventlog.errors import (
+    Conflict,
+    ConvplaneError,
+    InvalidRequest,
+    InvariantViolation,
+    NotFound,
+    NotLeader,
+)
+from eventlog.node import LogNode
+from eventlog.replica import ReplicaStore
+from regions.drill_plan import DrillPlan, LiveLoad, preflight
+from regions.drills import (
+    SERIES_POINTS_MAX,
+    Drill,
+    DrillSpec,
+    Measurements,
+    Observation,
+    advance,
+    deadline_s,
+    request_abort,
+    start,
+    with_measurements,
+)
+from regions.membership import statuses
+from regions.ops_state import AUDIT_RECORD, DRILL_RECORD, HALT_RECORD, OpsState, audit_body
+from services.controller import Controller
+from services.drill_canary import (
+    CANARY_TIMEOUT_S,
+    CanaryRunner,
+    append_canary,
+    read_canary,
+)
+from services.drill_load import LoadMeter, moved_load, plane_append_rate_per_s
+
+log = logging.getLogger("convplane.drills")
+
+DRIVER_TICK_S = 0.2
+#: each shard gets a canary write this often (one loop per shard)
+CANARY_EVERY_S = 0.2
+#: preflight's canary write to every shard: attempts per shard before the drill is refused
+PREFLIGHT_CANARY_ATTEMPTS = 3
+#: a progress record (canary numbers) at most this often, and at most about this many per
+#: drill (a long hold writes them further apart: the control shard stays small)
+PROGRESS_EVERY_S = 2.0
+PROGRESS_RECORDS_PER_DRILL_MAX = 120
+#: a committed record shows up in OpsState within this long, or the step gives up
+APPLY_WAIT_S = 2.0
+#: one peer call of the driver (load, canary) and the dry run's replica reads
+PEER_CALL_TIMEOUT_S = 1.0
+#: a node is restarted by nobody: a crashed step is logged and the loop goes on, backing off
+STEP_BACKOFF_MAX_S = 5.0
+
+
+class PreflightFailed(Conflict):
+    code = "preflight_failed"
+
+
+class DrillDriver:
+    def __init__(
+        self,
+        *,
+        controller: Controller,
+        node: LogNode,
+        ops: OpsState,
+        replicas: Mapping[str, ReplicaStore],
+        peers: httpx.AsyncClient,
+        peer_urls: Mapping[str, str],
+        peer_secret: str | None,
+        load: LoadMeter,
+        clock: Clock,
+        region_append_capacity_per_s: float,
+    ) -> None:
+        self.region = controller.region
+        self.controller = controller
+        self.node = node
+        self.ops = ops
+        self.load = load
+        self._replicas = dict(replicas)
+        self._peers = peers
+        self._peer_urls = dict(peer_urls)
+        self._peer_headers = {"X-Convplane-Peer-Auth": peer_secret} if peer_secret else {}
+        self._clock = clock
+        self._capacity_per_s = region_append_capacity_per_s
+        self._model_revision = controller.cluster.default_model_revision
+        self._shard_count = controller.cluster.shard_count
+        self._write_lock = asyncio.Lock()
+        self._canaries: dict[str, tuple[CanaryRunner, asyncio.Task[None]]] = {}
+        self._progress_at_s: dict[str, float] = {}
+        self._fenced_for: str | None = None
+        self._loop: asyncio.Task[None] | None = None
+        self.step_failures = 0
+        self.last_step_error: str | None = None
+
+    # --- lifecycle ------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._loop = asyncio.create_task(self._forever(), name=f"drills-{self.region}")
+
+    async def close(self) -> None:
+        tasks = [t for _, t in self._canaries.values()]
+        if self._loop is not None:
+            tasks.append(self._loop)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _forever(self) -> None:
+        backoff_s = DRIVER_TICK_S
+        while True:
+            try:
+                await self.step()
+                backoff_s = DRIVER_TICK_S
+            except InvariantViolation:
+                raise  # a bug: never swallowed
+            except (ConvplaneError, httpx.HTTPError, OSError, TimeoutError) as exc:
+                self._step_failed(exc)
+                backoff_s = min(backoff_s * 2, STEP_BACKOFF_MAX_S)
+            except Exception as exc:  # supervised: the loop goes on, the failure shows
+                log.exception("drill step crashed")
+                self._step_failed(exc)
+                backoff_s = STEP_BACKOFF_MAX_S
+            await self._clock.sleep(backoff_s)
+
+    def _step_failed(self, exc: BaseException) -> None:
+        log.warning("drill step: %r", exc)
+        self.step_failures += 1
+        self.last_step_error = repr(exc)[:500]
+
+    def health(self) -> dict[str, Any]:
+        """What ``GET /v1/drills`` shows of this node's driver."""
+        return {
+            "region": self.region,
+            "leads_control": self.leads_control,
+            "step_failures": self.step_failures,
+            "last_step_error": self.last_step_error,
+            "stale_records": self.ops.stale_records,
+            "malformed_records": self.ops.malformed_records,
+        }
+
+    # --- the step -------------------------------------------------------------------------
+
+    @property
+    def leads_control(self) -> bool:
+        return self.node.leads(self.controller.control_shard)
+
+    async def step(self) -> None:
+        await self._fence_if_target()
+        if not self.leads_control:
+            self._stop_canaries(keep=())
+            return
+        active = self.ops.active_drills()
+        self._stop_canaries(keep=[d.drill_id for d in active])
+        for drill in active:
+            await self._drive(drill)
+
+    async def _fence_if_target(self) -> None:
+        holed = self.ops.black_holed(self._clock.wall_ms())
+        if self.region not in holed:
+            self._fenced_for = None
+            return
+        for shard in self.node.led_shards():
+            await self.node.resign_shard(shard)
+        if self._fenced_for is None:
+            log.warning("%s is a region-loss drill target: fenced itself", self.region)
+            self._fenced_for = self.region
+
+    async def _drive(self, drill: Drill) -> None:
+        runner = self._canary(drill)
+        placement = self.controller.placement()
+        region = drill.spec.region
+        if drill.phase == "injecting" and drill.spec.kind == "evacuate":
+            if region not in placement.evacuated:
+                await self.controller.operator("evacuate", region)
+                placement = self.controller.placement()
+        restored = False
+        canary_lost = None
+        if drill.phase == "restoring":
+            # back in the placement, and (a loss or a kill) every moved shard writable again,
+            # or out of time; an evacuate's shards were writable all along
+            restored = await self._restore(drill) and (
+                drill.spec.kind == "evacuate"
+                or all(s in runner.rto_s for s in drill.measurements.shards_moved)
+                or self._clock.wall_ms() >= drill.created_at_ms + int(deadline_s(drill.spec) * 1000)
+            )
+            if restored:
+                await self._stop_writing(drill.drill_id)
+                canary_lost = await runner.read_back(self._owners())
+        error_ratio, ack_p99_ms = runner.window()
+        obs = Observation(
+            now_ms=self._clock.wall_ms(),
+            halt_on=self.ops.halt.on,
+            injected=drill.phase != "injecting" or self._injected(drill),
+            # region-loss and kill: the fault follows the first record (at once, or at the
+            # supervisor's next poll), so RTO counts from it
+            injected_at_ms=drill.created_at_ms if drill.spec.kind != "evacuate" else None,
+            shards_moved=drill.measurements.shards_moved,
+            error_ratio=error_ratio,
+            ack_p99_ms=ack_p99_ms,
+            restored=restored,
+            canary_lost=canary_lost,
+        )
+        measured = runner.measurements(drill)
+        versions = dict(measured.placement_versions)
+        key = "after" if drill.phase == "restoring" else "during"
+        versions[key] = max(versions.get(key, 0), placement.version)
+        measured = replace(measured, placement_versions=versions)
+        following = advance(replace(drill, measurements=measured), obs)
+        now_s = self._clock.monotonic()
+        if following is not None:
+            await self.commit_drill(following)
+            self._progress_at_s[drill.drill_id] = now_s
+        elif now_s - self._progress_at_s.get(drill.drill_id, 0.0) >= _progress_every_s(drill):
+            self._progress_at_s[drill.drill_id] = now_s
+            live = await self._live_rate()
+            t_s = (self._clock.wall_ms() - drill.created_at_ms) / 1000
+            measured = replace(
+                measured,
+                live_appends=(*measured.live_appends, (t_s, live))[-SERIES_POINTS_MAX:],
+            )
+            await self.commit_drill(with_measurements(drill, measured))
+
+    async def _live_rate(self) -> float:
+        return await plane_append_rate_per_s(
+            self._peers, self._peer_urls, self.region, self._peer_headers, self.load
+        )
+
+    def _injected(self, drill: Drill) -> bool:
+        if drill.spec.kind == "evacuate":
+            return drill.spec.region in self.controller.placement().evacuated
+        if drill.spec.kind == "kill":  # the local supervisor killed it: nobody hears it
+            now_s = self._clock.monotonic()
+            return self.controller.membership.status(drill.spec.region, now_s) != "up"
+        return True  # region-loss: the committed injecting record is the fault
+
+    async def _restore(self, drill: Drill) -> bool:
+        """Give the target back; True once the placement no longer excludes it."""
+        region = drill.spec.region
+        placement = self.controller.placement()
+        now_s = self._clock.monotonic()
+        if self.controller.membership.status(region, now_s) != "up":
+            return False  # the black-hole is lifted (phase); wait until the region answers
+        if region in placement.down | placement.evacuated:
+            await self.controller.operator("restore", region)
+            placement = self.controller.placement()
+        return region not in placement.down | placement.evacuated
+
+    # --- canaries -------------------------------------------------------------------------
+
+    def _owners(self) -> dict[int, str]:
+        return dict(self.controller.placement().assignment)
+
+    def _canary(self, drill: Drill) -> CanaryRunner:
+        existing = self._canaries.get(drill.drill_id)
+        if existing is not None:  # its loops end at restoring; its numbers live on till the end
+            return existing[0]
+        runner = self._new_runner(drill)
+        task = asyncio.create_task(self._canary_rounds(runner), name=f"canary-{drill.drill_id}")
+        self._canaries[drill.drill_id] = (runner, task)
+        return runner
+
+    def _new_runner(self, drill: Drill) -> CanaryRunner:
+        return CanaryRunner(
+            drill=drill,
+            shard_count=self._shard_count,
+            send=self._send_canary,
+            read=self._read_canary,
+            clock=self._clock,
+        )
+
+    async def _canary_rounds(self, runner: CanaryRunner) -> None:
+        await asyncio.gather(*(self._canary_shard(runner, s) for s in range(self._shard_count)))
+
+    async def _canary_shard(self, runner: CanaryRunner, shard: int) -> None:
+        while runner.writing:
+            drill = self.ops.drills.get(runner.drill_id)
+            if drill is None or not drill.active:
+                return
+            await runner.write(drill, shard, self.controller.placement().assignment[shard])
+            await self._clock.sleep(CANARY_EVERY_S)
+
+    async def _stop_writing(self, drill_id: str) -> None:
+        """Stop a drill's canary writes (at restore: the read-back must see a final count)."""
+        runner, task = self._canaries[drill_id]
+        runner.writing = False
+        await bounded(asyncio.shield(task), CANARY_TIMEOUT_S + CANARY_EVERY_S + 1.0)
+
+    def _stop_canaries(self, keep: Any) -> None:
+        for drill_id in [d for d in self._canaries if d not in keep]:
+            _, task = self._canaries.pop(drill_id)
+            task.cancel()
+
+    async def _send_canary(
+        self, region: str, conversation_id: str, key: str, payload: dict[str, Any]
+    ) -> str:
+        shard = self.node.shard_of(conversation_id)
+        if self.node.leads(shard):
+            await append_canary(self.node, self._model_revision, conversation_id, key, payload)
+            return self.region
+        body = {"conversation_id": conversation_id, "idempotency_key": key, "payload": payload}
+        reply = await self._peers.post(
+            self._peer_url(region, "/peer/drills/canary"),
+            json=body,
+            headers=self._peer_headers,
+            timeout=PEER_CALL_TIMEOUT_S,
+        )
+        if reply.status_code != 200:
+            raise InvalidRequest(f"canary to {region}: {reply.status_code} {reply.text[:300]}")
+        return str(reply.json()["served_by"])
+
+    async def _read_canary(
+        self, region: str, conversation_id: str, after_seq: int
+    ) -> list[dict[str, Any]]:
+        if self.node.leads(self.node.shard_of(conversation_id)):
+            return await read_canary(self.node, conversation_id, after_seq)
+        reply = await self._peers.get(
+            self._peer_url(region, "/peer/drills/canary"),
+            params={"conversation_id": conversation_id, "after_seq": after_seq},
+            headers=self._peer_headers,
+            timeout=PEER_CALL_TIMEOUT_S * 5,
+        )
+        if reply.status_code == 404:
+            return []
+        if reply.status_code != 200:
+            raise InvalidRequest(f"canary read from {region}: {reply.status_code}")
+        events: list[dict[str, Any]] = reply.json()["events"]
+        return events
+
+    def _peer_url(self, region: str, path: str) -> str:
+        return self._peer_urls[region].rstrip("/") + path
+
+    # --- operator actions (the API calls these on the control leader) ---------------------
+
+    def _require_control_leader(self) -> None:
+        if not self.leads_control:
+            raise NotLeader(
+                f"{self.region} does not lead the control shard",
+                shard=self.controller.control_shard,
+                leader_region=self.controller.control_leader(),
+                retry_after_s=0.5,
+            )
+
+    async def plan(self, spec: DrillSpec) -> DrillPlan:
+        self._require_control_leader()
+        now_s = self._clock.monotonic()
+        placement = self.controller.placement()
+        weights = self.controller.cluster.weights()
+        moved_shards = placement.shards_of(spec.region) if spec.region in weights else []
+        return preflight(
+            spec,
+            statuses=statuses(self.controller.membership.view(now_s)),
+            weights=weights,
+            placement=placement,
+            active=self.ops.active_drills(),
+            halt=self.ops.halt,
+            load=LiveLoad(await self._live_rate(), self._capacity_per_s),
+            moved_load=await moved_load(
+                self._replicas.get(self.region),
+                moved_shards,
+                since_ms=self._clock.wall_ms()
+                - int(self.controller.cluster.replay.replay_window_s * 1000),
+            ),
+            kill_supported=self.controller.cluster.local_supervisor,
+        )
+
+    async def create(self, spec: DrillSpec, *, by: str, role: str) -> tuple[Drill, DrillPlan]:
+        """Preflight, then commit the drill's first record and an audit entry; raises
+        ``PreflightFailed`` (nothing committed) when preflight refuses."""
+        async with self._write_lock:
+            plan = await self.plan(spec)
+            if not plan.ok:
+                raise PreflightFailed("preflight refused the drill: " + "; ".join(plan.failures))
+            now_ms = self._clock.wall_ms()
+            day = datetime.fromtimestamp(now_ms / 1000, tz=UTC).strftime("%Y%m%d")
+            drill_id = f"d{day}-{secrets.token_hex(4)}"
+            placement = self.controller.placement()
+            measured = Measurements(
+                shards_moved=tuple(placement.shards_of(spec.region)),
+                placement_versions={"before": placement.version},
+            )
+            measured = await self._first_canaries(
+                replace(start(drill_id, spec, now_ms), measurements=measured)
+            )
+            # the fault starts with the first record (a region-loss's injection time): stamp it
+            # after the preflight writes, which may take a while
+            drill = replace(start(drill_id, spec, self._clock.wall_ms()), measurements=measured)
+            await self._audit(by, role, "drill.start", spec.region, spec.reason,
+                              {"drill_id": drill_id, "kind": spec.kind, "hold_s": spec.hold_s,
+                               "force": spec.force})  # fmt: skip
+            await self._commit_locked(drill)
+        return self.ops.drills.get(drill_id, drill), plan
+
+    async def _first_canaries(self, drill: Drill) -> Measurements:
+        """The last preflight check, before the fault: one canary write to every shard (it also
+        creates the canary conversations, so the fault's measurements start from a baseline).
+        A shard that cannot take one refuses the drill."""
+        runner = self._new_runner(drill)
+        failed = list(range(self._shard_count))
+        for _ in range(PREFLIGHT_CANARY_ATTEMPTS):
+            owners = self._owners()
+            await asyncio.gather(*(runner.write(drill, s, owners[s]) for s in failed))
+            failed = sorted(s for s, n in runner.acked.items() if n == 0)
+            if not failed:
+                break
+        if failed:
+            raise PreflightFailed(f"preflight refused the drill: shards not writable: {failed}")
+        return runner.measurements(drill)
+
+    async def abort(self, drill_id: str, *, by: str, role: str, reason: str) -> Drill:
+        async with self._write_lock:
+            self._require_control_leader()
+            drill = self.ops.drills.get(drill_id)
+            if drill is None:
+                raise NotFound(f"no drill {drill_id!r}")
+            await self._audit(by, role, "drill.abort", drill.spec.region, reason,
+                              {"drill_id": drill_id})  # fmt: skip
+            aborted = request_abort(drill, f"aborted by {by}: {reason}", self._clock.wall_ms())
+            if aborted is not None:
+                await self._commit_locked(aborted)
+        return self.ops.drills[drill_id]
+
+    async def set_halt(self, on: bool, *, by: str, role: str, reason: str) -> dict[str, Any]:
+        async with self._write_lock:
+            self._require_control_leader()
+            now_ms = self._clock.wall_ms()
+            await self._audit(by, role, "halt.on" if on else "halt.off", "*", reason)
+            body = {"on": on, "reason": reason, "by": by, "at_ms": now_ms}
+            await self._append(HALT_RECORD, body)
+            if on:  # abort now rather than at the next step
+                for drill in self.ops.active_drills():
+                    aborted = request_abort(drill, f"halt switch on: {reason}", now_ms)
+                    if aborted is not None:
+                        await self._commit_locked(aborted)
+        return self.ops.halt.to_body()
+
+    async def audit(
+        self, by: str, role: str, action: str, target: str, reason: str, detail: dict[str, Any]
+    ) -> None:
+        async with self._write_lock:
+            self._require_control_leader()
+            await self._audit(by, role, action, target, reason, detail)
+
+    # --- writing records ------------------------------------------------------------------
+
+    async def commit_drill(self, drill: Drill) -> None:
+        async with self._write_lock:
+            current = self.ops.drills.get(drill.drill_id)
+            if current is not None and current.rev != drill.rev - 1:
+                return  # an abort got in first: decide again at the next step
+            await self._commit_locked(drill)
+
+    async def _commit_locked(self, drill: Drill) -> None:
+        await self._append(DRILL_RECORD, drill.to_body())
+
+    async def _audit(
+        self,
+        by: str,
+        role: str,
+        action: str,
+        target: str,
+        reason: str,
+        detail: dict[str, Any] | None = None,
+    ) -> None:
+        body = audit_body(at_ms=self._clock.wall_ms(), by=by, role=role, action=action,
+                          target=target, reason=reason, detail=detail)  # fmt: skip
+        await self._append(AUDIT_RECORD, body)
+
+    async def _append(self, record_type: str, body: dict[str, Any]) -> None:
+        """Commit a record to the control shard and wait until this node applied it."""
+        lsn = await self.node.append_record(self.controller.control_shard, record_type, body)
+        deadline_s = self._clock.monotonic() + APPLY_WAIT_S
+        while self.ops.applied_lsn < lsn:
+            if self._clock.monotonic() > deadline_s:
+                raise TimeoutError(f"control record {lsn} not applied within {APPLY_WAIT_S}s")
+            await self._clock.sleep(0.02)
+
+
+def _progress_every_s(drill: Drill) -> float:
+    return max(PROGRESS_EVERY_S, drill.spec.hold_s / PROGRESS_RECORDS_PER_DRILL_MAX)
+
+
+__all__ = ["DrillDriver", "PreflightFailed"]

@@ -1,0 +1,170 @@
+"""The drill driver's operator actions against fakes of the controller and the log node: what
+gets committed to the control shard, and what never does (a refused or dry-run drill)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import pytest
+
+from eventlog.errors import NotFound, NotLeader
+from eventlog.sharding import shard_of
+from regions.control import Placement
+from regions.drills import DrillSpec
+from regions.membership import Membership, MembershipConfig
+from regions.ops_state import AUDIT_RECORD, DRILL_RECORD, HALT_RECORD, OpsState
+from regions.placement import place_shards
+from services.config import ClusterConfig, RegionConfig
+from services.drill_load import LoadMeter
+from services.drills import DrillDriver, PreflightFailed
+from tests.unit.clocks import WALL_ORIGIN_MS, ManualClock
+
+REGIONS = ("ap-south", "eu-west", "us-east")
+SHARDS = 6
+CONTROL_SHARD = SHARDS
+
+
+@dataclass
+class FakeNode:
+    """Leads every shard; control records apply to ``ops`` as the controller's learn would."""
+
+    ops: OpsState
+    leads_control: bool = True
+    records: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    canaries: list[str] = field(default_factory=list)
+
+    def leads(self, shard: int) -> bool:
+        return shard != CONTROL_SHARD or self.leads_control
+
+    def led_shards(self) -> list[int]:
+        return []
+
+    def shard_of(self, conversation_id: str) -> int:
+        return shard_of(conversation_id, SHARDS)
+
+    async def append_record(self, shard: int, record_type: str, body: dict[str, Any]) -> int:
+        assert shard == CONTROL_SHARD
+        self.records.append((record_type, body))
+        lsn = self.ops.applied_lsn + 1
+        self.ops.apply(lsn, record_type, json.dumps(body))
+        return lsn
+
+    async def append_event(self, tenant: str, cid: str, *args: Any, **kw: Any) -> None:
+        self.canaries.append(cid)
+
+    async def create_conversation(self, *args: Any) -> None:
+        return None
+
+
+@dataclass
+class FakeController:
+    region: str
+    cluster: ClusterConfig
+    membership: Membership
+    control_shard: int = CONTROL_SHARD
+
+    def placement(self) -> Placement:
+        weights = self.cluster.weights()
+        return Placement(1, place_shards(SHARDS, weights), frozenset(), frozenset(), "t")
+
+    def control_leader(self) -> str:
+        return "ap-south"
+
+
+def cluster() -> ClusterConfig:
+    return ClusterConfig(
+        regions=[RegionConfig(name=r, url=f"http://{r}.test", dsn=f"memory://{r}") for r in REGIONS],
+        shard_count=SHARDS,
+    )  # fmt: skip
+
+
+@dataclass
+class World:
+    driver: DrillDriver
+    node: FakeNode
+    ops: OpsState
+
+
+@pytest.fixture
+async def world() -> AsyncIterator[World]:
+    clock = ManualClock(wall_base_ms=WALL_ORIGIN_MS)
+    membership = Membership(self_region="ap-south", regions=REGIONS,
+                            config=MembershipConfig(1.0, 5.0), started_s=0.0)  # fmt: skip
+    for region in REGIONS[1:]:
+        membership.probe_ok(region, 0.0, suspects=())
+    ops = OpsState()
+    node = FakeNode(ops)
+
+    def load(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, json={"append_rate_per_s": 5.0})
+
+    async with httpx.AsyncClient(transport=httpx.MockTransport(load)) as peers:
+        driver = DrillDriver(
+            controller=FakeController("ap-south", cluster(), membership),  # type: ignore[arg-type]
+            node=node,  # type: ignore[arg-type]
+            ops=ops,
+            replicas={},
+            peers=peers,
+            peer_urls={r: f"http://{r}.test" for r in REGIONS},
+            peer_secret=None,
+            load=LoadMeter(clock),
+            clock=clock,
+            region_append_capacity_per_s=2000.0,
+        )
+        yield World(driver, node, ops)
+
+
+def spec(**kw: Any) -> DrillSpec:
+    fields: dict[str, Any] = {"kind": "region-loss", "region": "us-east", "hold_s": 5.0,
+                              "reason": "unit"}  # fmt: skip
+    fields.update(kw)
+    return DrillSpec(**fields)
+
+
+async def test_a_started_drill_commits_an_audit_entry_and_its_first_record(world: World) -> None:
+    drill, plan = await world.driver.create(spec(), by="sre", role="operator")
+    assert plan.ok and plan.capacity["append_rate_per_s"] == 10.0  # two peers at 5/s each
+    assert [kind for kind, _ in world.node.records] == [AUDIT_RECORD, DRILL_RECORD]
+    assert world.ops.drills[drill.drill_id].phase == "injecting"
+    # preflight wrote one canary to every shard, and the record starts from those counts
+    assert dict(drill.measurements.canary_acked) == dict.fromkeys(range(SHARDS), 1)
+    assert world.ops.black_holed(WALL_ORIGIN_MS + 1) == frozenset({"us-east"})
+
+
+async def test_a_dry_run_or_a_refused_drill_commits_nothing(world: World) -> None:
+    plan = await world.driver.plan(spec())
+    assert plan.ok and plan.to_body()["shards_moved"] == len(world.driver.controller.placement().shards_of("us-east"))  # fmt: skip
+    await world.driver.set_halt(True, by="sre", role="operator", reason="incident")
+    committed = len(world.node.records)
+    with pytest.raises(PreflightFailed, match="halt switch is on"):
+        await world.driver.create(spec(), by="sre", role="operator")
+    assert len(world.node.records) == committed and not world.ops.drills
+    assert [kind for kind, _ in world.node.records] == [AUDIT_RECORD, HALT_RECORD]
+
+
+async def test_halt_aborts_active_drills_and_an_abort_is_audited(world: World) -> None:
+    first, _ = await world.driver.create(spec(), by="sre", role="operator")
+    await world.driver.set_halt(True, by="sre", role="operator", reason="incident")
+    assert world.ops.drills[first.drill_id].phase == "restoring"
+    assert world.ops.drills[first.drill_id].abort_reason == "halt switch on: incident"
+    with pytest.raises(NotFound):
+        await world.driver.abort("nope", by="sre", role="operator", reason="x")
+    actions = [e.action for e in world.ops.audit]
+    assert actions == ["drill.start", "halt.on"]
+
+
+async def test_only_the_control_leader_writes(world: World) -> None:
+    world.node.leads_control = False
+    for call in (
+        world.driver.create(spec(), by="sre", role="operator"),
+        world.driver.set_halt(True, by="sre", role="operator", reason="x"),
+        world.driver.audit("sre", "operator", "key.create", "t", "r", {}),
+    ):
+        with pytest.raises(NotLeader) as raised:
+            await call
+        assert raised.value.leader_region == "ap-south"
+    assert world.node.records == []
