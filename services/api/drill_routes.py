@@ -107,6 +107,11 @@ def _drill_body(drill: Drill) -> dict[str, Any]:
 
 @drill_router.post("/drills")
 async def create_drill(ctx: Context, body: DrillRequest) -> Any:
+    """Start a drill (operator keys): `evacuate`, `region-loss` or `kill` of one region for
+    `hold_s`, after preflight (every region up, no other drill, halt off, capacity by the
+    region-loss arithmetic on live load; `force` overrides only capacity). 201 with the drill;
+    with `dry_run` 200 and the plan (what would move, replay tokens, time bound), changing
+    nothing; 409 `preflight_failed` with the reason."""
     require_role(ctx.tenant, OPERATOR_ROLES)
     driver = _driver(ctx.request)
     who = _who(ctx)
@@ -137,6 +142,8 @@ async def create_drill(ctx: Context, body: DrillRequest) -> Any:
 async def list_drills(
     ctx: Context, limit: Annotated[int, Query(ge=1, le=DRILLS_LISTED_MAX)] = 50
 ) -> dict[str, Any]:
+    """The most recent drills, newest first, and the drill driver's health (operator or viewer
+    keys)."""
     require_role(ctx.tenant, OBSERVER_ROLES)
     driver = _driver(ctx.request)
     drills = list(driver.ops.drills.values())[::-1][:limit]
@@ -145,12 +152,14 @@ async def list_drills(
 
 @drill_router.get("/drills/{drill_id}")
 async def get_drill(ctx: Context, drill_id: DrillIdPath) -> dict[str, Any]:
+    """A drill: status, phase, guards, and its timeline so far (operator or viewer keys)."""
     require_role(ctx.tenant, OBSERVER_ROLES)
     return _drill_body(_drill(_driver(ctx.request), drill_id))
 
 
 @drill_router.post("/drills/{drill_id}/abort")
 async def abort_drill(ctx: Context, drill_id: DrillIdPath, body: ReasonRequest) -> Any:
+    """Abort a drill (operator keys): the target is restored at once; verdict `aborted`."""
     require_role(ctx.tenant, OPERATOR_ROLES)
     driver = _driver(ctx.request)
 
@@ -162,6 +171,8 @@ async def abort_drill(ctx: Context, drill_id: DrillIdPath, body: ReasonRequest) 
 
 @drill_router.get("/drills/{drill_id}/report", response_model=None)
 async def drill_report(ctx: Context, drill_id: DrillIdPath) -> dict[str, Any] | HTMLResponse:
+    """A drill's report: JSON (RTO per moved shard, canaries acked and lost, guards tripped,
+    timeline), or with `Accept: text/html` a self-contained page with inline charts."""
     require_role(ctx.tenant, OBSERVER_ROLES)
     body = report(_drill(_driver(ctx.request), drill_id))
     if "text/html" in ctx.request.headers.get("accept", ""):
@@ -171,17 +182,20 @@ async def drill_report(ctx: Context, drill_id: DrillIdPath) -> dict[str, Any] | 
 
 @drill_router.get("/admin/halt")
 async def get_halt(ctx: Context) -> dict[str, Any]:
+    """The halt switch: whether new drills are refused, and why (operator or viewer keys)."""
     require_role(ctx.tenant, OBSERVER_ROLES)
     return _driver(ctx.request).ops.halt.to_body()
 
 
 @drill_router.post("/admin/halt")
 async def halt_on(ctx: Context, body: ReasonRequest) -> Any:
+    """Halt (operator keys): abort every active drill and refuse new ones until turned off."""
     return await _set_halt(ctx, True, body.reason)
 
 
 @drill_router.delete("/admin/halt")
 async def halt_off(ctx: Context, reason: Annotated[str, Query(max_length=500)] = "") -> Any:
+    """Lift the halt switch (operator keys): drills may start again."""
     return await _set_halt(ctx, False, reason or "halt lifted")
 
 
@@ -201,6 +215,8 @@ async def audit(
     after: Annotated[int, Query(ge=0)] = 0,
     limit: Annotated[int, Query(ge=1, le=AUDIT_PAGE_MAX)] = 100,
 ) -> dict[str, Any]:
+    """The audit log, oldest first from `after`: every operator action with who, role, when,
+    what and why (operator or viewer keys)."""
     require_role(ctx.tenant, OBSERVER_ROLES)
     entries = _driver(ctx.request).ops.audit_page(after, limit)
     return {
@@ -237,6 +253,7 @@ async def record_audit(ctx: Context, body: AuditRequest) -> Any:
 
 @drill_peer_router.post("/canary")
 async def peer_canary_write(request: Request, body: CanaryWrite) -> dict[str, Any]:
+    """Internal: a drill's canary write, at the node that leads the canary's shard."""
     _require_peer(request)
     api = api_state(request)
     async with asyncio.timeout(CANARY_TIMEOUT_S):
@@ -256,6 +273,7 @@ async def peer_canary_read(
     conversation_id: Annotated[str, Query(min_length=1, max_length=128)],
     after_seq: Annotated[int, Query(ge=0)] = 0,
 ) -> dict[str, Any]:
+    """Internal: a drill's canary events, read back at the node that leads their shard."""
     _require_peer(request)
     api = api_state(request)
     async with asyncio.timeout(CANARY_TIMEOUT_S * 5):
@@ -265,5 +283,6 @@ async def peer_canary_read(
 
 @drill_peer_router.get("/load")
 async def peer_load(request: Request) -> dict[str, Any]:
+    """Internal: this node's measured append rate, for a drill's capacity preflight."""
     _require_peer(request)
     return {"append_rate_per_s": _driver(request).load.append_rate_per_s()}

@@ -98,6 +98,12 @@ async def _send(request: dict[str, Any]) -> httpx.Response:
 @given(requests())
 def test_no_client_input_gets_a_5xx(request: dict[str, Any]) -> None:
     response = asyncio.run(_send(request))
-    assert response.status_code < 500 or response.status_code == 503, response.text
+    # 503 is a retryable refusal; 504 answers a deadline the client itself set too short
+    # (X-Convplane-Deadline-Ms is one of the fuzzed headers): both are documented, neither a bug
+    allowed_5xx = {503: None, 504: "deadline_exceeded"}
+    if response.status_code >= 500:
+        assert response.status_code in allowed_5xx, response.text
+        code = allowed_5xx[response.status_code]
+        assert code is None or response.json()["error"]["code"] == code, response.text
     if response.status_code >= 400 and response.headers.get("content-type") == "application/json":
         assert set(response.json()["error"]) == {"code", "message", "retryable"}
