@@ -35,6 +35,7 @@ sim: install
 
 lint: install
 	$(BIN)/ruff check eventlog regions replay services tests bench
+	$(BIN)/ruff format --check eventlog regions replay services tests bench
 	$(BIN)/mypy
 
 clean:
