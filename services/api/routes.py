@@ -22,6 +22,7 @@ from services.api.event_bodies import AnyEvent, payload_of
 from services.api.forwarding import FORWARDED_HEADER
 from services.api.openapi import CHAT_APPS, OPERATORS, errors, event_body
 from services.api.paging import within_bytes
+from services.api.roles import Forbidden
 
 # Printable ASCII without surrounding spaces (HTTP strips those, so the server never sees them).
 IDEMPOTENCY_KEY_PATTERN = r"^[\x21-\x7e]([\x20-\x7e]{0,253}[\x21-\x7e])?$"
@@ -51,7 +52,27 @@ async def read_context(
         return await request_context(request)
     tenant = api.tenants.authenticate_read(authorization, on_behalf_of)
     forwarded = request.headers.get(FORWARDED_HEADER) is not None
+    if not forwarded:  # a forward was checked at its entry node, whose replay sent the job
+        _check_service_key_scope(request, tenant.tenant_id)
     return RequestContext(api, request, tenant, _deadline_s(api, request), forwarded)
+
+
+def _check_service_key_scope(request: Request, tenant_id: str) -> None:
+    """The replay service key reads one thing: the transcript of a conversation this region's
+    replay service dispatched a job for and has not seen end. A leaked worker key therefore
+    reads no tenant's conversation at will."""
+    route = request.scope.get("route")
+    conversation_id = request.path_params.get("conversation_id", "")
+    replay = getattr(request.app.state, "replay", None)
+    if (
+        getattr(route, "name", None) != "list_events"
+        or replay is None
+        or not replay.job_outstanding(tenant_id, conversation_id)
+    ):
+        raise Forbidden(
+            "the replay service key reads only the transcripts of conversations with a replay "
+            "job outstanding in this region"
+        )
 
 
 ReadContext = Annotated[RequestContext, Depends(read_context)]

@@ -101,6 +101,8 @@ class ReplayService:
         self._moved: asyncio.Queue[int] = asyncio.Queue(self.limits.moved_shards_max)
         self._moved_pending: set[int] = set()
         self._outstanding: dict[str, int] = {}  # dispatched job id -> its deadline (wall ms)
+        #: dispatched job id -> (tenant, conversation): what the service key may read now
+        self._outstanding_for: dict[str, tuple[str, str]] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self._worker_tasks: list[asyncio.Task[None]] = []
         self._stream: ResultStream | None = None
@@ -267,6 +269,7 @@ class ReplayService:
         for job_id, deadline_ms in list(self._outstanding.items()):
             if deadline_ms + self.limits.outstanding_grace_ms < now_ms:
                 del self._outstanding[job_id]
+                self._outstanding_for.pop(job_id, None)
                 self.capacity.release(None)
                 self.counts["outstanding_timed_out"] += 1
         jobs = self.scheduler.dispatch(self.capacity.try_acquire, self.limits.dispatch_batch_max)
@@ -274,6 +277,7 @@ class ReplayService:
             if job.job_id in self._outstanding:  # the same job again (a requeue): one grant
                 self.capacity.release(None)
             self._outstanding[job.job_id] = job.deadline_ms
+            self._outstanding_for[job.job_id] = (job.tenant_id, job.conversation_id)
         return jobs
 
     async def _publish(self, jobs: list[ReplayJob]) -> None:
@@ -285,6 +289,7 @@ class ReplayService:
             log.warning("%s: publishing %d jobs failed: %s", self.region, len(jobs), exc)
             self.counts["publish_failures"] += 1
             for job in jobs:
+                self._outstanding_for.pop(job.job_id, None)
                 if self._outstanding.pop(job.job_id, None) is not None:
                     self.capacity.release(None)
             self.scheduler.add_moved(_moved_of(job) for job in jobs)
@@ -311,10 +316,16 @@ class ReplayService:
         # wrong_model is not terminal: the job went back on the bus and keeps its grant
         if result.status in TERMINAL_STATUSES and result.job_id in self._outstanding:
             del self._outstanding[result.job_id]
+            self._outstanding_for.pop(result.job_id, None)
             computed = result.prompt_tokens - result.cached_prompt_tokens
             self.capacity.release(computed if result.status == "replayed" else None)
         self.scheduler.record_result(result)
         self.affinity.learn(result)
+
+    def job_outstanding(self, tenant_id: str, conversation_id: str) -> bool:
+        """Whether this region dispatched a replay job for the conversation that has not ended:
+        the only transcripts the replay service key may read (``services.api.routes``)."""
+        return (tenant_id, conversation_id) in self._outstanding_for.values()
 
     # --- views ----------------------------------------------------------------------------
 

@@ -356,7 +356,8 @@ def bearer(key: str, **extra: str) -> dict[str, str]:
 
 
 async def test_api_status_operator_affinity_service_reads_and_metrics() -> None:
-    async with world() as w, api(w) as client:
+    clock = SteppedClock()
+    async with world(clock=clock) as w, api(w) as client:
         ids = ids_on_shard("api", 1)
         await write_conversations(w.home, ids, words=10)
         await move_shard(w)
@@ -381,15 +382,26 @@ async def test_api_status_operator_affinity_service_reads_and_metrics() -> None:
         assert (await client.get(url, headers=bearer("other-key-0000"))).status_code == 404
 
         events = f"/v1/conversations/{ids[0]}/events"
-        r = await client.get(events, headers=bearer(SERVICE_KEY, **{"X-Convplane-Tenant": "t1"}))
+        as_t1 = bearer(SERVICE_KEY, **{"X-Convplane-Tenant": "t1"})
+        r = await client.get(events, headers=as_t1)
+        assert r.status_code == 403, r.text  # no replay job for it is outstanding: no read
+        assert await w.service.capacity.poll_once() == 1
+        clock.now_s += 1.0  # the spare bucket fills at the measured spare rate
+        jobs = w.service.dispatch_once()
+        assert [j.conversation_id for j in jobs] == [ids[0]]
+        r = await client.get(events, headers=as_t1)
         assert r.status_code == 200 and len(r.json()["events"]) == 3
         assert (await client.get(events, headers=bearer(SERVICE_KEY))).status_code == 401
         r = await client.get(events, headers=bearer(SERVICE_KEY, **{"X-Convplane-Tenant": "t2"}))
-        assert r.status_code == 404  # on behalf of another tenant: not its conversation
+        assert r.status_code == 403  # on behalf of another tenant: not the job's conversation
+        r = await client.get(f"/v1/conversations/{ids[0]}", headers=as_t1)
+        assert r.status_code == 403  # only transcripts, nothing else
+        w.service.on_result(result_of(jobs[0].job_id, ids[0]))
+        assert (await client.get(events, headers=as_t1)).status_code == 403  # job ended
 
         text = (await client.get("/metrics")).text
-        assert "convplane_replay_backlog_sessions 1.0" in text
-        assert 'convplane_replay_results_total{status="replayed"} 1.0' in text
+        assert "convplane_replay_backlog_sessions 0.0" in text  # dispatched above
+        assert 'convplane_replay_results_total{status="replayed"} 2.0' in text
         assert 'convplane_replay_engine_spare_tokens_per_second{engine="b-e0"}' in text
 
 
