@@ -122,6 +122,17 @@ class UserMessage(_Strict):
 
 
 class AssistantMessage(_Strict):
+    # the rule of ``_says_something`` below, in the JSON Schema too (a generated client must
+    # not be able to build an assistant message the server refuses)
+    model_config = ConfigDict(
+        json_schema_extra={
+            "anyOf": [
+                {"required": ["content"], "properties": {"content": {"not": {"type": "null"}}}},
+                {"required": ["tool_calls"], "properties": {"tool_calls": {"type": "array"}}},
+            ]
+        }
+    )
+
     role: Literal["assistant"] = "assistant"
     content: TextContent | None = None
     tool_calls: Annotated[list[ToolCall], Field(min_length=1, max_length=TOOL_CALLS_MAX)] | None = (

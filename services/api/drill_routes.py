@@ -30,7 +30,10 @@ from regions.drills import Drill, DrillSpec, Guards
 from services.api.context import RequestContext, api_state, request_context
 from services.api.control_routes import _require_peer
 from services.api.drill_report_html import render
+from services.api.event_bodies import ID_PATTERN
+from services.api.openapi import errors
 from services.api.roles import OBSERVER_ROLES, OPERATOR_ROLES, require_role
+from services.api.routes import IDEMPOTENCY_KEY_PATTERN
 from services.drill_canary import CANARY_TIMEOUT_S, DRILL_TENANT, append_canary, read_canary
 from services.drills import DrillDriver
 
@@ -63,8 +66,8 @@ class ReasonRequest(BaseModel):
 class CanaryWrite(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    conversation_id: str = Field(min_length=1, max_length=128)
-    idempotency_key: str = Field(min_length=1, max_length=255)
+    conversation_id: str = Field(min_length=1, max_length=128, pattern=ID_PATTERN)
+    idempotency_key: str = Field(max_length=255, pattern=IDEMPOTENCY_KEY_PATTERN)
     payload: dict[str, Any]
 
 
@@ -105,7 +108,7 @@ def _drill_body(drill: Drill) -> dict[str, Any]:
     }
 
 
-@drill_router.post("/drills")
+@drill_router.post("/drills", responses=errors(409))
 async def create_drill(ctx: Context, body: DrillRequest) -> Any:
     """Start a drill (operator keys): `evacuate`, `region-loss` or `kill` of one region for
     `hold_s`, after preflight (every region up, no other drill, halt off, capacity by the
@@ -150,14 +153,14 @@ async def list_drills(
     return {"drills": [_drill_body(d) for d in drills], "driver": driver.health()}
 
 
-@drill_router.get("/drills/{drill_id}")
+@drill_router.get("/drills/{drill_id}", responses=errors(404))
 async def get_drill(ctx: Context, drill_id: DrillIdPath) -> dict[str, Any]:
     """A drill: status, phase, guards, and its timeline so far (operator or viewer keys)."""
     require_role(ctx.tenant, OBSERVER_ROLES)
     return _drill_body(_drill(_driver(ctx.request), drill_id))
 
 
-@drill_router.post("/drills/{drill_id}/abort")
+@drill_router.post("/drills/{drill_id}/abort", responses=errors(404))
 async def abort_drill(ctx: Context, drill_id: DrillIdPath, body: ReasonRequest) -> Any:
     """Abort a drill (operator keys): the target is restored at once; verdict `aborted`."""
     require_role(ctx.tenant, OPERATOR_ROLES)
@@ -169,7 +172,7 @@ async def abort_drill(ctx: Context, drill_id: DrillIdPath, body: ReasonRequest) 
     return await ctx.run(abort, is_write=True)
 
 
-@drill_router.get("/drills/{drill_id}/report", response_model=None)
+@drill_router.get("/drills/{drill_id}/report", response_model=None, responses=errors(404))
 async def drill_report(ctx: Context, drill_id: DrillIdPath) -> dict[str, Any] | HTMLResponse:
     """A drill's report: JSON (RTO per moved shard, canaries acked and lost, guards tripped,
     timeline), or with `Accept: text/html` a self-contained page with inline charts."""
@@ -251,7 +254,7 @@ async def record_audit(ctx: Context, body: AuditRequest) -> Any:
 # --- what the drill driver asks other nodes ----------------------------------------------------
 
 
-@drill_peer_router.post("/canary")
+@drill_peer_router.post("/canary", responses=errors(409))
 async def peer_canary_write(request: Request, body: CanaryWrite) -> dict[str, Any]:
     """Internal: a drill's canary write, at the node that leads the canary's shard."""
     _require_peer(request)
@@ -267,7 +270,7 @@ async def peer_canary_write(request: Request, body: CanaryWrite) -> dict[str, An
     return {"served_by": api.region}
 
 
-@drill_peer_router.get("/canary")
+@drill_peer_router.get("/canary", responses=errors(404))
 async def peer_canary_read(
     request: Request,
     conversation_id: Annotated[str, Query(min_length=1, max_length=128)],

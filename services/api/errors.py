@@ -33,6 +33,10 @@ ERROR_CODES: dict[str, tuple[int, str]] = {
     "method_not_allowed": (405, "the path does not take this method (`Allow` lists those it does)"),
     "seq_conflict": (409, "`expected_seq` is not the conversation's last seq"),
     "effect_conflict": (409, "a different `tool.effect` is already recorded for the attempt"),
+    "preflight_failed": (
+        409,
+        "a drill's preflight refused it (nothing changed); the reason says why",
+    ),
     "unknown_attempt": (409, "a `tool.effect` for an attempt that was never recorded"),
     "idempotency_key_reused": (409, "the same `Idempotency-Key` with a different body"),
     "conversation_exists": (409, "the id exists with another model revision or metadata"),

@@ -16,7 +16,7 @@ from services.api.errors import ERROR_CODES
 from tests.unit.test_api_fakes import KEY_A, FakeLog, build_app, conversation_led_by, leaders
 
 AUTH = {"Authorization": f"Bearer {KEY_A}"}
-API_FACING_MODULES = ("eventlog.", "services.api.")
+API_FACING_MODULES = ("eventlog.", "services.api.", "services.drills")
 MIDDLEWARE_CODES = {"invalid_request", "payload_too_large", "unsupported_media_type"}
 
 
