@@ -50,7 +50,6 @@ from pydantic import (
     Field,
     StringConstraints,
     ValidationError,
-    model_validator,
 )
 
 TEXT_CHARS_MAX = 4_000_000  # one message's text: a long document pasted into a chat
@@ -122,16 +121,10 @@ class UserMessage(_Strict):
 
 
 class AssistantMessage(_Strict):
-    # the rule of ``_says_something`` below, in the JSON Schema too (a generated client must
-    # not be able to build an assistant message the server refuses)
-    model_config = ConfigDict(
-        json_schema_extra={
-            "anyOf": [
-                {"required": ["content"], "properties": {"content": {"not": {"type": "null"}}}},
-                {"required": ["tool_calls"], "properties": {"tool_calls": {"type": "array"}}},
-            ]
-        }
-    )
+    """``content``, ``tool_calls`` or both. OpenAI's API refuses an assistant message with
+    neither; vLLM renders it as an empty turn. Stored as the application sent it, so the live
+    request and its replay agree either way (a JSON Schema rule for "one of them" breaks client
+    generators, and a generated client must be able to send whatever the server accepts)."""
 
     role: Literal["assistant"] = "assistant"
     content: TextContent | None = None
@@ -140,12 +133,6 @@ class AssistantMessage(_Strict):
     )
     name: Name | None = None
     refusal: Text | None = None
-
-    @model_validator(mode="after")
-    def _says_something(self) -> AssistantMessage:
-        if self.content is None and self.tool_calls is None:
-            raise ValueError("an assistant message needs content or tool_calls")
-        return self
 
 
 class ToolMessage(_Strict):

@@ -158,7 +158,7 @@ async def test_a_replay_that_drops_tool_events_rebuilds_only_what_came_before_th
         ("message.user", {"text": "no content"}),
         ("message.user", {"content": "x", "role": "assistant"}),
         ("message.user", {"content": [{"type": "video", "url": "x"}]}),
-        ("message.assistant", {"content": None}),
+        ("message.assistant", {"content": "x", "role": "user"}),
         ("message.assistant", {"tool_calls": [{"id": "c", "function": {"name": "f"}}]}),
         ("message.tool", {"content": "42"}),
         ("message.system", {"content": "x", "colour": "red"}),
