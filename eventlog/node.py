@@ -43,7 +43,7 @@ from eventlog.errors import (
 )
 from eventlog.identity import IdentityGuard, Observation, plan_sweep
 from eventlog.leader import CommitObserver, ShardLeader
-from eventlog.model import CONVERSATION_CREATED, LogEntry, record_entry
+from eventlog.model import CONVERSATION_CREATED, LogEntry, ShardStatus, record_entry
 from eventlog.replica import ReplicaStore
 from eventlog.sharding import shard_of
 from eventlog.wire_values import check_text, check_value
@@ -309,19 +309,31 @@ class LogNode(ConversationLog):
                     timeout_s,
                 )
                 # The source held the commit point when chosen; a database that was wiped or
-                # restored since answers from an emptier log. Its status *after* the read
-                # tells: a log shorter than the commit point lost data (never legitimate).
+                # restored since answers from an emptier log. Asked *after* the read: its
+                # identity (a wiped store has a new one, for good, even once it is refilled)
+                # and its status (a log shorter than the commit point lost data).
                 asked_at = self._clock.monotonic()
+                store_id = await bounded(replica.identity(), timeout_s)
                 status = await bounded(replica.status(leader.shard), timeout_s)
             except (ConvplaneError, TimeoutError) as exc:
                 last_error = exc if isinstance(exc, ConvplaneError) else None
                 continue
-            leader.note_replica_status(region, status, asked_at)
-            if status.last_lsn >= commit_lsn:
+            if not self.identity.vouches_for(region, store_id):
+                continue
+            if not self._source_lost_data(leader, region, status, asked_at, commit_lsn):
                 return entries
         raise last_error or NoQuorum(
             f"shard {leader.shard}: no replica answered a read", retry_after_s=0.5
         )
+
+    @staticmethod
+    def _source_lost_data(
+        leader: ShardLeader, region: str, status: ShardStatus, asked_at: float, commit_lsn: int
+    ) -> bool:
+        """Whether a read's source, by its status asked after the read, holds less than the
+        commit point the read was bounded by (it lost data: wiped or restored)."""
+        leader.note_replica_status(region, status, asked_at)
+        return status.last_lsn < commit_lsn
 
     # --- ConversationLog ------------------------------------------------------------------
 

@@ -113,9 +113,13 @@ def test_the_checker_catches_reads_that_skip_the_leadership_check(
 def test_the_checker_catches_a_plane_that_trusts_wiped_replicas(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Mutation: replica identities are never checked (bug 5): some seed loses an ack, or
-    a wiped replica's missing history shows up as divergence or a stale read."""
+    """Mutation: every defence against a wiped replica is off (bug 5's identity checks, and the
+    leader noticing that a replica holds less than it had accepted): some seed loses an ack or
+    serves a read that misses one (seed 70 is the first on PLANE_SIM_VERSION 2)."""
     monkeypatch.setattr(IdentityGuard, "counts", lambda self, region: True)
     monkeypatch.setattr(IdentityGuard, "vouches_for", lambda self, region, store_id: True)
-    caught = [s for s in range(60) if not run_plane_seed(s, regions=3).ok]
-    assert caught
+    monkeypatch.setattr(
+        log_node.ShardLeader, "note_replica_status", lambda self, region, status, asked_at: None
+    )
+    monkeypatch.setattr(log_node.LogNode, "_source_lost_data", staticmethod(lambda *a: False))
+    assert any(not run_plane_seed(s, regions=3).ok for s in range(120))
