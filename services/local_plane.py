@@ -10,7 +10,7 @@ listeners speak mutual TLS only. Both files and the SQLite replicas are written 
 directory and each region's directory 0700 (0711 for the state directory with ``--postgres``:
 the ``postgres`` user must traverse it to its data). Two tenants: ``demo`` (a large quota) and
 ``demo-limited`` (a small one, to see 429s), and an operator key (``sre``,
-``operator_api_key``) for drills. The cluster file gets a fresh
+``operator_api_key``) for drills, and a viewer key (``sre-viewer``, ``viewer_api_key``). The cluster file gets a fresh
 ``peer_secret`` each start (only forwards carrying it are trusted not to charge twice).
 """
 
@@ -51,6 +51,9 @@ REGION_NAMES = ("us-east", "eu-west", "ap-south", "us-west", "eu-north", "ap-eas
 DEMO_TENANT = "demo"
 LIMITED_TENANT = "demo-limited"
 OPERATOR_TENANT = "sre"  # the operator key: drills, evacuate/restore, halt
+VIEWER_TENANT = (
+    "sre-viewer"  # the viewer key: sees regions, drills, reports, audit; changes nothing
+)
 LIMITED_REQUESTS_PER_S = 10.0
 LIMITED_BURST = 20
 READY_TIMEOUT_S = 60.0
@@ -106,6 +109,7 @@ class LocalPlane:
     api_key: str = field(default_factory=lambda: "cp_" + secrets.token_urlsafe(24))
     limited_api_key: str = field(default_factory=lambda: "cp_" + secrets.token_urlsafe(24))
     operator_api_key: str = field(default_factory=lambda: "cp_" + secrets.token_urlsafe(24))
+    viewer_api_key: str = field(default_factory=lambda: "cp_" + secrets.token_urlsafe(24))
     members: list[RegionProcess] = field(default_factory=list)
     sim_engines: int = 0  # simulated inference engines per region (services.replay.local_engines)
     #: mutual TLS between the nodes under a CA generated for this plane (services.cluster_tls)
@@ -157,6 +161,7 @@ class LocalPlane:
             "api_key": self.api_key,
             "tenant_id": DEMO_TENANT,
             "operator_api_key": self.operator_api_key,
+            "viewer_api_key": self.viewer_api_key,
             "tenants": [
                 {"tenant_id": DEMO_TENANT, "api_key": self.api_key},
                 {"tenant_id": LIMITED_TENANT, "api_key": self.limited_api_key},
@@ -165,6 +170,7 @@ class LocalPlane:
                     "api_key": self.operator_api_key,
                     "role": "operator",
                 },
+                {"tenant_id": VIEWER_TENANT, "api_key": self.viewer_api_key, "role": "viewer"},
             ],
             **(self.engines.info() if self.engines is not None else {}),
             "cluster_file": str(self.cluster_file),
@@ -265,6 +271,11 @@ class LocalPlane:
                     tenant_id=OPERATOR_TENANT,
                     api_key_sha256=api_key_sha256(self.operator_api_key),
                     role="operator",
+                ),
+                TenantConfig(
+                    tenant_id=VIEWER_TENANT,
+                    api_key_sha256=api_key_sha256(self.viewer_api_key),
+                    role="viewer",
                 ),
             ],
             peer_secret=secrets.token_urlsafe(32),

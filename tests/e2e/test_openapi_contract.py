@@ -270,3 +270,18 @@ def test_schemathesis_finds_no_failure_in_what_operators_read(plane: Plane, tmp_
         "examples,coverage,fuzzing",
     )
     _assert_all_passed(output, "Examples", "Coverage", "Fuzzing")
+
+
+def test_schemathesis_finds_no_failure_with_a_viewer_key(plane: Plane, tmp_path: Path) -> None:
+    """A viewer key on every operator-facing operation: it reads regions, placement, drills,
+    reports, halt and audit, and every change it tries is a documented 403."""
+    output = _run_schemathesis(
+        plane,
+        plane.info["viewer_api_key"],
+        tmp_path,
+        "--include-path-regex",
+        "^/v1/(regions|placement|drills|audit|admin)",
+        "--phases",
+        "examples,coverage,fuzzing",
+    )
+    _assert_all_passed(output, "Examples", "Coverage", "Fuzzing")
