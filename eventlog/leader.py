@@ -308,6 +308,21 @@ class ShardLeader:
     def _quorum_suspected(self) -> bool:
         return bool(self._followers) and self._reachable_count() < self._w
 
+    def quorum_reachable(self) -> bool:
+        """Whether a write quorum of counted replicas looks reachable now (read for metrics)."""
+        return not self._quorum_suspected()
+
+    def replica_lag(self) -> list[tuple[str, int, float]]:
+        """``(region, entries, seconds)`` per replica: how many entries it lacks behind the
+        leader's last lsn, and for how long it has lacked some (0 when it holds everything)."""
+        now = self._clock.monotonic()
+        lags = []
+        for follower in self._followers.values():
+            entries = max(0, self.last_lsn - follower.match_lsn)
+            seconds = max(0.0, now - follower.matched_at) if entries else 0.0
+            lags.append((follower.region, entries, seconds))
+        return lags
+
     def _suspect(self, follower: _Follower, now: float) -> bool:
         """A replica that has failed, or not answered, for ``replica_suspect_after_s``: a
         black-holed link (partition) shows as a call that never returns, not as an error."""

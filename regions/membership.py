@@ -151,6 +151,12 @@ class Membership:
         """Shards ``region`` said it leads in its last reply (empty if never heard)."""
         return self._peer(region).led_shards
 
+    def last_heard_s(self, region: str) -> float | None:
+        """When ``region`` last answered a probe (None: never, or it is this node's region)."""
+        if region == self.self_region:
+            return None
+        return self._peer(region).last_ok_s
+
     def heard_since(self, region: str, since_s: float) -> bool:
         """Whether ``region`` replied to a probe at or after ``since_s``."""
         replied = self._peer(region).replied_at_s

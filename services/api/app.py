@@ -50,7 +50,7 @@ the server refuses with 400, and every status an operation can answer is listed 
 
 def create_app(settings: NodeSettings, *, runtime_factory: RuntimeFactory | None = None) -> FastAPI:
     factory = runtime_factory or open_runtime
-    metrics = Metrics()
+    metrics = Metrics(settings.region)
     admission = NodeAdmission(metrics)  # opened in the lifespan, with the runtime's clock
 
     @asynccontextmanager
@@ -89,6 +89,7 @@ def create_app(settings: NodeSettings, *, runtime_factory: RuntimeFactory | None
             if runtime.controller is not None:
                 metrics.watch_loops(runtime.controller.supervisor)
                 metrics.watch_replicas(runtime.controller.node.identity)
+            metrics.watch_node(runtime)
             app.state.drills = runtime.drills
             install_replay(app, metrics.registry, runtime.replay)
             admission.open(
@@ -110,7 +111,7 @@ def create_app(settings: NodeSettings, *, runtime_factory: RuntimeFactory | None
         generate_unique_id_function=operation_id,
     )
     install_openapi(app, lambda: _shard_count(app))
-    install_error_handlers(app, settings.retry_after_default_s)
+    install_error_handlers(app, settings.retry_after_default_s, metrics.count_error)
     app.include_router(router)
     app.include_router(ops_router)
     app.include_router(control_router)

@@ -12,6 +12,7 @@ document prints it, and a test checks that every error class's code is in it.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -106,9 +107,14 @@ def allowed_methods(request: Request) -> list[str]:
     ]
 
 
-def install_error_handlers(app: FastAPI, retry_after_default_s: float) -> None:
+def install_error_handlers(
+    app: FastAPI, retry_after_default_s: float, count_error: Callable[[str], None]
+) -> None:
+    """``count_error`` is called with the code of every convplane error answered (metrics)."""
+
     async def on_convplane_error(_: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, ConvplaneError)
+        count_error(exc.code)
         return error_response(exc, retry_after_default_s)
 
     async def on_validation_error(_: Request, exc: Exception) -> JSONResponse:

@@ -99,6 +99,7 @@ class Forwarder:
             headers = {**self._headers(request), "content-type": "application/json"}
         if self._peer_secret is not None:
             headers[PEER_AUTH_HEADER] = self._peer_secret
+        started_s = self._clock.monotonic()
         for attempt in range(self._retries_max + 1):
             remaining_s = deadline_s - self._clock.monotonic()
             if remaining_s <= 0:
@@ -136,6 +137,7 @@ class Forwarder:
                     raise OutcomeUnknown(_unknown_message(target_region)) from exc
                 raise ForwardFailed(f"forward to {target_region} failed: {exc!r}"[:300]) from exc
             self._metrics.forwarded.labels(target_region, "ok").inc()
+            self._metrics.observe_forward(target_region, self._clock.monotonic() - started_s)
             return _relayed(reply)
         raise _deadline_error(is_write, target_region)
 

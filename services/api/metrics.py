@@ -3,13 +3,24 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from eventlog.identity import IdentityGuard
+from services.api.errors import ERROR_CODES
+from services.node_metrics import (
+    DrillVerdictRecorder,
+    FailoverRecorder,
+    NodeStateCollector,
+    ReplayJobRecorder,
+)
 from services.supervisor import Supervisor
+
+if TYPE_CHECKING:  # bootstrap imports the whole node; metrics needs only the runtime's shape
+    from services.bootstrap import NodeRuntime
 
 #: the methods that get a label of their own; any other token is counted as "other"
 HTTP_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
@@ -17,7 +28,8 @@ LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.
 
 
 class Metrics:
-    def __init__(self) -> None:
+    def __init__(self, region: str) -> None:
+        self.region = region
         self.registry = CollectorRegistry(auto_describe=True)
         self.requests = Counter(
             "convplane_http_requests",
@@ -32,9 +44,12 @@ class Metrics:
             buckets=LATENCY_BUCKETS_S,
             registry=self.registry,
         )
+        # Labelled with this node's region, so a dashboard sums them per shard-leader region;
+        # its _count is the number of acknowledged appends.
         self.ack_latency = Histogram(
             "convplane_append_ack_latency_seconds",
-            "time from receiving an append to its quorum acknowledgment (served here)",
+            "time from receiving an append to its quorum acknowledgment, at the shard's leader",
+            ["leader_region"],
             buckets=LATENCY_BUCKETS_S,
             registry=self.registry,
         )
@@ -44,10 +59,48 @@ class Metrics:
             ["target_region", "outcome"],
             registry=self.registry,
         )
+        self.forward_latency = Histogram(
+            "convplane_forward_duration_seconds",
+            "time from sending a request to the leader's region to its answer (answered ones)",
+            ["target_region"],
+            buckets=LATENCY_BUCKETS_S,
+            registry=self.registry,
+        )
+        self.errors = Counter(
+            "convplane_request_errors",
+            "requests refused or failed with a convplane error, by its stable code",
+            ["code"],
+            registry=self.registry,
+        )
+        self.fenced_writes = Counter(
+            "convplane_fenced_writes",
+            "writes refused because a newer leader (higher epoch) took the shard",
+            registry=self.registry,
+        )
+        self._ack = self.ack_latency.labels(region)
+        self._forward: dict[str, Histogram] = {}
+        self._error: dict[str, Counter] = {}
 
     def watch_loops(self, supervisor: Supervisor) -> None:
         """Export the supervised loops' crash counts and crash-looping state at each scrape."""
         self.registry.register(_LoopCollector(supervisor))
+
+    def watch_node(self, runtime: NodeRuntime) -> None:
+        """Export the node's leadership, regions, replicas, placement, failovers, drills, replica
+        call times and replay job times (``services.node_metrics``)."""
+        if runtime.replica_calls is not None:
+            self.registry.register(runtime.replica_calls)
+        if runtime.replay is not None:
+            runtime.replay.result_listeners.append(ReplayJobRecorder(self.registry))
+        controller = runtime.controller
+        if controller is None:
+            return
+        ops = runtime.drills.ops if runtime.drills is not None else None
+        self.registry.register(NodeStateCollector(controller, ops, runtime.clock))
+        controller.node.add_listener(FailoverRecorder(controller, runtime.clock, self.registry))
+        if ops is not None:
+            recorder = DrillVerdictRecorder(ops, self.registry, runtime.clock.wall_ms())
+            controller.record_listeners.append(recorder)
 
     def watch_replicas(self, identity: IdentityGuard) -> None:
         """Export which replicas are quarantined (``eventlog.identity``) at each scrape."""
@@ -58,6 +111,26 @@ class Metrics:
         method = method if method in HTTP_METHODS else "other"
         self.requests.labels(route, method, str(status)).inc()
         self.request_latency.labels(route, method).observe(latency_s)
+
+    def observe_ack(self, latency_s: float) -> None:
+        self._ack.observe(latency_s)
+
+    def observe_forward(self, target_region: str, latency_s: float) -> None:
+        """``target_region`` comes from the cluster file (bounded): children are cached."""
+        child = self._forward.get(target_region)
+        if child is None:
+            child = self._forward[target_region] = self.forward_latency.labels(target_region)
+        child.observe(latency_s)
+
+    def count_error(self, code: str) -> None:
+        """``code`` is a stable error code; one not in ``ERROR_CODES`` is counted as "other"."""
+        code = code if code in ERROR_CODES else "other"
+        child = self._error.get(code)
+        if child is None:
+            child = self._error[code] = self.errors.labels(code)
+        child.inc()
+        if code == "fenced":
+            self.fenced_writes.inc()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

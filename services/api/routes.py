@@ -178,7 +178,7 @@ async def append_event(
     )
     if isinstance(result, Response):
         return result
-    ctx.api.metrics.ack_latency.observe(ctx.api.clock.monotonic() - started_s)
+    ctx.api.metrics.observe_ack(ctx.api.clock.monotonic() - started_s)
     content = schemas.EventAppended.of(result).model_dump(mode="json")
     if result.replayed:
         return JSONResponse(content, status_code=200, headers={"Idempotent-Replayed": "true"})

@@ -107,6 +107,8 @@ class ReplayService:
         self._worker_tasks: list[asyncio.Task[None]] = []
         self._stream: ResultStream | None = None
         self._bus_started = False
+        #: called with every result of this region's jobs (metrics: services.node_metrics)
+        self.result_listeners: list[Callable[[ReplayResult], None]] = []
 
     # --- LogListener ----------------------------------------------------------------------
 
@@ -313,6 +315,8 @@ class ReplayService:
         if result.region != self.region:
             return  # the results topic is shared by every region
         self.counts[f"result_{result.status}"] += 1
+        for listener in self.result_listeners:
+            listener(result)
         # wrong_model is not terminal: the job went back on the bus and keeps its grant
         if result.status in TERMINAL_STATUSES and result.job_id in self._outstanding:
             del self._outstanding[result.job_id]

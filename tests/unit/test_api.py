@@ -368,6 +368,6 @@ async def test_healthz_metrics_and_docs(nodes: Nodes) -> None:
     await nodes.east.post(f"/v1/conversations/{cid}/events", json={"type": "note"}, headers=AUTH_A)
     text = (await nodes.east.get("/metrics")).text
     assert 'route="/v1/conversations/{conversation_id}/events",status="201"' in text
-    assert "convplane_append_ack_latency_seconds_count 1.0" in text
+    assert 'convplane_append_ack_latency_seconds_count{leader_region="east"} 1.0' in text
     assert (await nodes.east.get("/openapi.json")).json()["paths"]
     assert (await nodes.east.get("/docs")).status_code == 200

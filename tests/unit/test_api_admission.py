@@ -330,7 +330,7 @@ async def test_without_a_peer_secret_every_hop_charges() -> None:
 
 async def test_peer_endpoints_have_their_own_small_bound() -> None:
     clock = node_clock()
-    gate = NodeAdmission(Metrics())
+    gate = NodeAdmission(Metrics("us-east"))
     settings = NodeSettings(region="east", cluster=cluster(), peer_in_flight_max=2)
     gate.open(settings=settings, cluster=cluster(), tenants=Tenants([], clock), clock=clock)
     try:
@@ -353,7 +353,7 @@ async def test_latency_sample_starts_at_admission_not_at_arrival() -> None:
     settings = NodeSettings(
         region="east", cluster=config, admission_limit_initial=1, admission_limit_min=1
     )
-    gate = NodeAdmission(Metrics())
+    gate = NodeAdmission(Metrics("us-east"))
     gate.open(
         settings=settings, cluster=config, tenants=Tenants(config.tenants, clock), clock=clock
     )

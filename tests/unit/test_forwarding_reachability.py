@@ -37,7 +37,7 @@ def forwarder(client: httpx.AsyncClient, reachable: dict[str, bool]) -> Forwarde
         peer_urls={"west": "http://west.test"},
         clock=SystemClock(),
         rng=random.Random(1),
-        metrics=Metrics(),
+        metrics=Metrics("us-east"),
         retries_max=1,
         backoff_s=0.01,
         peer_reachable=lambda region: reachable[region],

@@ -13,6 +13,7 @@ from eventlog.memory_replica import MemoryReplica
 from eventlog.node import LogNode
 from services.api.control_routes import peer_router
 from services.api.errors import install_error_handlers
+from services.api.metrics import Metrics
 from services.config import NodeSettings
 from services.controller import Controller
 from tests.unit.test_api_fakes import cluster_config
@@ -35,7 +36,7 @@ def peer_app(peer_secret: str | None) -> FastAPI:
         region="east", replicas=replicas, config=LogConfig(shard_count=4), clock=clock, rng=rng
     )
     app = FastAPI()
-    install_error_handlers(app, 1.0)
+    install_error_handlers(app, 1.0, Metrics("east").count_error)
     app.include_router(peer_router)
     app.state.controller = Controller(
         settings=NodeSettings(region="east", cluster=cluster),

@@ -84,7 +84,7 @@ async def test_metrics_export_crashes_and_crash_looping() -> None:
 
     supervisor.start("probe", step, period_s=1.0)
     await enough.wait()
-    metrics = Metrics()
+    metrics = Metrics("us-east")
     metrics.watch_loops(supervisor)
     text = metrics.render().decode()
     assert 'convplane_background_loop_crash_looping{loop="probe"} 1.0' in text
