@@ -62,3 +62,26 @@ def test_workers_get_the_nodes_salt_key_and_only_their_regions_bus_secret(
         secret = (tmp_path / f"bus-secret-{region.name}").read_text().strip()
         assert cluster.replay.bus_secrets[region.name] == secret
         assert len(set(cluster.replay.bus_secrets.values())) == len(cluster.regions)
+
+
+def test_prometheus_and_grafana_are_wired_to_the_shipped_files() -> None:
+    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    services = compose["services"]
+    for service in ("prometheus", "grafana"):
+        for volume in services[service]["volumes"]:
+            source = volume.split(":")[0]
+            if source.startswith("./"):
+                assert (ROOT / source).exists(), f"{service} mounts {source}, which is missing"
+    prometheus = yaml.safe_load((ROOT / "deploy/observability/prometheus.yml").read_text())
+    targets = [t for c in prometheus["scrape_configs"][0]["static_configs"] for t in c["targets"]]
+    cluster_template = (ROOT / "deploy" / "compose-cluster.template.json").read_text()
+    for target in targets:
+        host, port = target.split(":")
+        assert host in services and port in services[host]["command"], target
+        assert f"http://{host}:{port}" in cluster_template, target
+    datasource = yaml.safe_load(
+        (ROOT / "deploy/observability/grafana/provisioning/datasources/prometheus.yml").read_text()
+    )["datasources"][0]
+    assert datasource["url"] == "http://prometheus:9090"
+    dashboard = (ROOT / "deploy/observability/grafana/dashboards/convplane.json").read_text()
+    assert f'"uid": "{datasource["uid"]}"' in dashboard

@@ -6,16 +6,21 @@ suspected).
 A new series with a bad name, type or label fails here: ``convplane_`` prefix, base units,
 counters ending in ``_total``, ratios in 0..1, no id of a conversation, tenant, user or request
 as a label, and label values from bounded sets only (route templates, known methods, regions).
+The shipped rules and Grafana dashboard (``deploy/observability``) read only series that this
+scrape shows, or recording rules the rules file defines: a renamed series fails here.
 """
 
 from __future__ import annotations
 
+import json
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import AsyncExitStack
+from pathlib import Path
 
 import httpx
 import pytest
+import yaml
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
@@ -28,6 +33,10 @@ from services.api.metrics import HTTP_METHODS
 from services.config import ClusterConfig, NodeSettings, RegionConfig, TenantConfig
 from tests.unit.test_api_fakes import KEY_A, api_key_sha256
 
+ROOT = Path(__file__).resolve().parents[2]
+OBSERVABILITY = ROOT / "deploy" / "observability"
+DASHBOARD = OBSERVABILITY / "grafana" / "dashboards" / "convplane.json"
+RULES = OBSERVABILITY / "rules" / "convplane.rules.yml"
 REGIONS = ("ap-south", "eu-west", "us-east")
 SELF = "us-east"
 AUTH = {"Authorization": f"Bearer {KEY_A}"}
@@ -178,3 +187,75 @@ async def test_region_status_is_one_status_per_region(node: httpx.AsyncClient) -
         assert len(ones) == 1, f"{region}: {ones}"
     own = next(s for s in samples if s.labels["region"] == SELF and s.value == 1.0)
     assert own.labels["status"] == "up"
+
+
+#: series Prometheus itself makes for every target
+PROMETHEUS_SERIES = {"up"}
+SUFFIXES = {
+    "counter": ("_total",),
+    "histogram": ("_bucket", "_count", "_sum"),
+    "gauge": ("",),
+}
+PROMQL_WORDS = {"by", "without", "on", "ignoring", "group_left", "group_right", "bool", "and",
+                "or", "unless", "offset", "inf", "nan"}  # fmt: skip
+
+
+def series_in_promql(expr: str) -> set[str]:
+    """Metric and recording-rule names an expression reads: identifiers that are not functions,
+    keywords, label names (inside ``{}`` or a ``by (...)`` list) or strings."""
+    expr = re.sub(r'"(?:[^"\\]|\\.)*"', '""', expr)  # strings
+    expr = re.sub(r"\{[^}]*\}", "", expr)  # label matchers
+    expr = re.sub(r"\[[^\]]*\]", "", expr)  # ranges
+    expr = re.sub(r"\b(by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", "", expr)
+    names = set()
+    for match in re.finditer(r"[A-Za-z_:][A-Za-z0-9_:]*", expr):
+        rest = expr[match.end() :].lstrip()
+        if rest.startswith("(") or match.group().lower() in PROMQL_WORDS:
+            continue
+        if match.start() > 0 and (
+            expr[match.start() - 1].isdigit() or expr[match.start() - 1] == "."
+        ):
+            continue  # a number like 1e-9
+        names.add(match.group())
+    return names
+
+
+def _dashboard_exprs() -> Iterator[str]:
+    dashboard = json.loads(DASHBOARD.read_text())
+    for panel in dashboard["panels"]:
+        for target in panel.get("targets", []):
+            yield target["expr"]
+    for annotation in dashboard["annotations"]["list"]:
+        if "expr" in annotation:
+            yield annotation["expr"]
+
+
+def _rules() -> list[dict[str, str]]:
+    groups = yaml.safe_load(RULES.read_text())["groups"]
+    return [rule for group in groups for rule in group["rules"]]
+
+
+def test_promql_names_are_found() -> None:
+    assert series_in_promql(
+        'histogram_quantile(0.99, sum by (le, region) (rate(a_b_bucket{x="y z"}[5m]))) > 1e-9'
+        " and on (node) c:d:e == 0"
+    ) == {"a_b_bucket", "c:d:e"}
+
+
+async def test_dashboard_and_rules_read_series_that_exist(node: httpx.AsyncClient) -> None:
+    families = _families(await _scrape_after_traffic(node))
+    exported = PROMETHEUS_SERIES | {
+        name + suffix for name, (kind, _) in families.items() for suffix in SUFFIXES[kind]
+    }
+    recorded = {rule["record"] for rule in _rules() if "record" in rule}
+    known = exported | recorded
+    exprs = list(_dashboard_exprs())
+    assert len(exprs) >= 20
+    for expr in exprs + [rule["expr"] for rule in _rules()]:
+        unknown = series_in_promql(expr) - known
+        assert not unknown, f"{expr!r} reads series nobody exports: {unknown}"
+    dashboard = json.loads(DASHBOARD.read_text())
+    assert {a["name"] for a in dashboard["annotations"]["list"]} >= {"Drills", "Failovers"}
+    titles = " ".join(p["title"] for p in dashboard["panels"]).lower()
+    for topic in ("region", "shards", "appends", "latency", "failover", "replay", "drills"):
+        assert topic in titles, f"the dashboard has no {topic} panel"
