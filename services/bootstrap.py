@@ -17,7 +17,6 @@ from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontext
 from dataclasses import dataclass
 
 import httpx
-from prometheus_client import Histogram
 
 from eventlog.clock import Clock, SystemClock
 from eventlog.config import LogConfig
@@ -40,7 +39,7 @@ from services.drills import DrillDriver
 from services.peer_probe import HttpPeerProber
 from services.replay.service import ReplayService
 from services.replay.wiring import open_replay_service
-from services.replica_timing import replica_call_histogram, timed_replicas
+from services.replica_timing import ReplicaInstruments, replica_call_histogram, timed_replicas
 
 
 @dataclass
@@ -57,8 +56,8 @@ class NodeRuntime:
     controller: Controller | None = None  # failure detection, placement, failover
     replay: ReplayService | None = None  # KV replay of conversations whose shards moved here
     drills: DrillDriver | None = None  # drills, halt switch, audit log (services.drills)
-    #: unregistered: the app registers it with its own series (services.replica_timing)
-    replica_calls: Histogram | None = None
+    #: replica call timing and tracing, set by the app (services.replica_timing)
+    replica_instruments: ReplicaInstruments | None = None
 
 
 RuntimeFactory = Callable[[NodeSettings], AbstractAsyncContextManager[NodeRuntime]]
@@ -119,8 +118,8 @@ async def open_runtime(settings: NodeSettings) -> AsyncIterator[NodeRuntime]:
     peer_listener_urls = {r.name: r.peer_url_for(settings.region) for r in cluster.regions}
     async with AsyncExitStack() as stack:
         opened = await open_replica_stores(cluster, clock, stack, settings.region)
-        replica_calls = replica_call_histogram()
-        replicas = timed_replicas(black_holed_replicas(opened, hole), replica_calls, clock)
+        instruments = ReplicaInstruments(replica_call_histogram())
+        replicas = timed_replicas(black_holed_replicas(opened, hole), instruments, clock)
         node = build_log_node(settings, cluster, replicas, clock, rng)
         stack.push_async_callback(node.close)
         load = LoadMeter(clock)
@@ -197,5 +196,5 @@ async def open_runtime(settings: NodeSettings) -> AsyncIterator[NodeRuntime]:
             controller,
             replay,
             drills,
-            replica_calls,
+            instruments,
         )

@@ -1,13 +1,16 @@
-"""Replica calls timed for Prometheus: a ``ReplicaStore`` that wraps another and observes how
-long each protocol call (prepare, append, status) took, by the replica's region and the call.
+"""Replica calls timed for Prometheus and traced: a ``ReplicaStore`` that wraps another,
+observes how long each protocol call (prepare, append, status) took, by the replica's region
+and the call, and makes a span for an append that carries a traced request's entries.
 
-The histogram is built unregistered (``open_runtime`` builds the stores before the app's
-registry is at hand); the app registers it next to its own series.
+``open_runtime`` builds the stores before the app exists, so the instruments are set late:
+the histogram is built unregistered and the app registers it next to its own series; the app
+sets ``tracing`` when tracing is on (``services.tracing``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 from prometheus_client import Histogram
 
@@ -15,6 +18,7 @@ from eventlog.clock import Clock
 from eventlog.identity import IdentityRecord
 from eventlog.model import AppendReply, ConversationSummary, LogEntry, PrepareReply, ShardStatus
 from eventlog.replica import ReplicaStore
+from services.tracing import NodeTracing
 
 #: a durable commit on a local disk is ~1 ms; a remote region's round trip tens to hundreds
 REPLICA_CALL_BUCKETS_S = (
@@ -44,13 +48,21 @@ def replica_call_histogram() -> Histogram:
     )
 
 
+@dataclass
+class ReplicaInstruments:
+    histogram: Histogram
+    tracing: NodeTracing | None = None
+
+
 class TimedReplica(ReplicaStore):
     """Observes ``prepare``, ``append`` and ``status``; passes every other call through."""
 
-    def __init__(self, inner: ReplicaStore, histogram: Histogram, clock: Clock) -> None:
+    def __init__(self, inner: ReplicaStore, instruments: ReplicaInstruments, clock: Clock) -> None:
         self.region = inner.region
         self._inner = inner
+        self._instruments = instruments
         self._clock = clock
+        histogram = instruments.histogram
         # children resolved once: observing is then one bucket increment
         self._prepare = histogram.labels(inner.region, "prepare")
         self._append = histogram.labels(inner.region, "append")
@@ -64,6 +76,25 @@ class TimedReplica(ReplicaStore):
             self._prepare.observe(self._clock.monotonic() - started_s)
 
     async def append(
+        self,
+        shard: int,
+        epoch: int,
+        prev_lsn: int,
+        prev_epoch: int,
+        entries: Sequence[LogEntry],
+        leader_commit_lsn: int,
+    ) -> AppendReply:
+        tracing = self._instruments.tracing
+        if tracing is not None:
+            with tracing.replica_span("append", self.region, shard, entries):
+                return await self._timed_append(
+                    shard, epoch, prev_lsn, prev_epoch, entries, leader_commit_lsn
+                )
+        return await self._timed_append(
+            shard, epoch, prev_lsn, prev_epoch, entries, leader_commit_lsn
+        )
+
+    async def _timed_append(
         self,
         shard: int,
         epoch: int,
@@ -113,6 +144,6 @@ class TimedReplica(ReplicaStore):
 
 
 def timed_replicas(
-    replicas: Mapping[str, ReplicaStore], histogram: Histogram, clock: Clock
+    replicas: Mapping[str, ReplicaStore], instruments: ReplicaInstruments, clock: Clock
 ) -> dict[str, ReplicaStore]:
-    return {region: TimedReplica(store, histogram, clock) for region, store in replicas.items()}
+    return {region: TimedReplica(store, instruments, clock) for region, store in replicas.items()}

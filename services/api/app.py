@@ -8,6 +8,8 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
+from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
+from opentelemetry.sdk.trace import TracerProvider
 
 from services.api.admission import NodeAdmission
 from services.api.auth import Tenants
@@ -24,6 +26,7 @@ from services.bootstrap import NodeRuntime, RuntimeFactory, open_runtime
 from services.config import NodeSettings
 from services.replay.routes import replay_router
 from services.replay.wiring import install_replay
+from services.tracing import TRACE_EXCLUDED_URLS, NodeTracing, tracer_provider_from_env
 
 DESCRIPTION = """\
 Public API of one convplane region node. Any region accepts any request and forwards it to the
@@ -48,8 +51,17 @@ the server refuses with 400, and every status an operation can answer is listed 
 """
 
 
-def create_app(settings: NodeSettings, *, runtime_factory: RuntimeFactory | None = None) -> FastAPI:
+def create_app(
+    settings: NodeSettings,
+    *,
+    runtime_factory: RuntimeFactory | None = None,
+    tracer_provider: TracerProvider | None = None,
+) -> FastAPI:
+    """``tracer_provider``: trace with it; None: as the ``OTEL_*`` environment says (off by
+    default: ``services.tracing``)."""
     factory = runtime_factory or open_runtime
+    provider = tracer_provider or tracer_provider_from_env(settings.region)
+    tracing = NodeTracing(provider, settings.region) if provider is not None else None
     metrics = Metrics(settings.region)
     admission = NodeAdmission(metrics)  # opened in the lifespan, with the runtime's clock
 
@@ -68,7 +80,10 @@ def create_app(settings: NodeSettings, *, runtime_factory: RuntimeFactory | None
                 backoff_s=settings.forward_backoff_s,
                 peer_secret=runtime.cluster.peer_secret,
                 peer_reachable=_peer_reachable(runtime),
+                inject_trace=tracing.inject if tracing is not None else None,
             )
+            if runtime.replica_instruments is not None:
+                runtime.replica_instruments.tracing = tracing
             app.state.api = ApiState(
                 region=settings.region,
                 settings=settings,
@@ -84,6 +99,7 @@ def create_app(settings: NodeSettings, *, runtime_factory: RuntimeFactory | None
                 clock=runtime.clock,
                 rng=runtime.rng,
                 readiness=runtime.readiness,
+                tracing=tracing,
             )
             app.state.controller = runtime.controller
             if runtime.controller is not None:
@@ -130,6 +146,10 @@ def create_app(settings: NodeSettings, *, runtime_factory: RuntimeFactory | None
         discard_body_max_bytes=settings.discard_body_max_bytes,
         send_timeout_s=settings.send_timeout_s,
     )
+    if provider is not None:
+        FastAPIInstrumentor.instrument_app(
+            app, tracer_provider=provider, excluded_urls=TRACE_EXCLUDED_URLS
+        )
     return app
 
 

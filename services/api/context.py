@@ -23,6 +23,7 @@ from services.api.forwarding import FORWARDED_HEADER, Forwarder
 from services.api.metrics import Metrics
 from services.api.roles import require_read_only_viewer
 from services.config import ClusterConfig, NodeSettings, TenantConfig
+from services.tracing import NodeTracing
 
 T = TypeVar("T")
 
@@ -39,6 +40,7 @@ class ApiState:
     clock: Clock
     rng: random.Random
     readiness: Callable[[], tuple[int, int]]  # (shards placed here, shards led now)
+    tracing: NodeTracing | None = None  # None: tracing off (services.tracing)
 
 
 def api_state(request: Request) -> ApiState:

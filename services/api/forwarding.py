@@ -61,8 +61,11 @@ class Forwarder:
         backoff_s: float,
         peer_secret: str | None = None,
         peer_reachable: Callable[[str], bool] | None = None,
+        inject_trace: Callable[[dict[str, str]], None] | None = None,
     ) -> None:
         self._client = client
+        #: adds the trace context to a forward's headers (services.tracing; None: tracing off)
+        self._inject_trace = inject_trace
         #: False for a region this node's own probes say is unreachable: forwarding there
         #: fails fast (503, retryable) instead of waiting out the caller's deadline on a
         #: black-holed link, so the client retries through another region at once
@@ -99,6 +102,8 @@ class Forwarder:
             headers = {**self._headers(request), "content-type": "application/json"}
         if self._peer_secret is not None:
             headers[PEER_AUTH_HEADER] = self._peer_secret
+        if self._inject_trace is not None:
+            self._inject_trace(headers)
         started_s = self._clock.monotonic()
         for attempt in range(self._retries_max + 1):
             remaining_s = deadline_s - self._clock.monotonic()

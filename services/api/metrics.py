@@ -88,8 +88,8 @@ class Metrics:
     def watch_node(self, runtime: NodeRuntime) -> None:
         """Export the node's leadership, regions, replicas, placement, failovers, drills, replica
         call times and replay job times (``services.node_metrics``)."""
-        if runtime.replica_calls is not None:
-            self.registry.register(runtime.replica_calls)
+        if runtime.replica_instruments is not None:
+            self.registry.register(runtime.replica_instruments.histogram)
         if runtime.replay is not None:
             runtime.replay.result_listeners.append(ReplayJobRecorder(self.registry))
         controller = runtime.controller

@@ -9,6 +9,7 @@ operation shares are added there by ``services.api.openapi``.
 from __future__ import annotations
 
 import json
+from contextlib import nullcontext
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Header, Path, Query, Request, Response
@@ -26,6 +27,9 @@ from services.api.roles import Forbidden
 
 # Printable ASCII without surrounding spaces (HTTP strips those, so the server never sees them).
 IDEMPOTENCY_KEY_PATTERN = r"^[\x21-\x7e]([\x20-\x7e]{0,253}[\x21-\x7e])?$"
+
+#: the context an append runs in when tracing is off (one shared object: nothing allocated)
+NOT_TRACED = nullcontext()
 
 router = APIRouter(prefix="/v1", tags=[CHAT_APPS])
 Context = Annotated[RequestContext, Depends(request_context)]
@@ -164,18 +168,20 @@ async def append_event(
     safe. 409: `seq_conflict` (`expected_seq` is not the last seq), `effect_conflict`,
     `unknown_attempt`, `idempotency_key_reused`."""
     started_s = ctx.api.clock.monotonic()
-    result = await ctx.run(
-        lambda: ctx.api.log.append_event(
-            ctx.tenant.tenant_id,
-            conversation_id,
-            body.type,
-            payload_of(body),
-            token_count=body.token_count,
-            expected_seq=body.expected_seq,
-            idempotency_key=idempotency_key,
-        ),
-        is_write=True,
-    )
+    tracing = ctx.api.tracing  # None unless tracing is on: then replica calls join this trace
+    with tracing.appending(conversation_id) if tracing is not None else NOT_TRACED:
+        result = await ctx.run(
+            lambda: ctx.api.log.append_event(
+                ctx.tenant.tenant_id,
+                conversation_id,
+                body.type,
+                payload_of(body),
+                token_count=body.token_count,
+                expected_seq=body.expected_seq,
+                idempotency_key=idempotency_key,
+            ),
+            is_write=True,
+        )
     if isinstance(result, Response):
         return result
     ctx.api.metrics.observe_ack(ctx.api.clock.monotonic() - started_s)
