@@ -21,6 +21,7 @@ from services.api import create_app
 from services.cluster_tls import node_tls, server_ssl_options
 from services.config import NodeSettings
 from services.listeners import ListenerLimits, PeerListenerGate, guarded_protocol
+from services.logs import configure_logging
 
 log = logging.getLogger("convplane.node")
 
@@ -46,10 +47,7 @@ def run_node(
     peer_port: int | None = None,
     log_level: str = "info",
 ) -> None:
-    logging.basicConfig(
-        level=log_level.upper(),
-        format=f"%(asctime)s {settings.region} %(name)s %(levelname)s %(message)s",
-    )
+    configure_logging(settings.region, log_level)  # JSON lines, no secrets (services.logs)
     cluster = settings.load_cluster()
     _raise_fd_limit(settings.client_connections_max + settings.peer_connections_max)
     app = create_app(settings)
@@ -58,6 +56,7 @@ def run_node(
             app,
             host=host,
             port=port,
+            log_config=None,  # uvicorn's loggers propagate to the JSON handler
             log_level=log_level,
             access_log=False,
             lifespan="on",
@@ -83,6 +82,7 @@ def run_node(
             PeerListenerGate(app, cluster.peer_secret),
             host=host,
             port=peer_port,
+            log_config=None,
             log_level=log_level,
             access_log=False,
             lifespan="off",

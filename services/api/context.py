@@ -23,6 +23,7 @@ from services.api.forwarding import FORWARDED_HEADER, Forwarder
 from services.api.metrics import Metrics
 from services.api.roles import require_read_only_viewer
 from services.config import ClusterConfig, NodeSettings, TenantConfig
+from services.logs import bind_request
 from services.tracing import NodeTracing
 
 T = TypeVar("T")
@@ -120,4 +121,6 @@ async def request_context(request: Request) -> RequestContext:
     require_read_only_viewer(tenant, request.method)
     forwarded = request.headers.get(FORWARDED_HEADER) is not None
     deadline_s = _deadline_s(api, request)
-    return RequestContext(api, request, tenant, deadline_s, forwarded)
+    ctx = RequestContext(api, request, tenant, deadline_s, forwarded)
+    bind_request(ctx)  # log lines of this request carry its fields (services.logs)
+    return ctx

@@ -11,6 +11,7 @@ document prints it, and a test checks that every error class's code is in it.
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Callable
 
@@ -21,6 +22,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
 from eventlog.errors import ConvplaneError, Unavailable
+
+log = logging.getLogger("convplane.api")
 
 VALIDATION_ERRORS_SHOWN_MAX = 5
 _METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
@@ -115,6 +118,7 @@ def install_error_handlers(
     async def on_convplane_error(_: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, ConvplaneError)
         count_error(exc.code)
+        log.debug("refused with %s: %s", exc.code, exc.message)
         return error_response(exc, retry_after_default_s)
 
     async def on_validation_error(_: Request, exc: Exception) -> JSONResponse:

@@ -55,7 +55,14 @@ def _cluster() -> ClusterConfig:
             RegionConfig(name=r, url=f"http://{r}.test", dsn=f"memory://{r}") for r in REGIONS
         ],
         shard_count=SHARDS,
-        tenants=[TenantConfig(tenant_id="a", api_key_sha256=api_key_sha256(KEY_A))],
+        tenants=[
+            TenantConfig(
+                tenant_id="a",
+                api_key_sha256=api_key_sha256(KEY_A),
+                requests_per_s=100_000,
+                burst=100_000,
+            )
+        ],
         default_model_revision="m-1",
     )
 
