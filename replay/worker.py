@@ -44,6 +44,7 @@ import httpx
 from eventlog.clock import Clock
 from eventlog.errors import ConvplaneError, DeadlineExceeded, InvalidRequest, NotFound, Unavailable
 from replay.bus.port import JobBus, JobBusUnavailable, JobConsumer, JobDelivery
+from replay.bus.trace_context import job_span
 from replay.cache_salt import cache_salt_for
 from replay.chat import ChatPrompt, canonical_json, render_prompt
 from replay.engines.base import InferenceEngine, ModelRevisionMismatch
@@ -279,7 +280,9 @@ class ReplayWorker:
             await self._handle(consumer, delivery)
 
     async def _handle(self, consumer: JobConsumer, delivery: JobDelivery) -> None:
-        result = await self.process(delivery.job)
+        attributes = {"convplane.region": delivery.job.region, "convplane.worker": self.worker_id}
+        with job_span(delivery.trace_headers, attributes):
+            result = await self.process(delivery.job)
         self.counts[result.status] += 1
         try:
             await asyncio.wait_for(

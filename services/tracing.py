@@ -67,6 +67,15 @@ def tracer_provider_from_env(
     return provider
 
 
+def install_from_env(region: str) -> TracerProvider | None:
+    """A process's tracing from its ``OTEL_*`` environment, made the global provider as well
+    (the replay bus and worker trace through OpenTelemetry's global API); None: off."""
+    provider = tracer_provider_from_env(region)
+    if provider is not None:
+        trace.set_tracer_provider(provider)
+    return provider
+
+
 class NodeTracing:
     """A node's tracer, and the appends under way whose spans replica calls join."""
 

@@ -33,6 +33,7 @@ from typing import Any, Literal, TypeVar
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import CommitFailedError, KafkaError
+from opentelemetry.trace import TracerProvider
 
 from replay.bus.codec import BusCodec, ForeignRegionRecord
 from replay.bus.offsets import OffsetTracker
@@ -47,6 +48,12 @@ from replay.bus.port import (
     UnauthenticatedMessage,
     jobs_topic,
     worker_group,
+)
+from replay.bus.trace_context import (
+    RecordHeaders,
+    current_headers,
+    publish_span,
+    received_headers,
 )
 from replay.model import ReplayJob, ReplayResult
 
@@ -141,8 +148,16 @@ async def ensure_topics(settings: KafkaBusSettings, topics: Sequence[str]) -> No
 
 
 class KafkaJobBus(JobBus):
-    def __init__(self, settings: KafkaBusSettings, *, regions: Sequence[str] = ()) -> None:
+    def __init__(
+        self,
+        settings: KafkaBusSettings,
+        *,
+        regions: Sequence[str] = (),
+        tracer_provider: TracerProvider | None = None,
+    ) -> None:
+        """``tracer_provider``: traces publishes with it; None: OpenTelemetry's global one."""
         self.settings = settings
+        self._tracer_provider = tracer_provider
         self._regions = tuple(regions)
         self._ensured: set[str] = set()
         self._producer: AIOKafkaProducer | None = None
@@ -184,19 +199,26 @@ class KafkaJobBus(JobBus):
         await self._ensure(sorted({jobs_topic(job.region) for job in jobs}))
         for first in range(0, len(jobs), self.settings.publish_batch_max):
             batch = jobs[first : first + self.settings.publish_batch_max]
-            await _bounded(
-                self._send_batch(producer, self._codec, batch),
-                self.settings.request_timeout_s,
-                f"publish {len(batch)} jobs",
-            )
+            with publish_span(batch[0].region, len(batch), self._tracer_provider):
+                await _bounded(
+                    self._send_batch(producer, self._codec, batch, current_headers()),
+                    self.settings.request_timeout_s,
+                    f"publish {len(batch)} jobs",
+                )
 
     @staticmethod
     async def _send_batch(
-        producer: AIOKafkaProducer, codec: BusCodec, batch: Sequence[ReplayJob]
+        producer: AIOKafkaProducer,
+        codec: BusCodec,
+        batch: Sequence[ReplayJob],
+        headers: RecordHeaders,
     ) -> None:
         acks = [
             await producer.send(
-                jobs_topic(job.region), codec.encode_job(job), key=job.conversation_id.encode()
+                jobs_topic(job.region),
+                codec.encode_job(job),
+                key=job.conversation_id.encode(),
+                headers=list(headers) or None,
             )
             for job in batch
         ]
@@ -293,7 +315,8 @@ class KafkaJobConsumer(JobConsumer):
                         self.rejected_unauthenticated += isinstance(exc, UnauthenticatedMessage)
                         self._note_finished(tp, record.offset, generation)
                         continue
-                    return JobDelivery(job, tp.partition, record.offset, generation)
+                    trace_headers = received_headers(record.headers)
+                    return JobDelivery(job, tp.partition, record.offset, generation, trace_headers)
         await self._commit_pending()
         return None
 

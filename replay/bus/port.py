@@ -61,6 +61,8 @@ class JobDelivery:
     partition: int
     offset: int
     generation: int  # the consumer's bookkeeping epoch for the partition (see offsets.py)
+    #: the publisher's trace context (``replay.bus.trace_context``); empty without one
+    trace_headers: tuple[tuple[str, bytes], ...] = ()
 
 
 class JobConsumer(ABC):

@@ -26,7 +26,7 @@ from services.bootstrap import NodeRuntime, RuntimeFactory, open_runtime
 from services.config import NodeSettings
 from services.replay.routes import replay_router
 from services.replay.wiring import install_replay
-from services.tracing import TRACE_EXCLUDED_URLS, NodeTracing, tracer_provider_from_env
+from services.tracing import TRACE_EXCLUDED_URLS, NodeTracing, install_from_env
 
 DESCRIPTION = """\
 Public API of one convplane region node. Any region accepts any request and forwards it to the
@@ -60,7 +60,7 @@ def create_app(
     """``tracer_provider``: trace with it; None: as the ``OTEL_*`` environment says (off by
     default: ``services.tracing``)."""
     factory = runtime_factory or open_runtime
-    provider = tracer_provider or tracer_provider_from_env(settings.region)
+    provider = tracer_provider or install_from_env(settings.region)
     tracing = NodeTracing(provider, settings.region) if provider is not None else None
     metrics = Metrics(settings.region)
     admission = NodeAdmission(metrics)  # opened in the lifespan, with the runtime's clock

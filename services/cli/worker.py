@@ -209,6 +209,9 @@ def register(app: typer.Typer) -> None:
         )
         if not re.fullmatch(r"[0-9a-f]{64}", cache_salt_key):
             raise typer.BadParameter("64 lowercase hex characters", param_hint="--cache-salt-key")
+        from services.tracing import install_from_env
+
+        install_from_env(region)  # replay.job spans, when OTEL_TRACES_EXPORTER asks for them
         asyncio.run(
             _run_worker(
                 worker_id=worker_id or f"{socket.gethostname()}-{os.getpid()}",

@@ -8,10 +8,14 @@ from collections.abc import AsyncIterator
 
 import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from replay.bus.codec import BusCodec
 from replay.bus.kafka import KafkaBusSettings, KafkaJobBus, KafkaJobConsumer
 from replay.bus.port import RESULTS_TOPIC, jobs_topic, worker_group
+from replay.bus.trace_context import job_span
 from replay.model import ReplayJob, ReplayResult
 from tests.integration.bus_regions import FreshRegions
 
@@ -146,3 +150,24 @@ async def test_results_round_trip(bus: KafkaJobBus) -> None:
                 break
         assert got == sent  # the forged one before it was rejected, and the loop lived on
         assert stream.rejected_unauthenticated >= 1
+
+
+async def test_a_job_carries_its_publishers_trace_context(settings: KafkaBusSettings) -> None:
+    region = fresh_region()
+    spans = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(spans))
+    async with KafkaJobBus(settings, tracer_provider=provider) as traced:
+        await traced.publish_jobs([job(1, region)])
+    async with KafkaJobConsumer(settings, region, in_flight_max=1) as consumer:
+        delivery = await consumer.next_job(timeout_s=10.0)
+        assert delivery is not None, "job published but not delivered"
+        await consumer.finish(delivery)
+    assert [name for name, _ in delivery.trace_headers] == ["traceparent"]
+    (publish,) = [s for s in spans.get_finished_spans() if s.name == "replay.publish"]
+    with job_span(delivery.trace_headers, {"convplane.worker": "w1"}, provider):
+        pass
+    job_run = next(s for s in spans.get_finished_spans() if s.name == "replay.job")
+    assert job_run.parent is not None and job_run.parent.span_id == publish.context.span_id
+    assert job_run.context.trace_id == publish.context.trace_id
+    provider.shutdown()
