@@ -148,7 +148,10 @@ def create_app(
     )
     if provider is not None:
         FastAPIInstrumentor.instrument_app(
-            app, tracer_provider=provider, excluded_urls=TRACE_EXCLUDED_URLS
+            app,
+            tracer_provider=provider,
+            excluded_urls=TRACE_EXCLUDED_URLS,
+            exclude_spans=["receive", "send"],  # one span per request, not one per ASGI message
         )
     return app
 
