@@ -125,6 +125,8 @@ class ShardLeader:
         self.crash: BaseException | None = None
         #: times a replica answered with less than it had accepted (see note_replica_status)
         self.replicas_gone_backwards = 0
+        #: when lead() began (a replica's lag is counted from then at the earliest)
+        self._lead_started_s = 0.0
 
     # --- leadership ---------------------------------------------------------------------
 
@@ -134,6 +136,7 @@ class ShardLeader:
 
     async def lead(self) -> int:
         """Prepare, recover and re-replicate; returns the epoch once the leader may serve."""
+        self._lead_started_s = self._clock.monotonic()
         deadline = self._clock.monotonic() + self._config.lead_timeout_s
         backoff_s = self._config.retry_backoff_min_s
         while True:
@@ -319,7 +322,8 @@ class ShardLeader:
         lags = []
         for follower in self._followers.values():
             entries = max(0, self.last_lsn - follower.match_lsn)
-            seconds = max(0.0, now - follower.matched_at) if entries else 0.0
+            since = max(follower.matched_at, self._lead_started_s)
+            seconds = max(0.0, now - since) if entries else 0.0
             lags.append((follower.region, entries, seconds))
         return lags
 

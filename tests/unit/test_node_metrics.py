@@ -1,0 +1,88 @@
+"""The node metrics that count events once (``services.node_metrics``) and the leader's replica
+lag they export (``ShardLeader.replica_lag``)."""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import replace
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+
+from eventlog.config import LogConfig
+from eventlog.errors import ReplicaUnavailable
+from eventlog.leader import ShardLeader
+from eventlog.memory_replica import MemoryReplica
+from eventlog.model import AppendReply, LogEntry
+from regions.drills import DrillSpec, request_abort, start
+from regions.ops_state import DRILL_RECORD, OpsState
+from services.node_metrics import DrillVerdictRecorder
+from tests.unit.clocks import ManualClock
+
+T0 = 1_767_225_600_000
+
+
+def _record(ops: OpsState, lsn: int, body: dict[str, object]) -> LogEntry:
+    text = json.dumps(body)
+    ops.apply(lsn, DRILL_RECORD, text)
+    return LogEntry(lsn, 1, "", "", 0, DRILL_RECORD, None, None, 0, T0, text)
+
+
+def _count(registry: CollectorRegistry, verdict: str) -> float:
+    value = registry.get_sample_value("convplane_drills_total", {"verdict": verdict})
+    assert value is not None
+    return value
+
+
+def test_each_drill_is_counted_once_by_verdict_and_history_is_not() -> None:
+    ops, registry = OpsState(), CollectorRegistry()
+    recorder = DrillVerdictRecorder(ops, registry, started_wall_ms=T0)
+    spec = DrillSpec(kind="region-loss", region="us-east", hold_s=10.0, reason="drill")
+    # a drill that ended before this process started (its history, folded at start)
+    old = start("d0", spec, T0 - 60_000)
+    recorder(_record(ops, 1, old.to_body()))
+    old_end = replace(old, rev=2, verdict="passed", ended_at_ms=T0 - 1_000)
+    recorder(_record(ops, 2, old_end.to_body()))
+    assert _count(registry, "passed") == 0
+    # a drill that ends now, seen in several records after its verdict
+    drill = start("d1", spec, T0 + 1_000)
+    recorder(_record(ops, 3, drill.to_body()))
+    assert _count(registry, "aborted") == 0
+    aborting = request_abort(drill, "sre: stop", T0 + 2_000)
+    assert aborting is not None
+    ended = replace(aborting, verdict="aborted", ended_at_ms=T0 + 3_000)
+    recorder(_record(ops, 4, ended.to_body()))
+    recorder(_record(ops, 5, {**ended.to_body(), "rev": ended.rev + 1}))
+    assert _count(registry, "aborted") == 1
+    assert _count(registry, "failed") == 0
+
+
+class DownReplica(MemoryReplica):
+    """A replica whose appends fail (its database is gone); it still answers prepares."""
+
+    async def append(self, *args: Any, **kwargs: Any) -> AppendReply:
+        raise ReplicaUnavailable(f"replica {self.region} is down")
+
+
+async def test_replica_lag_counts_entries_and_time_a_replica_lacks() -> None:
+    clock = ManualClock(now_s=10.0, virtual_sleep=False)  # time moves only when set here
+    replicas = {"a": MemoryReplica("a"), "b": MemoryReplica("b"), "c": DownReplica("c")}
+    leader = ShardLeader(
+        shard=0,
+        region="a",
+        replicas=replicas,
+        config=LogConfig(shard_count=1),
+        clock=clock,
+        rng=random.Random(1),
+    )
+    try:
+        await leader.lead()  # the barrier commits on a and b
+        assert leader.last_lsn >= 1
+        clock.now_s = 25.0
+        lags = {region: (entries, seconds) for region, entries, seconds in leader.replica_lag()}
+        assert lags["a"] == (0, 0.0) and lags["b"] == (0, 0.0)
+        assert lags["c"] == (leader.last_lsn, 15.0)  # lacking since the leader began
+        assert leader.quorum_reachable()
+    finally:
+        await leader.close()
