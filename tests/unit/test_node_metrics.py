@@ -15,9 +15,12 @@ from eventlog.errors import ReplicaUnavailable
 from eventlog.leader import ShardLeader
 from eventlog.memory_replica import MemoryReplica
 from eventlog.model import AppendReply, LogEntry
+from eventlog.node import LogNode
 from regions.drills import DrillSpec, request_abort, start
 from regions.ops_state import DRILL_RECORD, OpsState
-from services.node_metrics import DrillVerdictRecorder
+from services.config import ClusterConfig, NodeSettings, RegionConfig
+from services.controller import Controller
+from services.node_metrics import DrillVerdictRecorder, FailoverRecorder
 from tests.unit.clocks import ManualClock
 
 T0 = 1_767_225_600_000
@@ -86,3 +89,64 @@ async def test_replica_lag_counts_entries_and_time_a_replica_lacks() -> None:
         assert leader.quorum_reachable()
     finally:
         await leader.close()
+
+
+class NoPeers:
+    async def health(self, region: str) -> None:
+        return None
+
+
+def _controller(clock: ManualClock) -> Controller:
+    regions = ("east", "north", "west")
+    cluster = ClusterConfig(
+        regions=[
+            RegionConfig(name=r, url=f"http://{r}.test", dsn=f"memory://{r}") for r in regions
+        ],
+        shard_count=4,
+        default_model_revision="m-1",
+    )
+    replicas = {r: MemoryReplica(r) for r in regions}
+    node = LogNode(
+        region="east",
+        replicas=replicas,
+        config=LogConfig(shard_count=4),
+        clock=clock,
+        rng=random.Random(1),
+    )
+    return Controller(
+        settings=NodeSettings(region="east", cluster=cluster),
+        cluster=cluster,
+        node=node,
+        replicas=replicas,
+        prober=NoPeers(),
+        clock=clock,
+        rng=random.Random(1),
+    )
+
+
+def test_a_take_over_from_a_failed_region_is_a_failover_with_its_rto() -> None:
+    clock = ManualClock(now_s=100.0)
+    controller = _controller(clock)
+    registry = CollectorRegistry()
+    recorder = FailoverRecorder(controller, clock, registry)
+    membership = controller.membership
+    membership.probe_ok("west", 100.0, suspects=())
+    membership.probe_ok("north", 100.0, suspects=())
+    clock.now_s = 103.0
+    membership.probe_ok("north", 103.0, suspects=["west"])  # west went quiet at 100
+    recorder.shard_led(1, 2, "west")  # west is suspected: a failover, 3 s after it was last heard
+    recorder.shard_led(2, 2, "north")  # north is up: a planned handoff
+    recorder.shard_led(3, 1, None)  # first leader: neither
+    recorder.shard_led(0, 3, "east")  # this region already led it: neither
+    recorder.shard_led(1, 3, "nowhere")  # not a region of the cluster: never a label
+
+    def sample(name: str, labels: dict[str, str] | None = None) -> float | None:
+        return registry.get_sample_value(name, labels or {})
+
+    assert sample("convplane_failovers_total", {"from_region": "west"}) == 1
+    assert sample("convplane_failovers_total", {"from_region": "north"}) is None
+    assert sample("convplane_shard_handoffs_total", {"from_region": "north"}) == 1
+    assert sample("convplane_failover_rto_seconds_count") == 1
+    assert sample("convplane_failover_rto_seconds_sum") == 3.0
+    assert sample("convplane_failover_rto_seconds_bucket", {"le": "2.0"}) == 0
+    assert sample("convplane_failover_rto_seconds_bucket", {"le": "3.0"}) == 1
