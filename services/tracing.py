@@ -35,6 +35,8 @@ from eventlog.model import LogEntry
 
 #: requests whose span a replica call can find at once; more are traced without replica spans
 PENDING_APPENDS_MAX = 4096
+#: the most a node's shutdown waits for queued spans to be exported
+TRACE_FLUSH_TIMEOUT_MS = 5_000
 #: requests that get no server span (scrapes and the peers' 5/s probes)
 TRACE_EXCLUDED_URLS = "/metrics,/healthz,/peer/health"
 

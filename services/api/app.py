@@ -26,7 +26,12 @@ from services.bootstrap import NodeRuntime, RuntimeFactory, open_runtime
 from services.config import NodeSettings
 from services.replay.routes import replay_router
 from services.replay.wiring import install_replay
-from services.tracing import TRACE_EXCLUDED_URLS, NodeTracing, install_from_env
+from services.tracing import (
+    TRACE_EXCLUDED_URLS,
+    TRACE_FLUSH_TIMEOUT_MS,
+    NodeTracing,
+    install_from_env,
+)
 
 DESCRIPTION = """\
 Public API of one convplane region node. Any region accepts any request and forwards it to the
@@ -118,6 +123,8 @@ def create_app(
                 yield
             finally:
                 await admission.close()
+                if provider is not None:  # spans still queued go out before the process ends
+                    provider.force_flush(TRACE_FLUSH_TIMEOUT_MS)
 
     app = FastAPI(
         title=f"convplane region node ({settings.region})",
