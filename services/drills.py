@@ -48,7 +48,7 @@ from regions.drills import (
     Measurements,
     Observation,
     advance,
-    deadline_s,
+    out_of_time,
     request_abort,
     start,
     with_measurements,
@@ -206,17 +206,24 @@ class DrillDriver:
                 placement = self.controller.placement()
         restored = False
         canary_lost = None
+        read_back_failed = None
         if drill.phase == "restoring":
-            # back in the placement, and (a loss or a kill) every moved shard writable again,
-            # or out of time; an evacuate's shards were writable all along
-            restored = await self._restore(drill) and (
+            late = out_of_time(drill, self._clock.wall_ms())
+            restored = await self._restore(drill)
+            # read back once the target is back and (a loss or a kill) every moved shard is
+            # writable again (an evacuate's shards were writable all along), or at the deadline
+            # whatever the target's state: the drill must end then
+            if late or (restored and (
                 drill.spec.kind == "evacuate"
                 or all(s in runner.rto_s for s in drill.measurements.shards_moved)
-                or self._clock.wall_ms() >= drill.created_at_ms + int(deadline_s(drill.spec) * 1000)
-            )
-            if restored:
+            )):  # fmt: skip
                 await self._stop_writing(drill.drill_id)
-                canary_lost = await runner.read_back(self._owners())
+                try:
+                    canary_lost = await runner.read_back(self._owners())
+                except (ConvplaneError, httpx.HTTPError, OSError, TimeoutError) as exc:
+                    if not late:
+                        raise  # retried next step, until the deadline
+                    read_back_failed = repr(exc)[:200]
         error_ratio, ack_p99_ms = runner.window()
         obs = Observation(
             now_ms=self._clock.wall_ms(),
@@ -230,6 +237,7 @@ class DrillDriver:
             ack_p99_ms=ack_p99_ms,
             restored=restored,
             canary_lost=canary_lost,
+            read_back_failed=read_back_failed,
         )
         measured = runner.measurements(drill)
         versions = dict(measured.placement_versions)
@@ -265,14 +273,19 @@ class DrillDriver:
         return True  # region-loss: the committed injecting record is the fault
 
     async def _restore(self, drill: Drill) -> bool:
-        """Give the target back; True once the placement no longer excludes it."""
+        """Give the target back; True once the placement no longer excludes it. A failed
+        restore is retried next step (until the drill's deadline ends it)."""
         region = drill.spec.region
         placement = self.controller.placement()
         now_s = self._clock.monotonic()
         if self.controller.membership.status(region, now_s) != "up":
             return False  # the black-hole is lifted (phase); wait until the region answers
         if region in placement.down | placement.evacuated:
-            await self.controller.operator("restore", region)
+            try:
+                await self.controller.operator("restore", region)
+            except (ConvplaneError, httpx.HTTPError, OSError, TimeoutError) as exc:
+                self._step_failed(exc)
+                return False
             placement = self.controller.placement()
         return region not in placement.down | placement.evacuated
 

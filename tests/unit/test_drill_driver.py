@@ -11,10 +11,10 @@ from typing import Any
 import httpx
 import pytest
 
-from eventlog.errors import NotFound, NotLeader
+from eventlog.errors import NotFound, NotLeader, Unavailable
 from eventlog.sharding import shard_of
 from regions.control import Placement
-from regions.drills import DrillSpec
+from regions.drills import RESTORE_GRACE_S, DrillSpec, Observation, advance
 from regions.membership import Membership, MembershipConfig
 from regions.ops_state import AUDIT_RECORD, DRILL_RECORD, HALT_RECORD, OpsState
 from regions.placement import place_shards
@@ -59,6 +59,9 @@ class FakeNode:
     async def create_conversation(self, *args: Any) -> None:
         return None
 
+    async def list_events(self, *args: Any) -> list[Any]:
+        raise Unavailable("no quorum for the read")
+
 
 @dataclass
 class FakeController:
@@ -87,6 +90,7 @@ class World:
     driver: DrillDriver
     node: FakeNode
     ops: OpsState
+    clock: ManualClock
 
 
 @pytest.fixture
@@ -115,7 +119,7 @@ async def world() -> AsyncIterator[World]:
             clock=clock,
             region_append_capacity_per_s=2000.0,
         )
-        yield World(driver, node, ops)
+        yield World(driver, node, ops, clock)
 
 
 def spec(**kw: Any) -> DrillSpec:
@@ -168,3 +172,27 @@ async def test_only_the_control_leader_writes(world: World) -> None:
             await call
         assert raised.value.leader_region == "ap-south"
     assert world.node.records == []
+
+
+async def test_a_target_that_never_answers_again_ends_the_drill_at_its_deadline(
+    world: World,
+) -> None:
+    """The region-loss target stays silent after the hold (membership: down) and the
+    read-back cannot finish: at hold_s + grace the drill ends, failed, instead of staying in
+    restoring (and blocking the next drill) for good."""
+    drill, _ = await world.driver.create(spec(hold_s=5.0), by="sre", role="operator")
+    holding = advance(drill, Observation(now_ms=world.clock.wall_ms(), injected=True))
+    assert holding is not None
+    world.clock.now_s += 5.0
+    restoring = advance(holding, Observation(now_ms=world.clock.wall_ms()))
+    assert restoring is not None and restoring.phase == "restoring"
+    for record in (holding, restoring):
+        await world.driver.commit_drill(record)
+    assert world.ops.drills[drill.drill_id].phase == "restoring"
+    created_s = (drill.created_at_ms - WALL_ORIGIN_MS) / 1000
+    world.clock.now_s = created_s + 5.0 + RESTORE_GRACE_S  # us-east answered last at 0 s: down
+    await world.driver.step()
+    ended = world.ops.drills[drill.drill_id]
+    assert (ended.phase, ended.verdict) == ("failed", "failed")
+    assert ended.verdict_reason.startswith("us-east was not back by the deadline")
+    assert not world.ops.active_drills()
