@@ -209,6 +209,10 @@ class NodeSettings(BaseSettings):
     #: acknowledged appends per second one region sustains: a drill's preflight refuses when
     #: the survivors of a region loss would need more (regions.drill_plan)
     region_append_capacity_per_s: float = Field(default=2000.0, gt=0.0)
+    #: where an operator's browser reaches each region's client API, for the console
+    #: (services.console.access), when not at the cluster file's ``url`` (docker compose
+    #: publishes nodes on host ports); JSON in CONVPLANE_CONSOLE_URLS, region -> URL
+    console_urls: dict[str, str] = Field(default_factory=dict)
 
     @model_validator(mode="after")
     def _tls_all_or_none(self) -> NodeSettings:

@@ -22,6 +22,9 @@ from services.api.openapi import install_openapi, operation_id
 from services.api.routes import ops_router, router
 from services.bootstrap import NodeRuntime, RuntimeFactory, open_runtime
 from services.config import NodeSettings
+from services.console.access import ConsoleAccess
+from services.console.outcomes import AppendOutcomes
+from services.console.routes import install_console
 from services.replay.routes import replay_router
 from services.replay.wiring import install_replay
 
@@ -52,6 +55,8 @@ def create_app(settings: NodeSettings, *, runtime_factory: RuntimeFactory | None
     factory = runtime_factory or open_runtime
     metrics = Metrics()
     admission = NodeAdmission(metrics)  # opened in the lifespan, with the runtime's clock
+    console_access = ConsoleAccess()  # opened in the lifespan, with the runtime's cluster
+    append_outcomes = AppendOutcomes()  # opened in the lifespan, with the runtime's clock
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -91,6 +96,8 @@ def create_app(settings: NodeSettings, *, runtime_factory: RuntimeFactory | None
                 metrics.watch_replicas(runtime.controller.node.identity)
             app.state.drills = runtime.drills
             install_replay(app, metrics.registry, runtime.replay)
+            console_access.open(runtime.cluster, settings)
+            append_outcomes.open(runtime.clock)
             admission.open(
                 settings=settings,
                 cluster=runtime.cluster,
@@ -129,6 +136,7 @@ def create_app(settings: NodeSettings, *, runtime_factory: RuntimeFactory | None
         discard_body_max_bytes=settings.discard_body_max_bytes,
         send_timeout_s=settings.send_timeout_s,
     )
+    install_console(app, console_access, append_outcomes)
     return app
 
 

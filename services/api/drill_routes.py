@@ -104,6 +104,16 @@ def _drill_body(drill: Drill) -> dict[str, Any]:
         "shards_recovered": body["shards_recovered"],
         "canary_acked": body["canary_acked"],
         "canary_errors": body["canary_errors"],
+        "canary_lost": body["canary_lost"],
+        "rto_max_s": body["rto_max_s"],
+        "guards_tripped": body["guards_tripped"],
+        "reason": body["reason"],
+        "requested_by": body["requested_by"],
+        "verdict_reason": body["verdict_reason"],
+        "abort_reason": body["abort_reason"],
+        "started_at": body["started_at"],
+        "injected_at": body["injected_at"],
+        "ended_at": body["ended_at"],
         "timeline": body["timeline"],
     }
 
