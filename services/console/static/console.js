@@ -34,7 +34,8 @@
     key: sessionStorage.getItem(KEY_ITEM),
     home: null, // the region whose node served this page
     urls: {}, // region -> base URL ("" for the home region: same origin)
-    order: [], // regions, home first
+    names: [], // regions in the cluster file's order (colours, rows)
+    order: [], // regions, home first (the preference of sources)
     you: null,
     source: null,
     sourceFailedAt: {},
@@ -368,8 +369,9 @@
   // --- rendering -----------------------------------------------------------------------------
 
   function regionColor(name) {
-    const i = state.order.indexOf(name);
-    return REGION_COLORS[(i < 0 ? state.order.length : i) % REGION_COLORS.length];
+    // by the cluster's order, so a region has the same colour on every region's page
+    const i = state.names.indexOf(name);
+    return REGION_COLORS[(i < 0 ? state.names.length : i) % REGION_COLORS.length];
   }
 
   function render() {
@@ -411,46 +413,72 @@
     $("signout").hidden = !state.key;
   }
 
+  // Sections with buttons are rebuilt only when what they show changes structurally; numbers
+  // that move every second are patched in place, so a button is never replaced under a click.
+  const built = {};
+  function rebuildIf(name, structure, build) {
+    const signature = JSON.stringify(structure);
+    if (built[name] === signature) return false;
+    built[name] = signature;
+    build();
+    return true;
+  }
+
+  function patch(root, field, text, cls) {
+    const el = root.querySelector(`[data-field="${field}"]`);
+    if (!el) return;
+    if (el.textContent !== text) el.textContent = text;
+    if (cls !== undefined) el.className = cls;
+  }
+
   function renderRegions() {
     const body = $("regions").tBodies[0];
     if (!state.regions) {
-      fill(body, h("tr", {}, h("td", { colspan: 10, class: "muted" }, "waiting for a region to answer…")));
+      rebuildIf("regions", null, () => fill(body, h("tr", {}, h("td", { colspan: 10, class: "muted" }, "waiting for a region to answer…"))));
       return;
     }
     $("regions-view").textContent = `as seen by ${state.regions.observer}`;
     const placement = state.placement || { down: [], evacuated: [], assignment: {} };
     const cutOff = drillTargetCutOff();
-    fill(body, state.regions.regions.map((r) => {
-      const node = state.nodes[r.name] || {};
-      const n = node.body;
-      const led = n ? Object.keys(n.led_shards).length : null;
-      const appends = n ? n.appends : null;
-      const down = placement.down.includes(r.name);
-      const tags = [
-        down && r.status !== "down" ? h("span", { class: "badge tag" }, "placement: down") : null,
-        r.evacuated ? h("span", { class: "badge tag" }, "evacuated") : null,
-        r.name === cutOff ? h("span", { class: "badge tag drill" }, "drill target") : null,
-        r.name === (state.placement && state.placement.control_leader) ? h("span", { class: "badge tag" }, "control leader") : null,
-      ];
-      const reach = node.error
-        ? h("td", { class: "bad" }, `no answer: ${node.error}${node.at ? ` (last ${fmt.ago(node.at)})` : ""}`)
-        : h("td", { class: "muted" }, node.at ? "answering" : "…");
-      const errorRatio = appends ? appends.error_ratio : null;
-      return h("tr", { class: `region-${r.status}`, "data-region": r.name, "data-status": r.status },
-        h("td", {}, h("span", { class: "swatch", style: { background: regionColor(r.name) } }), h("b", {}, r.name)),
-        h("td", {}, h("span", { class: `badge ${r.status}` }, r.status), " ", tags),
-        h("td", { class: r.suspected_by.length ? "bad" : "muted" }, r.suspected_by.length ? r.suspected_by.join(", ") : "nobody"),
-        h("td", { class: "num" }, `${r.shards_assigned} / ${led === null ? "?" : led}`),
-        h("td", { class: "num" }, appends ? fmt.num(appends.received_per_s) : "–"),
-        h("td", { class: `num${errorRatio ? " bad" : ""}` }, fmt.pct(errorRatio)),
-        h("td", { class: "num" }, appends ? fmt.num(appends.acked_led_per_s) : "–"),
-        h("td", { class: r.replica === "quarantined" ? "bad" : "muted" }, r.replica,
-          r.unhealthy_loops.length ? h("div", { class: "bad" }, `dead loops: ${r.unhealthy_loops.join(", ")}`) : null),
-        reach,
-        h("td", {},
-          h("button", { type: "button", class: "small", "data-action": "evacuate", onclick: () => regionAction(r.name, "evacuate") }, "Evacuate"),
-          h("button", { type: "button", class: "small", "data-action": "restore", onclick: () => regionAction(r.name, "restore") }, "Restore")));
+    const rows = state.regions.regions.map((r) => ({
+      name: r.name,
+      status: r.status,
+      tags: [
+        placement.down.includes(r.name) && r.status !== "down" ? "placement: down" : null,
+        r.evacuated ? "evacuated" : null,
+        r.name === (state.placement && state.placement.control_leader) ? "control leader" : null,
+      ].filter(Boolean),
+      target: r.name === cutOff,
     }));
+    rebuildIf("regions", rows, () => fill(body, rows.map((row) =>
+      h("tr", { class: `region-${row.status}`, "data-region": row.name, "data-status": row.status },
+        h("td", {}, h("span", { class: "swatch", style: { background: regionColor(row.name) } }), h("b", {}, row.name)),
+        h("td", {}, h("span", { class: `badge ${row.status}` }, row.status), " ",
+          row.target ? h("span", { class: "badge tag drill" }, "drill target") : null,
+          row.tags.map((t) => h("span", { class: "badge tag" }, t))),
+        ["suspected", "shards", "appends", "errors", "acked", "replica", "reach"].map((f) =>
+          h("td", { "data-field": f })),
+        h("td", {},
+          h("button", { type: "button", class: "small", "data-action": "evacuate", onclick: () => regionAction(row.name, "evacuate") }, "Evacuate"),
+          h("button", { type: "button", class: "small", "data-action": "restore", onclick: () => regionAction(row.name, "restore") }, "Restore"))))));
+    for (const r of state.regions.regions) {
+      const tr = body.querySelector(`tr[data-region="${r.name}"]`);
+      if (!tr) continue;
+      const node = state.nodes[r.name] || {};
+      const n = node.error ? null : node.body; // a region that stopped answering shows no old figures
+      const appends = n ? n.appends : null;
+      const errorRatio = appends ? appends.error_ratio : null;
+      const loops = r.unhealthy_loops.length ? `; dead loops: ${r.unhealthy_loops.join(", ")}` : "";
+      patch(tr, "suspected", r.suspected_by.length ? r.suspected_by.join(", ") : "nobody", r.suspected_by.length ? "bad" : "muted");
+      patch(tr, "shards", `${r.shards_assigned} / ${n ? Object.keys(n.led_shards).length : "?"}`, "num");
+      patch(tr, "appends", appends ? fmt.num(appends.received_per_s) : "–", "num");
+      patch(tr, "errors", fmt.pct(errorRatio), `num${errorRatio ? " bad" : ""}`);
+      patch(tr, "acked", appends ? fmt.num(appends.acked_led_per_s) : "–", "num");
+      patch(tr, "replica", `${r.replica}${loops}`, r.replica === "quarantined" || loops ? "bad" : "muted");
+      patch(tr, "reach", node.error ? `no answer${node.at ? ` since ${fmt.utc(node.at)}` : ""}` : node.at ? "answering" : "…",
+        node.error ? "bad nowrap" : "muted");
+      tr.querySelector('[data-field="reach"]').title = node.error || "";
+    }
   }
 
   function leaders() {
@@ -489,26 +517,29 @@
     const counts = {};
     for (const r of Object.values(p.assignment)) counts[r] = (counts[r] || 0) + 1;
     fill($("legend"),
-      state.order.map((r) => h("span", {}, h("span", { class: "swatch", style: { background: regionColor(r) } }), `${r}: ${counts[r] || 0} shards`)),
+      state.names.map((r) => h("span", {}, h("span", { class: "swatch", style: { background: regionColor(r) } }), `${r}: ${counts[r] || 0} shards`)),
       h("span", {}, h("span", { class: "swatch unled" }), `not led by its region now: ${unled}`),
       h("span", {}, "cell: shard number, epoch of its leader"));
   }
 
   function renderReplay() {
-    fill($("replay").tBodies[0], state.order.map((region) => {
+    fill($("replay").tBodies[0], state.names.map((region) => {
       const node = state.nodes[region] || {};
       const r = node.body ? node.body.replay : null;
-      if (!node.body) return h("tr", {}, h("td", {}, region), h("td", { colspan: 9, class: "bad" }, node.error ? `no answer: ${node.error}` : "…"));
-      if (!r) return h("tr", {}, h("td", {}, region), h("td", { colspan: 9, class: "muted" }, "replay does not run on this node"));
+      const name = h("td", {}, h("span", { class: "swatch", style: { background: regionColor(region) } }), region);
+      if (!node.body || node.error) return h("tr", {}, name, h("td", { colspan: 9, class: node.error ? "bad" : "muted" }, node.error ? `no answer from ${region}: ${node.error}` : "…"));
+      if (!r) return h("tr", {}, name, h("td", { colspan: 9, class: "muted" }, "replay does not run on this node"));
       return h("tr", { "data-region": region },
-        h("td", {}, h("span", { class: "swatch", style: { background: regionColor(region) } }), region),
+        name,
         h("td", { class: "num" }, fmt.num(r.queued, 0)),
         h("td", { class: "num" }, fmt.num(r.queued_tokens, 0)),
         h("td", { class: "num" }, fmt.num(r.running, 0)),
         h("td", { class: "num" }, fmt.num(r.done, 0)),
         h("td", { class: "num" }, fmt.num(r.done_tokens, 0)),
         h("td", { class: "num" }, fmt.num(r.replayed_tokens_per_s, 0)),
-        h("td", { class: `num${r.spare_tokens_per_s <= 0 && r.queued > 0 ? " bad" : ""}` }, fmt.num(r.spare_tokens_per_s, 0)),
+        r.engines === 0
+          ? h("td", { class: "muted", title: "no inference engine is attached to this region's replay" }, "no engine")
+          : h("td", { class: `num${r.spare_tokens_per_s <= 0 && r.queued > 0 ? " bad" : ""}` }, fmt.num(r.spare_tokens_per_s, 0)),
         h("td", { class: "num" }, fmt.num(r.live_tokens_per_s, 0)),
         h("td", { class: r.engines_unknown ? "bad" : "num" }, `${r.engines}${r.engines_unknown ? ` (${r.engines_unknown} unknown)` : ""}`));
     }));
@@ -549,35 +580,40 @@
     const drill = activeDrill();
     if (!drill) {
       const last = ((state.drills && state.drills.drills) || [])[0];
-      fill(el, h("p", { class: "none" }, "No drill is running.",
-        last ? ` Last: ${last.kind} of ${last.region}, ${last.verdict || last.phase}${last.ended_at ? ` at ${fmt.utc(last.ended_at)} UTC` : ""}.` : ""));
+      rebuildIf("drill", last ? [last.drill_id, last.phase] : null, () => fill(el, h("p", { class: "none" }, "No drill is running.",
+        last ? ` Last: ${last.kind} of ${last.region}, ${last.verdict || last.phase}${last.ended_at ? ` at ${fmt.utc(last.ended_at)} UTC` : ""}.` : "")));
       return;
     }
-    const report = state.activeReport && state.activeReport.drill_id === drill.drill_id ? state.activeReport : null;
-    const index = PHASES.indexOf(drill.phase);
-    const steps = PHASES.map((p, i) => h("div", { class: `step${i < index ? " past" : ""}${i === index ? " current" : ""}` }, p));
-    const fact = (k, v, bad) => h("div", { class: "fact" }, h("div", { class: "k" }, k), h("div", { class: `v${bad ? " bad" : ""}` }, v));
-    const started = drill.injected_at || drill.started_at;
-    const elapsed = started ? `${((Date.now() - Date.parse(started)) / 1000).toFixed(0)} s` : "–";
     const tripped = drill.guards_tripped || [];
-    fill(el,
-      h("div", { class: "title", "data-drill": drill.drill_id, "data-phase": drill.phase },
-        h("span", {}, `${drill.kind} of ${drill.region}`),
-        h("span", { class: "badge running" }, drill.phase),
-        h("span", { class: "muted mono" }, drill.drill_id),
-        h("span", { class: "spacer" }),
-        h("button", { type: "button", class: "danger", id: "abort-drill", onclick: () => abortDrill(drill) }, "Abort drill")),
-      h("div", { class: "muted" }, `by ${drill.requested_by || "?"}: “${drill.reason || ""}” · hold ${drill.hold_s} s · guards: RTO ≤ ${drill.guards.max_rto_s} s, errors ≤ ${fmt.pct(drill.guards.max_error_ratio)}, ack p99 ≤ ${drill.guards.max_ack_p99_ms} ms`),
-      h("div", { class: "stepper" }, steps),
-      h("div", { class: "facts" },
-        fact(drill.injected_at ? "since injection" : "since start", elapsed),
-        fact("shards moved / recovered", `${drill.shards_moved} / ${drill.shards_recovered}`, drill.shards_recovered < drill.shards_moved),
-        fact("RTO max so far", fmt.secs(drill.rto_max_s), drill.rto_max_s !== null && drill.rto_max_s > drill.guards.max_rto_s),
-        fact("canaries acked / errors", `${drill.canary_acked} / ${drill.canary_errors}`, drill.canary_errors > 0)),
-      tripped.length ? h("div", { class: "banner error" }, tripped.map((g) => `guard tripped: ${g.guard} ${fmt.num(g.measured, 3)} > ${fmt.num(g.limit, 3)}`).join("; ")) : null,
-      seriesBlock(report ? report.series : null),
-      h("div", { class: "timeline" }, h("table", {}, h("tbody", {}, drill.timeline.slice().reverse().map((t) =>
-        h("tr", {}, h("td", { class: "mono" }, fmt.utc(t.at_ms)), h("td", {}, h("b", {}, t.phase)), h("td", {}, t.note)))))));
+    const index = PHASES.indexOf(drill.phase);
+    rebuildIf("drill", [drill.drill_id, drill.phase, drill.timeline.length, tripped.length], () => {
+      const fact = (k, field) => h("div", { class: "fact" }, h("div", { class: "k" }, k), h("div", { class: "v", "data-field": field }));
+      fill(el,
+        h("div", { class: "title", "data-drill": drill.drill_id, "data-phase": drill.phase },
+          h("span", {}, `${drill.kind} of ${drill.region}`),
+          h("span", { class: "badge running" }, drill.phase),
+          h("span", { class: "muted mono" }, drill.drill_id),
+          h("span", { class: "spacer" }),
+          h("button", { type: "button", class: "danger", id: "abort-drill", onclick: () => abortDrill(drill) }, "Abort drill")),
+        h("div", { class: "muted" }, `by ${drill.requested_by || "?"}: “${drill.reason || ""}” · hold ${drill.hold_s} s · guards: RTO ≤ ${drill.guards.max_rto_s} s, errors ≤ ${fmt.pct(drill.guards.max_error_ratio)}, ack p99 ≤ ${drill.guards.max_ack_p99_ms} ms`),
+        h("div", { class: "stepper" }, PHASES.map((p, i) => h("div", { class: `step${i < index ? " past" : ""}${i === index ? " current" : ""}` }, p))),
+        h("div", { class: "facts" },
+          fact(drill.injected_at ? "since injection" : "since start", "elapsed"),
+          fact("shards moved / recovered", "shards"),
+          fact("RTO max so far", "rto"),
+          fact("canaries acked / errors", "canaries")),
+        tripped.length ? h("div", { class: "banner error" }, tripped.map((g) => `guard tripped: ${g.guard} ${fmt.num(g.measured, 3)} > ${fmt.num(g.limit, 3)}`).join("; ")) : null,
+        h("div", { id: "drill-series" }),
+        h("div", { class: "timeline" }, h("table", {}, h("tbody", {}, drill.timeline.slice().reverse().map((t) =>
+          h("tr", {}, h("td", { class: "mono" }, fmt.utc(t.at_ms)), h("td", {}, h("b", {}, t.phase)), h("td", {}, t.note)))))));
+    });
+    const started = drill.injected_at || drill.started_at;
+    patch(el, "elapsed", started ? `${((Date.now() - Date.parse(started)) / 1000).toFixed(0)} s` : "–");
+    patch(el, "shards", `${drill.shards_moved} / ${drill.shards_recovered}`, `v${drill.shards_recovered < drill.shards_moved ? " bad" : ""}`);
+    patch(el, "rto", fmt.secs(drill.rto_max_s), `v${drill.rto_max_s !== null && drill.rto_max_s > drill.guards.max_rto_s ? " bad" : ""}`);
+    patch(el, "canaries", `${drill.canary_acked} / ${drill.canary_errors}`, `v${drill.canary_errors > 0 ? " bad" : ""}`);
+    const report = state.activeReport && state.activeReport.drill_id === drill.drill_id ? state.activeReport : null;
+    fill($("drill-series"), seriesBlock(report ? report.series : null));
   }
 
   function verdictBadge(d) {
@@ -588,14 +624,14 @@
 
   function renderHistory() {
     const drills = ((state.drills && state.drills.drills) || []).filter((d) => TERMINAL.has(d.phase));
-    fill($("drills").tBodies[0], drills.length ? drills.map((d) =>
+    rebuildIf("history", drills.map((d) => [d.drill_id, d.phase, d.canary_lost]), () => fill($("drills").tBodies[0], drills.length ? drills.map((d) =>
       h("tr", { "data-drill": d.drill_id },
         h("td", { class: "mono" }, fmt.utcDate(d.started_at)),
         h("td", {}, d.kind), h("td", {}, d.region), h("td", {}, verdictBadge(d)),
         h("td", { class: `num${d.rto_max_s !== null && d.rto_max_s > d.guards.max_rto_s ? " bad" : ""}` }, fmt.secs(d.rto_max_s)),
         h("td", { class: `num${d.canary_lost ? " bad" : ""}` }, `${d.canary_acked} / ${d.canary_lost === null ? "–" : d.canary_lost}`),
         h("td", {}, h("button", { type: "button", class: "small", onclick: () => showReport(d.drill_id) }, "Report")))) :
-      h("tr", {}, h("td", { colspan: 7, class: "muted" }, "no finished drill yet")));
+      h("tr", {}, h("td", { colspan: 7, class: "muted" }, "no finished drill yet"))));
   }
 
   function renderReport() {
@@ -608,7 +644,7 @@
       h("div", {}, `RTO p50 ${fmt.secs(r.rto_p50_s)} · p99 ${fmt.secs(r.rto_p99_s)} · max ${fmt.secs(r.rto_max_s)} · shards moved ${r.shards_moved}, recovered ${r.shards_recovered}`),
       h("div", {}, `canary events acked ${r.canary_acked}, errors ${r.canary_errors}, lost ${r.canary_lost === null ? "–" : r.canary_lost}`),
       (r.guards_tripped || []).map((g) => h("div", { class: "bad" }, `guard tripped: ${g.guard} ${fmt.num(g.measured, 3)} > ${fmt.num(g.limit, 3)}`)),
-      r.abort_reason ? h("div", {}, `aborted: ${r.abort_reason}`) : null,
+      r.abort_reason && !(r.verdict_reason || "").includes(r.abort_reason) ? h("div", {}, `aborted: ${r.abort_reason}`) : null,
       h("div", { class: "muted" }, `by ${r.requested_by}: “${r.reason}”; ${fmt.utcDate(r.started_at)} → ${fmt.utcDate(r.ended_at)} UTC`),
       seriesBlock(r.series),
       h("div", {},
@@ -617,14 +653,14 @@
   }
 
   function renderAudit() {
-    fill($("audit").tBodies[0], state.audit.length ? state.audit.slice().reverse().map((e) =>
+    rebuildIf("audit", [state.audit.length, state.auditAfter], () => fill($("audit").tBodies[0], state.audit.length ? state.audit.slice().reverse().map((e) =>
       h("tr", { "data-action": e.action },
         h("td", { class: "mono" }, fmt.utcDate(e.at_ms).slice(5)),
         h("td", {}, `${e.by} (${e.role})`),
         h("td", {}, h("b", {}, e.action)),
         h("td", {}, e.target),
         h("td", {}, e.reason))) :
-      h("tr", {}, h("td", { colspan: 5, class: "muted" }, "no operator action recorded yet")));
+      h("tr", {}, h("td", { colspan: 5, class: "muted" }, "no operator action recorded yet"))));
   }
 
   // --- the loop ------------------------------------------------------------------------------
@@ -664,7 +700,8 @@
   function startWith(home, urls, you) {
     state.home = home;
     state.urls = { ...urls, [home]: "" };
-    state.order = [home, ...Object.keys(urls).filter((r) => r !== home)];
+    state.names = Object.keys(urls);
+    state.order = [home, ...state.names.filter((r) => r !== home)];
     state.you = you;
     sessionStorage.setItem(URLS_ITEM, JSON.stringify({ home, urls }));
     $("login").hidden = true;
@@ -677,6 +714,7 @@
     sessionStorage.removeItem(KEY_ITEM);
     clearTimeout(state.timer);
     Object.assign(state, { key: null, you: null, regions: null, placement: null, drills: null, halt: null, nodes: {}, audit: [], auditAfter: 0, sharedAt: 0, source: null });
+    for (const name of Object.keys(built)) delete built[name];
     $("main").hidden = true;
     $("login").hidden = false;
     $("key").value = "";
