@@ -33,8 +33,9 @@ CHROMIUM_FLAGS = (
 
 
 @contextmanager
-def chromium() -> Iterator[webdriver.Chrome]:
-    """A fresh headless Chromium (its own profile directory, removed afterwards)."""
+def chromium(downloads: Path | None = None) -> Iterator[webdriver.Chrome]:
+    """A fresh headless Chromium (its own profile directory, removed afterwards); files the
+    page downloads land in ``downloads`` when given."""
     missing = [str(p) for p in (CHROMIUM, CHROMEDRIVER) if not p.exists()]
     if missing:
         pytest.fail(
@@ -46,6 +47,11 @@ def chromium() -> Iterator[webdriver.Chrome]:
     options.binary_location = str(CHROMIUM)
     for flag in (*CHROMIUM_FLAGS, f"--user-data-dir={profile}"):
         options.add_argument(flag)
+    if downloads is not None:
+        options.add_experimental_option(
+            "prefs",
+            {"download.default_directory": str(downloads), "download.prompt_for_download": False},
+        )
     driver = webdriver.Chrome(service=Service(executable_path=str(CHROMEDRIVER)), options=options)
     try:
         yield driver

@@ -46,8 +46,13 @@ def plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Plane]:
 
 
 @pytest.fixture
-def browser() -> Iterator[webdriver.Chrome]:
-    with chromium() as driver:
+def downloads(tmp_path: Path) -> Path:
+    return tmp_path / "downloads"
+
+
+@pytest.fixture
+def browser(downloads: Path) -> Iterator[webdriver.Chrome]:
+    with chromium(downloads) as driver:
         yield driver
 
 
@@ -242,8 +247,22 @@ def test_a_viewer_sees_the_drill_and_the_server_refuses_its_abort_and_halt(
         end_drill(plane, drill_id)
 
 
-def test_an_operator_on_the_drilled_regions_page_sees_it_go_down_aborts_and_sees_it_back(
+def test_a_tenant_key_is_turned_away_with_the_servers_answer(
     plane: Plane, browser: webdriver.Chrome
+) -> None:
+    page = Console(browser, plane, served_by="us-east")
+    browser.get(plane.urls["us-east"] + "/console")
+    browser.find_element(By.ID, "key").send_keys(plane.info["api_key"])
+    page.click("#signin")
+    wait_for("the refusal shown", lambda: bool(page.banners("forbidden")))
+    assert "403" in page.banners("forbidden")[0] and "tenant key" in page.banners("forbidden")[0]
+    assert page.js("return document.getElementById('main').hidden") is True
+    assert page.js("return sessionStorage.length") == 0  # the refused key is not kept
+    assert plane.info["api_key"] not in browser.current_url
+
+
+def test_an_operator_on_the_drilled_regions_page_sees_it_go_down_aborts_and_sees_it_back(
+    plane: Plane, browser: webdriver.Chrome, downloads: Path
 ) -> None:
     target = "us-east"
     page = Console(browser, plane, served_by=target)  # the page's own node is the target
@@ -294,6 +313,10 @@ def test_an_operator_on_the_drilled_regions_page_sees_it_go_down_aborts_and_sees
             ),
         )
         page.screenshot("operator-region-back")
+        page.click(f'#report [data-report="{drill_id}"] button')  # Download HTML report
+        report = downloads / f"drill-{drill_id}.html"
+        wait_for("the HTML report downloaded", report.exists)
+        assert drill_id in report.read_text() and "aborted" in report.read_text()
     finally:
         end_drill(plane, drill_id)
     body = drill(plane, drill_id)
