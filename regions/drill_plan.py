@@ -48,6 +48,10 @@ class LiveLoad:
     region_append_capacity_per_s: float
     #: spare prefill tokens per second on the survivors (None: no engines attached)
     spare_prefill_tokens_per_s: float | None = None
+    #: live prefill demand over the whole plane, tokens per second, measured at the engines
+    live_prefill_tokens_per_s: float | None = None
+    #: the smallest survivor's prefill capacity (its live demand plus its spare), tokens/s
+    survivor_prefill_capacity_tokens_per_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,4 +170,30 @@ def _capacity(regions: int, load: LiveLoad) -> tuple[dict[str, Any], bool]:
         spare_per_survivor=plan.spare_after_worst,
         verdict=plan.verdict,
     )
-    return body, plan.feasible_worst
+    prefill, prefill_ok = _prefill_capacity(regions, load)
+    if prefill is not None:
+        body["prefill"] = prefill
+        if not prefill_ok:
+            body["verdict"] = f"prefill: {prefill['verdict']}"
+    return body, plan.feasible_worst and prefill_ok
+
+
+def _prefill_capacity(regions: int, load: LiveLoad) -> tuple[dict[str, Any] | None, bool]:
+    """The same region-loss arithmetic on the engines' live prefill demand (tokens/s), worst
+    case (the moved conversations' caches are cold): None where no engines are attached."""
+    live, capacity = load.live_prefill_tokens_per_s, load.survivor_prefill_capacity_tokens_per_s
+    if live is None or not capacity:
+        return None, True
+    plan = plan_region_loss(
+        regions=regions,
+        rate_per_region=max(live / regions, APPEND_RATE_FLOOR_PER_S),
+        input_tokens=1.0,
+        cache_hit=0.0,
+        prefill_capacity=capacity,
+    )
+    return {
+        "live_prefill_tokens_per_s": live,
+        "survivor_prefill_capacity_tokens_per_s": capacity,
+        "demand_per_survivor_tokens_per_s": plan.demand_after_worst,
+        "verdict": plan.verdict,
+    }, plan.feasible_worst

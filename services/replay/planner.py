@@ -28,6 +28,7 @@ from eventlog.model import CONVERSATION_CREATED, ConversationSummary, LogEntry
 from eventlog.node import LogNode
 from eventlog.replica import ReplicaStore
 from replay.scheduler import MovedConversation
+from services.drill_canary import DRILL_TENANT
 
 log = logging.getLogger("convplane.replay.planner")
 T = TypeVar("T")
@@ -100,7 +101,9 @@ class ShardPlanner:
                 through_seq=summary.last_seq,
             )
 
-        moved = await asyncio.gather(*(one(s) for s in summaries))
+        # a drill's canary conversations are measurements, not chats: no KV worth a GPU
+        chats = [s for s in summaries if s.tenant_id != DRILL_TENANT]
+        moved = await asyncio.gather(*(one(s) for s in chats))
         return [m for m in moved if m is not None]
 
     async def conversation(self, conversation_id: str) -> MovedConversation:

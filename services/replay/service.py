@@ -107,6 +107,8 @@ class ReplayService:
         self._worker_tasks: list[asyncio.Task[None]] = []
         self._stream: ResultStream | None = None
         self._bus_started = False
+        #: wall-clock ms of the last conversation replayed here (a drill's replay makespan)
+        self.last_replayed_at_ms: int | None = None
 
     # --- LogListener ----------------------------------------------------------------------
 
@@ -319,6 +321,9 @@ class ReplayService:
             self._outstanding_for.pop(result.job_id, None)
             computed = result.prompt_tokens - result.cached_prompt_tokens
             self.capacity.release(computed if result.status == "replayed" else None)
+            if result.status == "replayed":
+                self.counts["tokens_replayed"] += computed
+                self.last_replayed_at_ms = self._clock.wall_ms()
         self.scheduler.record_result(result)
         self.affinity.learn(result)
 
@@ -332,6 +337,22 @@ class ReplayService:
     def status_bus_rejected(self) -> int:
         """Result records the stream rejected (bad MAC or fields)."""
         return 0 if self._stream is None else self._stream.skipped_malformed
+
+    def drill_view(self) -> dict[str, Any] | None:
+        """What a drill measures of this region's replay (``GET /peer/drills/load``): live and
+        spare prefill, and the running counts it compares before and after the fault. None
+        where the region has no engines."""
+        if not self.capacity.engine_controllers:
+            return None
+        region_capacity = self.capacity.region.snapshot()
+        return {
+            "live_tokens_per_s": region_capacity.live_tokens_per_s,
+            "spare_tokens_per_s": region_capacity.spare_tokens_per_s,
+            "conversations_planned": self.counts["conversations_planned"],
+            "conversations_replayed": self.counts["result_replayed"],
+            "tokens_replayed": self.counts["tokens_replayed"],
+            "last_replayed_at_ms": self.last_replayed_at_ms,
+        }
 
     def status(self) -> dict[str, Any]:
         region_capacity = self.capacity.region.snapshot()
