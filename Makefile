@@ -37,6 +37,7 @@ lint: install
 	$(BIN)/ruff check eventlog regions replay services tests bench
 	$(BIN)/ruff format --check eventlog regions replay services tests bench
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 
 clean:
 	rm -rf $(VENV) .cache .state
