@@ -235,7 +235,7 @@ def register(app: typer.Typer) -> None:
         cache_dir: str = typer.Option(".cache/kafka", help="Where the jars are cached."),
     ) -> None:
         """Start a broker, print its bootstrap servers, and keep it up until Ctrl-C."""
-        from services.localkafka import ensure_kafka_jars, start_broker
+        from services.local.kafka import ensure_kafka_jars, start_broker
 
         broker = start_broker(state_dir, lib_dir=ensure_kafka_jars(cache_dir))
         typer.echo(broker.bootstrap_servers, err=False)
