@@ -66,6 +66,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from eventlog.backoff import jittered
 from eventlog.clock import Clock
 from eventlog.errors import DeadlineExceeded, InvariantViolation
 from replay.engines.base import EngineUnavailable, InferenceEngine
@@ -463,4 +464,4 @@ class CapacityPoller:
                 delay_s = self._interval_s
             else:
                 delay_s = min(self._backoff_max_s, delay_s * 2)
-            await self._clock.sleep(delay_s * (0.75 + 0.5 * self._rng.random()))
+            await self._clock.sleep(jittered(delay_s, self._rng, low=0.75, width=0.5))

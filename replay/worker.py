@@ -41,6 +41,7 @@ from urllib.parse import quote
 
 import httpx
 
+from eventlog.backoff import jittered
 from eventlog.clock import Clock
 from eventlog.errors import ConvplaneError, DeadlineExceeded, InvalidRequest, NotFound, Unavailable
 from replay.bus.port import JobBus, JobBusUnavailable, JobConsumer, JobDelivery
@@ -381,7 +382,7 @@ class ReplayWorker:
 
     async def _reroute(self, job: ReplayJob, started_s: float) -> ReplayResult:
         """Put the job back on the bus for a worker that serves its revision (module docstring)."""
-        await self._clock.sleep(self.settings.reroute_pause_s * self._rng.uniform(0.5, 1.0))
+        await self._clock.sleep(jittered(self.settings.reroute_pause_s, self._rng, 0.5, 0.5))
         try:
             await self._retrying(
                 job, lambda: self._bus.publish_jobs([job]), self.settings.publish_timeout_s
@@ -396,7 +397,7 @@ class ReplayWorker:
     def _backoff_s(self, attempt: int) -> float:
         s = self.settings
         ceiling_s = min(s.backoff_max_s, s.backoff_base_s * 2.0 ** (attempt - 1))
-        return ceiling_s * self._rng.uniform(0.5, 1.0)
+        return jittered(ceiling_s, self._rng, low=0.5, width=0.5)
 
     def _result(
         self,

@@ -32,6 +32,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from eventlog.aio import bounded
+from eventlog.backoff import Backoff, jittered
 from eventlog.clock import Clock
 from eventlog.errors import ConvplaneError, NotLeader
 from eventlog.model import LogEntry
@@ -305,7 +306,9 @@ class Controller:
         """Lead an assigned shard; retry with jittered, doubling backoff under
         ``lead_attempts_max`` while it stays assigned here."""
         await self._await_handoff(shard)
-        backoff_s = self.settings.lead_backoff_min_s
+        backoff = Backoff(
+            self.settings.lead_backoff_min_s, self.settings.lead_backoff_max_s, self._rng
+        )
         for attempt in range(1, self.settings.lead_attempts_max + 1):
             if not self._assigned_here(shard):
                 return
@@ -319,8 +322,7 @@ class Controller:
             except ConvplaneError as exc:
                 if attempt == 1 or attempt % 20 == 0:
                     log.warning("shard %d: lead attempt %d failed: %s", shard, attempt, exc)
-            await self._clock.sleep(backoff_s * (0.5 + self._rng.random()))
-            backoff_s = min(backoff_s * 2, self.settings.lead_backoff_max_s)
+            await self._clock.sleep(backoff.next_s())
 
     async def _await_handoff(self, shard: int) -> None:
         moved = self._moved.pop(shard, None)
@@ -369,7 +371,9 @@ class Controller:
             log.warning("control shard: leading at epoch %d", epoch)
         except ConvplaneError as exc:
             log.warning("control shard: lead failed: %s", exc)
-            await self._clock.sleep(self.settings.lead_backoff_min_s * (1 + self._rng.random()))
+            await self._clock.sleep(
+                jittered(self.settings.lead_backoff_min_s, self._rng, low=1.0, width=1.0)
+            )
 
     async def _catch_up(self) -> None:
         """Apply every committed control record before deciding anything."""

@@ -26,6 +26,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from eventlog.backoff import jittered
 from eventlog.clock import Clock
 from eventlog.errors import ConvplaneError, NotFound, NotLeader
 from replay.bus.port import JobBus, ResultStream
@@ -228,7 +229,7 @@ class ReplayService:
 
     def _backoff_s(self, attempt: int) -> float:
         ceiling_s = min(self.limits.backoff_max_s, self.limits.backoff_base_s * 2.0**attempt)
-        return ceiling_s * self._rng.uniform(0.5, 1.0)
+        return jittered(ceiling_s, self._rng, low=0.5, width=0.5)
 
     # --- loops ----------------------------------------------------------------------------
 
@@ -259,8 +260,9 @@ class ReplayService:
             if jobs:
                 await self._publish(jobs)
             if len(jobs) < self.limits.dispatch_batch_max:
-                jitter = 0.75 + 0.5 * self._rng.random()
-                await self._clock.sleep(self.limits.dispatch_interval_s * jitter)
+                await self._clock.sleep(
+                    jittered(self.limits.dispatch_interval_s, self._rng, low=0.75, width=0.5)
+                )
             else:
                 await asyncio.sleep(0)  # a full batch: go on, but let others run
 
