@@ -21,7 +21,7 @@ from typing import Any
 import httpx
 
 from services.config import api_key_sha256
-from services.local.host import free_port
+from services.local.host import HarnessError, free_port
 from services.replay.config import EngineConfig, ReplayConfig
 
 READY_TIMEOUT_S = 60.0
@@ -29,7 +29,7 @@ STOP_TIMEOUT_S = 10.0
 _REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
-class SimEnginesError(RuntimeError):
+class SimEnginesError(HarnessError):
     """A simulated engine did not come up."""
 
 

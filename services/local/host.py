@@ -7,6 +7,11 @@ import socket
 from pathlib import Path
 
 
+class HarnessError(RuntimeError):
+    """A local harness could not provide what was asked (a database, a broker, a plane, an
+    engine): the message says why, with the log tail where there is one. Not an API error."""
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port nothing listens on now (the caller binds it soon after)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:

@@ -34,8 +34,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from eventlog.errors import ConvplaneError
-from services.local.host import docker_available, free_port
+from services.local.host import HarnessError, docker_available, free_port
 
 POM_PATH = Path(__file__).resolve().parent.parent / "replay" / "kafka" / "pom.xml"
 TEST_KAFKA_ENV = "CONVPLANE_TEST_KAFKA"
@@ -43,10 +42,8 @@ _STAMP_FILE = ".pom-sha256"
 _LOG_TAIL_LINES = 60
 
 
-class KafkaHarnessError(ConvplaneError):
+class KafkaHarnessError(HarnessError):
     """The local broker could not be provisioned or did not come up (message has the log tail)."""
-
-    code = "kafka_harness"
 
 
 # --- jars -------------------------------------------------------------------------------------

@@ -45,7 +45,7 @@ from services.config import (
     write_cluster,
 )
 from services.db_roles import node_role, restrict_to_protocol
-from services.local.host import free_port
+from services.local.host import HarnessError, free_port
 from services.local.postgres import asyncpg_dsn
 
 REGION_NAMES = ("us-east", "eu-west", "ap-south", "us-west", "eu-north", "ap-east", "sa-east")
@@ -65,7 +65,7 @@ PEER_PORT_OFFSET = 100
 _REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
-class PlaneError(RuntimeError):
+class PlaneError(HarnessError):
     """The plane could not be started (a port in use, a node that exited, a timeout)."""
 
 

@@ -32,8 +32,7 @@ from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
-from eventlog.errors import ConvplaneError
-from services.local.host import docker_available, free_port
+from services.local.host import HarnessError, docker_available, free_port
 
 TEST_DSNS_ENV = "CONVPLANE_TEST_PG_DSNS"
 BINDIR_ENV = "CONVPLANE_PG_BINDIR"
@@ -60,8 +59,8 @@ _running: dict[int, PgInstance] = {}  # id(instance) -> instance; stopped at exi
 _atexit_registered = False
 
 
-class PgHarnessError(ConvplaneError):
-    code = "pg_harness"
+class PgHarnessError(HarnessError):
+    """A local PostgreSQL instance could not be provided (the message says why)."""
 
 
 StopMode = Literal["smart", "fast", "immediate"]
