@@ -465,3 +465,23 @@ class CapacityPoller:
             else:
                 delay_s = min(self._backoff_max_s, delay_s * 2)
             await self._clock.sleep(jittered(delay_s, self._rng, low=0.75, width=0.5))
+
+
+class CapacityGate:
+    """``replay.worker.SpareGate`` over ``replay.capacity.CapacityController``."""
+
+    def __init__(self, controller: CapacityController) -> None:
+        self._controller = controller
+
+    def has_spare(self, prompt_tokens: int) -> bool:
+        snapshot = self._controller.snapshot()
+        return (
+            snapshot.spare_tokens_per_s > 0
+            and snapshot.in_flight < self._controller.config.max_concurrent_replays
+        )
+
+    async def wait_for_spare(self, prompt_tokens: int, tenant_id: str, deadline_s: float) -> None:
+        await self._controller.acquire(max(prompt_tokens, 1), tenant_id, deadline_s)
+
+    def release(self, computed_tokens: int | None) -> None:
+        self._controller.release(computed_tokens)

@@ -13,6 +13,7 @@ from eventlog.node import LogNode
 from eventlog.replica import ReplicaStore
 from replay.bus.memory import InProcessJobBus
 from replay.bus.port import JobBus
+from replay.capacity import CapacityGate
 from replay.engines.base import InferenceEngine
 from replay.engines.vllm_http import VllmHttpEngine
 from replay.worker import ReplayWorker, WorkerSettings
@@ -67,8 +68,6 @@ def build_replay_service(
 ) -> ReplayService:
     """The service over given engines and bus (tests pass fakes; ``open_replay_service`` real
     ones). In embedded mode each engine gets an in-process worker gated by its own spare."""
-    from services.cli.worker import CapacityGate
-
     configured = dict(config.region_engines(region))
     capacity = RegionCapacity(
         [(e, configured[i].capacity_tokens_per_s) for i, e in engines.items()],
