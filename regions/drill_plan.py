@@ -6,7 +6,7 @@ Preflight refuses a drill (nothing is committed) unless
 * no other drill is active and the halt switch is off,
 * the kind can run here (``kill`` needs the local plane's supervisor),
 * the survivors have the capacity to take the target's load: the region-loss arithmetic of
-  ``regions.planner.plan_region_loss`` fed with the live append rate (appends are the log's
+  ``regions.capacity_arithmetic.plan_region_loss`` fed with the live append rate (appends are the log's
   unit of work: one "token" per append, no cache), i.e. per survivor ``Q * N/(N-1)`` must not
   exceed ``region_append_capacity_per_s``. ``force`` overrides this check only.
 
@@ -22,11 +22,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from regions.capacity_arithmetic import plan_region_loss, plan_replay
 from regions.control import Placement
 from regions.drills import Drill, DrillSpec
 from regions.ops_state import Halt
 from regions.placement import rank_regions
-from regions.planner import plan_region_loss, plan_replay
 
 #: the live append rate below which the capacity check is not meaningful (an idle plane)
 APPEND_RATE_FLOOR_PER_S = 1.0

@@ -9,7 +9,7 @@ Four loops, all bounded and under timeouts, around the pure cores in ``regions``
   the assignment: lead the shards assigned here (bounded concurrency, jittered retries), resign
   the ones assigned elsewhere, and point leader hints at the new owners so forwarding follows.
 * **control** (same period): the alive region with the lowest name (by this node's view) leads
-  the control shard; while it does, it commits what ``ControlPlanner`` decides.
+  the control shard; while it does, it commits what ``PlacementDecider`` decides.
 
 Learning reads the control shard's committed entries straight from the replicas (the one with
 the highest commit hint among those reachable, up to that hint), not from the control leader over
@@ -38,7 +38,13 @@ from eventlog.errors import ConvplaneError, NotLeader
 from eventlog.model import LogEntry
 from eventlog.node import LogNode
 from eventlog.replica import ReplicaStore
-from regions.control import PLACEMENT_RECORD, ControlConfig, ControlPlanner, ControlState, Placement
+from regions.control import (
+    PLACEMENT_RECORD,
+    ControlConfig,
+    ControlState,
+    Placement,
+    PlacementDecider,
+)
 from regions.membership import Membership, MembershipConfig, statuses
 from services.config import ClusterConfig, NodeSettings
 from services.peer_probe import PeerProber
@@ -82,7 +88,7 @@ class Controller:
             started_s=clock.monotonic(),
         )
         self.state = ControlState(shard_count=cluster.shard_count, regions=weights)
-        self.planner = ControlPlanner(
+        self.decider = PlacementDecider(
             config=ControlConfig(
                 failback_hysteresis_s=settings.failback_hysteresis_s,
                 failback_shards_per_step=settings.failback_shards_per_step,
@@ -187,7 +193,7 @@ class Controller:
             await self._catch_up()
             now_s = self._clock.monotonic()
             views = statuses(self.membership.view(now_s))
-            placement = self.planner.operator(self.state, action, region, now_s, views)
+            placement = self.decider.operator(self.state, action, region, now_s, views)
             await self._commit(placement)
         return self.placement()
 
@@ -361,7 +367,7 @@ class Controller:
         async with self._propose_lock:
             await self._catch_up()
             views = statuses(self.membership.view(now_s))
-            placement = self.planner.next_placement(self.state, now_s, views)
+            placement = self.decider.next_placement(self.state, now_s, views)
             if placement is not None:
                 await self._commit(placement)
 

@@ -1,8 +1,8 @@
 """The region's replay service: the async adapter around the pure ``ReplayScheduler``.
 
 * **Listener** (``eventlog.node.LogListener``): ``shard_led`` with a previous leader in another
-  region means the shard moved here: the shard goes on a bounded queue and the planner lists its
-  conversations active within the replay window (``planner.ShardPlanner``) into the scheduler.
+  region means the shard moved here: the shard goes on a bounded queue and the lister lists its
+  conversations active within the replay window (``moved.MovedConversationLister``) into the scheduler.
   ``conversation_written`` calls ``mark_live``: the live prefill rebuilds the KV anyway.
 * **Dispatch loop**: expires old jobs, then releases jobs only as the region's spare capacity and
   the operator limits grant (``region_capacity.RegionCapacity``) and publishes them to the
@@ -35,7 +35,7 @@ from replay.scheduler import AddReport, MovedConversation, ReplayScheduler, Sche
 from replay.worker import ReplayWorker
 from services.replay.affinity import Affinity, AffinityTable
 from services.replay.config import ReplayConfig
-from services.replay.planner import ShardPlanner
+from services.replay.moved import MovedConversationLister
 from services.replay.region_capacity import RegionCapacity
 
 log = logging.getLogger("convplane.replay")
@@ -65,7 +65,7 @@ class ReplayService:
         region: str,
         shard_count: int,
         config: ReplayConfig,
-        planner: ShardPlanner,
+        lister: MovedConversationLister,
         bus: JobBus,
         capacity: RegionCapacity,
         clock: Clock,
@@ -79,7 +79,7 @@ class ReplayService:
         self.shard_count = shard_count
         self.config = config
         self.mode = mode
-        self.planner = planner
+        self.lister = lister
         self.capacity = capacity
         self.workers = list(workers)
         self.engine_urls = dict(engine_urls or {})
@@ -138,7 +138,7 @@ class ReplayService:
 
     async def replay_shard(self, shard: int) -> AddReport:
         """Plan a shard now (it must be led here); ``NotLeader`` otherwise."""
-        moved = await self.planner.moved_conversations(shard)
+        moved = await self.lister.moved_conversations(shard)
         return self._add(moved)
 
     async def replay_conversations(self, conversation_ids: Sequence[str]) -> dict[str, str]:
@@ -146,7 +146,7 @@ class ReplayService:
         outcome: dict[str, str] = {}
         for conversation_id in conversation_ids:
             try:
-                moved = await self.planner.conversation(conversation_id)
+                moved = await self.lister.conversation(conversation_id)
             except NotLeader as exc:
                 outcome[conversation_id] = f"not_led_here (leader: {exc.leader_region})"
                 continue

@@ -18,7 +18,7 @@ from replay.engines.base import InferenceEngine
 from replay.engines.vllm_http import VllmHttpEngine
 from replay.worker import ReplayWorker, WorkerSettings
 from services.replay.config import ReplayConfig
-from services.replay.planner import PlannerLimits, ShardPlanner
+from services.replay.moved import MovedConversationLister, MovedListLimits
 from services.replay.region_capacity import RegionCapacity
 from services.replay.service import ReplayService, ServiceLimits
 from services.replay.transcripts import LogTranscriptSource
@@ -75,11 +75,11 @@ def build_replay_service(
         clock,
         rng,
     )
-    planner = ShardPlanner(
+    lister = MovedConversationLister(
         node,
         replicas,
         clock,
-        PlannerLimits(config.replay_window_s, config.conversations_per_shard_max),
+        MovedListLimits(config.replay_window_s, config.conversations_per_shard_max),
     )
     service_limits = limits or ServiceLimits()
     workers = []
@@ -107,7 +107,7 @@ def build_replay_service(
         region=region,
         shard_count=shard_count,
         config=config,
-        planner=planner,
+        lister=lister,
         bus=bus,
         capacity=capacity,
         clock=clock,

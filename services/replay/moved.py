@@ -30,12 +30,12 @@ from eventlog.replica import ReplicaStore
 from replay.scheduler import MovedConversation
 from services.drill_canary import DRILL_TENANT
 
-log = logging.getLogger("convplane.replay.planner")
+log = logging.getLogger("convplane.replay.moved")
 T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
-class PlannerLimits:
+class MovedListLimits:
     replay_window_s: float
     conversations_per_shard_max: int
     lookups_max: int = 8  # revision lookups in flight
@@ -44,13 +44,13 @@ class PlannerLimits:
     entries_max: int = 100_000  # longest conversation an operator replay reads
 
 
-class ShardPlanner:
+class MovedConversationLister:
     def __init__(
         self,
         node: LogNode,
         replicas: Mapping[str, ReplicaStore],
         clock: Clock,
-        limits: PlannerLimits,
+        limits: MovedListLimits,
     ) -> None:
         self.node = node
         self._replicas = dict(replicas)
