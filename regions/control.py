@@ -35,7 +35,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from eventlog.errors import Conflict, InvalidRequest, InvariantViolation
 from regions.membership import RegionStatus
@@ -44,6 +44,10 @@ from regions.placement import place_shards, rank_regions
 PLACEMENT_RECORD = "control.placement"
 #: how many skipped records ``ControlState`` keeps with their reasons (for operators)
 SKIPPED_KEPT = 8
+
+
+#: what an operator may ask of a region (``PlacementDecider.operator``)
+OperatorAction = Literal["evacuate", "restore"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,7 +197,7 @@ class PlacementDecider:
     def operator(
         self,
         state: ControlState,
-        action: str,
+        action: OperatorAction,
         region: str,
         now_s: float,
         statuses: Mapping[str, RegionStatus],

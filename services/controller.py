@@ -42,6 +42,7 @@ from regions.control import (
     PLACEMENT_RECORD,
     ControlConfig,
     ControlState,
+    OperatorAction,
     Placement,
     PlacementDecider,
 )
@@ -179,7 +180,7 @@ class Controller:
             for r in self.cluster.regions
         ]
 
-    async def operator(self, action: str, region: str) -> Placement:
+    async def operator(self, action: OperatorAction, region: str) -> Placement:
         """Evacuate or restore ``region``; only the control leader commits (else NotLeader with
         the control leader as hint, so the API forwards it there)."""
         if not self.node.leads(self.control_shard):
