@@ -8,7 +8,6 @@ once, at the adapter boundary, with ``raise ... from exc``.
 
     ConvplaneError
     ├── InvalidRequest           400  the request is malformed or breaks a rule of the log
-    │   ├── AdmissionConfigError      bad admission limits (regions.admission)
     │   ├── PlanInputError            bad input to the capacity arithmetic (regions.capacity_arithmetic)
     │   ├── EngineRejectedRequest     an engine refused a replay prompt (replay.engines.base)
     │   ├── MalformedMessage          a job-bus record failed validation (replay.bus.port)

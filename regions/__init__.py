@@ -1,7 +1,7 @@
 """Pure decisions about regions, no I/O: who is up (``membership``), which region leads which
 shard (``placement``, and ``control``: the placement's records in the control shard and the
-decisions of its leader), per-node admission control (``admission``), the capacity arithmetic
-of a region loss and a replay (``planner``), and drills (``drills``: the state machine;
+decisions of its leader), the capacity arithmetic of a region loss and a replay
+(``capacity_arithmetic``), and drills (``drills``: the state machine;
 ``drill_plan``: preflight and dry run; ``drill_report``; ``ops_state``: drills, halt switch and
 audit folded from the control shard). ``services`` carries the decisions out.
 

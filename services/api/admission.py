@@ -1,4 +1,4 @@
-"""Admission of one region node's requests: the adapter around ``regions.admission``.
+"""Admission of one region node's requests: the adapter around ``services.api.admission_control``.
 
 ``NodeAdmission`` is built (empty) by ``create_app``; the lifespan ``open``s it with the node's
 clock, the cluster's tenants and the node's limits, which builds one ``AdmissionController`` and
@@ -55,7 +55,7 @@ from eventlog.errors import (
     QuotaExceeded,
     Unavailable,
 )
-from regions.admission import (
+from services.api.admission_control import (
     AdaptiveLimit,
     AdmissionConfig,
     AdmissionController,

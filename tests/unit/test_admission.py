@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from eventlog.errors import InvariantViolation
-from regions.admission import (
+from services.api.admission_control import (
     AdaptiveLimit,
     AdmissionConfig,
     AdmissionConfigError,

@@ -51,11 +51,12 @@ from dataclasses import dataclass
 from typing import Literal
 
 from eventlog.clock import Clock
-from eventlog.errors import InvalidRequest, InvariantViolation
+from eventlog.errors import InvariantViolation
 
 
-class AdmissionConfigError(InvalidRequest):
-    code = "invalid_admission_config"
+class AdmissionConfigError(ValueError):
+    """Admission limits that cannot work (a node refuses to start with them): a configuration
+    error, never an answer to a request."""
 
 
 # --- decisions ---------------------------------------------------------------------------------
