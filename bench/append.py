@@ -50,8 +50,13 @@ from eventlog.clock import SystemClock
 from eventlog.config import LogConfig
 from eventlog.node import LogNode
 from eventlog.stores import SqlReplicaStore, open_replica_store
-from regions.faultproxy import FaultProxy, ProxyRules, ProxySpec
-from services.localpg import PgInstance, dsn_via, start_instances, start_sync_replication_cluster
+from services.local.faultproxy import FaultProxy, ProxyRules, ProxySpec
+from services.local.postgres import (
+    PgInstance,
+    dsn_via,
+    start_instances,
+    start_sync_replication_cluster,
+)
 
 REGIONS = ("a", "b", "c")
 TENANT = "bench"

@@ -140,6 +140,38 @@ class GuardTrip:
 
 
 @dataclass(frozen=True, slots=True)
+class ReplayTally:
+    """The plane's replay counters at one moment, summed over the regions with engines: a drill
+    keeps one from before the fault and the latest since, and reports the difference."""
+
+    conversations_planned: int = 0
+    conversations_replayed: int = 0
+    tokens_replayed: int = 0
+    #: wall-clock ms of the last replayed conversation anywhere (None: none yet)
+    last_replayed_at_ms: int | None = None
+
+    def to_body(self) -> dict[str, Any]:
+        return {
+            "conversations_planned": self.conversations_planned,
+            "conversations_replayed": self.conversations_replayed,
+            "tokens_replayed": self.tokens_replayed,
+            "last_replayed_at_ms": self.last_replayed_at_ms,
+        }
+
+    @classmethod
+    def from_body(cls, body: Mapping[str, Any] | None) -> ReplayTally | None:
+        if body is None:
+            return None
+        last = body.get("last_replayed_at_ms")
+        return cls(
+            conversations_planned=int(body.get("conversations_planned", 0)),
+            conversations_replayed=int(body.get("conversations_replayed", 0)),
+            tokens_replayed=int(body.get("tokens_replayed", 0)),
+            last_replayed_at_ms=None if last is None else int(last),
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class Measurements:
     """What the canaries measured so far (persisted in the drill record, so a new control
     leader continues from it)."""
@@ -160,6 +192,12 @@ class Measurements:
     live_appends: tuple[tuple[float, float], ...] = ()
     #: placement versions: before the fault, during it (highest seen), after restore
     placement_versions: Mapping[str, int] = field(default_factory=dict)
+    #: replay counters before the fault and the latest while it lasted, up to the start of
+    #: restoring (None: no engines attached); a failback's own replays are not the drill's
+    replay_before: ReplayTally | None = None
+    replay_latest: ReplayTally | None = None
+    #: the planner's lower bound on replaying the moved conversations, from preflight
+    replay_time_min_s: float | None = None
 
     def to_body(self) -> dict[str, Any]:
         return {
@@ -171,6 +209,9 @@ class Measurements:
             "series": [list(p) for p in self.series[-SERIES_POINTS_MAX:]],
             "live_appends": [list(p) for p in self.live_appends[-SERIES_POINTS_MAX:]],
             "placement_versions": dict(self.placement_versions),
+            "replay_before": None if self.replay_before is None else self.replay_before.to_body(),
+            "replay_latest": None if self.replay_latest is None else self.replay_latest.to_body(),
+            "replay_time_min_s": self.replay_time_min_s,
         }
 
     @classmethod
@@ -189,7 +230,14 @@ class Measurements:
             placement_versions={
                 str(k): int(v) for k, v in body.get("placement_versions", {}).items()
             },
+            replay_before=ReplayTally.from_body(body.get("replay_before")),
+            replay_latest=ReplayTally.from_body(body.get("replay_latest")),
+            replay_time_min_s=_optional_float(body.get("replay_time_min_s")),
         )
+
+
+def _optional_float(value: Any) -> float | None:
+    return None if value is None else float(value)
 
 
 @dataclass(frozen=True, slots=True)

@@ -296,6 +296,11 @@ async def peer_canary_read(
 
 @drill_peer_router.get("/load")
 async def peer_load(request: Request) -> dict[str, Any]:
-    """Internal: this node's measured append rate, for a drill's capacity preflight."""
+    """Internal: this node's measured append rate and its replay's prefill numbers, for a
+    drill's capacity preflight and its report."""
     _require_peer(request)
-    return {"append_rate_per_s": _driver(request).load.append_rate_per_s()}
+    replay = getattr(request.app.state, "replay", None)
+    return {
+        "append_rate_per_s": _driver(request).load.append_rate_per_s(),
+        "replay": None if replay is None else replay.drill_view(),  # None: no engines here
+    }

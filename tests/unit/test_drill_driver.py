@@ -14,7 +14,7 @@ import pytest
 from eventlog.errors import NotFound, NotLeader, Unavailable
 from eventlog.sharding import shard_of
 from regions.control import Placement
-from regions.drills import RESTORE_GRACE_S, DrillSpec, Observation, advance
+from regions.drills import RESTORE_GRACE_S, DrillSpec, Observation, ReplayTally, advance
 from regions.membership import Membership, MembershipConfig
 from regions.ops_state import AUDIT_RECORD, DRILL_RECORD, HALT_RECORD, OpsState
 from regions.placement import place_shards
@@ -104,7 +104,13 @@ async def world() -> AsyncIterator[World]:
     node = FakeNode(ops)
 
     def load(request: httpx.Request) -> httpx.Response:
-        return httpx.Response(200, json={"append_rate_per_s": 5.0})
+        replay = {"live_tokens_per_s": 100.0, "spare_tokens_per_s": 900.0,
+                  "conversations_planned": 2, "conversations_replayed": 1,
+                  "tokens_replayed": 500, "last_replayed_at_ms": WALL_ORIGIN_MS - 1}  # fmt: skip
+        with_engines = request.url.host == "eu-west.test"
+        return httpx.Response(
+            200, json={"append_rate_per_s": 5.0, "replay": replay if with_engines else None}
+        )
 
     async with httpx.AsyncClient(transport=httpx.MockTransport(load)) as peers:
         driver = DrillDriver(
@@ -196,3 +202,16 @@ async def test_a_target_that_never_answers_again_ends_the_drill_at_its_deadline(
     assert (ended.phase, ended.verdict) == ("failed", "failed")
     assert ended.verdict_reason.startswith("us-east was not back by the deadline")
     assert not world.ops.active_drills()
+
+
+async def test_preflight_and_the_first_record_take_replay_numbers_from_the_regions_with_engines(
+    world: World,
+) -> None:
+    """eu-west has engines (its load reply carries replay numbers), us-east has none: a loss of
+    us-east is checked against eu-west's prefill, and the drill starts from its counts."""
+    plan = await world.driver.plan(spec())
+    prefill = plan.capacity["prefill"]
+    assert prefill["live_prefill_tokens_per_s"] == 100.0
+    assert prefill["survivor_prefill_capacity_tokens_per_s"] == 1000.0
+    drill, _ = await world.driver.create(spec(), by="sre", role="operator")
+    assert drill.measurements.replay_before == ReplayTally(2, 1, 500, WALL_ORIGIN_MS - 1)
