@@ -369,6 +369,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--payload-bytes", type=int, default=1024)
     p.add_argument("--shards", type=int, default=64)
     p.add_argument("--peer-pool-max", type=int, default=80, help="server max_connections=100")
+    p.add_argument("--no-peer", action="store_true", help="skip the peer (profiling runs)")
     p.add_argument("--py-spy", type=Path, help="record the first node with py-spy into DIR")
     return p.parse_args(argv)
 
@@ -391,13 +392,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         print(f"load average before: {os.getloadavg()}", flush=True)
         modes = measure_plane(work, args)
-        peer = measure_peer(work, args)
+        peer = {} if args.no_peer else measure_peer(work, args)
         print(f"load average after: {os.getloadavg()}", flush=True)
     finally:
         for step in cleanup:
             step()
     route, any_region = modes["route"], modes["any"]
-    peer_best = max(p["events_per_s"] for p in peer.values())
+    peer_best = max((p["events_per_s"] for p in peer.values()), default=float("nan"))
     result = {
         **{k: route[k] for k in ("events_per_s", "ack_p50_ms", "ack_p99_ms", "non_2xx")},
         "peer_events_per_s": peer_best,

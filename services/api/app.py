@@ -15,6 +15,7 @@ from services.api.context import ApiState
 from services.api.control_routes import control_router, peer_router
 from services.api.drill_routes import drill_peer_router, drill_router
 from services.api.errors import install_error_handlers
+from services.api.forward_batch import BatchLimits, forward_batch_router
 from services.api.forwarding import Forwarder
 from services.api.metrics import Metrics
 from services.api.middleware import EdgeMiddleware
@@ -68,6 +69,13 @@ def create_app(settings: NodeSettings, *, runtime_factory: RuntimeFactory | None
                 backoff_s=settings.forward_backoff_s,
                 peer_secret=runtime.cluster.peer_secret,
                 peer_reachable=_peer_reachable(runtime),
+                batch_limits=BatchLimits(
+                    batch_max=settings.forward_batch_max,
+                    batches_in_flight_max=settings.forward_batches_in_flight_max,
+                    queue_max=settings.forward_queue_max,
+                    retries_max=settings.forward_retries_max,
+                    backoff_s=settings.forward_backoff_s,
+                ),
             )
             app.state.api = ApiState(
                 region=settings.region,
@@ -100,6 +108,7 @@ def create_app(settings: NodeSettings, *, runtime_factory: RuntimeFactory | None
             try:
                 yield
             finally:
+                await forwarder.close()
                 await admission.close()
 
     app = FastAPI(
@@ -115,6 +124,7 @@ def create_app(settings: NodeSettings, *, runtime_factory: RuntimeFactory | None
     app.include_router(ops_router)
     app.include_router(control_router)
     app.include_router(peer_router)
+    app.include_router(forward_batch_router)
     app.include_router(replay_router)
     app.include_router(drill_router)
     app.include_router(drill_peer_router)
