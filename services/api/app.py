@@ -15,6 +15,7 @@ from services.api.context import ApiState
 from services.api.control_routes import control_router, peer_router
 from services.api.drill_routes import drill_peer_router, drill_router
 from services.api.errors import install_error_handlers
+from services.api.fast_append import FastAppend
 from services.api.forward_batch import BatchLimits, forward_batch_router
 from services.api.forwarding import Forwarder
 from services.api.metrics import Metrics
@@ -138,6 +139,7 @@ def create_app(settings: NodeSettings, *, runtime_factory: RuntimeFactory | None
         body_read_timeout_s=settings.body_read_timeout_s,
         discard_body_max_bytes=settings.discard_body_max_bytes,
         send_timeout_s=settings.send_timeout_s,
+        fast_path=FastAppend(settings.retry_after_default_s),
     )
     return app
 
