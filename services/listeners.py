@@ -14,6 +14,8 @@ Both listeners run ``guarded_protocol``: uvicorn's h11 protocol with two guards.
   ``header_timeout_s`` of connecting, and again of its previous response (the keep-alive idle
   time), else it is closed. uvicorn alone never times out a connection that sends nothing, and
   any single byte cancels its keep-alive timer (slowloris).
+* **One send per response.** A response's head and body leave in one write
+  (``CoalescedWrites``).
 * **JSON errors.** A request the HTTP parser refuses gets a JSON 400 like every other client
   mistake (uvicorn's own is plain text).
 * **Connection bound.** At most ``connections_max`` connections; a new connection past it closes
@@ -64,6 +66,7 @@ def guarded_protocol(limits: ListenerLimits) -> type[H11Protocol]:
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
+            self.transport = CoalescedWrites(transport, self.loop)  # type: ignore[assignment]
             if len(self.connections) > limits.connections_max and not _evict_oldest_idle():
                 log.warning("%s listener: %d connections, none idle: refusing one",
                             limits.name, len(self.connections))  # fmt: skip
@@ -128,6 +131,46 @@ def guarded_protocol(limits: ListenerLimits) -> type[H11Protocol]:
 
     GuardedProtocol.__name__ = f"GuardedProtocol_{limits.name}"
     return GuardedProtocol
+
+
+class CoalescedWrites:
+    """A connection's transport whose writes within one event-loop step leave as one send.
+
+    uvicorn writes a response's head and its body separately, and on loopback every send also
+    costs the sender the receiver's TCP processing: under load two sends per response were
+    the largest single cost of a node (``bench/rest.py`` under py-spy). Writes are joined and
+    handed to the real transport at the end of the step (``call_soon``); ``close`` sends what
+    is pending first, ``abort`` drops it. Everything else is the real transport's.
+    """
+
+    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
+        self._transport = transport
+        self._loop = loop
+        self._pending: list[bytes] = []
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        if not self._pending:
+            self._loop.call_soon(self._flush)
+        self._pending.append(bytes(data))
+
+    def close(self) -> None:
+        self._flush()
+        self._transport.close()
+
+    def abort(self) -> None:
+        self._pending.clear()
+        self._transport.abort()
+
+    def _flush(self) -> None:
+        if not self._pending:
+            return
+        data = b"".join(self._pending)
+        self._pending.clear()
+        if not self._transport.is_closing():
+            self._transport.write(data)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
 
 
 def _error_body(code: str, message: str) -> bytes:
