@@ -21,7 +21,8 @@ Each mode gets a short unmeasured warm-up run first. CPU seconds of every node p
 region's PostgreSQL (postmaster and backends) and of wrk are read from ``/proc`` around the
 measured run and reported per 1,000 acknowledged events. The plane is then stopped and the peer
 (``bench/pg_peer.py``: primary + 2 standbys, ``ANY 1``) is measured at the same concurrency and
-at 256 writers; the better of the two is the peer's number. The last line is ONE JSON object.
+at 256 writers, with the CPU of its three servers and of this process (its asyncpg client); the
+better of the two is the peer's number. The last line is ONE JSON object.
 
 ``--py-spy DIR`` records the first region's node with py-spy during the measured runs
 (``raw`` collapsed stacks, one file per mode) for profiling; it costs CPU, so numbers from such
@@ -37,6 +38,7 @@ import asyncio
 import contextlib
 import json
 import os
+import resource
 import shutil
 import signal
 import subprocess
@@ -60,7 +62,7 @@ CALL_TIMEOUT_S = 10.0  # every setup call to the plane
 WRK_TIMEOUT_S = 15  # wrk counts a response slower than this as a timeout error
 BENCH_TENANT_REQUESTS_PER_S = 1_000_000.0  # the demo tenant's quota, out of the way
 PEER_WRITERS_MAX = 256  # the peer is also measured at bench/append.py's concurrency
-APPEND_ROUTE = 'route="/v1/conversations/{conversation_id}/events",method="POST"'
+APPEND_LABELS = ('route="/v1/conversations/{conversation_id}/events"', 'method="POST"')
 CLOCK_TICKS_PER_S = os.sysconf("SC_CLK_TCK")
 
 WRK_SCRIPT = """
@@ -272,7 +274,9 @@ def append_statuses(plane_info: dict[str, Any]) -> dict[str, float]:
     for region in plane_info["regions"]:
         text = httpx.get(region["url"] + "/metrics", timeout=CALL_TIMEOUT_S).text
         for line in text.splitlines():
-            if line.startswith("convplane_http_requests_total{") and APPEND_ROUTE in line:
+            if line.startswith("convplane_http_requests_total{") and all(
+                label in line for label in APPEND_LABELS
+            ):
                 status = line.split('status="', 1)[1].split('"', 1)[0]
                 counts[status] = counts.get(status, 0.0) + float(line.rsplit(" ", 1)[1])
     return counts
@@ -331,11 +335,15 @@ def measure_plane(work: Path, args: argparse.Namespace) -> dict[str, dict[str, A
         plane.stop()
 
 
-def measure_peer(work: Path, args: argparse.Namespace) -> dict[str, dict[str, float]]:
+def measure_peer(work: Path, args: argparse.Namespace) -> dict[str, dict[str, Any]]:
     peer = start_sync_replication_cluster(work / "peer", standbys=2)
     try:
         results = {}
+        servers = {"postgres-primary": peer.primary.pid}
+        servers |= {f"postgres-standby-{i}": s.pid for i, s in enumerate(peer.standbys, 1)}
         for writers in sorted({args.connections, PEER_WRITERS_MAX}):
+            before = cpu_snapshot(servers)
+            client_before = resource.getrusage(resource.RUSAGE_SELF)
             recorder = asyncio.run(
                 run_peer(
                     peer.dsn,
@@ -347,8 +355,16 @@ def measure_peer(work: Path, args: argparse.Namespace) -> dict[str, dict[str, fl
                     seconds=args.peer_seconds,
                 )
             )
+            client_after = resource.getrusage(resource.RUSAGE_SELF)
+            used = cpu_used(before, servers)
+            used["client (bench process, asyncpg)"] = (
+                client_after.ru_utime + client_after.ru_stime
+            ) - (client_before.ru_utime + client_before.ru_stime)
+            # the CPU covers the warm-up too: per event over every event of the whole run
+            events = max(1, round(recorder.events_per_s * (args.peer_seconds + args.warmup_s)))
             results[str(writers)] = {
                 "events_per_s": round(recorder.events_per_s, 1),
+                "cpu_s_per_1000_events": {k: round(1000 * v / events, 3) for k, v in used.items()},
                 "ack_p50_ms": round(recorder.percentile_ms(0.5), 2),
                 "ack_p99_ms": round(recorder.percentile_ms(0.99), 2),
                 "errors": sum(recorder.errors.values()),

@@ -35,11 +35,12 @@ from typing import Annotated, Any
 import httpx
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints
 
 from eventlog.clock import Clock
 from eventlog.errors import Overloaded, Unauthorized
 from services.api.errors import ForwardFailed, OutcomeUnknown
+from services.api.event_bodies import integral
 from services.api.headers import DEADLINE_HEADER, FORWARDED_HEADER, PEER_AUTH_HEADER
 from services.api.schemas import ConversationId
 
@@ -48,6 +49,8 @@ from services.api.schemas import ConversationId
 FORWARD_BATCH_BYTES_MAX = 1024 * 1024
 #: items in one batch, at most (the leader refuses more with 400)
 FORWARD_BATCH_ITEMS_MAX = 256
+#: the longest deadline an item may carry (a node's own max_deadline_ms is far below)
+DEADLINE_MS_MAX = 3_600_000
 BATCH_PATH = "/peer/forwarded-appends"
 NDJSON = "application/x-ndjson"
 _RELAYED_HEADERS = ("retry-after", "idempotent-replayed", "x-convplane-served-by")
@@ -66,7 +69,9 @@ class ForwardedAppend(BaseModel):
     conversation_id: ConversationId
     authorization: Annotated[str, StringConstraints(max_length=512)]
     idempotency_key: Annotated[str, StringConstraints(max_length=255)] | None = None
-    deadline_ms: int = Field(ge=1, le=3_600_000, description="what is left of its deadline")
+    deadline_ms: Annotated[int, Field(ge=1, le=DEADLINE_MS_MAX), BeforeValidator(integral)] = Field(
+        description="what is left of its deadline"
+    )
     body: Annotated[str, StringConstraints(max_length=FORWARD_BATCH_BYTES_MAX)] = Field(
         description="the append's JSON body, as received"
     )
@@ -79,7 +84,8 @@ class ForwardedAppends(BaseModel):
 
 
 def _answer_line(index: int, status: int, headers: dict[str, str], body: bytes) -> bytes:
-    line = {"index": index, "status": status, "headers": headers, "body": body.decode()}
+    text = body.decode(errors="replace")  # the app answers JSON in UTF-8
+    line = {"index": index, "status": status, "headers": headers, "body": text}
     return json.dumps(line, separators=(",", ":")).encode() + b"\n"
 
 
@@ -126,7 +132,8 @@ async def _run_item(
     secret: str | None,
     answers: asyncio.Queue[bytes],
 ) -> None:
-    body = item.body.encode()
+    # a body that is no JSON text (lone surrogates included) gets the app's own 400
+    body = item.body.encode(errors="surrogatepass")
     headers = [
         (b"authorization", item.authorization.encode("latin-1", "replace")),
         (b"content-type", b"application/json"),
