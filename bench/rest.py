@@ -136,12 +136,14 @@ def wrk_script(path: Path, targets: list[Target], api_key: str, body: str, run: 
 
 
 def cpu_s(pid: int) -> float:
-    """utime + stime of a live process, 0 when it is gone."""
+    """CPU seconds of a live process and of its children that ended (a PostgreSQL backend
+    that exits moves into its postmaster's cutime/cstime), 0 when it is gone. Summed over the
+    live processes of a tree this counts every CPU second once."""
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except OSError:
         return 0.0
-    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS_PER_S
+    return sum(int(f) for f in fields[11:15]) / CLOCK_TICKS_PER_S
 
 
 def descendants(root: int) -> list[int]:

@@ -73,6 +73,8 @@ def create_app(settings: NodeSettings, *, runtime_factory: RuntimeFactory | None
                 batch_limits=BatchLimits(
                     batch_max=settings.forward_batch_max,
                     batches_in_flight_max=settings.forward_batches_in_flight_max,
+                    straggler_s=settings.forward_batch_straggler_s,
+                    batches_open_max=settings.forward_batches_open_max,
                     queue_max=settings.forward_queue_max,
                     retries_max=settings.forward_retries_max,
                     backoff_s=settings.forward_backoff_s,

@@ -8,6 +8,7 @@ import random
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import httpx
 import pytest
@@ -70,7 +71,11 @@ async def nodes() -> AsyncIterator[Nodes]:
     async with AsyncExitStack() as stack:
         peers = await stack.enter_async_context(httpx.AsyncClient(transport=routing))
         west_log = FakeLog("west", leaders())
-        limits = {"forward_batches_in_flight_max": 1, "forward_batch_max": 8}
+        limits = {
+            "forward_batches_in_flight_max": 1,
+            "forward_batch_max": 8,
+            "forward_batch_straggler_s": 0.05,
+        }
         apps = {
             "east.test": _app("east", FakeLog("east", leaders()), peers, **limits),
             "west.test": _app("west", west_log, peers, **limits),
@@ -187,3 +192,36 @@ async def test_an_unreachable_leader_fails_every_item_as_forward_failed(nodes: N
                               headers=AUTH_A)  # fmt: skip
     assert (r.status_code, r.json()["error"]["code"]) == (503, "forward_failed")
     assert r.headers["x-convplane-served-by"] == "east"
+
+
+async def test_a_batch_waiting_on_a_slow_item_does_not_hold_the_next_one(nodes: Nodes) -> None:
+    slow, fast = (conversation_led_by("west", prefix=p) for p in ("slow", "fast"))
+    for cid in (slow, fast):
+        await _create(nodes, cid)
+    reached, release = asyncio.Event(), asyncio.Event()
+    append = nodes.west_log.append_event
+
+    async def stalling(tenant_id: str, conversation_id: str, *args: Any, **kw: Any) -> Any:
+        if conversation_id == slow:
+            reached.set()
+            await release.wait()
+        return await append(tenant_id, conversation_id, *args, **kw)
+
+    nodes.west_log.append_event = stalling  # type: ignore[method-assign]
+    # one batch under way per peer: without the straggler rule the second append would wait
+    # for the first one's batch, i.e. until the first one's deadline (5 s) answered it 503
+    first = asyncio.create_task(
+        nodes.east.post(
+            f"/v1/conversations/{slow}/events",
+            json={"type": "note"},
+            headers={**AUTH_A, "X-Convplane-Deadline-Ms": "5000"},
+        )
+    )
+    await reached.wait()  # the first append's batch is under way at the leader
+    second = await nodes.east.post(
+        f"/v1/conversations/{fast}/events", json={"type": "note"}, headers=AUTH_A
+    )
+    assert second.status_code == 201, second.text
+    assert not first.done()
+    release.set()
+    assert (await first).status_code == 201
