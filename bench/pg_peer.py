@@ -119,7 +119,9 @@ async def run_peer(
     try:
         await pool.execute(PEER_TABLE, timeout=CALL_TIMEOUT_S)
         # a second run on the same cluster starts past the first run's rows
-        first_seq = await pool.fetchval("SELECT coalesce(max(seq), 0) FROM events")
+        first_seq = await pool.fetchval(
+            "SELECT coalesce(max(seq), 0) FROM events", timeout=CALL_TIMEOUT_S
+        )
         body = json.dumps({"content": payload_text(payload_bytes, seed)})
         seqs = [int(first_seq)] * writers
 
