@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
+import logging
 import random
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
@@ -61,6 +62,7 @@ NDJSON = "application/x-ndjson"
 _RELAYED_HEADERS = ("retry-after", "idempotent-replayed", "x-convplane-served-by")
 
 forward_batch_router = APIRouter(prefix="/peer")
+log = logging.getLogger("convplane.forward_batch")
 
 
 # --- the wire ------------------------------------------------------------------------------------
@@ -184,7 +186,10 @@ async def _run_item(
         elif message["type"] == "http.response.body":
             chunks.append(bytes(message.get("body", b"")))
 
-    await request.app(scope, receive, send)
+    try:
+        await request.app(scope, receive, send)
+    except Exception:  # a bug: the app's error middleware already answered it 500
+        log.exception("forwarded append %d failed", index)
     await answers.put(_answer_line(index, status, answer_headers, b"".join(chunks)))
 
 

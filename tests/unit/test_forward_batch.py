@@ -225,3 +225,26 @@ async def test_a_batch_waiting_on_a_slow_item_does_not_hold_the_next_one(nodes: 
     assert not first.done()
     release.set()
     assert (await first).status_code == 201
+
+
+async def test_a_bug_serving_one_item_is_its_500_and_no_other_items(nodes: Nodes) -> None:
+    broken, fine = (conversation_led_by("west", prefix=p) for p in ("broken", "fine"))
+    for cid in (broken, fine):
+        await _create(nodes, cid)
+    append = nodes.west_log.append_event
+
+    async def failing(tenant_id: str, conversation_id: str, *args: Any, **kw: Any) -> Any:
+        if conversation_id == broken:
+            raise RuntimeError("a bug")
+        return await append(tenant_id, conversation_id, *args, **kw)
+
+    nodes.west_log.append_event = failing  # type: ignore[method-assign]
+    answers = await asyncio.gather(
+        *(
+            nodes.east.post(
+                f"/v1/conversations/{cid}/events", json={"type": "note"}, headers=AUTH_A
+            )
+            for cid in (broken, fine)
+        )
+    )
+    assert [r.status_code for r in answers] == [500, 201]
