@@ -44,7 +44,7 @@ from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints
 
 from eventlog.clock import Clock
-from eventlog.errors import Overloaded, Unauthorized
+from eventlog.errors import ConvplaneError, Overloaded, Unauthorized
 from services.api.errors import ForwardFailed, OutcomeUnknown
 from services.api.event_bodies import integral
 from services.api.headers import DEADLINE_HEADER, FORWARDED_HEADER, PEER_AUTH_HEADER
@@ -348,10 +348,14 @@ class AppendBatcher:
         except asyncio.CancelledError:
             exchange.cancel()
             raise
-        except Exception as exc:  # every item gets the batch's error, nothing is left hanging
+        except ConvplaneError as exc:  # the batch's own error is every unanswered item's
             for item in items:
                 if not item.answer.done():
                     item.answer.set_exception(exc)
+        except Exception as exc:  # lost after it left (its target stopped answering probes,
+            # a broken stream): what was not answered is unknown (below)
+            log.warning("forward batch to %s lost: %r", target_region, exc)
+            self._count(target_region, "peer_lost")
         finally:
             for item in items:
                 if not item.answer.done():
