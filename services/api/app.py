@@ -15,6 +15,8 @@ from services.api.context import ApiState
 from services.api.control_routes import control_router, peer_router
 from services.api.drill_routes import drill_peer_router, drill_router
 from services.api.errors import install_error_handlers
+from services.api.fast_append import FastAppend
+from services.api.forward_batch import BatchLimits, forward_batch_router
 from services.api.forwarding import Forwarder
 from services.api.metrics import Metrics
 from services.api.middleware import EdgeMiddleware
@@ -73,6 +75,15 @@ def create_app(settings: NodeSettings, *, runtime_factory: RuntimeFactory | None
                 backoff_s=settings.forward_backoff_s,
                 peer_secret=runtime.cluster.peer_secret,
                 peer_reachable=_peer_reachable(runtime),
+                batch_limits=BatchLimits(
+                    batch_max=settings.forward_batch_max,
+                    batches_in_flight_max=settings.forward_batches_in_flight_max,
+                    straggler_s=settings.forward_batch_straggler_s,
+                    batches_open_max=settings.forward_batches_open_max,
+                    queue_max=settings.forward_queue_max,
+                    retries_max=settings.forward_retries_max,
+                    backoff_s=settings.forward_backoff_s,
+                ),
             )
             app.state.api = ApiState(
                 region=settings.region,
@@ -107,6 +118,7 @@ def create_app(settings: NodeSettings, *, runtime_factory: RuntimeFactory | None
             try:
                 yield
             finally:
+                await forwarder.close()
                 await admission.close()
 
     app = FastAPI(
@@ -122,6 +134,7 @@ def create_app(settings: NodeSettings, *, runtime_factory: RuntimeFactory | None
     app.include_router(ops_router)
     app.include_router(control_router)
     app.include_router(peer_router)
+    app.include_router(forward_batch_router)
     app.include_router(replay_router)
     app.include_router(drill_router)
     app.include_router(drill_peer_router)
@@ -135,6 +148,7 @@ def create_app(settings: NodeSettings, *, runtime_factory: RuntimeFactory | None
         body_read_timeout_s=settings.body_read_timeout_s,
         discard_body_max_bytes=settings.discard_body_max_bytes,
         send_timeout_s=settings.send_timeout_s,
+        fast_path=FastAppend(settings.retry_after_default_s),
     )
     install_console(app, console_access, append_outcomes)
     return app

@@ -174,6 +174,7 @@ async def append_event(
             idempotency_key=idempotency_key,
         ),
         is_write=True,
+        batchable=True,
     )
     if isinstance(result, Response):
         return result

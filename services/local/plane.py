@@ -119,6 +119,8 @@ class LocalPlane:
     #: this process stays and supervises the plane (``up`` without ``--detach``): it carries
     #: out kill drills (``kill_region`` / ``restart_region``)
     supervised: bool = False
+    #: the demo tenant's quota at each node (a load benchmark raises it: bench/rest.py)
+    demo_requests_per_s: float = 1000.0
 
     @property
     def cluster_file(self) -> Path:
@@ -261,8 +263,8 @@ class LocalPlane:
                 TenantConfig(
                     tenant_id=DEMO_TENANT,
                     api_key_sha256=api_key_sha256(self.api_key),
-                    requests_per_s=1000.0,
-                    burst=2000,
+                    requests_per_s=self.demo_requests_per_s,
+                    burst=max(1, int(2 * self.demo_requests_per_s)),
                 ),
                 TenantConfig(
                     tenant_id=LIMITED_TENANT,
