@@ -22,7 +22,7 @@ up: install
 	$(BIN)/convplane up --regions 3
 
 kafka-jars: install
-	$(BIN)/python -c "from services.localkafka import ensure_kafka_jars; print(ensure_kafka_jars())"
+	$(BIN)/python -c "from services.local.kafka import ensure_kafka_jars; print(ensure_kafka_jars())"
 
 test: install
 	$(BIN)/pytest -q -p no:cacheprovider tests
@@ -37,6 +37,7 @@ lint: install
 	$(BIN)/ruff check eventlog regions replay services tests bench
 	$(BIN)/ruff format --check eventlog regions replay services tests bench
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 
 clean:
 	rm -rf $(VENV) .cache .state

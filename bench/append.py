@@ -39,80 +39,37 @@ import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 import asyncpg
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.pg_peer import (
+    CALL_TIMEOUT_S,
+    TENANT,
+    Recorder,
+    drive,
+    payload_text,
+    plain_dsn,
+    run_peer,
+)
 from eventlog.clock import SystemClock
 from eventlog.config import LogConfig
 from eventlog.node import LogNode
 from eventlog.stores import SqlReplicaStore, open_replica_store
-from regions.faultproxy import FaultProxy, ProxyRules, ProxySpec
-from services.localpg import PgInstance, dsn_via, start_instances, start_sync_replication_cluster
+from services.local.faultproxy import FaultProxy, ProxyRules, ProxySpec
+from services.local.postgres import (
+    PgInstance,
+    dsn_via,
+    start_instances,
+    start_sync_replication_cluster,
+)
 
 REGIONS = ("a", "b", "c")
-TENANT = "bench"
-LATENCY_SAMPLES_MAX = 5_000_000  # bounded recorder; a 2-minute run stays far below
-CALL_TIMEOUT_S = 10.0  # every await on the peer's database
 LEAD_CONCURRENCY_MAX = 8  # shards taking leadership at once (each is a few round trips)
-
-
-@dataclass
-class Recorder:
-    """Ack latencies of the events finished inside the measurement window."""
-
-    window_start: float
-    window_end: float
-    latencies_s: list[float] = field(default_factory=list)
-    errors: dict[str, int] = field(default_factory=dict)
-
-    def record(self, started: float, finished: float) -> None:
-        if self.window_start <= finished <= self.window_end:
-            if len(self.latencies_s) < LATENCY_SAMPLES_MAX:
-                self.latencies_s.append(finished - started)
-
-    def error(self, exc: BaseException) -> None:
-        name = type(exc).__name__
-        self.errors[name] = self.errors.get(name, 0) + 1
-
-    @property
-    def events_per_s(self) -> float:
-        return len(self.latencies_s) / (self.window_end - self.window_start)
-
-    def percentile_ms(self, q: float) -> float:
-        if not self.latencies_s:
-            return float("nan")
-        ordered = sorted(self.latencies_s)
-        return 1000 * ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
-async def drive(
-    writers: int, warmup_s: float, seconds: float, append: Callable[[int], Awaitable[None]]
-) -> Recorder:
-    """``writers`` closed-loop writers calling ``append(writer)`` until the window ends."""
-    now = time.perf_counter()
-    recorder = Recorder(now + warmup_s, now + warmup_s + seconds)
-
-    async def writer(index: int) -> None:
-        while (started := time.perf_counter()) < recorder.window_end:
-            try:
-                await append(index)
-            except Exception as exc:  # counted and reported: a bench must not hide errors
-                recorder.error(exc)
-                await asyncio.sleep(0.01)
-                continue
-            recorder.record(started, time.perf_counter())
-
-    await asyncio.gather(*(writer(i) for i in range(writers)))
-    return recorder
-
-
-def payload_text(payload_bytes: int, seed: int) -> str:
-    rng = random.Random(seed)
-    return "".join(rng.choice("abcdefghijklmnopqrstuvwxyz ") for _ in range(payload_bytes))
 
 
 # --- convplane -----------------------------------------------------------------------------
@@ -193,47 +150,17 @@ async def run_convplane(
 
 # --- the peer: PostgreSQL quorum synchronous replication -----------------------------------
 
-PEER_TABLE = """
-CREATE TABLE IF NOT EXISTS events (
-    conversation_id text NOT NULL,
-    seq integer NOT NULL,
-    tenant_id text NOT NULL,
-    event_type text NOT NULL,
-    body text NOT NULL,
-    created_at_ms bigint NOT NULL,
-    PRIMARY KEY (conversation_id, seq)
-)
-"""
-PEER_INSERT = (
-    "INSERT INTO events (conversation_id, seq, tenant_id, event_type, body, created_at_ms) "
-    "VALUES ($1, $2, $3, $4, $5, $6)"
-)
 
-
-def plain_dsn(dsn: str) -> str:
-    return dsn.replace("postgresql+asyncpg://", "postgresql://", 1)
-
-
-async def run_peer(dsn: str, args: argparse.Namespace) -> Recorder:
-    pool_size = min(args.writers, args.peer_pool_max)
-    pool = await asyncpg.create_pool(
-        plain_dsn(dsn), min_size=pool_size, max_size=pool_size, timeout=CALL_TIMEOUT_S
+async def run_peer_for(dsn: str, args: argparse.Namespace) -> Recorder:
+    return await run_peer(
+        dsn,
+        writers=args.writers,
+        pool_max=args.peer_pool_max,
+        payload_bytes=args.payload_bytes,
+        seed=args.seed,
+        warmup_s=args.warmup_s,
+        seconds=args.seconds,
     )
-    try:
-        await pool.execute(PEER_TABLE, timeout=CALL_TIMEOUT_S)
-        body = json.dumps({"content": payload_text(args.payload_bytes, args.seed)})
-        seqs = [0] * args.writers
-
-        async def append(index: int) -> None:
-            seqs[index] += 1
-            await pool.execute(
-                PEER_INSERT, f"bench-{index}", seqs[index], TENANT, "message.user", body,
-                time.time_ns() // 1_000_000, timeout=CALL_TIMEOUT_S,
-            )  # fmt: skip
-
-        return await drive(args.writers, args.warmup_s, args.seconds, append)
-    finally:
-        await asyncio.wait_for(pool.close(), CALL_TIMEOUT_S)
 
 
 # --- mode 2: latency against the floor -------------------------------------------------------
@@ -338,7 +265,7 @@ async def mode_throughput(
     dsns = {region: s.dsn for region, s in zip(REGIONS, servers, strict=True)}
     ours = await run_convplane(dsns, args)
     report("convplane", ours)
-    theirs = await run_peer(peer_dsn, args)
+    theirs = await run_peer_for(peer_dsn, args)
     report("pg-syncrep", theirs)
     ratio = ours.events_per_s / theirs.events_per_s if theirs.events_per_s else float("nan")
     print(f"throughput ratio convplane / postgres quorum sync rep: {ratio:.2f}")

@@ -26,8 +26,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from eventlog.sharding import shard_of
-from tests.chaos.audit import audit_after_writers
-from tests.chaos.harness import (
+from services.local.chaos import (
     FAST_ENV,
     ChaosPlane,
     Writers,
@@ -39,6 +38,7 @@ from tests.chaos.harness import (
     tear_down,
     wait_until,
 )
+from services.local.chaos_audit import audit_after_writers
 
 RECOVERY_WAIT_S = 30.0
 #: a recovery slower than this is explained (the writers' failed attempts are printed)

@@ -27,7 +27,7 @@ import httpx
 
 from eventlog.sharding import shard_of
 from regions.placement import place_shards
-from services.local_plane import LocalPlane
+from services.local.plane import LocalPlane
 
 TARGET, OBSERVER = "eu-west", "us-east"
 WATCH_POLL_S = 0.2

@@ -31,7 +31,7 @@ from replay.engines.sim_core import (
     SimEngineConfig,
     sim_tokenize,
 )
-from replay.worker import TranscriptEvent
+from replay.transcripts import TranscriptEvent
 from services.api.schemas import AppendEventRequest
 
 SALT = "tenant-salt"

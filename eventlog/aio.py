@@ -11,6 +11,7 @@ idempotent at the replica, so an abandoned call that still lands is harmless.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Awaitable
 from typing import Any, TypeVar
 
@@ -40,3 +41,10 @@ async def bounded(call: Awaitable[T], timeout_s: float) -> T:
         abandon(task)
         raise TimeoutError(f"no answer within {timeout_s:.3f}s")
     return task.result()
+
+
+async def cancel_quietly(task: asyncio.Task[Any]) -> None:
+    """Cancel a task and wait for it (a crashed worker, in tests and the CLI)."""
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task

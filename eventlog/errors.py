@@ -8,12 +8,23 @@ once, at the adapter boundary, with ``raise ... from exc``.
 
     ConvplaneError
     ├── InvalidRequest           400  the request is malformed or breaks a rule of the log
+    │   ├── PlanInputError            bad input to the capacity arithmetic (regions.capacity_arithmetic)
+    │   ├── EngineRejectedRequest     an engine refused a replay prompt (replay.engines.base)
+    │   ├── MalformedMessage          a job-bus record failed validation (replay.bus.port)
+    │   │   ├── UnauthenticatedMessage    its MAC is missing or wrong (replay.bus.port)
+    │   │   └── ForeignRegionRecord       it names another region (replay.bus.codec)
+    │   └── FaultRuleError            a bad fault-proxy rule (services.local.faultproxy)
     ├── Unauthorized             401  missing or unknown API key
+    ├── Forbidden                403  the key's role may not do this (operator, viewer, tenant)
     ├── NotFound                 404  no such conversation (or another tenant's)
     ├── Conflict                 409
     │   ├── SeqConflict               expected_seq is not the conversation's last seq
     │   ├── EffectConflict            a different tool.effect is already recorded for the attempt
-    │   └── IdempotencyKeyReused      same Idempotency-Key, different request body
+    │   ├── IdempotencyKeyReused      same Idempotency-Key, different request body
+    │   ├── ConversationExists        the id is taken (eventlog.conversation_state)
+    │   ├── UnknownAttempt            an effect for an attempt never started (idem)
+    │   ├── ModelRevisionMismatch     the engine serves another model (replay.engines.base)
+    │   └── PreflightFailed           a drill's preflight refused it (services.drills)
     ├── PayloadTooLarge          413
     ├── QuotaExceeded            429  tenant over its rate (retryable)
     ├── Unavailable              503  retryable; outcome of a write may be unknown
@@ -22,8 +33,22 @@ once, at the adapter boundary, with ``raise ... from exc``.
     │   ├── LeadershipChanged         the shard was re-led during the call; nothing written
     │   ├── Fenced                    a higher epoch took the shard; this leader stopped
     │   ├── Overloaded                admission control shed the request
-    │   └── ReplicaUnavailable        one replica store could not be reached (adapter level)
+    │   │   └── JobBusFull                the replay job bus is full (replay.bus.port)
+    │   ├── ReplicaUnavailable        one replica store could not be reached (adapter level)
+    │   ├── OutcomeUnknown            a forward lost its answer: the write may have landed
+    │   │                             (services.api.errors)
+    │   ├── ForwardFailed             the leading region could not be reached (idem)
+    │   ├── JobBusUnavailable         the replay job bus cannot be reached (replay.bus.port)
+    │   ├── TranscriptUnavailable     a replay worker could not read a transcript (replay.worker)
+    │   └── EngineUnavailable         an inference engine cannot be reached (replay.engines.base)
+    │       └── EngineMetricsMissing      its /metrics lack what replay needs
+    │                                     (replay.engines.prometheus_text)
     └── DeadlineExceeded         504  the caller's deadline passed (outcome may be unknown)
+        └── ReplayCapacityTimeout     no spare prefill in time for a replay (replay.capacity)
+
+Classes live next to what raises them; this tree names every one (``tests/unit/test_error_tree.py``
+fails on one it does not name). The local harnesses' own failures (``services.local``) are not
+API errors and sit outside it.
 
 ``InvariantViolation`` is not a ``ConvplaneError``: it marks a bug, crashes the task that hit it,
 and is never caught.
@@ -63,6 +88,11 @@ class Unauthorized(ConvplaneError):
 class NotFound(ConvplaneError):
     code = "not_found"
     http_status = 404
+
+
+class Forbidden(ConvplaneError):
+    code = "forbidden"
+    http_status = 403
 
 
 class Conflict(ConvplaneError):

@@ -31,6 +31,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from eventlog.aio import bounded
+from eventlog.backoff import Backoff
 from eventlog.clock import Clock
 from eventlog.config import LogConfig
 from eventlog.errors import (
@@ -138,7 +139,9 @@ class ShardLeader:
         """Prepare, recover and re-replicate; returns the epoch once the leader may serve."""
         self._lead_started_s = self._clock.monotonic()
         deadline = self._clock.monotonic() + self._config.lead_timeout_s
-        backoff_s = self._config.retry_backoff_min_s
+        backoff = Backoff(
+            self._config.retry_backoff_min_s, self._config.retry_backoff_max_s, self._rng
+        )
         while True:
             self.epoch = self.highest_seen_epoch + 1
             timeout_s = max(
@@ -158,8 +161,7 @@ class ShardLeader:
                     f"shard {self.shard}: no prepare quorum for epoch {self.epoch}",
                     retry_after_s=1.0,
                 )
-            await self._clock.sleep(backoff_s * (0.5 + self._rng.random()))
-            backoff_s = min(backoff_s * 2, self._config.retry_backoff_max_s)
+            await self._clock.sleep(backoff.next_s())
         try:
             recovered = await recover_log(self.shard, promises, self._replicas, self._config)
             self._install(recovered)
@@ -431,7 +433,9 @@ class ShardLeader:
             follower.wakeup.set()
 
     async def _replicate_forever(self, follower: _Follower) -> None:
-        backoff_s = self._config.retry_backoff_min_s
+        backoff = Backoff(
+            self._config.retry_backoff_min_s, self._config.retry_backoff_max_s, self._rng
+        )
         while not self._stopped:
             follower.wakeup.clear()  # before looking, so no wake-up between look and wait is lost
             if follower.next_lsn > self.last_lsn:
@@ -446,14 +450,13 @@ class ShardLeader:
                     continue
             try:
                 await self._send_once(follower)
-                backoff_s = self._config.retry_backoff_min_s
+                backoff.reset()
             except (ConvplaneError, TimeoutError, OSError):
                 # Lost message, unreachable replica or catch-up source: retry at a bounded rate.
                 if follower.failing_since is None:
                     # failing since the lost call was sent, not since its timeout fired
                     follower.failing_since = follower.last_call_at
-                await self._clock.sleep(backoff_s * (0.5 + self._rng.random()))
-                backoff_s = min(backoff_s * 2, self._config.retry_backoff_max_s)
+                await self._clock.sleep(backoff.next_s())
 
     async def _send_once(self, follower: _Follower) -> None:
         prev_lsn = follower.next_lsn - 1

@@ -97,13 +97,19 @@ async def _copy_log(
     commit_lsn: int,
     config: LogConfig,
 ) -> int | None:
-    """Copy ``source``'s whole log of ``shard``; None when a newer epoch rejected the copy."""
+    """Copy ``source``'s whole log of ``shard``; None when a newer epoch rejected the copy or
+    overtook it on the source."""
     timeout_s = config.replica_call_timeout_s
     prev_lsn, prev_epoch, copied = 0, 0, 0
     while True:
         page = await bounded(source.read_log(shard, prev_lsn, REBUILD_PAGE_ENTRIES), timeout_s)
         if not page:
             return copied
+        if page[-1].epoch > epoch:
+            # A newer leader wrote to the source after its status was read: its entries
+            # cannot be appended at this epoch (``append``'s contract). Start again from
+            # fresh statuses, at the newer epoch.
+            return None
         reply = await bounded(
             target.append(shard, epoch, prev_lsn, prev_epoch, page, min(commit_lsn, page[-1].lsn)),
             timeout_s,

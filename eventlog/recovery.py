@@ -109,8 +109,14 @@ async def recover_log(
         tail = await read_range(
             shard, source, replicas[source], max(commit_lsn - 1, 0), last_lsn, config
         )
-    if [e.lsn for e in tail] != list(range(max(commit_lsn, 1), last_lsn + 1)):
-        # The replica changed after its promise: a newer epoch is at work. Retry later.
+    if [e.lsn for e in tail] != list(range(max(commit_lsn, 1), last_lsn + 1)) or (
+        tail and tail[-1].epoch != best.status.last_epoch
+    ):
+        # The replica changed after its promise: a newer epoch is at work (it truncated or
+        # overwrote the log the promise described). An entry read back with the promised
+        # stamp at the promised end names the same log (log matching); anything else is not
+        # the log this leader was promised, and continuing it would ship a newer epoch's
+        # entries under this one. Retry later.
         raise NoQuorum(f"shard {shard}: recovery raced with a newer epoch", retry_after_s=0.5)
     return RecoveredLog(
         source=source,

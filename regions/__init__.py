@@ -1,1 +1,12 @@
-"""convplane regions package."""
+"""Pure decisions about regions, no I/O: who is up (``membership``), which region leads which
+shard (``placement``, and ``control``: the placement's records in the control shard and the
+decisions of its leader), the capacity arithmetic of a region loss and a replay
+(``capacity_arithmetic``), and drills (``drills``: the state machine;
+``drill_plan``: preflight and dry run; ``drill_report``; ``ops_state``: drills, halt switch and
+audit folded from the control shard). ``services`` carries the decisions out.
+
+Where a change goes: a new drill kind is a ``drills.DrillKind`` and its preflight rule in
+``drill_plan``, then its fault in ``services.drill_faults`` and its action in
+``services.drills``; a new placement rule goes in ``control``, tested on virtual time by the
+whole-plane simulation (``services.plane_sim``).
+"""

@@ -13,7 +13,7 @@ entry may still commit) proposes again; when both commit, the second supersedes 
 is no longer current and applies as a recorded no-op. Records come from a log that other
 processes wrote, so ``apply`` validates them as data: a malformed record, one that does not cover
 every shard or names an unknown region is skipped (and counted), never a crash, since every node
-that reads the control log would otherwise die at the same record, restarted ones included. ``ControlPlanner.next_placement`` is run by the control leader only and decides the next
+that reads the control log would otherwise die at the same record, restarted ones included. ``PlacementDecider.next_placement`` is run by the control leader only and decides the next
 record from the committed state and this leader's view of region health:
 
 * **Failover.** A region a majority declares down goes into ``down``; only its shards move, each
@@ -35,7 +35,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from eventlog.errors import Conflict, InvalidRequest, InvariantViolation
 from regions.membership import RegionStatus
@@ -44,6 +44,10 @@ from regions.placement import place_shards, rank_regions
 PLACEMENT_RECORD = "control.placement"
 #: how many skipped records ``ControlState`` keeps with their reasons (for operators)
 SKIPPED_KEPT = 8
+
+
+#: what an operator may ask of a region (``PlacementDecider.operator``)
+OperatorAction = Literal["evacuate", "restore"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,7 +156,7 @@ class ControlState:
         return Placement(0, assignment, frozenset(), frozenset(), "static")
 
 
-class ControlPlanner:
+class PlacementDecider:
     """What the control leader commits next. Keeps the hysteresis clock and step pacing."""
 
     def __init__(self, *, config: ControlConfig, weights: Mapping[str, float]) -> None:
@@ -193,7 +197,7 @@ class ControlPlanner:
     def operator(
         self,
         state: ControlState,
-        action: str,
+        action: OperatorAction,
         region: str,
         now_s: float,
         statuses: Mapping[str, RegionStatus],

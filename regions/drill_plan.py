@@ -6,7 +6,7 @@ Preflight refuses a drill (nothing is committed) unless
 * no other drill is active and the halt switch is off,
 * the kind can run here (``kill`` needs the local plane's supervisor),
 * the survivors have the capacity to take the target's load: the region-loss arithmetic of
-  ``regions.planner.plan_region_loss`` fed with the live append rate (appends are the log's
+  ``regions.capacity_arithmetic.plan_region_loss`` fed with the live append rate (appends are the log's
   unit of work: one "token" per append, no cache), i.e. per survivor ``Q * N/(N-1)`` must not
   exceed ``region_append_capacity_per_s``. ``force`` overrides this check only.
 
@@ -22,11 +22,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from regions.capacity_arithmetic import plan_region_loss, plan_replay
 from regions.control import Placement
 from regions.drills import Drill, DrillSpec
 from regions.ops_state import Halt
 from regions.placement import rank_regions
-from regions.planner import plan_region_loss, plan_replay
 
 #: the live append rate below which the capacity check is not meaningful (an idle plane)
 APPEND_RATE_FLOOR_PER_S = 1.0
@@ -48,6 +48,10 @@ class LiveLoad:
     region_append_capacity_per_s: float
     #: spare prefill tokens per second on the survivors (None: no engines attached)
     spare_prefill_tokens_per_s: float | None = None
+    #: live prefill demand over the whole plane, tokens per second, measured at the engines
+    live_prefill_tokens_per_s: float | None = None
+    #: the smallest survivor's prefill capacity (its live demand plus its spare), tokens/s
+    survivor_prefill_capacity_tokens_per_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,4 +170,30 @@ def _capacity(regions: int, load: LiveLoad) -> tuple[dict[str, Any], bool]:
         spare_per_survivor=plan.spare_after_worst,
         verdict=plan.verdict,
     )
-    return body, plan.feasible_worst
+    prefill, prefill_ok = _prefill_capacity(regions, load)
+    if prefill is not None:
+        body["prefill"] = prefill
+        if not prefill_ok:
+            body["verdict"] = f"prefill: {prefill['verdict']}"
+    return body, plan.feasible_worst and prefill_ok
+
+
+def _prefill_capacity(regions: int, load: LiveLoad) -> tuple[dict[str, Any] | None, bool]:
+    """The same region-loss arithmetic on the engines' live prefill demand (tokens/s), worst
+    case (the moved conversations' caches are cold): None where no engines are attached."""
+    live, capacity = load.live_prefill_tokens_per_s, load.survivor_prefill_capacity_tokens_per_s
+    if live is None or not capacity:
+        return None, True
+    plan = plan_region_loss(
+        regions=regions,
+        rate_per_region=max(live / regions, APPEND_RATE_FLOOR_PER_S),
+        input_tokens=1.0,
+        cache_hit=0.0,
+        prefill_capacity=capacity,
+    )
+    return {
+        "live_prefill_tokens_per_s": live,
+        "survivor_prefill_capacity_tokens_per_s": capacity,
+        "demand_per_survivor_tokens_per_s": plan.demand_after_worst,
+        "verdict": plan.verdict,
+    }, plan.feasible_worst

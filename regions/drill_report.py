@@ -67,10 +67,34 @@ def report(drill: Drill) -> dict[str, Any]:
             for t, acked, errors, p99 in m.series
         ],
         "live_appends_per_s": [{"t_s": t, "appends_per_s": rate} for t, rate in m.live_appends],
+        "replay": replay_summary(drill),
         "timeline": [
             {"phase": phase, "at": iso(at_ms), "at_ms": at_ms, "note": note}
             for phase, at_ms, note in drill.timeline
         ],
+    }
+
+
+def replay_summary(drill: Drill) -> dict[str, Any] | None:
+    """What replay did while the fault lasted (None: no engines attached): conversations
+    planned and replayed, tokens, and the makespan (injection to the last replayed conversation,
+    so detection and takeover included) against the planner's lower bound from preflight (the
+    prefill time alone)."""
+    m = drill.measurements
+    before, latest = m.replay_before, m.replay_latest or m.replay_before
+    if before is None or latest is None:
+        return None
+    replayed = latest.conversations_replayed - before.conversations_replayed
+    last_ms = latest.last_replayed_at_ms
+    makespan_s = None
+    if replayed > 0 and last_ms is not None and drill.injected_at_ms is not None:
+        makespan_s = max(0.0, (last_ms - drill.injected_at_ms) / 1000)
+    return {
+        "conversations_planned": latest.conversations_planned - before.conversations_planned,
+        "conversations_replayed": replayed,
+        "tokens_replayed": latest.tokens_replayed - before.tokens_replayed,
+        "makespan_s": makespan_s,
+        "planner_bound_s": m.replay_time_min_s,
     }
 
 
@@ -92,4 +116,17 @@ def summary_lines(body: dict[str, Any]) -> list[str]:
             f"  guard tripped: {g['guard']} measured {g['measured']:.3g} > {g['limit']:.3g}"
             for g in body["guards_tripped"]
         ),
+        *_replay_lines(body.get("replay")),
+    ]
+
+
+def _replay_lines(replay: dict[str, Any] | None) -> list[str]:
+    if replay is None:
+        return []
+    makespan, bound = replay["makespan_s"], replay["planner_bound_s"]
+    return [
+        f"  replay: {replay['conversations_replayed']} of {replay['conversations_planned']} "
+        f"conversations, {replay['tokens_replayed']} tokens; makespan "
+        f"{'-' if makespan is None else f'{makespan:.1f}s'} (planner's bound "
+        f"{'-' if bound is None else f'{bound:.1f}s'})"
     ]

@@ -17,8 +17,10 @@ so whichever node leads the control shard can pick it up where the last one left
   restoring with the verdict ``aborted``.
 * **restoring**: the target is given back (restore record, black-hole lifted by the phase
   change); once the placement no longer excludes it, every moved shard took a canary write
-  again (or the deadline passed) and the canaries were read back, the drill ends: ``done`` (verdict ``passed``, or ``failed`` when a canary was lost or the restore
-  overran ``hold_s + restore_grace_s``) or ``aborted``.
+  again and the canaries were read back, the drill ends: ``done`` (verdict ``passed``, or
+  ``failed`` when a canary was lost or the restore overran ``hold_s + RESTORE_GRACE_S``) or
+  ``aborted``. At that deadline it ends whatever the target's state: a target that does not
+  answer again, or a read-back that cannot finish, fails the drill instead of holding it open.
 
 ``advance`` is the whole state machine: the driver (``services.drills``) observes the world,
 calls it, commits what it returns and carries out the phase's action.
@@ -138,6 +140,38 @@ class GuardTrip:
 
 
 @dataclass(frozen=True, slots=True)
+class ReplayTally:
+    """The plane's replay counters at one moment, summed over the regions with engines: a drill
+    keeps one from before the fault and the latest since, and reports the difference."""
+
+    conversations_planned: int = 0
+    conversations_replayed: int = 0
+    tokens_replayed: int = 0
+    #: wall-clock ms of the last replayed conversation anywhere (None: none yet)
+    last_replayed_at_ms: int | None = None
+
+    def to_body(self) -> dict[str, Any]:
+        return {
+            "conversations_planned": self.conversations_planned,
+            "conversations_replayed": self.conversations_replayed,
+            "tokens_replayed": self.tokens_replayed,
+            "last_replayed_at_ms": self.last_replayed_at_ms,
+        }
+
+    @classmethod
+    def from_body(cls, body: Mapping[str, Any] | None) -> ReplayTally | None:
+        if body is None:
+            return None
+        last = body.get("last_replayed_at_ms")
+        return cls(
+            conversations_planned=int(body.get("conversations_planned", 0)),
+            conversations_replayed=int(body.get("conversations_replayed", 0)),
+            tokens_replayed=int(body.get("tokens_replayed", 0)),
+            last_replayed_at_ms=None if last is None else int(last),
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class Measurements:
     """What the canaries measured so far (persisted in the drill record, so a new control
     leader continues from it)."""
@@ -158,6 +192,12 @@ class Measurements:
     live_appends: tuple[tuple[float, float], ...] = ()
     #: placement versions: before the fault, during it (highest seen), after restore
     placement_versions: Mapping[str, int] = field(default_factory=dict)
+    #: replay counters before the fault and the latest while it lasted, up to the start of
+    #: restoring (None: no engines attached); a failback's own replays are not the drill's
+    replay_before: ReplayTally | None = None
+    replay_latest: ReplayTally | None = None
+    #: the planner's lower bound on replaying the moved conversations, from preflight
+    replay_time_min_s: float | None = None
 
     def to_body(self) -> dict[str, Any]:
         return {
@@ -169,6 +209,9 @@ class Measurements:
             "series": [list(p) for p in self.series[-SERIES_POINTS_MAX:]],
             "live_appends": [list(p) for p in self.live_appends[-SERIES_POINTS_MAX:]],
             "placement_versions": dict(self.placement_versions),
+            "replay_before": None if self.replay_before is None else self.replay_before.to_body(),
+            "replay_latest": None if self.replay_latest is None else self.replay_latest.to_body(),
+            "replay_time_min_s": self.replay_time_min_s,
         }
 
     @classmethod
@@ -187,7 +230,14 @@ class Measurements:
             placement_versions={
                 str(k): int(v) for k, v in body.get("placement_versions", {}).items()
             },
+            replay_before=ReplayTally.from_body(body.get("replay_before")),
+            replay_latest=ReplayTally.from_body(body.get("replay_latest")),
+            replay_time_min_s=_optional_float(body.get("replay_time_min_s")),
         )
+
+
+def _optional_float(value: Any) -> float | None:
+    return None if value is None else float(value)
 
 
 @dataclass(frozen=True, slots=True)
@@ -303,6 +353,8 @@ class Observation:
     restored: bool = False
     #: canary events lost after the read-back (None: not read back yet)
     canary_lost: int | None = None
+    #: why the read-back could not finish, once the deadline made the driver stop waiting
+    read_back_failed: str | None = None
 
 
 def start(drill_id: str, spec: DrillSpec, now_ms: int) -> Drill:
@@ -341,7 +393,7 @@ def advance(drill: Drill, obs: Observation) -> Drill | None:
             tripped = replace(drill, guards_tripped=drill.guards_tripped + tuple(trips))
             names = ", ".join(t.guard for t in trips)
             return _to_restoring(tripped, now_ms, abort_reason=f"guard tripped: {names}")
-        if now_ms >= drill.created_at_ms + int(deadline_s(drill.spec) * 1000):
+        if out_of_time(drill, now_ms):
             return _to_restoring(
                 drill, now_ms, abort_reason="deadline passed before the hold ended"
             )
@@ -361,10 +413,19 @@ def advance(drill: Drill, obs: Observation) -> Drill | None:
         if now_ms >= drill.injected_at_ms + int(drill.spec.hold_s * 1000):
             return _to_restoring(drill, now_ms, abort_reason=None)
         return None
-    # restoring
-    if not obs.restored or obs.canary_lost is None:
+    # restoring: it ends once the canaries are read back, and at the deadline at the latest
+    # (a target that never answers again, or a read-back that cannot finish, fails the drill
+    # rather than keeping it, and the next drill, waiting)
+    if obs.canary_lost is None and obs.read_back_failed is None:
         return None
-    return _finish(drill, obs.canary_lost, now_ms)
+    if not obs.restored and not out_of_time(drill, now_ms):
+        return None
+    return _finish(drill, obs, now_ms)
+
+
+def out_of_time(drill: Drill, now_ms: int) -> bool:
+    """Past ``hold_s + RESTORE_GRACE_S`` from creation: the drill must end now."""
+    return now_ms >= drill.created_at_ms + int(deadline_s(drill.spec) * 1000)
 
 
 def check_guards(drill: Drill, obs: Observation) -> list[GuardTrip]:
@@ -397,7 +458,8 @@ def _to_restoring(drill: Drill, now_ms: int, *, abort_reason: str | None) -> Dri
     return _bump(restoring, "restoring", now_ms, abort_reason or "hold over")
 
 
-def _finish(drill: Drill, canary_lost: int, now_ms: int) -> Drill:
+def _finish(drill: Drill, obs: Observation, now_ms: int) -> Drill:
+    canary_lost = obs.canary_lost
     measured = replace(drill.measurements, canary_lost=canary_lost)
     overran_ms = now_ms - (drill.created_at_ms + int(deadline_s(drill.spec) * 1000))
     phase: Phase
@@ -409,8 +471,16 @@ def _finish(drill: Drill, canary_lost: int, now_ms: int) -> Drill:
         if s not in measured.rto_s and drill.spec.kind != "evacuate"
     ]
     slow = sorted(s for s, rto_s in measured.rto_s.items() if rto_s > drill.spec.guards.max_rto_s)
+    not_back = "" if obs.restored else f"{drill.spec.region} was not back by the deadline"
     if drill.abort_reason is not None:
-        phase, verdict, why = "aborted", "aborted", drill.abort_reason
+        phase, verdict = "aborted", "aborted"
+        why = "; ".join(filter(None, (drill.abort_reason, not_back, obs.read_back_failed)))
+    elif not_back:
+        phase, verdict = "failed", "failed"
+        why = f"{not_back} (hold_s + {RESTORE_GRACE_S:g}s); it rejoins once it answers again"
+    elif obs.read_back_failed is not None or canary_lost is None:
+        phase, verdict = "failed", "failed"
+        why = f"canary read-back did not finish by the deadline: {obs.read_back_failed}"
     elif unrecovered:
         phase, verdict = "failed", "failed"
         why = f"moved shards {unrecovered} never took a canary write again"

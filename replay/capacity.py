@@ -66,6 +66,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from eventlog.backoff import jittered
 from eventlog.clock import Clock
 from eventlog.errors import DeadlineExceeded, InvariantViolation
 from replay.engines.base import EngineUnavailable, InferenceEngine
@@ -463,4 +464,24 @@ class CapacityPoller:
                 delay_s = self._interval_s
             else:
                 delay_s = min(self._backoff_max_s, delay_s * 2)
-            await self._clock.sleep(delay_s * (0.75 + 0.5 * self._rng.random()))
+            await self._clock.sleep(jittered(delay_s, self._rng, low=0.75, width=0.5))
+
+
+class CapacityGate:
+    """``replay.worker.SpareGate`` over ``replay.capacity.CapacityController``."""
+
+    def __init__(self, controller: CapacityController) -> None:
+        self._controller = controller
+
+    def has_spare(self, prompt_tokens: int) -> bool:
+        snapshot = self._controller.snapshot()
+        return (
+            snapshot.spare_tokens_per_s > 0
+            and snapshot.in_flight < self._controller.config.max_concurrent_replays
+        )
+
+    async def wait_for_spare(self, prompt_tokens: int, tenant_id: str, deadline_s: float) -> None:
+        await self._controller.acquire(max(prompt_tokens, 1), tenant_id, deadline_s)
+
+    def release(self, computed_tokens: int | None) -> None:
+        self._controller.release(computed_tokens)

@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Annotated, Any, Literal, Protocol
 
 from pydantic import (
@@ -245,3 +245,22 @@ def render_prompt(events: Iterable[PromptEvent]) -> ChatPrompt:
 def canonical_json(value: Any) -> str:
     """One spelling of a JSON value (sorted keys, no spaces): for hashing, never for sending."""
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def replay_pieces(prompt: ChatPrompt, piece_tokens_max: int) -> list[ChatPrompt]:
+    """The prompt as successively longer message prefixes, each adding about
+    ``piece_tokens_max`` tokens (estimated at 4 characters a token), the last the whole prompt.
+
+    vLLM schedules running requests before waiting ones, so a replay that is running holds
+    the step budget ahead of live requests that arrive later until its prefill ends; sent in
+    pieces, each piece hits the cache of the one before and holds the budget for about one
+    step. Cuts fall between messages (a message is never split), so a piece can be larger."""
+    pieces: list[ChatPrompt] = []
+    estimate = 0
+    for count, message in enumerate(prompt.messages[:-1], start=1):
+        estimate += len(canonical_json(message)) // 4
+        if piece_tokens_max > 0 and estimate >= piece_tokens_max:
+            pieces.append(replace(prompt, messages=prompt.messages[:count]))
+            estimate = 0
+    pieces.append(prompt)
+    return pieces

@@ -29,24 +29,21 @@ revision: the exact request the live path will send, so its prefix is a cache hi
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import random
-from abc import ABC, abstractmethod
 from collections import Counter
-from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, replace
-from typing import Any, Protocol, TypeVar
-from urllib.parse import quote
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Protocol, TypeVar
 
-import httpx
-
+from eventlog.aio import cancel_quietly
+from eventlog.backoff import jittered
 from eventlog.clock import Clock
-from eventlog.errors import ConvplaneError, DeadlineExceeded, InvalidRequest, NotFound, Unavailable
+from eventlog.errors import ConvplaneError, DeadlineExceeded
 from replay.bus.port import JobBus, JobBusUnavailable, JobConsumer, JobDelivery
 from replay.bus.trace_context import job_span
 from replay.cache_salt import cache_salt_for
-from replay.chat import ChatPrompt, canonical_json, render_prompt
+from replay.chat import render_prompt, replay_pieces
 from replay.engines.base import InferenceEngine, ModelRevisionMismatch
 from replay.model import (
     EngineProblem,
@@ -56,6 +53,7 @@ from replay.model import (
     ReplayResult,
     ReplayStatus,
 )
+from replay.transcripts import TranscriptSource
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -63,7 +61,7 @@ T = TypeVar("T")
 
 class SpareGate(Protocol):
     """The engine's spare prefill capacity for replay (``replay.capacity.CapacityController``
-    behind a thin adapter: ``services.cli.worker.CapacityGate``)."""
+    behind a thin adapter: ``replay.capacity.CapacityGate``)."""
 
     def has_spare(self, prompt_tokens: int) -> bool:
         """Whether the engine could take ``prompt_tokens`` of replay now (reserves nothing)."""
@@ -74,69 +72,6 @@ class SpareGate(Protocol):
 
     def release(self, computed_tokens: int | None) -> None:
         """A granted replay ended; ``computed_tokens`` = prompt - cached, None if unknown."""
-
-
-@dataclass(frozen=True, slots=True)
-class TranscriptEvent:
-    seq: int
-    event_type: str
-    payload: Mapping[str, Any]
-
-
-class TranscriptSource(ABC):
-    @abstractmethod
-    async def fetch(
-        self, tenant_id: str, conversation_id: str, through_seq: int
-    ) -> list[TranscriptEvent]:
-        """The conversation's committed events with ``seq <= through_seq``, in seq order."""
-
-
-class PagedTranscriptSource(TranscriptSource):
-    """A source that reads the transcript a page at a time (``page``: events after a seq, at
-    most ``page_limit``), up to ``through_seq`` and never more than ``events_max`` events."""
-
-    def __init__(self, *, page_limit: int, events_max: int) -> None:
-        self._page_limit = page_limit
-        self._events_max = events_max
-
-    @abstractmethod
-    async def page(
-        self, tenant_id: str, conversation_id: str, after_seq: int
-    ) -> list[TranscriptEvent]: ...
-
-    async def fetch(
-        self, tenant_id: str, conversation_id: str, through_seq: int
-    ) -> list[TranscriptEvent]:
-        events: list[TranscriptEvent] = []
-        after_seq = 0
-        while after_seq < through_seq:
-            if len(events) >= self._events_max:
-                raise InvalidRequest(f"transcript over {self._events_max} events")
-            page = await self.page(tenant_id, conversation_id, after_seq)
-            events.extend(e for e in page if e.seq <= through_seq)
-            if len(page) < self._page_limit:
-                break
-            after_seq = page[-1].seq
-        return events
-
-
-def replay_pieces(prompt: ChatPrompt, piece_tokens_max: int) -> list[ChatPrompt]:
-    """The prompt as successively longer message prefixes, each adding about
-    ``piece_tokens_max`` tokens (estimated at 4 characters a token), the last the whole prompt.
-
-    vLLM schedules running requests before waiting ones, so a replay that is running holds
-    the step budget ahead of live requests that arrive later until its prefill ends; sent in
-    pieces, each piece hits the cache of the one before and holds the budget for about one
-    step. Cuts fall between messages (a message is never split), so a piece can be larger."""
-    pieces: list[ChatPrompt] = []
-    estimate = 0
-    for count, message in enumerate(prompt.messages[:-1], start=1):
-        estimate += len(canonical_json(message)) // 4
-        if piece_tokens_max > 0 and estimate >= piece_tokens_max:
-            pieces.append(replace(prompt, messages=prompt.messages[:count]))
-            estimate = 0
-    pieces.append(prompt)
-    return pieces
 
 
 @dataclass(frozen=True, slots=True)
@@ -384,7 +319,7 @@ class ReplayWorker:
 
     async def _reroute(self, job: ReplayJob, started_s: float) -> ReplayResult:
         """Put the job back on the bus for a worker that serves its revision (module docstring)."""
-        await self._clock.sleep(self.settings.reroute_pause_s * self._rng.uniform(0.5, 1.0))
+        await self._clock.sleep(jittered(self.settings.reroute_pause_s, self._rng, 0.5, 0.5))
         try:
             await self._retrying(
                 job, lambda: self._bus.publish_jobs([job]), self.settings.publish_timeout_s
@@ -399,7 +334,7 @@ class ReplayWorker:
     def _backoff_s(self, attempt: int) -> float:
         s = self.settings
         ceiling_s = min(s.backoff_max_s, s.backoff_base_s * 2.0 ** (attempt - 1))
-        return ceiling_s * self._rng.uniform(0.5, 1.0)
+        return jittered(ceiling_s, self._rng, low=0.5, width=0.5)
 
     def _result(
         self,
@@ -422,66 +357,3 @@ class ReplayWorker:
             duration_ms=(self._clock.monotonic() - started_s) * 1000,
             finished_at_ms=self._clock.wall_ms(),
         )
-
-
-class HttpTranscriptSource(PagedTranscriptSource):
-    """Reads a transcript from the region's REST API, page by page.
-
-    ``GET {region_url}/v1/conversations/{id}/events?after_seq=&limit=`` with the service API key
-    as a bearer token and the tenant in ``X-Convplane-Tenant``. The answer is the API's
-    ``EventPage``: ``{"events": [...]}``, each event with ``seq``, ``type`` and ``payload``.
-    """
-
-    def __init__(
-        self,
-        client: httpx.AsyncClient,
-        api_key: str,
-        *,
-        page_limit: int = 200,
-        events_max: int = 20_000,
-    ) -> None:
-        super().__init__(page_limit=page_limit, events_max=events_max)
-        self._client = client  # base_url = the region's URL; owned by the caller
-        self._api_key = api_key
-
-    async def page(
-        self, tenant_id: str, conversation_id: str, after_seq: int
-    ) -> list[TranscriptEvent]:
-        try:
-            response = await self._client.get(
-                f"/v1/conversations/{quote(conversation_id, safe='')}/events",
-                params={"after_seq": after_seq, "limit": self._page_limit},
-                headers={
-                    "Authorization": f"Bearer {self._api_key}",
-                    "X-Convplane-Tenant": tenant_id,
-                },
-            )
-        except httpx.HTTPError as exc:
-            raise TranscriptUnavailable(f"region API unreachable: {exc!r}") from exc
-        if response.status_code == 404:
-            raise NotFound(f"conversation {conversation_id} not found")
-        if response.status_code == 429 or response.status_code >= 500:
-            raise TranscriptUnavailable(f"region API answered {response.status_code}")
-        if response.status_code != 200:
-            raise InvalidRequest(
-                f"region API answered {response.status_code}: {response.text[:200]}"
-            )
-        try:
-            body = response.json()
-            return [
-                TranscriptEvent(int(e["seq"]), str(e["type"]), dict(e["payload"]))
-                for e in body["events"]
-            ]
-        except (ValueError, KeyError, TypeError) as exc:
-            raise TranscriptUnavailable(f"region API answered an unexpected body: {exc!r}") from exc
-
-
-class TranscriptUnavailable(Unavailable):
-    code = "transcript_unavailable"
-
-
-async def cancel_quietly(task: asyncio.Task[Any]) -> None:
-    """Cancel a task and wait for it (a crashed worker, in tests and the CLI)."""
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await task

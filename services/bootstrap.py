@@ -180,6 +180,7 @@ async def open_runtime(settings: NodeSettings) -> AsyncIterator[NodeRuntime]:
             load=load,
             clock=clock,
             region_append_capacity_per_s=settings.region_append_capacity_per_s,
+            replay_view=None if replay is None else replay.drill_view,
         )
         await controller.start()
         stack.push_async_callback(controller.close)

@@ -181,6 +181,15 @@ class NodeSettings(BaseSettings):
     forward_backoff_s: float = Field(default=0.05, gt=0.0)
     #: connections kept to each peer region
     forward_connections_max: int = Field(default=64, ge=1)
+    #: forwarded appends travel to their leader in batches (services.api.forward_batch): at
+    #: most this many per batch, this many batches under way per peer region (a batch
+    #: unanswered after forward_batch_straggler_s no longer counts, but stays among the
+    #: forward_batches_open_max open ones), and this many appends waiting (else 503 overloaded)
+    forward_batch_max: int = Field(default=64, ge=1, le=256)
+    forward_batches_in_flight_max: int = Field(default=1, ge=1)
+    forward_batch_straggler_s: float = Field(default=0.1, gt=0.0)
+    forward_batches_open_max: int = Field(default=16, ge=1)
+    forward_queue_max: int = Field(default=1024, ge=1)
     #: leading the shards placed on this region: attempts and backoff (jittered, doubling)
     lead_attempts_max: int = Field(default=1_000, ge=1)
     lead_backoff_min_s: float = Field(default=0.05, gt=0.0)
@@ -209,6 +218,10 @@ class NodeSettings(BaseSettings):
     #: acknowledged appends per second one region sustains: a drill's preflight refuses when
     #: the survivors of a region loss would need more (regions.drill_plan)
     region_append_capacity_per_s: float = Field(default=2000.0, gt=0.0)
+    #: where an operator's browser reaches each region's client API, for the console
+    #: (services.console.access), when not at the cluster file's ``url`` (docker compose
+    #: publishes nodes on host ports); JSON in CONVPLANE_CONSOLE_URLS, region -> URL
+    console_urls: dict[str, str] = Field(default_factory=dict)
 
     @model_validator(mode="after")
     def _tls_all_or_none(self) -> NodeSettings:

@@ -9,7 +9,7 @@ Four loops, all bounded and under timeouts, around the pure cores in ``regions``
   the assignment: lead the shards assigned here (bounded concurrency, jittered retries), resign
   the ones assigned elsewhere, and point leader hints at the new owners so forwarding follows.
 * **control** (same period): the alive region with the lowest name (by this node's view) leads
-  the control shard; while it does, it commits what ``ControlPlanner`` decides.
+  the control shard; while it does, it commits what ``PlacementDecider`` decides.
 
 Learning reads the control shard's committed entries straight from the replicas (the one with
 the highest commit hint among those reachable, up to that hint), not from the control leader over
@@ -32,12 +32,20 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from eventlog.aio import bounded
+from eventlog.backoff import Backoff, jittered
 from eventlog.clock import Clock
 from eventlog.errors import ConvplaneError, NotLeader
 from eventlog.model import LogEntry
 from eventlog.node import LogNode
 from eventlog.replica import ReplicaStore
-from regions.control import PLACEMENT_RECORD, ControlConfig, ControlPlanner, ControlState, Placement
+from regions.control import (
+    PLACEMENT_RECORD,
+    ControlConfig,
+    ControlState,
+    OperatorAction,
+    Placement,
+    PlacementDecider,
+)
 from regions.membership import Membership, MembershipConfig, statuses
 from services.config import ClusterConfig, NodeSettings
 from services.peer_probe import PeerProber
@@ -81,7 +89,7 @@ class Controller:
             started_s=clock.monotonic(),
         )
         self.state = ControlState(shard_count=cluster.shard_count, regions=weights)
-        self.planner = ControlPlanner(
+        self.decider = PlacementDecider(
             config=ControlConfig(
                 failback_hysteresis_s=settings.failback_hysteresis_s,
                 failback_shards_per_step=settings.failback_shards_per_step,
@@ -172,7 +180,7 @@ class Controller:
             for r in self.cluster.regions
         ]
 
-    async def operator(self, action: str, region: str) -> Placement:
+    async def operator(self, action: OperatorAction, region: str) -> Placement:
         """Evacuate or restore ``region``; only the control leader commits (else NotLeader with
         the control leader as hint, so the API forwards it there)."""
         if not self.node.leads(self.control_shard):
@@ -186,7 +194,7 @@ class Controller:
             await self._catch_up()
             now_s = self._clock.monotonic()
             views = statuses(self.membership.view(now_s))
-            placement = self.planner.operator(self.state, action, region, now_s, views)
+            placement = self.decider.operator(self.state, action, region, now_s, views)
             await self._commit(placement)
         return self.placement()
 
@@ -305,7 +313,9 @@ class Controller:
         """Lead an assigned shard; retry with jittered, doubling backoff under
         ``lead_attempts_max`` while it stays assigned here."""
         await self._await_handoff(shard)
-        backoff_s = self.settings.lead_backoff_min_s
+        backoff = Backoff(
+            self.settings.lead_backoff_min_s, self.settings.lead_backoff_max_s, self._rng
+        )
         for attempt in range(1, self.settings.lead_attempts_max + 1):
             if not self._assigned_here(shard):
                 return
@@ -319,8 +329,7 @@ class Controller:
             except ConvplaneError as exc:
                 if attempt == 1 or attempt % 20 == 0:
                     log.warning("shard %d: lead attempt %d failed: %s", shard, attempt, exc)
-            await self._clock.sleep(backoff_s * (0.5 + self._rng.random()))
-            backoff_s = min(backoff_s * 2, self.settings.lead_backoff_max_s)
+            await self._clock.sleep(backoff.next_s())
 
     async def _await_handoff(self, shard: int) -> None:
         moved = self._moved.pop(shard, None)
@@ -359,7 +368,7 @@ class Controller:
         async with self._propose_lock:
             await self._catch_up()
             views = statuses(self.membership.view(now_s))
-            placement = self.planner.next_placement(self.state, now_s, views)
+            placement = self.decider.next_placement(self.state, now_s, views)
             if placement is not None:
                 await self._commit(placement)
 
@@ -369,7 +378,9 @@ class Controller:
             log.warning("control shard: leading at epoch %d", epoch)
         except ConvplaneError as exc:
             log.warning("control shard: lead failed: %s", exc)
-            await self._clock.sleep(self.settings.lead_backoff_min_s * (1 + self._rng.random()))
+            await self._clock.sleep(
+                jittered(self.settings.lead_backoff_min_s, self._rng, low=1.0, width=1.0)
+            )
 
     async def _catch_up(self) -> None:
         """Apply every committed control record before deciding anything."""

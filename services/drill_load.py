@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
 
 import httpx
 
@@ -14,6 +16,7 @@ from eventlog.clock import Clock
 from eventlog.errors import ConvplaneError
 from eventlog.replica import ReplicaStore
 from regions.drill_plan import MovedLoad
+from regions.drills import ReplayTally
 from services.drill_canary import DRILL_TENANT
 
 #: the load meter's window, and the most appends it remembers
@@ -48,14 +51,62 @@ class LoadMeter:
         return len(self._times) / LOAD_WINDOW_S
 
 
-async def plane_append_rate_per_s(
+#: what a region's replay shows a drill (``ReplayService.drill_view``)
+ReplayView = Callable[[], Mapping[str, Any] | None]
+
+
+@dataclass(frozen=True, slots=True)
+class PlaneLoad:
+    """The plane's live load, as the nodes' own counters show it."""
+
+    append_rate_per_s: float
+    #: region -> its replay's view (only regions with engines that answered)
+    replay: Mapping[str, Mapping[str, Any]]
+
+    def live_prefill_tokens_per_s(self) -> float | None:
+        if not self.replay:
+            return None
+        return sum(float(v.get("live_tokens_per_s", 0.0)) for v in self.replay.values())
+
+    def spare_prefill_tokens_per_s(self, excluding: str) -> float | None:
+        """Spare prefill of the regions that would survive losing ``excluding``."""
+        others = [v for r, v in self.replay.items() if r != excluding]
+        if not others:
+            return None
+        return sum(float(v.get("spare_tokens_per_s", 0.0)) for v in others)
+
+    def survivor_prefill_capacity_tokens_per_s(self, excluding: str) -> float | None:
+        """The smallest survivor's prefill capacity: its live demand plus its spare."""
+        others = [v for r, v in self.replay.items() if r != excluding]
+        if not others:
+            return None
+        return min(
+            float(v.get("live_tokens_per_s", 0.0)) + float(v.get("spare_tokens_per_s", 0.0))
+            for v in others
+        )
+
+    def replay_tally(self) -> ReplayTally | None:
+        if not self.replay:
+            return None
+        views = list(self.replay.values())
+        last = [int(v["last_replayed_at_ms"]) for v in views if v.get("last_replayed_at_ms")]
+        return ReplayTally(
+            conversations_planned=sum(int(v.get("conversations_planned", 0)) for v in views),
+            conversations_replayed=sum(int(v.get("conversations_replayed", 0)) for v in views),
+            tokens_replayed=sum(int(v.get("tokens_replayed", 0)) for v in views),
+            last_replayed_at_ms=max(last) if last else None,
+        )
+
+
+async def plane_load(
     peers: httpx.AsyncClient,
     peer_urls: Mapping[str, str],
     region: str,
     headers: Mapping[str, str],
     own: LoadMeter,
-) -> float:
-    """This node's rate plus every peer's (``GET /peer/drills/load``); a peer that does not
+    own_replay: ReplayView | None,
+) -> PlaneLoad:
+    """This node's numbers plus every peer's (``GET /peer/drills/load``); a peer that does not
     answer adds nothing (preflight refuses a plane with a region down anyway)."""
     others = [r for r in peer_urls if r != region]
     replies = await asyncio.gather(
@@ -70,10 +121,17 @@ async def plane_append_rate_per_s(
         return_exceptions=True,
     )
     total = own.append_rate_per_s()
-    for reply in replies:
+    replay: dict[str, Mapping[str, Any]] = {}
+    own_view = None if own_replay is None else own_replay()
+    if own_view is not None:
+        replay[region] = own_view
+    for peer, reply in zip(others, replies, strict=True):
         if isinstance(reply, httpx.Response) and reply.status_code == 200:
-            total += float(reply.json().get("append_rate_per_s", 0.0))
-    return total
+            body = reply.json()
+            total += float(body.get("append_rate_per_s", 0.0))
+            if isinstance(body.get("replay"), dict):
+                replay[peer] = body["replay"]
+    return PlaneLoad(total, replay)
 
 
 async def moved_load(

@@ -48,7 +48,7 @@ from regions.drills import (
     Measurements,
     Observation,
     advance,
-    deadline_s,
+    out_of_time,
     request_abort,
     start,
     with_measurements,
@@ -62,7 +62,7 @@ from services.drill_canary import (
     append_canary,
     read_canary,
 )
-from services.drill_load import LoadMeter, moved_load, plane_append_rate_per_s
+from services.drill_load import LoadMeter, PlaneLoad, ReplayView, moved_load, plane_load
 
 log = logging.getLogger("convplane.drills")
 
@@ -101,6 +101,7 @@ class DrillDriver:
         load: LoadMeter,
         clock: Clock,
         region_append_capacity_per_s: float,
+        replay_view: ReplayView | None = None,
     ) -> None:
         self.region = controller.region
         self.controller = controller
@@ -113,6 +114,7 @@ class DrillDriver:
         self._peer_headers = {"X-Convplane-Peer-Auth": peer_secret} if peer_secret else {}
         self._clock = clock
         self._capacity_per_s = region_append_capacity_per_s
+        self._replay_view = replay_view
         self._model_revision = controller.cluster.default_model_revision
         self._shard_count = controller.cluster.shard_count
         self._write_lock = asyncio.Lock()
@@ -206,17 +208,24 @@ class DrillDriver:
                 placement = self.controller.placement()
         restored = False
         canary_lost = None
+        read_back_failed = None
         if drill.phase == "restoring":
-            # back in the placement, and (a loss or a kill) every moved shard writable again,
-            # or out of time; an evacuate's shards were writable all along
-            restored = await self._restore(drill) and (
+            late = out_of_time(drill, self._clock.wall_ms())
+            restored = await self._restore(drill)
+            # read back once the target is back and (a loss or a kill) every moved shard is
+            # writable again (an evacuate's shards were writable all along), or at the deadline
+            # whatever the target's state: the drill must end then
+            if late or (restored and (
                 drill.spec.kind == "evacuate"
                 or all(s in runner.rto_s for s in drill.measurements.shards_moved)
-                or self._clock.wall_ms() >= drill.created_at_ms + int(deadline_s(drill.spec) * 1000)
-            )
-            if restored:
+            )):  # fmt: skip
                 await self._stop_writing(drill.drill_id)
-                canary_lost = await runner.read_back(self._owners())
+                try:
+                    canary_lost = await runner.read_back(self._owners())
+                except (ConvplaneError, httpx.HTTPError, OSError, TimeoutError) as exc:
+                    if not late:
+                        raise  # retried next step, until the deadline
+                    read_back_failed = repr(exc)[:200]
         error_ratio, ack_p99_ms = runner.window()
         obs = Observation(
             now_ms=self._clock.wall_ms(),
@@ -230,6 +239,7 @@ class DrillDriver:
             ack_p99_ms=ack_p99_ms,
             restored=restored,
             canary_lost=canary_lost,
+            read_back_failed=read_back_failed,
         )
         measured = runner.measurements(drill)
         versions = dict(measured.placement_versions)
@@ -239,22 +249,43 @@ class DrillDriver:
         following = advance(replace(drill, measurements=measured), obs)
         now_s = self._clock.monotonic()
         if following is not None:
+            if following.phase == "restoring" and drill.phase != "restoring":
+                # what replay rebuilt while the region was out (not its failback's replays)
+                following = await self._with_replay_tally(following)
             await self.commit_drill(following)
             self._progress_at_s[drill.drill_id] = now_s
         elif now_s - self._progress_at_s.get(drill.drill_id, 0.0) >= _progress_every_s(drill):
             self._progress_at_s[drill.drill_id] = now_s
-            live = await self._live_rate()
+            load = await self._plane_load()
             t_s = (self._clock.wall_ms() - drill.created_at_ms) / 1000
             measured = replace(
                 measured,
-                live_appends=(*measured.live_appends, (t_s, live))[-SERIES_POINTS_MAX:],
+                live_appends=(*measured.live_appends, (t_s, load.append_rate_per_s))[
+                    -SERIES_POINTS_MAX:
+                ],
+                replay_latest=(load.replay_tally() if drill.phase != "restoring" else None)
+                or measured.replay_latest,
             )
             await self.commit_drill(with_measurements(drill, measured))
 
-    async def _live_rate(self) -> float:
-        return await plane_append_rate_per_s(
-            self._peers, self._peer_urls, self.region, self._peer_headers, self.load
+    async def _plane_load(self) -> PlaneLoad:
+        return await plane_load(
+            self._peers,
+            self._peer_urls,
+            self.region,
+            self._peer_headers,
+            self.load,
+            self._replay_view,
         )
+
+    async def _with_replay_tally(self, drill: Drill) -> Drill:
+        """The drill with replay's counts now (taken as the fault ends)."""
+        if drill.measurements.replay_before is None:
+            return drill
+        tally = (await self._plane_load()).replay_tally()
+        if tally is None:
+            return drill
+        return replace(drill, measurements=replace(drill.measurements, replay_latest=tally))
 
     def _injected(self, drill: Drill) -> bool:
         if drill.spec.kind == "evacuate":
@@ -265,14 +296,19 @@ class DrillDriver:
         return True  # region-loss: the committed injecting record is the fault
 
     async def _restore(self, drill: Drill) -> bool:
-        """Give the target back; True once the placement no longer excludes it."""
+        """Give the target back; True once the placement no longer excludes it. A failed
+        restore is retried next step (until the drill's deadline ends it)."""
         region = drill.spec.region
         placement = self.controller.placement()
         now_s = self._clock.monotonic()
         if self.controller.membership.status(region, now_s) != "up":
             return False  # the black-hole is lifted (phase); wait until the region answers
         if region in placement.down | placement.evacuated:
-            await self.controller.operator("restore", region)
+            try:
+                await self.controller.operator("restore", region)
+            except (ConvplaneError, httpx.HTTPError, OSError, TimeoutError) as exc:
+                self._step_failed(exc)
+                return False
             placement = self.controller.placement()
         return region not in placement.down | placement.evacuated
 
@@ -372,19 +408,32 @@ class DrillDriver:
             )
 
     async def plan(self, spec: DrillSpec) -> DrillPlan:
+        plan, _ = await self._plan(spec)
+        return plan
+
+    async def _plan(self, spec: DrillSpec) -> tuple[DrillPlan, PlaneLoad]:
         self._require_control_leader()
         now_s = self._clock.monotonic()
         placement = self.controller.placement()
         weights = self.controller.cluster.weights()
         moved_shards = placement.shards_of(spec.region) if spec.region in weights else []
-        return preflight(
+        load = await self._plane_load()
+        plan = preflight(
             spec,
             statuses=statuses(self.controller.membership.view(now_s)),
             weights=weights,
             placement=placement,
             active=self.ops.active_drills(),
             halt=self.ops.halt,
-            load=LiveLoad(await self._live_rate(), self._capacity_per_s),
+            load=LiveLoad(
+                load.append_rate_per_s,
+                self._capacity_per_s,
+                spare_prefill_tokens_per_s=load.spare_prefill_tokens_per_s(spec.region),
+                live_prefill_tokens_per_s=load.live_prefill_tokens_per_s(),
+                survivor_prefill_capacity_tokens_per_s=(
+                    load.survivor_prefill_capacity_tokens_per_s(spec.region)
+                ),
+            ),
             moved_load=await moved_load(
                 self._replicas.get(self.region),
                 moved_shards,
@@ -393,12 +442,13 @@ class DrillDriver:
             ),
             kill_supported=self.controller.cluster.local_supervisor,
         )
+        return plan, load
 
     async def create(self, spec: DrillSpec, *, by: str, role: str) -> tuple[Drill, DrillPlan]:
         """Preflight, then commit the drill's first record and an audit entry; raises
         ``PreflightFailed`` (nothing committed) when preflight refuses."""
         async with self._write_lock:
-            plan = await self.plan(spec)
+            plan, load = await self._plan(spec)
             if not plan.ok:
                 raise PreflightFailed("preflight refused the drill: " + "; ".join(plan.failures))
             now_ms = self._clock.wall_ms()
@@ -408,6 +458,8 @@ class DrillDriver:
             measured = Measurements(
                 shards_moved=tuple(placement.shards_of(spec.region)),
                 placement_versions={"before": placement.version},
+                replay_before=load.replay_tally(),
+                replay_time_min_s=plan.replay_time_min_s,
             )
             measured = await self._first_canaries(
                 replace(start(drill_id, spec, now_ms), measurements=measured)

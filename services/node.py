@@ -27,6 +27,8 @@ log = logging.getLogger("convplane.node")
 
 #: seconds uvicorn waits for in-flight requests at shutdown before closing connections
 GRACEFUL_SHUTDOWN_S = 10
+#: uvloop: the event loop and its transports in C (a node spends most of its time in them)
+EVENT_LOOP = "uvloop"
 #: file descriptors a node needs beyond its listeners' connections (databases, peers, logs)
 FDS_RESERVED = 256
 
@@ -59,6 +61,8 @@ def run_node(
             log_config=None,  # uvicorn's loggers propagate to the JSON handler
             log_level=log_level,
             access_log=False,
+            proxy_headers=False,  # no proxy in front of a node: nothing to rewrite per request
+            loop=EVENT_LOOP,
             lifespan="on",
             timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
             timeout_keep_alive=int(settings.header_timeout_s) or 1,
@@ -85,6 +89,8 @@ def run_node(
             log_config=None,
             log_level=log_level,
             access_log=False,
+            proxy_headers=False,
+            loop=EVENT_LOOP,
             lifespan="off",
             timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
             timeout_keep_alive=int(settings.header_timeout_s) or 1,
@@ -94,7 +100,8 @@ def run_node(
             **(server_ssl_options(tls) if tls is not None else {}),
         )
     )
-    asyncio.run(_serve_both(client, peer))
+    with asyncio.Runner(loop_factory=client.config.get_loop_factory()) as runner:
+        runner.run(_serve_both(client, peer))
 
 
 async def _serve_both(client: uvicorn.Server, peer: uvicorn.Server) -> None:

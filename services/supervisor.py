@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import httpx
 
+from eventlog.backoff import Backoff, jittered
 from eventlog.clock import Clock
 from eventlog.errors import ConvplaneError
 
@@ -104,14 +105,16 @@ class Supervisor:
         self._tasks.clear()
 
     async def _run(self, health: LoopHealth, step: Step, period_s: float) -> None:
-        backoff_s = self.limits.restart_backoff_min_s
+        backoff = Backoff(
+            self.limits.restart_backoff_min_s, self.limits.restart_backoff_max_s, self._rng
+        )
         try:
             while True:
                 try:
                     await step()
                     health.steps_ok += 1
                     health.consecutive_crashes = 0
-                    backoff_s = self.limits.restart_backoff_min_s
+                    backoff.reset()
                 except EXPECTED_FAILURES as exc:
                     log.warning("%s: %s", health.name, exc)
                 except Exception as exc:  # the supervisor is the boundary: log, count, restart
@@ -123,9 +126,8 @@ class Supervisor:
                         health.name,
                         health.consecutive_crashes,
                     )
-                    await self._clock.sleep(backoff_s * (0.5 + self._rng.random()))
-                    backoff_s = min(backoff_s * 2, self.limits.restart_backoff_max_s)
+                    await self._clock.sleep(backoff.next_s())
                     continue
-                await self._clock.sleep(period_s * (0.8 + 0.4 * self._rng.random()))
+                await self._clock.sleep(jittered(period_s, self._rng, low=0.8, width=0.4))
         finally:
             health.running = False

@@ -8,17 +8,17 @@ from typing import TYPE_CHECKING
 import pytest
 
 if TYPE_CHECKING:  # PostgreSQL block
-    from services.localpg import PgInstance
+    from services.local.postgres import PgInstance
 
 # --- Kafka ---
-# One real broker for the whole session, started on first use (see services/localkafka.py for
+# One real broker for the whole session, started on first use (see services/local/kafka.py for
 # how it is chosen: CONVPLANE_TEST_KAFKA, else a local KRaft broker, else testcontainers). A test
 # that asks for it fails loudly when no broker can be had; it is never skipped.
 
 
 @pytest.fixture(scope="session")
 def kafka_bootstrap_servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    from services.localkafka import kafka_for_tests
+    from services.local.kafka import kafka_for_tests
 
     with kafka_for_tests(tmp_path_factory.mktemp("kafka")) as bootstrap_servers:
         yield bootstrap_servers
@@ -28,7 +28,7 @@ def kafka_bootstrap_servers(tmp_path_factory: pytest.TempPathFactory) -> Iterato
 
 
 # --- PostgreSQL ---
-# pg_instances: 3 real PostgreSQL servers for the whole session, chosen by services/localpg.py
+# pg_instances: 3 real PostgreSQL servers for the whole session, chosen by services/local/postgres.py
 # (CONVPLANE_TEST_PG_DSNS, else local binaries, else testcontainers, else a loud error; never a
 # skip). pg_databases: a fresh database on each of them per test (dropped after), so tests do not
 # see each other's data; yields the SQLAlchemy DSNs.
@@ -43,7 +43,7 @@ def pg_instances() -> Iterator[list[PgInstance]]:
     import shutil
     import tempfile
 
-    from services.localpg import pg_instances_for_tests
+    from services.local.postgres import pg_instances_for_tests
 
     # under /tmp, not tmp_path_factory (0700 dirs): the postgres user must reach the data dirs
     base_dir = tempfile.mkdtemp(prefix="convplane-pg-")
@@ -120,8 +120,8 @@ class LogCluster:
         from urllib.parse import urlsplit
 
         from eventlog.stores import open_replica_store
-        from regions.faultproxy import FaultProxy, ProxySpec
-        from services.localpg import dsn_via
+        from services.local.faultproxy import FaultProxy, ProxySpec
+        from services.local.postgres import dsn_via
 
         dsn = self.dsns[region]
         if via_proxy is not None:

@@ -1,4 +1,4 @@
-"""Admission of one region node's requests: the adapter around ``regions.admission``.
+"""Admission of one region node's requests: the adapter around ``services.api.admission_control``.
 
 ``NodeAdmission`` is built (empty) by ``create_app``; the lifespan ``open``s it with the node's
 clock, the cluster's tenants and the node's limits, which builds one ``AdmissionController`` and
@@ -55,7 +55,7 @@ from eventlog.errors import (
     QuotaExceeded,
     Unavailable,
 )
-from regions.admission import (
+from services.api.admission_control import (
     AdaptiveLimit,
     AdmissionConfig,
     AdmissionController,
@@ -63,7 +63,7 @@ from regions.admission import (
     LimitConfig,
     Permit,
     Quota,
-    Rejected,
+    Shed,
     TenantBuckets,
     Waiter,
 )
@@ -130,7 +130,7 @@ class NodeAdmission:
     def __init__(self, metrics: Metrics) -> None:
         self._clock: Clock | None = None
         self._open: _Open | None = None
-        self._waiting: dict[int, asyncio.Future[Admitted | Rejected]] = {}
+        self._waiting: dict[int, asyncio.Future[Admitted | Shed]] = {}
         self._peer_in_flight = 0
         self.rejections = Counter(
             "convplane_admission_rejections",
@@ -175,7 +175,7 @@ class NodeAdmission:
             opened.sweeper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await opened.sweeper
-        closing = Rejected(503, opened.settings.retry_after_default_s, "overloaded")
+        closing = Shed(503, opened.settings.retry_after_default_s, "overloaded")
         for waiter_id in list(self._waiting):
             self._settle_one(waiter_id, closing)
 
@@ -290,10 +290,10 @@ class NodeAdmission:
         decision = opened.controller.admit(tenant_key, deadline_s)
         if isinstance(decision, Admitted):
             return decision.permit
-        if isinstance(decision, Rejected):
+        if isinstance(decision, Shed):
             raise self._rejection(decision)
         waiter = decision.waiter
-        future: asyncio.Future[Admitted | Rejected] = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[Admitted | Shed] = asyncio.get_running_loop().create_future()
         self._waiting[waiter.waiter_id] = future
         try:
             async with asyncio.timeout(max(0.0, deadline_s - clock.monotonic())):
@@ -310,7 +310,7 @@ class NodeAdmission:
             raise InvariantViolation("a queued request was refused for its quota")
         raise self._queue_expired()
 
-    def _abandon(self, waiter: Waiter, future: asyncio.Future[Admitted | Rejected]) -> None:
+    def _abandon(self, waiter: Waiter, future: asyncio.Future[Admitted | Shed]) -> None:
         """A waiter gave up: take it out of the queue, or give back a permit granted too late."""
         self._waiting.pop(waiter.waiter_id, None)
         opened = self._open
@@ -323,11 +323,11 @@ class NodeAdmission:
                 if opened is not None:
                     self._settle(opened.controller.dispatch())
 
-    def _settle(self, settled: list[tuple[Waiter, Admitted | Rejected]]) -> None:
+    def _settle(self, settled: list[tuple[Waiter, Admitted | Shed]]) -> None:
         for waiter, outcome in settled:
             self._settle_one(waiter.waiter_id, outcome)
 
-    def _settle_one(self, waiter_id: int, outcome: Admitted | Rejected) -> None:
+    def _settle_one(self, waiter_id: int, outcome: Admitted | Shed) -> None:
         future = self._waiting.pop(waiter_id, None)
         if future is not None and not future.done():
             future.set_result(outcome)
@@ -346,7 +346,7 @@ class NodeAdmission:
             "region overloaded: the request waited past its deadline", retry_after_s=retry_after_s
         )
 
-    def _rejection(self, rejected: Rejected) -> ConvplaneError:
+    def _rejection(self, rejected: Shed) -> ConvplaneError:
         if rejected.status == 429:
             self.rejections.labels("quota_exceeded").inc()
             return QuotaExceeded(

@@ -17,6 +17,8 @@ from services.api.context import ApiState
 from services.api.control_routes import control_router, peer_router
 from services.api.drill_routes import drill_peer_router, drill_router
 from services.api.errors import install_error_handlers
+from services.api.fast_append import FastAppend
+from services.api.forward_batch import BatchLimits, forward_batch_router
 from services.api.forwarding import Forwarder
 from services.api.metrics import Metrics
 from services.api.middleware import EdgeMiddleware
@@ -24,6 +26,9 @@ from services.api.openapi import install_openapi, operation_id
 from services.api.routes import ops_router, router
 from services.bootstrap import NodeRuntime, RuntimeFactory, open_runtime
 from services.config import NodeSettings
+from services.console.access import ConsoleAccess
+from services.console.outcomes import AppendOutcomes
+from services.console.routes import install_console
 from services.replay.routes import replay_router
 from services.replay.wiring import install_replay
 from services.tracing import (
@@ -69,6 +74,8 @@ def create_app(
     tracing = NodeTracing(provider, settings.region) if provider is not None else None
     metrics = Metrics(settings.region)
     admission = NodeAdmission(metrics)  # opened in the lifespan, with the runtime's clock
+    console_access = ConsoleAccess()  # opened in the lifespan, with the runtime's cluster
+    append_outcomes = AppendOutcomes()  # opened in the lifespan, with the runtime's clock
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -86,6 +93,19 @@ def create_app(
                 peer_secret=runtime.cluster.peer_secret,
                 peer_reachable=_peer_reachable(runtime),
                 inject_trace=tracing.inject if tracing is not None else None,
+                # with tracing on, appends are forwarded one by one so each carries its own
+                # trace context (a batch is one peer call for many traces)
+                batch_limits=None
+                if tracing is not None
+                else BatchLimits(
+                    batch_max=settings.forward_batch_max,
+                    batches_in_flight_max=settings.forward_batches_in_flight_max,
+                    straggler_s=settings.forward_batch_straggler_s,
+                    batches_open_max=settings.forward_batches_open_max,
+                    queue_max=settings.forward_queue_max,
+                    retries_max=settings.forward_retries_max,
+                    backoff_s=settings.forward_backoff_s,
+                ),
             )
             if runtime.replica_instruments is not None:
                 runtime.replica_instruments.tracing = tracing
@@ -113,6 +133,8 @@ def create_app(
             metrics.watch_node(runtime)
             app.state.drills = runtime.drills
             install_replay(app, metrics.registry, runtime.replay)
+            console_access.open(runtime.cluster, settings)
+            append_outcomes.open(runtime.clock)
             admission.open(
                 settings=settings,
                 cluster=runtime.cluster,
@@ -122,6 +144,7 @@ def create_app(
             try:
                 yield
             finally:
+                await forwarder.close()
                 await admission.close()
                 if provider is not None:  # spans still queued go out before the process ends
                     provider.force_flush(TRACE_FLUSH_TIMEOUT_MS)
@@ -139,6 +162,7 @@ def create_app(
     app.include_router(ops_router)
     app.include_router(control_router)
     app.include_router(peer_router)
+    app.include_router(forward_batch_router)
     app.include_router(replay_router)
     app.include_router(drill_router)
     app.include_router(drill_peer_router)
@@ -152,7 +176,9 @@ def create_app(
         body_read_timeout_s=settings.body_read_timeout_s,
         discard_body_max_bytes=settings.discard_body_max_bytes,
         send_timeout_s=settings.send_timeout_s,
+        fast_path=FastAppend(settings.retry_after_default_s),
     )
+    install_console(app, console_access, append_outcomes)
     if provider is not None:
         FastAPIInstrumentor.instrument_app(
             app,

@@ -67,6 +67,7 @@ class RequestContext:
         *,
         is_write: bool,
         forward_body: bytes | None = None,
+        batchable: bool = False,
     ) -> T | Response:
         """Run ``call`` under the deadline; forward to the leader region on NotLeader (with
         ``forward_body`` instead of the request's own body when given)."""
@@ -101,6 +102,7 @@ class RequestContext:
                 deadline_s=self.deadline_s,
                 is_write=is_write,
                 body=forward_body,
+                batchable=batchable,
             )
 
 

@@ -35,6 +35,13 @@ def render(body: dict[str, Any]) -> str:
         ("canary acked / errors / lost", f"{body['canary_acked']} / {body['canary_errors']} / {_num(body['canary_lost'])}"),
         ("placement versions", ", ".join(f"{k} v{v}" for k, v in body["placement_versions"].items())),
     ]  # fmt: skip
+    replay = body.get("replay")
+    if replay is not None:
+        rows += [
+            ("replayed / planned conversations", f"{replay['conversations_replayed']} / {replay['conversations_planned']}"),
+            ("replay tokens", str(replay["tokens_replayed"])),
+            ("replay makespan / planner's bound (s)", f"{_num(replay['makespan_s'])} / {_num(replay['planner_bound_s'])}"),
+        ]  # fmt: skip
     guards = "".join(
         f"<tr><td>{escape(g['guard'])}</td><td>{g['measured']:.3g}</td><td>{g['limit']:.3g}</td></tr>"
         for g in body["guards_tripped"]

@@ -104,6 +104,16 @@ def _drill_body(drill: Drill) -> dict[str, Any]:
         "shards_recovered": body["shards_recovered"],
         "canary_acked": body["canary_acked"],
         "canary_errors": body["canary_errors"],
+        "canary_lost": body["canary_lost"],
+        "rto_max_s": body["rto_max_s"],
+        "guards_tripped": body["guards_tripped"],
+        "reason": body["reason"],
+        "requested_by": body["requested_by"],
+        "verdict_reason": body["verdict_reason"],
+        "abort_reason": body["abort_reason"],
+        "started_at": body["started_at"],
+        "injected_at": body["injected_at"],
+        "ended_at": body["ended_at"],
         "timeline": body["timeline"],
     }
 
@@ -286,6 +296,11 @@ async def peer_canary_read(
 
 @drill_peer_router.get("/load")
 async def peer_load(request: Request) -> dict[str, Any]:
-    """Internal: this node's measured append rate, for a drill's capacity preflight."""
+    """Internal: this node's measured append rate and its replay's prefill numbers, for a
+    drill's capacity preflight and its report."""
     _require_peer(request)
-    return {"append_rate_per_s": _driver(request).load.append_rate_per_s()}
+    replay = getattr(request.app.state, "replay", None)
+    return {
+        "append_rate_per_s": _driver(request).load.append_rate_per_s(),
+        "replay": None if replay is None else replay.drill_view(),  # None: no engines here
+    }

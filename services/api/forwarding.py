@@ -25,11 +25,11 @@ from eventlog.aio import abandon
 from eventlog.clock import Clock
 from eventlog.errors import DeadlineExceeded
 from services.api.errors import ForwardFailed, OutcomeUnknown
+from services.api.forward_batch import AppendBatcher, BatchLimits
+from services.api.headers import DEADLINE_HEADER, FORWARDED_HEADER, PEER_AUTH_HEADER
 from services.api.metrics import Metrics
 
-FORWARDED_HEADER = "X-Convplane-Forwarded"
-PEER_AUTH_HEADER = "X-Convplane-Peer-Auth"
-DEADLINE_HEADER = "X-Convplane-Deadline-Ms"
+__all__ = ["DEADLINE_HEADER", "FORWARDED_HEADER", "PEER_AUTH_HEADER", "Forwarder"]
 _REQUEST_HEADERS = (
     "authorization",
     "content-type",
@@ -62,10 +62,25 @@ class Forwarder:
         peer_secret: str | None = None,
         peer_reachable: Callable[[str], bool] | None = None,
         inject_trace: Callable[[dict[str, str]], None] | None = None,
+        batch_limits: BatchLimits | None = None,
     ) -> None:
         self._client = client
         #: adds the trace context to a forward's headers (services.tracing; None: tracing off)
         self._inject_trace = inject_trace
+        #: appends go to their leader in batches (``services.api.forward_batch``) when given
+        self._batcher = (
+            AppendBatcher(
+                client=client,
+                clock=clock,
+                rng=rng,
+                limits=batch_limits,
+                peer_secret=peer_secret,
+                while_reachable=self._while_reachable,
+                count=lambda region, outcome: metrics.forwarded.labels(region, outcome).inc(),
+            )
+            if batch_limits is not None
+            else None
+        )
         #: False for a region this node's own probes say is unreachable: forwarding there
         #: fails fast (503, retryable) instead of waiting out the caller's deadline on a
         #: black-holed link, so the client retries through another region at once
@@ -86,14 +101,28 @@ class Forwarder:
         deadline_s: float,
         is_write: bool,
         body: bytes | None = None,
+        batchable: bool = False,
     ) -> Response:
-        """Send ``request`` (or it with ``body`` instead of its own) to ``target_region``."""
+        """Send ``request`` (or it with ``body`` instead of its own) to ``target_region``;
+        ``batchable``: an append, which may travel in a batch with others."""
         base_url = self._peer_urls.get(target_region)
         if base_url is None:
             raise ForwardFailed(f"leader region {target_region!r} is not in the cluster file")
         if self._peer_reachable is not None and not self._peer_reachable(target_region):
             self._metrics.forwarded.labels(target_region, "suspected").inc()
             raise ForwardFailed(f"leader region {target_region} is not answering probes")
+        if batchable and body is None and self._batcher is not None:
+            raw = await request.body()
+            if self._batcher.fits(raw):
+                return await self._batcher.forward(
+                    target_region=target_region,
+                    base_url=base_url.rstrip("/"),
+                    conversation_id=request.path_params["conversation_id"],
+                    body=raw,
+                    authorization=request.headers.get("authorization", ""),
+                    idempotency_key=request.headers.get("idempotency-key"),
+                    deadline_s=deadline_s,
+                )
         url = base_url.rstrip("/") + escaped_path(request.url.path)
         if body is None:
             body = await request.body()
@@ -145,6 +174,10 @@ class Forwarder:
             self._metrics.observe_forward(target_region, self._clock.monotonic() - started_s)
             return _relayed(reply)
         raise _deadline_error(is_write, target_region)
+
+    async def close(self) -> None:
+        if self._batcher is not None:
+            await self._batcher.close()
 
     async def _while_reachable(
         self, target_region: str, call: Coroutine[Any, Any, httpx.Response]

@@ -25,13 +25,15 @@ import asyncio
 import json
 import math
 import time
-from collections.abc import MutableMapping
+from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
+import orjson
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from eventlog.errors import ConvplaneError
 from services.api.admission import Arrival, NodeAdmission
+from services.api.fast_append import PARSED_BODY_SCOPE_KEY
 from services.api.metrics import Metrics
 
 SERVED_BY_HEADER = b"x-convplane-served-by"
@@ -73,13 +75,20 @@ def _json_depth(value: Any) -> int:
     return depth
 
 
-def check_json_body(body: bytes) -> None:
+def check_json_body(body: bytes) -> Any:
+    """The parsed body, or a 400. orjson parses what it can (UTF-8, integers within 64 bits;
+    it refuses NaN and Infinity as ``json`` is told to here); the rest, and every malformed
+    body, goes through ``json``, which decides (and words the error)."""
     try:
-        value = json.loads(body, parse_constant=_reject_constant)
-    except (ValueError, RecursionError) as exc:  # JSONDecodeError and UnicodeDecodeError too
-        raise _Reject(400, "invalid_request", f"malformed JSON body: {exc}"[:300]) from exc
+        value = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        try:
+            value = json.loads(body, parse_constant=_reject_constant)
+        except (ValueError, RecursionError) as exc:  # JSONDecodeError, UnicodeDecodeError
+            raise _Reject(400, "invalid_request", f"malformed JSON body: {exc}"[:300]) from exc
     if _json_depth(value) > JSON_DEPTH_MAX:
         raise _Reject(400, "invalid_request", f"JSON nested deeper than {JSON_DEPTH_MAX}")
+    return value
 
 
 def _check_media_type(scope: Scope) -> None:
@@ -157,8 +166,11 @@ class EdgeMiddleware:
         body_read_timeout_s: float,
         discard_body_max_bytes: int,
         send_timeout_s: float,
+        fast_path: Callable[[Scope, Receive, Send], Awaitable[bool]] | None = None,
     ) -> None:
         self.app = app
+        #: serves what it accepts (``services.api.fast_append``) before the app is asked
+        self.fast_path = fast_path
         self.region = region.encode()
         self.metrics = metrics
         self.max_body_bytes = max_body_bytes
@@ -203,7 +215,8 @@ class EdgeMiddleware:
             await _send_error(send, rej, retry_after_s=self.retry_after_s)
             return
         try:
-            await self.app(scope, receive, send)
+            if self.fast_path is None or not await self.fast_path(scope, receive, send):
+                await self.app(scope, receive, send)
         finally:
             self.admission.exit(entry, status_seen[0])
 
@@ -227,7 +240,7 @@ class EdgeMiddleware:
                           f"{self.body_read_timeout_s:g} s", retryable=True) from None  # fmt: skip
         if body.strip():
             _check_media_type(scope)
-            check_json_body(body)
+            scope[PARSED_BODY_SCOPE_KEY] = check_json_body(body)
         return _replaying(body, receive)
 
     def _stamping(self, send: Send, status_seen: list[int]) -> Send:

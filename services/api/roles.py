@@ -9,7 +9,7 @@ endpoint needs gets 403 ``forbidden``.
 
 from __future__ import annotations
 
-from eventlog.errors import ConvplaneError
+from eventlog.errors import Forbidden
 from services.config import Role, TenantConfig
 
 #: endpoints that change the plane's operation
@@ -18,11 +18,6 @@ OPERATOR_ROLES: tuple[Role, ...] = ("operator",)
 OBSERVER_ROLES: tuple[Role, ...] = ("operator", "viewer")
 #: methods a viewer key may use anywhere
 READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
-
-
-class Forbidden(ConvplaneError):
-    code = "forbidden"
-    http_status = 403
 
 
 def require_role(tenant: TenantConfig, roles: tuple[Role, ...]) -> None:

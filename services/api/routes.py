@@ -16,14 +16,13 @@ from fastapi import APIRouter, Depends, Header, Path, Query, Request, Response
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from eventlog.errors import InvalidRequest
+from eventlog.errors import Forbidden, InvalidRequest
 from services.api import schemas
 from services.api.context import RequestContext, _deadline_s, api_state, request_context
 from services.api.event_bodies import AnyEvent, payload_of
 from services.api.forwarding import FORWARDED_HEADER
 from services.api.openapi import CHAT_APPS, OPERATORS, errors, event_body
 from services.api.paging import within_bytes
-from services.api.roles import Forbidden
 
 # Printable ASCII without surrounding spaces (HTTP strips those, so the server never sees them).
 IDEMPOTENCY_KEY_PATTERN = r"^[\x21-\x7e]([\x20-\x7e]{0,253}[\x21-\x7e])?$"
@@ -181,6 +180,7 @@ async def append_event(
                 idempotency_key=idempotency_key,
             ),
             is_write=True,
+            batchable=True,
         )
     if isinstance(result, Response):
         return result

@@ -1,9 +1,9 @@
-"""``convplane fault ...``: run fault proxies (``regions.faultproxy``) and change their rules.
+"""``convplane fault ...``: run fault proxies (``services.local.faultproxy``) and change their rules.
 
 ``fault serve --config F`` runs a proxy set and its admin API in one process. F is JSON: either a
 list of ``{"name": "eu->us", "listen_port": 7101, "target": "127.0.0.1:8002"}`` or an object
 ``{"admin_port": 7070, "proxies": [...]}``. The other commands talk to a running admin API (routes
-in ``regions.faultproxy``'s docstring). starlette, uvicorn and httpx are imported inside the
+in ``services.local.faultproxy``'s docstring). starlette, uvicorn and httpx are imported inside the
 functions that need them, so other ``convplane`` commands do not pay for them at start-up.
 """
 
@@ -18,7 +18,13 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from eventlog.errors import ConvplaneError
-from regions.faultproxy import FaultProxy, FaultProxySet, FaultRuleError, ProxySpec, rules_from_json
+from services.local.faultproxy import (
+    FaultProxy,
+    FaultProxySet,
+    FaultRuleError,
+    ProxySpec,
+    rules_from_json,
+)
 
 if TYPE_CHECKING:
     import uvicorn

@@ -1,4 +1,4 @@
-"""``convplane plan ...``: the capacity planner (``regions.planner``) on the command line.
+"""``convplane plan ...``: the capacity planner (``regions.capacity_arithmetic``) on the command line.
 
 Rates come back in the unit the caller used; ``--json`` prints plain JSON numbers.
 """
@@ -13,8 +13,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from regions import planner
-from regions.planner import PlanInputError
+from regions import capacity_arithmetic
+from regions.capacity_arithmetic import PlanInputError
 
 plan_app = typer.Typer(
     name="plan",
@@ -71,9 +71,11 @@ def replicas_command(
     Assumes even load spread and R measured within the latency SLO.
     """
     try:
-        rng = planner.parse_hosts_range(hosts_range) if hosts_range is not None else None
-        unit = planner.parse_failure_unit(failure_unit)
-        plan = planner.plan_replicas(demand, per_replica, replicas_per_host, unit, rng)
+        rng = (
+            capacity_arithmetic.parse_hosts_range(hosts_range) if hosts_range is not None else None
+        )
+        unit = capacity_arithmetic.parse_failure_unit(failure_unit)
+        plan = capacity_arithmetic.plan_replicas(demand, per_replica, replicas_per_host, unit, rng)
     except PlanInputError as exc:
         raise _bad_input(exc) from exc
     if as_json:
@@ -120,7 +122,7 @@ def region_loss_command(
     Infeasible when a survivor's live demand exceeds C.
     """
     try:
-        plan = planner.plan_region_loss(
+        plan = capacity_arithmetic.plan_region_loss(
             regions, rate_per_region, input_tokens, cache_hit, prefill_capacity
         )
     except PlanInputError as exc:
@@ -166,7 +168,7 @@ def replay_command(
     replay time  >= S*T/P  (all spare capacity goes to replay, nothing cached already)
     """
     try:
-        plan = planner.plan_replay(sessions, tokens_per_session, spare_prefill)
+        plan = capacity_arithmetic.plan_replay(sessions, tokens_per_session, spare_prefill)
     except PlanInputError as exc:
         raise _bad_input(exc) from exc
     if as_json:

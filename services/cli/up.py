@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     import httpx
     from rich.console import Console
 
-    from services.local_plane import LocalPlane
+    from services.local.plane import LocalPlane
 
 SUPERVISE_POLL_S = 0.5
 DEMO_DRILL_HOLD_S = 5.0
@@ -49,7 +49,7 @@ def up(
     """Start a local plane: per region a database and a node process. Ctrl-C stops it."""
     from rich.console import Console
 
-    from services.local_plane import LocalPlane, PlaneError, write_private_json
+    from services.local.plane import LocalPlane, PlaneError, write_private_json
 
     console = Console()
     plane = LocalPlane(
@@ -88,7 +88,7 @@ def _supervise(
     import httpx
 
     from services.drill_supervisor import KillDrills
-    from services.local_plane import PlaneError
+    from services.local.plane import PlaneError
 
     kill_drills = KillDrills(plane, [r["url"] for r in info["regions"]], info["operator_api_key"])
     with httpx.Client(trust_env=False) as client:
@@ -106,7 +106,7 @@ def down(
     state_dir: Annotated[Path, typer.Option(help="the plane's state dir")] = Path(".state/plane"),
 ) -> None:
     """Stop a plane started with ``up --detach`` (SIGTERM to the pids in cluster.json)."""
-    from services.local_plane import stop_from_info
+    from services.local.plane import stop_from_info
 
     info_file = state_dir / "cluster.json"
     if not info_file.exists():
@@ -126,7 +126,7 @@ def demo(
     short region-loss drill and show its summary, stop."""
     from rich.console import Console
 
-    from services.local_plane import LocalPlane, PlaneError
+    from services.local.plane import LocalPlane, PlaneError
 
     console = Console()
     with tempfile.TemporaryDirectory(prefix="convplane-demo-") as tmp:

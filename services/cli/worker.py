@@ -18,30 +18,8 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from replay.capacity import CapacityController
-
 if TYPE_CHECKING:
     from replay.bus.kafka import KafkaSecurity
-
-
-class CapacityGate:
-    """``replay.worker.SpareGate`` over ``replay.capacity.CapacityController``."""
-
-    def __init__(self, controller: CapacityController) -> None:
-        self._controller = controller
-
-    def has_spare(self, prompt_tokens: int) -> bool:
-        snapshot = self._controller.snapshot()
-        return (
-            snapshot.spare_tokens_per_s > 0
-            and snapshot.in_flight < self._controller.config.max_concurrent_replays
-        )
-
-    async def wait_for_spare(self, prompt_tokens: int, tenant_id: str, deadline_s: float) -> None:
-        await self._controller.acquire(max(prompt_tokens, 1), tenant_id, deadline_s)
-
-    def release(self, computed_tokens: int | None) -> None:
-        self._controller.release(computed_tokens)
 
 
 async def _run_worker(
@@ -64,9 +42,10 @@ async def _run_worker(
 
     from eventlog.clock import SystemClock
     from replay.bus.kafka import KafkaBusSettings, KafkaJobBus
-    from replay.capacity import CapacityConfig, CapacityPoller
+    from replay.capacity import CapacityConfig, CapacityController, CapacityGate, CapacityPoller
     from replay.engines.vllm_http import VllmHttpEngine
-    from replay.worker import HttpTranscriptSource, ReplayWorker, WorkerSettings
+    from replay.transcripts_http import HttpTranscriptSource
+    from replay.worker import ReplayWorker, WorkerSettings
 
     clock, rng = SystemClock(), random.Random()
     engine = VllmHttpEngine(worker_id, engine_url, model_revision)
@@ -238,7 +217,7 @@ def register(app: typer.Typer) -> None:
         cache_dir: str = typer.Option(".cache/kafka", help="Where the jars are cached."),
     ) -> None:
         """Start a broker, print its bootstrap servers, and keep it up until Ctrl-C."""
-        from services.localkafka import ensure_kafka_jars, start_broker
+        from services.local.kafka import ensure_kafka_jars, start_broker
 
         broker = start_broker(state_dir, lib_dir=ensure_kafka_jars(cache_dir))
         typer.echo(broker.bootstrap_servers, err=False)

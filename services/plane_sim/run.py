@@ -18,6 +18,7 @@ from eventlog.conversations import AppendedEvent
 from eventlog.errors import ConvplaneError, InvariantViolation
 from eventlog.sim.loop import VirtualTimeLoop
 from eventlog.sim.network import NetworkFaults
+from regions.control import OperatorAction
 from services.plane_sim.checks import check_plane, failback_moves_problem
 from services.plane_sim.plane import SimPlane
 from services.plane_sim.workload import Client, Observed
@@ -176,7 +177,8 @@ class _PlaneRun:
 
     async def _operator(self, rng: random.Random) -> None:
         """An SRE evacuates a region, or restores one, at whichever node leads control."""
-        action = rng.choice(["evacuate", "restore"])
+        actions: list[OperatorAction] = ["evacuate", "restore"]
+        action = rng.choice(actions)
         region = rng.choice(self.plane.names)
         for controller in self.plane.controllers():
             if controller.node.leads(controller.control_shard):

@@ -26,6 +26,7 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from eventlog.backoff import jittered
 from eventlog.clock import Clock
 from replay.capacity import (
     CapacityConfig,
@@ -164,4 +165,4 @@ class RegionCapacity:
                 delay_s = self._poll.interval_s
             else:
                 delay_s = min(self._poll.backoff_max_s, delay_s * 2)
-            await self._clock.sleep(delay_s * (0.75 + 0.5 * self._rng.random()))
+            await self._clock.sleep(jittered(delay_s, self._rng, low=0.75, width=0.5))

@@ -107,7 +107,7 @@ async def get_affinity(ctx: Context, conversation_id: ConversationIdPath) -> Any
     """The worker and engine whose KV for the conversation replay last rebuilt (null when none
     is known); answered by the region leading the conversation's shard."""
     service = _service(ctx.request)
-    node = service.planner.node
+    node = service.lister.node
     shard = node.shard_of(conversation_id)
 
     async def locate() -> dict[str, Any]:

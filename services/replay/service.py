@@ -1,8 +1,8 @@
 """The region's replay service: the async adapter around the pure ``ReplayScheduler``.
 
 * **Listener** (``eventlog.node.LogListener``): ``shard_led`` with a previous leader in another
-  region means the shard moved here: the shard goes on a bounded queue and the planner lists its
-  conversations active within the replay window (``planner.ShardPlanner``) into the scheduler.
+  region means the shard moved here: the shard goes on a bounded queue and the lister lists its
+  conversations active within the replay window (``moved.MovedConversationLister``) into the scheduler.
   ``conversation_written`` calls ``mark_live``: the live prefill rebuilds the KV anyway.
 * **Dispatch loop**: expires old jobs, then releases jobs only as the region's spare capacity and
   the operator limits grant (``region_capacity.RegionCapacity``) and publishes them to the
@@ -26,6 +26,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from eventlog.backoff import jittered
 from eventlog.clock import Clock
 from eventlog.errors import ConvplaneError, NotFound, NotLeader
 from replay.bus.port import JobBus, ResultStream
@@ -34,7 +35,7 @@ from replay.scheduler import AddReport, MovedConversation, ReplayScheduler, Sche
 from replay.worker import ReplayWorker
 from services.replay.affinity import Affinity, AffinityTable
 from services.replay.config import ReplayConfig
-from services.replay.planner import ShardPlanner
+from services.replay.moved import MovedConversationLister
 from services.replay.region_capacity import RegionCapacity
 
 log = logging.getLogger("convplane.replay")
@@ -64,7 +65,7 @@ class ReplayService:
         region: str,
         shard_count: int,
         config: ReplayConfig,
-        planner: ShardPlanner,
+        lister: MovedConversationLister,
         bus: JobBus,
         capacity: RegionCapacity,
         clock: Clock,
@@ -78,7 +79,7 @@ class ReplayService:
         self.shard_count = shard_count
         self.config = config
         self.mode = mode
-        self.planner = planner
+        self.lister = lister
         self.capacity = capacity
         self.workers = list(workers)
         self.engine_urls = dict(engine_urls or {})
@@ -109,6 +110,8 @@ class ReplayService:
         self._bus_started = False
         #: called with every result of this region's jobs (metrics: services.node_metrics)
         self.result_listeners: list[Callable[[ReplayResult], None]] = []
+        #: wall-clock ms of the last conversation replayed here (a drill's replay makespan)
+        self.last_replayed_at_ms: int | None = None
 
     # --- LogListener ----------------------------------------------------------------------
 
@@ -137,7 +140,7 @@ class ReplayService:
 
     async def replay_shard(self, shard: int) -> AddReport:
         """Plan a shard now (it must be led here); ``NotLeader`` otherwise."""
-        moved = await self.planner.moved_conversations(shard)
+        moved = await self.lister.moved_conversations(shard)
         return self._add(moved)
 
     async def replay_conversations(self, conversation_ids: Sequence[str]) -> dict[str, str]:
@@ -145,7 +148,7 @@ class ReplayService:
         outcome: dict[str, str] = {}
         for conversation_id in conversation_ids:
             try:
-                moved = await self.planner.conversation(conversation_id)
+                moved = await self.lister.conversation(conversation_id)
             except NotLeader as exc:
                 outcome[conversation_id] = f"not_led_here (leader: {exc.leader_region})"
                 continue
@@ -228,7 +231,7 @@ class ReplayService:
 
     def _backoff_s(self, attempt: int) -> float:
         ceiling_s = min(self.limits.backoff_max_s, self.limits.backoff_base_s * 2.0**attempt)
-        return ceiling_s * self._rng.uniform(0.5, 1.0)
+        return jittered(ceiling_s, self._rng, low=0.5, width=0.5)
 
     # --- loops ----------------------------------------------------------------------------
 
@@ -259,8 +262,9 @@ class ReplayService:
             if jobs:
                 await self._publish(jobs)
             if len(jobs) < self.limits.dispatch_batch_max:
-                jitter = 0.75 + 0.5 * self._rng.random()
-                await self._clock.sleep(self.limits.dispatch_interval_s * jitter)
+                await self._clock.sleep(
+                    jittered(self.limits.dispatch_interval_s, self._rng, low=0.75, width=0.5)
+                )
             else:
                 await asyncio.sleep(0)  # a full batch: go on, but let others run
 
@@ -323,6 +327,9 @@ class ReplayService:
             self._outstanding_for.pop(result.job_id, None)
             computed = result.prompt_tokens - result.cached_prompt_tokens
             self.capacity.release(computed if result.status == "replayed" else None)
+            if result.status == "replayed":
+                self.counts["tokens_replayed"] += computed
+                self.last_replayed_at_ms = self._clock.wall_ms()
         self.scheduler.record_result(result)
         self.affinity.learn(result)
 
@@ -336,6 +343,22 @@ class ReplayService:
     def status_bus_rejected(self) -> int:
         """Result records the stream rejected (bad MAC or fields)."""
         return 0 if self._stream is None else self._stream.skipped_malformed
+
+    def drill_view(self) -> dict[str, Any] | None:
+        """What a drill measures of this region's replay (``GET /peer/drills/load``): live and
+        spare prefill, and the running counts it compares before and after the fault. None
+        where the region has no engines."""
+        if not self.capacity.engine_controllers:
+            return None
+        region_capacity = self.capacity.region.snapshot()
+        return {
+            "live_tokens_per_s": region_capacity.live_tokens_per_s,
+            "spare_tokens_per_s": region_capacity.spare_tokens_per_s,
+            "conversations_planned": self.counts["conversations_planned"],
+            "conversations_replayed": self.counts["result_replayed"],
+            "tokens_replayed": self.counts["tokens_replayed"],
+            "last_replayed_at_ms": self.last_replayed_at_ms,
+        }
 
     def status(self) -> dict[str, Any]:
         region_capacity = self.capacity.region.snapshot()

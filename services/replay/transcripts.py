@@ -4,7 +4,7 @@ leader is here: replay runs in the region that leads the conversation), no HTTP 
 from __future__ import annotations
 
 from eventlog.conversations import ConversationLog
-from replay.worker import PagedTranscriptSource, TranscriptEvent
+from replay.transcripts import PagedTranscriptSource, TranscriptEvent
 
 
 class LogTranscriptSource(PagedTranscriptSource):

@@ -13,11 +13,12 @@ from eventlog.node import LogNode
 from eventlog.replica import ReplicaStore
 from replay.bus.memory import InProcessJobBus
 from replay.bus.port import JobBus
+from replay.capacity import CapacityGate
 from replay.engines.base import InferenceEngine
 from replay.engines.vllm_http import VllmHttpEngine
 from replay.worker import ReplayWorker, WorkerSettings
 from services.replay.config import ReplayConfig
-from services.replay.planner import PlannerLimits, ShardPlanner
+from services.replay.moved import MovedConversationLister, MovedListLimits
 from services.replay.region_capacity import RegionCapacity
 from services.replay.service import ReplayService, ServiceLimits
 from services.replay.transcripts import LogTranscriptSource
@@ -67,8 +68,6 @@ def build_replay_service(
 ) -> ReplayService:
     """The service over given engines and bus (tests pass fakes; ``open_replay_service`` real
     ones). In embedded mode each engine gets an in-process worker gated by its own spare."""
-    from services.cli.worker import CapacityGate
-
     configured = dict(config.region_engines(region))
     capacity = RegionCapacity(
         [(e, configured[i].capacity_tokens_per_s) for i, e in engines.items()],
@@ -76,11 +75,11 @@ def build_replay_service(
         clock,
         rng,
     )
-    planner = ShardPlanner(
+    lister = MovedConversationLister(
         node,
         replicas,
         clock,
-        PlannerLimits(config.replay_window_s, config.conversations_per_shard_max),
+        MovedListLimits(config.replay_window_s, config.conversations_per_shard_max),
     )
     service_limits = limits or ServiceLimits()
     workers = []
@@ -108,7 +107,7 @@ def build_replay_service(
         region=region,
         shard_count=shard_count,
         config=config,
-        planner=planner,
+        lister=lister,
         bus=bus,
         capacity=capacity,
         clock=clock,

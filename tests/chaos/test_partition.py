@@ -13,8 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.chaos.audit import audit_after_writers
-from tests.chaos.harness import (
+from services.local.chaos import (
     FAST_ENV,
     ChaosPlane,
     Writers,
@@ -26,6 +25,7 @@ from tests.chaos.harness import (
     tear_down,
     wait_until,
 )
+from services.local.chaos_audit import audit_after_writers
 
 SHARDS = 24
 CUT_S = 6.0

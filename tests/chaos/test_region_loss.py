@@ -1,7 +1,7 @@
 """Chaos: kill -9 a whole region (node and PostgreSQL) under concurrent writers, fail over,
 restart it, fail back; then audit every replica directly.
 
-Needs local PostgreSQL binaries (``services.localpg``); fails loudly without them, never skips.
+Needs local PostgreSQL binaries (``services.local.postgres``); fails loudly without them, never skips.
 """
 
 from __future__ import annotations
@@ -12,8 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.chaos.audit import audit_after_writers
-from tests.chaos.harness import (
+from services.local.chaos import (
     FAST_ENV,
     ChaosPlane,
     Writers,
@@ -25,6 +24,7 @@ from tests.chaos.harness import (
     tear_down,
     wait_until,
 )
+from services.local.chaos_audit import audit_after_writers
 
 SHARDS = 24
 RECOVERY_WAIT_S = 30.0

@@ -254,16 +254,23 @@ def test_schemathesis_finds_no_failure_in_operator_region_moves(
 
 
 def test_schemathesis_finds_no_failure_in_what_operators_read(plane: Plane, tmp_path: Path) -> None:
-    """Drills, their reports, the halt switch and the audit log, read with an operator key
-    (starting drills and halting are left to tests/e2e/test_drills.py: they change the plane
-    under every other operation)."""
+    """Drills, their reports, the halt switch, the audit log and the console's node view, read
+    with an operator key (starting drills and halting are left to tests/e2e/test_drills.py:
+    they change the plane under every other operation)."""
     output = _run_schemathesis(
         plane,
         plane.info["operator_api_key"],
         tmp_path,
         *(
             arg
-            for operation in ("list_drills", "get_drill", "drill_report", "get_halt", "audit")
+            for operation in (
+                "list_drills",
+                "get_drill",
+                "drill_report",
+                "get_halt",
+                "audit",
+                "console_node",
+            )
             for arg in ("--include-operation-id", operation)
         ),
         "--phases",
@@ -274,13 +281,14 @@ def test_schemathesis_finds_no_failure_in_what_operators_read(plane: Plane, tmp_
 
 def test_schemathesis_finds_no_failure_with_a_viewer_key(plane: Plane, tmp_path: Path) -> None:
     """A viewer key on every operator-facing operation: it reads regions, placement, drills,
-    reports, halt and audit, and every change it tries is a documented 403."""
+    reports, halt, audit and the console's node view, and every change it tries is a
+    documented 403."""
     output = _run_schemathesis(
         plane,
         plane.info["viewer_api_key"],
         tmp_path,
         "--include-path-regex",
-        "^/v1/(regions|placement|drills|audit|admin)",
+        "^/v1/(regions|placement|drills|audit|admin|console)",
         "--phases",
         "examples,coverage,fuzzing",
     )

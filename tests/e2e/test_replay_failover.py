@@ -30,6 +30,8 @@ READY_WAIT_S = 120.0
 REPLAY_WAIT_S = 90.0
 CONVERSATIONS = 4
 VICTIM = "ap-south"
+#: a drill's hold: the moved conversations are replayed well within it
+HOLD_S = 30.0
 
 
 TURN_WORDS = 200
@@ -155,3 +157,51 @@ def test_survivors_rebuild_moved_conversations_and_the_next_turn_hits_the_cache(
     for engine in plane.info["sim_engines"]:
         with pytest.raises(ProcessLookupError):
             os.kill(engine["pid"], 0)
+
+
+def test_a_region_loss_drill_checks_prefill_and_reports_what_replay_rebuilt(
+    tmp_path: Path,
+) -> None:
+    """A drill on a plane with engines: the dry run checks the survivors' live prefill and
+    bounds the replay time, and the report says what replay rebuilt during the drill."""
+    proc, plane = start_plane(tmp_path / "plane", "--sim-engines", "1", ready_wait_s=READY_WAIT_S)
+    try:
+        cids = [plane.conversation_led_by(VICTIM, f"drill{i}") for i in range(2)]
+        operator = {"Authorization": f"Bearer {plane.info['operator_api_key']}"}
+        # timing guards wide open: this test is about replay's numbers, not the RTO (the drill
+        # tests in test_drills.py hold that to its promise)
+        guards = {"max_rto_s": 60.0, "max_error_ratio": 1.0, "max_ack_p99_ms": 60_000.0}
+        drill = {"kind": "region-loss", "region": VICTIM, "hold_s": HOLD_S, "reason": "e2e",
+                 "guards": guards}  # fmt: skip
+        with plane.client("us-east") as client:
+            for cid in cids:
+                write_conversation(client, cid)
+            dry = client.post("/v1/drills", json={**drill, "dry_run": True}, headers=operator,
+                              timeout=30.0)  # fmt: skip
+            assert dry.status_code == 200, dry.text
+            plan = dry.json()["plan"]
+            assert plan["ok"] and plan["conversations_moved"] >= len(cids), plan
+            assert plan["capacity"]["prefill"]["survivor_prefill_capacity_tokens_per_s"] > 0
+            assert plan["replay_time_min_s"] > 0  # replay tokens over the survivors' spare
+            started = client.post("/v1/drills", json=drill, headers=operator, timeout=30.0)
+            assert started.status_code == 201, started.text
+            drill_id = started.json()["drill_id"]
+            wait_for_affinity(client, cids)  # replayed on the survivors during the hold
+            deadline = time.monotonic() + HOLD_S + REPLAY_WAIT_S
+            while True:
+                r = client.get(f"/v1/drills/{drill_id}/report", headers=operator)
+                assert r.status_code == 200, r.text
+                if r.json()["phase"] in ("done", "aborted", "failed"):
+                    break
+                assert time.monotonic() < deadline, r.json()
+                time.sleep(0.5)
+        body = r.json()
+        assert body["verdict"] == "passed", body["verdict_reason"]
+        replay = body["replay"]
+        assert replay["conversations_replayed"] >= len(cids), replay
+        assert replay["tokens_replayed"] > 0 and 0 < replay["makespan_s"] <= HOLD_S, replay
+        assert replay["planner_bound_s"] > 0  # the drill's own preflight (spare moves)
+        print(f"drill replay: {replay}")
+    finally:
+        output = stop_plane(proc)
+    assert proc.returncode == 0, output

@@ -3,7 +3,6 @@ exit 0 for an engine started as replay needs it, exit 1 naming what is missing o
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -12,16 +11,11 @@ from contextlib import contextmanager
 import httpx
 import pytest
 
+from services.local.host import free_port
 from tests.e2e.plane import CONVPLANE, convplane_env
 
 MODEL = "sim-llama@1"
 START_WAIT_S = 30.0
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @contextmanager

@@ -33,13 +33,13 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from eventlog.clock import SystemClock
 from replay.bus.kafka import KafkaBusSettings, KafkaJobBus, KafkaJobConsumer
 from replay.bus.port import jobs_topic, worker_group
-from replay.capacity import CapacityConfig, CapacityController, CapacityPoller, Grant
+from replay.capacity import CapacityConfig, CapacityController, CapacityGate, CapacityPoller, Grant
 from replay.engines.base import InferenceEngine
 from replay.engines.vllm_http import VllmHttpEngine
 from replay.model import EngineMetrics, PrefillOutcome, PrefillRequest
 from replay.scheduler import MovedConversation, ReplayScheduler, SchedulerConfig
-from replay.worker import ReplayWorker, TranscriptEvent, TranscriptSource, WorkerSettings
-from services.cli.worker import CapacityGate
+from replay.transcripts import TranscriptEvent, TranscriptSource
+from replay.worker import ReplayWorker, WorkerSettings
 from tests.integration.bus_regions import BUS_SECRET
 from tests.integration.test_kafka_worker_crash import (
     MODEL,

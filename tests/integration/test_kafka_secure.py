@@ -1,5 +1,5 @@
 """The job bus over SASL and over SASL + TLS, on a broker of the project's harness started with
-those listeners (``services.localkafka.BrokerSecurity``): signed jobs and results round-trip,
+those listeners (``services.local.kafka.BrokerSecurity``): signed jobs and results round-trip,
 and a wrong password is refused."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 from replay.bus.kafka import KafkaBusSettings, KafkaJobBus, KafkaJobConsumer, KafkaSecurity
 from replay.bus.port import JobBusUnavailable
 from replay.model import ReplayJob
-from services.localkafka import BrokerSecurity, KafkaBroker, start_broker
+from services.local.kafka import BrokerSecurity, KafkaBroker, start_broker
 from tests.integration.bus_regions import FreshRegions
 
 pytestmark = pytest.mark.kafka

@@ -8,10 +8,11 @@ from collections.abc import AsyncIterator
 
 import pytest
 
+from eventlog.aio import cancel_quietly
 from eventlog.clock import LoopClock
 from replay.bus.kafka import KafkaBusSettings, KafkaJobBus, KafkaJobConsumer
 from replay.model import ReplayJob, ReplayResult
-from replay.worker import ReplayWorker, WorkerSettings, cancel_quietly
+from replay.worker import ReplayWorker, WorkerSettings
 from tests.integration.bus_regions import FreshRegions
 from tests.unit.test_worker import FakeEngine, FakeGate, FakeTranscripts
 

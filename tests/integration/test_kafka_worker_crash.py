@@ -44,7 +44,7 @@ from replay.bus.kafka import KafkaBusSettings, KafkaJobBus
 from replay.bus.port import worker_group
 from replay.engines.prometheus_text import parse_engine_metrics
 from replay.model import EngineMetrics, ReplayJob, ReplayResult
-from services.localkafka import free_port
+from services.local.host import free_port
 from tests.integration.bus_regions import BUS_SECRET
 from tests.integration.test_kafka_bus import committed_offset
 

@@ -21,7 +21,7 @@ import pytest
 from eventlog.conversations import AppendedEvent
 from eventlog.errors import Fenced, NoQuorum, NotLeader, Unavailable
 from eventlog.node import LogNode
-from regions.faultproxy import HEALED
+from services.local.faultproxy import HEALED
 from tests.conftest import LOG_REGIONS, LogCluster
 from tests.integration.test_log_on_postgres import (
     TENANT,

@@ -10,7 +10,7 @@ from urllib.parse import urlsplit
 import asyncpg
 import pytest
 
-from services.localpg import PgInstance, _as_postgres, _server_env
+from services.local.postgres import PgInstance, _as_postgres, _server_env
 
 pytestmark = pytest.mark.postgres
 

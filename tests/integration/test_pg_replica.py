@@ -11,7 +11,7 @@ import pytest
 from eventlog.errors import ReplicaUnavailable
 from eventlog.model import Accepted, AppendReply, LogEntry, Promised, Rejected
 from eventlog.stores import SqlReplicaStore, open_replica_store
-from services.localpg import PgInstance
+from services.local.postgres import PgInstance
 from tests.unit.test_replica_conformance import ReplicaConformance, ReplicaOpener, run
 
 pytestmark = pytest.mark.postgres

@@ -21,13 +21,12 @@ from eventlog.memory_replica import MemoryReplica
 from eventlog.node import LogNode
 from replay.bus.kafka import KafkaBusSettings, KafkaJobBus
 from replay.cache_salt import cache_salt_for
-from replay.capacity import CapacityConfig, CapacityController, CapacityPoller
+from replay.capacity import CapacityConfig, CapacityController, CapacityGate, CapacityPoller
 from replay.chat import render_prompt
 from replay.engines.sim_core import SimEngineConfig
 from replay.engines.simulated import SimulatedEngine
 from replay.model import PrefillRequest
 from replay.worker import ReplayWorker, WorkerSettings
-from services.cli.worker import CapacityGate
 from services.replay.config import EngineConfig, ReplayConfig
 from services.replay.service import ReplayService, ServiceLimits
 from services.replay.transcripts import LogTranscriptSource

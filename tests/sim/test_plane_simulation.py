@@ -28,7 +28,10 @@ CHUNK = 50
 #: Version 1's seeds 2195, 2548, 3111, ... found a leader reading from its own freshly wiped
 #: replica (stale transcripts until the next identity sweep); version 2 changed the schedules,
 #: so that bug is the named scenario test_a_replica_wiped_under_a_serving_leader_serves_no_short_read
-REGRESSION_SEEDS = {2: [(3, 12), (3, 64)]}.get(PLANE_SIM_VERSION, [])
+#: (3, 7729) — an operator's replica rebuild read its source after a newer control-shard leader
+#: had written there and appended that epoch's entry at its own older epoch: the store refused
+#: it as a broken append contract (fixed in eventlog.rebuild; tests/unit/test_newer_epoch_races)
+REGRESSION_SEEDS = {2: [(3, 12), (3, 64), (3, 7729)]}.get(PLANE_SIM_VERSION, [])
 
 
 def _chunk(regions: int, first: int, last: int) -> dict[int, list[str]]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from eventlog.errors import InvariantViolation
-from regions.admission import (
+from services.api.admission_control import (
     AdaptiveLimit,
     AdmissionConfig,
     AdmissionConfigError,
@@ -15,7 +15,7 @@ from regions.admission import (
     LimitConfig,
     Queued,
     Quota,
-    Rejected,
+    Shed,
     TenantBuckets,
     Waiter,
 )
@@ -139,9 +139,9 @@ def test_controller_admits_queues_then_sheds_with_503() -> None:
     deadline_s = clock.now_s + 1.0
     decisions = [controller.admit(f"t{i}", deadline_s) for i in range(6)]
     kinds = [type(d).__name__ for d in decisions]
-    assert kinds == ["Admitted", "Admitted", "Queued", "Queued", "Rejected", "Rejected"]
+    assert kinds == ["Admitted", "Admitted", "Queued", "Queued", "Shed", "Shed"]
     shed = decisions[4]
-    assert isinstance(shed, Rejected) and shed.status == 503 and shed.code == "overloaded"
+    assert isinstance(shed, Shed) and shed.status == 503 and shed.code == "overloaded"
     assert shed.retry_after_header == "1"
     assert len(controller.queue) == 2  # never above its bound
 
@@ -165,10 +165,10 @@ def test_controller_drops_expired_waiters_before_work() -> None:
     clock.now_s += 0.5
     running.permit.release(0.5)
     settled = dict(controller.dispatch())
-    assert settled[short.waiter] == Rejected(503, 0.0, "deadline_exceeded")
+    assert settled[short.waiter] == Shed(503, 0.0, "deadline_exceeded")
     assert isinstance(settled[long.waiter], Admitted)
     late = controller.admit("t", deadline_s=clock.now_s)  # already due: refused before any work
-    assert late == Rejected(503, 0.0, "deadline_exceeded")
+    assert late == Shed(503, 0.0, "deadline_exceeded")
 
 
 def test_controller_quota_rejection_is_429_with_retry_after() -> None:
@@ -177,7 +177,7 @@ def test_controller_quota_rejection_is_429_with_retry_after() -> None:
     for _ in range(10):
         assert isinstance(controller.admit("noisy", clock.now_s + 1), Admitted)
     rejected = controller.admit("noisy", clock.now_s + 1)
-    assert isinstance(rejected, Rejected) and rejected.status == 429
+    assert isinstance(rejected, Shed) and rejected.status == 429
     assert rejected.code == "quota_exceeded"
     assert rejected.retry_after_s == pytest.approx(0.1)  # 1 token at 10 tokens/s
     assert rejected.retry_after_header == "1"

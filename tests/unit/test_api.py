@@ -10,7 +10,7 @@ import httpx
 import pytest
 from fastapi import FastAPI
 
-from tests.unit.test_api_fakes import (
+from tests.unit.api_fakes import (
     KEY_A,
     KEY_B,
     FakeLog,

@@ -27,8 +27,7 @@ from services.api.auth import Tenants
 from services.api.metrics import Metrics
 from services.bootstrap import NodeRuntime
 from services.config import ClusterConfig, NodeSettings
-from tests.unit.clocks import WALL_ORIGIN_MS, ManualClock
-from tests.unit.test_api_fakes import (
+from tests.unit.api_fakes import (
     KEY_A,
     KEY_B,
     FakeLog,
@@ -36,7 +35,8 @@ from tests.unit.test_api_fakes import (
     cluster_config,
     conversation_led_by,
 )
-from tests.unit.test_api_fakes import leaders as fake_leaders
+from tests.unit.api_fakes import leaders as fake_leaders
+from tests.unit.clocks import WALL_ORIGIN_MS, ManualClock
 
 AUTH_A = {"Authorization": f"Bearer {KEY_A}"}
 AUTH_B = {"Authorization": f"Bearer {KEY_B}"}  # tenant b: 1 request/s, burst 3

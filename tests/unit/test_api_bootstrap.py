@@ -8,7 +8,7 @@ import pytest
 from pydantic import ValidationError
 
 from services.config import ClusterConfig, NodeSettings, load_cluster, write_cluster
-from tests.unit.test_api_fakes import cluster_config
+from tests.unit.api_fakes import cluster_config
 
 
 def test_cluster_file_round_trip(tmp_path: Path) -> None:

@@ -11,7 +11,7 @@ import httpx
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.unit.test_api_fakes import KEY_A, FakeLog, build_app, conversation_led_by, leaders
+from tests.unit.api_fakes import KEY_A, FakeLog, build_app, conversation_led_by, leaders
 
 JSON_LEAVES = st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20)
 JSON_VALUES = st.recursive(

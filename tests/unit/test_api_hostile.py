@@ -13,6 +13,7 @@ import httpx
 import pytest
 
 from services.api.forwarding import escaped_path
+from tests.unit.api_fakes import HostRouting, conversation_led_by
 from tests.unit.test_api_admission import (
     AUTH_A,
     SlowLog,
@@ -25,7 +26,6 @@ from tests.unit.test_api_admission import (
     node_clock,
     two_nodes,
 )
-from tests.unit.test_api_fakes import HostRouting, conversation_led_by
 
 DEADLINE = "X-Convplane-Deadline-Ms"
 

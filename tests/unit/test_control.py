@@ -11,9 +11,9 @@ from eventlog.errors import Conflict, InvalidRequest, InvariantViolation
 from regions.control import (
     PLACEMENT_RECORD,
     ControlConfig,
-    ControlPlanner,
     ControlState,
     Placement,
+    PlacementDecider,
 )
 from regions.membership import RegionStatus
 from regions.placement import place_shards
@@ -25,9 +25,9 @@ UP: dict[str, RegionStatus] = dict.fromkeys(WEIGHTS, "up")
 
 def setup(
     hysteresis_s: float = 60.0, per_step: int = 4, interval_s: float = 1.0
-) -> tuple[ControlState, ControlPlanner]:
+) -> tuple[ControlState, PlacementDecider]:
     state = ControlState(shard_count=SHARDS, regions=WEIGHTS)
-    planner = ControlPlanner(
+    planner = PlacementDecider(
         config=ControlConfig(hysteresis_s, per_step, interval_s), weights=WEIGHTS
     )
     return state, planner

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import yaml
 
 from services.compose_secrets import ensure_secrets
+from services.config import NodeSettings
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -29,6 +31,23 @@ def test_compose_has_a_full_stack_per_region(tmp_path: Path) -> None:
         environment = services[f"node-{region.name}"]["environment"]
         assert environment["CONVPLANE_TLS_CERT_FILE"].endswith(f"/tls/{region.name}.pem")
     assert cluster.replay.kafka_bootstrap_servers == "kafka:9092"
+
+
+def test_the_console_urls_name_every_region_at_its_published_port(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The console reads every region from the operator's browser, which reaches the nodes on
+    the host ports compose publishes, not at the in-network names of the cluster file."""
+    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    cluster = ensure_secrets(ROOT / "deploy" / "compose-cluster.template.json", tmp_path)
+    for region in cluster.regions:
+        node = compose["services"][f"node-{region.name}"]
+        # parsed the way the node parses it: from its environment
+        monkeypatch.setenv("CONVPLANE_CONSOLE_URLS", node["environment"]["CONVPLANE_CONSOLE_URLS"])
+        urls = NodeSettings(region=region.name)
+        published = {int(p.split(":")[0]) for p in node["ports"]}
+        assert set(urls.console_urls) == {r.name for r in cluster.regions}
+        assert int(urls.console_urls[region.name].rsplit(":", 1)[1]) in published
 
 
 def test_vllm_is_pinned_and_started_as_the_worker_self_check_requires() -> None:

@@ -11,10 +11,10 @@ from typing import Any
 import httpx
 import pytest
 
-from eventlog.errors import NotFound, NotLeader
+from eventlog.errors import NotFound, NotLeader, Unavailable
 from eventlog.sharding import shard_of
 from regions.control import Placement
-from regions.drills import DrillSpec
+from regions.drills import RESTORE_GRACE_S, DrillSpec, Observation, ReplayTally, advance
 from regions.membership import Membership, MembershipConfig
 from regions.ops_state import AUDIT_RECORD, DRILL_RECORD, HALT_RECORD, OpsState
 from regions.placement import place_shards
@@ -59,6 +59,9 @@ class FakeNode:
     async def create_conversation(self, *args: Any) -> None:
         return None
 
+    async def list_events(self, *args: Any) -> list[Any]:
+        raise Unavailable("no quorum for the read")
+
 
 @dataclass
 class FakeController:
@@ -87,6 +90,7 @@ class World:
     driver: DrillDriver
     node: FakeNode
     ops: OpsState
+    clock: ManualClock
 
 
 @pytest.fixture
@@ -100,7 +104,13 @@ async def world() -> AsyncIterator[World]:
     node = FakeNode(ops)
 
     def load(request: httpx.Request) -> httpx.Response:
-        return httpx.Response(200, json={"append_rate_per_s": 5.0})
+        replay = {"live_tokens_per_s": 100.0, "spare_tokens_per_s": 900.0,
+                  "conversations_planned": 2, "conversations_replayed": 1,
+                  "tokens_replayed": 500, "last_replayed_at_ms": WALL_ORIGIN_MS - 1}  # fmt: skip
+        with_engines = request.url.host == "eu-west.test"
+        return httpx.Response(
+            200, json={"append_rate_per_s": 5.0, "replay": replay if with_engines else None}
+        )
 
     async with httpx.AsyncClient(transport=httpx.MockTransport(load)) as peers:
         driver = DrillDriver(
@@ -115,7 +125,7 @@ async def world() -> AsyncIterator[World]:
             clock=clock,
             region_append_capacity_per_s=2000.0,
         )
-        yield World(driver, node, ops)
+        yield World(driver, node, ops, clock)
 
 
 def spec(**kw: Any) -> DrillSpec:
@@ -168,3 +178,40 @@ async def test_only_the_control_leader_writes(world: World) -> None:
             await call
         assert raised.value.leader_region == "ap-south"
     assert world.node.records == []
+
+
+async def test_a_target_that_never_answers_again_ends_the_drill_at_its_deadline(
+    world: World,
+) -> None:
+    """The region-loss target stays silent after the hold (membership: down) and the
+    read-back cannot finish: at hold_s + grace the drill ends, failed, instead of staying in
+    restoring (and blocking the next drill) for good."""
+    drill, _ = await world.driver.create(spec(hold_s=5.0), by="sre", role="operator")
+    holding = advance(drill, Observation(now_ms=world.clock.wall_ms(), injected=True))
+    assert holding is not None
+    world.clock.now_s += 5.0
+    restoring = advance(holding, Observation(now_ms=world.clock.wall_ms()))
+    assert restoring is not None and restoring.phase == "restoring"
+    for record in (holding, restoring):
+        await world.driver.commit_drill(record)
+    assert world.ops.drills[drill.drill_id].phase == "restoring"
+    created_s = (drill.created_at_ms - WALL_ORIGIN_MS) / 1000
+    world.clock.now_s = created_s + 5.0 + RESTORE_GRACE_S  # us-east answered last at 0 s: down
+    await world.driver.step()
+    ended = world.ops.drills[drill.drill_id]
+    assert (ended.phase, ended.verdict) == ("failed", "failed")
+    assert ended.verdict_reason.startswith("us-east was not back by the deadline")
+    assert not world.ops.active_drills()
+
+
+async def test_preflight_and_the_first_record_take_replay_numbers_from_the_regions_with_engines(
+    world: World,
+) -> None:
+    """eu-west has engines (its load reply carries replay numbers), us-east has none: a loss of
+    us-east is checked against eu-west's prefill, and the drill starts from its counts."""
+    plan = await world.driver.plan(spec())
+    prefill = plan.capacity["prefill"]
+    assert prefill["live_prefill_tokens_per_s"] == 100.0
+    assert prefill["survivor_prefill_capacity_tokens_per_s"] == 1000.0
+    drill, _ = await world.driver.create(spec(), by="sre", role="operator")
+    assert drill.measurements.replay_before == ReplayTally(2, 1, 500, WALL_ORIGIN_MS - 1)

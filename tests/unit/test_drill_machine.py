@@ -256,3 +256,35 @@ def test_percentile_is_nearest_rank() -> None:
     assert percentile([], 0.5) is None
     assert percentile([3.0, 1.0, 2.0], 0.5) == 2.0
     assert percentile([float(i) for i in range(1, 101)], 0.99) == 99.0
+
+
+def test_a_target_that_never_comes_back_fails_the_drill_at_the_deadline() -> None:
+    restoring = advance(
+        recovered(injected(start("d1", spec(), T0), T0)), Observation(now_ms=T0 + 10_000)
+    )
+    assert restoring is not None
+    deadline_ms = T0 + int((10.0 + RESTORE_GRACE_S) * 1000)
+    before = Observation(now_ms=deadline_ms - 1, restored=False, canary_lost=0)
+    assert advance(restoring, before) is None  # still waiting for the target
+    at = advance(restoring, Observation(now_ms=deadline_ms, restored=False, canary_lost=0))
+    assert at is not None and (at.phase, at.verdict) == ("failed", "failed")
+    assert at.verdict_reason.startswith("us-east was not back by the deadline")
+
+
+def test_a_read_back_that_cannot_finish_fails_the_drill_and_an_abort_says_why() -> None:
+    holding = recovered(injected(start("d1", spec(), T0), T0))
+    deadline_ms = T0 + int((10.0 + RESTORE_GRACE_S) * 1000)
+    restoring = advance(holding, Observation(now_ms=T0 + 10_000))
+    assert restoring is not None
+    failed = advance(restoring, Observation(now_ms=deadline_ms, restored=True,
+                                            read_back_failed="TimeoutError()"))  # fmt: skip
+    assert failed is not None and failed.verdict == "failed"
+    assert failed.measurements.canary_lost is None
+    assert "read-back did not finish" in failed.verdict_reason
+    aborted = request_abort(holding, "sre: stop", T0 + 20)
+    assert aborted is not None
+    ended = advance(aborted, Observation(now_ms=deadline_ms, read_back_failed="TimeoutError()"))
+    assert ended is not None and ended.verdict == "aborted"
+    assert ended.verdict_reason == (
+        "sre: stop; us-east was not back by the deadline; TimeoutError()"
+    )

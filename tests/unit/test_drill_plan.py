@@ -10,7 +10,7 @@ from typing import Any
 from regions.control import Placement
 from regions.drill_plan import LiveLoad, MovedLoad, moves_for, preflight
 from regions.drill_report import report, summary_lines
-from regions.drills import Drill, DrillSpec, Observation, advance, start
+from regions.drills import Drill, DrillSpec, Observation, ReplayTally, advance, start
 from regions.ops_state import Halt
 from regions.placement import place_shards
 from services.api.drill_report_html import render
@@ -84,6 +84,21 @@ def test_capacity_uses_the_region_loss_arithmetic_and_force_overrides_only_it() 
     assert not still_halted.ok
 
 
+def test_with_engines_the_live_prefill_demand_must_fit_the_smallest_survivor() -> None:
+    # 3,000 prefill tokens/s over 3 regions: after a loss a survivor prefills 1,500 tokens/s
+    def with_engines(survivor_capacity: float) -> LiveLoad:
+        return LiveLoad(30.0, 2000.0, live_prefill_tokens_per_s=3000.0,
+                        survivor_prefill_capacity_tokens_per_s=survivor_capacity)  # fmt: skip
+
+    fits = check(spec(), load=with_engines(2000.0))
+    assert fits.ok and fits.capacity["prefill"]["demand_per_survivor_tokens_per_s"] == 1500.0
+    refused = check(spec(), load=with_engines(1200.0))
+    assert not refused.ok and not refused.capacity_ok
+    assert any(f.startswith("capacity: prefill:") for f in refused.failures)
+    assert check(spec(force=True), load=with_engines(1200.0)).ok
+    assert "prefill" not in check(spec()).capacity  # no engines: the append check alone
+
+
 def test_moves_never_go_to_an_excluded_region() -> None:
     p = placement(evacuated=frozenset({"ap-south"}))
     assert set(moves_for(spec(), p, WEIGHTS).values()) == {"eu-west"}
@@ -121,6 +136,29 @@ def test_the_report_has_the_numbers_an_sre_reads() -> None:
     assert body["started_at"].startswith("2026-01-01T00:00:00")
     assert body["live_appends_per_s"][1] == {"t_s": 2.0, "appends_per_s": 80.0}
     assert "RTO p50 2.00s" in "\n".join(summary_lines(body))
+    assert body["replay"] is None  # no engines attached
+
+
+def test_the_report_shows_what_replay_did_since_the_fault() -> None:
+    drill = finished_drill()
+    assert drill.injected_at_ms is not None
+    measured = replace(
+        drill.measurements,
+        replay_before=ReplayTally(4, 3, 1_000, drill.injected_at_ms - 60_000),
+        replay_latest=ReplayTally(44, 41, 81_000, drill.injected_at_ms + 21_500),
+        replay_time_min_s=20.0,
+    )
+    body = report(replace(drill, measurements=measured))
+    assert body["replay"] == {"conversations_planned": 40, "conversations_replayed": 38,
+                              "tokens_replayed": 80_000, "makespan_s": 21.5,
+                              "planner_bound_s": 20.0}  # fmt: skip
+    replay_line = summary_lines(body)[-1].strip()
+    assert replay_line == (
+        "replay: 38 of 40 conversations, 80000 tokens; makespan 21.5s (planner's bound 20.0s)"
+    )
+    assert "replay makespan / planner&#x27;s bound (s)</th><td>21.5 / 20" in render(body)
+    round_trip = Drill.from_body(replace(drill, measurements=measured).to_body())
+    assert round_trip.measurements == measured
 
 
 def test_the_html_report_is_self_contained() -> None:

@@ -12,6 +12,7 @@ from starlette.requests import Request
 
 from eventlog.clock import SystemClock
 from services.api.errors import ForwardFailed, OutcomeUnknown
+from services.api.forward_batch import BatchLimits
 from services.api.forwarding import Forwarder
 from services.api.metrics import Metrics
 
@@ -81,3 +82,46 @@ async def test_in_flight_forward_is_abandoned_when_its_target_goes_silent() -> N
         reachable["west"] = False  # the failure detector now suspects west
         with pytest.raises(OutcomeUnknown):
             await call
+
+
+async def test_a_batch_whose_target_stops_answering_probes_is_outcome_unknown() -> None:
+    """Forwarded appends in a batch (``services.api.forward_batch``) are abandoned like a
+    single forward when their target stops answering probes, and are not a 500."""
+    arrived = asyncio.Event()
+
+    async def hang(request: httpx.Request) -> httpx.Response:
+        arrived.set()
+        await asyncio.Event().wait()
+        raise AssertionError("unreachable")
+
+    reachable = {"west": True}
+    limits = BatchLimits(batch_max=8, batches_in_flight_max=1, straggler_s=0.05,
+                         batches_open_max=4, queue_max=8, retries_max=1, backoff_s=0.01)  # fmt: skip
+    async with httpx.AsyncClient(transport=httpx.MockTransport(hang)) as client:
+        batched = Forwarder(
+            client=client,
+            peer_urls={"west": "http://west.test"},
+            clock=SystemClock(),
+            rng=random.Random(1),
+            metrics=Metrics(),
+            retries_max=1,
+            backoff_s=0.01,
+            peer_reachable=lambda region: reachable[region],
+            batch_limits=limits,
+        )
+        request = make_request()
+        request.scope["path_params"] = {"conversation_id": "c1"}
+        forward = asyncio.create_task(
+            batched.forward(
+                request,
+                target_region="west",
+                deadline_s=SystemClock().monotonic() + 30,
+                is_write=True,
+                batchable=True,
+            )
+        )
+        await arrived.wait()
+        reachable["west"] = False
+        with pytest.raises(OutcomeUnknown):
+            await forward
+        await batched.close()

@@ -14,7 +14,7 @@ from eventlog.clock import SystemClock
 from services.api.app import create_app
 from services.bootstrap import NodeRuntime
 from services.config import ClusterConfig, NodeSettings, TenantConfig, api_key_sha256
-from tests.unit.test_api_fakes import KEY_A, FakeLog, cluster_config, leaders
+from tests.unit.api_fakes import KEY_A, FakeLog, cluster_config, leaders
 
 OPERATOR_KEY = "key-operator"
 VIEWER_KEY = "key-viewer"

@@ -25,7 +25,7 @@ from services import bootstrap
 from services.api.app import create_app
 from services.config import ClusterConfig, NodeSettings, RegionConfig, TenantConfig
 from services.logs import json_formatter, redact
-from tests.unit.test_api_fakes import KEY_A, api_key_sha256
+from tests.unit.api_fakes import KEY_A, api_key_sha256
 
 REGIONS = ("ap-south", "eu-west", "us-east")
 SELF = "us-east"

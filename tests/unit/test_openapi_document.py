@@ -13,7 +13,7 @@ import pytest
 from eventlog.errors import ConvplaneError
 from eventlog.model import EVENT_TYPES
 from services.api.errors import ERROR_CODES
-from tests.unit.test_api_fakes import KEY_A, FakeLog, build_app, conversation_led_by, leaders
+from tests.unit.api_fakes import KEY_A, FakeLog, build_app, conversation_led_by, leaders
 
 AUTH = {"Authorization": f"Bearer {KEY_A}"}
 API_FACING_MODULES = ("eventlog.", "services.api.", "services.drills")

@@ -16,7 +16,7 @@ from services.api.errors import install_error_handlers
 from services.api.metrics import Metrics
 from services.config import NodeSettings
 from services.controller import Controller
-from tests.unit.test_api_fakes import cluster_config
+from tests.unit.api_fakes import cluster_config
 
 SECRET = "s" * 40
 #: never used to send here (no probing loop runs); only closed transports, so nothing to leak

@@ -22,7 +22,8 @@ from replay.chat import ChatPrompt
 from replay.engines.sim_core import BLOCK_TOKENS, SimEngineConfig, sim_tokenize
 from replay.engines.simulated import SimulatedEngine
 from replay.model import PrefillRequest, ReplayJob
-from replay.worker import ReplayWorker, TranscriptEvent, TranscriptSource, WorkerSettings
+from replay.transcripts import TranscriptEvent, TranscriptSource
+from replay.worker import ReplayWorker, WorkerSettings
 from services.api.event_bodies import AnyEvent, AppendEventRequest, payload_of
 from tests import tool_conversation as conv
 

@@ -27,6 +27,7 @@ from replay.model import PrefillRequest, ReplayResult
 from services.api import create_app
 from services.bootstrap import NodeRuntime
 from services.config import ClusterConfig, NodeSettings, RegionConfig, TenantConfig, api_key_sha256
+from services.drill_canary import DRILL_TENANT
 from services.replay.affinity import AffinityTable
 from services.replay.config import EngineConfig, ReplayConfig
 from services.replay.service import ReplayService, ServiceLimits
@@ -187,6 +188,19 @@ def _granted():  # type: ignore[no-untyped-def]
     from replay.capacity import Grant
 
     return Grant.GRANTED
+
+
+async def test_a_drills_canary_conversations_are_not_replayed() -> None:
+    async with world() as w:
+        chat, canary = ids_on_shard("chat", 1), ids_on_shard("canary", 1)
+        await write_conversations(w.home, chat, words=10)
+        await w.home.create_conversation(DRILL_TENANT, canary[0], REVISION, {})
+        await w.home.append_event(DRILL_TENANT, canary[0], "note", {"n": 1})
+        await move_shard(w)
+        report = await w.service.replay_shard(SHARD)
+        assert report.accepted == 1
+        jobs = w.service.scheduler.dispatch(lambda _t, _tenant: _granted(), 10)
+        assert [j.conversation_id for j in jobs] == chat
 
 
 async def test_only_a_move_from_another_region_triggers_planning() -> None:

@@ -25,7 +25,7 @@ from services import bootstrap
 from services.api.app import create_app
 from services.config import ClusterConfig, NodeSettings, RegionConfig, TenantConfig
 from services.tracing import tracer_provider_from_env
-from tests.unit.test_api_fakes import KEY_A, HostRouting, api_key_sha256
+from tests.unit.api_fakes import KEY_A, HostRouting, api_key_sha256
 
 REGIONS = ("east", "west")
 SHARDS = 4

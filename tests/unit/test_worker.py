@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 import httpx
 import pytest
 
+from eventlog.aio import cancel_quietly
 from eventlog.clock import LoopClock
 from eventlog.errors import DeadlineExceeded, NotFound
 from replay.bus import InProcessJobBus
@@ -18,15 +19,9 @@ from replay.cache_salt import cache_salt_for
 from replay.chat import render_prompt
 from replay.engines.base import EngineRejectedRequest, EngineUnavailable, InferenceEngine
 from replay.model import EngineMetrics, PrefillOutcome, PrefillRequest, ReplayJob, ReplayResult
-from replay.worker import (
-    HttpTranscriptSource,
-    ReplayWorker,
-    TranscriptEvent,
-    TranscriptSource,
-    TranscriptUnavailable,
-    WorkerSettings,
-    cancel_quietly,
-)
+from replay.transcripts import TranscriptEvent, TranscriptSource, TranscriptUnavailable
+from replay.transcripts_http import HttpTranscriptSource
+from replay.worker import ReplayWorker, WorkerSettings
 from services.api.schemas import Event, EventPage
 
 REGION = "eu"

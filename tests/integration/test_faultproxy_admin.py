@@ -12,7 +12,9 @@ import httpx
 import pytest
 from typer.testing import CliRunner
 
-from regions.faultproxy import (
+from services.cli.fault import build_admin_server, create_admin_app, load_config
+from services.cli.main import build_app
+from services.local.faultproxy import (
     FaultProxy,
     FaultProxySet,
     FaultRuleError,
@@ -21,8 +23,6 @@ from regions.faultproxy import (
     partition_links,
     rules_from_json,
 )
-from services.cli.fault import build_admin_server, create_admin_app, load_config
-from services.cli.main import build_app
 
 LINKS = ["eu->us", "eu->ap", "us->eu", "us->ap", "ap->eu", "ap->us"]
 

@@ -10,7 +10,7 @@ from contextlib import asynccontextmanager
 
 import pytest
 
-from regions.faultproxy import FaultProxy, ProxyRules, ProxySpec
+from services.local.faultproxy import FaultProxy, ProxyRules, ProxySpec
 
 # A read that must NOT complete gets this long; a timeout is the expected outcome.
 BLACK_HOLE_WAIT_S = 0.3

@@ -28,13 +28,14 @@ from eventlog.model import CONVERSATION_CREATED, ConversationSummary, LogEntry
 from eventlog.node import LogNode
 from eventlog.replica import ReplicaStore
 from replay.scheduler import MovedConversation
+from services.drill_canary import DRILL_TENANT
 
-log = logging.getLogger("convplane.replay.planner")
+log = logging.getLogger("convplane.replay.moved")
 T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
-class PlannerLimits:
+class MovedListLimits:
     replay_window_s: float
     conversations_per_shard_max: int
     lookups_max: int = 8  # revision lookups in flight
@@ -43,13 +44,13 @@ class PlannerLimits:
     entries_max: int = 100_000  # longest conversation an operator replay reads
 
 
-class ShardPlanner:
+class MovedConversationLister:
     def __init__(
         self,
         node: LogNode,
         replicas: Mapping[str, ReplicaStore],
         clock: Clock,
-        limits: PlannerLimits,
+        limits: MovedListLimits,
     ) -> None:
         self.node = node
         self._replicas = dict(replicas)
@@ -100,7 +101,9 @@ class ShardPlanner:
                 through_seq=summary.last_seq,
             )
 
-        moved = await asyncio.gather(*(one(s) for s in summaries))
+        # a drill's canary conversations are measurements, not chats: no KV worth a GPU
+        chats = [s for s in summaries if s.tenant_id != DRILL_TENANT]
+        moved = await asyncio.gather(*(one(s) for s in chats))
         return [m for m in moved if m is not None]
 
     async def conversation(self, conversation_id: str) -> MovedConversation:

@@ -34,7 +34,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from eventlog.errors import ConvplaneError
+from services.local.host import HarnessError, docker_available, free_port
 
 POM_PATH = Path(__file__).resolve().parent.parent / "replay" / "kafka" / "pom.xml"
 TEST_KAFKA_ENV = "CONVPLANE_TEST_KAFKA"
@@ -42,10 +42,8 @@ _STAMP_FILE = ".pom-sha256"
 _LOG_TAIL_LINES = 60
 
 
-class KafkaHarnessError(ConvplaneError):
+class KafkaHarnessError(HarnessError):
     """The local broker could not be provisioned or did not come up (message has the log tail)."""
-
-    code = "kafka_harness"
 
 
 # --- jars -------------------------------------------------------------------------------------
@@ -104,12 +102,6 @@ def ensure_kafka_jars(
 
 
 # --- broker -----------------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def random_cluster_id() -> str:
@@ -436,12 +428,6 @@ def _wait_until_serving(broker: KafkaBroker, port: int, started: float, timeout_
 # --- what tests use ---------------------------------------------------------------------------
 
 
-def _docker_available() -> bool:
-    return shutil.which("docker") is not None and (
-        Path("/var/run/docker.sock").exists() or "DOCKER_HOST" in os.environ
-    )
-
-
 @contextlib.contextmanager
 def kafka_for_tests(base_dir: Path) -> Iterator[str]:
     """Yield bootstrap servers of a broker for a test session (see the module docstring)."""
@@ -461,7 +447,7 @@ def kafka_for_tests(base_dir: Path) -> Iterator[str]:
         finally:
             broker.stop()
         return
-    if _docker_available():
+    if docker_available():
         from testcontainers.kafka import KafkaContainer
 
         with KafkaContainer().with_kraft() as container:

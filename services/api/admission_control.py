@@ -2,7 +2,7 @@
 
 Three cores, all driven by the time the caller passes in (``now`` / an injected ``Clock``); none
 of them sleeps, awaits or raises for an expected outcome. Decisions are values:
-``Admitted(permit)``, ``Queued(waiter)`` or ``Rejected(status, retry_after_s, code)``.
+``Admitted(permit)``, ``Queued(waiter)`` or ``Shed(status, retry_after_s, code)``.
 
 ``AdaptiveLimit``
     A concurrency limit in the spirit of Netflix concurrency-limits' gradient limiter. Each
@@ -37,9 +37,9 @@ of them sleeps, awaits or raises for an expected outcome. Decisions are values:
     Admitted(permit): run the request, then permit.release(latency_s, dropped=...) and
                       controller.dispatch()
     Queued(waiter):   park the request; controller.dispatch() (after every release and on a
-                      timer) returns (waiter, Admitted | Rejected) for the waiters it settled;
+                      timer) returns (waiter, Admitted | Shed) for the waiters it settled;
                       controller.cancel(waiter) when the client goes away
-    Rejected(...):    answer ``status`` with ``Retry-After: rejected.retry_after_header``
+    Shed(...):        answer ``status`` with ``Retry-After: shed.retry_after_header``
 """
 
 from __future__ import annotations
@@ -51,18 +51,19 @@ from dataclasses import dataclass
 from typing import Literal
 
 from eventlog.clock import Clock
-from eventlog.errors import InvalidRequest, InvariantViolation
+from eventlog.errors import InvariantViolation
 
 
-class AdmissionConfigError(InvalidRequest):
-    code = "invalid_admission_config"
+class AdmissionConfigError(ValueError):
+    """Admission limits that cannot work (a node refuses to start with them): a configuration
+    error, never an answer to a request."""
 
 
 # --- decisions ---------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)
-class Rejected:
+class Shed:
     status: Literal[429, 503]
     retry_after_s: float
     code: str  # "quota_exceeded" | "overloaded" | "deadline_exceeded"
@@ -91,7 +92,7 @@ class Queued:
     waiter: Waiter
 
 
-Decision = Admitted | Queued | Rejected
+Decision = Admitted | Queued | Shed
 
 
 # --- adaptive concurrency limit ----------------------------------------------------------------
@@ -352,10 +353,10 @@ class AdmissionController:
     def admit(self, tenant: str, deadline_s: float, cost: float = 1.0) -> Decision:
         now_s = self._clock.monotonic()
         if deadline_s <= now_s:
-            return Rejected(503, 0.0, "deadline_exceeded")
+            return Shed(503, 0.0, "deadline_exceeded")
         retry_after_s = self.quotas.try_take(tenant, now_s, cost)
         if retry_after_s is not None:
-            return Rejected(429, retry_after_s, "quota_exceeded")
+            return Shed(429, retry_after_s, "quota_exceeded")
         if not self.queue:  # FIFO: nobody overtakes a waiter
             permit = self.limit.try_acquire()
             if permit is not None:
@@ -364,13 +365,13 @@ class AdmissionController:
         self._next_waiter_id += 1
         if self.queue.offer(waiter):
             return Queued(waiter)
-        return Rejected(503, self.config.overloaded_retry_after_s, "overloaded")
+        return Shed(503, self.config.overloaded_retry_after_s, "overloaded")
 
-    def dispatch(self) -> list[tuple[Waiter, Admitted | Rejected]]:
+    def dispatch(self) -> list[tuple[Waiter, Admitted | Shed]]:
         """Settle waiters: expired ones get 503, the oldest live ones get free permits."""
         now_s = self._clock.monotonic()
-        expired = Rejected(503, 0.0, "deadline_exceeded")
-        settled: list[tuple[Waiter, Admitted | Rejected]] = [
+        expired = Shed(503, 0.0, "deadline_exceeded")
+        settled: list[tuple[Waiter, Admitted | Shed]] = [
             (w, expired) for w in self.queue.expire(now_s)
         ]
         while self.queue:

@@ -27,11 +27,11 @@ from urllib.parse import urlsplit
 import httpx
 
 from eventlog.sharding import shard_of
-from regions.faultproxy import HEALED, FaultProxy, ProxySpec
 from regions.placement import place_shards
 from services.config import ClusterConfig, RegionConfig
-from services.local_plane import LocalPlane, RegionProcess
-from services.localpg import asyncpg_dsn
+from services.local.faultproxy import HEALED, FaultProxy, ProxySpec
+from services.local.plane import LocalPlane, RegionProcess
+from services.local.postgres import asyncpg_dsn
 
 #: node settings for chaos runs: 1 s detection (the production default), a short failback
 FAST_ENV = {
@@ -56,8 +56,8 @@ class ChaosPlane(LocalPlane):
     loop: asyncio.AbstractEventLoop | None = None
     proxies: dict[str, FaultProxy] = field(default_factory=dict)
 
-    def _cluster_config(self) -> ClusterConfig:
-        base = super()._cluster_config()
+    def cluster_config(self) -> ClusterConfig:
+        base = super().cluster_config()
         if not self.proxied:
             return base
         assert self.loop is not None, "proxies run on the test's event loop"

@@ -1,4 +1,4 @@
-"""Capacity planner: the arithmetic behind "can we lose X and still serve the load". Pure.
+"""Capacity arithmetic (`convplane plan ...`): the arithmetic behind "can we lose X and still serve the load". Pure.
 
 Every function takes rates in whatever unit the caller uses (requests/s, tokens/s, ...) and
 returns them in that same unit; only ratios and counts are unit-free.

@@ -8,7 +8,7 @@ import math
 import pytest
 from typer.testing import CliRunner
 
-from regions.planner import (
+from regions.capacity_arithmetic import (
     PlanInputError,
     parse_hosts_range,
     plan_region_loss,

@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -22,6 +21,7 @@ from typing import Any
 import httpx
 
 from services.config import api_key_sha256
+from services.local.host import HarnessError, free_port
 from services.replay.config import EngineConfig, ReplayConfig
 
 READY_TIMEOUT_S = 60.0
@@ -29,7 +29,7 @@ STOP_TIMEOUT_S = 10.0
 _REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
-class SimEnginesError(RuntimeError):
+class SimEnginesError(HarnessError):
     """A simulated engine did not come up."""
 
 
@@ -107,7 +107,7 @@ class SimEngines:
                 proc.wait(timeout=STOP_TIMEOUT_S)
 
     def _spawn(self, region: str, engine_id: str) -> SimEngineProcess:
-        port = _free_port(self.host)
+        port = free_port(self.host)
         log_path = self.state_dir / region / f"{engine_id}.log"
         log_path.parent.mkdir(parents=True, exist_ok=True)
         command = [
@@ -161,10 +161,3 @@ def _signal(pid: int, signum: int) -> bool:
     except ProcessLookupError:
         return False
     return True
-
-
-def _free_port(host: str) -> int:
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        port: int = sock.getsockname()[1]
-        return port

@@ -2,7 +2,7 @@
 
 Each region's node is its own child process (its own session), so a test or an SRE drill can
 kill one region alone. Databases are SQLite files (default) or local PostgreSQL instances
-(``services.localpg``, each its own process). ``LocalPlane.start`` writes the cluster file the
+(``services.local.postgres``, each its own process). ``LocalPlane.start`` writes the cluster file the
 nodes read and ``<state-dir>/cluster.json`` describing the running plane (URLs, DSNs, pids and
 the tenants' API keys, in clear: it is a local development plane). With ``tls`` (the default)
 it makes a CA for the plane and a certificate per node (``<state-dir>/tls``): the nodes' peer
@@ -45,7 +45,8 @@ from services.config import (
     write_cluster,
 )
 from services.db_roles import node_role, restrict_to_protocol
-from services.localpg import asyncpg_dsn
+from services.local.host import HarnessError, free_port
+from services.local.postgres import asyncpg_dsn
 
 REGION_NAMES = ("us-east", "eu-west", "ap-south", "us-west", "eu-north", "ap-east", "sa-east")
 DEMO_TENANT = "demo"
@@ -64,12 +65,12 @@ PEER_PORT_OFFSET = 100
 _REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
-class PlaneError(RuntimeError):
+class PlaneError(HarnessError):
     """The plane could not be started (a port in use, a node that exited, a timeout)."""
 
 
 class DbHandle(Protocol):
-    """What ``services.localpg`` hands back per instance."""
+    """What ``services.local.postgres`` hands back per instance."""
 
     dsn: str
     pid: int
@@ -111,13 +112,15 @@ class LocalPlane:
     operator_api_key: str = field(default_factory=lambda: "cp_" + secrets.token_urlsafe(24))
     viewer_api_key: str = field(default_factory=lambda: "cp_" + secrets.token_urlsafe(24))
     members: list[RegionProcess] = field(default_factory=list)
-    sim_engines: int = 0  # simulated inference engines per region (services.replay.local_engines)
+    sim_engines: int = 0  # simulated inference engines per region (services.local.engines)
     #: mutual TLS between the nodes under a CA generated for this plane (services.cluster_tls)
     tls: bool = True
     engines: Any = None  # SimEngines, when sim_engines > 0
     #: this process stays and supervises the plane (``up`` without ``--detach``): it carries
     #: out kill drills (``kill_region`` / ``restart_region``)
     supervised: bool = False
+    #: the demo tenant's quota at each node (a load benchmark raises it: bench/rest.py)
+    demo_requests_per_s: float = 1000.0
 
     @property
     def cluster_file(self) -> Path:
@@ -137,11 +140,11 @@ class LocalPlane:
             self._prepare_members()
             self._start_databases()
             if self.sim_engines > 0:
-                from services.replay.local_engines import SimEngines
+                from services.local.engines import SimEngines
 
                 self.engines = SimEngines(self.sim_engines, self.state_dir, self.host)
                 self.engines.start([m.name for m in self.members])
-            write_cluster(self.cluster_file, self._cluster_config())
+            write_cluster(self.cluster_file, self.cluster_config())
             with _database_ca(self._database_ca_file()):
                 asyncio.run(_migrate_all([m.dsn for m in self.members]))
             if self.postgres:
@@ -224,7 +227,7 @@ class LocalPlane:
     def _start_databases(self) -> None:
         if not self.postgres:
             return
-        localpg: Any = importlib.import_module("services.localpg")
+        localpg: Any = importlib.import_module("services.local.postgres")
         server_tls = None
         if self.tls:  # node -> database over TLS, verify-full, under the plane's CA
             issued = issue_certificate(self.state_dir / "tls", "database", [self.host, "localhost"])
@@ -237,7 +240,9 @@ class LocalPlane:
             member.db = instance
             member.dsn = instance.dsn
 
-    def _cluster_config(self) -> ClusterConfig:
+    def cluster_config(self) -> ClusterConfig:
+        """The cluster file the plane writes: a subclass routes traffic differently by
+        overriding this (``services.local.chaos`` puts fault proxies between regions)."""
         return ClusterConfig(
             regions=[
                 RegionConfig(
@@ -258,8 +263,8 @@ class LocalPlane:
                 TenantConfig(
                     tenant_id=DEMO_TENANT,
                     api_key_sha256=api_key_sha256(self.api_key),
-                    requests_per_s=1000.0,
-                    burst=2000,
+                    requests_per_s=self.demo_requests_per_s,
+                    burst=max(1, int(2 * self.demo_requests_per_s)),
                 ),
                 TenantConfig(
                     tenant_id=LIMITED_TENANT,
@@ -461,7 +466,7 @@ def _signal(proc: subprocess.Popen[bytes], signum: int) -> None:
 
 def _choose_ports(host: str, base_port: int, count: int) -> list[int]:
     if base_port == 0:
-        return [_free_port(host) for _ in range(count)]
+        return [free_port(host) for _ in range(count)]
     ports = [base_port + i for i in range(count)]
     for port in ports:
         with socket.socket() as sock:
@@ -472,13 +477,6 @@ def _choose_ports(host: str, base_port: int, count: int) -> list[int]:
             except OSError as exc:
                 raise PlaneError(f"port {port} is in use; pass another --base-port") from exc
     return ports
-
-
-def _free_port(host: str) -> int:
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def _tail(path: Path, max_bytes: int = 4000) -> str:
@@ -523,7 +521,7 @@ def _private_dir(path: Path, mode: int) -> None:
 def stop_from_info(info_file: Path) -> list[str]:
     """Stop a detached plane from its cluster.json: SIGTERM nodes and databases by pid."""
     info = json.loads(info_file.read_text(encoding="utf-8"))
-    from services.replay.local_engines import stop_engines_from_info
+    from services.local.engines import stop_engines_from_info
 
     stopped = stop_engines_from_info(info)
     for region in info["regions"]:

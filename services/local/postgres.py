@@ -25,7 +25,6 @@ import pwd
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import time
 from dataclasses import dataclass, field
@@ -33,7 +32,7 @@ from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
-from eventlog.errors import ConvplaneError
+from services.local.host import HarnessError, docker_available, free_port
 
 TEST_DSNS_ENV = "CONVPLANE_TEST_PG_DSNS"
 BINDIR_ENV = "CONVPLANE_PG_BINDIR"
@@ -60,8 +59,8 @@ _running: dict[int, PgInstance] = {}  # id(instance) -> instance; stopped at exi
 _atexit_registered = False
 
 
-class PgHarnessError(ConvplaneError):
-    code = "pg_harness"
+class PgHarnessError(HarnessError):
+    """A local PostgreSQL instance could not be provided (the message says why)."""
 
 
 StopMode = Literal["smart", "fast", "immediate"]
@@ -318,7 +317,7 @@ def pg_instances_for_tests(n: int, base_dir: Path | str) -> list[PgInstance]:
         return [_external(f"env{i}", dsn) for i, dsn in enumerate(dsns[:n])]
     if find_bindir() is not None:
         return start_instances(n, base_dir)
-    if _docker_available():
+    if docker_available():
         return [_container_instance(f"container{i}") for i in range(n)]
     raise PgHarnessError(
         "tests need PostgreSQL: install the server binaries (/usr/lib/postgresql/*/bin), run a "
@@ -357,13 +356,6 @@ def dsn_via(dsn: str, host: str, port: int) -> str:
     userinfo = parts.netloc.rpartition("@")[0]
     netloc = f"{userinfo}@{host}:{port}" if userinfo else f"{host}:{port}"
     return parts._replace(netloc=netloc).geturl()
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def _init_instance(name: str, base: Path, bindir: Path) -> PgInstance:
@@ -528,10 +520,6 @@ def _external(name: str, dsn: str) -> PgInstance:
         database=parts.path.lstrip("/") or DATABASE,
         external_dsn=dsn,
     )
-
-
-def _docker_available() -> bool:
-    return Path("/var/run/docker.sock").exists() or bool(os.environ.get("DOCKER_HOST"))
 
 
 def _container_instance(name: str) -> PgInstance:

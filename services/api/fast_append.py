@@ -1,0 +1,99 @@
+"""The append operation served without the framework's per-request machinery.
+
+``POST /v1/conversations/{id}/events`` is what chat applications call most, and FastAPI's
+routing, dependency solving and parameter validation cost a node more CPU per append than the
+log's own work does (``bench/rest.py`` under py-spy). ``FastAppend`` serves that one operation
+from ``EdgeMiddleware``, with the route's own parts:
+
+* the conversation id, the ``Idempotency-Key`` and the body are checked with the route's own
+  constraints (the id's pattern and length, the key's pattern and length, the
+  ``AppendEventRequest`` discriminated union applied to the JSON the edge already parsed: the
+  body is parsed once);
+* the caller is authenticated by the route's own dependency (``context.request_context``);
+* ``routes.append_event`` runs as FastAPI would run it, and a ``ConvplaneError`` becomes the
+  error body the app's handler makes (``errors.error_response``).
+
+A request it does not accept, for any reason (an invalid id, key or body, no or a bad API key,
+a repeated header), goes on to the FastAPI route untouched, so every refusal is the route's
+own, word for word. The fast path only ever accepts what the route accepts.
+"""
+
+from __future__ import annotations
+
+import re
+
+from fastapi.routing import APIRoute
+from pydantic import TypeAdapter, ValidationError
+from starlette.requests import Request
+from starlette.types import Receive, Scope, Send
+
+from eventlog.errors import ConvplaneError
+from services.api import routes
+from services.api.context import request_context
+from services.api.errors import error_response
+from services.api.event_bodies import AnyEvent, AppendEventRequest
+from services.api.schemas import CONVERSATION_ID_MAX, ID_PATTERN
+
+#: where ``EdgeMiddleware`` leaves the JSON it parsed while checking the body
+PARSED_BODY_SCOPE_KEY = "convplane.parsed_body"
+IDEMPOTENCY_KEY_LENGTH_MAX = 255
+_APPEND_PATH = re.compile(r"^/v1/conversations/([^/]+)/events$")
+_CONVERSATION_ID = re.compile(ID_PATTERN)
+_IDEMPOTENCY_KEY = re.compile(routes.IDEMPOTENCY_KEY_PATTERN)
+_NOT_PARSED = object()
+
+
+class FastAppend:
+    def __init__(self, retry_after_default_s: float) -> None:
+        self._retry_after_default_s = retry_after_default_s
+        self._events: TypeAdapter[AnyEvent] = TypeAdapter(AppendEventRequest)
+        #: the route this path stands in for (its template names the request in metrics)
+        self._route = _declared_route(routes.append_event.__name__)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> bool:
+        """Serve ``scope`` if it is an append this path accepts; False: the app serves it."""
+        if scope["method"] != "POST":
+            return False
+        matched = _APPEND_PATH.match(scope["path"])
+        parsed = scope.get(PARSED_BODY_SCOPE_KEY, _NOT_PARSED)
+        if matched is None or parsed is _NOT_PARSED:
+            return False
+        conversation_id = matched.group(1)
+        if len(conversation_id) > CONVERSATION_ID_MAX or not _CONVERSATION_ID.fullmatch(
+            conversation_id
+        ):
+            return False
+        keys = [v for k, v in scope["headers"] if bytes(k) == b"idempotency-key"]
+        if len(keys) > 1:
+            return False
+        idempotency_key = bytes(keys[0]).decode("latin-1") if keys else None
+        if idempotency_key is not None and not _valid_key(idempotency_key):
+            return False
+        try:
+            body = self._events.validate_python(parsed)
+        except ValidationError:
+            return False
+        scope["path_params"] = {"conversation_id": conversation_id}
+        scope["route"] = self._route
+        request = Request(scope, receive)
+        try:
+            ctx = await request_context(request)
+        except ConvplaneError:
+            return False
+        try:
+            response = await routes.append_event(ctx, conversation_id, body, idempotency_key)
+        except ConvplaneError as exc:
+            response = error_response(exc, self._retry_after_default_s)
+        await response(scope, receive, send)
+        return True
+
+
+def _valid_key(key: str) -> bool:
+    return len(key) <= IDEMPOTENCY_KEY_LENGTH_MAX and _IDEMPOTENCY_KEY.fullmatch(key) is not None
+
+
+def _declared_route(name: str) -> APIRoute:
+    for route in routes.router.routes:
+        if isinstance(route, APIRoute) and route.name == name:
+            return route
+    raise LookupError(f"services.api.routes declares no route {name}")

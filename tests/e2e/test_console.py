@@ -1,0 +1,390 @@
+"""The console in a real browser: headless Chromium (Debian's, ``tests.e2e.browser``) on a real
+local plane (``convplane up``: 3 node processes, SQLite replicas, 16 shards).
+
+A viewer sees a running drill and the server refuses its abort (the page shows the 403); an
+operator watching a page served by the drill's target sees that region go down (the page reads
+from a survivor meanwhile), aborts the drill from the page and sees the region come back; a page
+whose own node is killed keeps updating from the other regions. Screenshots of each state are
+written to ``tests/artifacts/console/`` (git-ignored; the paths are printed).
+
+Waits poll what the page shows under a generous bound; nothing asserts a duration.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from selenium import webdriver
+from selenium.common.exceptions import StaleElementReferenceException, WebDriverException
+from selenium.webdriver.common.by import By
+
+from tests.e2e.browser import chromium
+from tests.e2e.plane import REPO_ROOT, Plane, start_plane, stop_plane
+
+ARTIFACTS = REPO_ROOT / "tests" / "artifacts" / "console"
+#: how long the page may take to show a state (drills detect, fail over and restore in seconds;
+#: the bound is for a loaded CI machine)
+PAGE_WAIT_S = 120.0
+#: drills the tests abort hold long enough never to end by themselves first
+LONG_HOLD_S = 300.0
+KILL_HOLD_S = 8.0
+TERMINAL = {"done", "aborted", "failed"}
+
+
+@pytest.fixture(scope="module")
+def plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Plane]:
+    proc, plane = start_plane(tmp_path_factory.mktemp("console-plane"))
+    try:
+        yield plane
+    finally:
+        stop_plane(proc)
+
+
+@pytest.fixture
+def downloads(tmp_path: Path) -> Path:
+    return tmp_path / "downloads"
+
+
+@pytest.fixture
+def browser(downloads: Path) -> Iterator[webdriver.Chrome]:
+    with chromium(downloads) as driver:
+        yield driver
+
+
+# --- the plane, over HTTP ------------------------------------------------------------------------
+
+
+def operator_call(plane: Plane, method: str, path: str, **kw: Any) -> httpx.Response:
+    """The first region that answers (a drill's target may be cut off or killed)."""
+    headers = {"Authorization": f"Bearer {plane.info['operator_api_key']}"}
+    for url in plane.urls.values():
+        try:
+            r = httpx.request(method, url + path, headers=headers, timeout=10.0, **kw)
+        except httpx.HTTPError:
+            continue
+        if r.status_code < 500:
+            return r
+    raise AssertionError(f"no region answered {method} {path}")
+
+
+def wait_for(what: str, condition: Callable[[], bool], bound_s: float = PAGE_WAIT_S) -> None:
+    deadline = time.monotonic() + bound_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"never happened within {bound_s:.0f} s: {what}")
+        time.sleep(0.25)
+
+
+def all_regions_up(plane: Plane) -> bool:
+    r = operator_call(plane, "GET", "/v1/regions")
+    placement = operator_call(plane, "GET", "/v1/placement").json()
+    up = all(region["status"] == "up" for region in r.json()["regions"])
+    return up and not placement["down"] and not placement["evacuated"]
+
+
+def drill(plane: Plane, drill_id: str) -> dict[str, Any]:
+    r = operator_call(plane, "GET", f"/v1/drills/{drill_id}")
+    assert r.status_code == 200, r.text
+    body: dict[str, Any] = r.json()
+    return body
+
+
+def start_drill(plane: Plane, kind: str, region: str, hold_s: float) -> str:
+    wait_for("every region up before the drill", lambda: all_regions_up(plane))
+    body = {"kind": kind, "region": region, "hold_s": hold_s, "reason": "console e2e"}
+    r = operator_call(plane, "POST", "/v1/drills", json=body)
+    assert r.status_code == 201, r.text
+    drill_id: str = r.json()["drill_id"]
+    return drill_id
+
+
+def end_drill(plane: Plane, drill_id: str) -> None:
+    """Abort it if it still runs (cleanup), and wait for every region to be back."""
+    if drill(plane, drill_id)["phase"] not in TERMINAL:
+        operator_call(plane, "POST", f"/v1/drills/{drill_id}/abort", json={"reason": "cleanup"})
+    wait_for(f"drill {drill_id} ended", lambda: drill(plane, drill_id)["phase"] in TERMINAL)
+    wait_for("every region back up", lambda: all_regions_up(plane))
+
+
+# --- the page ------------------------------------------------------------------------------------
+
+
+class Console:
+    def __init__(self, driver: webdriver.Chrome, plane: Plane, served_by: str) -> None:
+        self.driver = driver
+        self.plane = plane
+        self.served_by = served_by
+
+    def sign_in(self, key: str) -> None:
+        self.driver.get(self.plane.urls[self.served_by] + "/console")
+        self.driver.find_element(By.ID, "key").send_keys(key)
+        self.driver.find_element(By.ID, "signin").click()
+        wait_for("the regions table filled", lambda: len(self.region_statuses()) == 3)
+
+    def js(self, script: str, *args: Any) -> Any:
+        return self.driver.execute_script(script, *args)
+
+    def region_statuses(self) -> dict[str, str]:
+        statuses: dict[str, str] = self.js(
+            "return Object.fromEntries([...document.querySelectorAll('#regions tr[data-region]')]"
+            ".map((tr) => [tr.dataset.region, tr.dataset.status]))"
+        )
+        return statuses
+
+    def text(self, element_id: str) -> str:
+        text: str = self.js("return document.getElementById(arguments[0]).textContent", element_id)
+        return text
+
+    def active_drill(self) -> tuple[str, str] | None:
+        found: list[str] | None = self.js(
+            "const t = document.querySelector('#drill .title');"
+            "return t ? [t.dataset.drill, t.dataset.phase] : null"
+        )
+        return None if found is None else (found[0], found[1])
+
+    def cells_placed_on(self, region: str) -> int:
+        count: int = self.js(
+            'return document.querySelectorAll(`#grid .cell[data-region="${arguments[0]}"]`).length',
+            region,
+        )
+        return count
+
+    def banners(self, kind: str) -> list[str]:
+        texts: list[str] = self.js(
+            'return [...document.querySelectorAll(`#banners .banner[data-kind="${arguments[0]}"]'
+            " .text`)].map((e) => e.textContent)",
+            kind,
+        )
+        return texts
+
+    def click(self, selector: str) -> None:
+        """A user's click (retried if the page rebuilt the button just then)."""
+        for _ in range(20):
+            try:
+                self.driver.find_element(By.CSS_SELECTOR, selector).click()
+                return
+            except (StaleElementReferenceException, WebDriverException):
+                time.sleep(0.1)
+        raise AssertionError(f"could not click {selector}")
+
+    def audit_actions(self) -> set[str]:
+        actions: list[str] = self.js(
+            "return [...document.querySelectorAll('#audit tr[data-action]')]"
+            ".map((tr) => tr.dataset.action)"
+        )
+        return set(actions)
+
+    def region_tags(self, region: str) -> str:
+        tags: str = self.js(
+            'return document.querySelector(`#regions tr[data-region="${arguments[0]}"]`)'
+            ".children[1].textContent",
+            region,
+        )
+        return tags
+
+    def confirm(self, reason: str | None = None) -> None:
+        wait_for(
+            "the confirmation dialog",
+            lambda: bool(self.js("return document.getElementById('confirm').open")),
+        )
+        if reason is not None:
+            field = self.driver.find_element(By.ID, "confirm-reason")
+            field.clear()
+            field.send_keys(reason)
+        self.click("#confirm-ok")
+
+    def screenshot(self, name: str) -> Path:
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        path = ARTIFACTS / f"{name}.png"
+        self.driver.save_screenshot(str(path))
+        print(f"console screenshot: {path}")
+        return path
+
+
+# --- the tests -----------------------------------------------------------------------------------
+
+
+def test_a_viewer_sees_the_drill_and_the_server_refuses_its_abort_and_halt(
+    plane: Plane, browser: webdriver.Chrome
+) -> None:
+    target = "eu-west"
+    drill_id = start_drill(plane, "region-loss", target, LONG_HOLD_S)
+    try:
+        page = Console(browser, plane, served_by="us-east")
+        page.sign_in(plane.info["viewer_api_key"])
+        assert "viewer" in page.text("who")
+        wait_for("the drill shown as running", lambda: page.active_drill() is not None)
+        assert page.active_drill() in {(drill_id, "injecting"), (drill_id, "holding")}
+        wait_for(f"{target} shown down", lambda: page.region_statuses()[target] == "down")
+        page.screenshot("viewer-drill-running")
+
+        page.click("#abort-drill")
+        page.confirm()
+        wait_for("a 403 shown", lambda: any("403" in t for t in page.banners("forbidden")))
+        page.click("#halt-toggle")
+        page.confirm()
+        wait_for("a second 403", lambda: len(page.banners("forbidden")) == 2)
+        page.click('#regions tr[data-region="ap-south"] button[data-action="evacuate"]')
+        page.confirm()
+        wait_for("a third 403", lambda: len(page.banners("forbidden")) == 3)
+        refusals = page.banners("forbidden")
+        assert all("403 forbidden" in t and "read-only" in t for t in refusals), refusals
+        page.screenshot("viewer-abort-refused")
+
+        # the server changed nothing: the drill still runs, the halt is off, nothing moved or
+        # was audited
+        assert drill(plane, drill_id)["phase"] in {"injecting", "holding"}
+        assert operator_call(plane, "GET", "/v1/admin/halt").json()["on"] is False
+        assert operator_call(plane, "GET", "/v1/placement").json()["evacuated"] == []
+        audit = operator_call(plane, "GET", "/v1/audit").json()["entries"]
+        assert [e["action"] for e in audit if e["by"] == "sre-viewer"] == []
+    finally:
+        end_drill(plane, drill_id)
+
+
+def test_a_tenant_key_is_turned_away_with_the_servers_answer(
+    plane: Plane, browser: webdriver.Chrome
+) -> None:
+    page = Console(browser, plane, served_by="us-east")
+    browser.get(plane.urls["us-east"] + "/console")
+    browser.find_element(By.ID, "key").send_keys(plane.info["api_key"])
+    page.click("#signin")
+    wait_for("the refusal shown", lambda: bool(page.banners("forbidden")))
+    assert "403" in page.banners("forbidden")[0] and "tenant key" in page.banners("forbidden")[0]
+    assert page.js("return document.getElementById('main').hidden") is True
+    assert page.js("return sessionStorage.length") == 0  # the refused key is not kept
+    assert plane.info["api_key"] not in browser.current_url
+
+
+def test_an_operator_on_the_drilled_regions_page_sees_it_go_down_aborts_and_sees_it_back(
+    plane: Plane, browser: webdriver.Chrome, downloads: Path
+) -> None:
+    target = "us-east"
+    page = Console(browser, plane, served_by=target)  # the page's own node is the target
+    page.sign_in(plane.info["operator_api_key"])
+    wait_for("every region up", lambda: set(page.region_statuses().values()) == {"up"})
+    assert page.cells_placed_on(target) > 0
+    page.screenshot("operator-all-up")
+
+    drill_id = start_drill(plane, "region-loss", target, LONG_HOLD_S)
+    try:
+        wait_for(f"{target} shown down", lambda: page.region_statuses()[target] == "down")
+        wait_for("its shards placed elsewhere", lambda: page.cells_placed_on(target) == 0)
+        # the target's own view is the cut-off side's: the page reads from a survivor
+        assert page.text("source").startswith("state from ")
+        assert not page.text("source").startswith(f"state from {target}")
+        page.screenshot("operator-region-down")
+
+        page.click("#abort-drill")
+        page.confirm("stopped from the console test")
+        wait_for("the abort accepted", lambda: bool(page.banners("ok")))
+        wait_for("no drill running", lambda: page.active_drill() is None)
+        wait_for(f"{target} shown up again", lambda: page.region_statuses()[target] == "up")
+        wait_for("its shards back", lambda: page.cells_placed_on(target) > 0)
+        row = page.js(
+            'const tr = document.querySelector(`#drills tr[data-drill="${arguments[0]}"]`);'
+            "return tr ? tr.textContent : null",
+            drill_id,
+        )
+        assert row is not None and "aborted" in row
+        page.click(f'#drills tr[data-drill="{drill_id}"] button')
+        wait_for(
+            "its report shown",
+            lambda: (
+                "aborted"
+                in str(
+                    page.js(
+                        'const box = document.querySelector(`#report [data-report="${arguments[0]}"]`);'
+                        "return box && box.textContent",
+                        drill_id,
+                    )
+                )
+            ),
+        )
+        wait_for(
+            "the abort in the page's audit log",
+            lambda: bool(
+                page.js("return document.querySelector('#audit tr[data-action=\"drill.abort\"]')")
+            ),
+        )
+        page.screenshot("operator-region-back")
+        page.click(f'#report [data-report="{drill_id}"] button')  # Download HTML report
+        report = downloads / f"drill-{drill_id}.html"
+        wait_for("the HTML report downloaded", report.exists)
+        assert drill_id in report.read_text() and "aborted" in report.read_text()
+    finally:
+        end_drill(plane, drill_id)
+    body = drill(plane, drill_id)
+    assert body["verdict"] == "aborted" and "stopped from the console test" in body["abort_reason"]
+
+
+def test_a_page_whose_own_node_is_killed_keeps_updating_from_the_other_regions(
+    plane: Plane, browser: webdriver.Chrome
+) -> None:
+    target = "eu-west"
+    page = Console(browser, plane, served_by=target)
+    page.sign_in(plane.info["viewer_api_key"])
+    drill_id = start_drill(plane, "kill", target, KILL_HOLD_S)
+    try:
+        wait_for(
+            f"{target} unreachable from the page",
+            lambda: (
+                "no answer"
+                in str(
+                    page.js(
+                        'const tr = document.querySelector(`#regions tr[data-region="${arguments[0]}"]`);'
+                        "return tr && tr.querySelector('[data-field=reach]').textContent",
+                        target,
+                    )
+                )
+            ),
+        )
+        wait_for(f"{target} shown down", lambda: page.region_statuses()[target] == "down")
+        assert f"this page's node {target} not used" in page.text("source")
+        page.screenshot("kill-own-node-down")
+        wait_for("the drill over", lambda: page.active_drill() is None)
+        wait_for(f"{target} shown up again", lambda: page.region_statuses()[target] == "up")
+        page.screenshot("kill-own-node-back")
+    finally:
+        end_drill(plane, drill_id)
+    assert drill(plane, drill_id)["verdict"] is not None
+
+
+def test_an_operator_halts_evacuates_and_restores_from_the_page(
+    plane: Plane, browser: webdriver.Chrome
+) -> None:
+    wait_for("every region up", lambda: all_regions_up(plane))
+    page = Console(browser, plane, served_by="us-east")
+    page.sign_in(plane.info["operator_api_key"])
+
+    page.click("#halt-toggle")
+    page.confirm("incident: no drills")
+    wait_for("the halt shown on", lambda: page.text("halt-badge").startswith("HALT ON"))
+    assert "incident: no drills" in page.text("halt-badge")
+    page.click('#regions tr[data-region="ap-south"] button[data-action="evacuate"]')
+    page.confirm("evacuated by the console test")
+    wait_for("ap-south shown evacuated", lambda: "evacuated" in page.region_tags("ap-south"))
+    wait_for("no shard placed on ap-south", lambda: page.cells_placed_on("ap-south") == 0)
+    page.screenshot("operator-halt-and-evacuate")
+
+    page.click('#regions tr[data-region="ap-south"] button[data-action="restore"]')
+    page.confirm()
+    wait_for(
+        "ap-south no longer evacuated", lambda: "evacuated" not in page.region_tags("ap-south")
+    )
+    page.click("#halt-toggle")
+    page.confirm()
+    wait_for("the halt shown off", lambda: page.text("halt-badge") == "halt off")
+    wanted = {"halt.on", "region.evacuate", "region.restore", "halt.off"}
+    wait_for("the four actions in the page's audit log", lambda: wanted <= page.audit_actions())
+    page.screenshot("operator-audit")
+    audit = operator_call(plane, "GET", "/v1/audit?limit=1000").json()["entries"]
+    evacuate = [e for e in audit if e["action"] == "region.evacuate"]
+    assert [(e["by"], e["role"], e["target"]) for e in evacuate] == [
+        ("sre", "operator", "ap-south")
+    ]

@@ -1,0 +1,250 @@
+"""Forwarded appends travel in batches (``services.api.forward_batch``) and each one gets the
+answer it would have got forwarded alone: the leader's status, body and headers."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import pytest
+from fastapi import FastAPI
+
+from eventlog.clock import SystemClock
+from services.api import create_app
+from services.api.forward_batch import BATCH_PATH
+from services.bootstrap import NodeRuntime
+from services.config import NodeSettings
+from tests.unit.test_api_fakes import (
+    KEY_A,
+    FakeLog,
+    HostRouting,
+    cluster_config,
+    conversation_led_by,
+    leaders,
+)
+
+AUTH_A = {"Authorization": f"Bearer {KEY_A}"}
+PEER_SECRET = "peer-secret-for-tests"
+
+
+class CountingRouting(HostRouting):
+    """The peer transport, counting what each node sends to another, by path."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.paths: list[str] = []
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        self.paths.append(request.url.path)
+        return await super().handle_async_request(request)
+
+
+@dataclass
+class Nodes:
+    east: httpx.AsyncClient
+    west: httpx.AsyncClient
+    west_log: FakeLog
+    routing: CountingRouting
+
+
+def _app(region: str, log: FakeLog, peers: httpx.AsyncClient, **limits: object) -> FastAPI:
+    cluster = cluster_config().model_copy(update={"peer_secret": PEER_SECRET})
+    settings = NodeSettings(region=region, cluster=cluster, **limits)  # type: ignore[arg-type]
+
+    @asynccontextmanager
+    async def runtime(s: NodeSettings) -> AsyncIterator[NodeRuntime]:
+        yield NodeRuntime(
+            region, s.load_cluster(), log, peers, SystemClock(), random.Random(7), lambda: (4, 4)
+        )
+
+    return create_app(settings, runtime_factory=runtime)
+
+
+@pytest.fixture
+async def nodes() -> AsyncIterator[Nodes]:
+    routing = CountingRouting()
+    async with AsyncExitStack() as stack:
+        peers = await stack.enter_async_context(httpx.AsyncClient(transport=routing))
+        west_log = FakeLog("west", leaders())
+        limits = {
+            "forward_batches_in_flight_max": 1,
+            "forward_batch_max": 8,
+            "forward_batch_straggler_s": 0.05,
+        }
+        apps = {
+            "east.test": _app("east", FakeLog("east", leaders()), peers, **limits),
+            "west.test": _app("west", west_log, peers, **limits),
+        }
+        routing.apps = {host: httpx.ASGITransport(app=app) for host, app in apps.items()}
+        clients = []
+        for host, app in apps.items():
+            await stack.enter_async_context(app.router.lifespan_context(app))
+            transport = httpx.ASGITransport(app=app)
+            clients.append(
+                await stack.enter_async_context(
+                    httpx.AsyncClient(transport=transport, base_url=f"http://{host}")
+                )
+            )
+        yield Nodes(clients[0], clients[1], west_log, routing)
+
+
+async def _create(nodes: Nodes, conversation_id: str) -> None:
+    r = await nodes.west.post(
+        "/v1/conversations", json={"conversation_id": conversation_id}, headers=AUTH_A
+    )
+    assert r.status_code == 201, r.text
+
+
+async def test_concurrent_appends_to_one_leader_share_batches(nodes: Nodes) -> None:
+    cids = [conversation_led_by("west", prefix=f"b{i}") for i in range(20)]
+    for cid in cids:
+        await _create(nodes, cid)
+    nodes.routing.paths.clear()
+    answers = await asyncio.gather(
+        *(
+            nodes.east.post(
+                f"/v1/conversations/{cid}/events",
+                json={"type": "message.user", "payload": {"content": f"hello {cid}"}},
+                headers={**AUTH_A, "Idempotency-Key": f"k-{cid}"},
+            )
+            for cid in cids
+        )
+    )
+    assert [r.status_code for r in answers] == [201] * len(cids), [r.text for r in answers]
+    assert {r.headers["x-convplane-served-by"] for r in answers} == {"west"}
+    assert [r.json()["seq"] for r in answers] == [1] * len(cids)
+    for cid in cids:
+        (event,) = nodes.west_log.convs[cid].events
+        assert event.payload == {"content": f"hello {cid}"}
+    # every append went in a batch, and batches held more than one
+    assert set(nodes.routing.paths) == {BATCH_PATH}
+    assert 1 < len(nodes.routing.paths) < len(cids)
+
+
+async def test_each_item_gets_its_own_answer(nodes: Nodes) -> None:
+    first, second = (conversation_led_by("west", prefix=p) for p in ("x", "y"))
+    for cid in (first, second):
+        await _create(nodes, cid)
+    url = f"/v1/conversations/{first}/events"
+    committed = await nodes.east.post(
+        url, json={"type": "note"}, headers={**AUTH_A, "Idempotency-Key": "once"}
+    )
+    assert committed.status_code == 201, committed.text
+    replayed, conflict, missing = await asyncio.gather(
+        nodes.east.post(url, json={"type": "note"}, headers={**AUTH_A, "Idempotency-Key": "once"}),
+        nodes.east.post(
+            f"/v1/conversations/{second}/events",
+            json={"type": "note", "expected_seq": 5},
+            headers=AUTH_A,
+        ),
+        nodes.east.post(
+            f"/v1/conversations/{conversation_led_by('west', prefix='none')}/events",
+            json={"type": "note"},
+            headers=AUTH_A,
+        ),
+    )
+    assert (replayed.status_code, replayed.headers["idempotent-replayed"]) == (200, "true")
+    assert replayed.json() == committed.json()
+    assert (conflict.status_code, conflict.json()["error"]["code"]) == (409, "seq_conflict")
+    assert (missing.status_code, missing.json()["error"]["code"]) == (404, "not_found")
+    assert {r.headers["x-convplane-served-by"] for r in (replayed, conflict, missing)} == {"west"}
+
+
+async def test_an_item_past_its_deadline_is_outcome_unknown(nodes: Nodes) -> None:
+    cid = conversation_led_by("west")
+    await _create(nodes, cid)
+    nodes.west_log.stall = True
+    r = await nodes.east.post(
+        f"/v1/conversations/{cid}/events",
+        json={"type": "note"},
+        headers={**AUTH_A, "X-Convplane-Deadline-Ms": "200"},
+    )
+    assert r.status_code == 503, r.text
+    assert r.json()["error"]["code"] == "outcome_unknown"
+    assert r.headers["retry-after"]
+
+
+async def test_the_batch_endpoint_needs_the_peer_secret(nodes: Nodes) -> None:
+    item = {
+        "conversation_id": conversation_led_by("west"),
+        "authorization": f"Bearer {KEY_A}",
+        "deadline_ms": 1000,
+        "body": '{"type": "note"}',
+    }
+    r = await nodes.west.post(BATCH_PATH, json={"items": [item]})
+    assert (r.status_code, r.json()["error"]["code"]) == (401, "unauthorized")
+    r = await nodes.west.post(
+        BATCH_PATH, json={"items": []}, headers={"X-Convplane-Peer-Auth": PEER_SECRET}
+    )
+    assert (r.status_code, r.json()["error"]["code"]) == (400, "invalid_request")
+
+
+async def test_an_unreachable_leader_fails_every_item_as_forward_failed(nodes: Nodes) -> None:
+    cid = conversation_led_by("west")
+    await _create(nodes, cid)
+    del nodes.routing.apps["west.test"]
+    r = await nodes.east.post(f"/v1/conversations/{cid}/events", json={"type": "note"},
+                              headers=AUTH_A)  # fmt: skip
+    assert (r.status_code, r.json()["error"]["code"]) == (503, "forward_failed")
+    assert r.headers["x-convplane-served-by"] == "east"
+
+
+async def test_a_batch_waiting_on_a_slow_item_does_not_hold_the_next_one(nodes: Nodes) -> None:
+    slow, fast = (conversation_led_by("west", prefix=p) for p in ("slow", "fast"))
+    for cid in (slow, fast):
+        await _create(nodes, cid)
+    reached, release = asyncio.Event(), asyncio.Event()
+    append = nodes.west_log.append_event
+
+    async def stalling(tenant_id: str, conversation_id: str, *args: Any, **kw: Any) -> Any:
+        if conversation_id == slow:
+            reached.set()
+            await release.wait()
+        return await append(tenant_id, conversation_id, *args, **kw)
+
+    nodes.west_log.append_event = stalling  # type: ignore[method-assign]
+    # one batch under way per peer: without the straggler rule the second append would wait
+    # for the first one's batch, i.e. until the first one's deadline (5 s) answered it 503
+    first = asyncio.create_task(
+        nodes.east.post(
+            f"/v1/conversations/{slow}/events",
+            json={"type": "note"},
+            headers={**AUTH_A, "X-Convplane-Deadline-Ms": "5000"},
+        )
+    )
+    await reached.wait()  # the first append's batch is under way at the leader
+    second = await nodes.east.post(
+        f"/v1/conversations/{fast}/events", json={"type": "note"}, headers=AUTH_A
+    )
+    assert second.status_code == 201, second.text
+    assert not first.done()
+    release.set()
+    assert (await first).status_code == 201
+
+
+async def test_a_bug_serving_one_item_is_its_500_and_no_other_items(nodes: Nodes) -> None:
+    broken, fine = (conversation_led_by("west", prefix=p) for p in ("broken", "fine"))
+    for cid in (broken, fine):
+        await _create(nodes, cid)
+    append = nodes.west_log.append_event
+
+    async def failing(tenant_id: str, conversation_id: str, *args: Any, **kw: Any) -> Any:
+        if conversation_id == broken:
+            raise RuntimeError("a bug")
+        return await append(tenant_id, conversation_id, *args, **kw)
+
+    nodes.west_log.append_event = failing  # type: ignore[method-assign]
+    answers = await asyncio.gather(
+        *(
+            nodes.east.post(
+                f"/v1/conversations/{cid}/events", json={"type": "note"}, headers=AUTH_A
+            )
+            for cid in (broken, fine)
+        )
+    )
+    assert [r.status_code for r in answers] == [500, 201]
