@@ -55,8 +55,8 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.pg_peer import payload_text, run_peer
-from services.local_plane import LocalPlane
-from services.localpg import start_sync_replication_cluster
+from services.local.plane import LocalPlane
+from services.local.postgres import start_sync_replication_cluster
 
 CALL_TIMEOUT_S = 10.0  # every setup call to the plane
 WRK_TIMEOUT_S = 15  # wrk counts a response slower than this as a timeout error

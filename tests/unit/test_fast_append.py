@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from services.api.fast_append import PARSED_BODY_SCOPE_KEY, FastAppend
-from tests.unit.test_api_fakes import KEY_A, FakeLog, HostRouting, build_app, leaders
+from tests.unit.api_fakes import KEY_A, FakeLog, HostRouting, build_app, leaders
 
 AUTH_A = {"Authorization": f"Bearer {KEY_A}"}
 EVENTS = "/v1/conversations/{}/events"

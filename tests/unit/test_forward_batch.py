@@ -19,7 +19,7 @@ from services.api import create_app
 from services.api.forward_batch import BATCH_PATH
 from services.bootstrap import NodeRuntime
 from services.config import NodeSettings
-from tests.unit.test_api_fakes import (
+from tests.unit.api_fakes import (
     KEY_A,
     FakeLog,
     HostRouting,
