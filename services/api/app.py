@@ -176,7 +176,7 @@ def create_app(
         body_read_timeout_s=settings.body_read_timeout_s,
         discard_body_max_bytes=settings.discard_body_max_bytes,
         send_timeout_s=settings.send_timeout_s,
-        fast_path=FastAppend(settings.retry_after_default_s),
+        fast_path=FastAppend(settings.retry_after_default_s, metrics.count_error),
     )
     install_console(app, console_access, append_outcomes)
     if provider is not None:

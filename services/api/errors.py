@@ -83,6 +83,16 @@ def error_response(exc: ConvplaneError, retry_after_default_s: float = 1.0) -> J
     return JSONResponse(exc.to_body(), status_code=exc.http_status, headers=headers)
 
 
+def refusal(
+    exc: ConvplaneError, retry_after_default_s: float, count_error: Callable[[str], None]
+) -> JSONResponse:
+    """The answer to a convplane error, counted by its code (metrics) and logged at debug: the
+    app's handler and the append fast path (``services.api.fast_append``) both answer so."""
+    count_error(exc.code)
+    log.debug("refused with %s: %s", exc.code, exc.message)
+    return error_response(exc, retry_after_default_s)
+
+
 def plain_error(status: int, code: str, message: str, *, retryable: bool = False) -> JSONResponse:
     body = {"error": {"code": code, "message": message, "retryable": retryable}}
     return JSONResponse(body, status_code=status)
@@ -117,9 +127,7 @@ def install_error_handlers(
 
     async def on_convplane_error(_: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, ConvplaneError)
-        count_error(exc.code)
-        log.debug("refused with %s: %s", exc.code, exc.message)
-        return error_response(exc, retry_after_default_s)
+        return refusal(exc, retry_after_default_s, count_error)
 
     async def on_validation_error(_: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, RequestValidationError)

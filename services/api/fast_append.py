@@ -21,6 +21,7 @@ own, word for word. The fast path only ever accepts what the route accepts.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 
 from fastapi.routing import APIRoute
 from pydantic import TypeAdapter, ValidationError
@@ -30,7 +31,7 @@ from starlette.types import Receive, Scope, Send
 from eventlog.errors import ConvplaneError
 from services.api import routes
 from services.api.context import request_context
-from services.api.errors import error_response
+from services.api.errors import refusal
 from services.api.event_bodies import AnyEvent, AppendEventRequest
 from services.api.schemas import CONVERSATION_ID_MAX, ID_PATTERN
 
@@ -44,8 +45,9 @@ _NOT_PARSED = object()
 
 
 class FastAppend:
-    def __init__(self, retry_after_default_s: float) -> None:
+    def __init__(self, retry_after_default_s: float, count_error: Callable[[str], None]) -> None:
         self._retry_after_default_s = retry_after_default_s
+        self._count_error = count_error  # metrics by error code, as the app's handler counts
         self._events: TypeAdapter[AnyEvent] = TypeAdapter(AppendEventRequest)
         #: the route this path stands in for (its template names the request in metrics)
         self._route = _declared_route(routes.append_event.__name__)
@@ -83,7 +85,7 @@ class FastAppend:
         try:
             response = await routes.append_event(ctx, conversation_id, body, idempotency_key)
         except ConvplaneError as exc:
-            response = error_response(exc, self._retry_after_default_s)
+            response = refusal(exc, self._retry_after_default_s, self._count_error)
         await response(scope, receive, send)
         return True
 

@@ -11,6 +11,7 @@ import httpx
 import pytest
 
 from services.api.fast_append import PARSED_BODY_SCOPE_KEY, FastAppend
+from services.api.metrics import Metrics
 from tests.unit.api_fakes import KEY_A, FakeLog, HostRouting, build_app, leaders
 
 AUTH_A = {"Authorization": f"Bearer {KEY_A}"}
@@ -105,7 +106,7 @@ async def test_a_request_without_a_parsed_body_is_not_taken() -> None:
 
     scope = {"type": "http", "method": "POST", "path": "/v1/conversations/c1/events",
              "headers": []}  # fmt: skip
-    assert not await FastAppend(1.0)(scope, receive, send)
+    assert not await FastAppend(1.0, Metrics("east").count_error)(scope, receive, send)
     scope = {**scope, "method": "GET", PARSED_BODY_SCOPE_KEY: {"type": "note"}}
-    assert not await FastAppend(1.0)(scope, receive, send)
+    assert not await FastAppend(1.0, Metrics("east").count_error)(scope, receive, send)
     assert sent == []

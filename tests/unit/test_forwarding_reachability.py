@@ -103,7 +103,7 @@ async def test_a_batch_whose_target_stops_answering_probes_is_outcome_unknown() 
             peer_urls={"west": "http://west.test"},
             clock=SystemClock(),
             rng=random.Random(1),
-            metrics=Metrics(),
+            metrics=Metrics("us-east"),
             retries_max=1,
             backoff_s=0.01,
             peer_reachable=lambda region: reachable[region],
