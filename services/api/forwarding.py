@@ -114,7 +114,8 @@ class Forwarder:
         if batchable and body is None and self._batcher is not None:
             raw = await request.body()
             if self._batcher.fits(raw):
-                return await self._batcher.forward(
+                sent_s = self._clock.monotonic()
+                answer = await self._batcher.forward(
                     target_region=target_region,
                     base_url=base_url.rstrip("/"),
                     conversation_id=request.path_params["conversation_id"],
@@ -123,6 +124,8 @@ class Forwarder:
                     idempotency_key=request.headers.get("idempotency-key"),
                     deadline_s=deadline_s,
                 )
+                self._metrics.observe_forward(target_region, self._clock.monotonic() - sent_s)
+                return answer
         url = base_url.rstrip("/") + escaped_path(request.url.path)
         if body is None:
             body = await request.body()
