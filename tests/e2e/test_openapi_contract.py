@@ -83,20 +83,20 @@ def test_a_client_generated_from_the_document_uses_the_api(plane: Plane, tmp_pat
 
 
 def _use_generated_client(url: str, key: str) -> None:
-    from cpclient import AuthenticatedClient  # type: ignore[import-not-found]
+    from cpclient import AuthenticatedClient
 
     with AuthenticatedClient(base_url=url, token=key, raise_on_unexpected_status=True) as client:
         _create_append_page_read(client)
 
 
 def _create_append_page_read(client: Any) -> None:
-    from cpclient.api.chat_applications import (  # type: ignore[import-not-found]
+    from cpclient.api.chat_applications import (
         append_event,
         create_conversation,
         list_events,
         tool_attempt,
     )
-    from cpclient.models import (  # type: ignore[import-not-found]
+    from cpclient.models import (
         AssistantMessageEvent,
         AssistantMessagePayload,
         ConversationCreated,

@@ -14,7 +14,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from replay.bus.codec import BusCodec
 from replay.bus.kafka import KafkaBusSettings, KafkaJobBus, KafkaJobConsumer
-from replay.bus.port import RESULTS_TOPIC, jobs_topic, worker_group
+from replay.bus.port import RESULTS_TOPIC, JobDelivery, jobs_topic, worker_group
 from replay.bus.trace_context import job_span
 from replay.model import ReplayJob, ReplayResult
 from tests.integration.bus_regions import FreshRegions
@@ -69,7 +69,7 @@ async def test_offsets_are_committed_only_up_to_the_first_unfinished_job(
     await bus.publish_jobs([job(n, region) for n in range(5)])
     consumer = KafkaJobConsumer(settings, region, in_flight_max=5)
     async with consumer:
-        deliveries = []
+        deliveries: list[JobDelivery] = []
         while len(deliveries) < 5:
             delivery = await consumer.next_job(timeout_s=5.0)
             assert delivery is not None, "jobs published but not delivered"

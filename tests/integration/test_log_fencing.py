@@ -97,11 +97,11 @@ async def test_a_leader_cut_off_from_the_quorum_acknowledges_nothing(
 
     # 2. Once the leader suspects both links: refused up front, nothing proposed anywhere.
     await until_quorum_lost(a, conversations)
-    last_lsns = [a.leader(s).last_lsn for s in range(a.config.shard_count)]  # type: ignore[union-attr]
+    last_lsns = [a.leader(s).last_lsn for s in range(a.config.shard_count)]
     for c in conversations:
         with pytest.raises(NoQuorum):
             await a.append_event(TENANT, c, "note", {"k": f"f-{c}"}, idempotency_key=f"f-{c}")
-    assert [a.leader(s).last_lsn for s in range(a.config.shard_count)] == last_lsns  # type: ignore[union-attr]
+    assert [a.leader(s).last_lsn for s in range(a.config.shard_count)] == last_lsns
 
     # 3. The majority side fails over while a is still cut off; then the links heal.
     b = await log_cluster.node("b", seed=2)
@@ -143,14 +143,11 @@ async def test_a_stale_leader_is_fenced_by_a_newer_epoch(
     acked: list[AppendedEvent] = []
     for round_number in range(3):
         acked += await append_round(a, conversations, f"a-{round_number}")
-    epochs_of_a = [a.leader(s).epoch for s in range(a.config.shard_count)]  # type: ignore[union-attr]
+    epochs_of_a = [a.leader(s).epoch for s in range(a.config.shard_count)]
 
     b = await log_cluster.node("b", seed=2)
     await lead_all(b)
-    assert all(
-        b.leader(s).epoch > epochs_of_a[s]  # type: ignore[union-attr]
-        for s in range(b.config.shard_count)
-    )
+    assert all(b.leader(s).epoch > epochs_of_a[s] for s in range(b.config.shard_count))
 
     # a still believes it leads: its next append is refused by the replicas (Fenced), and
     # after that it knows it does not lead (NotLeader).

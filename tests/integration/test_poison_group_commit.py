@@ -12,6 +12,7 @@ import asyncio
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -26,7 +27,7 @@ POISONS = {
 }
 SHARDS = 6
 #: a long linger, so the six appends below form one group
-LIMITS = {"batch_linger_ms": 50.0}
+LIMITS: dict[str, Any] = {"batch_linger_ms": 50.0}
 
 
 def entry(lsn: int, attempt_id: str | None = None) -> LogEntry:

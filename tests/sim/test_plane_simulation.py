@@ -15,8 +15,9 @@ from concurrent.futures import ProcessPoolExecutor
 
 import pytest
 
-from eventlog import node as log_node
 from eventlog.identity import IdentityGuard
+from eventlog.leader import ShardLeader
+from eventlog.node import LogNode
 from services.plane_sim import PLANE_SIM_VERSION, run_plane_seed
 
 SEEDS = int(os.environ.get("CONVPLANE_PLANE_SEEDS", "2000"))
@@ -108,7 +109,7 @@ def test_the_checker_catches_reads_that_skip_the_leadership_check(
     async def trusting(self: object) -> None:
         return None
 
-    monkeypatch.setattr(log_node.ShardLeader, "confirm_leadership", trusting)
+    monkeypatch.setattr(ShardLeader, "confirm_leadership", trusting)
     caught = [s for s in range(40) if not run_plane_seed(s, regions=3).ok]
     assert caught
 
@@ -122,7 +123,7 @@ def test_the_checker_catches_a_plane_that_trusts_wiped_replicas(
     monkeypatch.setattr(IdentityGuard, "counts", lambda self, region: True)
     monkeypatch.setattr(IdentityGuard, "vouches_for", lambda self, region, store_id: True)
     monkeypatch.setattr(
-        log_node.ShardLeader, "note_replica_status", lambda self, region, status, asked_at: None
+        ShardLeader, "note_replica_status", lambda self, region, status, asked_at: None
     )
-    monkeypatch.setattr(log_node.LogNode, "_source_lost_data", staticmethod(lambda *a: False))
+    monkeypatch.setattr(LogNode, "_source_lost_data", staticmethod(lambda *a: False))
     assert any(not run_plane_seed(s, regions=3).ok for s in range(120))

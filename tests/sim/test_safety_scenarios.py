@@ -9,6 +9,7 @@ import asyncio
 import json
 import random
 from collections.abc import Awaitable, Callable
+from functools import partial
 from typing import Any, TypeVar
 
 import pytest
@@ -215,9 +216,7 @@ def test_the_stalled_database_scenario_does_propose_one_version_twice() -> None:
     the learners before: some seed commits one version twice."""
     duplicates = 0
     for seed in range(6):
-        versions = run(lambda seed=seed: control_leader_dies_while_a_database_stalls(seed))[
-            "versions"
-        ]
+        versions = run(partial(control_leader_dies_while_a_database_stalls, seed))["versions"]
         duplicates += len(versions) - len(set(versions))
     assert duplicates > 0
 
@@ -300,7 +299,7 @@ async def reads_at_a_cut_off_leader() -> dict[str, Any]:
     await b.append_event("t", "X", "tool.effect", {"attempt_id": "att1", "status": "committed"})
     await asyncio.sleep(30)  # 30 s later a still believes it leads
     outcomes: dict[str, Any] = {"a_leads": a.leads(shard)}
-    reads = {
+    reads: dict[str, Callable[[LogNode], Awaitable[Any]]] = {
         "get": lambda n: n.get_conversation("t", "X"),
         "events": lambda n: n.list_events("t", "X", 0, 100),
         "attempt": lambda n: n.tool_attempt("t", "X", "att1"),

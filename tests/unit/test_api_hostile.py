@@ -44,7 +44,7 @@ async def test_slow_bodies_hold_no_permit_while_they_arrive() -> None:
     async with two_nodes(
         admission_limit_initial=1, admission_limit_min=1, admission_queue_max=0
     ) as n:
-        release, sent = asyncio.Event(), []
+        release, sent = asyncio.Event(), list[Any]()
         slow = [
             asyncio.create_task(
                 n.east.post(
@@ -67,7 +67,7 @@ async def test_slow_bodies_hold_no_permit_while_they_arrive() -> None:
 
 async def test_a_body_that_does_not_arrive_in_time_is_408_and_never_admitted() -> None:
     async with two_nodes(body_read_timeout_s=0.05) as n:
-        never, sent = asyncio.Event(), []
+        never, sent = asyncio.Event(), list[Any]()
         r = await n.east.post(
             "/v1/conversations",
             content=_slow_body(never, sent),
@@ -80,7 +80,7 @@ async def test_a_body_that_does_not_arrive_in_time_is_408_and_never_admitted() -
 
 async def test_a_deadline_shorter_than_the_body_timeout_is_504() -> None:
     async with two_nodes(body_read_timeout_s=60.0) as n:
-        never, sent = asyncio.Event(), []
+        never, sent = asyncio.Event(), list[Any]()
         r = await n.east.post(
             "/v1/conversations",
             content=_slow_body(never, sent),

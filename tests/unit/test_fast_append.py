@@ -104,8 +104,8 @@ async def test_a_request_without_a_parsed_body_is_not_taken() -> None:
     async def receive() -> dict[str, Any]:
         raise AssertionError("the fast path must not read the body")
 
-    scope = {"type": "http", "method": "POST", "path": "/v1/conversations/c1/events",
-             "headers": []}  # fmt: skip
+    scope: dict[str, Any] = {"type": "http", "method": "POST",
+                             "path": "/v1/conversations/c1/events", "headers": []}  # fmt: skip
     assert not await FastAppend(1.0, Metrics("east").count_error)(scope, receive, send)
     scope = {**scope, "method": "GET", PARSED_BODY_SCOPE_KEY: {"type": "note"}}
     assert not await FastAppend(1.0, Metrics("east").count_error)(scope, receive, send)

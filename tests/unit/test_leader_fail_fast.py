@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any, TypeVar
 
 import pytest
 
@@ -40,7 +41,10 @@ class BlackHole(MemoryReplica):
         return await super().append(shard, epoch, prev_lsn, prev_epoch, entries, leader_commit_lsn)
 
 
-def run(coro_fn, *args):  # type: ignore[no-untyped-def]
+T = TypeVar("T")
+
+
+def run(coro_fn: Callable[[bool], Coroutine[Any, Any, T]], *args: bool) -> T:
     loop = VirtualTimeLoop()
     try:
         return loop.run_until_complete(coro_fn(*args))

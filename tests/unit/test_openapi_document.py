@@ -33,7 +33,7 @@ async def east() -> AsyncIterator[httpx.AsyncClient]:
         )
 
 
-def _subclasses(cls: type) -> set[type]:
+def _subclasses(cls: type[ConvplaneError]) -> set[type[ConvplaneError]]:
     found = set(cls.__subclasses__())
     return found.union(*(_subclasses(c) for c in found)) if found else found
 

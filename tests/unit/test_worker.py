@@ -163,7 +163,7 @@ def make_worker(
 
 async def collect(bus: InProcessJobBus, count: int) -> list[ReplayResult]:
     stream = bus.result_stream()
-    results = []
+    results: list[ReplayResult] = []
     while len(results) < count:
         result = await stream.next_result(timeout_s=5.0)
         assert result is not None, f"only {len(results)} of {count} results arrived"
