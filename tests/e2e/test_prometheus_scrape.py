@@ -8,6 +8,7 @@ test's tmp_path, scraping and evaluating every second so every wait stays short 
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import signal
@@ -164,7 +165,7 @@ def test_prometheus_sees_the_series_and_alerts_when_a_region_is_killed(
 ) -> None:
     _write_some_events(plane)
     for name in SERIES:
-        _wait_for(f"series {name}", SERIES_WAIT_S, lambda name=name: prometheus.query(name))
+        _wait_for(f"series {name}", SERIES_WAIT_S, functools.partial(prometheus.query, name))
     led = _wait_for(
         "shards led by every region",
         SERIES_WAIT_S,

@@ -30,8 +30,14 @@ from services import bootstrap
 from services.api.app import create_app
 from services.api.errors import ERROR_CODES
 from services.api.metrics import HTTP_METHODS
-from services.config import ClusterConfig, NodeSettings, RegionConfig, TenantConfig
-from tests.unit.api_fakes import KEY_A, api_key_sha256
+from services.config import (
+    ClusterConfig,
+    NodeSettings,
+    RegionConfig,
+    TenantConfig,
+    api_key_sha256,
+)
+from tests.unit.api_fakes import KEY_A
 
 ROOT = Path(__file__).resolve().parents[2]
 OBSERVABILITY = ROOT / "deploy" / "observability"

@@ -23,9 +23,15 @@ from eventlog.sharding import shard_of
 from regions.placement import place_shards
 from services import bootstrap
 from services.api.app import create_app
-from services.config import ClusterConfig, NodeSettings, RegionConfig, TenantConfig
+from services.config import (
+    ClusterConfig,
+    NodeSettings,
+    RegionConfig,
+    TenantConfig,
+    api_key_sha256,
+)
 from services.tracing import tracer_provider_from_env
-from tests.unit.api_fakes import KEY_A, HostRouting, api_key_sha256
+from tests.unit.api_fakes import KEY_A, HostRouting
 
 REGIONS = ("east", "west")
 SHARDS = 4
