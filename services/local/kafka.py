@@ -36,7 +36,8 @@ from pathlib import Path
 
 from services.local.host import HarnessError, docker_available, free_port
 
-POM_PATH = Path(__file__).resolve().parent.parent / "replay" / "kafka" / "pom.xml"
+#: the repository root is two levels above this package (services/local/)
+POM_PATH = Path(__file__).resolve().parents[2] / "replay" / "kafka" / "pom.xml"
 TEST_KAFKA_ENV = "CONVPLANE_TEST_KAFKA"
 _STAMP_FILE = ".pom-sha256"
 _LOG_TAIL_LINES = 60
