@@ -50,6 +50,9 @@ from eventlog.wire_values import check_text, check_value
 
 __all__ = ["LogConfig", "LogNode"]
 
+#: what a leader keys a conversation's state by: (shard, tenant_id, conversation_id)
+ConversationKey = tuple[int, str, str]
+
 
 class LogListener(Protocol):
     """What other parts of a region (e.g. the replay scheduler) learn from the log node.
@@ -88,8 +91,10 @@ class LogNode(ConversationLog):
         self._leaders: dict[int, ShardLeader] = {}
         self._hints: dict[int, str | None] = {}
         self._epochs_seen: dict[int, int] = {}
-        self._states: OrderedDict[tuple[int, str], ConversationState] = OrderedDict()
-        self._loading: dict[tuple[int, str], asyncio.Lock] = {}
+        #: (shard, tenant_id, conversation_id) -> state: a conversation is keyed by its tenant
+        #: and its id, so two tenants' conversations never share state, seqs or keys
+        self._states: OrderedDict[ConversationKey, ConversationState] = OrderedDict()
+        self._loading: dict[ConversationKey, asyncio.Lock] = {}
         self._leading: dict[int, asyncio.Lock] = {}
         #: the last region known to lead each shard (hint or self), for LogListener.shard_led
         self._previous_leader: dict[int, str] = {}
@@ -226,7 +231,7 @@ class LogNode(ConversationLog):
     # --- conversation state ---------------------------------------------------------------
 
     async def _state(
-        self, shard: int, conversation_id: str
+        self, shard: int, tenant_id: str, conversation_id: str
     ) -> tuple[ShardLeader, ConversationState | None]:
         """The shard's serving leader and the conversation's state (None: no such conversation).
         No await separates the return from the caller's decision.
@@ -237,7 +242,7 @@ class LogNode(ConversationLog):
         recovered tail may hold the conversation. Such a load fails retryable
         (``LeadershipChanged``); it is never read as absence, or a retried create would write a
         second ``conversation.created`` and restart the seqs."""
-        key = (shard, conversation_id)
+        key = (shard, tenant_id, conversation_id)
         leader = self._serving_leader(shard)
         state = self._states.get(key)
         if state is None:
@@ -246,7 +251,7 @@ class LogNode(ConversationLog):
                 async with lock:
                     state = self._states.get(key)
                     if state is None:
-                        history = await self._read_history(leader, conversation_id)
+                        history = await self._read_history(leader, tenant_id, conversation_id)
                         if self._leaders.get(shard) is not leader or not leader.serving:
                             raise LeadershipChanged(
                                 f"shard {shard}: leader changed while conversation "
@@ -280,12 +285,14 @@ class LogNode(ConversationLog):
             if shard_leader is None or self._states[key].last_lsn <= shard_leader.commit_lsn:
                 del self._states[key]
 
-    async def _read_history(self, leader: ShardLeader, conversation_id: str) -> list[LogEntry]:
+    async def _read_history(
+        self, leader: ShardLeader, tenant_id: str, conversation_id: str
+    ) -> list[LogEntry]:
         entries: list[LogEntry] = []
         after_seq = -1
         while True:
             page = await self._read_conversation(
-                leader, conversation_id, after_seq, self.config.conversation_page_events
+                leader, tenant_id, conversation_id, after_seq, self.config.conversation_page_events
             )
             entries.extend(page)
             if len(page) < self.config.conversation_page_events:
@@ -293,7 +300,7 @@ class LogNode(ConversationLog):
             after_seq = page[-1].seq
 
     async def _read_conversation(
-        self, leader: ShardLeader, conversation_id: str, after_seq: int, limit: int
+        self, leader: ShardLeader, tenant_id: str, conversation_id: str, after_seq: int, limit: int
     ) -> list[LogEntry]:
         """Committed entries, from a replica known to hold everything committed."""
         commit_lsn = leader.commit_lsn
@@ -304,7 +311,7 @@ class LogNode(ConversationLog):
             try:
                 entries = await bounded(
                     replica.read_conversation(
-                        leader.shard, conversation_id, after_seq, limit, commit_lsn
+                        leader.shard, tenant_id, conversation_id, after_seq, limit, commit_lsn
                     ),
                     timeout_s,
                 )
@@ -348,13 +355,13 @@ class LogNode(ConversationLog):
         check_text(model_revision, "model_revision")
         check_value(metadata, "metadata")
         shard = self.shard_of(conversation_id)
-        leader, state = await self._state(shard, conversation_id)
+        leader, state = await self._state(shard, tenant_id, conversation_id)
         request_fp = fingerprint(
             CONVERSATION_CREATED, {"model_revision": model_revision, "metadata": metadata}, None
         )
         if state is not None:
             created = json.loads(state.created.body)
-            if state.tenant_id != tenant_id or created["fingerprint"] != request_fp:
+            if created["fingerprint"] != request_fp:
                 raise ConversationExists(f"conversation {conversation_id!r} already exists")
             await leader.wait_committed(state.created.lsn)
             return self._info(leader, state)
@@ -371,7 +378,7 @@ class LogNode(ConversationLog):
         }
         entry = _propose_body(leader, body)
         state = ConversationState(created=entry, last_lsn=entry.lsn)
-        self._states[(shard, conversation_id)] = state
+        self._states[(shard, tenant_id, conversation_id)] = state
         await leader.wait_committed(entry.lsn)
         return self._info(leader, state)
 
@@ -392,8 +399,8 @@ class LogNode(ConversationLog):
         if idempotency_key is not None:
             check_text(idempotency_key, "Idempotency-Key", column=True)
         shard = self.shard_of(conversation_id)
-        leader, state = await self._state(shard, conversation_id)
-        if state is None or state.tenant_id != tenant_id:
+        leader, state = await self._state(shard, tenant_id, conversation_id)
+        if state is None:
             raise NotFound(f"no conversation {conversation_id!r}")
         # From here to propose: no await, so the decision and the seq are atomic.
         request_fp = fingerprint(event_type, payload, token_count)
@@ -439,7 +446,9 @@ class LogNode(ConversationLog):
         if limit < 1:
             raise InvalidRequest("limit must be >= 1")
         leader, _ = await self._committed_state(tenant_id, conversation_id)
-        entries = await self._read_conversation(leader, conversation_id, max(after_seq, 0), limit)
+        entries = await self._read_conversation(
+            leader, tenant_id, conversation_id, max(after_seq, 0), limit
+        )
         return [event_record(e) for e in entries]
 
     async def tool_attempt(
@@ -465,12 +474,12 @@ class LogNode(ConversationLog):
         shard = self.shard_of(conversation_id)
         confirmed = self._serving_leader(shard)
         await confirmed.confirm_leadership()
-        leader, state = await self._state(shard, conversation_id)
+        leader, state = await self._state(shard, tenant_id, conversation_id)
         if leader is not confirmed:
             raise LeadershipChanged(
                 f"shard {shard}: leader changed during the read; retry", retry_after_s=0.1
             )
-        if state is None or state.tenant_id != tenant_id or state.created.lsn > leader.commit_lsn:
+        if state is None or state.created.lsn > leader.commit_lsn:
             raise NotFound(f"no conversation {conversation_id!r}")
         return leader, state
 

@@ -103,7 +103,7 @@ class ShardPlanner:
         moved = await asyncio.gather(*(one(s) for s in summaries))
         return [m for m in moved if m is not None]
 
-    async def conversation(self, conversation_id: str) -> MovedConversation:
+    async def conversation(self, tenant_id: str, conversation_id: str) -> MovedConversation:
         shard = self.node.shard_of(conversation_id)
         leader = self._leader(shard)
         commit_lsn = leader.commit_lsn
@@ -113,7 +113,12 @@ class ShardPlanner:
         while len(entries) < self._limits.entries_max:
             page = await self._bounded(
                 store.read_conversation(
-                    shard, conversation_id, after_seq, self._limits.page_entries, commit_lsn
+                    shard,
+                    tenant_id,
+                    conversation_id,
+                    after_seq,
+                    self._limits.page_entries,
+                    commit_lsn,
                 ),
                 "read conversation",
             )
@@ -124,7 +129,7 @@ class ShardPlanner:
         if not entries or entries[0].event_type != CONVERSATION_CREATED:
             raise NotFound(f"no conversation {conversation_id!r}")
         return MovedConversation(
-            tenant_id=entries[0].tenant_id,
+            tenant_id=tenant_id,
             conversation_id=conversation_id,
             model_revision=str(json.loads(entries[0].body)["model_revision"]),
             last_activity_ms=entries[-1].created_at_ms,
@@ -136,7 +141,9 @@ class ShardPlanner:
         self, store: ReplicaStore, shard: int, summary: ConversationSummary, commit_lsn: int
     ) -> str:
         first = await self._bounded(
-            store.read_conversation(shard, summary.conversation_id, -1, 1, commit_lsn),
+            store.read_conversation(
+                shard, summary.tenant_id, summary.conversation_id, -1, 1, commit_lsn
+            ),
             "read conversation.created",
         )
         if not first or first[0].event_type != CONVERSATION_CREATED:
