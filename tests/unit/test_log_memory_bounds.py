@@ -18,14 +18,16 @@ import tracemalloc
 from collections.abc import AsyncIterator
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from eventlog.clock import SystemClock
 from eventlog.config import LogConfig
 from eventlog.conversation_state import ConversationState, StateLimits
-from eventlog.errors import InvalidRequest
-from eventlog.model import LogEntry
+from eventlog.errors import InvalidRequest, Overloaded
+from eventlog.memory_replica import MemoryReplica
+from eventlog.model import LogEntry, entry_size_bytes
 from eventlog.node import LogNode
 from eventlog.replica import ReplicaStore
 from eventlog.stores import open_replica_store
@@ -59,8 +61,10 @@ async def replicas(tmp_path: Path) -> AsyncIterator[dict[str, ReplicaStore]]:
         await store.close()
 
 
-def _node(region: str, replicas: dict[str, ReplicaStore], clock: SystemClock) -> LogNode:
-    return LogNode(region=region, replicas=replicas, config=CONFIG, clock=clock,
+def _node(
+    region: str, replicas: dict[str, ReplicaStore], clock: SystemClock, config: LogConfig = CONFIG
+) -> LogNode:
+    return LogNode(region=region, replicas=replicas, config=config, clock=clock,
                    rng=random.Random(region))  # fmt: skip
 
 
@@ -158,3 +162,48 @@ def test_state_keeps_no_bodies_and_refuses_attempts_past_the_bound() -> None:
     state.check_room_for_attempt("a2", "tool.attempt")  # a known attempt is always answered
     with pytest.raises(InvalidRequest):
         state.check_room_for_attempt("a3", "tool.attempt")
+
+
+# --- the leader's buffer in bytes -----------------------------------------------------------
+
+
+class HeldAppends(MemoryReplica):
+    """A replica whose appends wait for ``gate`` (a slow or cut-off database)."""
+
+    def __init__(self, region: str, gate: asyncio.Event) -> None:
+        super().__init__(region)
+        self.gate = gate
+
+    async def append(self, *args: Any) -> Any:
+        await self.gate.wait()
+        return await super().append(*args)
+
+
+async def test_the_leader_sheds_past_its_in_flight_bytes_and_trims_its_buffer_in_bytes() -> None:
+    gate = asyncio.Event()
+    replicas: dict[str, ReplicaStore] = {
+        "a": MemoryReplica("a"), "b": HeldAppends("b", gate), "c": HeldAppends("c", gate),
+    }  # fmt: skip
+    config = LogConfig(shard_count=1, inflight_bytes_max=100 * 1024, buffer_bytes_max=200 * 1024)
+    node = _node("a", replicas, SystemClock(), config)
+    try:
+        gate.set()
+        await node.lead_shard(0)
+        await node.create_conversation("t1", "c", "m@1", {})
+        gate.clear()  # nothing commits from here: b and c hold every append
+        big = {"content": "x" * 60 * 1024}
+        first = asyncio.create_task(node.append_event("t1", "c", "note", big))
+        await asyncio.sleep(0)  # proposed: 60 KiB in flight, alone, so accepted
+        with pytest.raises(Overloaded):
+            await node.append_event("t1", "c", "note", big)  # 120 KiB would pass 100 KiB
+        gate.set()
+        await first
+        for _ in range(6):  # 360 KiB committed, through a 200 KiB buffer
+            await node.append_event("t1", "c", "note", big)
+        leader = node.leader(0)
+        assert leader is not None
+        held = [leader.entry(lsn) for lsn in range(1, leader.last_lsn + 1)]
+        held_bytes = sum(entry_size_bytes(e) for e in held if e is not None)
+        assert held[0] is None and held_bytes <= config.buffer_bytes_max
+    finally:
+        await node.close()
