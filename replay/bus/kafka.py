@@ -48,7 +48,7 @@ from replay.bus.port import (
     jobs_topic,
     worker_group,
 )
-from replay.model import ReplayJob, ReplayResult
+from replay.model import ReplayJob, ReplayResult, message_key
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -196,7 +196,9 @@ class KafkaJobBus(JobBus):
     ) -> None:
         acks = [
             await producer.send(
-                jobs_topic(job.region), codec.encode_job(job), key=job.conversation_id.encode()
+                jobs_topic(job.region),
+                codec.encode_job(job),
+                key=message_key(job.tenant_id, job.conversation_id),
             )
             for job in batch
         ]
@@ -208,7 +210,7 @@ class KafkaJobBus(JobBus):
             producer.send_and_wait(
                 RESULTS_TOPIC,
                 self._codec.encode_result(result),
-                key=result.conversation_id.encode("utf-8"),
+                key=message_key(result.tenant_id, result.conversation_id),
             ),
             self.settings.request_timeout_s,
             "publish result",
