@@ -261,7 +261,7 @@ def live_arrival(params: Params, region: Region, now_s: float) -> None:
         session.length += params.turn_tokens
     session.had_live_turn = True
     if region.scheduler is not None:
-        region.scheduler.mark_live(session.conversation_id)
+        region.scheduler.mark_live(session.tenant_id, session.conversation_id)
     engine = region.engines[session.engine]
     ticket = engine.submit_blocks(session.block_keys()[:], session.length, 0, now_s)
     region.live_tickets[(session.engine, ticket)] = (session, is_moved, now_s)

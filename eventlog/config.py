@@ -15,8 +15,13 @@ class LogConfig:
     batch_events_max: int = 256
     #: most entries a shard leader holds that are not yet committed; proposals beyond are shed
     inflight_entries_max: int = 4096
+    #: bytes of not yet committed entries a shard leader holds (bodies, estimated); a proposal
+    #: that would pass it is shed (Overloaded), unless nothing is in flight (one always goes)
+    inflight_bytes_max: int = 16 * 1024 * 1024
     #: committed entries a leader keeps in memory for lagging replicas (older ones are re-read)
     buffer_entries_max: int = 8192
+    #: ... and at most this many bytes of them (bodies, estimated): huge events keep few
+    buffer_bytes_max: int = 16 * 1024 * 1024
     #: most entries a prepare returns in its tail (the rest is read with read_log)
     prepare_tail_max: int = 4096
 
@@ -40,8 +45,24 @@ class LogConfig:
 
     #: conversations whose state a leader caches (LRU; conversations with writes in flight stay)
     conversation_cache_max: int = 20_000
-    #: page size when loading a conversation's history into the leader's state
-    conversation_page_events: int = 1000
+    #: ... and the estimated bytes of those states (``ConversationState.size_bytes``: refs of
+    #: keyed and tool entries, never bodies), all shards of the node together
+    conversation_cache_bytes_max: int = 256 * 1024 * 1024
+    #: entries per replica read when loading a conversation's state or reading its events: a
+    #: load holds one such page, never the whole history (128 x a 256 KiB event = 32 MiB)
+    conversation_page_events: int = 128
+    #: a list_events call stops reading once its events reach this many body bytes (so it
+    #: holds at most this plus one page; at least one event is returned: a reader moves on)
+    read_page_bytes_max: int = 4 * 1024 * 1024
+    #: an Idempotency-Key is remembered for this long after its event (then a retry with it is
+    #: a new append); 24 h, as payment APIs do
+    idempotency_retention_s: float = 24 * 3600.0
+    #: ... and at most this many keys per conversation, the newest (a retry after more than
+    #: this many later keyed appends to the same conversation is a new append)
+    idempotency_keys_per_conversation_max: int = 10_000
+    #: tool attempts a conversation may record: each is remembered for good (it guards at most
+    #: one effect), so their number is what bounds a conversation's state
+    tool_attempts_per_conversation_max: int = 10_000
     #: longest conversation the log accepts (events)
     conversation_events_max: int = 1_000_000
 

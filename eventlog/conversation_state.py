@@ -1,8 +1,9 @@
 """Per-conversation rules of the log, pure: seq assignment, idempotency keys, tool attempts/effects.
 
 A shard leader keeps one ``ConversationState`` per conversation it has touched, built from the
-committed history (``from_history``) and updated synchronously with every proposal, so deciding
-and proposing happen with no await in between (no two appends can take the same seq).
+committed history (applied page by page, never held whole) and updated synchronously with every
+proposal, so deciding and proposing happen with no await in between (no two appends can take the
+same seq). It keeps references, not bodies, and a bounded number of them (``StateLimits``).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from eventlog.errors import (
     InvariantViolation,
     SeqConflict,
 )
-from eventlog.model import CONVERSATION_CREATED, EVENT_TYPES, LogEntry
+from eventlog.model import EVENT_TYPES, LogEntry
 from eventlog.wire_values import check_text, check_value
 
 EFFECT_STATES = ("committed", "failed")
@@ -64,18 +65,79 @@ def validate_event(event_type: str, payload: dict[str, Any]) -> str | None:
     return attempt_id
 
 
+#: what a leader charges a conversation's state for one remembered entry besides its strings
+#: (the reference object, its dict slot, the ints): an estimate, the cache's unit of account
+ENTRY_REF_BYTES = 240
+#: what a conversation's state costs before any remembered entry (the object, counters, deque)
+STATE_BASE_BYTES = 1024
+
+
+@dataclass(frozen=True, slots=True)
+class EntryRef:
+    """What a leader remembers of a keyed or tool entry: enough to return it to an identical
+    retry and to tell a conflicting one, never its body (bodies are read from a replica when a
+    caller needs them)."""
+
+    lsn: int
+    epoch: int
+    seq: int
+    event_type: str
+    event_id: str
+    created_at_ms: int
+    fingerprint: str
+    effect_status: str | None = None  # a tool.effect's payload.status
+
+    @classmethod
+    def of(cls, entry: LogEntry, body: dict[str, Any] | None = None) -> EntryRef:
+        body = json.loads(entry.body) if body is None else body
+        status = (
+            body.get("payload", {}).get("status") if entry.event_type == "tool.effect" else None
+        )
+        return cls(
+            lsn=entry.lsn,
+            epoch=entry.epoch,
+            seq=entry.seq,
+            event_type=entry.event_type,
+            event_id=body["event_id"],
+            created_at_ms=entry.created_at_ms,
+            fingerprint=body["fingerprint"],
+            effect_status=status,
+        )
+
+    def size_bytes(self) -> int:
+        return ENTRY_REF_BYTES + len(self.event_id) + len(self.fingerprint)
+
+
+@dataclass(frozen=True, slots=True)
+class StateLimits:
+    """Per-conversation bounds of a leader's state (``eventlog.config.LogConfig`` names them)."""
+
+    #: keys remembered per conversation (the newest); older ones are forgotten
+    idempotency_keys_max: int = 10_000
+    #: a key is remembered this long after its event (then forgotten)
+    idempotency_retention_ms: int = 24 * 3600 * 1000
+    #: tool attempts a conversation may record (each is kept: at most one effect per attempt)
+    tool_attempts_max: int = 10_000
+
+
 @dataclass
 class Attempt:
-    attempt: LogEntry
-    effect: LogEntry | None = None
+    attempt: EntryRef
+    effect: EntryRef | None = None
 
 
 @dataclass
 class ConversationState:
+    """A conversation as its shard's leader needs it to decide an append: its creation, its
+    last seq, the idempotency keys of its retention window and its tool attempts, as
+    ``EntryRef`` s. Its size is bounded by ``StateLimits``, not by the conversation's length."""
+
     created: LogEntry
+    limits: StateLimits = field(default_factory=StateLimits)
     last_seq: int = 0
-    #: idempotency key -> entry that used it (committed or in flight)
-    keys: dict[str, LogEntry] = field(default_factory=dict)
+    #: idempotency key -> entry that used it (committed or in flight), oldest first; only the
+    #: retention window's (``forget_keys``) and at most ``limits.idempotency_keys_max``
+    keys: dict[str, EntryRef] = field(default_factory=dict)
     attempts: dict[str, Attempt] = field(default_factory=dict)
     #: highest lsn of an entry of this conversation proposed by the current leader
     last_lsn: int = 0
@@ -83,6 +145,13 @@ class ConversationState:
     #: leader's in-flight limit); reads answer ``committed_last_seq``, never ``last_seq``
     proposed: deque[tuple[int, int]] = field(default_factory=deque)
     committed_seq: int = 0
+    #: estimated memory of this state (``STATE_BASE_BYTES`` + the creation + remembered refs)
+    size_bytes: int = 0
+    #: what the leader's cache last counted for this state (``eventlog.conversation_cache``)
+    counted_bytes: int = 0
+
+    def __post_init__(self) -> None:
+        self.size_bytes = STATE_BASE_BYTES + len(self.created.body)
 
     @property
     def tenant_id(self) -> str:
@@ -93,25 +162,20 @@ class ConversationState:
         body: dict[str, Any] = json.loads(self.created.body)
         return body
 
-    @classmethod
-    def from_history(cls, entries: list[LogEntry]) -> ConversationState:
-        """State after the given committed entries (seq order, starting with seq 0)."""
-        if not entries or entries[0].event_type != CONVERSATION_CREATED:
-            raise InvariantViolation("conversation history does not start with its creation")
-        state = cls(created=entries[0])
-        for entry in entries[1:]:
-            state.apply(entry)
-        state.proposed.clear()
-        state.committed_seq = state.last_seq
-        return state
-
     def committed_last_seq(self, commit_lsn: int) -> int:
         """The seq of the conversation's last entry at or below ``commit_lsn``."""
         while self.proposed and self.proposed[0][0] <= commit_lsn:
             self.committed_seq = self.proposed.popleft()[1]
         return self.committed_seq
 
-    def apply(self, entry: LogEntry) -> None:
+    def loaded(self) -> None:
+        """Called once the committed history has been applied: nothing of it is in flight."""
+        self.proposed.clear()
+        self.committed_seq = self.last_seq
+
+    def apply(self, entry: LogEntry, body: dict[str, Any] | None = None) -> None:
+        """Take the conversation's next entry (``body``: its parsed body when the caller has it;
+        parsed here only for keyed and tool entries)."""
         if entry.seq != self.last_seq + 1:
             raise InvariantViolation(
                 f"conversation {entry.conversation_id}: seq {entry.seq} after {self.last_seq}"
@@ -119,11 +183,16 @@ class ConversationState:
         self.last_seq = entry.seq
         self.last_lsn = max(self.last_lsn, entry.lsn)
         self.proposed.append((entry.lsn, entry.seq))
+        if entry.idempotency_key is None and entry.attempt_id is None:
+            return
+        ref = EntryRef.of(entry, body)
         if entry.idempotency_key is not None:
-            self.keys[entry.idempotency_key] = entry
+            self._remember_key(entry.idempotency_key, ref)
         if entry.attempt_id is not None:
             if entry.event_type == "tool.attempt":
-                self.attempts.setdefault(entry.attempt_id, Attempt(entry))
+                if entry.attempt_id not in self.attempts:
+                    self.attempts[entry.attempt_id] = Attempt(ref)
+                    self.size_bytes += len(entry.attempt_id) + ref.size_bytes()
             elif entry.event_type == "tool.effect":
                 attempt = self.attempts.get(entry.attempt_id)
                 if attempt is None or attempt.effect is not None:
@@ -131,7 +200,41 @@ class ConversationState:
                         f"conversation {entry.conversation_id}: effect for attempt "
                         f"{entry.attempt_id} without attempt or twice"
                     )
-                attempt.effect = entry
+                attempt.effect = ref
+                self.size_bytes += ref.size_bytes()
+
+    def _remember_key(self, key: str, ref: EntryRef) -> None:
+        old = self.keys.pop(key, None)
+        if old is not None:
+            self.size_bytes -= len(key) + old.size_bytes()
+        self.keys[key] = ref
+        self.size_bytes += len(key) + ref.size_bytes()
+        while len(self.keys) > self.limits.idempotency_keys_max:
+            self._forget_oldest_key()
+
+    def _forget_oldest_key(self) -> None:
+        key = next(iter(self.keys))
+        self.size_bytes -= len(key) + self.keys.pop(key).size_bytes()
+
+    def forget_keys(self, now_ms: int) -> None:
+        """Forget the keys whose event is older than the retention window (oldest first, so
+        this costs one look when there is nothing to forget)."""
+        horizon_ms = now_ms - self.limits.idempotency_retention_ms
+        while self.keys and next(iter(self.keys.values())).created_at_ms < horizon_ms:
+            self._forget_oldest_key()
+
+    def check_room_for_attempt(self, attempt_id: str | None, event_type: str) -> None:
+        """A new tool attempt past ``tool_attempts_max`` is refused (attempts are never
+        forgotten: they guard at most one effect each)."""
+        if (
+            event_type == "tool.attempt"
+            and attempt_id not in self.attempts
+            and len(self.attempts) >= self.limits.tool_attempts_max
+        ):
+            raise InvalidRequest(
+                f"the conversation has {len(self.attempts)} tool attempts, the most it may "
+                "record; start a new conversation"
+            )
 
     def existing_result(
         self,
@@ -139,12 +242,12 @@ class ConversationState:
         attempt_id: str | None,
         request_fingerprint: str,
         idempotency_key: str | None,
-    ) -> LogEntry | None:
+    ) -> EntryRef | None:
         """The entry an identical earlier request produced (to return it again), or None when
         the request is new. Raises when it conflicts with what the log already holds."""
         if idempotency_key is not None and idempotency_key in self.keys:
             earlier = self.keys[idempotency_key]
-            if entry_fingerprint(earlier) != request_fingerprint:
+            if earlier.fingerprint != request_fingerprint:
                 raise IdempotencyKeyReused(
                     f"Idempotency-Key {idempotency_key!r} was used for a different request "
                     f"(seq {earlier.seq})"
@@ -156,14 +259,14 @@ class ConversationState:
         if event_type == "tool.attempt":
             if attempt is None:
                 return None
-            if entry_fingerprint(attempt.attempt) != request_fingerprint:
+            if attempt.attempt.fingerprint != request_fingerprint:
                 raise Conflict(f"attempt {attempt_id!r} is already recorded with other arguments")
             return attempt.attempt
         if attempt is None:
             raise UnknownAttempt(f"no tool.attempt {attempt_id!r} in this conversation")
         if attempt.effect is None:
             return None
-        if entry_fingerprint(attempt.effect) != request_fingerprint:
+        if attempt.effect.fingerprint != request_fingerprint:
             raise EffectConflict(
                 f"attempt {attempt_id!r} already has a different effect (seq {attempt.effect.seq})"
             )
@@ -175,8 +278,3 @@ class ConversationState:
                 f"expected_seq {expected_seq} but the conversation's last seq is {self.last_seq}",
                 last_seq=self.last_seq,
             )
-
-
-def entry_fingerprint(entry: LogEntry) -> str:
-    value: str = json.loads(entry.body)["fingerprint"]
-    return value

@@ -2,7 +2,14 @@
 
 ``eventlog.node.LogNode`` implements it for the shards a region leads; calls for a shard the
 region does not lead raise ``NotLeader`` (with the leader's region when known) so the router can
-forward them. All methods are scoped to a tenant: another tenant's conversation is ``NotFound``.
+forward them.
+
+**Conversation ids are namespaced by tenant.** A conversation is keyed by ``(tenant_id,
+conversation_id)``: two tenants may use the same id for two independent conversations (own seqs,
+idempotency keys and tool attempts), and no call tells a tenant whether another tenant's
+conversation with that id exists; what another tenant holds is invisible, never ``NotFound``-vs-
+``Conflict``. The shard is a function of the id alone (``eventlog.sharding``), so the same id of
+two tenants lives in one shard under two keys; the tenant is part of the key within the shard.
 """
 
 from __future__ import annotations
@@ -68,8 +75,9 @@ class ConversationLog(ABC):
         model_revision: str,
         metadata: dict[str, Any],
     ) -> ConversationInfo:
-        """Idempotent on conversation_id: creating an existing conversation of the same tenant
-        with the same model_revision and metadata returns it; anything else is a Conflict."""
+        """Idempotent on (tenant_id, conversation_id): creating the tenant's existing
+        conversation again with the same model_revision and metadata returns it; with others it
+        is a Conflict. Another tenant's conversation with the same id plays no part."""
 
     @abstractmethod
     async def append_event(

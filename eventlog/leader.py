@@ -42,7 +42,15 @@ from eventlog.errors import (
     Overloaded,
 )
 from eventlog.identity import IdentityGuard
-from eventlog.model import Accepted, LogEntry, Mismatch, Rejected, ShardStatus, leader_barrier
+from eventlog.model import (
+    Accepted,
+    LogEntry,
+    Mismatch,
+    Rejected,
+    ShardStatus,
+    entry_size_bytes,
+    leader_barrier,
+)
 from eventlog.read_index import ReadIndex
 from eventlog.recovery import (
     RecoveredLog,
@@ -112,6 +120,10 @@ class ShardLeader:
         self._buffer_base = 0
         self._buffer: list[LogEntry] = []
         self._epoch_at_base = 0  # epoch of the entry at buffer_base (0 when buffer_base == 0)
+        #: estimated bytes of the buffer's entries, and of those not yet committed
+        #: (``entry_size_bytes``): the buffer is bounded in bytes, not only in entries
+        self._buffer_bytes = 0
+        self._inflight_bytes = 0
         self._followers: dict[str, _Follower] = {}
         self._waiters: dict[int, asyncio.Future[None]] = {}
         self._recovery_source = region
@@ -237,6 +249,7 @@ class ShardLeader:
         self._buffer.append(
             leader_barrier(self._barrier_lsn, self.epoch, self.region, self._clock.wall_ms())
         )
+        self._buffer_bytes = self._inflight_bytes = sum(entry_size_bytes(e) for e in self._buffer)
         self.last_lsn = self._barrier_lsn
         self.commit_lsn = recovered.commit_lsn
         self._recovery_source = recovered.source
@@ -350,7 +363,15 @@ class ShardLeader:
         entry = make_entry(self.last_lsn + 1, self.epoch)
         if entry.lsn != self.last_lsn + 1 or entry.epoch != self.epoch:
             raise InvariantViolation(f"shard {self.shard}: proposed entry out of place")
+        size = entry_size_bytes(entry)
+        if self._inflight_bytes and self._inflight_bytes + size > self._config.inflight_bytes_max:
+            raise Overloaded(
+                f"shard {self.shard}: {self._inflight_bytes} bytes in flight",
+                retry_after_s=0.1,
+            )
         self._buffer.append(entry)
+        self._buffer_bytes += size
+        self._inflight_bytes += size
         self.last_lsn = entry.lsn
         self._wake_followers()
         return entry
@@ -543,6 +564,7 @@ class ShardLeader:
         if quorum_lsn <= self.commit_lsn or quorum_lsn < self._barrier_lsn:
             return  # only entries of this epoch are committed by counting (Raft, section 5.4.2)
         newly = self._buffer[self.commit_lsn - self._buffer_base : quorum_lsn - self._buffer_base]
+        self._inflight_bytes -= sum(entry_size_bytes(e) for e in newly)
         self.commit_lsn = quorum_lsn
         if self._observer is not None:
             self._observer(self.shard, self.epoch, newly)
@@ -554,9 +576,16 @@ class ShardLeader:
         self._wake_followers()  # followers may now push the new commit position
 
     def _trim_buffer(self) -> None:
-        excess = len(self._buffer) - self._config.buffer_entries_max
+        """Drop the oldest committed entries past ``buffer_entries_max`` or
+        ``buffer_bytes_max`` (a lagging replica catches up on them from a replica instead)."""
         trimmable = self.commit_lsn - self._buffer_base
-        drop = min(excess, trimmable)
+        drop = 0
+        while drop < trimmable and (
+            len(self._buffer) - drop > self._config.buffer_entries_max
+            or self._buffer_bytes > self._config.buffer_bytes_max
+        ):
+            self._buffer_bytes -= entry_size_bytes(self._buffer[drop])
+            drop += 1
         if drop > 0:
             self._epoch_at_base = self._buffer[drop - 1].epoch
             self._buffer_base += drop

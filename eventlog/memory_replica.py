@@ -134,13 +134,21 @@ class MemoryReplica(ReplicaStore):
         return log.entries[max(after_lsn, 0) : max(after_lsn, 0) + limit]
 
     async def read_conversation(
-        self, shard: int, conversation_id: str, after_seq: int, limit: int, max_lsn: int
+        self,
+        shard: int,
+        tenant_id: str,
+        conversation_id: str,
+        after_seq: int,
+        limit: int,
+        max_lsn: int,
     ) -> list[LogEntry]:
         log = self._shard(shard)
         found = [
             e
             for e in log.entries[:max_lsn]
-            if e.conversation_id == conversation_id and e.seq > after_seq
+            if e.conversation_id == conversation_id
+            and e.tenant_id == tenant_id
+            and e.seq > after_seq
         ]
         found.sort(key=lambda e: e.seq)
         return found[:limit]
@@ -148,12 +156,13 @@ class MemoryReplica(ReplicaStore):
     async def list_conversations(
         self, shard: int, active_since_ms: int, max_lsn: int, limit: int
     ) -> list[ConversationSummary]:
-        summaries: dict[str, ConversationSummary] = {}
+        summaries: dict[tuple[str, str], ConversationSummary] = {}
         for e in self._shard(shard).entries[:max_lsn]:
             if not e.conversation_id:
                 continue  # leader barriers belong to no conversation
-            old = summaries.get(e.conversation_id)
-            summaries[e.conversation_id] = ConversationSummary(
+            key = (e.tenant_id, e.conversation_id)
+            old = summaries.get(key)
+            summaries[key] = ConversationSummary(
                 tenant_id=e.tenant_id,
                 conversation_id=e.conversation_id,
                 last_activity_ms=max(e.created_at_ms, old.last_activity_ms if old else 0),
@@ -161,5 +170,5 @@ class MemoryReplica(ReplicaStore):
                 last_seq=max(e.seq, old.last_seq if old else 0),
             )
         active = [s for s in summaries.values() if s.last_activity_ms >= active_since_ms]
-        active.sort(key=lambda s: (-s.last_activity_ms, s.conversation_id))
+        active.sort(key=lambda s: (-s.last_activity_ms, s.conversation_id, s.tenant_id))
         return active[:limit]

@@ -108,6 +108,15 @@ class ConversationSummary:
     last_seq: int
 
 
+#: what an entry costs in memory besides its body (the object, its ids, key, ints): an estimate
+ENTRY_OVERHEAD_BYTES = 400
+
+
+def entry_size_bytes(entry: LogEntry) -> int:
+    """An entry's estimated memory, the unit the leader's byte bounds count in."""
+    return ENTRY_OVERHEAD_BYTES + len(entry.body)
+
+
 def record_entry(lsn: int, epoch: int, event_type: str, body: str, wall_ms: int) -> LogEntry:
     """An entry that belongs to no conversation: a leader barrier or a control record."""
     return LogEntry(

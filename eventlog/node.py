@@ -9,19 +9,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import json
 import random
-from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 from eventlog.aio import bounded
 from eventlog.clock import Clock
 from eventlog.config import LogConfig
+from eventlog.conversation_cache import ConversationCache, ConversationKey
 from eventlog.conversation_state import (
     ConversationExists,
     ConversationState,
+    EntryRef,
+    StateLimits,
     fingerprint,
     validate_event,
 )
@@ -88,8 +89,17 @@ class LogNode(ConversationLog):
         self._leaders: dict[int, ShardLeader] = {}
         self._hints: dict[int, str | None] = {}
         self._epochs_seen: dict[int, int] = {}
-        self._states: OrderedDict[tuple[int, str], ConversationState] = OrderedDict()
-        self._loading: dict[tuple[int, str], asyncio.Lock] = {}
+        #: (shard, tenant_id, conversation_id) -> state: a conversation is keyed by its tenant
+        #: and its id, so two tenants' conversations never share state, seqs or keys
+        self._states = ConversationCache(
+            config.conversation_cache_max, config.conversation_cache_bytes_max
+        )
+        self._state_limits = StateLimits(
+            idempotency_keys_max=config.idempotency_keys_per_conversation_max,
+            idempotency_retention_ms=int(config.idempotency_retention_s * 1000),
+            tool_attempts_max=config.tool_attempts_per_conversation_max,
+        )
+        self._loading: dict[ConversationKey, asyncio.Lock] = {}
         self._leading: dict[int, asyncio.Lock] = {}
         #: the last region known to lead each shard (hint or self), for LogListener.shard_led
         self._previous_leader: dict[int, str] = {}
@@ -156,7 +166,7 @@ class LogNode(ConversationLog):
                 self._epochs_seen[shard] = max(
                     self._epochs_seen.get(shard, 0), leader.highest_seen_epoch
                 )
-            if shard in self._leaders or any(k[0] == shard for k in self._states):
+            if shard in self._leaders or self._states.holds_shard(shard):
                 raise InvariantViolation(f"shard {shard}: state left over from another leader")
             previous_region = self._previous_leader.get(shard)
             self._leaders[shard] = leader
@@ -175,8 +185,7 @@ class LogNode(ConversationLog):
             await leader.close()
             if self._hints.get(shard) == self.region:
                 self._hints[shard] = None
-        for key in [k for k in self._states if k[0] == shard]:
-            del self._states[key]
+        self._states.drop_shard(shard)
 
     async def verify_replicas(self) -> list[str]:
         """Sweep every store's identity and registry (``eventlog.identity``), record what a new
@@ -226,7 +235,7 @@ class LogNode(ConversationLog):
     # --- conversation state ---------------------------------------------------------------
 
     async def _state(
-        self, shard: int, conversation_id: str
+        self, shard: int, tenant_id: str, conversation_id: str
     ) -> tuple[ShardLeader, ConversationState | None]:
         """The shard's serving leader and the conversation's state (None: no such conversation).
         No await separates the return from the caller's decision.
@@ -237,7 +246,7 @@ class LogNode(ConversationLog):
         recovered tail may hold the conversation. Such a load fails retryable
         (``LeadershipChanged``); it is never read as absence, or a retried create would write a
         second ``conversation.created`` and restart the seqs."""
-        key = (shard, conversation_id)
+        key = (shard, tenant_id, conversation_id)
         leader = self._serving_leader(shard)
         state = self._states.get(key)
         if state is None:
@@ -246,16 +255,15 @@ class LogNode(ConversationLog):
                 async with lock:
                     state = self._states.get(key)
                     if state is None:
-                        history = await self._read_history(leader, conversation_id)
+                        state = await self._load_state(leader, tenant_id, conversation_id)
                         if self._leaders.get(shard) is not leader or not leader.serving:
                             raise LeadershipChanged(
                                 f"shard {shard}: leader changed while conversation "
                                 f"{conversation_id!r} was being read; retry",
                                 retry_after_s=0.1,
                             )
-                        if history:
-                            state = ConversationState.from_history(history)
-                            self._states[key] = state
+                        if state is not None:
+                            self._states.put(key, state)
             finally:
                 if not lock.locked():
                     self._loading.pop(key, None)
@@ -267,33 +275,56 @@ class LogNode(ConversationLog):
             )
         leader = self._serving_leader(shard)
         if state is not None:
-            self._states.move_to_end(key)
-            self._evict(leader)
+            state.forget_keys(self._clock.wall_ms())
+            self._states.account(state)
+            self._states.touch(key)
+            self._evict(keep=key)
         return leader, state
 
-    def _evict(self, leader: ShardLeader) -> None:
-        excess = len(self._states) - self.config.conversation_cache_max
-        if excess <= 0:
-            return  # the common case: no copy of the cache's keys on the hot path
-        for key in list(itertools.islice(self._states, excess)):
-            shard_leader = self._leaders.get(key[0])
-            if shard_leader is None or self._states[key].last_lsn <= shard_leader.commit_lsn:
-                del self._states[key]
+    def _evict(self, keep: ConversationKey) -> None:
+        """Bound the cache (``ConversationCache``); never the state just handed to a caller
+        (``keep``), nor one with writes in flight: its decisions are in no replica yet."""
 
-    async def _read_history(self, leader: ShardLeader, conversation_id: str) -> list[LogEntry]:
-        entries: list[LogEntry] = []
+        def evictable(key: ConversationKey, state: ConversationState) -> bool:
+            shard_leader = self._leaders.get(key[0])
+            in_flight = shard_leader is not None and state.last_lsn > shard_leader.commit_lsn
+            return key != keep and not in_flight
+
+        self._states.evict(evictable)
+
+    async def _load_state(
+        self, leader: ShardLeader, tenant_id: str, conversation_id: str
+    ) -> ConversationState | None:
+        """The conversation's state from its committed history, applied a page at a time: a
+        load holds one page (``conversation_page_events`` entries) and the state, never the
+        whole history. None: no such conversation."""
+        state: ConversationState | None = None
+        page_events = self.config.conversation_page_events
         after_seq = -1
         while True:
             page = await self._read_conversation(
-                leader, conversation_id, after_seq, self.config.conversation_page_events
+                leader, tenant_id, conversation_id, after_seq, page_events
             )
-            entries.extend(page)
-            if len(page) < self.config.conversation_page_events:
-                return entries
+            for entry in page:
+                if state is not None:
+                    state.apply(entry)
+                elif entry.event_type == CONVERSATION_CREATED and entry.seq == 0:
+                    state = ConversationState(created=entry, limits=self._state_limits)
+                else:
+                    raise InvariantViolation(
+                        f"conversation {conversation_id!r}: history does not start with its "
+                        "creation"
+                    )
+            if len(page) < page_events:
+                break
             after_seq = page[-1].seq
+            del page  # one page at a time
+        if state is not None:
+            state.loaded()
+        return state
 
     async def _read_conversation(
-        self, leader: ShardLeader, conversation_id: str, after_seq: int, limit: int
+        self, leader: ShardLeader, tenant_id: str, conversation_id: str, after_seq: int, limit: int
     ) -> list[LogEntry]:
         """Committed entries, from a replica known to hold everything committed."""
         commit_lsn = leader.commit_lsn
@@ -304,7 +335,7 @@ class LogNode(ConversationLog):
             try:
                 entries = await bounded(
                     replica.read_conversation(
-                        leader.shard, conversation_id, after_seq, limit, commit_lsn
+                        leader.shard, tenant_id, conversation_id, after_seq, limit, commit_lsn
                     ),
                     timeout_s,
                 )
@@ -348,13 +379,13 @@ class LogNode(ConversationLog):
         check_text(model_revision, "model_revision")
         check_value(metadata, "metadata")
         shard = self.shard_of(conversation_id)
-        leader, state = await self._state(shard, conversation_id)
+        leader, state = await self._state(shard, tenant_id, conversation_id)
         request_fp = fingerprint(
             CONVERSATION_CREATED, {"model_revision": model_revision, "metadata": metadata}, None
         )
         if state is not None:
             created = json.loads(state.created.body)
-            if state.tenant_id != tenant_id or created["fingerprint"] != request_fp:
+            if created["fingerprint"] != request_fp:
                 raise ConversationExists(f"conversation {conversation_id!r} already exists")
             await leader.wait_committed(state.created.lsn)
             return self._info(leader, state)
@@ -370,8 +401,8 @@ class LogNode(ConversationLog):
             "fingerprint": request_fp,
         }
         entry = _propose_body(leader, body)
-        state = ConversationState(created=entry, last_lsn=entry.lsn)
-        self._states[(shard, conversation_id)] = state
+        state = ConversationState(created=entry, limits=self._state_limits, last_lsn=entry.lsn)
+        self._states.put((shard, tenant_id, conversation_id), state)
         await leader.wait_committed(entry.lsn)
         return self._info(leader, state)
 
@@ -392,16 +423,17 @@ class LogNode(ConversationLog):
         if idempotency_key is not None:
             check_text(idempotency_key, "Idempotency-Key", column=True)
         shard = self.shard_of(conversation_id)
-        leader, state = await self._state(shard, conversation_id)
-        if state is None or state.tenant_id != tenant_id:
+        leader, state = await self._state(shard, tenant_id, conversation_id)
+        if state is None:
             raise NotFound(f"no conversation {conversation_id!r}")
         # From here to propose: no await, so the decision and the seq are atomic.
         request_fp = fingerprint(event_type, payload, token_count)
         earlier = state.existing_result(event_type, attempt_id, request_fp, idempotency_key)
         if earlier is not None:
             await leader.wait_committed(earlier.lsn)
-            return self._appended(leader, earlier, replayed=True)
+            return self._appended(leader, conversation_id, earlier, replayed=True)
         state.check_expected_seq(expected_seq)
+        state.check_room_for_attempt(attempt_id, event_type)
         if state.last_seq >= self.config.conversation_events_max:
             raise InvalidRequest(
                 f"conversation {conversation_id!r} is full "
@@ -423,11 +455,12 @@ class LogNode(ConversationLog):
             "fingerprint": request_fp,
         }
         entry = _propose_body(leader, body, attempt_id=attempt_id)
-        state.apply(entry)
+        state.apply(entry, body)
+        self._states.account(state)
         await leader.wait_committed(entry.lsn)
         for listener in self._listeners:
             listener.conversation_written(tenant_id, conversation_id, event_type)
-        return self._appended(leader, entry, replayed=False)
+        return self._appended(leader, conversation_id, EntryRef.of(entry, body), replayed=False)
 
     async def get_conversation(self, tenant_id: str, conversation_id: str) -> ConversationInfo:
         leader, state = await self._committed_state(tenant_id, conversation_id)
@@ -439,8 +472,24 @@ class LogNode(ConversationLog):
         if limit < 1:
             raise InvalidRequest("limit must be >= 1")
         leader, _ = await self._committed_state(tenant_id, conversation_id)
-        entries = await self._read_conversation(leader, conversation_id, max(after_seq, 0), limit)
-        return [event_record(e) for e in entries]
+        records: list[EventRecord] = []
+        page_bytes = 0
+        after_seq = max(after_seq, 0)
+        # Read in pieces of conversation_page_events, and stop at read_page_bytes_max: a
+        # page of ``limit`` huge events is never materialised whole (at least one event always,
+        # so a reader always moves on).
+        while len(records) < limit and page_bytes < self.config.read_page_bytes_max:
+            want = min(limit - len(records), self.config.conversation_page_events)
+            entries = await self._read_conversation(
+                leader, tenant_id, conversation_id, after_seq, want
+            )
+            for entry in entries:
+                records.append(event_record(entry))
+                page_bytes += len(entry.body)
+            if len(entries) < want:
+                break
+            after_seq = entries[-1].seq
+        return records
 
     async def tool_attempt(
         self, tenant_id: str, conversation_id: str, attempt_id: str
@@ -449,11 +498,21 @@ class LogNode(ConversationLog):
         attempt = state.attempts.get(attempt_id)
         if attempt is None or attempt.attempt.lsn > leader.commit_lsn:
             raise NotFound(f"no tool attempt {attempt_id!r} in conversation {conversation_id!r}")
-        events = [event_record(attempt.attempt)]
+        refs = [attempt.attempt]
         state_name: Any = "pending"
         if attempt.effect is not None and attempt.effect.lsn <= leader.commit_lsn:
-            events.append(event_record(attempt.effect))
-            state_name = json.loads(attempt.effect.body)["payload"]["status"]
+            refs.append(attempt.effect)
+            state_name = attempt.effect.effect_status
+        # the state keeps no bodies: the events are read back (one each, committed, by seq)
+        events = []
+        for ref in refs:
+            read = await self._read_conversation(leader, tenant_id, conversation_id, ref.seq - 1, 1)
+            if [(e.seq, e.lsn) for e in read] != [(ref.seq, ref.lsn)]:
+                raise InvariantViolation(
+                    f"conversation {conversation_id!r}: committed seq {ref.seq} (lsn {ref.lsn}) "
+                    f"read back as {[(e.seq, e.lsn) for e in read]}"
+                )
+            events.append(event_record(read[0]))
         return ToolAttemptStatus(attempt_id=attempt_id, state=state_name, events=tuple(events))
 
     async def _committed_state(
@@ -465,12 +524,12 @@ class LogNode(ConversationLog):
         shard = self.shard_of(conversation_id)
         confirmed = self._serving_leader(shard)
         await confirmed.confirm_leadership()
-        leader, state = await self._state(shard, conversation_id)
+        leader, state = await self._state(shard, tenant_id, conversation_id)
         if leader is not confirmed:
             raise LeadershipChanged(
                 f"shard {shard}: leader changed during the read; retry", retry_after_s=0.1
             )
-        if state is None or state.tenant_id != tenant_id or state.created.lsn > leader.commit_lsn:
+        if state is None or state.created.lsn > leader.commit_lsn:
             raise NotFound(f"no conversation {conversation_id!r}")
         return leader, state
 
@@ -527,18 +586,19 @@ class LogNode(ConversationLog):
             epoch=leader.epoch,
         )
 
-    def _appended(self, leader: ShardLeader, entry: LogEntry, *, replayed: bool) -> AppendedEvent:
-        body = json.loads(entry.body)
+    def _appended(
+        self, leader: ShardLeader, conversation_id: str, ref: EntryRef, *, replayed: bool
+    ) -> AppendedEvent:
         return AppendedEvent(
-            event_id=body["event_id"],
-            conversation_id=entry.conversation_id,
-            seq=entry.seq,
-            event_type=entry.event_type,
-            acked_by=leader.holders(entry.lsn),
-            committed_at_ms=entry.created_at_ms,
+            event_id=ref.event_id,
+            conversation_id=conversation_id,
+            seq=ref.seq,
+            event_type=ref.event_type,
+            acked_by=leader.holders(ref.lsn),
+            committed_at_ms=ref.created_at_ms,
             shard=leader.shard,
-            epoch=entry.epoch,
-            lsn=entry.lsn,
+            epoch=ref.epoch,
+            lsn=ref.lsn,
             replayed=replayed,
         )
 

@@ -79,15 +79,24 @@ class ReplicaStore(ABC):
 
     @abstractmethod
     async def read_conversation(
-        self, shard: int, conversation_id: str, after_seq: int, limit: int, max_lsn: int
+        self,
+        shard: int,
+        tenant_id: str,
+        conversation_id: str,
+        after_seq: int,
+        limit: int,
+        max_lsn: int,
     ) -> list[LogEntry]:
-        """The conversation's entries with ``seq > after_seq`` and ``lsn <= max_lsn``, seq order."""
+        """The conversation's entries with ``seq > after_seq`` and ``lsn <= max_lsn``, seq order.
+        A conversation is keyed by its tenant *and* its id: two tenants' conversations with one
+        id are two conversations (``eventlog.conversations``)."""
 
     @abstractmethod
     async def list_conversations(
         self, shard: int, active_since_ms: int, max_lsn: int, limit: int
     ) -> list[ConversationSummary]:
-        """Conversations (never the barrier entries, whose conversation_id is "") with an entry at ``created_at_ms >= active_since_ms`` (and
+        """Conversations (never the barrier entries, whose conversation_id is ""), one per
+        (tenant_id, conversation_id), with an entry at ``created_at_ms >= active_since_ms`` (and
         ``lsn <= max_lsn``), most recently active first, at most ``limit``; ``token_count`` and
         ``last_seq`` are over all of the conversation's entries up to ``max_lsn``."""
 

@@ -23,6 +23,12 @@ class ReplayJob:
     through_seq: int  # replay the transcript up to and including this seq
 
 
+def message_key(tenant_id: str, conversation_id: str) -> bytes:
+    """A job's or result's Kafka key: one conversation's records on one partition. Conversation
+    ids are namespaced by tenant, so the key names both (the bus's ids have no ``/``)."""
+    return f"{tenant_id}/{conversation_id}".encode()
+
+
 ReplayStatus = Literal["replayed", "skipped_live", "expired", "wrong_model", "failed"]
 
 

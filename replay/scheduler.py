@@ -16,7 +16,9 @@ Order (the exact rule):
 2. **Within a tenant: most recently active first** (``last_activity_ms`` descending, ties by
    conversation id): the conversations most likely to get their next turn soon are warmed first.
 
-``mark_live(conversation_id)`` drops a queued job (the live prefill rebuilds the KV anyway).
+``mark_live(tenant_id, conversation_id)`` drops a queued job (the live prefill rebuilds the KV
+anyway). Conversations are keyed by tenant and id (ids are namespaced by tenant, see
+``eventlog.conversations``): two tenants' conversations with one id are two jobs.
 A job expires at ``min(last_activity + replay_window, enqueued + job_ttl_s)``; expired jobs are
 dropped (counted) when met at the head or by ``expire()``. ``dispatch`` releases jobs only as
 the capacity grant function allows: a tenant over its own limit is skipped for that call, any
@@ -98,7 +100,7 @@ class ReplayScheduler:
             raise InvariantViolation("backlog_max and replay_window_s must be positive")
         self.config = config
         self._clock = clock
-        self._jobs: dict[str, ReplayJob] = {}
+        self._jobs: dict[tuple[str, str], ReplayJob] = {}  # (tenant_id, conversation_id)
         self._tenants: dict[str, _Tenant] = {}
         self._virtual_time = 0.0
         self._backlog_tokens = 0
@@ -121,9 +123,9 @@ class ReplayScheduler:
         fresh = [c for c in offered if now_ms - c.last_activity_ms <= window_ms]
         outside = len(offered) - len(fresh)
         accepted = rejected = superseded = 0
-        fresh.sort(key=lambda c: (-c.last_activity_ms, c.conversation_id))
+        fresh.sort(key=lambda c: (-c.last_activity_ms, c.conversation_id, c.tenant_id))
         for moved in fresh:
-            old = self._jobs.get(moved.conversation_id)
+            old = self._jobs.get((moved.tenant_id, moved.conversation_id))
             if old is not None:
                 superseded += 1
                 if old.through_seq >= moved.through_seq:
@@ -139,9 +141,9 @@ class ReplayScheduler:
         self.outside_window_total += outside
         return AddReport(accepted, outside, rejected, superseded)
 
-    def mark_live(self, conversation_id: str) -> bool:
+    def mark_live(self, tenant_id: str, conversation_id: str) -> bool:
         """A live request arrived: drop the queued job. False if none was queued."""
-        job = self._jobs.get(conversation_id)
+        job = self._jobs.get((tenant_id, conversation_id))
         if job is None:
             return False
         self._drop(job)
@@ -167,7 +169,7 @@ class ReplayScheduler:
             if tenant_id is None:
                 break
             tenant = self._tenants[tenant_id]
-            job = self._jobs[tenant.heap[0][1]]
+            job = self._jobs[(tenant_id, tenant.heap[0][1])]
             grant = acquire(job.estimated_prompt_tokens, tenant_id)
             if grant is Grant.TENANT_LIMIT:
                 skipped.add(tenant_id)
@@ -213,7 +215,8 @@ class ReplayScheduler:
 
     def _job(self, moved: MovedConversation, deadline_ms: int) -> ReplayJob:
         return ReplayJob(
-            job_id=f"{self.config.region}/{moved.conversation_id}/{moved.through_seq}",
+            job_id=f"{self.config.region}/{moved.tenant_id}/{moved.conversation_id}/"
+            f"{moved.through_seq}",
             region=self.config.region,
             tenant_id=moved.tenant_id,
             conversation_id=moved.conversation_id,
@@ -231,26 +234,26 @@ class ReplayScheduler:
             if weight <= 0:
                 raise InvariantViolation(f"tenant weight must be > 0: {job.tenant_id}")
             tenant = self._tenants[job.tenant_id] = _Tenant(weight)
-        self._clean_head(tenant, now_ms)
+        self._clean_head(job.tenant_id, tenant, now_ms)
         if not tenant.backlogged:
             tenant.backlogged = True
             tenant.start_tag = max(tenant.start_tag, self._virtual_time)
         heapq.heappush(tenant.heap, (-job.last_activity_ms, job.conversation_id))
-        self._jobs[job.conversation_id] = job
+        self._jobs[(job.tenant_id, job.conversation_id)] = job
         self._backlog_tokens += job.estimated_prompt_tokens
 
     def _forget(self, job: ReplayJob) -> None:
-        del self._jobs[job.conversation_id]
+        del self._jobs[(job.tenant_id, job.conversation_id)]
         self._backlog_tokens -= job.estimated_prompt_tokens
 
     def _drop(self, job: ReplayJob) -> None:
         """Remove a queued job; its heap entry is discarded lazily (``_clean_head``)."""
         self._forget(job)
 
-    def _clean_head(self, tenant: _Tenant, now_ms: int) -> None:
+    def _clean_head(self, tenant_id: str, tenant: _Tenant, now_ms: int) -> None:
         while tenant.heap:
             neg_activity, conversation_id = tenant.heap[0]
-            job = self._jobs.get(conversation_id)
+            job = self._jobs.get((tenant_id, conversation_id))
             if job is not None and job.last_activity_ms == -neg_activity:
                 if job.deadline_ms >= now_ms:
                     return
@@ -265,7 +268,7 @@ class ReplayScheduler:
         for tenant_id, tenant in self._tenants.items():
             if not tenant.backlogged or tenant_id in skipped:
                 continue
-            self._clean_head(tenant, now_ms)
+            self._clean_head(tenant_id, tenant, now_ms)
             if not tenant.backlogged:
                 continue
             if best is None or (tenant.start_tag, tenant_id) < (best_tag, best):

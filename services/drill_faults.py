@@ -97,11 +97,17 @@ class BlackHoleReplica(ReplicaStore):
         return await self._inner.read_log(shard, after_lsn, limit)
 
     async def read_conversation(
-        self, shard: int, conversation_id: str, after_seq: int, limit: int, max_lsn: int
+        self,
+        shard: int,
+        tenant_id: str,
+        conversation_id: str,
+        after_seq: int,
+        limit: int,
+        max_lsn: int,
     ) -> list[LogEntry]:
         self._check(read_only=True)
         return await self._inner.read_conversation(
-            shard, conversation_id, after_seq, limit, max_lsn
+            shard, tenant_id, conversation_id, after_seq, limit, max_lsn
         )
 
     async def list_conversations(

@@ -85,32 +85,30 @@ class NodeTracing:
         self.provider = provider
         self.region = region
         self.tracer = provider.get_tracer("convplane")
-        self._pending: dict[str, SpanContext] = {}
+        #: (tenant, conversation) -> the span of the append of it under way here
+        self._pending: dict[tuple[str, str], SpanContext] = {}
 
     def inject(self, headers: dict[str, str]) -> None:
         """Add the current context (``traceparent``) to a forward's headers."""
         inject(headers)
 
     @contextlib.contextmanager
-    def _registered(self, conversation_id: str, span: SpanContext) -> Iterator[None]:
-        self._pending[conversation_id] = span
+    def _registered(self, key: tuple[str, str], span: SpanContext) -> Iterator[None]:
+        self._pending[key] = span
         try:
             yield
         finally:
-            if self._pending.get(conversation_id) is span:
-                del self._pending[conversation_id]
+            if self._pending.get(key) is span:
+                del self._pending[key]
 
-    def appending(self, conversation_id: str) -> AbstractContextManager[None]:
-        """While an append of ``conversation_id`` is under way here, its replica calls join its
-        trace (the first request of a conversation wins; the bound keeps the map small)."""
+    def appending(self, tenant_id: str, conversation_id: str) -> AbstractContextManager[None]:
+        """While an append to a tenant's conversation is under way here, its replica calls join
+        its trace (the first request of a conversation wins; the bound keeps the map small)."""
         span = trace.get_current_span().get_span_context()
-        if (
-            not span.is_valid
-            or conversation_id in self._pending
-            or len(self._pending) >= PENDING_APPENDS_MAX
-        ):
+        key = (tenant_id, conversation_id)
+        if not span.is_valid or key in self._pending or len(self._pending) >= PENDING_APPENDS_MAX:
             return contextlib.nullcontext()
-        return self._registered(conversation_id, span)
+        return self._registered(key, span)
 
     def replica_span(
         self, call: str, replica_region: str, shard: int, entries: Sequence[LogEntry]
@@ -119,7 +117,7 @@ class NodeTracing:
         (linked to the others'); none for a call that carries no traced request's entry."""
         by_span_id: dict[int, SpanContext] = {}
         for entry in entries:
-            span = self._pending.get(entry.conversation_id)
+            span = self._pending.get((entry.tenant_id, entry.conversation_id))
             if span is not None:
                 by_span_id.setdefault(span.span_id, span)
         contexts = list(by_span_id.values())

@@ -134,13 +134,19 @@ class SimLink(ReplicaStore):
         )
 
     async def read_conversation(
-        self, shard: int, conversation_id: str, after_seq: int, limit: int, max_lsn: int
+        self,
+        shard: int,
+        tenant_id: str,
+        conversation_id: str,
+        after_seq: int,
+        limit: int,
+        max_lsn: int,
     ) -> list[LogEntry]:
         return await self._net.deliver(
             self._src,
             self.region,
             lambda: self._replica.read_conversation(
-                shard, conversation_id, after_seq, limit, max_lsn
+                shard, tenant_id, conversation_id, after_seq, limit, max_lsn
             ),
         )
 

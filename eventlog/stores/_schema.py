@@ -39,7 +39,7 @@ entries = Table(
     Column("token_count", BigInteger, nullable=False),
     Column("created_at_ms", BigInteger, nullable=False),
     Column("body", Text, nullable=False),
-    Index("ix_entries_conversation", "shard", "conversation_id", "seq"),
+    Index("ix_entries_conversation", "shard", "tenant_id", "conversation_id", "seq"),
     Index("ix_entries_created", "shard", "created_at_ms"),
 )
 

@@ -159,7 +159,13 @@ class SqlReplicaStore(ReplicaStore):
         return await self._entries("read_log", query)
 
     async def read_conversation(
-        self, shard: int, conversation_id: str, after_seq: int, limit: int, max_lsn: int
+        self,
+        shard: int,
+        tenant_id: str,
+        conversation_id: str,
+        after_seq: int,
+        limit: int,
+        max_lsn: int,
     ) -> list[LogEntry]:
         if limit <= 0:
             return []
@@ -167,6 +173,7 @@ class SqlReplicaStore(ReplicaStore):
             select(entries)
             .where(
                 entries.c.shard == shard,
+                entries.c.tenant_id == tenant_id,
                 entries.c.conversation_id == conversation_id,
                 entries.c.seq > after_seq,
                 entries.c.lsn <= max_lsn,
@@ -179,13 +186,12 @@ class SqlReplicaStore(ReplicaStore):
     async def list_conversations(
         self, shard: int, active_since_ms: int, max_lsn: int, limit: int
     ) -> list[ConversationSummary]:
-        """Assumes a conversation belongs to one tenant (``tenant_id`` is taken as the max)."""
         if limit <= 0:
             return []
         last_activity = func.max(entries.c.created_at_ms)
         query = (
             select(
-                func.max(entries.c.tenant_id).label("tenant_id"),
+                entries.c.tenant_id,
                 entries.c.conversation_id,
                 last_activity.label("last_activity_ms"),
                 cast(func.sum(entries.c.token_count), BigInteger).label("token_count"),
@@ -196,9 +202,13 @@ class SqlReplicaStore(ReplicaStore):
                 entries.c.lsn <= max_lsn,
                 entries.c.conversation_id != "",  # leader barriers belong to no conversation
             )
-            .group_by(entries.c.conversation_id)
+            .group_by(entries.c.tenant_id, entries.c.conversation_id)
             .having(last_activity >= active_since_ms)
-            .order_by(last_activity.desc(), self._codepoint_order(entries.c.conversation_id))
+            .order_by(
+                last_activity.desc(),
+                self._codepoint_order(entries.c.conversation_id),
+                self._codepoint_order(entries.c.tenant_id),
+            )
             .limit(limit)
         )
         async with self._connection("list_conversations") as conn:

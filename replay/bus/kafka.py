@@ -55,7 +55,7 @@ from replay.bus.trace_context import (
     publish_span,
     received_headers,
 )
-from replay.model import ReplayJob, ReplayResult
+from replay.model import ReplayJob, ReplayResult, message_key
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -217,7 +217,7 @@ class KafkaJobBus(JobBus):
             await producer.send(
                 jobs_topic(job.region),
                 codec.encode_job(job),
-                key=job.conversation_id.encode(),
+                key=message_key(job.tenant_id, job.conversation_id),
                 headers=list(headers) or None,
             )
             for job in batch
@@ -230,7 +230,7 @@ class KafkaJobBus(JobBus):
             producer.send_and_wait(
                 RESULTS_TOPIC,
                 self._codec.encode_result(result),
-                key=result.conversation_id.encode("utf-8"),
+                key=message_key(result.tenant_id, result.conversation_id),
             ),
             self.settings.request_timeout_s,
             "publish result",

@@ -155,7 +155,8 @@ class JobBus(ABC):
 
 _STATUSES: Final = frozenset(get_args(ReplayStatus))
 _ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")  # the API's id pattern (conversations, tenants)
-_NAME = re.compile(r"[\x21-\x7e]{1,256}")  # printable, no spaces: job, worker, engine, revision
+# printable, no spaces: job (it names region, tenant, conversation and seq), worker, engine, revision
+_NAME = re.compile(r"[\x21-\x7e]{1,512}")
 _INT_MAX = 2**53 - 1  # what survives JSON everywhere (the API's bound too)
 TOKENS_MAX = 10_000_000  # one conversation's prompt, at most (the API's token_count bound)
 

@@ -136,12 +136,16 @@ class _Closed(BaseModel):
 
 
 class ReplayConversations(_Closed):
-    """Replay these conversations (each must be led by this region; the answer says, per id)."""
+    """Replay these conversations of one tenant (conversation ids are namespaced by tenant;
+    each must be led by this region; the answer says, per id)."""
 
     model_config = ConfigDict(
-        json_schema_extra={"examples": [{"conversation_ids": ["c-support-42"]}]}
+        json_schema_extra={
+            "examples": [{"tenant_id": "acme", "conversation_ids": ["c-support-42"]}]
+        }
     )
 
+    tenant_id: Annotated[str, Field(min_length=1, max_length=128)]
     conversation_ids: list[ConversationId] = Field(max_length=REPLAY_IDS_MAX)
 
 

@@ -43,7 +43,10 @@ ERROR_CODES: dict[str, tuple[int, str]] = {
     ),
     "unknown_attempt": (409, "a `tool.effect` for an attempt that was never recorded"),
     "idempotency_key_reused": (409, "the same `Idempotency-Key` with a different body"),
-    "conversation_exists": (409, "the id exists with another model revision or metadata"),
+    "conversation_exists": (
+        409,
+        "your own conversation with this id exists with another model revision or metadata",
+    ),
     "conflict": (409, "the request conflicts with the current state"),
     "payload_too_large": (413, "the body is over the node's limit"),
     "unsupported_media_type": (415, "a body that is not `application/json`"),

@@ -168,7 +168,8 @@ async def append_event(
     `unknown_attempt`, `idempotency_key_reused`."""
     started_s = ctx.api.clock.monotonic()
     tracing = ctx.api.tracing  # None unless tracing is on: then replica calls join this trace
-    with tracing.appending(conversation_id) if tracing is not None else NOT_TRACED:
+    traced = tracing.appending(ctx.tenant.tenant_id, conversation_id) if tracing else NOT_TRACED
+    with traced:
         result = await ctx.run(
             lambda: ctx.api.log.append_event(
                 ctx.tenant.tenant_id,

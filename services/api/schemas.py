@@ -52,9 +52,10 @@ class _Strict(BaseModel):
 
 
 class CreateConversationRequest(_Strict):
-    """The body is optional: an empty one creates a conversation with a random id. Creating an
-    existing id again with the same model revision and metadata returns it (idempotent);
-    anything else is 409 ``conversation_exists``."""
+    """The body is optional: an empty one creates a conversation with a random id. Ids are
+    namespaced by tenant: another tenant's conversation with the same id plays no part.
+    Creating one of your own ids again with the same model revision and metadata returns it
+    (idempotent); with others it is 409 ``conversation_exists``."""
 
     model_config = _examples(
         {"conversation_id": "c-support-42", "model_revision": "llama-3.1-8b@2024-07",

@@ -51,8 +51,8 @@ async def read_replica(dsn: str) -> tuple[dict[int, int], list[dict[str, Any]]]:
         rows = [
             dict(r)
             for r in await conn.fetch(
-                "SELECT shard, lsn, epoch, conversation_id, seq, event_type, idempotency_key, body, "
-                "created_at_ms "
+                "SELECT shard, lsn, epoch, tenant_id, conversation_id, seq, event_type, "
+                "idempotency_key, body, created_at_ms "
                 "FROM entries ORDER BY shard, lsn"
             )
         ]
@@ -106,12 +106,14 @@ def _check_log_matching(data: dict[str, Any], report: AuditReport) -> None:
 
 
 def _check_order(region: str, rows: list[dict[str, Any]], report: AuditReport) -> None:
-    last_seq: dict[str, int] = {}
-    keys: set[tuple[str, str]] = set()
+    """Gapless seqs and one entry per idempotency key, per conversation: keyed by tenant and id
+    (conversation ids are namespaced by tenant, so one id of two tenants is two sequences)."""
+    last_seq: dict[tuple[str, str], int] = {}
+    keys: set[tuple[tuple[str, str], str]] = set()
     for r in rows:
-        cid = r["conversation_id"]
-        if not cid:
+        if not r["conversation_id"]:
             continue  # barriers and control records
+        cid = (r["tenant_id"], r["conversation_id"])
         expected = last_seq.get(cid, -1) + 1
         if r["seq"] != expected:
             report.fail(f"{region}: {cid} seq {r['seq']} at lsn {r['lsn']}, expected {expected}")

@@ -30,7 +30,8 @@ class AffinityTable:
         if entries_max < 1:
             raise InvariantViolation("affinity table needs room for one entry")
         self.entries_max = entries_max
-        self._entries: OrderedDict[str, Affinity] = OrderedDict()
+        #: (tenant_id, conversation_id) -> affinity: ids are namespaced by tenant
+        self._entries: OrderedDict[tuple[str, str], Affinity] = OrderedDict()
         self.evicted_total = 0
 
     def __len__(self) -> int:
@@ -40,7 +41,8 @@ class AffinityTable:
         """Remember the result's worker if it replayed (a newer result replaces an older one)."""
         if result.status != "replayed":
             return None
-        old = self._entries.get(result.conversation_id)
+        key = (result.tenant_id, result.conversation_id)
+        old = self._entries.get(key)
         if old is not None and old.warm_since_ms > result.finished_at_ms:
             return old  # results can arrive out of order (redelivery): keep the newest
         affinity = Affinity(
@@ -52,15 +54,15 @@ class AffinityTable:
             warm_since_ms=result.finished_at_ms,
             prompt_tokens=result.prompt_tokens,
         )
-        self._entries[result.conversation_id] = affinity
-        self._entries.move_to_end(result.conversation_id)
+        self._entries[key] = affinity
+        self._entries.move_to_end(key)
         while len(self._entries) > self.entries_max:
             self._entries.popitem(last=False)
             self.evicted_total += 1
         return affinity
 
-    def get(self, conversation_id: str) -> Affinity | None:
-        affinity = self._entries.get(conversation_id)
+    def get(self, tenant_id: str, conversation_id: str) -> Affinity | None:
+        affinity = self._entries.get((tenant_id, conversation_id))
         if affinity is not None:
-            self._entries.move_to_end(conversation_id)
+            self._entries.move_to_end((tenant_id, conversation_id))
         return affinity

@@ -106,40 +106,54 @@ class MovedConversationLister:
         moved = await asyncio.gather(*(one(s) for s in chats))
         return [m for m in moved if m is not None]
 
-    async def conversation(self, conversation_id: str) -> MovedConversation:
+    async def conversation(self, tenant_id: str, conversation_id: str) -> MovedConversation:
         shard = self.node.shard_of(conversation_id)
         leader = self._leader(shard)
         commit_lsn = leader.commit_lsn
         store = self._replicas[leader.read_source()]
-        entries: list[LogEntry] = []
+        # paged, summed as it goes: a huge conversation is never held whole
+        first: LogEntry | None = None
+        last: LogEntry | None = None
+        tokens = read = 0
         after_seq = -1
-        while len(entries) < self._limits.entries_max:
+        while read < self._limits.entries_max:
             page = await self._bounded(
                 store.read_conversation(
-                    shard, conversation_id, after_seq, self._limits.page_entries, commit_lsn
+                    shard,
+                    tenant_id,
+                    conversation_id,
+                    after_seq,
+                    self._limits.page_entries,
+                    commit_lsn,
                 ),
                 "read conversation",
             )
-            entries.extend(page)
+            if page:
+                first = first or page[0]
+                last = page[-1]
+            tokens += sum(e.token_count for e in page)
+            read += len(page)
             if len(page) < self._limits.page_entries:
                 break
             after_seq = page[-1].seq
-        if not entries or entries[0].event_type != CONVERSATION_CREATED:
+        if first is None or last is None or first.event_type != CONVERSATION_CREATED:
             raise NotFound(f"no conversation {conversation_id!r}")
         return MovedConversation(
-            tenant_id=entries[0].tenant_id,
+            tenant_id=tenant_id,
             conversation_id=conversation_id,
-            model_revision=str(json.loads(entries[0].body)["model_revision"]),
-            last_activity_ms=entries[-1].created_at_ms,
-            estimated_prompt_tokens=sum(e.token_count for e in entries),
-            through_seq=entries[-1].seq,
+            model_revision=str(json.loads(first.body)["model_revision"]),
+            last_activity_ms=last.created_at_ms,
+            estimated_prompt_tokens=tokens,
+            through_seq=last.seq,
         )
 
     async def _revision(
         self, store: ReplicaStore, shard: int, summary: ConversationSummary, commit_lsn: int
     ) -> str:
         first = await self._bounded(
-            store.read_conversation(shard, summary.conversation_id, -1, 1, commit_lsn),
+            store.read_conversation(
+                shard, summary.tenant_id, summary.conversation_id, -1, 1, commit_lsn
+            ),
             "read conversation.created",
         )
         if not first or first[0].event_type != CONVERSATION_CREATED:

@@ -2,7 +2,8 @@
 
 * ``GET /v1/replays``: this region's replay status (backlog, counters, spare, engines, workers);
   any authenticated caller (tenant or service key).
-* ``POST /v1/replays``: operator (service key only): replay ``{"conversation_ids": [...]}``
+* ``POST /v1/replays``: operator (service key only): replay
+  ``{"tenant_id": ..., "conversation_ids": [...]}`` (ids are namespaced by tenant)
   (each must be led by this region; the answer says, per id) or ``{"shard": n}`` (must be led
   here: 503 ``not_led_here`` names the leader otherwise).
 * ``live_request_fields``: the ``model_revision`` and ``cache_salt`` of ``/route``.
@@ -67,7 +68,8 @@ async def request_replay(request: Request, body: bodies.ReplayRequest) -> dict[s
         return {"shard": body.shard, "accepted": report.accepted,
                 "outside_window": report.outside_window, "rejected_full": report.rejected_full,
                 "superseded": report.superseded}  # fmt: skip
-    return {"conversations": await service.replay_conversations(body.conversation_ids)}
+    outcome = await service.replay_conversations(body.tenant_id, body.conversation_ids)
+    return {"conversations": outcome}
 
 
 def live_request_fields(request: Request, tenant_id: str, model_revision: str) -> dict[str, str]:
@@ -84,8 +86,8 @@ def affinity_body(request: Request, tenant_id: str, conversation_id: str) -> dic
     service = getattr(request.app.state, "replay", None)
     if not isinstance(service, ReplayService):
         return None
-    affinity = service.affinity_of(conversation_id)
-    if affinity is None or affinity.tenant_id != tenant_id:
+    affinity = service.affinity_of(tenant_id, conversation_id)
+    if affinity is None:
         return None
     return {
         "worker_id": affinity.worker_id,

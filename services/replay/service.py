@@ -122,7 +122,7 @@ class ReplayService:
         self.request_shard(shard)
 
     def conversation_written(self, tenant_id: str, conversation_id: str, event_type: str) -> None:
-        self.scheduler.mark_live(conversation_id)
+        self.scheduler.mark_live(tenant_id, conversation_id)
 
     # --- operator -------------------------------------------------------------------------
 
@@ -143,12 +143,15 @@ class ReplayService:
         moved = await self.lister.moved_conversations(shard)
         return self._add(moved)
 
-    async def replay_conversations(self, conversation_ids: Sequence[str]) -> dict[str, str]:
-        """Queue each conversation led here; returns conversation id -> what happened."""
+    async def replay_conversations(
+        self, tenant_id: str, conversation_ids: Sequence[str]
+    ) -> dict[str, str]:
+        """Queue each of the tenant's conversations led here; returns conversation id -> what
+        happened (ids are namespaced by tenant: another tenant's id is ``not_found``)."""
         outcome: dict[str, str] = {}
         for conversation_id in conversation_ids:
             try:
-                moved = await self.lister.conversation(conversation_id)
+                moved = await self.lister.conversation(tenant_id, conversation_id)
             except NotLeader as exc:
                 outcome[conversation_id] = f"not_led_here (leader: {exc.leader_region})"
                 continue
@@ -162,8 +165,8 @@ class ReplayService:
             )  # fmt: skip
         return outcome
 
-    def affinity_of(self, conversation_id: str) -> Affinity | None:
-        return self.affinity.get(conversation_id)
+    def affinity_of(self, tenant_id: str, conversation_id: str) -> Affinity | None:
+        return self.affinity.get(tenant_id, conversation_id)
 
     def _add(self, moved: Sequence[MovedConversation]) -> AddReport:
         report = self.scheduler.add_moved(moved)

@@ -267,6 +267,34 @@ def test_route_is_404_for_another_tenants_conversation(plane: Plane) -> None:
         assert routes[name].json()["error"]["code"] == "not_found"
 
 
+def test_two_tenants_use_one_conversation_id_through_forwarding(plane: Plane) -> None:
+    """Ids are namespaced by tenant: both create the same id (201, no existence oracle), append
+    and read their own transcripts, and both get a route, all through a node that forwards."""
+    keys = {t["tenant_id"]: t["api_key"] for t in plane.info["tenants"]}
+    cid = plane.conversation_led_by(OBSERVER, "shared-id")
+    answers: dict[str, dict[str, httpx.Response]] = {}
+    with httpx.Client(base_url=plane.urls[TARGET], timeout=20.0) as client:
+        for tenant in ("demo", "demo-limited"):
+            auth = {"Authorization": f"Bearer {keys[tenant]}"}
+            base = f"/v1/conversations/{cid}"
+            answers[tenant] = {
+                "create": client.post("/v1/conversations", json={"conversation_id": cid},
+                                      headers=auth),
+                "append": client.post(base + "/events", json={"type": "note",
+                                      "payload": {"by": tenant}}, headers=auth),
+                "events": client.get(base + "/events", headers=auth),
+                "route": client.get(base + "/route", headers=auth),
+            }  # fmt: skip
+    for tenant, got in answers.items():
+        for name, r in got.items():
+            assert r.status_code in (200, 201), (tenant, name, r.text)
+        assert got["append"].json()["seq"] == 1  # each its own sequence
+        assert [e["payload"] for e in got["events"].json()["events"]] == [{"by": tenant}]
+        assert got["route"].json()["region"] == OBSERVER
+    salts = {answers[t]["route"].json()["cache_salt"] for t in answers}
+    assert len(salts) == 2  # and each its own prefix-cache salt
+
+
 def _mode(path: Path) -> int:
     return path.stat().st_mode & 0o777
 

@@ -228,7 +228,7 @@ async def test_replay_pauses_at_live_capacity_and_drains_after(
                 + [moved(stale, now_ms - window_ms + EXPIRES_IN_MS)]
             )
             assert report.accepted == REPLAY_CONVERSATIONS + 2
-            assert scheduler.mark_live(went_live)  # a live request came first
+            assert scheduler.mark_live(TENANT, went_live)  # a live request came first
             jobs = scheduler.dispatch(granted, max_jobs=100)
             assert {j.conversation_id for j in jobs} == {*cids, stale}
             [stale_job] = [j for j in jobs if j.conversation_id == stale]

@@ -55,7 +55,7 @@ def kafka_settings(servers: str, client_id: str, region: str) -> KafkaBusSetting
 
 async def wait_for(service: ReplayService, ids: list[str]) -> None:
     for _ in range(WAIT_STEPS_MAX):
-        if all(service.affinity_of(cid) is not None for cid in ids):
+        if all(service.affinity_of("t1", cid) is not None for cid in ids):
             return
         await asyncio.sleep(0.1)
     raise AssertionError(f"affinity not learned: {service.status()}")
@@ -130,7 +130,7 @@ async def test_jobs_of_a_moved_shard_go_through_kafka_and_affinity_is_learned(
         assert status["counts"]["result_replayed"] >= CONVERSATIONS
         assert worker.counts["replayed"] >= CONVERSATIONS
         for cid in ids:
-            affinity = service.affinity_of(cid)
+            affinity = service.affinity_of("t1", cid)
             assert affinity is not None
             assert (affinity.worker_id, affinity.engine_id) == (worker.worker_id, engine.engine_id)
             assert affinity.prompt_tokens > 700

@@ -58,7 +58,9 @@ class FakeLog(ConversationLog):
     def __init__(self, region: str, leaders: dict[int, str]) -> None:
         self.region = region
         self.leaders = leaders  # shard -> leading region (hint)
-        self.convs: dict[str, _Conv] = {}
+        #: (tenant_id, conversation_id) -> conversation: ids are namespaced by tenant, as in
+        #: the real log (``eventlog.conversations``)
+        self.convs: dict[tuple[str, str], _Conv] = {}
         self.stall = False  # appends and reads block forever (deadline tests)
         self.calls = 0
         self.now_ms = 1_767_225_600_000
@@ -75,8 +77,8 @@ class FakeLog(ConversationLog):
             await asyncio.Event().wait()
 
     def _conv(self, tenant_id: str, conversation_id: str) -> _Conv:
-        conv = self.convs.get(conversation_id)
-        if conv is None or conv.info.tenant_id != tenant_id:
+        conv = self.convs.get((tenant_id, conversation_id))
+        if conv is None:
             raise NotFound(f"no conversation {conversation_id}")
         return conv
 
@@ -85,14 +87,9 @@ class FakeLog(ConversationLog):
     ) -> ConversationInfo:
         shard = self._check(conversation_id)
         await self._maybe_stall()
-        old = self.convs.get(conversation_id)
+        old = self.convs.get((tenant_id, conversation_id))
         if old is not None:
-            same = (old.info.tenant_id, old.info.model_revision, old.info.metadata) == (
-                tenant_id,
-                model_revision,
-                metadata,
-            )
-            if not same:
+            if (old.info.model_revision, old.info.metadata) != (model_revision, metadata):
                 raise Conflict("conversation exists with other attributes")
             return old.info
         info = ConversationInfo(
@@ -106,7 +103,7 @@ class FakeLog(ConversationLog):
             shard,
             1,
         )
-        self.convs[conversation_id] = _Conv(info)
+        self.convs[(tenant_id, conversation_id)] = _Conv(info)
         return info
 
     async def append_event(

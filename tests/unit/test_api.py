@@ -322,7 +322,7 @@ async def test_request_for_other_region_is_forwarded(nodes: Nodes) -> None:
     assert r.status_code == 201
     assert r.headers["x-convplane-served-by"] == "west"
     assert r.json()["home_region"] == "west"
-    assert cid in nodes.west_log.convs and cid not in nodes.east_log.convs
+    assert ("a", cid) in nodes.west_log.convs and ("a", cid) not in nodes.east_log.convs
     url = f"/v1/conversations/{cid}/events"
     headers = {**AUTH_A, "Idempotency-Key": "k"}
     first = await nodes.east.post(url, json={"type": "note"}, headers=headers)

@@ -119,7 +119,7 @@ async def test_concurrent_appends_to_one_leader_share_batches(nodes: Nodes) -> N
     assert {r.headers["x-convplane-served-by"] for r in answers} == {"west"}
     assert [r.json()["seq"] for r in answers] == [1] * len(cids)
     for cid in cids:
-        (event,) = nodes.west_log.convs[cid].events
+        (event,) = nodes.west_log.convs[("a", cid)].events
         assert event.payload == {"content": f"hello {cid}"}
     # every append went in a batch, and batches held more than one
     assert set(nodes.routing.paths) == {BATCH_PATH}

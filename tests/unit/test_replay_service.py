@@ -246,7 +246,7 @@ async def test_operator_replay_of_conversations() -> None:
         tokens = await write_conversations(w.home, ids, words=10)
         await move_shard(w)
         other_shard = ids_on_shard("x", 1, shard=0)[0]
-        outcome = await w.service.replay_conversations([ids[0], "op-missing-1", other_shard])
+        outcome = await w.service.replay_conversations("t1", [ids[0], "op-missing-1", other_shard])
         assert outcome[ids[0]] == "queued"
         missing = "op-missing-1"
         assert outcome[missing] == ("not_found" if shard_of(missing, SHARDS) == SHARD
@@ -273,7 +273,7 @@ async def test_dispatch_waits_for_engine_metrics_and_holds_grants_until_results(
         assert w.service.dispatch_once() == []
         w.service.on_result(result_of(first[0].job_id, first[0].conversation_id))
         assert len(w.service.dispatch_once()) == 1
-        affinity = w.service.affinity_of(first[0].conversation_id)
+        affinity = w.service.affinity_of("t1", first[0].conversation_id)
         assert affinity is not None and affinity.engine_id == "b-e0"
         assert w.service.scheduler.snapshot().replayed_total == 1
 
@@ -288,7 +288,7 @@ async def test_wrong_model_keeps_the_grant_and_other_regions_are_ignored() -> No
         w.service.on_result(replace(result_of(jobs[1].job_id, jobs[1].conversation_id),
                                     region="c"))  # fmt: skip
         assert w.service.status()["dispatched_in_flight"] == 2
-        assert w.service.affinity_of(jobs[1].conversation_id) is None
+        assert w.service.affinity_of("t1", jobs[1].conversation_id) is None
 
 
 async def test_operator_region_limit_paces_dispatch() -> None:
@@ -310,7 +310,7 @@ async def test_moved_conversations_are_rebuilt_and_a_later_prompt_hits_the_cache
         await write_conversations(w.home, ids)
         w.service.start()
         await move_shard(w)
-        await wait_until(lambda: all(w.service.affinity_of(c) for c in ids))
+        await wait_until(lambda: all(w.service.affinity_of("t1", c) for c in ids))
         status = w.service.status()
         assert status["counts"]["result_replayed"] == 3
         assert status["scheduler"]["replayed_tokens_total"] > 3 * 900
@@ -331,9 +331,9 @@ def test_affinity_table_is_bounded_and_keeps_the_newest() -> None:
     table = AffinityTable(2)
     for i, cid in enumerate(("x", "y", "z")):
         table.learn(replace(result_of("j", cid), finished_at_ms=10 + i))
-    assert table.get("x") is None and len(table) == 2 and table.evicted_total == 1
+    assert table.get("t1", "x") is None and len(table) == 2 and table.evicted_total == 1
     table.learn(replace(result_of("j", "y"), finished_at_ms=5, engine_id="old"))
-    assert table.get("y").engine_id == "b-e0"  # type: ignore[union-attr]
+    assert table.get("t1", "y").engine_id == "b-e0"  # type: ignore[union-attr]
     assert table.learn(result_of("j", "y", status="failed")) is None
 
 

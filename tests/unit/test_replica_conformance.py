@@ -203,12 +203,37 @@ class ReplicaConformance:
             entry(6, 1, "a", seq=3),
         ]
         assert await replica.append(0, 1, 0, 0, batch, 6) == Accepted(6)
-        found = await replica.read_conversation(0, "a", -1, 10, 6)
+        found = await replica.read_conversation(0, "tenant-of-a", "a", -1, 10, 6)
         assert [(e.lsn, e.seq) for e in found] == [(1, 0), (3, 1), (4, 2), (6, 3)]
-        assert [e.seq for e in await replica.read_conversation(0, "a", 1, 10, 6)] == [2, 3]
-        assert [e.seq for e in await replica.read_conversation(0, "a", 0, 1, 6)] == [1]
-        assert [e.seq for e in await replica.read_conversation(0, "a", -1, 10, 4)] == [0, 1, 2]
-        assert await replica.read_conversation(0, "zz", -1, 10, 6) == []
+        assert [
+            e.seq for e in await replica.read_conversation(0, "tenant-of-a", "a", 1, 10, 6)
+        ] == [2, 3]
+        assert [e.seq for e in await replica.read_conversation(0, "tenant-of-a", "a", 0, 1, 6)] == [
+            1
+        ]
+        assert [
+            e.seq for e in await replica.read_conversation(0, "tenant-of-a", "a", -1, 10, 4)
+        ] == [0, 1, 2]
+        assert await replica.read_conversation(0, "tenant-of-zz", "zz", -1, 10, 6) == []
+        assert await replica.read_conversation(0, "tenant-of-b", "a", -1, 10, 6) == []
+
+    async def test_two_tenants_one_conversation_id(self, replica: ReplicaStore) -> None:
+        """A conversation is keyed by (tenant, id): the same id under two tenants is two
+        conversations, each with its own seqs, read and listed apart."""
+        assert isinstance(await replica.prepare(0, 1, 0), Promised)
+        batch = [
+            entry(1, 1, "same", seq=0, tenant_id="t1", created_at_ms=100, token_count=3),
+            entry(2, 1, "same", seq=0, tenant_id="t2", created_at_ms=200, token_count=5),
+            entry(3, 1, "same", seq=1, tenant_id="t2", created_at_ms=300, token_count=7),
+        ]
+        assert await replica.append(0, 1, 0, 0, batch, 3) == Accepted(3)
+        assert [e.lsn for e in await replica.read_conversation(0, "t1", "same", -1, 10, 3)] == [1]
+        t2 = await replica.read_conversation(0, "t2", "same", -1, 10, 3)
+        assert [(e.lsn, e.seq) for e in t2] == [(2, 0), (3, 1)]
+        summaries = await replica.list_conversations(0, 0, 3, 10)
+        assert [(s.tenant_id, s.conversation_id, s.token_count, s.last_seq) for s in summaries] == [
+            ("t2", "same", 12, 1), ("t1", "same", 3, 0),
+        ]  # fmt: skip
 
     async def test_list_conversations_bounds(self, replica: ReplicaStore) -> None:
         assert isinstance(await replica.prepare(0, 1, 0), Promised)
@@ -353,7 +378,10 @@ def _random_calls(kind: int, rng: Any) -> list[Call]:
         return [("read_log", (shard, rng.randint(0, 6), rng.randint(0, 5)))]
     if kind == 4:
         conversation = rng.choice(["c0", "c1", "c2"])
-        args = (shard, conversation, rng.randint(-1, 4), rng.randint(0, 5), rng.randint(0, 8))
+        tenant = rng.choice([f"tenant-of-{conversation}", "tenant-of-c0"])
+        args = (
+            shard, tenant, conversation, rng.randint(-1, 4), rng.randint(0, 5), rng.randint(0, 8),
+        )  # fmt: skip
         return [("read_conversation", args)]
     return [("list_conversations", (shard, rng.randint(1_000, 1_012), rng.randint(0, 8), 4))]
 
@@ -373,6 +401,7 @@ def _random_append(rng: Any) -> Call:
                 entry_epoch,
                 conversation,
                 seq=rng.randint(0, 4),
+                tenant_id=rng.choice([f"tenant-of-{conversation}", "tenant-of-c0"]),
                 created_at_ms=1_000 + rng.randint(0, 12),
                 token_count=rng.randint(0, 50),
                 body=f"{rng.random()}",

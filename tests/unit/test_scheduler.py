@@ -31,7 +31,7 @@ def test_keeps_only_the_window_and_orders_most_recent_first() -> None:
     assert (report.accepted, report.outside_window) == (2, 1)
     jobs = scheduler.dispatch(_always, max_jobs=10)
     assert [j.conversation_id for j in jobs] == ["b", "a"]
-    assert jobs[0].job_id == "r2/b/5" and jobs[0].region == "r2"
+    assert jobs[0].job_id == "r2/t/b/5" and jobs[0].region == "r2"
     assert scheduler.snapshot().outside_window_total == 1
 
 
@@ -59,12 +59,25 @@ def test_idle_tenant_earns_no_credit() -> None:
     assert sum(1 for j in nxt if j.tenant_id == "b") in (5, 6)  # alternates, no catch-up burst
 
 
+def test_one_id_of_two_tenants_is_two_jobs() -> None:
+    """Conversation ids are namespaced by tenant: neither job replaces the other, and a live
+    request of one tenant drops only that tenant's job."""
+    clock = ManualClock(NOW_MS / 1000)
+    scheduler = _scheduler(clock)
+    report = scheduler.add_moved([_moved("same", "t1", seq=3), _moved("same", "t2", seq=9)])
+    assert (report.accepted, report.superseded) == (2, 0)
+    assert scheduler.mark_live("t1", "same") is True
+    jobs = scheduler.dispatch(_always, 10)
+    assert [(j.tenant_id, j.conversation_id, j.through_seq) for j in jobs] == [("t2", "same", 9)]
+    assert jobs[0].job_id == "r2/t2/same/9"
+
+
 def test_mark_live_drops_the_queued_job() -> None:
     clock = ManualClock(NOW_MS / 1000)
     scheduler = _scheduler(clock)
     scheduler.add_moved([_moved("a", ago_s=1), _moved("b", ago_s=2)])
-    assert scheduler.mark_live("a") is True
-    assert scheduler.mark_live("a") is False
+    assert scheduler.mark_live("t", "a") is True
+    assert scheduler.mark_live("t", "a") is False
     assert [j.conversation_id for j in scheduler.dispatch(_always, 10)] == ["b"]
     snap = scheduler.snapshot()
     assert (snap.cancelled_live_total, snap.backlog_sessions, snap.backlog_tokens) == (1, 0, 0)
