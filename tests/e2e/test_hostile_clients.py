@@ -105,7 +105,7 @@ def _closed_by_server(sock: socket.socket, wait_s: float) -> bool:
 
 def _reply_until_closed(sock: socket.socket, wait_s: float) -> str:
     sock.settimeout(wait_s)
-    chunks = []
+    chunks: list[bytes] = []
     while len(chunks) < 64 and (chunk := sock.recv(4096)):
         chunks.append(chunk)
     return b"".join(chunks).decode("latin-1")

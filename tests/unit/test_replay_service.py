@@ -20,6 +20,7 @@ from eventlog.node import LogNode, estimate_tokens
 from eventlog.sharding import shard_of
 from replay.bus.memory import InProcessJobBus
 from replay.cache_salt import cache_salt_for
+from replay.capacity import Grant
 from replay.chat import render_prompt
 from replay.engines.sim_core import SimEngineConfig
 from replay.engines.simulated import SimulatedEngine
@@ -184,9 +185,7 @@ async def test_a_moved_shard_is_planned_with_revision_tokens_and_last_seq() -> N
         assert {j.through_seq for j in jobs} == {3}
 
 
-def _granted():  # type: ignore[no-untyped-def]
-    from replay.capacity import Grant
-
+def _granted() -> Grant:
     return Grant.GRANTED
 
 

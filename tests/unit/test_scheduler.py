@@ -10,7 +10,9 @@ from tests.unit.clocks import ManualClock
 NOW_MS = 10_000_000
 
 
-def _moved(conv: str, tenant: str = "t", ago_s: float = 10, tokens: int = 1000, seq: int = 5):
+def _moved(
+    conv: str, tenant: str = "t", ago_s: float = 10, tokens: int = 1000, seq: int = 5
+) -> MovedConversation:
     return MovedConversation(tenant, conv, "m@1", NOW_MS - int(ago_s * 1000), tokens, seq)
 
 
