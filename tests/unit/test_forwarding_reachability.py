@@ -47,7 +47,12 @@ def forwarder(client: httpx.AsyncClient, reachable: dict[str, bool]) -> Forwarde
 
 async def test_forward_to_a_suspected_region_fails_without_sending() -> None:
     sent: list[httpx.Request] = []
-    transport = httpx.MockTransport(lambda r: sent.append(r) or httpx.Response(200))
+
+    def record(request: httpx.Request) -> httpx.Response:
+        sent.append(request)
+        return httpx.Response(200)
+
+    transport = httpx.MockTransport(record)
     async with httpx.AsyncClient(transport=transport) as client:
         with pytest.raises(ForwardFailed, match="not answering probes"):
             await forwarder(client, {"west": False}).forward(
