@@ -26,13 +26,14 @@ CHUNK = 50
 #: (3, 12), (3, 64) — a control leader that was paused while another took over woke up, kept
 #: believing it led the control shard (it read its own stale commit point) and blocked every
 #: placement change for good (fixed: LogNode.read_committed confirms leadership first).
+#: (3, 2488) — an operator's replica rebuild read its source after a newer leader had written
+#: there and appended that epoch's entry at its own older epoch: the store refused it as a
+#: broken append contract (fixed in eventlog.rebuild; tests/unit/test_newer_epoch_races); found
+#: on version 2 as seed 7729.
 #: Version 1's seeds 2195, 2548, 3111, ... found a leader reading from its own freshly wiped
 #: replica (stale transcripts until the next identity sweep); version 2 changed the schedules,
 #: so that bug is the named scenario test_a_replica_wiped_under_a_serving_leader_serves_no_short_read
-#: (3, 7729) — an operator's replica rebuild read its source after a newer control-shard leader
-#: had written there and appended that epoch's entry at its own older epoch: the store refused
-#: it as a broken append contract (fixed in eventlog.rebuild; tests/unit/test_newer_epoch_races)
-REGRESSION_SEEDS = {2: [(3, 12), (3, 64), (3, 7729)]}.get(PLANE_SIM_VERSION, [])
+REGRESSION_SEEDS = {3: [(3, 12), (3, 64), (3, 2488)]}.get(PLANE_SIM_VERSION, [])
 
 
 def _chunk(regions: int, first: int, last: int) -> dict[int, list[str]]:
@@ -119,7 +120,7 @@ def test_the_checker_catches_a_plane_that_trusts_wiped_replicas(
 ) -> None:
     """Mutation: every defence against a wiped replica is off (bug 5's identity checks, and the
     leader noticing that a replica holds less than it had accepted): some seed loses an ack or
-    serves a read that misses one (seed 70 is the first on PLANE_SIM_VERSION 2)."""
+    serves a read that misses one (seed 70 is the first on PLANE_SIM_VERSION 3)."""
     monkeypatch.setattr(IdentityGuard, "counts", lambda self, region: True)
     monkeypatch.setattr(IdentityGuard, "vouches_for", lambda self, region, store_id: True)
     monkeypatch.setattr(
