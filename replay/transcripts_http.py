@@ -8,6 +8,7 @@ from urllib.parse import quote
 import httpx
 
 from eventlog.errors import InvalidRequest, NotFound
+from eventlog.http_headers import TENANT_HEADER
 from replay.transcripts import PagedTranscriptSource, TranscriptEvent, TranscriptUnavailable
 
 
@@ -40,7 +41,7 @@ class HttpTranscriptSource(PagedTranscriptSource):
                 params={"after_seq": after_seq, "limit": self._page_limit},
                 headers={
                     "Authorization": f"Bearer {self._api_key}",
-                    "X-Convplane-Tenant": tenant_id,
+                    TENANT_HEADER: tenant_id,
                 },
             )
         except httpx.HTTPError as exc:

@@ -38,6 +38,7 @@ from eventlog.errors import (
     NotFound,
     NotLeader,
 )
+from eventlog.http_headers import PEER_AUTH_HEADER
 from eventlog.node import LogNode
 from eventlog.replica import ReplicaStore
 from regions.drill_plan import DrillPlan, LiveLoad, preflight
@@ -111,7 +112,7 @@ class DrillDriver:
         self._replicas = dict(replicas)
         self._peers = peers
         self._peer_urls = dict(peer_urls)
-        self._peer_headers = {"X-Convplane-Peer-Auth": peer_secret} if peer_secret else {}
+        self._peer_headers = {PEER_AUTH_HEADER: peer_secret} if peer_secret else {}
         self._clock = clock
         self._capacity_per_s = region_append_capacity_per_s
         self._replay_view = replay_view

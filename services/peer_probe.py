@@ -14,6 +14,8 @@ from typing import Any, Protocol
 
 import httpx
 
+from eventlog.http_headers import PEER_AUTH_HEADER
+
 
 class PeerProber(Protocol):
     async def health(self, region: str) -> Mapping[str, Any] | None:
@@ -34,7 +36,7 @@ class HttpPeerProber:
         self._timeout_s = timeout_s
         # the header name is services.api.forwarding.PEER_AUTH_HEADER (not imported: the API
         # layer sits above the controller)
-        self._headers = {"X-Convplane-Peer-Auth": peer_secret} if peer_secret else {}
+        self._headers = {PEER_AUTH_HEADER: peer_secret} if peer_secret else {}
 
     async def health(self, region: str) -> Mapping[str, Any] | None:
         try:

@@ -45,9 +45,14 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StringConstr
 
 from eventlog.clock import Clock
 from eventlog.errors import ConvplaneError, Overloaded, Unauthorized
+from eventlog.http_headers import (
+    DEADLINE_HEADER,
+    FORWARDED_HEADER,
+    PEER_AUTH_HEADER,
+    SERVED_BY_HEADER,
+)
 from services.api.errors import ForwardFailed, OutcomeUnknown
 from services.api.event_bodies import integral
-from services.api.headers import DEADLINE_HEADER, FORWARDED_HEADER, PEER_AUTH_HEADER
 from services.api.schemas import ConversationId
 
 #: the largest batch body a leader takes (route limit); an append bigger than half of it is
@@ -59,7 +64,7 @@ FORWARD_BATCH_ITEMS_MAX = 256
 DEADLINE_MS_MAX = 3_600_000
 BATCH_PATH = "/peer/forwarded-appends"
 NDJSON = "application/x-ndjson"
-_RELAYED_HEADERS = ("retry-after", "idempotent-replayed", "x-convplane-served-by")
+_RELAYED_HEADERS = ("retry-after", "idempotent-replayed", SERVED_BY_HEADER.lower())
 
 forward_batch_router = APIRouter(prefix="/peer")
 log = logging.getLogger("convplane.forward_batch")

@@ -24,9 +24,15 @@ from fastapi import Request, Response
 from eventlog.aio import abandon
 from eventlog.clock import Clock
 from eventlog.errors import DeadlineExceeded
+from eventlog.http_headers import (
+    DEADLINE_HEADER,
+    FORWARDED_HEADER,
+    PEER_AUTH_HEADER,
+    SERVED_BY_HEADER,
+    TENANT_HEADER,
+)
 from services.api.errors import ForwardFailed, OutcomeUnknown
 from services.api.forward_batch import AppendBatcher, BatchLimits
-from services.api.headers import DEADLINE_HEADER, FORWARDED_HEADER, PEER_AUTH_HEADER
 from services.api.metrics import Metrics
 
 __all__ = ["DEADLINE_HEADER", "FORWARDED_HEADER", "PEER_AUTH_HEADER", "Forwarder"]
@@ -35,9 +41,9 @@ _REQUEST_HEADERS = (
     "content-type",
     "idempotency-key",
     "accept",
-    "x-convplane-tenant",  # service-key reads on behalf of a tenant (replay workers)
+    TENANT_HEADER.lower(),  # service-key reads on behalf of a tenant (replay workers)
 )
-_RESPONSE_HEADERS = ("content-type", "retry-after", "idempotent-replayed", "x-convplane-served-by")
+_RESPONSE_HEADERS = ("content-type", "retry-after", "idempotent-replayed", SERVED_BY_HEADER.lower())
 
 
 class _PeerLost(Exception):

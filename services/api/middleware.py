@@ -32,11 +32,11 @@ import orjson
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from eventlog.errors import ConvplaneError
+from eventlog.http_headers import SERVED_BY_HEADER_RAW
 from services.api.admission import Arrival, NodeAdmission
 from services.api.fast_append import PARSED_BODY_SCOPE_KEY
 from services.api.metrics import Metrics
 
-SERVED_BY_HEADER = b"x-convplane-served-by"
 JSON_DEPTH_MAX = 32
 _BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 
@@ -248,8 +248,8 @@ class EdgeMiddleware:
             if message["type"] == "http.response.start":
                 status_seen[0] = int(message["status"])
                 headers = list(message.get("headers", []))
-                if not any(bytes(k).lower() == SERVED_BY_HEADER for k, _ in headers):
-                    headers.append((SERVED_BY_HEADER, self.region))
+                if not any(bytes(k).lower() == SERVED_BY_HEADER_RAW for k, _ in headers):
+                    headers.append((SERVED_BY_HEADER_RAW, self.region))
                 message["headers"] = headers
             try:
                 async with asyncio.timeout(self.send_timeout_s):

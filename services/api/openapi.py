@@ -23,6 +23,7 @@ from fastapi import Body, FastAPI
 from fastapi.openapi.utils import get_openapi
 from fastapi.routing import APIRoute
 
+from eventlog.http_headers import PEER_AUTH_HEADER
 from services.api.errors import ERROR_CODES
 from services.api.event_bodies import examples_by_type
 from services.api.forwarding import DEADLINE_HEADER
@@ -49,7 +50,7 @@ SECURITY_SCHEMES = {
     "peerSecret": {
         "type": "apiKey",
         "in": "header",
-        "name": "X-Convplane-Peer-Auth",
+        "name": PEER_AUTH_HEADER,
         "description": "the cluster's peer secret: only region nodes call `/peer`",
     },
 }

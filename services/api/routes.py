@@ -17,6 +17,7 @@ from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from eventlog.errors import Forbidden, InvalidRequest
+from eventlog.http_headers import TENANT_HEADER
 from services.api import schemas
 from services.api.context import RequestContext, _deadline_s, api_state, request_context
 from services.api.event_bodies import AnyEvent, payload_of
@@ -32,7 +33,6 @@ NOT_TRACED = nullcontext()
 
 router = APIRouter(prefix="/v1", tags=[CHAT_APPS])
 Context = Annotated[RequestContext, Depends(request_context)]
-TENANT_HEADER = "X-Convplane-Tenant"
 
 
 async def read_context(

@@ -18,6 +18,7 @@ from typing import Annotated, Any
 
 import typer
 
+from eventlog.http_headers import DEADLINE_HEADER
 from regions.drill_report import summary_lines
 
 drill_app = typer.Typer(
@@ -30,7 +31,6 @@ keys_app = typer.Typer(help="API keys and their roles", no_args_is_help=True)  #
 
 #: the deadline the CLI gives the plane (starting a drill writes a canary to every shard first),
 #: and its own timeout a little past it; a drill is polled this often
-DEADLINE_HEADER = "X-Convplane-Deadline-Ms"
 DEADLINE_MS = 30_000
 CALL_TIMEOUT_S = 35.0
 POLL_S = 0.5

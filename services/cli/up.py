@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from eventlog.http_headers import SERVED_BY_HEADER
+
 if TYPE_CHECKING:
     import httpx
     from rich.console import Console
@@ -208,7 +210,7 @@ def _run_demo(console: Console, plane: LocalPlane, info: dict[str, Any]) -> None
             body = r.json()
             acks.add_row(
                 str(body["seq"]), event_type, str(r.status_code), ", ".join(body["acked_by"]),
-                r.headers["x-convplane-served-by"], r.headers.get("idempotent-replayed", "-"),
+                r.headers[SERVED_BY_HEADER], r.headers.get("idempotent-replayed", "-"),
             )  # fmt: skip
         console.print(acks)
         _print_transcript(console, client, cid, attempt_id)

@@ -20,12 +20,13 @@ from urllib.parse import urlsplit
 from starlette.middleware.cors import CORSMiddleware
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from eventlog.http_headers import DEADLINE_HEADER, SERVED_BY_HEADER
 from services.config import ClusterConfig, NodeSettings
 
 #: what the console sends cross-origin
 CORS_METHODS = ("GET", "POST", "DELETE")
-CORS_HEADERS = ("authorization", "content-type", "x-convplane-deadline-ms")
-CORS_EXPOSED = ("x-convplane-served-by", "retry-after")
+CORS_HEADERS = ("authorization", "content-type", DEADLINE_HEADER.lower())
+CORS_EXPOSED = (SERVED_BY_HEADER.lower(), "retry-after")
 #: how long a browser may cache a preflight's answer
 CORS_MAX_AGE_S = 600
 

@@ -22,11 +22,11 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from eventlog.clock import Clock
 from eventlog.errors import InvariantViolation
+from eventlog.http_headers import FORWARDED_HEADER_RAW
 
 #: the window the console's rates are averaged over
 APPEND_WINDOW_S = 10
 _APPEND_PATH = re.compile(r"^/v1/conversations/[^/]+/events/?$")
-_FORWARDED = b"x-convplane-forwarded"
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,4 +136,4 @@ def _is_entering_append(scope: Scope) -> bool:
         return False
     if not _APPEND_PATH.match(scope["path"]):
         return False
-    return not any(key == _FORWARDED for key, _ in scope.get("headers", ()))
+    return not any(key == FORWARDED_HEADER_RAW for key, _ in scope.get("headers", ()))

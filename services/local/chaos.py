@@ -26,6 +26,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from eventlog.http_headers import DEADLINE_HEADER, SERVED_BY_HEADER
 from eventlog.sharding import shard_of
 from regions.placement import place_shards
 from services.config import ClusterConfig, RegionConfig
@@ -248,7 +249,7 @@ class Writers:
                     timeout=ATTEMPT_TIMEOUT_S,
                     headers={
                         "Idempotency-Key": key,
-                        "X-Convplane-Deadline-Ms": str(int(ATTEMPT_TIMEOUT_S * 1000)),
+                        DEADLINE_HEADER: str(int(ATTEMPT_TIMEOUT_S * 1000)),
                     },
                 )
             except httpx.HTTPError as exc:
@@ -256,7 +257,7 @@ class Writers:
             if r is not None and r.status_code in (200, 201):
                 if not create:
                     data = r.json()
-                    served_by = r.headers.get("x-convplane-served-by", "?")
+                    served_by = r.headers.get(SERVED_BY_HEADER, "?")
                     shard = shard_of(cid, self.shard_count)
                     ack = Ack(
                         cid,

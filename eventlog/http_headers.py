@@ -1,0 +1,19 @@
+"""The HTTP header names of convplane's wire protocol, spelled once: the REST API, the nodes'
+peer calls and every client in this repository (replay workers, the CLI, the chaos harness,
+the console) use these. Here, in the innermost package, because replay's REST client needs
+them and may import nothing but ``eventlog``. HTTP header names are case-insensitive; ASGI
+hands them over lower-cased (the ``*_RAW`` forms)."""
+
+#: set by a node on a request it forwards to the leading region (only peers may send it)
+FORWARDED_HEADER = "X-Convplane-Forwarded"
+#: the peer secret on node-to-node calls
+PEER_AUTH_HEADER = "X-Convplane-Peer-Auth"
+#: the caller's absolute deadline, in Unix milliseconds
+DEADLINE_HEADER = "X-Convplane-Deadline-Ms"
+#: the tenant a replay service key reads a transcript on behalf of
+TENANT_HEADER = "X-Convplane-Tenant"
+#: the region that served an answer
+SERVED_BY_HEADER = "X-Convplane-Served-By"
+
+FORWARDED_HEADER_RAW = FORWARDED_HEADER.lower().encode()
+SERVED_BY_HEADER_RAW = SERVED_BY_HEADER.lower().encode()
