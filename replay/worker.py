@@ -75,7 +75,7 @@ class SpareGate(Protocol):
 
 
 @dataclass(frozen=True, slots=True)
-class WorkerSettings:
+class WorkerConfig:
     concurrency: int = 2  # jobs in flight on this worker
     pull_probe_tokens: int = 256  # spare the engine must have before a slot pulls at all
     idle_poll_s: float = 0.5
@@ -111,7 +111,7 @@ class ReplayWorker:
         spare_gate: SpareGate,
         clock: Clock,
         rng: random.Random,
-        settings: WorkerSettings | None = None,
+        settings: WorkerConfig | None = None,
         *,
         cache_salt_key: bytes,
     ) -> None:
@@ -124,7 +124,7 @@ class ReplayWorker:
         self._gate = spare_gate
         self._clock = clock
         self._rng = rng
-        self.settings = settings or WorkerSettings()
+        self.settings = settings or WorkerConfig()
         self._stopping = asyncio.Event()
         self.counts: Counter[str] = Counter()  # pulled and per-status totals
         self.consumer: JobConsumer | None = None  # while running (tests and metrics look at it)

@@ -49,13 +49,13 @@ _PEER_AUTH = PEER_AUTH_HEADER.lower().encode()
 
 
 @dataclass(frozen=True, slots=True)
-class ListenerLimits:
+class ListenerConfig:
     name: str  # "client" or "peer", for logs
     connections_max: int
     header_timeout_s: float
 
 
-def guarded_protocol(limits: ListenerLimits) -> type[HttpToolsProtocol]:
+def guarded_protocol(limits: ListenerConfig) -> type[HttpToolsProtocol]:
     """An ``HttpToolsProtocol`` class for one listener (module docstring); pass it as uvicorn's
     ``http``. Each call makes a class of its own: the idle set is per listener."""
     #: this listener's idle connections, oldest first (a dict keeps insertion order)

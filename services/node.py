@@ -20,7 +20,7 @@ import uvicorn
 from services.api import create_app
 from services.cluster_tls import node_tls, server_ssl_options
 from services.config import NodeSettings
-from services.listeners import ListenerLimits, PeerListenerGate, guarded_protocol
+from services.listeners import ListenerConfig, PeerListenerGate, guarded_protocol
 from services.logs import configure_logging
 
 log = logging.getLogger("convplane.node")
@@ -67,7 +67,7 @@ def run_node(
             timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
             timeout_keep_alive=int(settings.header_timeout_s) or 1,
             http=guarded_protocol(
-                ListenerLimits("client", settings.client_connections_max, settings.header_timeout_s)
+                ListenerConfig("client", settings.client_connections_max, settings.header_timeout_s)
             ),
         )
     )
@@ -95,7 +95,7 @@ def run_node(
             timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
             timeout_keep_alive=int(settings.header_timeout_s) or 1,
             http=guarded_protocol(
-                ListenerLimits("peer", settings.peer_connections_max, settings.header_timeout_s)
+                ListenerConfig("peer", settings.peer_connections_max, settings.header_timeout_s)
             ),
             **(server_ssl_options(tls) if tls is not None else {}),
         )

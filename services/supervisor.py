@@ -34,7 +34,7 @@ Step = Callable[[], Awaitable[None]]
 
 
 @dataclass(frozen=True, slots=True)
-class SupervisorLimits:
+class SupervisorConfig:
     restart_backoff_min_s: float = 0.5
     restart_backoff_max_s: float = 30.0
     #: consecutive crashes (no clean step between) that make a loop "crash-looping"
@@ -50,10 +50,10 @@ class LoopHealth:
     last_error: str | None = None
     running: bool = True
 
-    def crash_looping(self, limits: SupervisorLimits) -> bool:
+    def crash_looping(self, limits: SupervisorConfig) -> bool:
         return self.consecutive_crashes >= limits.crash_loop_after
 
-    def to_body(self, limits: SupervisorLimits) -> dict[str, object]:
+    def to_body(self, limits: SupervisorConfig) -> dict[str, object]:
         return {
             "name": self.name,
             "running": self.running,
@@ -74,11 +74,11 @@ EXPECTED_FAILURES: tuple[type[BaseException], ...] = (
 
 class Supervisor:
     def __init__(
-        self, *, clock: Clock, rng: random.Random, limits: SupervisorLimits | None = None
+        self, *, clock: Clock, rng: random.Random, limits: SupervisorConfig | None = None
     ) -> None:
         self._clock = clock
         self._rng = rng
-        self.limits = limits or SupervisorLimits()
+        self.limits = limits or SupervisorConfig()
         self._loops: dict[str, LoopHealth] = {}
         self._tasks: list[asyncio.Task[None]] = []
 

@@ -32,9 +32,9 @@ def _run() -> None:
 
 
 async def _run_cli(dsn: str) -> None:
-    from eventlog.stores._engine import StoreLimits, make_engine
+    from eventlog.stores._engine import StoreConfig, make_engine
 
-    engine = make_engine(dsn, StoreLimits())
+    engine = make_engine(dsn, StoreConfig())
     try:
         async with engine.connect() as connection:
             await connection.run_sync(_run_on)

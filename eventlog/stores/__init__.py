@@ -4,7 +4,7 @@
     ...
     await store.close()
 
-Public: ``open_replica_store``, ``migrate``, ``SqlReplicaStore``, ``StoreLimits``.
+Public: ``open_replica_store``, ``migrate``, ``SqlReplicaStore``, ``StoreConfig``.
 """
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ from __future__ import annotations
 from typing import Any
 
 from eventlog.clock import Clock
-from eventlog.stores._engine import StoreLimits, dialect_of, make_engine
+from eventlog.stores._engine import StoreConfig, dialect_of, make_engine
 from eventlog.stores.migrate import migrate
 from eventlog.stores.sql_store import SqlReplicaStore
 
-__all__ = ["SqlReplicaStore", "StoreLimits", "migrate", "open_replica_store"]
+__all__ = ["SqlReplicaStore", "StoreConfig", "migrate", "open_replica_store"]
 
 
 async def open_replica_store(
@@ -25,10 +25,10 @@ async def open_replica_store(
     """Migrate the database at ``dsn`` to the newest schema and return an open store on it.
 
     ``dsn``: ``postgresql+asyncpg://user@host:port/db`` or ``sqlite+aiosqlite:///path``.
-    ``limits``: the fields of ``StoreLimits`` (``batch_linger_ms``, ``batch_events_max``,
+    ``limits``: the fields of ``StoreConfig`` (``batch_linger_ms``, ``batch_events_max``,
     ``queue_max``, ``statement_timeout_s``, ``connect_timeout_s``, ``pool_size``, ...).
     """
-    store_limits = StoreLimits(**limits)
+    store_limits = StoreConfig(**limits)
     dialect_of(dsn)  # reject an unsupported dsn before touching anything
     await migrate(dsn)
     return SqlReplicaStore(make_engine(dsn, store_limits), region, store_limits, clock)

@@ -19,7 +19,7 @@ SQLITE_WRITE_OPTION = "convplane_sqlite_write"
 
 
 @dataclass(frozen=True, slots=True)
-class StoreLimits:
+class StoreConfig:
     """Bounds of one store. Every name is a limit; see ``open_replica_store``."""
 
     batch_linger_ms: float = 1.0  # how long a group waits for more appends after its first
@@ -50,7 +50,7 @@ def dialect_of(dsn: str) -> str:
     )
 
 
-def make_engine(dsn: str, limits: StoreLimits) -> AsyncEngine:
+def make_engine(dsn: str, limits: StoreConfig) -> AsyncEngine:
     """A small pooled engine. PostgreSQL: asyncpg with a per-command timeout. SQLite: WAL,
     synchronous=FULL (an ack survives power loss), and explicit BEGIN so that writers can take
     the database lock up front with BEGIN IMMEDIATE (the check-and-write is then atomic even with

@@ -14,7 +14,7 @@ from alembic.config import Config
 from sqlalchemy import text
 from sqlalchemy.engine import Connection
 
-from eventlog.stores._engine import SQLITE_WRITE_OPTION, StoreLimits, make_engine, translated
+from eventlog.stores._engine import SQLITE_WRITE_OPTION, StoreConfig, make_engine, translated
 
 MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
 _LOCK_KEY = 0x636F6E76  # "conv": the advisory lock key of convplane's migrations
@@ -28,7 +28,7 @@ def alembic_config() -> Config:
 
 async def migrate(dsn: str, revision: str = "head", *, timeout_s: float = 60.0) -> None:
     """Upgrade the database at ``dsn`` to ``revision`` (default: the newest)."""
-    limits = StoreLimits(statement_timeout_s=timeout_s, pool_size=1)
+    limits = StoreConfig(statement_timeout_s=timeout_s, pool_size=1)
     engine = make_engine(dsn, limits)
     try:
         async with translated("migrate", f"migrate to {revision}"):

@@ -30,7 +30,7 @@ from eventlog.model import (
 )
 from eventlog.replica import ReplicaStore
 from eventlog.stores import _pg_writes, _sqlite_writes
-from eventlog.stores._engine import SQLITE_WRITE_OPTION, StoreLimits, checked_out, translated
+from eventlog.stores._engine import SQLITE_WRITE_OPTION, StoreConfig, checked_out, translated
 from eventlog.stores._plan import AppendRequest, check_append_request, check_storable
 from eventlog.stores._schema import (
     entries,
@@ -59,7 +59,7 @@ class SqlReplicaStore(ReplicaStore):
     """One region's replica in a SQL database. Build it with ``open_replica_store``."""
 
     def __init__(
-        self, engine: AsyncEngine, region: str, limits: StoreLimits, clock: Clock | None = None
+        self, engine: AsyncEngine, region: str, limits: StoreConfig, clock: Clock | None = None
     ) -> None:
         self.region = region
         self.limits = limits

@@ -94,7 +94,7 @@ class KafkaSecurity:
 
 
 @dataclass(frozen=True, slots=True)
-class KafkaBusSettings:
+class KafkaBusConfig:
     bootstrap_servers: str
     #: region -> replay secret: records are signed with, and checked against, these
     bus_secrets: Mapping[str, bytes] = field(default_factory=dict)
@@ -123,7 +123,7 @@ async def _bounded(awaitable: Awaitable[T], timeout_s: float, what: str) -> T:
         raise JobBusUnavailable(f"kafka: {what} failed: {exc!r}") from exc
 
 
-async def ensure_topics(settings: KafkaBusSettings, topics: Sequence[str]) -> None:
+async def ensure_topics(settings: KafkaBusConfig, topics: Sequence[str]) -> None:
     admin = AIOKafkaAdminClient(
         bootstrap_servers=settings.bootstrap_servers,
         client_id=f"{settings.client_id}-admin",
@@ -150,7 +150,7 @@ async def ensure_topics(settings: KafkaBusSettings, topics: Sequence[str]) -> No
 class KafkaJobBus(JobBus):
     def __init__(
         self,
-        settings: KafkaBusSettings,
+        settings: KafkaBusConfig,
         *,
         regions: Sequence[str] = (),
         tracer_provider: TracerProvider | None = None,
@@ -255,7 +255,7 @@ class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
 
 
 class KafkaJobConsumer(JobConsumer):
-    def __init__(self, settings: KafkaBusSettings, region: str, *, in_flight_max: int) -> None:
+    def __init__(self, settings: KafkaBusConfig, region: str, *, in_flight_max: int) -> None:
         self.region = region
         self.topic = jobs_topic(region)
         self._s = settings
@@ -396,7 +396,7 @@ class KafkaJobConsumer(JobConsumer):
 
 
 class KafkaResultStream(ResultStream):
-    def __init__(self, settings: KafkaBusSettings, *, group_id: str | None) -> None:
+    def __init__(self, settings: KafkaBusConfig, *, group_id: str | None) -> None:
         self._s = settings
         self._group_id = group_id
         self._buffer: deque[ReplayResult] = deque()

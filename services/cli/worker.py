@@ -41,11 +41,11 @@ async def _run_worker(
     import httpx
 
     from eventlog.clock import SystemClock
-    from replay.bus.kafka import KafkaBusSettings, KafkaJobBus
+    from replay.bus.kafka import KafkaBusConfig, KafkaJobBus
     from replay.capacity import CapacityConfig, CapacityController, CapacityGate, CapacityPoller
     from replay.engines.vllm_http import VllmHttpEngine
     from replay.transcripts_http import HttpTranscriptSource
-    from replay.worker import ReplayWorker, WorkerSettings
+    from replay.worker import ReplayWorker, WorkerConfig
 
     clock, rng = SystemClock(), random.Random()
     engine = VllmHttpEngine(worker_id, engine_url, model_revision)
@@ -53,7 +53,7 @@ async def _run_worker(
         CapacityConfig(capacity_tokens_per_s, max_concurrent_replays=concurrency), clock
     )
     poller = CapacityPoller(engine, controller, clock, rng)
-    bus_settings = KafkaBusSettings(
+    bus_settings = KafkaBusConfig(
         bootstrap_servers,
         bus_secrets={region: bus_secret},  # its own region's only: it cannot sign for others
         security=security,
@@ -75,7 +75,7 @@ async def _run_worker(
             CapacityGate(controller),
             clock,
             rng,
-            WorkerSettings(concurrency=concurrency),
+            WorkerConfig(concurrency=concurrency),
             cache_salt_key=cache_salt_key,
         )
         loop = asyncio.get_running_loop()
@@ -160,10 +160,10 @@ def register(app: typer.Typer) -> None:
         import os
         import re
 
-        from replay.worker import WorkerSettings
+        from replay.worker import WorkerConfig
 
         if check:
-            priority = WorkerSettings().replay_priority
+            priority = WorkerConfig().replay_priority
             raise typer.Exit(asyncio.run(_check_engine(engine_url, model_revision, priority)))
         for name, value in (("--bootstrap-servers", bootstrap_servers),
                             ("--region-url", region_url), ("--api-key", api_key)):  # fmt: skip

@@ -35,7 +35,7 @@ T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
-class MovedListLimits:
+class MovedListConfig:
     replay_window_s: float
     conversations_per_shard_max: int
     lookups_max: int = 8  # revision lookups in flight
@@ -50,7 +50,7 @@ class MovedConversationLister:
         node: LogNode,
         replicas: Mapping[str, ReplicaStore],
         clock: Clock,
-        limits: MovedListLimits,
+        limits: MovedListConfig,
     ) -> None:
         self.node = node
         self._replicas = dict(replicas)

@@ -43,7 +43,7 @@ log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
-class PollSettings:
+class PollConfig:
     interval_s: float = 0.25
     timeout_s: float = 1.0
     backoff_max_s: float = 5.0
@@ -76,12 +76,12 @@ class RegionCapacity:
         config: ReplayConfig,
         clock: Clock,
         rng: random.Random,
-        poll: PollSettings | None = None,
+        poll: PollConfig | None = None,
     ) -> None:
         self._engines = [engine for engine, _ in engines]
         self._clock = clock
         self._rng = rng
-        self._poll = poll or PollSettings()
+        self._poll = poll or PollConfig()
         concurrency = config.worker_concurrency
         self.engine_controllers: dict[str, CapacityController] = {
             engine.engine_id: CapacityController(

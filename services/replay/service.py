@@ -45,7 +45,7 @@ TERMINAL_STATUSES = frozenset({"replayed", "skipped_live", "expired", "failed"})
 
 
 @dataclass(frozen=True, slots=True)
-class ServiceLimits:
+class ReplayServiceConfig:
     dispatch_interval_s: float = 0.05
     dispatch_batch_max: int = 64
     publish_timeout_s: float = 10.0
@@ -73,7 +73,7 @@ class ReplayService:
         workers: Sequence[ReplayWorker] = (),
         engine_urls: Mapping[str, str] | None = None,
         mode: str = "embedded",
-        limits: ServiceLimits | None = None,
+        limits: ReplayServiceConfig | None = None,
     ) -> None:
         self.region = region
         self.shard_count = shard_count
@@ -83,7 +83,7 @@ class ReplayService:
         self.capacity = capacity
         self.workers = list(workers)
         self.engine_urls = dict(engine_urls or {})
-        self.limits = limits or ServiceLimits()
+        self.limits = limits or ReplayServiceConfig()
         self.scheduler = ReplayScheduler(
             SchedulerConfig(
                 region=region,

@@ -16,11 +16,11 @@ from replay.bus.port import JobBus
 from replay.capacity import CapacityGate
 from replay.engines.base import InferenceEngine
 from replay.engines.vllm_http import VllmHttpEngine
-from replay.worker import ReplayWorker, WorkerSettings
+from replay.worker import ReplayWorker, WorkerConfig
 from services.replay.config import ReplayConfig
-from services.replay.moved import MovedConversationLister, MovedListLimits
+from services.replay.moved import MovedConversationLister, MovedListConfig
 from services.replay.region_capacity import RegionCapacity
-from services.replay.service import ReplayService, ServiceLimits
+from services.replay.service import ReplayService, ReplayServiceConfig
 from services.replay.transcripts import LogTranscriptSource
 
 if TYPE_CHECKING:
@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 
 def _bus(region: str, config: ReplayConfig) -> tuple[JobBus, str]:
     if config.kafka_bootstrap_servers:
-        from replay.bus.kafka import KafkaBusSettings, KafkaJobBus, KafkaSecurity
+        from replay.bus.kafka import KafkaBusConfig, KafkaJobBus, KafkaSecurity
 
         security = KafkaSecurity(
             protocol=config.kafka_security_protocol,
@@ -41,7 +41,7 @@ def _bus(region: str, config: ReplayConfig) -> tuple[JobBus, str]:
             sasl_username=config.kafka_sasl_username,
             sasl_password=config.kafka_sasl_password,
         )
-        settings = KafkaBusSettings(
+        settings = KafkaBusConfig(
             config.kafka_bootstrap_servers,
             bus_secrets=config.bus_keys(),
             security=security,
@@ -63,7 +63,7 @@ def build_replay_service(
     engines: Mapping[str, InferenceEngine],
     bus: JobBus,
     mode: str,
-    limits: ServiceLimits | None = None,
+    limits: ReplayServiceConfig | None = None,
     peer_secret: str | None = None,
 ) -> ReplayService:
     """The service over given engines and bus (tests pass fakes; ``open_replay_service`` real
@@ -79,9 +79,9 @@ def build_replay_service(
         node,
         replicas,
         clock,
-        MovedListLimits(config.replay_window_s, config.conversations_per_shard_max),
+        MovedListConfig(config.replay_window_s, config.conversations_per_shard_max),
     )
-    service_limits = limits or ServiceLimits()
+    service_limits = limits or ReplayServiceConfig()
     workers = []
     if mode == "embedded":
         transcripts = LogTranscriptSource(node)
@@ -96,7 +96,7 @@ def build_replay_service(
                     CapacityGate(capacity.engine_controllers[engine_id]),
                     clock,
                     random.Random(rng.getrandbits(64)),
-                    WorkerSettings(
+                    WorkerConfig(
                         concurrency=config.worker_concurrency,
                         drain_timeout_s=service_limits.worker_drain_timeout_s,
                     ),

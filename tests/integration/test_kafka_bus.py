@@ -13,7 +13,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from replay.bus.codec import BusCodec
-from replay.bus.kafka import KafkaBusSettings, KafkaJobBus, KafkaJobConsumer
+from replay.bus.kafka import KafkaBusConfig, KafkaJobBus, KafkaJobConsumer
 from replay.bus.port import RESULTS_TOPIC, JobDelivery, jobs_topic, worker_group
 from replay.bus.trace_context import job_span
 from replay.model import ReplayJob, ReplayResult
@@ -31,8 +31,8 @@ def job(n: int, region: str) -> ReplayJob:
 
 
 @pytest.fixture
-def settings(kafka_bootstrap_servers: str) -> KafkaBusSettings:
-    return KafkaBusSettings(
+def settings(kafka_bootstrap_servers: str) -> KafkaBusConfig:
+    return KafkaBusConfig(
         kafka_bootstrap_servers,
         bus_secrets=REGIONS.secrets,
         partitions_per_topic=1,
@@ -42,12 +42,12 @@ def settings(kafka_bootstrap_servers: str) -> KafkaBusSettings:
 
 
 @pytest.fixture
-async def bus(settings: KafkaBusSettings) -> AsyncIterator[KafkaJobBus]:
+async def bus(settings: KafkaBusConfig) -> AsyncIterator[KafkaJobBus]:
     async with KafkaJobBus(settings) as b:
         yield b
 
 
-async def committed_offset(settings: KafkaBusSettings, region: str) -> int | None:
+async def committed_offset(settings: KafkaBusConfig, region: str) -> int | None:
     """The group's committed offset of partition 0, read from the broker (not the consumer)."""
     reader = AIOKafkaConsumer(
         bootstrap_servers=settings.bootstrap_servers,
@@ -63,7 +63,7 @@ async def committed_offset(settings: KafkaBusSettings, region: str) -> int | Non
 
 
 async def test_offsets_are_committed_only_up_to_the_first_unfinished_job(
-    bus: KafkaJobBus, settings: KafkaBusSettings
+    bus: KafkaJobBus, settings: KafkaBusConfig
 ) -> None:
     region = fresh_region()
     await bus.publish_jobs([job(n, region) for n in range(5)])
@@ -95,7 +95,7 @@ async def test_offsets_are_committed_only_up_to_the_first_unfinished_job(
 
 
 async def test_malformed_forged_and_tampered_records_are_rejected_counted_and_committed_past(
-    bus: KafkaJobBus, settings: KafkaBusSettings
+    bus: KafkaJobBus, settings: KafkaBusConfig
 ) -> None:
     region = fresh_region()
     await bus.publish_jobs([job(0, region)])  # creates the topic
@@ -152,7 +152,7 @@ async def test_results_round_trip(bus: KafkaJobBus) -> None:
         assert stream.rejected_unauthenticated >= 1
 
 
-async def test_a_job_carries_its_publishers_trace_context(settings: KafkaBusSettings) -> None:
+async def test_a_job_carries_its_publishers_trace_context(settings: KafkaBusConfig) -> None:
     region = fresh_region()
     spans = InMemorySpanExporter()
     provider = TracerProvider()

@@ -31,7 +31,7 @@ import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from eventlog.clock import SystemClock
-from replay.bus.kafka import KafkaBusSettings, KafkaJobBus, KafkaJobConsumer
+from replay.bus.kafka import KafkaBusConfig, KafkaJobBus, KafkaJobConsumer
 from replay.bus.port import jobs_topic, worker_group
 from replay.capacity import CapacityConfig, CapacityController, CapacityGate, CapacityPoller, Grant
 from replay.engines.base import InferenceEngine
@@ -39,7 +39,7 @@ from replay.engines.vllm_http import VllmHttpEngine
 from replay.model import EngineMetrics, PrefillOutcome, PrefillRequest
 from replay.scheduler import MovedConversation, ReplayScheduler, SchedulerConfig
 from replay.transcripts import TranscriptEvent, TranscriptSource
-from replay.worker import ReplayWorker, WorkerSettings
+from replay.worker import ReplayWorker, WorkerConfig
 from tests.integration.bus_regions import BUS_SECRET
 from tests.integration.test_kafka_worker_crash import (
     MODEL,
@@ -162,7 +162,7 @@ def moved(cid: str, last_activity_ms: int) -> MovedConversation:
     return MovedConversation(TENANT, cid, MODEL, last_activity_ms, REPLAY_WORDS + 10, 2)
 
 
-async def offsets(settings: KafkaBusSettings, region: str) -> tuple[dict[int, int], dict[int, int]]:
+async def offsets(settings: KafkaBusConfig, region: str) -> tuple[dict[int, int], dict[int, int]]:
     """(committed, end) offset per partition of the region's jobs topic, from the broker."""
     reader = AIOKafkaConsumer(bootstrap_servers=settings.bootstrap_servers,
                               group_id=worker_group(region), enable_auto_commit=False)  # fmt: skip
@@ -185,7 +185,7 @@ async def test_replay_pauses_at_live_capacity_and_drains_after(
 ) -> None:
     region = f"p{uuid.uuid4().hex[:10]}"
     clock, rng = SystemClock(), random.Random(7)
-    settings = KafkaBusSettings(kafka_bootstrap_servers, bus_secrets={region: BUS_SECRET},
+    settings = KafkaBusConfig(kafka_bootstrap_servers, bus_secrets={region: BUS_SECRET},
                                 client_id=f"flow-{region}",
                                 partitions_per_topic=PARTITIONS, session_timeout_s=6.0,
                                 heartbeat_interval_s=1.0)  # fmt: skip
@@ -206,7 +206,7 @@ async def test_replay_pauses_at_live_capacity_and_drains_after(
         gate = CountingGate(controller)
         worker = ReplayWorker(
             "flow-worker", region, bus, engine, DictTranscripts(REPLAY_WORDS), gate, clock, rng,
-            WorkerSettings(concurrency=2, idle_poll_s=0.1, drain_timeout_s=10.0),
+            WorkerConfig(concurrency=2, idle_poll_s=0.1, drain_timeout_s=10.0),
             cache_salt_key=bytes(range(32)),
         )  # fmt: skip
         tasks = [asyncio.create_task(poller.run()), asyncio.create_task(worker.run())]

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from replay.bus.kafka import KafkaBusSettings, KafkaJobBus, KafkaJobConsumer, KafkaSecurity
+from replay.bus.kafka import KafkaBusConfig, KafkaJobBus, KafkaJobConsumer, KafkaSecurity
 from replay.bus.port import JobBusUnavailable
 from replay.model import ReplayJob
 from services.local.kafka import BrokerSecurity, KafkaBroker, start_broker
@@ -31,15 +31,15 @@ def secure_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaBro
         broker.stop()
 
 
-def settings(servers: str | None, security: KafkaSecurity) -> KafkaBusSettings:
+def settings(servers: str | None, security: KafkaSecurity) -> KafkaBusConfig:
     assert servers is not None
-    return KafkaBusSettings(
+    return KafkaBusConfig(
         servers, bus_secrets=REGIONS.secrets, security=security, partitions_per_topic=1,
         session_timeout_s=6.0, heartbeat_interval_s=1.0, start_timeout_s=20.0,
     )  # fmt: skip
 
 
-async def round_trip(bus_settings: KafkaBusSettings) -> None:
+async def round_trip(bus_settings: KafkaBusConfig) -> None:
     region = REGIONS.fresh()
     job = ReplayJob(f"{region}-j1", region, "t1", "c1", "rev-a", 100, 0, 10**13, 3)
     async with KafkaJobBus(bus_settings, regions=[region]) as bus:

@@ -10,16 +10,16 @@ import pytest
 
 from eventlog.aio import cancel_quietly
 from eventlog.clock import LoopClock
-from replay.bus.kafka import KafkaBusSettings, KafkaJobBus, KafkaJobConsumer
+from replay.bus.kafka import KafkaBusConfig, KafkaJobBus, KafkaJobConsumer
 from replay.model import ReplayJob, ReplayResult
-from replay.worker import ReplayWorker, WorkerSettings
+from replay.worker import ReplayWorker, WorkerConfig
 from tests.integration.bus_regions import FreshRegions
 from tests.unit.test_worker import FakeEngine, FakeGate, FakeTranscripts
 
 pytestmark = pytest.mark.kafka
 
 PARTITIONS = 4
-FAST = WorkerSettings(concurrency=2, idle_poll_s=0.2, reroute_pause_s=0.0, drain_timeout_s=10.0)
+FAST = WorkerConfig(concurrency=2, idle_poll_s=0.2, reroute_pause_s=0.0, drain_timeout_s=10.0)
 
 
 REGIONS = FreshRegions()
@@ -34,7 +34,7 @@ def job(n: int, region: str, clock: LoopClock, ttl_ms: int = 120_000) -> ReplayJ
 
 @pytest.fixture
 async def bus(kafka_bootstrap_servers: str) -> AsyncIterator[KafkaJobBus]:
-    settings = KafkaBusSettings(
+    settings = KafkaBusConfig(
         kafka_bootstrap_servers,
         bus_secrets=REGIONS.secrets,
         partitions_per_topic=PARTITIONS,

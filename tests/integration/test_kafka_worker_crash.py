@@ -40,7 +40,7 @@ from aiokafka.errors import KafkaError
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 
-from replay.bus.kafka import KafkaBusSettings, KafkaJobBus
+from replay.bus.kafka import KafkaBusConfig, KafkaJobBus
 from replay.bus.port import worker_group
 from replay.engines.prometheus_text import parse_engine_metrics
 from replay.model import EngineMetrics, ReplayJob, ReplayResult
@@ -284,7 +284,7 @@ async def result_log(bus: KafkaJobBus, region: str) -> AsyncIterator[ResultLog]:
         await asyncio.wait_for(task, 30)
 
 
-async def group_state(settings: KafkaBusSettings, group: str) -> tuple[str, int]:
+async def group_state(settings: KafkaBusConfig, group: str) -> tuple[str, int]:
     """(state, member count) of a consumer group, as the broker's coordinator sees it;
     ("unknown", 0) while the coordinator is not available yet (a fresh broker's first group)."""
     admin = AIOKafkaAdminClient(bootstrap_servers=settings.bootstrap_servers)
@@ -318,7 +318,7 @@ async def test_a_sigkilled_worker_leaves_its_job_to_the_group_and_nothing_is_com
     kafka_bootstrap_servers: str, tmp_path: Path
 ) -> None:
     region = f"x{uuid.uuid4().hex[:10]}"  # fresh topic and group: no earlier run's jobs
-    settings = KafkaBusSettings(kafka_bootstrap_servers, bus_secrets={region: BUS_SECRET},
+    settings = KafkaBusConfig(kafka_bootstrap_servers, bus_secrets={region: BUS_SECRET},
                                 client_id=f"test-{region}",
                                 partitions_per_topic=1)  # fmt: skip
     long_cid, short_cid = f"{region}-long", f"{region}-short"

@@ -19,16 +19,16 @@ from eventlog.clock import SystemClock
 from eventlog.config import LogConfig
 from eventlog.memory_replica import MemoryReplica
 from eventlog.node import LogNode
-from replay.bus.kafka import KafkaBusSettings, KafkaJobBus
+from replay.bus.kafka import KafkaBusConfig, KafkaJobBus
 from replay.cache_salt import cache_salt_for
 from replay.capacity import CapacityConfig, CapacityController, CapacityGate, CapacityPoller
 from replay.chat import render_prompt
 from replay.engines.sim_core import SimEngineConfig
 from replay.engines.simulated import SimulatedEngine
 from replay.model import PrefillRequest
-from replay.worker import ReplayWorker, WorkerSettings
+from replay.worker import ReplayWorker, WorkerConfig
 from services.replay.config import EngineConfig, ReplayConfig
-from services.replay.service import ReplayService, ServiceLimits
+from services.replay.service import ReplayService, ReplayServiceConfig
 from services.replay.transcripts import LogTranscriptSource
 from services.replay.wiring import build_replay_service
 from tests.integration.bus_regions import BUS_SECRET
@@ -47,8 +47,8 @@ SALT_KEY = bytes(range(32))
 WAIT_STEPS_MAX = 1200  # 0.1 s each: a hang guard for group joins, not a speed assertion
 
 
-def kafka_settings(servers: str, client_id: str, region: str) -> KafkaBusSettings:
-    return KafkaBusSettings(servers, bus_secrets={region: BUS_SECRET}, client_id=client_id,
+def kafka_settings(servers: str, client_id: str, region: str) -> KafkaBusConfig:
+    return KafkaBusConfig(servers, bus_secrets={region: BUS_SECRET}, client_id=client_id,
                             partitions_per_topic=2,
                             session_timeout_s=6.0, heartbeat_interval_s=1.0)  # fmt: skip
 
@@ -86,7 +86,7 @@ async def test_jobs_of_a_moved_shard_go_through_kafka_and_affinity_is_learned(
         clock=SystemClock(), rng=random.Random(3), engines={engine.engine_id: engine},
         bus=KafkaJobBus(kafka_settings(kafka_bootstrap_servers, f"node-{region}", region),
                         regions=[region]),
-        mode="kafka", limits=ServiceLimits(dispatch_interval_s=0.02),
+        mode="kafka", limits=ReplayServiceConfig(dispatch_interval_s=0.02),
     )  # fmt: skip
     assert service.workers == []  # with Kafka, workers run outside the node
     survivor.add_listener(service)
@@ -103,7 +103,7 @@ async def test_jobs_of_a_moved_shard_go_through_kafka_and_affinity_is_learned(
         worker = ReplayWorker(
             f"{region}-worker0", region, worker_bus, engine, LogTranscriptSource(survivor),
             CapacityGate(controller), SystemClock(), random.Random(5),
-            WorkerSettings(concurrency=2, idle_poll_s=0.2, drain_timeout_s=5.0),
+            WorkerConfig(concurrency=2, idle_poll_s=0.2, drain_timeout_s=5.0),
             cache_salt_key=SALT_KEY,
         )  # fmt: skip
         tasks = [asyncio.create_task(poller.run()), asyncio.create_task(worker.run())]

@@ -21,7 +21,7 @@ from replay.engines.sim_server import create_app
 from replay.engines.simulated import SimulatedEngine
 from replay.engines.vllm_http import VllmHttpEngine
 from replay.model import PrefillRequest
-from replay.worker import ReplayWorker, WorkerSettings
+from replay.worker import ReplayWorker, WorkerConfig
 from tests.unit.test_worker import FakeGate, FakeTranscripts
 
 MODEL = "llama@r1"
@@ -89,7 +89,7 @@ async def test_a_worker_on_an_unfit_engine_takes_no_job_and_says_why() -> None:
         engine_over_http(policy="fcfs") as engine,
         InProcessJobBus(jobs_max_per_region=10) as bus,
     ):
-        settings = WorkerSettings(recheck_s=0.01, idle_poll_s=0.01)
+        settings = WorkerConfig(recheck_s=0.01, idle_poll_s=0.01)
         worker = ReplayWorker(
             "w1", "eu", bus, engine, FakeTranscripts(), FakeGate(), LoopClock(),
             random.Random(1), settings, cache_salt_key=bytes(32),

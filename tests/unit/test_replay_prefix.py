@@ -23,7 +23,7 @@ from replay.engines.sim_core import BLOCK_TOKENS, SimEngineConfig, sim_tokenize
 from replay.engines.simulated import SimulatedEngine
 from replay.model import PrefillRequest, ReplayJob
 from replay.transcripts import TranscriptEvent, TranscriptSource
-from replay.worker import ReplayWorker, WorkerSettings
+from replay.worker import ReplayWorker, WorkerConfig
 from services.api.event_bodies import AnyEvent, AppendEventRequest, payload_of
 from tests import tool_conversation as conv
 
@@ -75,7 +75,7 @@ async def replay_then_live(
     async with InProcessJobBus(jobs_max_per_region=10) as bus:
         worker = ReplayWorker(
             "w1", "eu", bus, engine, Transcripts(events), OpenGate(), clock, random.Random(1),
-            WorkerSettings(piece_tokens_max=piece_tokens_max), cache_salt_key=SALT_KEY,
+            WorkerConfig(piece_tokens_max=piece_tokens_max), cache_salt_key=SALT_KEY,
         )  # fmt: skip
         job = ReplayJob(
             job_id="j1", region="eu", tenant_id=TENANT, conversation_id="c1",

@@ -31,7 +31,7 @@ from services.config import ClusterConfig, NodeSettings, RegionConfig, TenantCon
 from services.drill_canary import DRILL_TENANT
 from services.replay.affinity import AffinityTable
 from services.replay.config import EngineConfig, ReplayConfig
-from services.replay.service import ReplayService, ServiceLimits
+from services.replay.service import ReplayService, ReplayServiceConfig
 from services.replay.transcripts import LogTranscriptSource
 from services.replay.wiring import build_replay_service, install_replay
 
@@ -120,7 +120,7 @@ async def world(
         region="b", shard_count=SHARDS, config=config or replay_config(), node=survivor,
         replicas=replicas, clock=clock or SystemClock(), rng=random.Random(3),
         engines={"b-e0": engine},
-        bus=bus, mode="embedded", limits=ServiceLimits(dispatch_interval_s=0.01),
+        bus=bus, mode="embedded", limits=ReplayServiceConfig(dispatch_interval_s=0.01),
     )  # fmt: skip
     survivor.add_listener(service)
     try:

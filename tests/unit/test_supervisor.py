@@ -9,14 +9,14 @@ import random
 
 from eventlog.errors import InvariantViolation, NoQuorum
 from services.api.metrics import Metrics
-from services.supervisor import Supervisor, SupervisorLimits
+from services.supervisor import Supervisor, SupervisorConfig
 from tests.unit.clocks import ManualClock
 
 
 async def test_a_crashing_loop_is_restarted_with_backoff_and_shows_until_it_recovers() -> None:
     clock = ManualClock()
     supervisor = Supervisor(
-        clock=clock, rng=random.Random(1), limits=SupervisorLimits(crash_loop_after=3)
+        clock=clock, rng=random.Random(1), limits=SupervisorConfig(crash_loop_after=3)
     )
     calls: list[float] = []
     crash_until = 5
@@ -69,7 +69,7 @@ async def test_expected_failures_are_not_crashes() -> None:
 async def test_metrics_export_crashes_and_crash_looping() -> None:
     clock = ManualClock()
     supervisor = Supervisor(
-        clock=clock, rng=random.Random(1), limits=SupervisorLimits(crash_loop_after=2)
+        clock=clock, rng=random.Random(1), limits=SupervisorConfig(crash_loop_after=2)
     )
     calls = 0
     enough = asyncio.Event()

@@ -18,7 +18,7 @@ from eventlog.config import LogConfig
 from eventlog.memory_replica import MemoryReplica
 from eventlog.model import Accepted, LogEntry, Promised
 from eventlog.node import LogNode
-from eventlog.stores import SqlReplicaStore, StoreLimits, migrate, open_replica_store
+from eventlog.stores import SqlReplicaStore, StoreConfig, migrate, open_replica_store
 from eventlog.stores._engine import make_engine
 from services.drill_canary import DRILL_TENANT, append_canary, read_canary
 from tests.unit.test_replay_service import (
@@ -171,7 +171,7 @@ async def test_a_replica_written_before_namespacing_keeps_its_conversations(
     now leads with the tenant."""
     dsn = f"sqlite+aiosqlite:///{tmp_path / 'replica.db'}"
     await migrate(dsn, "0002")
-    old = SqlReplicaStore(make_engine(dsn, StoreLimits()), "r1", StoreLimits())
+    old = SqlReplicaStore(make_engine(dsn, StoreConfig()), "r1", StoreConfig())
     try:
         assert isinstance(await old.prepare(0, 1, 0), Promised)
         batch = [_entry(1, "t1", 0), _entry(2, "t1", 1)]

@@ -21,12 +21,12 @@ from replay.engines.base import EngineRejectedRequest, EngineUnavailable, Infere
 from replay.model import EngineMetrics, PrefillOutcome, PrefillRequest, ReplayJob, ReplayResult
 from replay.transcripts import TranscriptEvent, TranscriptSource, TranscriptUnavailable
 from replay.transcripts_http import HttpTranscriptSource
-from replay.worker import ReplayWorker, WorkerSettings
+from replay.worker import ReplayWorker, WorkerConfig
 from services.api.schemas import Event, EventPage
 
 REGION = "eu"
 SALT_KEY = bytes(range(32))
-FAST = WorkerSettings(
+FAST = WorkerConfig(
     concurrency=2,
     idle_poll_s=0.01,
     backoff_base_s=0.001,
@@ -145,7 +145,7 @@ def make_worker(
     engine: FakeEngine,
     gate: FakeGate | None = None,
     name: str = "w1",
-    settings: WorkerSettings = FAST,
+    settings: WorkerConfig = FAST,
 ) -> ReplayWorker:
     return ReplayWorker(
         name,
@@ -285,7 +285,7 @@ async def test_stop_past_the_drain_timeout_abandons_the_job_for_redelivery(
 ) -> None:
     engine, clock = FakeEngine(), LoopClock()
     engine.hold = asyncio.Event()
-    settings = WorkerSettings(concurrency=1, idle_poll_s=0.01, drain_timeout_s=0.0)
+    settings = WorkerConfig(concurrency=1, idle_poll_s=0.01, drain_timeout_s=0.0)
     worker = make_worker(bus, engine, settings=settings)
     task = asyncio.create_task(worker.run())
     await bus.publish_jobs([make_job(1, clock=clock)])
@@ -304,7 +304,7 @@ async def test_retryable_engine_error_is_retried_and_a_rejection_fails(
     worker = make_worker(
         bus,
         engine,
-        settings=WorkerSettings(
+        settings=WorkerConfig(
             concurrency=1, idle_poll_s=0.01, backoff_base_s=0.001, backoff_max_s=0.002
         ),
     )
@@ -323,7 +323,7 @@ async def test_retry_budget_is_bounded(bus: InProcessJobBus) -> None:
     worker = make_worker(
         bus,
         engine,
-        settings=WorkerSettings(
+        settings=WorkerConfig(
             concurrency=1,
             idle_poll_s=0.01,
             attempts_max=3,
