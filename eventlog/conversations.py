@@ -25,7 +25,7 @@ ToolAttemptState = Literal["pending", "committed", "failed"]
 class ConversationInfo:
     conversation_id: str
     tenant_id: str
-    home_region: str  # region leading the conversation's shard now
+    leader_region: str  # region leading the conversation's shard now
     model_revision: str
     metadata: dict[str, Any]
     created_at_ms: int

@@ -577,7 +577,7 @@ class LogNode(ConversationLog):
         return ConversationInfo(
             conversation_id=state.created.conversation_id,
             tenant_id=state.tenant_id,
-            home_region=self.region,
+            leader_region=self.region,
             model_revision=created["model_revision"],
             metadata=created["metadata"],
             created_at_ms=state.created.created_at_ms,

@@ -76,14 +76,21 @@ class CreateConversationRequest(_Strict):
     )
 
 
+_HOME_REGION = (
+    "deprecated, the same as leader_region (a conversation has no fixed home: its shard's "
+    "leader moves with failovers)"
+)
+
+
 class ConversationCreated(BaseModel):
     model_config = _examples(
-        {"conversation_id": "c-support-42", "home_region": "us-east",
+        {"conversation_id": "c-support-42", "leader_region": "us-east", "home_region": "us-east",
          "model_revision": "llama-3.1-8b@2024-07", "created_at": _TIME_EXAMPLE}
     )  # fmt: skip
 
     conversation_id: str
-    home_region: str = Field(description="the region leading the conversation's shard now")
+    leader_region: str = Field(description="the region leading the conversation's shard now")
+    home_region: str = Field(description=_HOME_REGION, json_schema_extra={"deprecated": True})
     model_revision: str
     created_at: str
 
@@ -91,7 +98,8 @@ class ConversationCreated(BaseModel):
     def of(cls, info: ConversationInfo) -> ConversationCreated:
         return cls(
             conversation_id=info.conversation_id,
-            home_region=info.home_region,
+            leader_region=info.leader_region,
+            home_region=info.leader_region,
             model_revision=info.model_revision,
             created_at=iso_utc(info.created_at_ms),
         )
@@ -99,14 +107,16 @@ class ConversationCreated(BaseModel):
 
 class Conversation(BaseModel):
     model_config = _examples(
-        {"conversation_id": "c-support-42", "last_seq": 3, "home_region": "us-east", "epoch": 2,
+        {"conversation_id": "c-support-42", "last_seq": 3, "leader_region": "us-east",
+         "home_region": "us-east", "epoch": 2,
          "model_revision": "llama-3.1-8b@2024-07", "metadata": {"channel": "web"},
          "created_at": _TIME_EXAMPLE}
     )  # fmt: skip
 
     conversation_id: str
     last_seq: int = Field(description="seq of the last committed event (0: none yet)")
-    home_region: str
+    leader_region: str = Field(description="the region leading the conversation's shard now")
+    home_region: str = Field(description=_HOME_REGION, json_schema_extra={"deprecated": True})
     epoch: int = Field(description="epoch of the shard's current leader")
     model_revision: str
     metadata: dict[str, Any]
@@ -117,7 +127,8 @@ class Conversation(BaseModel):
         return cls(
             conversation_id=info.conversation_id,
             last_seq=info.last_seq,
-            home_region=info.home_region,
+            leader_region=info.leader_region,
+            home_region=info.leader_region,
             epoch=info.epoch,
             model_revision=info.model_revision,
             metadata=info.metadata,

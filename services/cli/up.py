@@ -189,7 +189,7 @@ def _run_demo(console: Console, plane: LocalPlane, info: dict[str, Any]) -> None
         created = _call(client, "POST", "/v1/conversations", {"conversation_id": cid})
         console.print(
             f"\nconversation [bold]{cid}[/bold] created via {entry['name']}; home region "
-            f"{created.json()['home_region']} (served by {created.headers['x-convplane-served-by']})"
+            f"{created.json()['leader_region']} (served by {created.headers[SERVED_BY_HEADER]})"
         )
         attempt_id = f"att-{uuid.uuid4().hex[:8]}"
         steps: list[tuple[str, dict[str, Any], str | None]] = [

@@ -43,7 +43,7 @@ def test_create_append_read(plane: Plane) -> None:
     with plane.client(region) as c:
         created = c.post("/v1/conversations", json={"conversation_id": cid, "metadata": {"a": 1}})
         assert created.status_code == 201, created.text
-        assert created.json()["home_region"] == region
+        assert created.json()["leader_region"] == region
         url = f"/v1/conversations/{cid}/events"
         seqs = []
         for text in ("hello", "world"):
@@ -119,7 +119,7 @@ def test_request_to_a_non_leader_region_is_forwarded(plane: Plane) -> None:
         created = c.post("/v1/conversations", json={"conversation_id": cid})
         assert created.status_code == 201, created.text
         assert created.headers["x-convplane-served-by"] == "ap-south"
-        assert created.json()["home_region"] == "ap-south"
+        assert created.json()["leader_region"] == "ap-south"
         url = f"/v1/conversations/{cid}/events"
         key = {"Idempotency-Key": "fwd-1"}
         first = c.post(url, json={"type": "note", "payload": {"n": 1}}, headers=key)

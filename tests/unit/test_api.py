@@ -92,7 +92,7 @@ async def test_create_and_read_conversation(nodes: Nodes) -> None:
     assert r.status_code == 201
     created = r.json()
     assert created["conversation_id"] == cid
-    assert created["home_region"] == "east"
+    assert created["leader_region"] == created["home_region"] == "east"
     assert created["model_revision"] == "m-1"
     assert created["created_at"] == "2026-01-01T00:00:00.000Z"
     assert r.headers["x-convplane-served-by"] == "east"
@@ -100,7 +100,8 @@ async def test_create_and_read_conversation(nodes: Nodes) -> None:
     assert got == {
         "conversation_id": cid,
         "last_seq": 0,
-        "home_region": "east",
+        "leader_region": "east",
+        "home_region": "east",  # deprecated alias
         "epoch": 1,
         "model_revision": "m-1",
         "metadata": {"k": 1},
@@ -321,7 +322,7 @@ async def test_request_for_other_region_is_forwarded(nodes: Nodes) -> None:
     r = await nodes.east.post("/v1/conversations", json={"conversation_id": cid}, headers=AUTH_A)
     assert r.status_code == 201
     assert r.headers["x-convplane-served-by"] == "west"
-    assert r.json()["home_region"] == "west"
+    assert r.json()["leader_region"] == "west"
     assert ("a", cid) in nodes.west_log.convs and ("a", cid) not in nodes.east_log.convs
     url = f"/v1/conversations/{cid}/events"
     headers = {**AUTH_A, "Idempotency-Key": "k"}
