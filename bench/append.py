@@ -2,8 +2,8 @@
 
 A program, not a test::
 
-    .venv/bin/python bench/append.py [--seconds 15] [--writers 256]      # mode 1: throughput
-    .venv/bin/python bench/append.py --delay-ms 20 [--writers 16]        # mode 2: ack latency
+    .venv/bin/python -m bench.append [--seconds 15] [--writers 256]      # mode 1: throughput
+    .venv/bin/python -m bench.append --delay-ms 20 [--writers 16]        # mode 2: ack latency
 
 Mode 1 starts 3 local PostgreSQL servers (regions a, b, c) and, separately, a sync-replication
 cluster (primary + 2 streaming standbys, ``synchronous_standby_names = 'ANY 1 (s1, s2)'``). It
@@ -44,8 +44,6 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import asyncpg
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.pg_peer import (
     CALL_TIMEOUT_S,

@@ -2,7 +2,7 @@
 and RTO and a summary.
 
     convplane up --postgres --shard-count 16 --state-dir .state/bench-drills &
-    python bench/drills.py --state-dir .state/bench-drills --rounds 2 --writers 12
+    python -m bench.drills --state-dir .state/bench-drills --rounds 2 --writers 12
 
 Writers append 10 events/s each (idempotent retries through the next region); each round runs a
 region-loss drill of every region in turn through ``convplane drill run``, so the drills' RTO

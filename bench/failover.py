@@ -8,7 +8,7 @@ waits for the failback to the full placement. At the end an audit reads every Po
 directly: every acknowledged event must be on a quorum, exactly once, in order (``acked_lost``
 must be 0). The last line printed is one JSON object.
 
-    .venv/bin/python bench/failover.py [--rounds 20] [--shards 24]
+    .venv/bin/python -m bench.failover [--rounds 20] [--shards 24]
 """
 
 from __future__ import annotations
@@ -18,12 +18,9 @@ import asyncio
 import json
 import os
 import shutil
-import sys
 import tempfile
 import time
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from eventlog.sharding import shard_of
 from services.local.chaos import (

@@ -5,7 +5,7 @@ region; and whether any peer ever suspects the region meanwhile.
 A real 3-region plane (``convplane up``: SQLite, TLS between nodes) on 127.0.0.1 only. Every
 attack is bounded in count and time. The last line printed is one JSON object.
 
-    .venv/bin/python bench/hostile.py [--appends 200] [--idle-sockets 1000] [--slow-bodies 60]
+    .venv/bin/python -m bench.hostile [--appends 200] [--idle-sockets 1000] [--slow-bodies 60]
 """
 
 from __future__ import annotations
@@ -14,14 +14,11 @@ import argparse
 import json
 import socket
 import statistics
-import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
 from typing import Any
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import httpx
 

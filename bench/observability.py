@@ -3,7 +3,7 @@
 only the node's own work is measured), with tracing off (the default) and on (the SDK with an
 in-memory exporter), alternating rounds in one run; and the time of one ``/metrics`` scrape.
 
-    .venv/bin/python bench/observability.py [--appends 1000] [--writers 16] [--rounds 3]
+    .venv/bin/python -m bench.observability [--appends 1000] [--writers 16] [--rounds 3]
 
 The last line printed is one JSON object.
 """
@@ -14,14 +14,11 @@ import argparse
 import asyncio
 import json
 import statistics
-import sys
 import tempfile
 import time
 from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import httpx
 from opentelemetry.sdk.trace import TracerProvider

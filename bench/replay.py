@@ -1,6 +1,6 @@
 """KV replay after a region failure, on simulated engines, in virtual time.
 
-A program, not a test:  ``.venv/bin/python bench/replay.py [--seed N] [--sessions N] ...``
+A program, not a test:  ``.venv/bin/python -m bench.replay [--seed N] [--sessions N] ...``
 
 Scenario: 3 regions, r1 fails at t=0; its conversations move to r2 and r3 (half each). Each
 survivor has K simulated engines (``replay.engines.sim_core``: chunked priority prefill, block
@@ -45,10 +45,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.replay_prefix import measure as measure_prefix
 from bench.replay_prefix import report_line as prefix_line

@@ -1,6 +1,6 @@
 """The prefix a replay rebuilds for the live turn after it, for agent conversations with tool
 calls (issue 14): part of ``bench/replay.py``'s report, also runnable alone:
-``.venv/bin/python bench/replay_prefix.py [--conversations N] [--seed S]``.
+``.venv/bin/python -m bench.replay_prefix [--conversations N] [--seed S]``.
 
 Per conversation (seeded): a system prompt, ``tools`` and template kwargs, then turns in which
 the user asks, the assistant calls 0-3 tools (each answered by a ``message.tool``) and answers.
@@ -18,11 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import sys
-from pathlib import Path
 from typing import Any
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from replay.chat import ChatPrompt, PromptEvent, render_prompt
 from replay.engines.sim_core import (

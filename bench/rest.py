@@ -3,7 +3,7 @@ synchronous replication, with a native load generator.
 
 A program, not a test::
 
-    .venv/bin/python bench/rest.py [--seconds 20] [--connections 63] [--py-spy DIR]
+    .venv/bin/python -m bench.rest [--seconds 20] [--connections 63] [--py-spy DIR]
 
 It starts the plane the way ``convplane up --regions 3 --postgres`` does (``LocalPlane``: one
 PostgreSQL and one node process per region, mutual TLS between the nodes), with the demo
@@ -51,8 +51,6 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.pg_peer import payload_text, run_peer
 from services.local.plane import LocalPlane
