@@ -10,6 +10,6 @@ rendered as the exact chat request the live path will send), ``bus`` (the job bu
 in-process and Kafka adapters), ``engines`` (the engine port, vLLM over HTTP, the simulator).
 
 Where a change goes: a new inference engine implements ``engines.base.InferenceEngine``
-(``prefill``, ``metrics``, ``self_check``) and is chosen in ``services.replay.wiring``; a new
+(``prefill``, ``metrics``, ``self_check``) and is chosen in ``services.bootstrap.replay``; a new
 bus implements ``bus.port.JobBus``.
 """

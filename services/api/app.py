@@ -1,10 +1,11 @@
 """The region node's FastAPI app. ``create_app`` builds nothing but the app; the lifespan opens
-the node's runtime (stores, log, peers: ``services.bootstrap``) and closes it on shutdown.
+the node's runtime and the app's state on it (``services.bootstrap``: ``node.open_runtime``, then
+``api.open_api``) and closes them on shutdown.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
@@ -12,25 +13,23 @@ from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
 from opentelemetry.sdk.trace import TracerProvider
 
 from services.api.admission import NodeAdmission
-from services.api.auth import Tenants
 from services.api.context import ApiState
 from services.api.control_routes import control_router, peer_router
 from services.api.drill_routes import drill_peer_router, drill_router
 from services.api.errors import install_error_handlers
 from services.api.fast_append import FastAppend
-from services.api.forward_batch import BatchLimits, forward_batch_router
-from services.api.forwarding import Forwarder
+from services.api.forward_batch import forward_batch_router
 from services.api.metrics import Metrics
 from services.api.middleware import EdgeMiddleware
 from services.api.openapi import install_openapi, operation_id
 from services.api.routes import ops_router, router
-from services.bootstrap import NodeRuntime, RuntimeFactory, open_runtime
+from services.bootstrap.api import open_api
+from services.bootstrap.node import RuntimeFactory, open_runtime
 from services.config import NodeSettings
 from services.console.access import ConsoleAccess
 from services.console.outcomes import AppendOutcomes
 from services.console.routes import install_console
 from services.replay.routes import replay_router
-from services.replay.wiring import install_replay
 from services.tracing import (
     TRACE_EXCLUDED_URLS,
     TRACE_FLUSH_TIMEOUT_MS,
@@ -80,72 +79,19 @@ def create_app(
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         async with factory(settings) as runtime:
-            forwarder = Forwarder(
-                client=runtime.peers,
-                peer_urls={
-                    r.name: r.peer_url_for(settings.region) for r in runtime.cluster.regions
-                },
-                clock=runtime.clock,
-                rng=runtime.rng,
-                metrics=metrics,
-                retries_max=settings.forward_retries_max,
-                backoff_s=settings.forward_backoff_s,
-                peer_secret=runtime.cluster.peer_secret,
-                peer_reachable=_peer_reachable(runtime),
-                inject_trace=tracing.inject if tracing is not None else None,
-                # with tracing on, appends are forwarded one by one so each carries its own
-                # trace context (a batch is one peer call for many traces)
-                batch_limits=None
-                if tracing is not None
-                else BatchLimits(
-                    batch_max=settings.forward_batch_max,
-                    batches_in_flight_max=settings.forward_batches_in_flight_max,
-                    straggler_s=settings.forward_batch_straggler_s,
-                    batches_open_max=settings.forward_batches_open_max,
-                    queue_max=settings.forward_queue_max,
-                    retries_max=settings.forward_retries_max,
-                    backoff_s=settings.forward_backoff_s,
-                ),
-            )
-            if runtime.replica_instruments is not None:
-                runtime.replica_instruments.tracing = tracing
-            app.state.api = ApiState(
-                region=settings.region,
-                settings=settings,
-                cluster=runtime.cluster,
-                log=runtime.log,
-                tenants=Tenants(
-                    runtime.cluster.tenants,
-                    runtime.clock,
-                    runtime.cluster.replay.service_api_key_sha256,
-                ),
-                forwarder=forwarder,
-                metrics=metrics,
-                clock=runtime.clock,
-                rng=runtime.rng,
-                readiness=runtime.readiness,
-                tracing=tracing,
-            )
-            app.state.controller = runtime.controller
-            if runtime.controller is not None:
-                metrics.watch_loops(runtime.controller.supervisor)
-                metrics.watch_replicas(runtime.controller.node.identity)
-            metrics.watch_node(runtime)
-            app.state.drills = runtime.drills
-            install_replay(app, metrics.registry, runtime.replay)
-            console_access.open(runtime.cluster, settings)
-            append_outcomes.open(runtime.clock)
-            admission.open(
-                settings=settings,
-                cluster=runtime.cluster,
-                tenants=app.state.api.tenants,
-                clock=runtime.clock,
-            )
             try:
-                yield
+                async with open_api(
+                    app,
+                    settings,
+                    runtime,
+                    metrics=metrics,
+                    tracing=tracing,
+                    admission=admission,
+                    console_access=console_access,
+                    append_outcomes=append_outcomes,
+                ):
+                    yield
             finally:
-                await forwarder.close()
-                await admission.close()
                 if provider is not None:  # spans still queued go out before the process ends
                     provider.force_flush(TRACE_FLUSH_TIMEOUT_MS)
 
@@ -192,10 +138,3 @@ def create_app(
 def _shard_count(app: FastAPI) -> int | None:
     api = getattr(app.state, "api", None)
     return api.cluster.shard_count if isinstance(api, ApiState) else None
-
-
-def _peer_reachable(runtime: NodeRuntime) -> Callable[[str], bool] | None:
-    controller = runtime.controller
-    if controller is None:
-        return None
-    return lambda region: region not in controller.membership.suspects(runtime.clock.monotonic())

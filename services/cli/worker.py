@@ -1,94 +1,19 @@
 """``convplane worker``: one replay worker against a vLLM-compatible engine, over Kafka.
 ``convplane kafka up``: a local one-node KRaft broker for development.
 
-Everything is built inside the commands (nothing at import time). The worker wires: the vLLM
-HTTP engine, a ``CapacityController`` fed by a ``CapacityPoller`` from the engine's own metrics
-(behind ``CapacityGate``), the Kafka job bus, and the region's REST API as transcript source.
-SIGINT/SIGTERM stop it gracefully: running jobs get the drain timeout, then are abandoned
-uncommitted (redelivered to another worker).
+Nothing happens at import time; the worker's graph is wired in ``services.bootstrap.worker``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import random
-import signal
 import socket
 from typing import TYPE_CHECKING
 
 import typer
 
 if TYPE_CHECKING:
-    from replay.bus.kafka import KafkaSecurity
-
-
-async def _run_worker(
-    *,
-    worker_id: str,
-    region: str,
-    engine_url: str,
-    model_revision: str,
-    bootstrap_servers: str,
-    region_url: str,
-    api_key: str,
-    capacity_tokens_per_s: float,
-    concurrency: int,
-    cache_salt_key: bytes,
-    bus_secret: bytes,
-    security: KafkaSecurity,
-    session_timeout_s: float = 10.0,
-) -> None:
-    import httpx
-
-    from eventlog.clock import SystemClock
-    from replay.bus.kafka import KafkaBusConfig, KafkaJobBus
-    from replay.capacity import CapacityConfig, CapacityController, CapacityGate, CapacityPoller
-    from replay.engines.vllm_http import VllmHttpEngine
-    from replay.transcripts_http import HttpTranscriptSource
-    from replay.worker import ReplayWorker, WorkerConfig
-
-    clock, rng = SystemClock(), random.Random()
-    engine = VllmHttpEngine(worker_id, engine_url, model_revision)
-    controller = CapacityController(
-        CapacityConfig(capacity_tokens_per_s, max_concurrent_replays=concurrency), clock
-    )
-    poller = CapacityPoller(engine, controller, clock, rng)
-    bus_settings = KafkaBusConfig(
-        bootstrap_servers,
-        bus_secrets={region: bus_secret},  # its own region's only: it cannot sign for others
-        security=security,
-        client_id=worker_id,
-        session_timeout_s=session_timeout_s,
-        heartbeat_interval_s=min(3.0, session_timeout_s / 3),  # Kafka's advice: <= 1/3
-    )
-    bus = KafkaJobBus(bus_settings, regions=[region])
-    async with (
-        httpx.AsyncClient(base_url=region_url, timeout=httpx.Timeout(10.0)) as region_client,
-        bus,
-    ):
-        worker = ReplayWorker(
-            worker_id,
-            region,
-            bus,
-            engine,
-            HttpTranscriptSource(region_client, api_key),
-            CapacityGate(controller),
-            clock,
-            rng,
-            WorkerConfig(concurrency=concurrency),
-            cache_salt_key=cache_salt_key,
-        )
-        loop = asyncio.get_running_loop()
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(signum, worker.request_stop)
-        poll_task = asyncio.create_task(poller.run())
-        try:
-            await worker.run()
-        finally:
-            poll_task.cancel()
-            await asyncio.gather(poll_task, return_exceptions=True)
-            await engine.aclose()
-    typer.echo(f"worker {worker_id} stopped: {dict(worker.counts)}")
+    pass
 
 
 async def _check_engine(engine_url: str, model_revision: str, replay_priority: int) -> int:
@@ -188,12 +113,14 @@ def register(app: typer.Typer) -> None:
         )
         if not re.fullmatch(r"[0-9a-f]{64}", cache_salt_key):
             raise typer.BadParameter("64 lowercase hex characters", param_hint="--cache-salt-key")
+        from services.bootstrap.worker import run_worker
         from services.tracing import install_from_env
 
         install_from_env(region)  # replay.job spans, when OTEL_TRACES_EXPORTER asks for them
-        asyncio.run(
-            _run_worker(
-                worker_id=worker_id or f"{socket.gethostname()}-{os.getpid()}",
+        worker_id = worker_id or f"{socket.gethostname()}-{os.getpid()}"
+        counts = asyncio.run(
+            run_worker(
+                worker_id=worker_id,
                 region=region,
                 engine_url=engine_url,
                 model_revision=model_revision,
@@ -208,6 +135,7 @@ def register(app: typer.Typer) -> None:
                 session_timeout_s=session_timeout_s,
             )
         )
+        typer.echo(f"worker {worker_id} stopped: {counts}")
 
     kafka = typer.Typer(help="A local Kafka broker (KRaft, one node) for development and tests.")
 

@@ -27,10 +27,10 @@ from replay.engines.sim_core import SimEngineConfig
 from replay.engines.simulated import SimulatedEngine
 from replay.model import PrefillRequest
 from replay.worker import ReplayWorker, WorkerConfig
+from services.bootstrap.replay import build_replay_service
 from services.replay.config import EngineConfig, ReplayConfig
 from services.replay.service import ReplayService, ReplayServiceConfig
 from services.replay.transcripts import LogTranscriptSource
-from services.replay.wiring import build_replay_service
 from tests.integration.bus_regions import BUS_SECRET
 from tests.unit.test_replay_service import (
     REVISION,

@@ -26,10 +26,10 @@ from prometheus_client.samples import Sample
 
 from eventlog.clock import Clock
 from eventlog.memory_replica import MemoryReplica
-from services import bootstrap
 from services.api.app import create_app
 from services.api.errors import ERROR_CODES
 from services.api.metrics import HTTP_METHODS
+from services.bootstrap import node as bootstrap
 from services.config import (
     ClusterConfig,
     NodeSettings,

@@ -27,13 +27,13 @@ from replay.engines.simulated import SimulatedEngine
 from replay.model import PrefillRequest, ReplayResult
 from services.api import create_app
 from services.bootstrap import NodeRuntime
+from services.bootstrap.replay import build_replay_service, install_replay
 from services.config import ClusterConfig, NodeSettings, RegionConfig, TenantConfig, api_key_sha256
 from services.drill_canary import DRILL_TENANT
 from services.replay.affinity import AffinityTable
 from services.replay.config import EngineConfig, ReplayConfig
 from services.replay.service import ReplayService, ReplayServiceConfig
 from services.replay.transcripts import LogTranscriptSource
-from services.replay.wiring import build_replay_service, install_replay
 
 REGIONS = ("a", "b", "c")
 SHARDS = 4

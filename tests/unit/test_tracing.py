@@ -21,8 +21,8 @@ from eventlog.clock import Clock
 from eventlog.memory_replica import MemoryReplica
 from eventlog.sharding import shard_of
 from regions.placement import place_shards
-from services import bootstrap
 from services.api.app import create_app
+from services.bootstrap import node as bootstrap
 from services.config import (
     ClusterConfig,
     NodeSettings,

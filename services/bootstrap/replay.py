@@ -1,5 +1,5 @@
-"""Building the replay service of one node (called from ``services.bootstrap.open_runtime``) and
-installing its routes' state and metrics on the API app (called from the app's lifespan)."""
+"""Building the replay service of one node (called from ``services.bootstrap.node``) and
+installing its routes' state and metrics on the API app (from ``services.bootstrap.api``)."""
 
 from __future__ import annotations
 

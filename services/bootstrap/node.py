@@ -25,6 +25,7 @@ from eventlog.node import LogNode
 from eventlog.replica import ReplicaStore
 from eventlog.stores import open_replica_store
 from regions.ops_state import OpsState
+from services.bootstrap.replay import open_replay_service
 from services.cluster_tls import client_ssl_context, node_tls
 from services.config import ClusterConfig, NodeSettings
 from services.controller import Controller
@@ -38,7 +39,6 @@ from services.drill_load import LoadMeter
 from services.drills import DrillDriver
 from services.peer_probe import HttpPeerProber
 from services.replay.service import ReplayService
-from services.replay.wiring import open_replay_service
 from services.replica_timing import ReplicaInstruments, replica_call_histogram, timed_replicas
 
 

@@ -1,0 +1,108 @@
+"""The REST app's state on top of a node runtime: the forwarder, the tenants, metrics watches,
+admission, the console's origins and counters, and the replay routes' state. The app's lifespan
+(``services.api.app``) opens it after the runtime and closes it before."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+
+from services.api.admission import NodeAdmission
+from services.api.auth import Tenants
+from services.api.context import ApiState
+from services.api.forward_batch import BatchLimits
+from services.api.forwarding import Forwarder
+from services.api.metrics import Metrics
+from services.bootstrap.node import NodeRuntime
+from services.bootstrap.replay import install_replay
+from services.config import NodeSettings
+from services.console.access import ConsoleAccess
+from services.console.outcomes import AppendOutcomes
+from services.tracing import NodeTracing
+
+
+@asynccontextmanager
+async def open_api(
+    app: FastAPI,
+    settings: NodeSettings,
+    runtime: NodeRuntime,
+    *,
+    metrics: Metrics,
+    tracing: NodeTracing | None,
+    admission: NodeAdmission,
+    console_access: ConsoleAccess,
+    append_outcomes: AppendOutcomes,
+) -> AsyncIterator[None]:
+    forwarder = Forwarder(
+        client=runtime.peers,
+        peer_urls={r.name: r.peer_url_for(settings.region) for r in runtime.cluster.regions},
+        clock=runtime.clock,
+        rng=runtime.rng,
+        metrics=metrics,
+        retries_max=settings.forward_retries_max,
+        backoff_s=settings.forward_backoff_s,
+        peer_secret=runtime.cluster.peer_secret,
+        peer_reachable=_peer_reachable(runtime),
+        inject_trace=tracing.inject if tracing is not None else None,
+        # with tracing on, appends are forwarded one by one so each carries its own
+        # trace context (a batch is one peer call for many traces)
+        batch_limits=None
+        if tracing is not None
+        else BatchLimits(
+            batch_max=settings.forward_batch_max,
+            batches_in_flight_max=settings.forward_batches_in_flight_max,
+            straggler_s=settings.forward_batch_straggler_s,
+            batches_open_max=settings.forward_batches_open_max,
+            queue_max=settings.forward_queue_max,
+            retries_max=settings.forward_retries_max,
+            backoff_s=settings.forward_backoff_s,
+        ),
+    )
+    if runtime.replica_instruments is not None:
+        runtime.replica_instruments.tracing = tracing
+    app.state.api = ApiState(
+        region=settings.region,
+        settings=settings,
+        cluster=runtime.cluster,
+        log=runtime.log,
+        tenants=Tenants(
+            runtime.cluster.tenants,
+            runtime.clock,
+            runtime.cluster.replay.service_api_key_sha256,
+        ),
+        forwarder=forwarder,
+        metrics=metrics,
+        clock=runtime.clock,
+        rng=runtime.rng,
+        readiness=runtime.readiness,
+        tracing=tracing,
+    )
+    app.state.controller = runtime.controller
+    if runtime.controller is not None:
+        metrics.watch_loops(runtime.controller.supervisor)
+        metrics.watch_replicas(runtime.controller.node.identity)
+    metrics.watch_node(runtime)
+    app.state.drills = runtime.drills
+    install_replay(app, metrics.registry, runtime.replay)
+    console_access.open(runtime.cluster, settings)
+    append_outcomes.open(runtime.clock)
+    admission.open(
+        settings=settings,
+        cluster=runtime.cluster,
+        tenants=app.state.api.tenants,
+        clock=runtime.clock,
+    )
+    try:
+        yield
+    finally:
+        await forwarder.close()
+        await admission.close()
+
+
+def _peer_reachable(runtime: NodeRuntime) -> Callable[[str], bool] | None:
+    controller = runtime.controller
+    if controller is None:
+        return None
+    return lambda region: region not in controller.membership.suspects(runtime.clock.monotonic())
