@@ -77,7 +77,6 @@ def build_replay_service(
     )
     lister = MovedConversationLister(
         node,
-        replicas,
         clock,
         MovedListConfig(config.replay_window_s, config.conversations_per_shard_max),
     )

@@ -17,13 +17,12 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Awaitable, Mapping
+from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import TypeVar
 
 from eventlog.clock import Clock
-from eventlog.errors import NotFound, NotLeader, ReplicaUnavailable
-from eventlog.leader import ShardLeader
+from eventlog.errors import NotFound, ReplicaUnavailable
 from eventlog.model import CONVERSATION_CREATED, ConversationSummary, LogEntry
 from eventlog.node import LogNode
 from eventlog.replica import ReplicaStore
@@ -48,27 +47,17 @@ class MovedConversationLister:
     def __init__(
         self,
         node: LogNode,
-        replicas: Mapping[str, ReplicaStore],
         clock: Clock,
         limits: MovedListConfig,
     ) -> None:
         self.node = node
-        self._replicas = dict(replicas)
         self._clock = clock
         self._limits = limits
         self.truncated_shards_total = 0  # listings that hit conversations_per_shard_max
         self.lookup_failures_total = 0
 
-    def _leader(self, shard: int) -> ShardLeader:
-        leader = self.node.leader(shard)
-        if leader is None or not leader.serving:
-            raise NotLeader(f"{self.node.region} does not lead shard {shard}", shard=shard)
-        return leader
-
     async def moved_conversations(self, shard: int) -> list[MovedConversation]:
-        leader = self._leader(shard)
-        commit_lsn = leader.commit_lsn
-        store = self._replicas[leader.read_source()]
+        store, commit_lsn = self.node.committed_source(shard)
         since_ms = self._clock.wall_ms() - int(self._limits.replay_window_s * 1000)
         limit = self._limits.conversations_per_shard_max
         summaries = await self._bounded(
@@ -108,9 +97,7 @@ class MovedConversationLister:
 
     async def conversation(self, tenant_id: str, conversation_id: str) -> MovedConversation:
         shard = self.node.shard_of(conversation_id)
-        leader = self._leader(shard)
-        commit_lsn = leader.commit_lsn
-        store = self._replicas[leader.read_source()]
+        store, commit_lsn = self.node.committed_source(shard)
         # paged, summed as it goes: a huge conversation is never held whole
         first: LogEntry | None = None
         last: LogEntry | None = None
