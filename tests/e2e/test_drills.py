@@ -30,6 +30,8 @@ from tests.e2e.plane import CONVPLANE, Plane, convplane_env, start_plane, stop_p
 pytestmark = pytest.mark.postgres
 
 DRILL_END_WAIT_S = 120.0
+#: how long a drill start retries preflight's "shards not writable" refusal
+PREFLIGHT_RETRY_S = 30.0
 RTO_MAX_S = 3.0
 #: the independent client's RTO may differ from the drill's by its own and the canaries'
 #: write cadence (one round each) plus a scheduling hiccup
@@ -60,8 +62,17 @@ class Ops:
         raise AssertionError(f"no region answered {method} {path}: {last!r}")
 
     def start(self, **body: Any) -> dict[str, Any]:
+        """Start a drill. Preflight refuses (409, nothing changed) while some shard cannot take
+        its canary yet, e.g. on a loaded machine right after a previous drill's failback: that
+        refusal is retried, under a bound; any other answer is the test's."""
         drill = {"kind": "region-loss", "hold_s": 4.0, "reason": "e2e", **body}
-        r = self.call("POST", "/v1/drills", json=drill)
+        deadline = time.monotonic() + PREFLIGHT_RETRY_S
+        while True:
+            r = self.call("POST", "/v1/drills", json=drill)
+            not_writable = r.status_code == 409 and "shards not writable" in r.text
+            if not not_writable or time.monotonic() > deadline:
+                break
+            time.sleep(1.0)
         assert r.status_code == 201, r.text
         created: dict[str, Any] = r.json()
         return created
