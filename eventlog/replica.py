@@ -38,7 +38,8 @@ exception at the adapter); the core treats it like a lost message and retries un
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TypeVar
 
 from eventlog.identity import IdentityRecord
 from eventlog.model import (
@@ -48,6 +49,8 @@ from eventlog.model import (
     PrepareReply,
     ShardStatus,
 )
+
+T = TypeVar("T")
 
 
 class ReplicaStore(ABC):
@@ -114,3 +117,88 @@ class ReplicaStore(ABC):
 
     async def close(self) -> None:  # noqa: B027 - optional hook
         """Release connections. Default: nothing to release."""
+
+
+class ReplicaStoreWrapper(ReplicaStore):
+    """A store in front of another (``inner``): every call goes through ``around``, the one
+    place a wrapper decides what happens to it (a simulated network link delays or drops it, a
+    drill's black-hole refuses it, the node times it). ``close`` closes ``inner``."""
+
+    def __init__(self, inner: ReplicaStore) -> None:
+        self.region = inner.region
+        self._inner = inner
+
+    async def around(self, call: str, read_only: bool, thunk: Callable[[], Awaitable[T]]) -> T:
+        """Run ``thunk`` (the same call on ``inner``); ``read_only``: the call changes nothing
+        on the replica. Default: just run it."""
+        return await thunk()
+
+    async def prepare(self, shard: int, epoch: int, tail_max: int) -> PrepareReply:
+        return await self.around(
+            "prepare", False, lambda: self._inner.prepare(shard, epoch, tail_max)
+        )
+
+    async def append(
+        self,
+        shard: int,
+        epoch: int,
+        prev_lsn: int,
+        prev_epoch: int,
+        entries: Sequence[LogEntry],
+        leader_commit_lsn: int,
+    ) -> AppendReply:
+        return await self.around(
+            "append",
+            False,
+            lambda: self._inner.append(
+                shard, epoch, prev_lsn, prev_epoch, entries, leader_commit_lsn
+            ),
+        )
+
+    async def status(self, shard: int) -> ShardStatus:
+        return await self.around("status", True, lambda: self._inner.status(shard))
+
+    async def read_log(self, shard: int, after_lsn: int, limit: int) -> list[LogEntry]:
+        return await self.around(
+            "read_log", True, lambda: self._inner.read_log(shard, after_lsn, limit)
+        )
+
+    async def read_conversation(
+        self,
+        shard: int,
+        tenant_id: str,
+        conversation_id: str,
+        after_seq: int,
+        limit: int,
+        max_lsn: int,
+    ) -> list[LogEntry]:
+        return await self.around(
+            "read_conversation",
+            True,
+            lambda: self._inner.read_conversation(
+                shard, tenant_id, conversation_id, after_seq, limit, max_lsn
+            ),
+        )
+
+    async def list_conversations(
+        self, shard: int, active_since_ms: int, max_lsn: int, limit: int
+    ) -> list[ConversationSummary]:
+        return await self.around(
+            "list_conversations",
+            True,
+            lambda: self._inner.list_conversations(shard, active_since_ms, max_lsn, limit),
+        )
+
+    async def identity(self) -> str:
+        return await self.around("identity", True, self._inner.identity)
+
+    async def registry(self) -> dict[str, IdentityRecord]:
+        return await self.around("registry", True, self._inner.registry)
+
+    async def record_identity(self, region: str, record: IdentityRecord) -> None:
+        await self.around(
+            "record_identity", False, lambda: self._inner.record_identity(region, record)
+        )
+
+    async def close(self) -> None:
+        await self._inner.close()

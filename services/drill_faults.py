@@ -21,19 +21,21 @@ by itself at the drill's deadline (``Drill.fault_active``), whatever the control
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping
+from typing import TypeVar
 from urllib.parse import urlsplit
 
 import httpx
 
 from eventlog.clock import Clock
 from eventlog.errors import ReplicaUnavailable
-from eventlog.identity import IdentityRecord
-from eventlog.model import AppendReply, ConversationSummary, LogEntry, PrepareReply, ShardStatus
-from eventlog.replica import ReplicaStore
+from eventlog.replica import ReplicaStore, ReplicaStoreWrapper
 from regions.ops_state import OpsState
 
 #: the probe path: the one request the target itself keeps sending (module docstring)
+T = TypeVar("T")
+
+
 PROBE_PATH = "/peer/health"
 
 
@@ -58,78 +60,17 @@ class BlackHole:
         return self.region in holed and not read_only
 
 
-class BlackHoleReplica(ReplicaStore):
+class BlackHoleReplica(ReplicaStoreWrapper):
     """A replica store whose calls are dropped while the black-hole covers its region."""
 
     def __init__(self, inner: ReplicaStore, hole: BlackHole) -> None:
-        self.region = inner.region
-        self._inner = inner
+        super().__init__(inner)
         self._hole = hole
 
-    def _check(self, *, read_only: bool) -> None:
+    async def around(self, call: str, read_only: bool, thunk: Callable[[], Awaitable[T]]) -> T:
         if self._hole.blocks(self.region, read_only=read_only):
             raise ReplicaUnavailable(f"replica {self.region} is black-holed by a drill")
-
-    async def prepare(self, shard: int, epoch: int, tail_max: int) -> PrepareReply:
-        self._check(read_only=False)
-        return await self._inner.prepare(shard, epoch, tail_max)
-
-    async def append(
-        self,
-        shard: int,
-        epoch: int,
-        prev_lsn: int,
-        prev_epoch: int,
-        entries: Sequence[LogEntry],
-        leader_commit_lsn: int,
-    ) -> AppendReply:
-        self._check(read_only=False)
-        return await self._inner.append(
-            shard, epoch, prev_lsn, prev_epoch, entries, leader_commit_lsn
-        )
-
-    async def status(self, shard: int) -> ShardStatus:
-        self._check(read_only=True)
-        return await self._inner.status(shard)
-
-    async def read_log(self, shard: int, after_lsn: int, limit: int) -> list[LogEntry]:
-        self._check(read_only=True)
-        return await self._inner.read_log(shard, after_lsn, limit)
-
-    async def read_conversation(
-        self,
-        shard: int,
-        tenant_id: str,
-        conversation_id: str,
-        after_seq: int,
-        limit: int,
-        max_lsn: int,
-    ) -> list[LogEntry]:
-        self._check(read_only=True)
-        return await self._inner.read_conversation(
-            shard, tenant_id, conversation_id, after_seq, limit, max_lsn
-        )
-
-    async def list_conversations(
-        self, shard: int, active_since_ms: int, max_lsn: int, limit: int
-    ) -> list[ConversationSummary]:
-        self._check(read_only=True)
-        return await self._inner.list_conversations(shard, active_since_ms, max_lsn, limit)
-
-    async def identity(self) -> str:
-        self._check(read_only=True)
-        return await self._inner.identity()
-
-    async def registry(self) -> dict[str, IdentityRecord]:
-        self._check(read_only=True)
-        return await self._inner.registry()
-
-    async def record_identity(self, region: str, record: IdentityRecord) -> None:
-        self._check(read_only=False)
-        await self._inner.record_identity(region, record)
-
-    async def close(self) -> None:
-        await self._inner.close()
+        return await thunk()
 
 
 def black_holed_replicas(

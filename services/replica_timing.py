@@ -9,18 +9,21 @@ sets ``tracing`` when tracing is on (``services.tracing``).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 from prometheus_client import Histogram
 
 from eventlog.clock import Clock
-from eventlog.identity import IdentityRecord
-from eventlog.model import AppendReply, ConversationSummary, LogEntry, PrepareReply, ShardStatus
-from eventlog.replica import ReplicaStore
+from eventlog.model import AppendReply, LogEntry
+from eventlog.replica import ReplicaStore, ReplicaStoreWrapper
 from services.tracing import NodeTracing
 
 #: a durable commit on a local disk is ~1 ms; a remote region's round trip tens to hundreds
+T = TypeVar("T")
+
+
 REPLICA_CALL_BUCKETS_S = (
     0.0005,
     0.001,
@@ -54,26 +57,29 @@ class ReplicaInstruments:
     tracing: NodeTracing | None = None
 
 
-class TimedReplica(ReplicaStore):
-    """Observes ``prepare``, ``append`` and ``status``; passes every other call through."""
+class TimedReplica(ReplicaStoreWrapper):
+    """Observes ``prepare``, ``append`` and ``status`` (and traces ``append``); passes every
+    other call through."""
 
     def __init__(self, inner: ReplicaStore, instruments: ReplicaInstruments, clock: Clock) -> None:
-        self.region = inner.region
-        self._inner = inner
+        super().__init__(inner)
         self._instruments = instruments
         self._clock = clock
         histogram = instruments.histogram
         # children resolved once: observing is then one bucket increment
-        self._prepare = histogram.labels(inner.region, "prepare")
-        self._append = histogram.labels(inner.region, "append")
-        self._status = histogram.labels(inner.region, "status")
+        self._timed = {
+            call: histogram.labels(inner.region, call) for call in ("prepare", "append", "status")
+        }
 
-    async def prepare(self, shard: int, epoch: int, tail_max: int) -> PrepareReply:
+    async def around(self, call: str, read_only: bool, thunk: Callable[[], Awaitable[T]]) -> T:
+        child = self._timed.get(call)
+        if child is None:
+            return await thunk()
         started_s = self._clock.monotonic()
         try:
-            return await self._inner.prepare(shard, epoch, tail_max)
+            return await thunk()
         finally:
-            self._prepare.observe(self._clock.monotonic() - started_s)
+            child.observe(self._clock.monotonic() - started_s)
 
     async def append(
         self,
@@ -85,68 +91,14 @@ class TimedReplica(ReplicaStore):
         leader_commit_lsn: int,
     ) -> AppendReply:
         tracing = self._instruments.tracing
-        if tracing is not None:
-            with tracing.replica_span("append", self.region, shard, entries):
-                return await self._timed_append(
-                    shard, epoch, prev_lsn, prev_epoch, entries, leader_commit_lsn
-                )
-        return await self._timed_append(
-            shard, epoch, prev_lsn, prev_epoch, entries, leader_commit_lsn
-        )
-
-    async def _timed_append(
-        self,
-        shard: int,
-        epoch: int,
-        prev_lsn: int,
-        prev_epoch: int,
-        entries: Sequence[LogEntry],
-        leader_commit_lsn: int,
-    ) -> AppendReply:
-        started_s = self._clock.monotonic()
-        try:
-            return await self._inner.append(
+        if tracing is None:
+            return await super().append(
                 shard, epoch, prev_lsn, prev_epoch, entries, leader_commit_lsn
             )
-        finally:
-            self._append.observe(self._clock.monotonic() - started_s)
-
-    async def status(self, shard: int) -> ShardStatus:
-        started_s = self._clock.monotonic()
-        try:
-            return await self._inner.status(shard)
-        finally:
-            self._status.observe(self._clock.monotonic() - started_s)
-
-    async def read_log(self, shard: int, after_lsn: int, limit: int) -> list[LogEntry]:
-        return await self._inner.read_log(shard, after_lsn, limit)
-
-    async def read_conversation(
-        self,
-        shard: int,
-        tenant_id: str,
-        conversation_id: str,
-        after_seq: int,
-        limit: int,
-        max_lsn: int,
-    ) -> list[LogEntry]:
-        return await self._inner.read_conversation(
-            shard, tenant_id, conversation_id, after_seq, limit, max_lsn
-        )
-
-    async def list_conversations(
-        self, shard: int, active_since_ms: int, max_lsn: int, limit: int
-    ) -> list[ConversationSummary]:
-        return await self._inner.list_conversations(shard, active_since_ms, max_lsn, limit)
-
-    async def identity(self) -> str:
-        return await self._inner.identity()
-
-    async def registry(self) -> dict[str, IdentityRecord]:
-        return await self._inner.registry()
-
-    async def record_identity(self, region: str, record: IdentityRecord) -> None:
-        await self._inner.record_identity(region, record)
+        with tracing.replica_span("append", self.region, shard, entries):
+            return await super().append(
+                shard, epoch, prev_lsn, prev_epoch, entries, leader_commit_lsn
+            )
 
 
 def timed_replicas(

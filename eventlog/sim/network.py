@@ -5,21 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
 from eventlog.errors import ReplicaUnavailable
-from eventlog.identity import IdentityRecord
 from eventlog.memory_replica import MemoryReplica
-from eventlog.model import (
-    AppendReply,
-    ConversationSummary,
-    LogEntry,
-    PrepareReply,
-    ShardStatus,
-)
-from eventlog.replica import ReplicaStore
+from eventlog.replica import ReplicaStoreWrapper
 
 T = TypeVar("T")
 
@@ -94,78 +86,14 @@ class SimNetwork:
         await asyncio.gather(*self._background, return_exceptions=True)
 
 
-class SimLink(ReplicaStore):
-    """The replica of ``dst`` as seen from a node in ``src``."""
+class SimLink(ReplicaStoreWrapper):
+    """The replica of ``dst`` as seen from a node in ``src``: every call crosses the simulated
+    network, which may delay, lose, duplicate or cut it."""
 
     def __init__(self, network: SimNetwork, src: str, dst: str) -> None:
-        self.region = dst
+        super().__init__(network.replicas[dst])
         self._net = network
         self._src = src
-        self._replica = network.replicas[dst]
 
-    async def prepare(self, shard: int, epoch: int, tail_max: int) -> PrepareReply:
-        return await self._net.deliver(
-            self._src, self.region, lambda: self._replica.prepare(shard, epoch, tail_max)
-        )
-
-    async def append(
-        self,
-        shard: int,
-        epoch: int,
-        prev_lsn: int,
-        prev_epoch: int,
-        entries: Sequence[LogEntry],
-        leader_commit_lsn: int,
-    ) -> AppendReply:
-        return await self._net.deliver(
-            self._src,
-            self.region,
-            lambda: self._replica.append(
-                shard, epoch, prev_lsn, prev_epoch, entries, leader_commit_lsn
-            ),
-        )
-
-    async def status(self, shard: int) -> ShardStatus:
-        return await self._net.deliver(self._src, self.region, lambda: self._replica.status(shard))
-
-    async def read_log(self, shard: int, after_lsn: int, limit: int) -> list[LogEntry]:
-        return await self._net.deliver(
-            self._src, self.region, lambda: self._replica.read_log(shard, after_lsn, limit)
-        )
-
-    async def read_conversation(
-        self,
-        shard: int,
-        tenant_id: str,
-        conversation_id: str,
-        after_seq: int,
-        limit: int,
-        max_lsn: int,
-    ) -> list[LogEntry]:
-        return await self._net.deliver(
-            self._src,
-            self.region,
-            lambda: self._replica.read_conversation(
-                shard, tenant_id, conversation_id, after_seq, limit, max_lsn
-            ),
-        )
-
-    async def list_conversations(
-        self, shard: int, active_since_ms: int, max_lsn: int, limit: int
-    ) -> list[ConversationSummary]:
-        return await self._net.deliver(
-            self._src,
-            self.region,
-            lambda: self._replica.list_conversations(shard, active_since_ms, max_lsn, limit),
-        )
-
-    async def identity(self) -> str:
-        return await self._net.deliver(self._src, self.region, self._replica.identity)
-
-    async def registry(self) -> dict[str, IdentityRecord]:
-        return await self._net.deliver(self._src, self.region, self._replica.registry)
-
-    async def record_identity(self, region: str, record: IdentityRecord) -> None:
-        await self._net.deliver(
-            self._src, self.region, lambda: self._replica.record_identity(region, record)
-        )
+    async def around(self, call: str, read_only: bool, thunk: Callable[[], Awaitable[T]]) -> T:
+        return await self._net.deliver(self._src, self.region, thunk)
