@@ -95,8 +95,11 @@ async def test_a_worker_on_an_unfit_engine_takes_no_job_and_says_why() -> None:
             random.Random(1), settings, cache_salt_key=bytes(32),
         )  # fmt: skip
         task = asyncio.create_task(worker.run())
-        while worker.counts["engine_check_failed"] < 2:  # noqa: ASYNC110 (a counter, no event)
+        for _ in range(1000):  # bounded: the test fails, never hangs, if the check never fails
+            if worker.counts["engine_check_failed"] >= 2:
+                break
             await asyncio.sleep(0.01)
+        assert worker.counts["engine_check_failed"] >= 2
         assert worker.consumer is None  # never joined the group
         assert worker.engine_problems is not None
         assert [p.code for p in worker.engine_problems] == ["priority_scheduling_off"]
