@@ -106,8 +106,13 @@ def ensure_kafka_jars(
 
 
 def random_cluster_id() -> str:
-    """A Kafka cluster id: 16 random bytes, URL-safe base64 without padding (22 chars)."""
-    return base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode("ascii")
+    """A Kafka cluster id: 16 random bytes, URL-safe base64 without padding (22 chars), never
+    starting with "-" (as Kafka's own ``Uuid.randomUuid``): the storage tool would read such an
+    id as an option and refuse to format (1 start in 64 failed that way)."""
+    while True:
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode("ascii")
+        if not cluster_id.startswith("-"):
+            return cluster_id
 
 
 @dataclass(frozen=True, slots=True)
