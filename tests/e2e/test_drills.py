@@ -8,6 +8,7 @@ the product's own promise (RTO max <= 3 s), measured by the drill and by an inde
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -69,13 +70,25 @@ class Ops:
         deadline = time.monotonic() + PREFLIGHT_RETRY_S
         while True:
             r = self.call("POST", "/v1/drills", json=drill)
-            not_writable = r.status_code == 409 and "shards not writable" in r.text
-            if not not_writable or time.monotonic() > deadline:
+            retry = r.status_code == 409 and (
+                "shards not writable" in r.text or self._refused_for_an_ended_drill(r.text)
+            )
+            if not retry or time.monotonic() > deadline:
                 break
             time.sleep(1.0)
         assert r.status_code == 201, r.text
         created: dict[str, Any] = r.json()
         return created
+
+    def _refused_for_an_ended_drill(self, refusal: str) -> bool:
+        """Preflight named an "active" drill that the plane already reports ended: the control
+        leader's fold of the control shard can trail the record a moment after a leadership
+        change. Only that refusal is retried; a drill really still active is not."""
+        found = re.search(r"another drill is active: \['([\w-]+)'\]", refusal)
+        if found is None:
+            return False
+        other = self.drill(found.group(1))
+        return other is not None and other["phase"] in ("done", "aborted", "failed")
 
     def drill(self, drill_id: str) -> dict[str, Any] | None:
         r = self.call("GET", f"/v1/drills/{drill_id}")
