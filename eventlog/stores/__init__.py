@@ -31,4 +31,5 @@ async def open_replica_store(
     store_limits = StoreConfig(**limits)
     dialect_of(dsn)  # reject an unsupported dsn before touching anything
     await migrate(dsn)
-    return SqlReplicaStore(make_engine(dsn, store_limits), region, store_limits, clock)
+    engine = make_engine(dsn, store_limits, autocommit=True)
+    return SqlReplicaStore(engine, region, store_limits, clock)

@@ -16,6 +16,8 @@ from eventlog.errors import InvalidRequest, InvariantViolation, ReplicaUnavailab
 
 #: execution option that makes a SQLite transaction start with BEGIN IMMEDIATE (writer lock)
 SQLITE_WRITE_OPTION = "convplane_sqlite_write"
+#: execution option marking a PostgreSQL engine whose connections all run in autocommit
+AUTOCOMMIT_OPTION = "convplane_autocommit"
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,24 +52,14 @@ def dialect_of(dsn: str) -> str:
     )
 
 
-def make_engine(dsn: str, limits: StoreConfig) -> AsyncEngine:
-    """A small pooled engine. PostgreSQL: asyncpg with a per-command timeout. SQLite: WAL,
+def make_engine(dsn: str, limits: StoreConfig, *, autocommit: bool = False) -> AsyncEngine:
+    """A small pooled engine. PostgreSQL: asyncpg with a per-command timeout; ``autocommit``
+    (the replica store's engine) makes every statement its own transaction. SQLite: WAL,
     synchronous=FULL (an ack survives power loss), and explicit BEGIN so that writers can take
     the database lock up front with BEGIN IMMEDIATE (the check-and-write is then atomic even with
     several processes on one file)."""
     if dialect_of(dsn) == "postgresql":
-        return create_async_engine(
-            dsn,
-            pool_size=limits.pool_size,
-            max_overflow=limits.pool_max_overflow,
-            pool_pre_ping=True,
-            pool_timeout=limits.statement_timeout_s,
-            connect_args={
-                "timeout": limits.connect_timeout_s,
-                "command_timeout": limits.statement_timeout_s,
-                "server_settings": {"synchronous_commit": "on"},
-            },
-        )
+        return _postgres_engine(dsn, limits, autocommit=autocommit)
     engine = create_async_engine(
         dsn,
         pool_size=limits.pool_size,
@@ -95,6 +87,41 @@ def make_engine(dsn: str, limits: StoreConfig) -> AsyncEngine:
     def _on_begin(connection: Any) -> None:
         write = connection.get_execution_options().get(SQLITE_WRITE_OPTION, False)
         connection.exec_driver_sql("BEGIN IMMEDIATE" if write else "BEGIN")
+
+    return engine
+
+
+def _postgres_engine(dsn: str, limits: StoreConfig, *, autocommit: bool) -> AsyncEngine:
+    """An autocommit engine checks a pooled connection locally instead of pinging it.
+
+    SQLAlchemy's ``pool_pre_ping`` costs asyncpg three round trips per checkout (BEGIN, ``;``,
+    ROLLBACK), and a node checks out for every replica status read: about 14 % of a node's
+    CPU under load (``python -m bench.rest --py-spy``). What the ping catches, a database that
+    restarted or dropped the connection, asyncpg already knows locally: the socket's EOF closes
+    the connection (``is_closed``), and the checkout hook below discards it and takes a fresh
+    one. A link that went silent without a close is caught by the statement timeout either
+    way, and a disconnect seen mid-statement invalidates the pool (SQLAlchemy's default).
+    """
+    engine = create_async_engine(
+        dsn,
+        pool_size=limits.pool_size,
+        max_overflow=limits.pool_max_overflow,
+        pool_pre_ping=not autocommit,
+        pool_timeout=limits.statement_timeout_s,
+        connect_args={
+            "timeout": limits.connect_timeout_s,
+            "command_timeout": limits.statement_timeout_s,
+            "server_settings": {"synchronous_commit": "on"},
+        },
+        **({"isolation_level": "AUTOCOMMIT"} if autocommit else {}),
+    )
+    if autocommit:
+        engine.update_execution_options(**{AUTOCOMMIT_OPTION: True})
+
+        @event.listens_for(engine.sync_engine, "checkout")
+        def _discard_closed(dbapi_connection: Any, _record: Any, _proxy: Any) -> None:
+            if dbapi_connection.driver_connection.is_closed():
+                raise exc.DisconnectionError("the database closed this connection")
 
     return engine
 
@@ -164,7 +191,8 @@ async def checked_out(
     async with translated(region, what), asyncio.timeout(timeout_s):
         async with engine.connect() as connection:
             if engine.dialect.name == "postgresql":
-                await connection.execution_options(isolation_level="AUTOCOMMIT")
+                if not engine.get_execution_options().get(AUTOCOMMIT_OPTION, False):
+                    await connection.execution_options(isolation_level="AUTOCOMMIT")
             elif write:
                 await connection.execution_options(**{SQLITE_WRITE_OPTION: True})
             yield connection

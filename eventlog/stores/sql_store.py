@@ -30,7 +30,13 @@ from eventlog.model import (
 )
 from eventlog.replica import ReplicaStore
 from eventlog.stores import _pg_writes, _sqlite_writes
-from eventlog.stores._engine import SQLITE_WRITE_OPTION, StoreConfig, checked_out, translated
+from eventlog.stores._engine import (
+    AUTOCOMMIT_OPTION,
+    SQLITE_WRITE_OPTION,
+    StoreConfig,
+    checked_out,
+    translated,
+)
 from eventlog.stores._plan import AppendRequest, check_append_request, check_storable
 from eventlog.stores._schema import (
     entries,
@@ -106,9 +112,9 @@ class SqlReplicaStore(ReplicaStore):
         """One group, one transaction, on the committer's own connection.
 
         The committer keeps one connection checked out instead of taking one from the pool per
-        group: a checkout pings (pool_pre_ping), which would double the round trips of a group.
-        Any failure throws the connection away; the next group checks out (and pings) a new one,
-        which is how the store reconnects after the database comes back.
+        group. Any failure throws the connection away; the next group checks out a new one
+        (a closed one is discarded at checkout, ``_engine``), which is how the store reconnects
+        after the database comes back.
         """
         async with translated(self.region, "append"):
             async with asyncio.timeout(self.limits.statement_timeout_s):
@@ -120,10 +126,13 @@ class SqlReplicaStore(ReplicaStore):
                     raise
 
     async def _writer_connection(self) -> AsyncConnection:
+        if self._writer is not None and self._postgres and await _closed_by_server(self._writer):
+            await self._drop_writer(invalidate=True)  # e.g. the database restarted meanwhile
         if self._writer is None:
             conn = await self._engine.connect()
             if self._postgres:
-                await conn.execution_options(isolation_level="AUTOCOMMIT")
+                if not self._engine.get_execution_options().get(AUTOCOMMIT_OPTION, False):
+                    await conn.execution_options(isolation_level="AUTOCOMMIT")
             else:
                 await conn.execution_options(**{SQLITE_WRITE_OPTION: True})
             self._writer = conn
@@ -284,3 +293,10 @@ class SqlReplicaStore(ReplicaStore):
         await self._committer.close()
         await self._drop_writer(invalidate=False)
         await self._engine.dispose()
+
+
+async def _closed_by_server(conn: AsyncConnection) -> bool:
+    """Whether asyncpg already saw this connection closed (a local check, no round trip)."""
+    raw = await conn.get_raw_connection()
+    driver = raw.driver_connection
+    return driver is None or bool(driver.is_closed())

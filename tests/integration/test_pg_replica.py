@@ -130,3 +130,46 @@ async def _append_with_retries(
         except ReplicaUnavailable:
             await asyncio.sleep(0.25)
     raise AssertionError("the store did not recover after the server came back")
+
+
+async def test_connections_the_server_closed_are_replaced_without_a_failed_call(
+    pg_instances: list[PgInstance], pg_databases: list[str]
+) -> None:
+    """The store does not ping a pooled connection before each use (three round trips each);
+    a connection the server closed (a restart, an administrator, an idle timeout) is noticed
+    locally and replaced. So after every connection of the store was terminated server-side,
+    the very next reads and appends succeed: none is spent discovering the dead connection."""
+    store = await open_replica_store(pg_databases[0], "r1", pool_size=4, pool_max_overflow=0)
+    try:
+        assert isinstance(await store.prepare(0, 1, 0), Promised)
+        assert await store.append(0, 1, 0, 0, run(1, 1, 1), 0) == Accepted(1)
+        await asyncio.gather(*(store.status(0) for _ in range(4)))  # the whole pool in use once
+        database = pg_databases[0].rsplit("/", 1)[1]
+        await _terminate_backends(pg_instances[0], database)
+        await asyncio.sleep(0.2)  # let the event loop read the closed sockets
+
+        statuses = await asyncio.gather(*(store.status(0) for _ in range(4)))
+        assert {s.last_lsn for s in statuses} == {1}
+        assert await store.append(0, 1, 1, 1, run(2, 2, 1), 1) == Accepted(2)
+    finally:
+        await store.close()
+
+
+async def _terminate_backends(instance: PgInstance, database: str) -> None:
+    """Terminate every session on ``database`` and wait until the server shows none."""
+    import asyncpg
+
+    admin = await asyncpg.connect(instance.dsn.replace("postgresql+asyncpg://", "postgresql://"))
+    try:
+        sessions = "FROM pg_stat_activity WHERE datname = $1 AND pid <> pg_backend_pid()"
+        terminated = await admin.fetchval(
+            f"SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) {sessions}", database
+        )
+        assert terminated >= 4, f"expected the store's sessions, terminated {terminated}"
+        for _ in range(100):
+            if not await admin.fetchval(f"SELECT count(*) {sessions}", database):
+                return
+            await asyncio.sleep(0.05)
+        raise AssertionError(f"sessions on {database} outlived pg_terminate_backend")
+    finally:
+        await admin.close()
