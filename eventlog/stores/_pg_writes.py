@@ -4,6 +4,12 @@ The logic lives in the PL/pgSQL functions created by migration 0001 (``convplane
 ``convplane_prepare``): the shard rows are locked with ``FOR UPDATE`` inside the function, so the
 check-and-write is atomic against every other leader process writing the same database. The
 connection runs in autocommit, so the statement's own commit is the only commit.
+
+A group goes to asyncpg directly, not through SQLAlchemy's ``execute``: it is the one statement
+a node runs hundreds of times a second, and SQLAlchemy's layers (greenlet hop, cursor adapter,
+result metadata) cost about as much client CPU as asyncpg's own encoding of the whole group
+(0.22 against 0.13 ms per group of 10, measured on a local server). Driver errors are
+translated here the way ``_engine.translated`` does for SQLAlchemy's.
 """
 
 from __future__ import annotations
@@ -11,61 +17,68 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import asyncpg
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from eventlog.errors import InvariantViolation
+from eventlog.errors import InvariantViolation, ReplicaUnavailable
 from eventlog.model import Accepted, Mismatch, PrepareReply, Promised, Rejected, ShardStatus
+from eventlog.stores._engine import SCHEMA_MISSING
 from eventlog.stores._plan import AppendRequest
 from eventlog.stores._schema import entry_from_row
 from eventlog.stores.group_commit import AppendOutcome
 
-_APPEND = text(
+_APPEND = (
     "SELECT o_index, o_kind, o_value FROM convplane_append("
-    ":b_shard, :b_epoch, :b_prev_lsn, :b_prev_epoch, :b_leader_commit, :b_count, "
-    ":e_lsn, :e_epoch, :e_tenant, :e_conversation, :e_seq, :e_type, :e_idempotency, :e_attempt, "
-    ":e_tokens, :e_created, :e_body)"
+    "$1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17)"
 )
 _PREPARE = text("SELECT * FROM convplane_prepare(:shard, :epoch, :tail_max)")
 
 _ACCEPTED, _REJECTED, _MISMATCH, _VIOLATION = 0, 1, 2, 3
+#: SQLSTATE classes that mean our statement or its values are wrong (a bug, not an outage):
+#: data exception, integrity constraint violation, syntax error or access rule violation
+_BUG_CLASSES = frozenset({"22", "23", "42"})
 
 
-def append_params(requests: Sequence[AppendRequest]) -> dict[str, list[Any]]:
-    """The group as parallel arrays: one element per request, then all entries flattened."""
-    params: dict[str, list[Any]] = {
-        name: []
-        for name in (
-            "b_shard b_epoch b_prev_lsn b_prev_epoch b_leader_commit b_count e_lsn e_epoch e_tenant "
-            "e_conversation e_seq e_type e_idempotency e_attempt e_tokens e_created e_body"
-        ).split()
-    }
+def append_arrays(requests: Sequence[AppendRequest]) -> list[list[Any]]:
+    """The group as ``convplane_append``'s 17 parallel arrays, in its parameter order: one
+    element per request (shard .. count), then all entries flattened (lsn .. body)."""
+    arrays: list[list[Any]] = [[] for _ in range(17)]
+    (b_shard, b_epoch, b_prev_lsn, b_prev_epoch, b_leader_commit, b_count, e_lsn, e_epoch,
+     e_tenant, e_conversation, e_seq, e_type, e_idempotency, e_attempt, e_tokens, e_created,
+     e_body) = arrays  # fmt: skip
     for r in requests:
-        params["b_shard"].append(r.shard)
-        params["b_epoch"].append(r.epoch)
-        params["b_prev_lsn"].append(r.prev_lsn)
-        params["b_prev_epoch"].append(r.prev_epoch)
-        params["b_leader_commit"].append(r.leader_commit_lsn)
-        params["b_count"].append(len(r.entries))
+        b_shard.append(r.shard)
+        b_epoch.append(r.epoch)
+        b_prev_lsn.append(r.prev_lsn)
+        b_prev_epoch.append(r.prev_epoch)
+        b_leader_commit.append(r.leader_commit_lsn)
+        b_count.append(len(r.entries))
         for e in r.entries:
-            params["e_lsn"].append(e.lsn)
-            params["e_epoch"].append(e.epoch)
-            params["e_tenant"].append(e.tenant_id)
-            params["e_conversation"].append(e.conversation_id)
-            params["e_seq"].append(e.seq)
-            params["e_type"].append(e.event_type)
-            params["e_idempotency"].append(e.idempotency_key)
-            params["e_attempt"].append(e.attempt_id)
-            params["e_tokens"].append(e.token_count)
-            params["e_created"].append(e.created_at_ms)
-            params["e_body"].append(e.body)
-    return params
+            e_lsn.append(e.lsn)
+            e_epoch.append(e.epoch)
+            e_tenant.append(e.tenant_id)
+            e_conversation.append(e.conversation_id)
+            e_seq.append(e.seq)
+            e_type.append(e.event_type)
+            e_idempotency.append(e.idempotency_key)
+            e_attempt.append(e.attempt_id)
+            e_tokens.append(e.token_count)
+            e_created.append(e.created_at_ms)
+            e_body.append(e.body)
+    return arrays
 
 
 async def append_group(
     conn: AsyncConnection, region: str, requests: Sequence[AppendRequest]
 ) -> list[AppendOutcome]:
-    result = await conn.execute(_APPEND, append_params(requests))
+    driver = (await conn.get_raw_connection()).driver_connection
+    if driver is None:
+        raise ReplicaUnavailable(f"replica {region}: the append connection is gone")
+    try:
+        result = await driver.fetch(_APPEND, *append_arrays(requests))
+    except (asyncpg.PostgresError, asyncpg.InterfaceError) as error:
+        raise _driver_error(region, error) from error
     rows = sorted((int(i), int(k), int(v)) for i, k, v in result)
     if [index for index, _, _ in rows] != list(range(len(requests))):
         raise InvariantViolation(f"convplane_append answered {len(rows)} of {len(requests)}")
@@ -86,6 +99,20 @@ async def append_group(
         else:
             raise InvariantViolation(f"convplane_append: unknown reply kind {kind}")
     return outcomes
+
+
+def _driver_error(region: str, error: Exception) -> InvariantViolation | ReplicaUnavailable:
+    """asyncpg's error as ours: values or SQL of ours the server (or the driver, encoding a
+    parameter) refused are a bug; everything else means the replica could not answer."""
+    sqlstate = getattr(error, "sqlstate", None)
+    if isinstance(error, asyncpg.PostgresError) and sqlstate not in SCHEMA_MISSING:
+        if isinstance(sqlstate, str) and sqlstate[:2] in _BUG_CLASSES:
+            return InvariantViolation(f"{region}: append: {type(error).__name__}: {error}")
+    if isinstance(error, asyncpg.InterfaceError) and isinstance(error, ValueError):
+        return InvariantViolation(f"{region}: append: parameters not encodable: {error}")
+    return ReplicaUnavailable(
+        f"replica {region} unavailable during append: {type(error).__name__}: {error}"
+    )
 
 
 async def prepare(conn: AsyncConnection, shard: int, epoch: int, tail_max: int) -> PrepareReply:
