@@ -34,7 +34,7 @@ from typing import Any
 from eventlog.aio import bounded
 from eventlog.backoff import Backoff, jittered
 from eventlog.clock import Clock
-from eventlog.errors import ConvplaneError, NotLeader
+from eventlog.errors import ConvplaneError, LeadershipChanged, NotLeader
 from eventlog.model import LogEntry
 from eventlog.node import LogNode
 from eventlog.replica import ReplicaStore
@@ -381,6 +381,33 @@ class Controller:
             await self._clock.sleep(
                 jittered(self.settings.lead_backoff_min_s, self._rng, low=1.0, width=1.0)
             )
+
+    async def read_barrier(self) -> None:
+        """A linearizable point for reads of what the control shard holds (drills, halt,
+        audit): at the control leader, leadership is confirmed (``eventlog.read_index``) and
+        every record committed before this call is applied, so a read after it sees every
+        operator action acknowledged before the read began, wherever that action entered.
+        Elsewhere NotLeader names the control leader (the API forwards the read there): a
+        follower's fold trails the leader by a poll and cannot promise that."""
+        shard = self.control_shard
+        leader = self.node.leader(shard)
+        if leader is None or not self.node.leads(shard):
+            raise NotLeader(
+                f"{self.region} does not lead the control shard",
+                shard=shard,
+                leader_region=self.control_leader(),
+                retry_after_s=0.5,
+            )
+        await leader.confirm_leadership()
+        target_lsn = leader.commit_lsn
+        while self.state.applied_lsn < target_lsn:
+            applied_lsn = self.state.applied_lsn
+            await self._learn()
+            if self.state.applied_lsn == applied_lsn:
+                raise LeadershipChanged(
+                    f"control shard: could not apply up to lsn {target_lsn}; retry",
+                    retry_after_s=0.5,
+                )
 
     async def _catch_up(self) -> None:
         """Apply every committed control record before deciding anything."""

@@ -36,7 +36,6 @@ from eventlog.errors import (
     InvalidRequest,
     InvariantViolation,
     NotFound,
-    NotLeader,
 )
 from eventlog.http_headers import PEER_AUTH_HEADER
 from eventlog.node import LogNode
@@ -399,21 +398,18 @@ class DrillDriver:
 
     # --- operator actions (the API calls these on the control leader) ---------------------
 
-    def _require_control_leader(self) -> None:
-        if not self.leads_control:
-            raise NotLeader(
-                f"{self.region} does not lead the control shard",
-                shard=self.controller.control_shard,
-                leader_region=self.controller.control_leader(),
-                retry_after_s=0.5,
-            )
+    async def read_barrier(self) -> None:
+        """Before a read of ``ops`` or an action decided on it: this node leads the control
+        shard and has applied everything committed there (``Controller.read_barrier``; NotLeader
+        elsewhere, which the API forwards)."""
+        await self.controller.read_barrier()
 
     async def plan(self, spec: DrillSpec) -> DrillPlan:
         plan, _ = await self._plan(spec)
         return plan
 
     async def _plan(self, spec: DrillSpec) -> tuple[DrillPlan, PlaneLoad]:
-        self._require_control_leader()
+        await self.read_barrier()
         now_s = self._clock.monotonic()
         placement = self.controller.placement()
         weights = self.controller.cluster.weights()
@@ -492,7 +488,7 @@ class DrillDriver:
 
     async def abort(self, drill_id: str, *, by: str, role: str, reason: str) -> Drill:
         async with self._write_lock:
-            self._require_control_leader()
+            await self.read_barrier()
             drill = self.ops.drills.get(drill_id)
             if drill is None:
                 raise NotFound(f"no drill {drill_id!r}")
@@ -505,7 +501,7 @@ class DrillDriver:
 
     async def set_halt(self, on: bool, *, by: str, role: str, reason: str) -> dict[str, Any]:
         async with self._write_lock:
-            self._require_control_leader()
+            await self.read_barrier()
             now_ms = self._clock.wall_ms()
             await self._audit(by, role, "halt.on" if on else "halt.off", "*", reason)
             body = {"on": on, "reason": reason, "by": by, "at_ms": now_ms}
@@ -521,7 +517,7 @@ class DrillDriver:
         self, by: str, role: str, action: str, target: str, reason: str, detail: dict[str, Any]
     ) -> None:
         async with self._write_lock:
-            self._require_control_leader()
+            await self.read_barrier()
             await self._audit(by, role, action, target, reason, detail)
 
     # --- writing records ------------------------------------------------------------------

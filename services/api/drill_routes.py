@@ -12,7 +12,10 @@
   ``POST /v1/audit`` ``{action, target, reason}`` records one taken outside the API.
 * ``/peer/drills/...``: what the drill driver asks other nodes (canary writes and reads, load).
 
-Reads answer from this node's view of the control shard (a poll behind the leader at most).
+Reads are linearizable: the control shard's leader answers them (other nodes forward there)
+after confirming its leadership and applying every record committed before the read began
+(``DrillDriver.read_barrier``), so an action acknowledged anywhere shows in every read that
+starts after it. While the control shard has no leader they are 503 with ``Retry-After``.
 """
 
 from __future__ import annotations
@@ -151,23 +154,34 @@ async def create_drill(ctx: Context, body: DrillRequest) -> Any:
     return await ctx.run(create, is_write=not body.dry_run)
 
 
-@drill_router.get("/drills")
+@drill_router.get("/drills", response_model=dict[str, Any])
 async def list_drills(
     ctx: Context, limit: Annotated[int, Query(ge=1, le=DRILLS_LISTED_MAX)] = 50
-) -> dict[str, Any]:
+) -> Any:
     """The most recent drills, newest first, and the drill driver's health (operator or viewer
     keys)."""
     require_role(ctx.tenant, OBSERVER_ROLES)
     driver = _driver(ctx.request)
-    drills = list(driver.ops.drills.values())[::-1][:limit]
-    return {"drills": [_drill_body(d) for d in drills], "driver": driver.health()}
+
+    async def read() -> dict[str, Any]:
+        await driver.read_barrier()
+        drills = list(driver.ops.drills.values())[::-1][:limit]
+        return {"drills": [_drill_body(d) for d in drills], "driver": driver.health()}
+
+    return await ctx.run(read, is_write=False)
 
 
-@drill_router.get("/drills/{drill_id}", responses=errors(404))
-async def get_drill(ctx: Context, drill_id: DrillIdPath) -> dict[str, Any]:
+@drill_router.get("/drills/{drill_id}", response_model=dict[str, Any], responses=errors(404))
+async def get_drill(ctx: Context, drill_id: DrillIdPath) -> Any:
     """A drill: status, phase, guards, and its timeline so far (operator or viewer keys)."""
     require_role(ctx.tenant, OBSERVER_ROLES)
-    return _drill_body(_drill(_driver(ctx.request), drill_id))
+    driver = _driver(ctx.request)
+
+    async def read() -> dict[str, Any]:
+        await driver.read_barrier()
+        return _drill_body(_drill(driver, drill_id))
+
+    return await ctx.run(read, is_write=False)
 
 
 @drill_router.post("/drills/{drill_id}/abort", responses=errors(404))
@@ -183,21 +197,33 @@ async def abort_drill(ctx: Context, drill_id: DrillIdPath, body: ReasonRequest) 
 
 
 @drill_router.get("/drills/{drill_id}/report", response_model=None, responses=errors(404))
-async def drill_report(ctx: Context, drill_id: DrillIdPath) -> dict[str, Any] | HTMLResponse:
+async def drill_report(ctx: Context, drill_id: DrillIdPath) -> Any:
     """A drill's report: JSON (RTO per moved shard, canaries acked and lost, guards tripped,
     timeline), or with `Accept: text/html` a self-contained page with inline charts."""
     require_role(ctx.tenant, OBSERVER_ROLES)
-    body = report(_drill(_driver(ctx.request), drill_id))
-    if "text/html" in ctx.request.headers.get("accept", ""):
-        return HTMLResponse(render(body))
-    return body
+    driver = _driver(ctx.request)
+
+    async def read() -> dict[str, Any] | HTMLResponse:
+        await driver.read_barrier()
+        body = report(_drill(driver, drill_id))
+        if "text/html" in ctx.request.headers.get("accept", ""):
+            return HTMLResponse(render(body))
+        return body
+
+    return await ctx.run(read, is_write=False)
 
 
-@drill_router.get("/admin/halt")
-async def get_halt(ctx: Context) -> dict[str, Any]:
+@drill_router.get("/admin/halt", response_model=dict[str, Any])
+async def get_halt(ctx: Context) -> Any:
     """The halt switch: whether new drills are refused, and why (operator or viewer keys)."""
     require_role(ctx.tenant, OBSERVER_ROLES)
-    return _driver(ctx.request).ops.halt.to_body()
+    driver = _driver(ctx.request)
+
+    async def read() -> dict[str, Any]:
+        await driver.read_barrier()
+        return driver.ops.halt.to_body()
+
+    return await ctx.run(read, is_write=False)
 
 
 @drill_router.post("/admin/halt")
@@ -222,20 +248,26 @@ async def _set_halt(ctx: RequestContext, on: bool, reason: str) -> Any:
     return await ctx.run(flip, is_write=True)
 
 
-@drill_router.get("/audit")
+@drill_router.get("/audit", response_model=dict[str, Any])
 async def audit(
     ctx: Context,
     after: Annotated[int, Query(ge=0)] = 0,
     limit: Annotated[int, Query(ge=1, le=AUDIT_PAGE_MAX)] = 100,
-) -> dict[str, Any]:
+) -> Any:
     """The audit log, oldest first from `after`: every operator action with who, role, when,
     what and why (operator or viewer keys)."""
     require_role(ctx.tenant, OBSERVER_ROLES)
-    entries = _driver(ctx.request).ops.audit_page(after, limit)
-    return {
-        "entries": [e.to_body() for e in entries],
-        "next_after": entries[-1].lsn if entries else after,
-    }
+    driver = _driver(ctx.request)
+
+    async def read() -> dict[str, Any]:
+        await driver.read_barrier()
+        entries = driver.ops.audit_page(after, limit)
+        return {
+            "entries": [e.to_body() for e in entries],
+            "next_after": entries[-1].lsn if entries else after,
+        }
+
+    return await ctx.run(read, is_write=False)
 
 
 class AuditRequest(BaseModel):

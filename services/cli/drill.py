@@ -34,6 +34,8 @@ keys_app = typer.Typer(help="API keys and their roles", no_args_is_help=True)  #
 DEADLINE_MS = 30_000
 CALL_TIMEOUT_S = 35.0
 POLL_S = 0.5
+#: how long a read keeps asking while every region answers 503
+READ_RETRY_S = 30.0
 #: the longest ``run`` waits past hold_s (the drill's own restore grace plus slack)
 RUN_SLACK_S = 90.0
 
@@ -57,8 +59,23 @@ class Api:
 
     def call(self, method: str, path: str, body: Any = None, *, missing_ok: bool = False,
              **kw: Any) -> Any:  # fmt: skip
-        """The JSON (or text) answer; None for a 404 when ``missing_ok`` (a node that has not
-        learned a new drill yet)."""
+        """The JSON (or text) answer; None for a 404 when ``missing_ok``. A read that every
+        region answers 503 (the control shard, which answers drill reads, is between leaders,
+        e.g. while a drill moves it) is asked again after its Retry-After, for at most
+        ``READ_RETRY_S``."""
+        deadline_s = time.monotonic() + READ_RETRY_S
+        while True:
+            reply = self._first_answer(method, path, body, **kw)
+            if reply.status_code != 503 or method != "GET" or time.monotonic() > deadline_s:
+                break
+            time.sleep(_retry_after_s(reply))
+        if reply.status_code == 404 and missing_ok:
+            return None
+        if reply.status_code >= 400:
+            raise typer.Exit(_fail(f"{method} {path}: {reply.status_code} {reply.text[:800]}"))
+        return reply.json() if "json" in reply.headers.get("content-type", "") else reply.text
+
+    def _first_answer(self, method: str, path: str, body: Any, **kw: Any) -> Any:
         import httpx
 
         last: Exception | None = None
@@ -70,12 +87,15 @@ class Api:
                 continue
             if reply.status_code == 503 and method == "GET" and url != self._urls[-1]:
                 continue  # a read elsewhere; a write's 503 may be an unknown outcome: shown
-            if reply.status_code == 404 and missing_ok:
-                return None
-            if reply.status_code >= 400:
-                raise typer.Exit(_fail(f"{method} {path}: {reply.status_code} {reply.text[:800]}"))
-            return reply.json() if "json" in reply.headers.get("content-type", "") else reply.text
+            return reply
         raise typer.Exit(_fail(f"{method} {path}: no region answered ({last!r})"))
+
+
+def _retry_after_s(reply: Any) -> float:
+    try:
+        return min(max(float(reply.headers.get("retry-after", POLL_S)), POLL_S), READ_RETRY_S)
+    except ValueError:
+        return POLL_S
 
 
 def _fail(message: str) -> int:

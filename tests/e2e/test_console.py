@@ -88,9 +88,20 @@ def all_regions_up(plane: Plane) -> bool:
 
 
 def drill(plane: Plane, drill_id: str) -> dict[str, Any]:
-    r = operator_call(plane, "GET", f"/v1/drills/{drill_id}")
-    assert r.status_code == 200, r.text
-    body: dict[str, Any] = r.json()
+    """The control shard's leader answers drill reads; while that shard is between leaders every
+    region answers 503, and the read is retried."""
+    body: dict[str, Any] = {}
+
+    def answered() -> bool:
+        try:
+            r = operator_call(plane, "GET", f"/v1/drills/{drill_id}")
+        except AssertionError:  # every region answered 503
+            return False
+        assert r.status_code == 200, r.text
+        body.update(r.json())
+        return True
+
+    wait_for(f"an answer for drill {drill_id}", answered)
     return body
 
 

@@ -8,7 +8,6 @@ the product's own promise (RTO max <= 3 s), measured by the drill and by an inde
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import signal
 import subprocess
@@ -33,6 +32,8 @@ pytestmark = pytest.mark.postgres
 DRILL_END_WAIT_S = 120.0
 #: how long a drill start retries preflight's "shards not writable" refusal
 PREFLIGHT_RETRY_S = 30.0
+#: how long a read of operator state retries 503 (the control shard between leaders)
+CONTROL_FAILOVER_WAIT_S = 30.0
 RTO_MAX_S = 3.0
 #: the independent client's RTO may differ from the drill's by its own and the canaries'
 #: write cadence (one round each) plus a scheduling hiccup
@@ -70,9 +71,7 @@ class Ops:
         deadline = time.monotonic() + PREFLIGHT_RETRY_S
         while True:
             r = self.call("POST", "/v1/drills", json=drill)
-            retry = r.status_code == 409 and (
-                "shards not writable" in r.text or self._refused_for_an_ended_drill(r.text)
-            )
+            retry = r.status_code == 409 and "shards not writable" in r.text
             if not retry or time.monotonic() > deadline:
                 break
             time.sleep(1.0)
@@ -80,20 +79,19 @@ class Ops:
         created: dict[str, Any] = r.json()
         return created
 
-    def _refused_for_an_ended_drill(self, refusal: str) -> bool:
-        """Preflight named an "active" drill that the plane already reports ended: the control
-        leader's fold of the control shard can trail the record a moment after a leadership
-        change. Only that refusal is retried; a drill really still active is not."""
-        found = re.search(r"another drill is active: \['([\w-]+)'\]", refusal)
-        if found is None:
-            return False
-        other = self.drill(found.group(1))
-        return other is not None and other["phase"] in ("done", "aborted", "failed")
+    def read(self, path: str, **kw: Any) -> httpx.Response:
+        """A read of operator state. The control shard's leader answers it (linearizable); while
+        that shard is between leaders (a drill of its region moves it) every region answers 503
+        with Retry-After, and the read is retried, under a bound."""
+        deadline = time.monotonic() + CONTROL_FAILOVER_WAIT_S
+        while True:
+            r = self.call("GET", path, **kw)
+            if r.status_code not in (502, 503) or time.monotonic() > deadline:
+                return r
+            time.sleep(0.5)
 
-    def drill(self, drill_id: str) -> dict[str, Any] | None:
-        r = self.call("GET", f"/v1/drills/{drill_id}")
-        if r.status_code == 404:
-            return None  # this node has not learned it yet
+    def drill(self, drill_id: str) -> dict[str, Any]:
+        r = self.read(f"/v1/drills/{drill_id}")
         assert r.status_code == 200, r.text
         body: dict[str, Any] = r.json()
         return body
@@ -102,14 +100,14 @@ class Ops:
         deadline = time.monotonic() + DRILL_END_WAIT_S
         while time.monotonic() < deadline:
             d = self.drill(drill_id)
-            if d is not None and d["phase"] in phases:
+            if d["phase"] in phases:
                 return d
             time.sleep(0.2)
         raise AssertionError(f"drill {drill_id} never reached {phases}: {self.drill(drill_id)}")
 
     def report(self, drill_id: str) -> dict[str, Any]:
         self.wait_phase(drill_id, {"done", "aborted", "failed"})
-        r = self.call("GET", f"/v1/drills/{drill_id}/report")
+        r = self.read(f"/v1/drills/{drill_id}/report")
         assert r.status_code == 200, r.text
         body: dict[str, Any] = r.json()
         return body
@@ -181,8 +179,8 @@ class Writer:
 
 def test_a_dry_run_changes_nothing(ops: Ops) -> None:
     before = ops.placement()
-    drills_before = ops.call("GET", "/v1/drills").json()["drills"]
-    audit_before = ops.call("GET", "/v1/audit").json()["entries"]
+    drills_before = ops.read("/v1/drills").json()["drills"]
+    audit_before = ops.read("/v1/audit").json()["entries"]
     r = ops.call("POST", "/v1/drills", json={"kind": "region-loss", "region": "eu-west",
                                              "hold_s": 5, "reason": "plan", "dry_run": True})  # fmt: skip
     assert r.status_code == 200, r.text
@@ -193,8 +191,8 @@ def test_a_dry_run_changes_nothing(ops: Ops) -> None:
     assert "eu-west" not in plan["moves"].values()
     after = ops.placement()
     assert (after["version"], after["assignment"]) == (before["version"], before["assignment"])
-    assert ops.call("GET", "/v1/drills").json()["drills"] == drills_before
-    assert ops.call("GET", "/v1/audit").json()["entries"] == audit_before
+    assert ops.read("/v1/drills").json()["drills"] == drills_before
+    assert ops.read("/v1/audit").json()["entries"] == audit_before
 
 
 def test_a_tenant_key_cannot_start_abort_or_halt(ops: Ops) -> None:
@@ -209,8 +207,8 @@ def test_a_tenant_key_cannot_start_abort_or_halt(ops: Ops) -> None:
     for method, path, body in calls:
         r = ops.call(method, path, headers=ops.tenant, json=body)
         assert r.status_code == 403 and r.json()["error"]["code"] == "forbidden", (path, r.text)
-    assert not ops.call("GET", "/v1/admin/halt").json()["on"]
-    assert ops.call("GET", "/v1/drills").json()["drills"] == []
+    assert not ops.read("/v1/admin/halt").json()["on"]
+    assert ops.read("/v1/drills").json()["drills"] == []
 
 
 @pytest.mark.parametrize("region", ["us-east", "ap-south", "eu-west"])
@@ -248,10 +246,10 @@ def test_a_region_loss_drill_of_each_region_passes(ops: Ops, region: str) -> Non
     assert abs(body["rto_by_shard_s"][shard] - independent) <= RTO_AGREEMENT_S, (
         body["rto_by_shard_s"][shard], independent)  # fmt: skip
     assert ops.region_back(region)
-    html = ops.call("GET", f"/v1/drills/{created['drill_id']}/report",
+    html = ops.read(f"/v1/drills/{created['drill_id']}/report",
                     headers={**ops.operator, "Accept": "text/html"})  # fmt: skip
     assert html.headers["content-type"].startswith("text/html") and "<svg" in html.text
-    audit = ops.call("GET", "/v1/audit").json()["entries"]
+    audit = ops.read("/v1/audit").json()["entries"]
     started = [e for e in audit if e["action"] == "drill.start"]
     assert started[-1]["detail"]["drill_id"] == created["drill_id"]
     assert (started[-1]["by"], started[-1]["role"]) == ("sre", "operator")
@@ -287,7 +285,7 @@ def test_the_halt_switch_aborts_and_blocks(ops: Ops) -> None:
     # The audit log is served from the node's fold of the control shard: the entry the control
     # leader just committed reaches the node serving this read a moment later (bounded wait).
     for _ in range(100):
-        actions = [e["action"] for e in ops.call("GET", "/v1/audit").json()["entries"]]
+        actions = [e["action"] for e in ops.read("/v1/audit").json()["entries"]]
         if actions[-1:] == ["halt.off"]:
             break
         time.sleep(0.1)
@@ -342,9 +340,34 @@ def test_keys_create_adds_a_key_with_a_role_and_audits_it(ops: Ops) -> None:
     cluster = load_cluster(cluster_file)
     added = [t for t in cluster.tenants if t.tenant_id == "dashboards"]
     assert [(t.role, t.api_key_sha256) for t in added] == [("viewer", api_key_sha256(key))]
-    entry = ops.call("GET", "/v1/audit").json()["entries"][-1]
+    entry = ops.read("/v1/audit").json()["entries"][-1]
     assert (entry["action"], entry["target"], entry["reason"], entry["by"]) == (
         "key.create", "dashboards (viewer)", "grafana", "sre")  # fmt: skip
+
+
+def test_an_audit_entry_recorded_at_any_region_is_in_the_next_read_at_every_region(
+    ops: Ops,
+) -> None:
+    """Reads of operator state are linearizable: the control leader answers them after applying
+    everything committed (a node's own fold of the control shard trails the leader by a poll)."""
+    for n, url in enumerate(ops.urls * 2):
+        recorded = httpx.post(url + "/v1/audit", headers=ops.operator, timeout=20.0, json={
+            "action": "e2e.read-after-write", "target": f"n{n}", "reason": "linearizable"})  # fmt: skip
+        assert recorded.status_code == 201, recorded.text
+        for reader in ops.urls:
+            r = read_at(reader, "/v1/audit?limit=1000", ops.operator)
+            assert r.status_code == 200, r.text
+            assert r.json()["entries"][-1]["target"] == f"n{n}", (url, reader)
+
+
+def read_at(url: str, path: str, headers: dict[str, str]) -> httpx.Response:
+    """One region's answer; a 503 (the control shard between leaders) is retried, under a bound."""
+    deadline = time.monotonic() + CONTROL_FAILOVER_WAIT_S
+    while True:
+        r = httpx.get(url + path, headers=headers, timeout=20.0)
+        if r.status_code != 503 or time.monotonic() > deadline:
+            return r
+        time.sleep(0.5)
 
 
 def test_killing_the_control_leader_mid_drill_still_restores_and_reports(ops: Ops) -> None:

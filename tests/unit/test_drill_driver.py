@@ -68,7 +68,15 @@ class FakeController:
     region: str
     cluster: ClusterConfig
     membership: Membership
+    node: FakeNode
     control_shard: int = CONTROL_SHARD
+
+    async def read_barrier(self) -> None:
+        """``Controller.read_barrier``: ``ops`` is applied on append here, so only leadership
+        is left to check."""
+        if not self.node.leads(self.control_shard):
+            raise NotLeader("not the control leader", shard=self.control_shard,
+                            leader_region=self.control_leader())  # fmt: skip
 
     def placement(self) -> Placement:
         weights = self.cluster.weights()
@@ -114,7 +122,7 @@ async def world() -> AsyncIterator[World]:
 
     async with httpx.AsyncClient(transport=httpx.MockTransport(load)) as peers:
         driver = DrillDriver(
-            controller=FakeController("ap-south", cluster(), membership),  # type: ignore[arg-type]
+            controller=FakeController("ap-south", cluster(), membership, node),  # type: ignore[arg-type]
             node=node,  # type: ignore[arg-type]
             ops=ops,
             replicas={},

@@ -1,0 +1,81 @@
+"""``Controller.read_barrier``: reads of the control shard's state (drills, halt, audit) see every
+record committed before they began, at the control leader, and are sent there from elsewhere.
+
+A CI run caught the bug this guards: ``convplane keys create`` recorded its audit entry (the
+control leader committed it), and the audit log read right after at the node the CLI had called
+did not show it yet, because that node answered from its own fold, a poll behind the leader."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from eventlog.clock import LoopClock
+from eventlog.config import LogConfig
+from eventlog.errors import NotLeader
+from eventlog.memory_replica import MemoryReplica
+from eventlog.node import LogNode
+from regions.ops_state import AUDIT_RECORD, OpsState, audit_body
+from services.config import ClusterConfig, NodeSettings, RegionConfig
+from services.controller import Controller
+
+REGIONS = ("a", "b", "c")
+SHARDS = 4
+
+
+class NoPeers:
+    async def health(self, region: str) -> None:
+        return None
+
+
+def controller(region: str, replicas: dict[str, MemoryReplica]) -> tuple[Controller, OpsState]:
+    cluster = ClusterConfig(
+        shard_count=SHARDS,
+        regions=[RegionConfig(name=r, url=f"http://{r}.invalid", dsn=f"memory://{r}")
+                 for r in REGIONS],
+    )  # fmt: skip
+    clock = LoopClock()
+    node = LogNode(region=region, replicas=replicas, config=LogConfig(shard_count=SHARDS),
+                   clock=clock, rng=random.Random(1))  # fmt: skip
+    control = Controller(settings=NodeSettings(region=region, cluster=cluster), cluster=cluster,
+                         node=node, replicas=replicas, prober=NoPeers(), clock=clock,
+                         rng=random.Random(2))  # fmt: skip
+    ops = OpsState()
+    control.record_listeners.append(ops.apply_entry)
+    return control, ops
+
+
+def audit(action: str) -> dict[str, object]:
+    return audit_body(at_ms=1, by="sre", role="operator", action=action, target="t", reason="r",
+                      detail=None)  # fmt: skip
+
+
+async def test_the_leader_applies_every_committed_record_before_a_read() -> None:
+    replicas = {r: MemoryReplica(r) for r in REGIONS}
+    leader, ops = controller("a", replicas)
+    await leader.node.lead_shard(leader.control_shard)
+    # committed by the leader's drill driver, not yet learned by its fold
+    lsns = [
+        await leader.node.append_record(leader.control_shard, AUDIT_RECORD, audit(f"act.{i}"))
+        for i in range(3)
+    ]
+    assert [e.action for e in ops.audit] == []
+    await leader.read_barrier()
+    assert leader.state.applied_lsn == ops.applied_lsn == lsns[-1]
+    assert [e.action for e in ops.audit] == ["act.0", "act.1", "act.2"]
+    await leader.node.close()
+
+
+async def test_a_node_that_does_not_lead_the_control_shard_names_the_one_that_does() -> None:
+    replicas = {r: MemoryReplica(r) for r in REGIONS}
+    leader, _ = controller("a", replicas)
+    await leader.node.lead_shard(leader.control_shard)
+    await leader.node.append_record(leader.control_shard, AUDIT_RECORD, audit("act"))
+    follower, ops = controller("b", replicas)
+    with pytest.raises(NotLeader) as refused:
+        await follower.read_barrier()
+    assert refused.value.leader_region == follower.control_leader()
+    assert refused.value.shard == follower.control_shard and list(ops.audit) == []
+    await leader.node.close()
+    await follower.node.close()
