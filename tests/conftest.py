@@ -248,3 +248,18 @@ def log_audit() -> Any:
 
 
 # --- end log on PostgreSQL ---
+
+
+# --- linearizability checker ---
+# lincheck_binary: the Porcupine checker of tests/lincheck (Go), built once per session. No Go
+# toolchain, or no way to fetch its one module, fails the test loudly; it is never skipped.
+
+
+@pytest.fixture(scope="session")
+def lincheck_binary() -> Any:
+    from tests.lincheck.checker import build_checker
+
+    return build_checker()
+
+
+# --- end linearizability checker ---
