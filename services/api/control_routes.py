@@ -20,9 +20,10 @@ from __future__ import annotations
 import hmac
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Depends, Path, Request
+from fastapi import APIRouter, Depends, Path, Query, Request
 
 from eventlog.errors import NotFound, NotLeader, Unauthorized, Unavailable
+from regions.drills import REASON_CHARS_MAX
 from services.api import control_schemas as bodies
 from services.api import schemas
 from services.api.context import RequestContext, request_context
@@ -118,12 +119,16 @@ async def get_route(ctx: Context, conversation_id: ConversationIdPath) -> Any:
     responses=errors(404, 409),
 )
 async def region_action(
-    ctx: Context, name: RegionPath, action: Literal["evacuate", "restore"]
+    ctx: Context,
+    name: RegionPath,
+    action: Literal["evacuate", "restore"],
+    reason: Annotated[str, Query(max_length=REASON_CHARS_MAX)] = "",
 ) -> Any:
     """An operator move (operator keys only): `evacuate` moves the region's shards away
     (planned handoff, no acked loss), `restore` lets them come back. Committed by the control
-    shard's leader (other nodes forward there), recorded in the audit log; answers the new
-    placement. 404: no such region; 409: the move would leave no region to lead shards."""
+    shard's leader (other nodes forward there), recorded in the audit log with `reason` (why
+    the operator moved it; "operator request" when not given); answers the new placement.
+    404: no such region; 409: the move would leave no region to lead shards."""
     require_role(ctx.tenant, OPERATOR_ROLES)
     controller = _controller(ctx.request)
     if name not in {r.name for r in controller.cluster.regions}:
@@ -134,7 +139,8 @@ async def region_action(
         await controller.operator(action, name)
         if drills is not None:
             who, role = ctx.tenant.tenant_id, ctx.tenant.role
-            await drills.audit(who, role, f"region.{action}", name, "operator request", {})
+            why = reason.strip() or "operator request"
+            await drills.audit(who, role, f"region.{action}", name, why, {})
         return _placement_body(controller)
 
     return await ctx.run(act, is_write=True)

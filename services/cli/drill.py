@@ -251,10 +251,16 @@ def keys_create(
     reason: ReasonOpt = "new key",
     audit_url: Url = None,
     audit_key: Key = None,
+    no_audit: Annotated[
+        bool, typer.Option("--no-audit", help="add the key without an audit entry (plane down)")
+    ] = False,
 ) -> None:
     """Add a key with a role to the cluster file and print it (once: only its sha256 is kept).
-    Nodes load keys when they start. With --audit-url and --audit-key (an operator key) the
-    creation is recorded in the plane's audit log."""
+    Nodes load keys when they start.
+
+    The creation is recorded in the plane's audit log *first*, at --audit-url with --audit-key
+    (an operator key), or else at the local plane whose cluster.json sits beside the cluster
+    file; when that fails nothing is written. --no-audit adds the key unrecorded."""
     from pydantic import ValidationError
 
     from services.config import TenantConfig, api_key_sha256, load_cluster, write_cluster
@@ -267,15 +273,21 @@ def keys_create(
         updated = type(cluster).model_validate(updated.model_dump())
     except ValidationError as exc:
         raise typer.Exit(_fail(f"invalid key: {exc}")) from exc
+    if no_audit:
+        print("not recorded in the audit log (--no-audit)", file=sys.stderr)
+    else:
+        try:
+            api = api_for(cluster_file.parent, audit_url, audit_key)
+        except typer.Exit:
+            raise typer.Exit(_fail("no key added: nowhere to audit it (give --audit-url and "
+                                   "--audit-key, or --no-audit)")) from None  # fmt: skip
+        api.call("POST", "/v1/audit", {"action": "key.create", "target": f"{tenant} ({role})",
+                                       "reason": reason})  # fmt: skip
+        print("recorded in the audit log", file=sys.stderr)
     write_cluster(cluster_file, updated)
     typer.echo(key)
     print(f"added a {role} key for tenant {tenant} to {cluster_file}; restart the nodes to load it",
           file=sys.stderr)  # fmt: skip
-    if audit_url and audit_key:
-        api = Api([audit_url], audit_key)
-        api.call("POST", "/v1/audit", {"action": "key.create", "target": f"{tenant} ({role})",
-                                       "reason": reason})  # fmt: skip
-        print("recorded in the audit log", file=sys.stderr)
 
 
 def register(app: typer.Typer) -> None:

@@ -396,6 +396,6 @@ def test_an_operator_halts_evacuates_and_restores_from_the_page(
     page.screenshot("operator-audit")
     audit = operator_call(plane, "GET", "/v1/audit?limit=1000").json()["entries"]
     evacuate = [e for e in audit if e["action"] == "region.evacuate"]
-    assert [(e["by"], e["role"], e["target"]) for e in evacuate] == [
-        ("sre", "operator", "ap-south")
+    assert [(e["by"], e["role"], e["target"], e["reason"]) for e in evacuate] == [
+        ("sre", "operator", "ap-south", "evacuated by the console test")
     ]

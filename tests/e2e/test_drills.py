@@ -345,6 +345,38 @@ def test_keys_create_adds_a_key_with_a_role_and_audits_it(ops: Ops) -> None:
         "key.create", "dashboards (viewer)", "grafana", "sre")  # fmt: skip
 
 
+def test_keys_create_audits_at_the_local_plane_by_default_and_refuses_when_it_cannot(
+    ops: Ops, tmp_path: Path
+) -> None:
+    cluster_file = Path(ops.plane.info["cluster_file"])
+    made = subprocess.run(
+        [*CONVPLANE, "keys", "create", "--tenant", "oncall", "--role", "operator",
+         "--cluster-file", str(cluster_file), "--reason", "new on-call"],
+        env=convplane_env(), capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    entry = ops.read("/v1/audit").json()["entries"][-1]
+    assert (entry["action"], entry["target"], entry["reason"]) == (
+        "key.create", "oncall (operator)", "new on-call")  # fmt: skip
+    # a cluster file with no plane beside it and no --audit-url: nothing is added ...
+    alone = tmp_path / "cluster-config.json"
+    alone.write_bytes(cluster_file.read_bytes())
+    refused = subprocess.run(
+        [*CONVPLANE, "keys", "create", "--tenant", "ghost", "--cluster-file", str(alone)],
+        env=convplane_env(), capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert refused.returncode == 1 and "no key added" in refused.stderr, refused.stderr
+    assert alone.read_bytes() == cluster_file.read_bytes()
+    # ... unless the operator says so
+    unrecorded = subprocess.run(
+        [*CONVPLANE, "keys", "create", "--tenant", "ghost", "--cluster-file", str(alone),
+         "--no-audit"],
+        env=convplane_env(), capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert unrecorded.returncode == 0, unrecorded.stderr
+    assert [t.tenant_id for t in load_cluster(alone).tenants][-1] == "ghost"
+
+
 def test_an_audit_entry_recorded_at_any_region_is_in_the_next_read_at_every_region(
     ops: Ops,
 ) -> None:
@@ -370,14 +402,45 @@ def read_at(url: str, path: str, headers: dict[str, str]) -> httpx.Response:
         time.sleep(0.5)
 
 
-def test_killing_the_control_leader_mid_drill_still_restores_and_reports(ops: Ops) -> None:
-    """Last in this module: it leaves ap-south (the control leader) dead."""
-    created = ops.start(region="us-east", hold_s=8.0, kind="evacuate")
-    ops.wait_phase(created["drill_id"], {"holding"})
+def test_losing_the_terminal_the_starting_node_and_the_control_leader_mid_drill(
+    ops: Ops, tmp_path: Path
+) -> None:
+    """Last in this module: it leaves ap-south dead. ``convplane drill run`` starts an evacuate
+    drill at ap-south's node, which also leads the control shard; mid-drill the operator's
+    terminal (the CLI process) and that node are both SIGKILLed. The drill lives in the control
+    shard, so the new control leader finishes it from its records: restored, and reported."""
     leader = next(r for r in ops.plane.info["regions"] if r["name"] == "ap-south")
+    deadline = time.monotonic() + CONTROL_FAILOVER_WAIT_S
+    while ops.placement()["control_leader"] != "ap-south":  # back after the earlier drills
+        assert time.monotonic() < deadline, ops.placement()
+        time.sleep(0.5)
+    drill_id, terminal = "", None
+    deadline = time.monotonic() + PREFLIGHT_RETRY_S
+    while not drill_id:
+        terminal = subprocess.Popen(
+            [*CONVPLANE, "drill", "run", "--kind", "evacuate", "--region", "us-east",
+             "--hold-s", "8", "--reason", "e2e: terminal lost", "--state-dir",
+             str(tmp_path / "no-plane-here"), "--url", ops.plane.urls["ap-south"],
+             "--key", ops.operator["Authorization"][7:]],
+            env={**convplane_env(), "PYTHONUNBUFFERED": "1"}, stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        assert terminal.stdout is not None
+        first = terminal.stdout.readline()  # "drill <id>: evacuate of us-east, hold 8s"
+        if first.startswith("drill "):
+            drill_id = first.split()[1].rstrip(":")
+            break
+        _, err = terminal.communicate(timeout=60)
+        # preflight refuses while a shard cannot take its canary yet (right after a failback)
+        assert "shards not writable" in err and time.monotonic() < deadline, err
+        time.sleep(1.0)
+    assert terminal is not None
+    ops.wait_phase(drill_id, {"holding"})
+    terminal.kill()
+    terminal.communicate(timeout=30)
     os.kill(leader["node_pid"], signal.SIGKILL)
     ops.urls = [u for name, u in ops.plane.urls.items() if name != "ap-south"]
-    body = ops.report(created["drill_id"])
+    body = ops.report(drill_id)
     # another node took the control shard over and finished the drill from its records
     assert body["verdict"] == "passed", body
     assert [t["phase"] for t in body["timeline"]][-2:] == ["restoring", "done"]

@@ -232,9 +232,18 @@ def test_the_peer_listener_serves_nodes_of_the_cluster_only(plane: Plane, tmp_pa
     impostor_ca = issue_cluster_tls(tmp_path / "impostor", [OBSERVER], ["127.0.0.1"])
     impostor = client_ssl_context(impostor_ca[OBSERVER])
     impostor.load_verify_locations(cafile=str(_node_tls(plane, TARGET).ca_file))
+    forward = {"X-Convplane-Peer-Auth": secret, **plane.headers, "Idempotency-Key": "impostor"}
     for refused in (no_certificate, impostor):
-        with pytest.raises(httpx.HTTPError):
+        with pytest.raises(httpx.HTTPError):  # no probe answered: it cannot pass for a peer
             _peer_get(health, refused, **{"X-Convplane-Peer-Auth": secret})
+        # nor forward, with the peer secret and a tenant's key: a forwarded append and a batch
+        with httpx.Client(verify=refused, timeout=5.0, trust_env=False) as client:
+            for path, body in (
+                ("/v1/conversations/impostor/events", {"type": "note", "payload": {}}),
+                ("/peer/forwarded-appends", {"items": []}),
+            ):
+                with pytest.raises(httpx.HTTPError):
+                    client.post(target["peer_url"] + path, json=body, headers=forward)
     with pytest.raises(httpx.HTTPError):  # nor in clear
         httpx.get(health.replace("https://", "http://"), timeout=5.0)
 

@@ -250,7 +250,8 @@
       ? `Move every shard ${name} leads to the other regions (planned handoff, no acknowledged loss).`
       : `Let ${name} take its shards back (gradually, after its hysteresis window).`;
     confirmAction(`${action === "evacuate" ? "Evacuate" : "Restore"} ${name}?`, text, `${action} from the console`,
-      () => act(`${action} of ${name}`, "POST", `/v1/admin/regions/${encodeURIComponent(name)}/${action}`));
+      (reason) => act(`${action} of ${name}`, "POST",
+        `/v1/admin/regions/${encodeURIComponent(name)}/${action}?reason=${encodeURIComponent(reason)}`));
   }
 
   async function downloadReport(drillId) {
