@@ -66,7 +66,10 @@ def report(drill: Drill) -> dict[str, Any]:
             {"t_s": t, "acked": acked, "errors": errors, "ack_p99_ms": p99}
             for t, acked, errors, p99 in m.series
         ],
-        "live_appends_per_s": [{"t_s": t, "appends_per_s": rate} for t, rate in m.live_appends],
+        "live_appends_per_s": [
+            {"t_s": t, "appends_per_s": rate, "errors_per_s": errors, "error_ratio": ratio}
+            for t, rate, errors, ratio in m.live_appends
+        ],
         "replay": replay_summary(drill),
         "timeline": [
             {"phase": phase, "at": iso(at_ms), "at_ms": at_ms, "note": note}

@@ -188,8 +188,9 @@ class Measurements:
     #: (seconds since the drill started, acked, errors, ack p99 ms) per sample interval
     series: tuple[tuple[float, int, int, float], ...] = ()
     #: (seconds since the drill started, live acknowledged appends per second over the plane,
-    #: from the nodes' own counters), one per progress record
-    live_appends: tuple[tuple[float, float], ...] = ()
+    #: live appends answered 5xx per second, their error ratio or None when none ended), from
+    #: the nodes' own counters, one per progress record
+    live_appends: tuple[tuple[float, float, float, float | None], ...] = ()
     #: placement versions: before the fault, during it (highest seen), after restore
     placement_versions: Mapping[str, int] = field(default_factory=dict)
     #: replay counters before the fault and the latest while it lasted, up to the start of
@@ -226,7 +227,7 @@ class Measurements:
             series=tuple(
                 (float(p[0]), int(p[1]), int(p[2]), float(p[3])) for p in body.get("series", ())
             ),
-            live_appends=tuple((float(p[0]), float(p[1])) for p in body.get("live_appends", ())),
+            live_appends=tuple(_live_point(p) for p in body.get("live_appends", ())),
             placement_versions={
                 str(k): int(v) for k, v in body.get("placement_versions", {}).items()
             },
@@ -498,3 +499,10 @@ def _finish(drill: Drill, obs: Observation, now_ms: int) -> Drill:
         drill, measurements=measured, ended_at_ms=now_ms, verdict=verdict, verdict_reason=why
     )
     return _bump(ended, phase, now_ms, why)
+
+
+def _live_point(p: Any) -> tuple[float, float, float, float | None]:
+    """A live-appends point as recorded; a record written before errors were counted has only
+    (t, rate)."""
+    errors = float(p[2]) if len(p) > 2 else 0.0
+    return float(p[0]), float(p[1]), errors, _optional_float(p[3]) if len(p) > 3 else None

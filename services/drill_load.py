@@ -29,13 +29,24 @@ PLAN_CONVERSATIONS_PER_SHARD_MAX = 1000
 LOAD_PATH = "/peer/drills/load"
 
 
+#: (succeeded, failed with a 5xx) per second of the live appends that entered this node
+#: (``services.console.outcomes.AppendOutcomes``: client appends only, so never a canary)
+EntryOutcomes = Callable[[], tuple[float, float]]
+
+
 class LoadMeter:
     """Acknowledged appends of the shards this node leads, per second over a sliding window
-    (a ``LogListener``: the node calls it for every acknowledged conversation event)."""
+    (a ``LogListener``: the node calls it for every acknowledged conversation event), and how
+    the appends that entered this node ended (``entry_outcomes``, attached by the API's
+    lifespan; none before it opens)."""
 
     def __init__(self, clock: Clock) -> None:
         self._clock = clock
         self._times: deque[float] = deque(maxlen=LOAD_SAMPLES_MAX)
+        self.entry_outcomes: EntryOutcomes | None = None
+
+    def entry_rates(self) -> tuple[float, float]:
+        return (0.0, 0.0) if self.entry_outcomes is None else self.entry_outcomes()
 
     def shard_led(self, shard: int, epoch: int, previous_region: str | None) -> None:
         return None
@@ -62,6 +73,14 @@ class PlaneLoad:
     append_rate_per_s: float
     #: region -> its replay's view (only regions with engines that answered)
     replay: Mapping[str, Mapping[str, Any]]
+    #: live appends, over every region that answered, by how they ended at their entry node
+    live_succeeded_per_s: float = 0.0
+    live_errors_per_s: float = 0.0
+
+    def live_error_ratio(self) -> float | None:
+        """5xx answers over ended live appends (None: none ended in the window)."""
+        ended = self.live_succeeded_per_s + self.live_errors_per_s
+        return self.live_errors_per_s / ended if ended > 0 else None
 
     def live_prefill_tokens_per_s(self) -> float | None:
         if not self.replay:
@@ -121,6 +140,7 @@ async def plane_load(
         return_exceptions=True,
     )
     total = own.append_rate_per_s()
+    succeeded, errors = own.entry_rates()
     replay: dict[str, Mapping[str, Any]] = {}
     own_view = None if own_replay is None else own_replay()
     if own_view is not None:
@@ -129,9 +149,11 @@ async def plane_load(
         if isinstance(reply, httpx.Response) and reply.status_code == 200:
             body = reply.json()
             total += float(body.get("append_rate_per_s", 0.0))
+            succeeded += float(body.get("live_succeeded_per_s", 0.0))
+            errors += float(body.get("live_errors_per_s", 0.0))
             if isinstance(body.get("replay"), dict):
                 replay[peer] = body["replay"]
-    return PlaneLoad(total, replay)
+    return PlaneLoad(total, replay, succeeded, errors)
 
 
 async def moved_load(

@@ -260,9 +260,10 @@ class DrillDriver:
             t_s = (self._clock.wall_ms() - drill.created_at_ms) / 1000
             measured = replace(
                 measured,
-                live_appends=(*measured.live_appends, (t_s, load.append_rate_per_s))[
-                    -SERIES_POINTS_MAX:
-                ],
+                live_appends=(
+                    *measured.live_appends,
+                    (t_s, load.append_rate_per_s, load.live_errors_per_s, load.live_error_ratio()),
+                )[-SERIES_POINTS_MAX:],
                 replay_latest=(load.replay_tally() if drill.phase != "restoring" else None)
                 or measured.replay_latest,
             )

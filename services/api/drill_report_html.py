@@ -61,7 +61,7 @@ def render(body: dict[str, Any]) -> str:
         f"<h2>Canary writes per second</h2>"
         f"{_series(body['series'], [('acked', '#1a7f37'), ('errors', '#b42318')])}"
         f"<h2>Live appends per second (the plane's own counters)</h2>"
-        f"{_series(body['live_appends_per_s'], [('appends_per_s', '#4c78a8')])}"
+        f"{_series(body['live_appends_per_s'], [('appends_per_s', '#4c78a8'), ('errors_per_s', '#b42318')])}"
         f"<h2>Guards tripped</h2><table><tr><th>guard</th><th>measured</th><th>limit</th></tr>"
         f"{guards}</table>"
         f"<h2>Timeline</h2><table><tr><th>phase</th><th>at</th><th>note</th></tr>{timeline}</table>"

@@ -328,11 +328,15 @@ async def peer_canary_read(
 
 @drill_peer_router.get("/load")
 async def peer_load(request: Request) -> dict[str, Any]:
-    """Internal: this node's measured append rate and its replay's prefill numbers, for a
-    drill's capacity preflight and its report."""
+    """Internal: this node's measured append rate, how the live appends that entered it
+    ended, and its replay's prefill numbers, for a drill's capacity preflight and its report."""
     _require_peer(request)
     replay = getattr(request.app.state, "replay", None)
+    load = _driver(request).load
+    succeeded, errors = load.entry_rates()
     return {
-        "append_rate_per_s": _driver(request).load.append_rate_per_s(),
+        "append_rate_per_s": load.append_rate_per_s(),
+        "live_succeeded_per_s": succeeded,
+        "live_errors_per_s": errors,
         "replay": None if replay is None else replay.drill_view(),  # None: no engines here
     }

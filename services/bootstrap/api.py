@@ -88,6 +88,8 @@ async def open_api(
     install_replay(app, metrics.registry, runtime.replay)
     console_access.open(runtime.cluster, settings)
     append_outcomes.open(runtime.clock)
+    if runtime.drills is not None:
+        runtime.drills.load.entry_outcomes = append_outcomes.succeeded_and_errors
     admission.open(
         settings=settings,
         cluster=runtime.cluster,

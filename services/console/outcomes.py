@@ -106,6 +106,11 @@ class AppendOutcomes:
     def rates(self) -> AppendRates:
         return self.window.rates(self._clock.monotonic() if self._clock is not None else 0.0)
 
+    def succeeded_and_errors(self) -> tuple[float, float]:
+        """Per second over the window: appends answered 2xx, and answered 5xx."""
+        rates = self.rates()
+        return rates.succeeded_per_s, rates.errors_per_s
+
 
 class AppendOutcomeMiddleware:
     """Records the status of every append that entered this node (the module docstring)."""

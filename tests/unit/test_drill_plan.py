@@ -10,7 +10,7 @@ from typing import Any
 from regions.control import Placement
 from regions.drill_plan import LiveLoad, MovedLoad, moves_for, preflight
 from regions.drill_report import report, summary_lines
-from regions.drills import Drill, DrillSpec, Observation, ReplayTally, advance, start
+from regions.drills import Drill, DrillSpec, Measurements, Observation, ReplayTally, advance, start
 from regions.ops_state import Halt
 from regions.placement import place_shards
 from services.api.drill_report_html import render
@@ -115,7 +115,7 @@ def finished_drill() -> Drill:
         canary_acked={1: 10, 5: 20},
         canary_errors=4,
         series=((0.0, 10, 2, 12.0), (1.0, 12, 0, 9.0)),
-        live_appends=((0.0, 120.0), (2.0, 80.0), (4.0, 118.5)),
+        live_appends=((0.0, 120.0, 0.0, 0.0), (2.0, 80.0, 20.0, 0.2), (4.0, 118.5, 0.0, None)),
         placement_versions={"before": 3, "during": 4},
     )
     restoring = advance(replace(holding, measurements=measured), Observation(now_ms=t + 5_000))
@@ -134,7 +134,9 @@ def test_the_report_has_the_numbers_an_sre_reads() -> None:
         "planned", "preflight", "injecting", "holding", "restoring", "done"
     ]  # fmt: skip
     assert body["started_at"].startswith("2026-01-01T00:00:00")
-    assert body["live_appends_per_s"][1] == {"t_s": 2.0, "appends_per_s": 80.0}
+    assert body["live_appends_per_s"][1] == {
+        "t_s": 2.0, "appends_per_s": 80.0, "errors_per_s": 20.0, "error_ratio": 0.2
+    }  # fmt: skip
     assert "RTO p50 2.00s" in "\n".join(summary_lines(body))
     assert body["replay"] is None  # no engines attached
 
@@ -175,3 +177,13 @@ def test_the_html_report_escapes_what_operators_typed() -> None:
     body["reason"] = "<img src=x onerror=alert(1)>"
     page = render(body)
     assert "<img" not in page and "&lt;img" in page
+
+
+def test_live_points_round_trip_and_records_from_before_errors_were_counted_still_read() -> None:
+    measured = finished_drill().measurements
+    assert Measurements.from_body(measured.to_body()) == measured
+    old = {**measured.to_body(), "live_appends": [[0.0, 120.0], [2.0, 80.0]]}
+    assert Measurements.from_body(old).live_appends == (
+        (0.0, 120.0, 0.0, None),
+        (2.0, 80.0, 0.0, None),
+    )
