@@ -62,6 +62,7 @@ def report(drill: Drill) -> dict[str, Any]:
         "guards_tripped": [g.to_body() for g in drill.guards_tripped],
         "abort_reason": drill.abort_reason,
         "placement_versions": dict(m.placement_versions),
+        "placement_shards": {k: dict(v) for k, v in m.placement_shards.items()},
         "series": [
             {"t_s": t, "acked": acked, "errors": errors, "ack_p99_ms": p99}
             for t, acked, errors, p99 in m.series

@@ -193,6 +193,8 @@ class Measurements:
     live_appends: tuple[tuple[float, float, float, float | None], ...] = ()
     #: placement versions: before the fault, during it (highest seen), after restore
     placement_versions: Mapping[str, int] = field(default_factory=dict)
+    #: the same three placements as shards led per region ("before" -> region -> shards)
+    placement_shards: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
     #: replay counters before the fault and the latest while it lasted, up to the start of
     #: restoring (None: no engines attached); a failback's own replays are not the drill's
     replay_before: ReplayTally | None = None
@@ -210,6 +212,7 @@ class Measurements:
             "series": [list(p) for p in self.series[-SERIES_POINTS_MAX:]],
             "live_appends": [list(p) for p in self.live_appends[-SERIES_POINTS_MAX:]],
             "placement_versions": dict(self.placement_versions),
+            "placement_shards": {k: dict(v) for k, v in self.placement_shards.items()},
             "replay_before": None if self.replay_before is None else self.replay_before.to_body(),
             "replay_latest": None if self.replay_latest is None else self.replay_latest.to_body(),
             "replay_time_min_s": self.replay_time_min_s,
@@ -230,6 +233,10 @@ class Measurements:
             live_appends=tuple(_live_point(p) for p in body.get("live_appends", ())),
             placement_versions={
                 str(k): int(v) for k, v in body.get("placement_versions", {}).items()
+            },
+            placement_shards={
+                str(k): {str(r): int(n) for r, n in v.items()}
+                for k, v in body.get("placement_shards", {}).items()
             },
             replay_before=ReplayTally.from_body(body.get("replay_before")),
             replay_latest=ReplayTally.from_body(body.get("replay_latest")),
@@ -506,3 +513,11 @@ def _live_point(p: Any) -> tuple[float, float, float, float | None]:
     (t, rate)."""
     errors = float(p[2]) if len(p) > 2 else 0.0
     return float(p[0]), float(p[1]), errors, _optional_float(p[3]) if len(p) > 3 else None
+
+
+def shards_by_region(assignment: Mapping[int, str]) -> dict[str, int]:
+    """How many shards each region leads in a placement's assignment."""
+    counts: dict[str, int] = {}
+    for region in assignment.values():
+        counts[region] = counts.get(region, 0) + 1
+    return dict(sorted(counts.items()))

@@ -50,6 +50,7 @@ from regions.drills import (
     advance,
     out_of_time,
     request_abort,
+    shards_by_region,
     start,
     with_measurements,
 )
@@ -242,10 +243,16 @@ class DrillDriver:
             read_back_failed=read_back_failed,
         )
         measured = runner.measurements(drill)
-        versions = dict(measured.placement_versions)
         key = "after" if drill.phase == "restoring" else "during"
-        versions[key] = max(versions.get(key, 0), placement.version)
-        measured = replace(measured, placement_versions=versions)
+        if placement.version > measured.placement_versions.get(key, 0):
+            measured = replace(
+                measured,
+                placement_versions={**measured.placement_versions, key: placement.version},
+                placement_shards={
+                    **measured.placement_shards,
+                    key: shards_by_region(placement.assignment),
+                },
+            )
         following = advance(replace(drill, measurements=measured), obs)
         now_s = self._clock.monotonic()
         if following is not None:
@@ -456,6 +463,7 @@ class DrillDriver:
             measured = Measurements(
                 shards_moved=tuple(placement.shards_of(spec.region)),
                 placement_versions={"before": placement.version},
+                placement_shards={"before": shards_by_region(placement.assignment)},
                 replay_before=load.replay_tally(),
                 replay_time_min_s=plan.replay_time_min_s,
             )

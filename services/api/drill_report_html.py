@@ -34,6 +34,8 @@ def render(body: dict[str, Any]) -> str:
         ("RTO p50 / p99 / max (s)", "/".join(_num(body[k]) for k in ("rto_p50_s", "rto_p99_s", "rto_max_s"))),
         ("canary acked / errors / lost", f"{body['canary_acked']} / {body['canary_errors']} / {_num(body['canary_lost'])}"),
         ("placement versions", ", ".join(f"{k} v{v}" for k, v in body["placement_versions"].items())),
+        *((f"shards per region {k}", ", ".join(f"{r} {n}" for r, n in v.items()))
+          for k, v in body["placement_shards"].items()),
     ]  # fmt: skip
     replay = body.get("replay")
     if replay is not None:

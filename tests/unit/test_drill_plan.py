@@ -10,7 +10,16 @@ from typing import Any
 from regions.control import Placement
 from regions.drill_plan import LiveLoad, MovedLoad, moves_for, preflight
 from regions.drill_report import report, summary_lines
-from regions.drills import Drill, DrillSpec, Measurements, Observation, ReplayTally, advance, start
+from regions.drills import (
+    Drill,
+    DrillSpec,
+    Measurements,
+    Observation,
+    ReplayTally,
+    advance,
+    shards_by_region,
+    start,
+)
 from regions.ops_state import Halt
 from regions.placement import place_shards
 from services.api.drill_report_html import render
@@ -117,6 +126,10 @@ def finished_drill() -> Drill:
         series=((0.0, 10, 2, 12.0), (1.0, 12, 0, 9.0)),
         live_appends=((0.0, 120.0, 0.0, 0.0), (2.0, 80.0, 20.0, 0.2), (4.0, 118.5, 0.0, None)),
         placement_versions={"before": 3, "during": 4},
+        placement_shards={
+            "before": {"ap-south": 2, "us-east": 2},
+            "during": {"ap-south": 4},
+        },
     )
     restoring = advance(replace(holding, measurements=measured), Observation(now_ms=t + 5_000))
     assert restoring is not None
@@ -137,6 +150,7 @@ def test_the_report_has_the_numbers_an_sre_reads() -> None:
     assert body["live_appends_per_s"][1] == {
         "t_s": 2.0, "appends_per_s": 80.0, "errors_per_s": 20.0, "error_ratio": 0.2
     }  # fmt: skip
+    assert body["placement_shards"]["during"] == {"ap-south": 4}
     assert "RTO p50 2.00s" in "\n".join(summary_lines(body))
     assert body["replay"] is None  # no engines attached
 
@@ -167,6 +181,7 @@ def test_the_html_report_is_self_contained() -> None:
     page = render(report(finished_drill()))
     assert page.startswith("<!doctype html>") and page.count("<svg") == 3
     assert "<script" not in page and not re.search(r"\b(src|href)=", page)
+    assert "<th>shards per region during</th><td>ap-south 4</td>" in page
     urls = set(re.findall(r"https?://[^\s\"'<>]+", page))
     assert urls == {"http://www.w3.org/2000/svg"}  # the SVG namespace, never fetched
 
@@ -187,3 +202,7 @@ def test_live_points_round_trip_and_records_from_before_errors_were_counted_stil
         (0.0, 120.0, 0.0, None),
         (2.0, 80.0, 0.0, None),
     )
+
+
+def test_shards_by_region_counts_a_placement() -> None:
+    assert shards_by_region({0: "b", 1: "a", 2: "b"}) == {"a": 1, "b": 2}
