@@ -42,6 +42,7 @@ def pg_instances() -> Iterator[list[PgInstance]]:
     import os
     import shutil
     import tempfile
+    from pathlib import Path
 
     from services.local.postgres import pg_instances_for_tests
 
@@ -49,10 +50,19 @@ def pg_instances() -> Iterator[list[PgInstance]]:
     base_dir = tempfile.mkdtemp(prefix="convplane-pg-")
     os.chmod(base_dir, 0o711)
     instances: list[PgInstance] = []
+    # TCP to the servers the harness starts is TLS only, verify-full, as in convplane up; the
+    # CA reaches asyncpg (directly and under SQLAlchemy) through PGSSLROOTCERT
+    tls_dir = Path(base_dir) / "tls"
+    previous_root = os.environ.get("PGSSLROOTCERT")
+    os.environ["PGSSLROOTCERT"] = str(tls_dir / "ca.pem")
     try:
-        instances = pg_instances_for_tests(PG_INSTANCES, base_dir)
+        instances = pg_instances_for_tests(PG_INSTANCES, base_dir, tls_dir=tls_dir)
         yield instances
     finally:
+        if previous_root is None:
+            os.environ.pop("PGSSLROOTCERT", None)
+        else:
+            os.environ["PGSSLROOTCERT"] = previous_root
         for instance in instances:
             if instance.external_dsn is None or instance._container is not None:
                 with contextlib.suppress(Exception):
@@ -82,8 +92,9 @@ def _ensure_pg_running(instance: PgInstance) -> None:
 async def _pg_admin(instance: PgInstance, sql: str) -> None:
     import asyncpg
 
-    dsn = instance.dsn.replace("postgresql+asyncpg://", "postgresql://", 1)
-    conn = await asyncpg.connect(dsn, timeout=30)
+    from services.local.postgres import asyncpg_dsn
+
+    conn = await asyncpg.connect(asyncpg_dsn(instance.dsn), timeout=30)
     try:
         await conn.execute(sql, timeout=60)
     finally:

@@ -308,15 +308,27 @@ def start_sync_replication_cluster(
     return SyncReplicationCluster(primary, started[1:])
 
 
-def pg_instances_for_tests(n: int, base_dir: Path | str) -> list[PgInstance]:
-    """The servers a test session uses (see the module docstring); never skips."""
+def pg_instances_for_tests(
+    n: int, base_dir: Path | str, *, tls_dir: Path | None = None
+) -> list[PgInstance]:
+    """The servers a test session uses (see the module docstring); never skips. With
+    ``tls_dir``, servers this harness starts serve TCP over TLS only, as ``convplane up``'s do,
+    under a CA made there (``tls_dir/ca.pem``: the clients' ``PGSSLROOTCERT``), and their DSNs
+    ask for ``ssl=verify-full``."""
     if configured := os.environ.get(TEST_DSNS_ENV):
         dsns = [d.strip() for d in configured.split(",") if d.strip()]
         if len(dsns) < n:
             raise PgHarnessError(f"{TEST_DSNS_ENV} names {len(dsns)} servers, tests need {n}")
         return [_external(f"env{i}", dsn) for i, dsn in enumerate(dsns[:n])]
     if find_bindir() is not None:
-        return start_instances(n, base_dir)
+        server_tls = None
+        if tls_dir is not None:
+            from services.cluster_tls import issue_certificate, issue_cluster_tls
+
+            issue_cluster_tls(tls_dir, [], [])
+            issued = issue_certificate(tls_dir, "database", ["127.0.0.1", "localhost"])
+            server_tls = (issued.cert_file, issued.key_file)
+        return start_instances(n, base_dir, server_tls=server_tls)
     if docker_available():
         return [_container_instance(f"container{i}") for i in range(n)]
     raise PgHarnessError(

@@ -10,13 +10,13 @@ from urllib.parse import urlsplit
 import asyncpg
 import pytest
 
-from services.local.postgres import PgInstance, _as_postgres, _server_env
+from services.local.postgres import PgInstance, _as_postgres, _server_env, asyncpg_dsn
 
 pytestmark = pytest.mark.postgres
 
 
 def _plain(dsn: str) -> str:
-    return dsn.replace("postgresql+asyncpg://", "postgresql://", 1)
+    return asyncpg_dsn(dsn)
 
 
 async def test_connections_need_the_generated_password(pg_instances: list[PgInstance]) -> None:

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from urllib.parse import urlsplit
 
 import pytest
 
 from eventlog.errors import ReplicaUnavailable
 from eventlog.model import Accepted, AppendReply, LogEntry, Promised, Rejected
 from eventlog.stores import SqlReplicaStore, open_replica_store
-from services.local.postgres import PgInstance
+from services.local.postgres import PgInstance, asyncpg_dsn
 from tests.unit.test_replica_conformance import ReplicaConformance, ReplicaOpener, run
 
 pytestmark = pytest.mark.postgres
@@ -144,7 +145,7 @@ async def test_connections_the_server_closed_are_replaced_without_a_failed_call(
         assert isinstance(await store.prepare(0, 1, 0), Promised)
         assert await store.append(0, 1, 0, 0, run(1, 1, 1), 0) == Accepted(1)
         await asyncio.gather(*(store.status(0) for _ in range(4)))  # the whole pool in use once
-        database = pg_databases[0].rsplit("/", 1)[1]
+        database = urlsplit(pg_databases[0]).path.lstrip("/")
         await _terminate_backends(pg_instances[0], database)
         await asyncio.sleep(0.2)  # let the event loop read the closed sockets
 
@@ -159,7 +160,7 @@ async def _terminate_backends(instance: PgInstance, database: str) -> None:
     """Terminate every session on ``database`` and wait until the server shows none."""
     import asyncpg
 
-    admin = await asyncpg.connect(instance.dsn.replace("postgresql+asyncpg://", "postgresql://"))
+    admin = await asyncpg.connect(asyncpg_dsn(instance.dsn))
     try:
         sessions = "FROM pg_stat_activity WHERE datname = $1 AND pid <> pg_backend_pid()"
         terminated = await admin.fetchval(

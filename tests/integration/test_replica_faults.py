@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+from urllib.parse import urlsplit
 
 from eventlog.node import LogNode
 from eventlog.rebuild import rebuild_replica
@@ -40,7 +41,7 @@ async def test_a_recreated_database_is_quarantined_until_rebuilt_and_readmitted(
     before = await append_some(a, "conv", 5, "before-")
 
     # b's database is dropped and created again (re-provisioned) while a leads
-    instance, name = log_cluster.instances["b"], log_cluster.dsns["b"].rsplit("/", 1)[1]
+    instance, name = log_cluster.instances["b"], urlsplit(log_cluster.dsns["b"]).path.lstrip("/")
     await _pg_admin(instance, f"DROP DATABASE {name} WITH (FORCE)")
     await _pg_admin(instance, f"CREATE DATABASE {name}")
     # before anyone migrates it, the leader's appends reach an empty database: an outage of
