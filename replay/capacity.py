@@ -62,11 +62,11 @@ import logging
 import math
 import random
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from eventlog.backoff import jittered
+from eventlog.backoff import Backoff, jittered
 from eventlog.clock import Clock
 from eventlog.errors import DeadlineExceeded, InvariantViolation
 from replay.engines.base import EngineUnavailable, InferenceEngine
@@ -411,6 +411,27 @@ class CapacityController:
         return Grant.GRANTED
 
 
+async def poll_forever(
+    poll_once: Callable[[], Awaitable[object]],
+    clock: Clock,
+    rng: random.Random,
+    interval_s: float,
+    backoff_max_s: float,
+    keep_polling: Callable[[], bool] = lambda: True,
+) -> None:
+    """Call ``poll_once`` while ``keep_polling()``: every ``interval_s`` while it answers truthy;
+    after a falsy answer twice the last wait, doubling up to ``backoff_max_s``. Every wait is
+    jittered +-25 % from ``rng``."""
+    backoff = Backoff(min(interval_s * 2, backoff_max_s), backoff_max_s, rng, low=0.75, width=0.5)
+    while keep_polling():
+        if await poll_once():
+            backoff.reset()
+            delay_s = jittered(interval_s, rng, low=0.75, width=0.5)
+        else:
+            delay_s = backoff.next_s()
+        await clock.sleep(delay_s)
+
+
 class CapacityPoller:
     """Async adapter: feeds a controller from its engine's metrics every ``interval_s``.
 
@@ -458,13 +479,9 @@ class CapacityPoller:
         return True
 
     async def run(self) -> None:
-        delay_s = self._interval_s
-        while True:
-            if await self.poll_once():
-                delay_s = self._interval_s
-            else:
-                delay_s = min(self._backoff_max_s, delay_s * 2)
-            await self._clock.sleep(jittered(delay_s, self._rng, low=0.75, width=0.5))
+        await poll_forever(
+            self.poll_once, self._clock, self._rng, self._interval_s, self._backoff_max_s
+        )
 
 
 class CapacityGate:

@@ -43,6 +43,7 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints
 
+from eventlog.backoff import Backoff
 from eventlog.clock import Clock
 from eventlog.errors import ConvplaneError, Overloaded, Unauthorized
 from eventlog.http_headers import (
@@ -371,7 +372,9 @@ class AppendBatcher:
             self._pump(target_region, base_url, lane)
 
     async def _exchange(self, target_region: str, base_url: str, items: list[_Item]) -> None:
-        for attempt in range(self._limits.retries_max + 1):
+        limits = self._limits
+        backoff = Backoff(limits.backoff_s, limits.backoff_s * 2**limits.retries_max, self._rng)
+        for attempt in range(limits.retries_max + 1):
             now_s = self._clock.monotonic()
             remaining_s = max(item.deadline_s for item in items) - now_s
             if remaining_s <= 0:
@@ -395,12 +398,9 @@ class AppendBatcher:
                 return
             except httpx.ConnectError as exc:  # nothing was sent: safe to try again
                 self._count(target_region, "connect_error")
-                if attempt == self._limits.retries_max:
+                if attempt == limits.retries_max:
                     raise ForwardFailed(f"leader region {target_region} unreachable") from exc
-                jitter = 0.5 + self._rng.random()
-                await self._clock.sleep(
-                    min(self._limits.backoff_s * 2**attempt * jitter, remaining_s)
-                )
+                await self._clock.sleep(min(backoff.next_s(), remaining_s))
             except httpx.HTTPError as exc:
                 self._count(target_region, "error")
                 raise OutcomeUnknown(_unknown(target_region)) from exc

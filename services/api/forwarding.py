@@ -22,6 +22,7 @@ import httpx
 from fastapi import Request, Response
 
 from eventlog.aio import abandon
+from eventlog.backoff import Backoff
 from eventlog.clock import Clock
 from eventlog.errors import DeadlineExceeded
 from eventlog.http_headers import (
@@ -143,6 +144,7 @@ class Forwarder:
         if self._inject_trace is not None:
             self._inject_trace(headers)
         started_s = self._clock.monotonic()
+        backoff = Backoff(self._backoff_s, self._backoff_s * 2**self._retries_max, self._rng)
         for attempt in range(self._retries_max + 1):
             remaining_s = deadline_s - self._clock.monotonic()
             if remaining_s <= 0:
@@ -168,8 +170,7 @@ class Forwarder:
                 self._metrics.forwarded.labels(target_region, "connect_error").inc()
                 if attempt == self._retries_max:
                     raise ForwardFailed(f"leader region {target_region} unreachable") from exc
-                jitter = 0.5 + self._rng.random()
-                await self._clock.sleep(min(self._backoff_s * 2**attempt * jitter, remaining_s))
+                await self._clock.sleep(min(backoff.next_s(), remaining_s))
                 continue
             except httpx.TimeoutException as exc:
                 self._metrics.forwarded.labels(target_region, "timeout").inc()
