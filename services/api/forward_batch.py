@@ -49,6 +49,8 @@ from eventlog.errors import ConvplaneError, Overloaded, Unauthorized
 from eventlog.http_headers import (
     DEADLINE_HEADER,
     FORWARDED_HEADER,
+    IDEMPOTENCY_KEY_HEADER_RAW,
+    IDEMPOTENT_REPLAYED_HEADER,
     PEER_AUTH_HEADER,
     SERVED_BY_HEADER,
 )
@@ -65,7 +67,7 @@ FORWARD_BATCH_ITEMS_MAX = 256
 DEADLINE_MS_MAX = 3_600_000
 BATCH_PATH = "/peer/forwarded-appends"
 NDJSON = "application/x-ndjson"
-_RELAYED_HEADERS = ("retry-after", "idempotent-replayed", SERVED_BY_HEADER.lower())
+_RELAYED_HEADERS = ("retry-after", IDEMPOTENT_REPLAYED_HEADER.lower(), SERVED_BY_HEADER.lower())
 
 forward_batch_router = APIRouter(prefix="/peer")
 log = logging.getLogger("convplane.forward_batch")
@@ -155,7 +157,9 @@ async def _run_item(
         (DEADLINE_HEADER.lower().encode(), str(item.deadline_ms).encode()),
     ]
     if item.idempotency_key is not None:
-        headers.append((b"idempotency-key", item.idempotency_key.encode("latin-1", "replace")))
+        headers.append(
+            (IDEMPOTENCY_KEY_HEADER_RAW, item.idempotency_key.encode("latin-1", "replace"))
+        )
     if secret is not None:
         headers.append((PEER_AUTH_HEADER.lower().encode(), secret.encode()))
     path = f"/v1/conversations/{item.conversation_id}/events"

@@ -28,6 +28,8 @@ from eventlog.errors import DeadlineExceeded
 from eventlog.http_headers import (
     DEADLINE_HEADER,
     FORWARDED_HEADER,
+    IDEMPOTENCY_KEY_HEADER,
+    IDEMPOTENT_REPLAYED_HEADER,
     PEER_AUTH_HEADER,
     SERVED_BY_HEADER,
     TENANT_HEADER,
@@ -40,11 +42,16 @@ __all__ = ["DEADLINE_HEADER", "FORWARDED_HEADER", "PEER_AUTH_HEADER", "Forwarder
 _REQUEST_HEADERS = (
     "authorization",
     "content-type",
-    "idempotency-key",
+    IDEMPOTENCY_KEY_HEADER.lower(),
     "accept",
     TENANT_HEADER.lower(),  # service-key reads on behalf of a tenant (replay workers)
 )
-_RESPONSE_HEADERS = ("content-type", "retry-after", "idempotent-replayed", SERVED_BY_HEADER.lower())
+_RESPONSE_HEADERS = (
+    "content-type",
+    "retry-after",
+    IDEMPOTENT_REPLAYED_HEADER.lower(),
+    SERVED_BY_HEADER.lower(),
+)
 
 
 class _PeerLost(Exception):
@@ -128,7 +135,7 @@ class Forwarder:
                     conversation_id=request.path_params["conversation_id"],
                     body=raw,
                     authorization=request.headers.get("authorization", ""),
-                    idempotency_key=request.headers.get("idempotency-key"),
+                    idempotency_key=request.headers.get(IDEMPOTENCY_KEY_HEADER),
                     deadline_s=deadline_s,
                 )
                 self._metrics.observe_forward(target_region, self._clock.monotonic() - sent_s)
