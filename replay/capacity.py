@@ -45,7 +45,7 @@ all hold, and then takes from all (all or nothing):
 
 - fewer than ``max_concurrent_replays`` replays of this worker in flight;
 - the spare bucket (rate = current spare, depth ``burst_s`` seconds of capacity x headroom);
-- the operator's region bucket and the tenant's bucket (``OperatorLimits``, shared by the
+- the operator's region bucket and the tenant's bucket (``OperatorConfig``, shared by the
   controllers of one region).
 
 A bucket grants when its level reaches ``min(tokens, depth)`` and then goes down by ``tokens``,
@@ -266,7 +266,7 @@ def _computed_tokens(metrics: EngineMetrics) -> float:
     return metrics.prompt_tokens_total - (metrics.prefix_cache_hits_total or 0.0)
 
 
-class OperatorLimits:
+class OperatorConfig:
     """Operator caps shared by the controllers of one region: region and per-tenant rates."""
 
     def __init__(
@@ -316,12 +316,12 @@ class CapacityController:
     """Replay admission for one worker's engine (see the module docstring)."""
 
     def __init__(
-        self, config: CapacityConfig, clock: Clock, limits: OperatorLimits | None = None
+        self, config: CapacityConfig, clock: Clock, limits: OperatorConfig | None = None
     ) -> None:
         self.config = config
         self.estimator = SpareEstimator(config)
         self._clock = clock
-        self._limits = limits or OperatorLimits(clock.monotonic())
+        self._limits = limits or OperatorConfig(clock.monotonic())
         depth = max(1.0, config.capacity_tokens_per_s * max(config.headroom, 0.05) * config.burst_s)
         self._bucket = TokenBucket(0.0, depth, clock.monotonic())
         self.in_flight = 0

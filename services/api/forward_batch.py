@@ -223,7 +223,7 @@ class _Lane:
 
 
 @dataclass(frozen=True)
-class BatchLimits:
+class BatchConfig:
     batch_max: int
     batches_in_flight_max: int
     straggler_s: float
@@ -242,7 +242,7 @@ class AppendBatcher:
         client: httpx.AsyncClient,
         clock: Clock,
         rng: random.Random,
-        limits: BatchLimits,
+        limits: BatchConfig,
         peer_secret: str | None,
         while_reachable: Callable[
             [str, Coroutine[Any, Any, httpx.Response]], Awaitable[httpx.Response]

@@ -35,7 +35,7 @@ from eventlog.http_headers import (
     TENANT_HEADER,
 )
 from services.api.errors import ForwardFailed, OutcomeUnknown
-from services.api.forward_batch import AppendBatcher, BatchLimits
+from services.api.forward_batch import AppendBatcher, BatchConfig
 from services.api.metrics import Metrics
 
 __all__ = ["DEADLINE_HEADER", "FORWARDED_HEADER", "PEER_AUTH_HEADER", "Forwarder"]
@@ -76,7 +76,7 @@ class Forwarder:
         peer_secret: str | None = None,
         peer_reachable: Callable[[str], bool] | None = None,
         inject_trace: Callable[[dict[str, str]], None] | None = None,
-        batch_limits: BatchLimits | None = None,
+        batch_limits: BatchConfig | None = None,
     ) -> None:
         self._client = client
         #: adds the trace context to a forward's headers (services.tracing; None: tracing off)

@@ -31,7 +31,7 @@ from replay.capacity import (
     CapacityConfig,
     CapacityController,
     Grant,
-    OperatorLimits,
+    OperatorConfig,
     SpareEstimator,
     poll_forever,
 )
@@ -90,7 +90,7 @@ class RegionCapacity:
             )
             for engine, capacity in engines
         }
-        limits = OperatorLimits(
+        limits = OperatorConfig(
             clock.monotonic(),
             region_tokens_per_s=config.region_tokens_per_s,
             tenant_tokens_per_s=config.tenant_tokens_per_s,
