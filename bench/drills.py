@@ -23,6 +23,8 @@ from typing import Any
 
 import httpx
 
+from eventlog.http_headers import IDEMPOTENCY_KEY_HEADER
+
 WRITE_EVERY_S = 0.1
 CALL_TIMEOUT_S = 2.0
 PAUSE_BETWEEN_DRILLS_S = 2.0
@@ -67,7 +69,7 @@ class Writers:
                     try:
                         r = c.post(f"{url}/v1/conversations/{cid}/events",
                                    json={"type": "note", "payload": {"n": n}},
-                                   headers={"Idempotency-Key": f"{cid}-{n}"})  # fmt: skip
+                                   headers={IDEMPOTENCY_KEY_HEADER: f"{cid}-{n}"})  # fmt: skip
                     except httpx.HTTPError:
                         continue
                     if r.status_code in (200, 201):

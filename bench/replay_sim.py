@@ -18,7 +18,7 @@ from replay.capacity import (
     CapacityController,
     CapacitySnapshot,
     Grant,
-    OperatorLimits,
+    OperatorConfig,
 )
 from replay.engines.sim_core import (
     BLOCK_TOKENS,
@@ -213,7 +213,7 @@ def build_region(
     region = Region(name, engines, own, moved, random.Random(params.seed * 7919 + index))
     if with_replay:
         region.scheduler = ReplayScheduler(SchedulerConfig(region=name), clock)
-        limits = OperatorLimits(0.0)
+        limits = OperatorConfig(0.0)
         capacity = CapacityConfig(
             capacity_tokens_per_s=params.prefill_tokens_per_s,
             headroom=params.headroom,

@@ -47,11 +47,31 @@ once, at the adapter boundary, with ``raise ... from exc``.
         └── ReplayCapacityTimeout     no spare prefill in time for a replay (replay.capacity)
 
 Classes live next to what raises them; this tree names every one (``tests/unit/test_error_tree.py``
-fails on one it does not name). The local harnesses' own failures (``services.local``) are not
-API errors and sit outside it.
+fails on one it does not name).
 
-``InvariantViolation`` is not a ``ConvplaneError``: it marks a bug, crashes the task that hit it,
-and is never caught.
+Outside it, the product's other exceptions: none is an API error or reaches a client as one. They
+stop a process or a harness, with a message that says why (the builtin each derives from shown
+first; classes named with a leading underscore are private control flow and not listed):
+
+    Exception
+    ├── AssertionError
+    │   └── InvariantViolation        a protocol invariant does not hold: a bug (here)
+    ├── ValueError
+    │   ├── AdmissionConfigError      admission limits that cannot work: the node refuses to start
+    │   │                             (services.api.admission_control)
+    │   └── DemoSecretRefused         the cluster file carries a secret published in the repository
+    │                                 (services.compose_secrets)
+    └── RuntimeError
+        ├── SimulationDeadlock        nothing runnable, nothing scheduled: the simulated system
+        │                             hangs (eventlog.sim.loop)
+        └── HarnessError              a local harness could not provide what was asked
+            │                         (services.local.host)
+            ├── PgHarnessError            a PostgreSQL instance (services.local.postgres)
+            ├── KafkaHarnessError         the Kafka broker (services.local.kafka)
+            ├── SimEnginesError           a simulated inference engine (services.local.engines)
+            └── PlaneError                a whole local plane (services.local.plane)
+
+``InvariantViolation`` marks a bug: it crashes the task that hit it and is never caught.
 """
 
 from __future__ import annotations

@@ -14,6 +14,13 @@ DEADLINE_HEADER = "X-Convplane-Deadline-Ms"
 TENANT_HEADER = "X-Convplane-Tenant"
 #: the region that served an answer
 SERVED_BY_HEADER = "X-Convplane-Served-By"
+#: makes an append safe to retry: a retry with the same key and body gets the original result
+IDEMPOTENCY_KEY_HEADER = "Idempotency-Key"
+#: ``true`` on the answer to such a retry (200, the original result)
+IDEMPOTENT_REPLAYED_HEADER = "Idempotent-Replayed"
+#: the client's id for a request (the request log's ``request_id``; replay's engine calls)
+REQUEST_ID_HEADER = "X-Request-Id"
 
 FORWARDED_HEADER_RAW = FORWARDED_HEADER.lower().encode()
 SERVED_BY_HEADER_RAW = SERVED_BY_HEADER.lower().encode()
+IDEMPOTENCY_KEY_HEADER_RAW = IDEMPOTENCY_KEY_HEADER.lower().encode()

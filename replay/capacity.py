@@ -45,7 +45,7 @@ all hold, and then takes from all (all or nothing):
 
 - fewer than ``max_concurrent_replays`` replays of this worker in flight;
 - the spare bucket (rate = current spare, depth ``burst_s`` seconds of capacity x headroom);
-- the operator's region bucket and the tenant's bucket (``OperatorLimits``, shared by the
+- the operator's region bucket and the tenant's bucket (``OperatorConfig``, shared by the
   controllers of one region).
 
 A bucket grants when its level reaches ``min(tokens, depth)`` and then goes down by ``tokens``,
@@ -62,11 +62,11 @@ import logging
 import math
 import random
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from eventlog.backoff import jittered
+from eventlog.backoff import Backoff, jittered
 from eventlog.clock import Clock
 from eventlog.errors import DeadlineExceeded, InvariantViolation
 from replay.engines.base import EngineUnavailable, InferenceEngine
@@ -266,7 +266,7 @@ def _computed_tokens(metrics: EngineMetrics) -> float:
     return metrics.prompt_tokens_total - (metrics.prefix_cache_hits_total or 0.0)
 
 
-class OperatorLimits:
+class OperatorConfig:
     """Operator caps shared by the controllers of one region: region and per-tenant rates."""
 
     def __init__(
@@ -316,12 +316,12 @@ class CapacityController:
     """Replay admission for one worker's engine (see the module docstring)."""
 
     def __init__(
-        self, config: CapacityConfig, clock: Clock, limits: OperatorLimits | None = None
+        self, config: CapacityConfig, clock: Clock, limits: OperatorConfig | None = None
     ) -> None:
         self.config = config
         self.estimator = SpareEstimator(config)
         self._clock = clock
-        self._limits = limits or OperatorLimits(clock.monotonic())
+        self._limits = limits or OperatorConfig(clock.monotonic())
         depth = max(1.0, config.capacity_tokens_per_s * max(config.headroom, 0.05) * config.burst_s)
         self._bucket = TokenBucket(0.0, depth, clock.monotonic())
         self.in_flight = 0
@@ -411,6 +411,27 @@ class CapacityController:
         return Grant.GRANTED
 
 
+async def poll_forever(
+    poll_once: Callable[[], Awaitable[object]],
+    clock: Clock,
+    rng: random.Random,
+    interval_s: float,
+    backoff_max_s: float,
+    keep_polling: Callable[[], bool] = lambda: True,
+) -> None:
+    """Call ``poll_once`` while ``keep_polling()``: every ``interval_s`` while it answers truthy;
+    after a falsy answer twice the last wait, doubling up to ``backoff_max_s``. Every wait is
+    jittered +-25 % from ``rng``."""
+    backoff = Backoff(min(interval_s * 2, backoff_max_s), backoff_max_s, rng, low=0.75, width=0.5)
+    while keep_polling():
+        if await poll_once():
+            backoff.reset()
+            delay_s = jittered(interval_s, rng, low=0.75, width=0.5)
+        else:
+            delay_s = backoff.next_s()
+        await clock.sleep(delay_s)
+
+
 class CapacityPoller:
     """Async adapter: feeds a controller from its engine's metrics every ``interval_s``.
 
@@ -458,13 +479,9 @@ class CapacityPoller:
         return True
 
     async def run(self) -> None:
-        delay_s = self._interval_s
-        while True:
-            if await self.poll_once():
-                delay_s = self._interval_s
-            else:
-                delay_s = min(self._backoff_max_s, delay_s * 2)
-            await self._clock.sleep(jittered(delay_s, self._rng, low=0.75, width=0.5))
+        await poll_forever(
+            self.poll_once, self._clock, self._rng, self._interval_s, self._backoff_max_s
+        )
 
 
 class CapacityGate:

@@ -153,7 +153,7 @@ class ToolDefinition(_Strict):
     function: FunctionDefinition
 
 
-class PromptSettings(_Strict):
+class PromptConfig(_Strict):
     tools: Annotated[list[ToolDefinition], Field(max_length=TOOLS_MAX)] | None = None
     chat_template: (
         Annotated[str, StringConstraints(min_length=1, max_length=CHAT_TEMPLATE_CHARS_MAX)] | None
@@ -214,13 +214,13 @@ def render_prompt(events: Iterable[PromptEvent]) -> ChatPrompt:
     the engine renders the same tokens). Settings are the latest ``prompt.settings`` event.
     """
     messages: list[Mapping[str, Any]] = []
-    settings = PromptSettings()
+    settings = PromptConfig()
     settings_payload: Mapping[str, Any] = {}
     for event in events:
         event_type, payload = event.event_type, event.payload
         if event_type == SETTINGS_EVENT:
             try:
-                settings = PromptSettings.model_validate(dict(payload))
+                settings = PromptConfig.model_validate(dict(payload))
             except ValidationError:
                 break
             settings_payload = payload

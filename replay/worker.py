@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
 from eventlog.aio import cancel_quietly
-from eventlog.backoff import jittered
+from eventlog.backoff import Backoff, jittered
 from eventlog.clock import Clock
 from eventlog.errors import ConvplaneError, DeadlineExceeded
 from replay.bus.port import JobBus, JobBusUnavailable, JobConsumer, JobDelivery
@@ -207,7 +207,7 @@ class ReplayWorker:
                 delivery = await consumer.next_job(s.idle_poll_s)
             except JobBusUnavailable as exc:
                 log.warning("%s: pull failed: %s", self.worker_id, exc)
-                await self._clock.sleep(self._backoff_s(1))
+                await self._clock.sleep(self._backoff().next_s())
                 continue
             if delivery is None:
                 continue
@@ -300,6 +300,7 @@ class ReplayWorker:
     ) -> T:
         """Retry retryable errors and timeouts under the attempt budget and the job's deadline."""
         attempt = 0
+        backoff = self._backoff()
         while True:
             attempt += 1
             try:
@@ -310,7 +311,7 @@ class ReplayWorker:
                     raise
                 if attempt >= self.settings.attempts_max:
                     raise DeadlineExceeded(f"gave up after {attempt} attempts: {exc}") from exc
-                delay_s = self._backoff_s(attempt)
+                delay_s = backoff.next_s()
                 if isinstance(exc, ConvplaneError) and exc.retry_after_s is not None:
                     delay_s = max(delay_s, exc.retry_after_s)
                 if self._clock.wall_ms() + delay_s * 1000 >= job.deadline_ms:
@@ -331,10 +332,11 @@ class ReplayWorker:
             return self._result(job, "failed", started_s)
         return self._result(job, "wrong_model", started_s)
 
-    def _backoff_s(self, attempt: int) -> float:
+    def _backoff(self) -> Backoff:
+        """A retry's waits: ``backoff_base_s`` doubling up to ``backoff_max_s``, each jittered
+        down to half."""
         s = self.settings
-        ceiling_s = min(s.backoff_max_s, s.backoff_base_s * 2.0 ** (attempt - 1))
-        return jittered(ceiling_s, self._rng, low=0.5, width=0.5)
+        return Backoff(min(s.backoff_base_s, s.backoff_max_s), s.backoff_max_s, self._rng, 0.5, 0.5)
 
     def _result(
         self,

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 import secrets
 from collections.abc import Mapping
 from dataclasses import replace
@@ -29,6 +30,7 @@ from typing import Any
 import httpx
 
 from eventlog.aio import bounded
+from eventlog.backoff import Backoff
 from eventlog.clock import Clock
 from eventlog.errors import (
     Conflict,
@@ -140,21 +142,30 @@ class DrillDriver:
         await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _forever(self) -> None:
-        backoff_s = DRIVER_TICK_S
+        # a step every tick; after failures twice the last wait, doubling up to the cap. Not
+        # jittered (low=1, width=0): one driver per node, nothing to spread
+        backoff = Backoff(
+            min(DRIVER_TICK_S * 2, STEP_BACKOFF_MAX_S),
+            STEP_BACKOFF_MAX_S,
+            random.Random(),
+            1.0,
+            0.0,
+        )
         while True:
             try:
                 await self.step()
-                backoff_s = DRIVER_TICK_S
+                backoff.reset()
+                delay_s = DRIVER_TICK_S
             except InvariantViolation:
                 raise  # a bug: never swallowed
             except (ConvplaneError, httpx.HTTPError, OSError, TimeoutError) as exc:
                 self._step_failed(exc)
-                backoff_s = min(backoff_s * 2, STEP_BACKOFF_MAX_S)
+                delay_s = backoff.next_s()
             except Exception as exc:  # supervised: the loop goes on, the failure shows
                 log.exception("drill step crashed")
                 self._step_failed(exc)
-                backoff_s = STEP_BACKOFF_MAX_S
-            await self._clock.sleep(backoff_s)
+                backoff.current_s = delay_s = STEP_BACKOFF_MAX_S
+            await self._clock.sleep(delay_s)
 
     def _step_failed(self, exc: BaseException) -> None:
         log.warning("drill step: %r", exc)

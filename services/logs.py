@@ -25,6 +25,7 @@ import structlog
 from opentelemetry import trace
 from structlog.typing import EventDict
 
+from eventlog.http_headers import REQUEST_ID_HEADER
 from eventlog.sharding import shard_of
 
 if TYPE_CHECKING:
@@ -56,7 +57,7 @@ def _request_fields(_: Any, __: str, event: EventDict) -> EventDict:
         scope = ctx.request.scope
         request_id = scope.get(REQUEST_ID_SCOPE_KEY)
         if request_id is None:
-            given = ctx.request.headers.get("x-request-id", "")[:REQUEST_ID_MAX]
+            given = ctx.request.headers.get(REQUEST_ID_HEADER, "")[:REQUEST_ID_MAX]
             request_id = scope[REQUEST_ID_SCOPE_KEY] = given or secrets.token_hex(8)
         event["request_id"] = request_id
         event["tenant"] = ctx.tenant.tenant_id

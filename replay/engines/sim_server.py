@@ -27,6 +27,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from pydantic import BaseModel, Field, ValidationError
 
 from eventlog.errors import ConvplaneError
+from eventlog.http_headers import REQUEST_ID_HEADER
 from replay.chat import (
     TOOLS_MAX,
     AssistantMessage,
@@ -100,7 +101,7 @@ def create_app(engine: SimulatedEngine) -> FastAPI:
             prompt=prompt,
             cache_salt=body.cache_salt or "",
             priority=body.priority,
-            request_id=request.headers.get("x-request-id") or f"sim-{next(request_counter)}",
+            request_id=request.headers.get(REQUEST_ID_HEADER) or f"sim-{next(request_counter)}",
         )
         if body.priority != 0 and engine.core.config.scheduling_policy != "priority":
             # vLLM's request validation (``add_request``): priorities need the priority policy

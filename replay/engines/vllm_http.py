@@ -28,6 +28,7 @@ from typing import Any
 
 import httpx
 
+from eventlog.http_headers import REQUEST_ID_HEADER
 from replay.engines.base import (
     EngineRejectedRequest,
     EngineUnavailable,
@@ -83,7 +84,7 @@ class VllmHttpEngine(InferenceEngine):
             "priority": request.priority,
             "cache_salt": request.cache_salt,
         }
-        headers = {"X-Request-Id": request.request_id}
+        headers = {REQUEST_ID_HEADER: request.request_id}
         response = await self._call(
             "POST", "/v1/chat/completions", self._prefill_timeout_s, json=body, headers=headers
         )

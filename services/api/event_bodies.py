@@ -107,7 +107,9 @@ class ToolMessagePayload(_AsSent, chat.ToolMessage):
     """A tool's result, answering the assistant's tool call ``tool_call_id``."""
 
 
-class PromptSettingsPayload(_AsSent, chat.PromptSettings):
+# named after its event type, ``prompt.settings``: the OpenAPI document's (and generated clients')
+# name for it, so not ``*Config``; its docstring is the document's description
+class PromptSettingsPayload(_AsSent, chat.PromptConfig):
     """Request fields that shape the prompt from this point on: the ``tools`` definitions, the
     chat template and its kwargs (the latest settings event wins)."""
 

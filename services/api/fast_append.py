@@ -29,6 +29,7 @@ from starlette.requests import Request
 from starlette.types import Receive, Scope, Send
 
 from eventlog.errors import ConvplaneError
+from eventlog.http_headers import IDEMPOTENCY_KEY_HEADER_RAW
 from services.api import routes
 from services.api.context import request_context
 from services.api.errors import refusal
@@ -65,7 +66,7 @@ class FastAppend:
             conversation_id
         ):
             return False
-        keys = [v for k, v in scope["headers"] if bytes(k) == b"idempotency-key"]
+        keys = [v for k, v in scope["headers"] if bytes(k) == IDEMPOTENCY_KEY_HEADER_RAW]
         if len(keys) > 1:
             return False
         idempotency_key = bytes(keys[0]).decode("latin-1") if keys else None

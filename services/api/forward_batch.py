@@ -43,11 +43,14 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints
 
+from eventlog.backoff import Backoff
 from eventlog.clock import Clock
 from eventlog.errors import ConvplaneError, Overloaded, Unauthorized
 from eventlog.http_headers import (
     DEADLINE_HEADER,
     FORWARDED_HEADER,
+    IDEMPOTENCY_KEY_HEADER_RAW,
+    IDEMPOTENT_REPLAYED_HEADER,
     PEER_AUTH_HEADER,
     SERVED_BY_HEADER,
 )
@@ -64,7 +67,7 @@ FORWARD_BATCH_ITEMS_MAX = 256
 DEADLINE_MS_MAX = 3_600_000
 BATCH_PATH = "/peer/forwarded-appends"
 NDJSON = "application/x-ndjson"
-_RELAYED_HEADERS = ("retry-after", "idempotent-replayed", SERVED_BY_HEADER.lower())
+_RELAYED_HEADERS = ("retry-after", IDEMPOTENT_REPLAYED_HEADER.lower(), SERVED_BY_HEADER.lower())
 
 forward_batch_router = APIRouter(prefix="/peer")
 log = logging.getLogger("convplane.forward_batch")
@@ -154,7 +157,9 @@ async def _run_item(
         (DEADLINE_HEADER.lower().encode(), str(item.deadline_ms).encode()),
     ]
     if item.idempotency_key is not None:
-        headers.append((b"idempotency-key", item.idempotency_key.encode("latin-1", "replace")))
+        headers.append(
+            (IDEMPOTENCY_KEY_HEADER_RAW, item.idempotency_key.encode("latin-1", "replace"))
+        )
     if secret is not None:
         headers.append((PEER_AUTH_HEADER.lower().encode(), secret.encode()))
     path = f"/v1/conversations/{item.conversation_id}/events"
@@ -218,7 +223,7 @@ class _Lane:
 
 
 @dataclass(frozen=True)
-class BatchLimits:
+class BatchConfig:
     batch_max: int
     batches_in_flight_max: int
     straggler_s: float
@@ -237,7 +242,7 @@ class AppendBatcher:
         client: httpx.AsyncClient,
         clock: Clock,
         rng: random.Random,
-        limits: BatchLimits,
+        limits: BatchConfig,
         peer_secret: str | None,
         while_reachable: Callable[
             [str, Coroutine[Any, Any, httpx.Response]], Awaitable[httpx.Response]
@@ -371,7 +376,9 @@ class AppendBatcher:
             self._pump(target_region, base_url, lane)
 
     async def _exchange(self, target_region: str, base_url: str, items: list[_Item]) -> None:
-        for attempt in range(self._limits.retries_max + 1):
+        limits = self._limits
+        backoff = Backoff(limits.backoff_s, limits.backoff_s * 2**limits.retries_max, self._rng)
+        for attempt in range(limits.retries_max + 1):
             now_s = self._clock.monotonic()
             remaining_s = max(item.deadline_s for item in items) - now_s
             if remaining_s <= 0:
@@ -395,12 +402,9 @@ class AppendBatcher:
                 return
             except httpx.ConnectError as exc:  # nothing was sent: safe to try again
                 self._count(target_region, "connect_error")
-                if attempt == self._limits.retries_max:
+                if attempt == limits.retries_max:
                     raise ForwardFailed(f"leader region {target_region} unreachable") from exc
-                jitter = 0.5 + self._rng.random()
-                await self._clock.sleep(
-                    min(self._limits.backoff_s * 2**attempt * jitter, remaining_s)
-                )
+                await self._clock.sleep(min(backoff.next_s(), remaining_s))
             except httpx.HTTPError as exc:
                 self._count(target_region, "error")
                 raise OutcomeUnknown(_unknown(target_region)) from exc

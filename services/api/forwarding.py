@@ -22,28 +22,36 @@ import httpx
 from fastapi import Request, Response
 
 from eventlog.aio import abandon
+from eventlog.backoff import Backoff
 from eventlog.clock import Clock
 from eventlog.errors import DeadlineExceeded
 from eventlog.http_headers import (
     DEADLINE_HEADER,
     FORWARDED_HEADER,
+    IDEMPOTENCY_KEY_HEADER,
+    IDEMPOTENT_REPLAYED_HEADER,
     PEER_AUTH_HEADER,
     SERVED_BY_HEADER,
     TENANT_HEADER,
 )
 from services.api.errors import ForwardFailed, OutcomeUnknown
-from services.api.forward_batch import AppendBatcher, BatchLimits
+from services.api.forward_batch import AppendBatcher, BatchConfig
 from services.api.metrics import Metrics
 
 __all__ = ["DEADLINE_HEADER", "FORWARDED_HEADER", "PEER_AUTH_HEADER", "Forwarder"]
 _REQUEST_HEADERS = (
     "authorization",
     "content-type",
-    "idempotency-key",
+    IDEMPOTENCY_KEY_HEADER.lower(),
     "accept",
     TENANT_HEADER.lower(),  # service-key reads on behalf of a tenant (replay workers)
 )
-_RESPONSE_HEADERS = ("content-type", "retry-after", "idempotent-replayed", SERVED_BY_HEADER.lower())
+_RESPONSE_HEADERS = (
+    "content-type",
+    "retry-after",
+    IDEMPOTENT_REPLAYED_HEADER.lower(),
+    SERVED_BY_HEADER.lower(),
+)
 
 
 class _PeerLost(Exception):
@@ -68,7 +76,7 @@ class Forwarder:
         peer_secret: str | None = None,
         peer_reachable: Callable[[str], bool] | None = None,
         inject_trace: Callable[[dict[str, str]], None] | None = None,
-        batch_limits: BatchLimits | None = None,
+        batch_limits: BatchConfig | None = None,
     ) -> None:
         self._client = client
         #: adds the trace context to a forward's headers (services.tracing; None: tracing off)
@@ -127,7 +135,7 @@ class Forwarder:
                     conversation_id=request.path_params["conversation_id"],
                     body=raw,
                     authorization=request.headers.get("authorization", ""),
-                    idempotency_key=request.headers.get("idempotency-key"),
+                    idempotency_key=request.headers.get(IDEMPOTENCY_KEY_HEADER),
                     deadline_s=deadline_s,
                 )
                 self._metrics.observe_forward(target_region, self._clock.monotonic() - sent_s)
@@ -143,6 +151,7 @@ class Forwarder:
         if self._inject_trace is not None:
             self._inject_trace(headers)
         started_s = self._clock.monotonic()
+        backoff = Backoff(self._backoff_s, self._backoff_s * 2**self._retries_max, self._rng)
         for attempt in range(self._retries_max + 1):
             remaining_s = deadline_s - self._clock.monotonic()
             if remaining_s <= 0:
@@ -168,8 +177,7 @@ class Forwarder:
                 self._metrics.forwarded.labels(target_region, "connect_error").inc()
                 if attempt == self._retries_max:
                     raise ForwardFailed(f"leader region {target_region} unreachable") from exc
-                jitter = 0.5 + self._rng.random()
-                await self._clock.sleep(min(self._backoff_s * 2**attempt * jitter, remaining_s))
+                await self._clock.sleep(min(backoff.next_s(), remaining_s))
                 continue
             except httpx.TimeoutException as exc:
                 self._metrics.forwarded.labels(target_region, "timeout").inc()

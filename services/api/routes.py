@@ -17,7 +17,11 @@ from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from eventlog.errors import Forbidden, InvalidRequest
-from eventlog.http_headers import TENANT_HEADER
+from eventlog.http_headers import (
+    IDEMPOTENCY_KEY_HEADER,
+    IDEMPOTENT_REPLAYED_HEADER,
+    TENANT_HEADER,
+)
 from services.api import schemas
 from services.api.context import RequestContext, _deadline_s, api_state, request_context
 from services.api.event_bodies import AnyEvent, payload_of
@@ -86,7 +90,7 @@ AttemptIdPath = Annotated[
 IdempotencyKey = Annotated[
     str | None,
     Header(
-        alias="Idempotency-Key",
+        alias=IDEMPOTENCY_KEY_HEADER,
         max_length=255,
         pattern=IDEMPOTENCY_KEY_PATTERN,
         description="makes the append safe to retry: a retry with the same key and body returns "
@@ -146,7 +150,7 @@ async def create_conversation(
             "model": schemas.EventAppended,
             "description": "a retry of an append that committed: the original result",
             "headers": {
-                "Idempotent-Replayed": {
+                IDEMPOTENT_REPLAYED_HEADER: {
                     "required": True,
                     "schema": {"type": "string", "enum": ["true"]},
                 }
@@ -188,7 +192,7 @@ async def append_event(
     ctx.api.metrics.observe_ack(ctx.api.clock.monotonic() - started_s)
     content = schemas.EventAppended.of(result).model_dump(mode="json")
     if result.replayed:
-        return JSONResponse(content, status_code=200, headers={"Idempotent-Replayed": "true"})
+        return JSONResponse(content, status_code=200, headers={IDEMPOTENT_REPLAYED_HEADER: "true"})
     return JSONResponse(content, status_code=201)
 
 

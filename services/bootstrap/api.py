@@ -12,7 +12,7 @@ from fastapi import FastAPI
 from services.api.admission import NodeAdmission
 from services.api.auth import Tenants
 from services.api.context import ApiState
-from services.api.forward_batch import BatchLimits
+from services.api.forward_batch import BatchConfig
 from services.api.forwarding import Forwarder
 from services.api.metrics import Metrics
 from services.bootstrap.node import NodeRuntime
@@ -50,7 +50,7 @@ async def open_api(
         # trace context (a batch is one peer call for many traces)
         batch_limits=None
         if tracing is not None
-        else BatchLimits(
+        else BatchConfig(
             batch_max=settings.forward_batch_max,
             batches_in_flight_max=settings.forward_batches_in_flight_max,
             straggler_s=settings.forward_batch_straggler_s,

@@ -12,7 +12,11 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from eventlog.http_headers import SERVED_BY_HEADER
+from eventlog.http_headers import (
+    IDEMPOTENCY_KEY_HEADER,
+    IDEMPOTENT_REPLAYED_HEADER,
+    SERVED_BY_HEADER,
+)
 
 if TYPE_CHECKING:
     import httpx
@@ -210,7 +214,7 @@ def _run_demo(console: Console, plane: LocalPlane, info: dict[str, Any]) -> None
             body = r.json()
             acks.add_row(
                 str(body["seq"]), event_type, str(r.status_code), ", ".join(body["acked_by"]),
-                r.headers[SERVED_BY_HEADER], r.headers.get("idempotent-replayed", "-"),
+                r.headers[SERVED_BY_HEADER], r.headers.get(IDEMPOTENT_REPLAYED_HEADER, "-"),
             )  # fmt: skip
         console.print(acks)
         _print_transcript(console, client, cid, attempt_id)
@@ -259,7 +263,7 @@ def _call(
     *,
     idempotency_key: str | None = None,
 ) -> httpx.Response:
-    headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
+    headers = {IDEMPOTENCY_KEY_HEADER: idempotency_key} if idempotency_key else {}
     r = client.request(method, path, json=body, headers=headers)
     if r.status_code >= 300:
         raise typer.Exit(_fail(f"{method} {path} -> {r.status_code} {r.text[:500]}"))

@@ -26,7 +26,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from eventlog.http_headers import DEADLINE_HEADER, SERVED_BY_HEADER
+from eventlog.http_headers import DEADLINE_HEADER, IDEMPOTENCY_KEY_HEADER, SERVED_BY_HEADER
 from eventlog.sharding import shard_of
 from regions.placement import place_shards
 from services.config import ClusterConfig, RegionConfig
@@ -248,7 +248,7 @@ class Writers:
                     json=body,
                     timeout=ATTEMPT_TIMEOUT_S,
                     headers={
-                        "Idempotency-Key": key,
+                        IDEMPOTENCY_KEY_HEADER: key,
                         DEADLINE_HEADER: str(int(ATTEMPT_TIMEOUT_S * 1000)),
                     },
                 )

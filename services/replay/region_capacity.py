@@ -26,14 +26,14 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from eventlog.backoff import jittered
 from eventlog.clock import Clock
 from replay.capacity import (
     CapacityConfig,
     CapacityController,
     Grant,
-    OperatorLimits,
+    OperatorConfig,
     SpareEstimator,
+    poll_forever,
 )
 from replay.engines.base import EngineUnavailable, InferenceEngine
 from replay.model import EngineMetrics
@@ -90,7 +90,7 @@ class RegionCapacity:
             )
             for engine, capacity in engines
         }
-        limits = OperatorLimits(
+        limits = OperatorConfig(
             clock.monotonic(),
             region_tokens_per_s=config.region_tokens_per_s,
             tenant_tokens_per_s=config.tenant_tokens_per_s,
@@ -157,12 +157,11 @@ class RegionCapacity:
         return metrics
 
     async def run(self) -> None:
-        delay_s = self._poll.interval_s
-        while True:
-            if not self._engines:
-                return
-            if await self.poll_once():
-                delay_s = self._poll.interval_s
-            else:
-                delay_s = min(self._poll.backoff_max_s, delay_s * 2)
-            await self._clock.sleep(jittered(delay_s, self._rng, low=0.75, width=0.5))
+        await poll_forever(
+            self.poll_once,
+            self._clock,
+            self._rng,
+            self._poll.interval_s,
+            self._poll.backoff_max_s,
+            keep_polling=lambda: bool(self._engines),
+        )

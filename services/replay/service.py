@@ -26,7 +26,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from eventlog.backoff import jittered
+from eventlog.backoff import Backoff, jittered
 from eventlog.clock import Clock
 from eventlog.errors import ConvplaneError, NotFound, NotLeader
 from replay.bus.port import JobBus, ResultStream
@@ -220,6 +220,7 @@ class ReplayService:
 
     async def _retrying(self, call: Callable[[], Awaitable[None]], what: str) -> None:
         attempt = 0
+        backoff = self._backoff()
         while True:
             attempt += 1
             try:
@@ -230,11 +231,14 @@ class ReplayService:
                     log.warning(
                         "%s: could not %s (attempt %d): %s", self.region, what, attempt, exc
                     )
-                await self._clock.sleep(self._backoff_s(attempt))
+                await self._clock.sleep(backoff.next_s())
 
-    def _backoff_s(self, attempt: int) -> float:
-        ceiling_s = min(self.limits.backoff_max_s, self.limits.backoff_base_s * 2.0**attempt)
-        return jittered(ceiling_s, self._rng, low=0.5, width=0.5)
+    def _backoff(self) -> Backoff:
+        """A loop's waits after failures: twice ``backoff_base_s`` first, doubling up to
+        ``backoff_max_s``, each jittered down to half."""
+        limits = self.limits
+        first_s = min(limits.backoff_base_s * 2, limits.backoff_max_s)
+        return Backoff(first_s, limits.backoff_max_s, self._rng, low=0.5, width=0.5)
 
     # --- loops ----------------------------------------------------------------------------
 
@@ -242,6 +246,7 @@ class ReplayService:
         while True:
             shard = await self._moved.get()
             self._moved_pending.discard(shard)
+            backoff = self._backoff()
             for attempt in range(1, self.limits.plan_attempts_max + 1):
                 try:
                     report = await self.replay_shard(shard)
@@ -253,7 +258,7 @@ class ReplayService:
                     if attempt == self.limits.plan_attempts_max:
                         self.counts["moved_shards_plan_failed"] += 1
                     else:
-                        await self._clock.sleep(self._backoff_s(attempt))
+                        await self._clock.sleep(backoff.next_s())
                     continue
                 self.counts["moved_shards_planned"] += 1
                 log.info("%s: shard %d moved here: %s", self.region, shard, report)
@@ -302,19 +307,18 @@ class ReplayService:
                 if self._outstanding.pop(job.job_id, None) is not None:
                     self.capacity.release(None)
             self.scheduler.add_moved(_moved_of(job) for job in jobs)
-            await self._clock.sleep(self._backoff_s(1))
+            await self._clock.sleep(self._backoff().next_s())
 
     async def _results_loop(self, stream: ResultStream) -> None:
-        failures = 0
+        backoff = self._backoff()
         while True:
             try:
                 result = await stream.next_result(self.limits.result_poll_s)
             except ConvplaneError as exc:
-                failures += 1
                 log.warning("%s: reading results failed: %s", self.region, exc)
-                await self._clock.sleep(self._backoff_s(failures))
+                await self._clock.sleep(backoff.next_s())
                 continue
-            failures = 0
+            backoff.reset()
             if result is not None:
                 self.on_result(result)
 

@@ -7,17 +7,17 @@ import json
 from collections.abc import AsyncIterator
 
 import pytest
-from aiokafka import AIOKafkaConsumer, TopicPartition
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from replay.bus.codec import BusCodec
 from replay.bus.kafka import KafkaBusConfig, KafkaJobBus, KafkaJobConsumer
-from replay.bus.port import RESULTS_TOPIC, JobDelivery, jobs_topic, worker_group
+from replay.bus.port import RESULTS_TOPIC, JobDelivery, jobs_topic
 from replay.bus.trace_context import job_span
 from replay.model import ReplayJob, ReplayResult
 from tests.integration.bus_regions import FreshRegions
+from tests.integration.kafka_replay import committed_offset
 
 pytestmark = pytest.mark.kafka
 
@@ -45,21 +45,6 @@ def settings(kafka_bootstrap_servers: str) -> KafkaBusConfig:
 async def bus(settings: KafkaBusConfig) -> AsyncIterator[KafkaJobBus]:
     async with KafkaJobBus(settings) as b:
         yield b
-
-
-async def committed_offset(settings: KafkaBusConfig, region: str) -> int | None:
-    """The group's committed offset of partition 0, read from the broker (not the consumer)."""
-    reader = AIOKafkaConsumer(
-        bootstrap_servers=settings.bootstrap_servers,
-        group_id=worker_group(region),
-        enable_auto_commit=False,
-    )
-    await reader.start()
-    try:
-        offset = await reader.committed(TopicPartition(jobs_topic(region), 0))
-        return None if offset is None else int(offset)
-    finally:
-        await reader.stop()
 
 
 async def test_offsets_are_committed_only_up_to_the_first_unfinished_job(

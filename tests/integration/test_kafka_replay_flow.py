@@ -41,7 +41,7 @@ from replay.scheduler import MovedConversation, ReplayScheduler, SchedulerConfig
 from replay.transcripts import TranscriptEvent, TranscriptSource
 from replay.worker import ReplayWorker, WorkerConfig
 from tests.integration.bus_regions import BUS_SECRET
-from tests.integration.test_kafka_worker_crash import (
+from tests.integration.kafka_replay import (
     MODEL,
     TENANT,
     children,

@@ -14,7 +14,7 @@ from replay.bus.kafka import KafkaBusConfig, KafkaJobBus, KafkaJobConsumer
 from replay.model import ReplayJob, ReplayResult
 from replay.worker import ReplayWorker, WorkerConfig
 from tests.integration.bus_regions import FreshRegions
-from tests.unit.test_worker import FakeEngine, FakeGate, FakeTranscripts
+from tests.unit.fakes_replay import FakeEngine, FakeGate, FakeTranscripts
 
 pytestmark = pytest.mark.kafka
 

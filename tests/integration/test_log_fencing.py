@@ -23,7 +23,7 @@ from eventlog.errors import Fenced, NoQuorum, NotLeader, Unavailable
 from eventlog.node import LogNode
 from services.local.faultproxy import HEALED
 from tests.conftest import LOG_REGIONS, LogCluster
-from tests.integration.test_log_on_postgres import (
+from tests.integration.pg_log import (
     TENANT,
     append_round,
     audit_all,

@@ -32,7 +32,7 @@ from services.replay.config import EngineConfig, ReplayConfig
 from services.replay.service import ReplayService, ReplayServiceConfig
 from services.replay.transcripts import LogTranscriptSource
 from tests.integration.bus_regions import BUS_SECRET
-from tests.unit.test_replay_service import (
+from tests.unit.replay_world import (
     REVISION,
     SHARD,
     SHARDS,

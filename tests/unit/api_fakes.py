@@ -1,4 +1,5 @@
-"""A fake ConversationLog (in memory, same port as LogNode) and app builders for API tests.
+"""A fake ConversationLog (in memory, same port as LogNode), clusters (tenant keys, and operator
+and viewer keys: ``cluster_with_roles``) and app builders for API tests.
 
 It keeps the port's rules that the REST layer depends on: tenant scoping (another tenant's
 conversation is NotFound), idempotent create, gapless seq with expected_seq, Idempotency-Key
@@ -45,6 +46,8 @@ from services.config import ClusterConfig, NodeSettings, RegionConfig, TenantCon
 SHARDS = 8
 KEY_A = "key-tenant-a"
 KEY_B = "key-tenant-b"
+OPERATOR_KEY = "key-operator"  # an operator-role key of cluster_with_roles
+VIEWER_KEY = "key-viewer"  # a viewer-role key (reads operator state, never writes)
 
 
 @dataclass
@@ -220,6 +223,28 @@ def cluster_config() -> ClusterConfig:
             ),
         ],
         default_model_revision="m-1",
+    )
+
+
+def auth(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+def cluster_with_roles() -> ClusterConfig:
+    """``cluster_config`` plus an operator tenant (``sre``) and a viewer (``watch``)."""
+    base = cluster_config()
+    return base.model_copy(
+        update={
+            "tenants": [
+                *base.tenants,
+                TenantConfig(
+                    tenant_id="sre", api_key_sha256=api_key_sha256(OPERATOR_KEY), role="operator"
+                ),
+                TenantConfig(
+                    tenant_id="watch", api_key_sha256=api_key_sha256(VIEWER_KEY), role="viewer"
+                ),
+            ]
+        }
     )
 
 

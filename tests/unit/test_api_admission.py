@@ -8,154 +8,43 @@ long anything took in real time.
 from __future__ import annotations
 
 import asyncio
-import random
-import re
-from collections.abc import AsyncIterator, Callable
-from contextlib import AsyncExitStack, asynccontextmanager
-from dataclasses import dataclass
+from collections.abc import AsyncIterator
 from typing import Any
 
-import httpx
 import pytest
-from fastapi import FastAPI
 
-from eventlog.clock import Clock
 from eventlog.errors import Overloaded
-from services.api import create_app
 from services.api.admission import NodeAdmission
 from services.api.auth import Tenants
 from services.api.metrics import Metrics
-from services.bootstrap import NodeRuntime
-from services.config import ClusterConfig, NodeSettings
+from services.config import NodeSettings
+from tests.unit.admission_nodes import (
+    AUTH_A,
+    SECRET,
+    Nodes,
+    assert_error,
+    cluster,
+    create_conversation,
+    metric_value,
+    node_clock,
+    two_nodes,
+    until,
+    until_metric,
+)
 from tests.unit.api_fakes import (
     KEY_A,
     KEY_B,
-    FakeLog,
-    HostRouting,
-    cluster_config,
     conversation_led_by,
 )
-from tests.unit.api_fakes import leaders as fake_leaders
-from tests.unit.clocks import WALL_ORIGIN_MS, ManualClock
 
-AUTH_A = {"Authorization": f"Bearer {KEY_A}"}
 AUTH_B = {"Authorization": f"Bearer {KEY_B}"}  # tenant b: 1 request/s, burst 3
-SECRET = "s" * 40
 PEER = {"X-Convplane-Forwarded": "1", "X-Convplane-Peer-Auth": SECRET}
-LOOP_STEPS_MAX = 100_000  # event-loop turns a test may wait for a state it drives itself
-
-
-def node_clock() -> ManualClock:
-    """The node's clock: only the test and the fake log move it; sleeps are real and short
-    (the admission sweeper's timer)."""
-    return ManualClock(100.0, wall_base_ms=WALL_ORIGIN_MS, virtual_sleep=False)
-
-
-class SlowLog(FakeLog):
-    """FakeLog whose calls take ``latency_s`` of virtual time and wait for ``gate``."""
-
-    def __init__(self, region: str, clock: ManualClock) -> None:
-        super().__init__(region, fake_leaders())
-        self.clock = clock
-        self.latency_s = 0.001
-        self.gate = asyncio.Event()
-        self.gate.set()
-        self.entered = 0
-
-    async def _maybe_stall(self) -> None:
-        self.entered += 1
-        self.clock.now_s += self.latency_s
-        await self.gate.wait()
-
-
-def cluster(peer_secret: str | None = SECRET) -> ClusterConfig:
-    return cluster_config().model_copy(update={"peer_secret": peer_secret})
-
-
-def build_node(
-    region: str, log: FakeLog, peers: httpx.AsyncClient, clock: Clock, config: ClusterConfig,
-    **limits: Any,
-) -> FastAPI:  # fmt: skip
-    settings = NodeSettings(region=region, cluster=config, **limits)
-
-    @asynccontextmanager
-    async def runtime(s: NodeSettings) -> AsyncIterator[NodeRuntime]:
-        yield NodeRuntime(
-            region, s.load_cluster(), log, peers, clock, random.Random(7), lambda: (4, 4)
-        )
-
-    return create_app(settings, runtime_factory=runtime)
-
-
-@dataclass
-class Nodes:
-    east: httpx.AsyncClient
-    west: httpx.AsyncClient
-    east_log: SlowLog
-    west_log: SlowLog
-    clock: ManualClock
-
-
-@asynccontextmanager
-async def two_nodes(peer_secret: str | None = SECRET, **limits: Any) -> AsyncIterator[Nodes]:
-    clock = node_clock()
-    routing = HostRouting()
-    config = cluster(peer_secret)
-    async with AsyncExitStack() as stack:
-        peers = await stack.enter_async_context(httpx.AsyncClient(transport=routing))
-        logs = {r: SlowLog(r, clock) for r in ("east", "west")}
-        clients = {}
-        for region, log in logs.items():
-            app = build_node(region, log, peers, clock, config, **limits)
-            routing.apps[f"{region}.test"] = httpx.ASGITransport(app=app)
-            await stack.enter_async_context(app.router.lifespan_context(app))
-            clients[region] = await stack.enter_async_context(
-                httpx.AsyncClient(
-                    transport=httpx.ASGITransport(app=app), base_url=f"http://{region}.test"
-                )
-            )
-        yield Nodes(clients["east"], clients["west"], logs["east"], logs["west"], clock)
 
 
 @pytest.fixture
 async def nodes() -> AsyncIterator[Nodes]:
     async with two_nodes() as n:
         yield n
-
-
-def _assert_error(r: httpx.Response, status: int, code: str) -> None:
-    assert r.status_code == status, r.text
-    assert r.json()["error"]["code"] == code, r.text
-    if status in (429, 503):
-        assert int(r.headers["retry-after"]) >= 1
-
-
-async def _metric(client: httpx.AsyncClient, name: str) -> float:
-    text = (await client.get("/metrics")).text
-    match = re.search(rf"^{re.escape(name)} ([0-9.e+-]+)$", text, re.MULTILINE)
-    assert match is not None, f"{name} not in /metrics"
-    return float(match.group(1))
-
-
-async def _until(condition: Callable[[], bool]) -> None:
-    for _ in range(LOOP_STEPS_MAX):
-        if condition():
-            return
-        await asyncio.sleep(0)
-    raise AssertionError("state not reached")
-
-
-async def _until_metric(client: httpx.AsyncClient, name: str, value: float) -> None:
-    for _ in range(LOOP_STEPS_MAX // 100):
-        if await _metric(client, name) == value:
-            return
-        await asyncio.sleep(0)
-    raise AssertionError(f"{name} never reached {value}")
-
-
-async def _created(client: httpx.AsyncClient, cid: str) -> None:
-    r = await client.post("/v1/conversations", json={"conversation_id": cid}, headers=AUTH_A)
-    assert r.status_code == 201, r.text
 
 
 # --- overload ----------------------------------------------------------------------------------
@@ -167,14 +56,14 @@ async def test_rising_log_latency_sheds_with_503_instead_of_queueing() -> None:
         admission_limit_initial=16, admission_limit_min=2, admission_queue_max=queue_max
     ) as n:
         cid = conversation_led_by("east")
-        await _created(n.east, cid)
+        await create_conversation(n.east, cid)
         for _ in range(20):  # fast log: 1 ms
             assert (await n.east.get(f"/v1/conversations/{cid}", headers=AUTH_A)).status_code == 200
-        limit_fast = await _metric(n.east, "convplane_admission_limit")
+        limit_fast = await metric_value(n.east, "convplane_admission_limit")
         n.east_log.latency_s = 0.05  # the log slows down 50x
         for _ in range(40):
             assert (await n.east.get(f"/v1/conversations/{cid}", headers=AUTH_A)).status_code == 200
-        limit_slow = int(await _metric(n.east, "convplane_admission_limit"))
+        limit_slow = int(await metric_value(n.east, "convplane_admission_limit"))
         assert limit_slow < limit_fast
 
         n.east_log.gate.clear()  # now a burst arrives while the slow log holds every call
@@ -184,12 +73,12 @@ async def test_rising_log_latency_sheds_with_503_instead_of_queueing() -> None:
             for _ in range(burst)
         ]
         shed = burst - limit_slow - queue_max
-        await _until(lambda: sum(t.done() for t in tasks) == shed)
+        await until(lambda: sum(t.done() for t in tasks) == shed)
         assert n.east_log.entered - entered == limit_slow  # only the admitted reached the log
-        assert await _metric(n.east, "convplane_admission_in_flight") == limit_slow
-        assert await _metric(n.east, "convplane_admission_queue_length") == queue_max
+        assert await metric_value(n.east, "convplane_admission_in_flight") == limit_slow
+        assert await metric_value(n.east, "convplane_admission_queue_length") == queue_max
         for task in [t for t in tasks if t.done()]:
-            _assert_error(task.result(), 503, "overloaded")
+            assert_error(task.result(), 503, "overloaded")
         n.east_log.gate.set()
         served = [r.status_code for r in await asyncio.gather(*tasks)].count(200)
         assert served == limit_slow + queue_max
@@ -201,18 +90,18 @@ async def test_rising_log_latency_sheds_with_503_instead_of_queueing() -> None:
 async def test_request_queued_past_its_deadline_gets_503_and_never_reaches_the_log() -> None:
     async with two_nodes(admission_limit_initial=1, admission_limit_min=1) as n:
         cid = conversation_led_by("east")
-        await _created(n.east, cid)
+        await create_conversation(n.east, cid)
         n.east_log.gate.clear()
         url = f"/v1/conversations/{cid}"
         first = asyncio.create_task(n.east.get(url, headers=AUTH_A))
-        await _until(lambda: n.east_log.entered == 2)  # the create, then this read
+        await until(lambda: n.east_log.entered == 2)  # the create, then this read
         late = asyncio.create_task(
             n.east.get(url, headers={**AUTH_A, "X-Convplane-Deadline-Ms": "50"})
         )
-        await _until_metric(n.east, "convplane_admission_queue_length", 1)
+        await until_metric(n.east, "convplane_admission_queue_length", 1)
         assert not late.done()
         n.clock.now_s += 1.0  # its deadline passes while it waits
-        _assert_error(await late, 503, "overloaded")
+        assert_error(await late, 503, "overloaded")
         n.east_log.gate.set()
         assert (await first).status_code == 200
         assert n.east_log.entered == 2
@@ -223,7 +112,7 @@ async def test_expired_deadline_is_504_before_any_work(nodes: Nodes, deadline_ms
     cid = conversation_led_by("east")
     headers = {**AUTH_A, "X-Convplane-Deadline-Ms": deadline_ms}
     r = await nodes.east.post(f"/v1/conversations/{cid}/events", json={"t": 1}, headers=headers)
-    _assert_error(r, 504, "deadline_exceeded")
+    assert_error(r, 504, "deadline_exceeded")
     assert nodes.east_log.calls == 0
     text = (await nodes.east.get("/metrics")).text
     assert 'convplane_admission_rejections_total{reason="deadline_exceeded"} 1.0' in text
@@ -234,15 +123,15 @@ async def test_health_and_metrics_answer_while_the_api_sheds() -> None:
         admission_limit_initial=1, admission_limit_min=1, admission_queue_max=0
     ) as n:
         cid = conversation_led_by("east")
-        await _created(n.east, cid)
+        await create_conversation(n.east, cid)
         n.east_log.gate.clear()
         held = asyncio.create_task(n.east.get(f"/v1/conversations/{cid}", headers=AUTH_A))
-        await _until(lambda: n.east_log.entered == 2)
-        _assert_error(
+        await until(lambda: n.east_log.entered == 2)
+        assert_error(
             await n.east.get(f"/v1/conversations/{cid}", headers=AUTH_A), 503, "overloaded"
         )
         assert (await n.east.get("/healthz")).status_code == 200
-        assert await _metric(n.east, "convplane_admission_in_flight") == 1
+        assert await metric_value(n.east, "convplane_admission_in_flight") == 1
         n.east_log.gate.set()
         assert (await held).status_code == 200
 
@@ -252,19 +141,19 @@ async def test_health_and_metrics_answer_while_the_api_sheds() -> None:
 
 async def test_tenant_over_quota_gets_429_while_another_is_served(nodes: Nodes) -> None:
     cid = conversation_led_by("east")
-    await _created(nodes.east, cid)
+    await create_conversation(nodes.east, cid)
     url = f"/v1/conversations/{cid}"
     statuses_b = [(await nodes.east.get(url, headers=AUTH_B)).status_code for _ in range(3)]
     assert statuses_b == [404, 404, 404]  # served (it is tenant a's conversation)
     calls = nodes.east_log.calls
     for _ in range(10):
         r = await nodes.east.get(url, headers=AUTH_B)
-        _assert_error(r, 429, "quota_exceeded")
+        assert_error(r, 429, "quota_exceeded")
         assert (await nodes.east.get(url, headers=AUTH_A)).status_code == 200
     assert nodes.east_log.calls == calls + 10  # only tenant a's requests did work
     nodes.clock.now_s += 1.0  # one token back at 1/s
     assert (await nodes.east.get(url, headers=AUTH_B)).status_code == 404
-    _assert_error(await nodes.east.get(url, headers=AUTH_B), 429, "quota_exceeded")
+    assert_error(await nodes.east.get(url, headers=AUTH_B), 429, "quota_exceeded")
 
 
 async def test_forward_is_charged_once_at_the_entry_node(nodes: Nodes) -> None:
@@ -273,7 +162,7 @@ async def test_forward_is_charged_once_at_the_entry_node(nodes: Nodes) -> None:
         r = await nodes.east.get(url, headers=AUTH_B)
         assert (r.status_code, r.headers["x-convplane-served-by"]) == (404, "west")
     r = await nodes.east.get(url, headers=AUTH_B)
-    _assert_error(r, 429, "quota_exceeded")
+    assert_error(r, 429, "quota_exceeded")
     assert r.headers["x-convplane-served-by"] == "east"
     # west never charged b: its own bucket for b is still full
     assert [(await nodes.west.get(url, headers=AUTH_B)).status_code for _ in range(4)] == [
@@ -297,7 +186,7 @@ async def test_forwarded_header_without_the_peer_secret_is_a_client_request(
         (await nodes.west.get(url, headers={**AUTH_B, **spoofed})).status_code for _ in range(4)
     ]
     assert statuses == [404, 404, 404, 429]  # charged like anyone else
-    assert await _metric(nodes.west, "convplane_peer_auth_failures_total") == 4
+    assert await metric_value(nodes.west, "convplane_peer_auth_failures_total") == 4
     # and, being a client request, it may be forwarded (one hop) like one
     r = await nodes.east.get(url, headers={**AUTH_A, **spoofed})
     assert (r.status_code, r.headers["x-convplane-served-by"]) == (404, "west")
@@ -312,8 +201,8 @@ async def test_forward_with_the_peer_secret_is_not_charged_nor_forwarded_again(
     ]
     assert statuses == [404] * 6
     r = await nodes.east.get(url, headers={**AUTH_A, **PEER})  # east does not lead it
-    _assert_error(r, 503, "forward_failed")
-    assert await _metric(nodes.west, "convplane_peer_auth_failures_total") == 0
+    assert_error(r, 503, "forward_failed")
+    assert await metric_value(nodes.west, "convplane_peer_auth_failures_total") == 0
 
 
 async def test_without_a_peer_secret_every_hop_charges() -> None:
@@ -322,7 +211,7 @@ async def test_without_a_peer_secret_every_hop_charges() -> None:
         for _ in range(3):
             assert (await n.east.get(url, headers=AUTH_B)).status_code == 404
         # west charged b for each of those forwards: its bucket is empty too
-        _assert_error(await n.west.get(url, headers=AUTH_B), 429, "quota_exceeded")
+        assert_error(await n.west.get(url, headers=AUTH_B), 429, "quota_exceeded")
 
 
 # --- the gate directly ----------------------------------------------------------------------------
@@ -361,7 +250,7 @@ async def test_latency_sample_starts_at_admission_not_at_arrival() -> None:
         scope = {"path": "/v1/x", "headers": [(b"authorization", f"Bearer {KEY_A}".encode())]}
         first = await gate.enter(dict(scope))
         waiting = asyncio.create_task(gate.enter(dict(scope)))
-        await _until(lambda: gate._queued() == 1)
+        await until(lambda: gate._queued() == 1)
         clock.now_s += 5.0  # the second waits 5 s in the queue
         gate.exit(first, 200)
         second = await waiting

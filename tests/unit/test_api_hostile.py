@@ -13,19 +13,19 @@ import httpx
 import pytest
 
 from services.api.forwarding import escaped_path
-from tests.unit.api_fakes import HostRouting, conversation_led_by
-from tests.unit.test_api_admission import (
+from tests.unit.admission_nodes import (
     AUTH_A,
     SlowLog,
-    _assert_error,
-    _created,
-    _until,
-    _until_metric,
+    assert_error,
     build_node,
     cluster,
+    create_conversation,
     node_clock,
     two_nodes,
+    until,
+    until_metric,
 )
+from tests.unit.api_fakes import HostRouting, conversation_led_by
 
 DEADLINE = "X-Convplane-Deadline-Ms"
 
@@ -55,7 +55,7 @@ async def test_slow_bodies_hold_no_permit_while_they_arrive() -> None:
             )
             for _ in range(3)
         ]
-        await _until(lambda: len(sent) == 3)  # every slow body is half sent
+        await until(lambda: len(sent) == 3)  # every slow body is half sent
         r = await n.east.post(
             "/v1/conversations", json={"conversation_id": "quick"}, headers=AUTH_A
         )
@@ -73,7 +73,7 @@ async def test_a_body_that_does_not_arrive_in_time_is_408_and_never_admitted() -
             content=_slow_body(never, sent),
             headers={**AUTH_A, "Content-Type": "application/json"},
         )
-        _assert_error(r, 408, "request_timeout")
+        assert_error(r, 408, "request_timeout")
         assert r.headers["connection"] == "close"
         assert n.east_log.entered == 0
 
@@ -86,7 +86,7 @@ async def test_a_deadline_shorter_than_the_body_timeout_is_504() -> None:
             content=_slow_body(never, sent),
             headers={**AUTH_A, "Content-Type": "application/json", DEADLINE: "50"},
         )
-        _assert_error(r, 504, "deadline_exceeded")
+        assert_error(r, 504, "deadline_exceeded")
 
 
 async def test_time_queued_in_admission_is_taken_from_the_deadline(
@@ -102,15 +102,15 @@ async def test_time_queued_in_admission_is_taken_from_the_deadline(
     monkeypatch.setattr(HostRouting, "handle_async_request", recording)
     async with two_nodes(admission_limit_initial=1, admission_limit_min=1) as n:
         east_cid, west_cid = conversation_led_by("east"), conversation_led_by("west")
-        await _created(n.east, east_cid)
-        await _created(n.west, west_cid)
+        await create_conversation(n.east, east_cid)
+        await create_conversation(n.west, west_cid)
         n.east_log.gate.clear()
         holder = asyncio.create_task(n.east.get(f"/v1/conversations/{east_cid}", headers=AUTH_A))
-        await _until(lambda: n.east_log.entered == 2)  # the create, then this read
+        await until(lambda: n.east_log.entered == 2)  # the create, then this read
         queued = asyncio.create_task(
             n.east.get(f"/v1/conversations/{west_cid}", headers={**AUTH_A, DEADLINE: "1000"})
         )
-        await _until_metric(n.east, "convplane_admission_queue_length", 1)
+        await until_metric(n.east, "convplane_admission_queue_length", 1)
         n.clock.now_s += 0.6  # 600 ms of its 1000 spent waiting for a permit
         n.east_log.gate.set()
         assert (await holder).status_code == 200
@@ -137,10 +137,10 @@ async def test_dot_ids_are_refused_in_bodies_and_paths(dots: str) -> None:
         created = await n.east.post(
             "/v1/conversations", json={"conversation_id": dots}, headers=AUTH_A
         )
-        _assert_error(created, 400, "invalid_request")
+        assert_error(created, 400, "invalid_request")
         encoded = "%2E" * len(dots)  # as a client would have to send it to get past its URL lib
         read = await n.east.get(f"/v1/conversations/{encoded}/events", headers=AUTH_A)
-        _assert_error(read, 400, "invalid_request")
+        assert_error(read, 400, "invalid_request")
         assert n.east_log.entered == 0
 
 
@@ -167,7 +167,7 @@ async def test_an_events_page_is_bounded_in_bytes_and_reading_on_gets_everything
     event_payload_bytes = 200 * 1024
     async with two_nodes(events_page_bytes_max=1024 * 1024) as n:
         cid = conversation_led_by("east")
-        await _created(n.east, cid)
+        await create_conversation(n.east, cid)
         for i in range(10):
             body = {"type": "note", "payload": {"blob": str(i) * event_payload_bytes}}
             r = await n.east.post(f"/v1/conversations/{cid}/events", json=body, headers=AUTH_A)
@@ -203,7 +203,7 @@ async def test_a_client_that_does_not_read_its_response_gives_its_permit_back() 
             transport = httpx.ASGITransport(app=app)
             async with httpx.AsyncClient(transport=transport, base_url="http://east.test") as c:
                 cid = conversation_led_by("east")
-                await _created(c, cid)
+                await create_conversation(c, cid)
 
                 async def never_reads(message: Any) -> None:
                     if message["type"] == "http.response.body":

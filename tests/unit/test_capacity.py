@@ -11,7 +11,7 @@ from replay.capacity import (
     CapacityConfig,
     CapacityController,
     Grant,
-    OperatorLimits,
+    OperatorConfig,
     ReplayCapacityTimeout,
     TokenBucket,
 )
@@ -206,7 +206,7 @@ def test_bucket_rate_matches_spare_and_concurrency_is_capped() -> None:
 
 def test_operator_region_and_tenant_limits() -> None:
     clock = ManualClock(100.0)
-    limits = OperatorLimits(
+    limits = OperatorConfig(
         clock.monotonic(), region_tokens_per_s=2_000, tenant_tokens_per_s={"small": 500}
     )
     config = CapacityConfig(capacity_tokens_per_s=CAPACITY, max_concurrent_replays=100, burst_s=10)

@@ -16,9 +16,17 @@ from services.api.app import create_app
 from services.bootstrap import NodeRuntime
 from services.config import NodeSettings
 from services.console.outcomes import OutcomeWindow
-from tests.unit.api_fakes import KEY_A, FakeLog, conversation_led_by, leaders
+from tests.unit.api_fakes import (
+    KEY_A,
+    OPERATOR_KEY,
+    VIEWER_KEY,
+    FakeLog,
+    auth,
+    cluster_with_roles,
+    conversation_led_by,
+    leaders,
+)
 from tests.unit.clocks import ManualClock
-from tests.unit.test_key_roles import OPERATOR_KEY, VIEWER_KEY, auth, cluster_with_roles
 
 BROWSER_EAST = "http://localhost:8701"
 

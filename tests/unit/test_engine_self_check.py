@@ -22,7 +22,7 @@ from replay.engines.simulated import SimulatedEngine
 from replay.engines.vllm_http import VllmHttpEngine
 from replay.model import PrefillRequest
 from replay.worker import ReplayWorker, WorkerConfig
-from tests.unit.test_worker import FakeGate, FakeTranscripts
+from tests.unit.fakes_replay import FakeGate, FakeTranscripts
 
 MODEL = "llama@r1"
 

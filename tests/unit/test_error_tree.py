@@ -1,9 +1,15 @@
-"""Every error a caller can catch is in the one documented tree (``eventlog.errors``'s docstring),
-under the parent and with the status the tree shows, and its code is unique."""
+"""Every exception class the product defines is in a documented tree (``eventlog.errors``'s
+docstring), under the parent and with the status the tree shows; error codes are unique.
+
+The docstring draws two trees: ``ConvplaneError``'s (the API errors) and the other exceptions,
+under the builtins they derive from. Private classes (a leading underscore: a module's own
+control flow) are not drawn."""
 
 from __future__ import annotations
 
+import builtins
 import importlib
+import inspect
 import pkgutil
 import re
 
@@ -13,12 +19,30 @@ from eventlog.errors import ConvplaneError
 PRODUCT = ("eventlog", "regions", "replay", "services")
 
 
-def all_errors() -> list[type[ConvplaneError]]:
+def product_exceptions() -> list[type[BaseException]]:
+    """Every public exception class defined in a product module."""
+    found: list[type[BaseException]] = []
     for package in PRODUCT:
         root = importlib.import_module(package)
-        for info in pkgutil.walk_packages(root.__path__, f"{package}."):
-            if ".migrations" not in info.name:
-                importlib.import_module(info.name)
+        modules = [root] + [
+            importlib.import_module(info.name)
+            for info in pkgutil.walk_packages(root.__path__, f"{package}.")
+            if ".migrations" not in info.name
+        ]
+        for module in modules:
+            for name, obj in vars(module).items():
+                if (
+                    inspect.isclass(obj)
+                    and issubclass(obj, BaseException)
+                    and obj.__module__ == module.__name__
+                    and not name.startswith("_")
+                ):
+                    found.append(obj)
+    return found
+
+
+def all_errors() -> list[type[ConvplaneError]]:
+    product_exceptions()  # imports every product module
     found: list[type[ConvplaneError]] = []
     pending = [ConvplaneError]
     while pending:
@@ -29,12 +53,18 @@ def all_errors() -> list[type[ConvplaneError]]:
     return found
 
 
-def documented_tree() -> dict[str, tuple[str, int | None]]:
-    """class name -> (parent name, status shown) from the docstring's drawing."""
+def documented_tree() -> dict[str, tuple[str | None, int | None]]:
+    """class name -> (parent name, status shown) from the docstring's drawings; a drawing's root
+    has no parent there."""
     doc = eventlog.errors.__doc__ or ""
-    tree: dict[str, tuple[str, int | None]] = {}
-    parents: list[str] = ["ConvplaneError"]
+    tree: dict[str, tuple[str | None, int | None]] = {}
+    parents: list[str] = []
     for line in doc.splitlines():
+        root = re.match(r"^ {4}(\w+)\s*$", line)
+        if root is not None:
+            parents = [root.group(1)]
+            tree[root.group(1)] = (None, None)
+            continue
         match = re.match(r"^ {4}([│ ]*)[├└]── (\w+)(?:\s+(\d{3}))?", line)
         if match is None:
             continue
@@ -46,16 +76,34 @@ def documented_tree() -> dict[str, tuple[str, int | None]]:
     return tree
 
 
-def test_every_error_class_is_in_the_documented_tree_under_its_parent() -> None:
+def test_the_drawings_parse() -> None:
     tree = documented_tree()
-    errors = all_errors()
-    assert len(tree) == len(errors) >= 30  # (the drawing parsed)
-    for cls in errors:
-        assert cls.__name__ in tree, f"{cls.__module__}.{cls.__name__} is not in the error tree"
+    assert tree["InvalidRequest"] == ("ConvplaneError", 400)
+    assert tree["PgHarnessError"] == ("HarnessError", None)
+    assert tree["HarnessError"] == ("RuntimeError", None)
+
+
+def test_every_exception_class_is_in_a_documented_tree_under_its_parent() -> None:
+    tree = documented_tree()
+    classes = product_exceptions()
+    assert len(classes) >= 40
+    for cls in classes:
+        assert cls.__name__ in tree, f"{cls.__module__}.{cls.__name__} is not in an error tree"
         parent, status = tree[cls.__name__]
-        assert cls.__bases__[0].__name__ == parent, cls
+        assert parent is None or cls.__bases__[0].__name__ == parent, cls
         if status is not None:
-            assert cls.http_status == status, cls
+            assert issubclass(cls, ConvplaneError) and cls.http_status == status, cls
+    drawn = {name for name in tree if not hasattr(builtins, name)}
+    assert drawn == {cls.__name__ for cls in classes}, "a drawn class that is not defined"
+
+
+def test_every_api_error_is_drawn_under_convplane_error() -> None:
+    tree = documented_tree()
+    for cls in all_errors():
+        name: str | None = cls.__name__
+        while name is not None and name != "ConvplaneError":
+            name = tree[name][0]
+        assert name == "ConvplaneError", cls
 
 
 def test_error_codes_are_unique() -> None:

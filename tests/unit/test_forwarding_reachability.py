@@ -12,7 +12,7 @@ from starlette.requests import Request
 
 from eventlog.clock import SystemClock
 from services.api.errors import ForwardFailed, OutcomeUnknown
-from services.api.forward_batch import BatchLimits
+from services.api.forward_batch import BatchConfig
 from services.api.forwarding import Forwarder
 from services.api.metrics import Metrics
 
@@ -100,7 +100,7 @@ async def test_a_batch_whose_target_stops_answering_probes_is_outcome_unknown() 
         raise AssertionError("unreachable")
 
     reachable = {"west": True}
-    limits = BatchLimits(batch_max=8, batches_in_flight_max=1, straggler_s=0.05,
+    limits = BatchConfig(batch_max=8, batches_in_flight_max=1, straggler_s=0.05,
                          batches_open_max=4, queue_max=8, retries_max=1, backoff_s=0.01)  # fmt: skip
     async with httpx.AsyncClient(transport=httpx.MockTransport(hang)) as client:
         batched = Forwarder(

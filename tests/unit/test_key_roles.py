@@ -13,32 +13,17 @@ import pytest
 from eventlog.clock import SystemClock
 from services.api.app import create_app
 from services.bootstrap import NodeRuntime
-from services.config import ClusterConfig, NodeSettings, TenantConfig, api_key_sha256
-from tests.unit.api_fakes import KEY_A, FakeLog, cluster_config, leaders
-
-OPERATOR_KEY = "key-operator"
-VIEWER_KEY = "key-viewer"
-
-
-def auth(key: str) -> dict[str, str]:
-    return {"Authorization": f"Bearer {key}"}
-
-
-def cluster_with_roles() -> ClusterConfig:
-    base = cluster_config()
-    return base.model_copy(
-        update={
-            "tenants": [
-                *base.tenants,
-                TenantConfig(
-                    tenant_id="sre", api_key_sha256=api_key_sha256(OPERATOR_KEY), role="operator"
-                ),
-                TenantConfig(
-                    tenant_id="watch", api_key_sha256=api_key_sha256(VIEWER_KEY), role="viewer"
-                ),
-            ]
-        }
-    )
+from services.config import ClusterConfig, NodeSettings, TenantConfig
+from tests.unit.api_fakes import (
+    KEY_A,
+    OPERATOR_KEY,
+    VIEWER_KEY,
+    FakeLog,
+    auth,
+    cluster_config,
+    cluster_with_roles,
+    leaders,
+)
 
 
 @pytest.fixture

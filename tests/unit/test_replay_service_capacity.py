@@ -13,7 +13,7 @@ from replay.engines.base import EngineUnavailable, InferenceEngine
 from replay.model import EngineMetrics, PrefillOutcome, PrefillRequest, ReplayJob
 from services.replay.config import ReplayConfig
 from services.replay.region_capacity import RegionCapacity
-from tests.unit.test_replay_service import (
+from tests.unit.replay_world import (
     SteppedClock,
     ids_on_shard,
     queue_with_spare,

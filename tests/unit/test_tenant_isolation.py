@@ -5,7 +5,7 @@ every read): the replay service's world from ``test_replay_service`` behind the 
 
 from __future__ import annotations
 
-from tests.unit.test_replay_service import (
+from tests.unit.replay_world import (
     TENANT_KEY,
     api,
     bearer,

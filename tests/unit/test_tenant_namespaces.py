@@ -21,7 +21,7 @@ from eventlog.node import LogNode
 from eventlog.stores import SqlReplicaStore, StoreConfig, migrate, open_replica_store
 from eventlog.stores._engine import make_engine
 from services.drill_canary import DRILL_TENANT, append_canary, read_canary
-from tests.unit.test_replay_service import (
+from tests.unit.replay_world import (
     REVISION,
     SERVICE_KEY,
     SHARD,
