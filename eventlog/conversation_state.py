@@ -3,7 +3,7 @@
 A shard leader keeps one ``ConversationState`` per conversation it has touched, built from the
 committed history (applied page by page, never held whole) and updated synchronously with every
 proposal, so deciding and proposing happen with no await in between (no two appends can take the
-same seq). It keeps references, not bodies, and a bounded number of them (``StateLimits``).
+same seq). It keeps references, not bodies, and a bounded number of them (``StateConfig``).
 """
 
 from __future__ import annotations
@@ -109,7 +109,7 @@ class EntryRef:
 
 
 @dataclass(frozen=True, slots=True)
-class StateLimits:
+class StateConfig:
     """Per-conversation bounds of a leader's state (``eventlog.config.LogConfig`` names them)."""
 
     #: keys remembered per conversation (the newest); older ones are forgotten
@@ -130,10 +130,10 @@ class Attempt:
 class ConversationState:
     """A conversation as its shard's leader needs it to decide an append: its creation, its
     last seq, the idempotency keys of its retention window and its tool attempts, as
-    ``EntryRef`` s. Its size is bounded by ``StateLimits``, not by the conversation's length."""
+    ``EntryRef`` s. Its size is bounded by ``StateConfig``, not by the conversation's length."""
 
     created: LogEntry
-    limits: StateLimits = field(default_factory=StateLimits)
+    limits: StateConfig = field(default_factory=StateConfig)
     last_seq: int = 0
     #: idempotency key -> entry that used it (committed or in flight), oldest first; only the
     #: retention window's (``forget_keys``) and at most ``limits.idempotency_keys_max``

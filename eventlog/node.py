@@ -22,7 +22,7 @@ from eventlog.conversation_state import (
     ConversationExists,
     ConversationState,
     EntryRef,
-    StateLimits,
+    StateConfig,
     fingerprint,
     validate_event,
 )
@@ -94,7 +94,7 @@ class LogNode(ConversationLog):
         self._states = ConversationCache(
             config.conversation_cache_max, config.conversation_cache_bytes_max
         )
-        self._state_limits = StateLimits(
+        self._state_limits = StateConfig(
             idempotency_keys_max=config.idempotency_keys_per_conversation_max,
             idempotency_retention_ms=int(config.idempotency_retention_s * 1000),
             tool_attempts_max=config.tool_attempts_per_conversation_max,

@@ -24,7 +24,7 @@ import pytest
 
 from eventlog.clock import SystemClock
 from eventlog.config import LogConfig
-from eventlog.conversation_state import ConversationState, StateLimits
+from eventlog.conversation_state import ConversationState, StateConfig
 from eventlog.errors import InvalidRequest, Overloaded
 from eventlog.memory_replica import MemoryReplica
 from eventlog.model import LogEntry, entry_size_bytes
@@ -139,7 +139,7 @@ def _entry(seq: int, *, key: str | None = None, attempt: str | None = None,
 
 
 def test_idempotency_keys_are_kept_for_the_window_and_up_to_the_count() -> None:
-    limits = StateLimits(idempotency_keys_max=3, idempotency_retention_ms=1_000)
+    limits = StateConfig(idempotency_keys_max=3, idempotency_retention_ms=1_000)
     state = ConversationState(created=_entry(0), limits=limits)
     for seq in range(1, 6):
         state.apply(_entry(seq, key=f"k{seq}", at_ms=seq * 100))
@@ -151,7 +151,7 @@ def test_idempotency_keys_are_kept_for_the_window_and_up_to_the_count() -> None:
 
 
 def test_state_keeps_no_bodies_and_refuses_attempts_past_the_bound() -> None:
-    state = ConversationState(created=_entry(0), limits=StateLimits(tool_attempts_max=2))
+    state = ConversationState(created=_entry(0), limits=StateConfig(tool_attempts_max=2))
     before = state.size_bytes
     small = _entry(1, key="k1")
     big = replace(small, body=small.body[:-1] + ', "pad": "' + "x" * MIB + '"}')
