@@ -78,6 +78,7 @@ def up(
     if ready_file is not None:
         write_private_json(ready_file, info)  # it holds the tenants' API keys
     if detach:
+        plane.detach()
         console.print(f"detached; stop it with: convplane down --state-dir {state_dir}")
         return
     try:

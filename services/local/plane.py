@@ -79,6 +79,8 @@ class DbHandle(Protocol):
 
     def start(self) -> Any: ...
 
+    def keep_running(self) -> Any: ...
+
 
 @dataclass
 class RegionProcess:
@@ -404,6 +406,13 @@ class LocalPlane:
             if member.name == name:
                 return member
         raise PlaneError(f"no region {name!r} in this plane")
+
+    def detach(self) -> None:
+        """Leave every process running when this one exits (``convplane up --detach``): the
+        databases, too, are no longer stopped at interpreter exit."""
+        for member in self.members:
+            if member.db is not None:
+                member.db.keep_running()
 
     def stop(self) -> None:
         """SIGTERM every node, SIGKILL those still running after STOP_TIMEOUT_S, stop DBs."""

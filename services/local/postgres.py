@@ -134,6 +134,11 @@ class PgInstance:
                 raise PgHarnessError(f"{self.name} did not start: {self._log_tail()}")
             time.sleep(0.2)  # the postmaster exited early (e.g. old shared memory): retry
 
+    def keep_running(self) -> None:
+        """Let the server outlive this process (``convplane up --detach``): it is no longer
+        stopped at interpreter exit; ``convplane down`` stops it by its pid."""
+        _forget(self)
+
     def stop(self, mode: StopMode = "fast") -> None:
         if self._container is not None:
             self._container.stop()

@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -82,6 +84,45 @@ def test_detach_then_down(tmp_path: Path) -> None:
         )  # fmt: skip
     assert down.returncode == 0, down.stdout + down.stderr
     assert all(_wait_exit(pid) for pid in pids)
+
+
+def test_a_detached_postgres_plane_keeps_its_databases_until_down() -> None:
+    """``up --detach --postgres`` exits; its databases must outlive it (they were stopped at
+    its exit, leaving nodes with no replica to write to), and ``down`` stops them too."""
+    base = tempfile.mkdtemp(prefix="convplane-detach-")
+    os.chmod(base, 0o711)  # the postgres user traverses it
+    state_dir = Path(base) / "plane"
+    try:
+        result = subprocess.run(
+            [*CONVPLANE, "up", "--regions", "3", "--postgres", "--state-dir", str(state_dir),
+             "--base-port", "0", "--shard-count", "4", "--detach"],
+            env=convplane_env(), capture_output=True, text=True, timeout=180,
+        )  # fmt: skip
+        assert result.returncode == 0, result.stdout + result.stderr
+        info = json.loads((state_dir / "cluster.json").read_text())
+        db_pids = [r["db_pid"] for r in info["regions"]]
+        try:
+            headers = {"Authorization": f"Bearer {info['api_key']}"}
+            url = info["regions"][0]["url"]
+            created = httpx.post(f"{url}/v1/conversations", json={"conversation_id": "after-up"},
+                                 headers=headers, timeout=30.0)  # fmt: skip
+            assert created.status_code == 201, created.text
+            appended = httpx.post(
+                f"{url}/v1/conversations/after-up/events",
+                json={"type": "note", "payload": {"n": 1}},
+                headers={**headers, "Idempotency-Key": "k1"},
+                timeout=30.0,
+            )
+            assert appended.status_code == 201, appended.text
+        finally:
+            down = subprocess.run(
+                [*CONVPLANE, "down", "--state-dir", str(state_dir)],
+                env=convplane_env(), capture_output=True, text=True, timeout=60,
+            )  # fmt: skip
+        assert down.returncode == 0, down.stdout + down.stderr
+        assert all(_wait_exit(pid) for pid in db_pids)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
 
 
 def test_demo_runs_and_exits_zero(tmp_path: Path) -> None:
