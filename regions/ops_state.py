@@ -170,6 +170,12 @@ class OpsState:
     def active_drills(self) -> list[Drill]:
         return [d for d in self.drills.values() if d.active]
 
+    def region_loss_targets(self) -> frozenset[str]:
+        """Targets of region-loss drills that have not ended (restoring included)."""
+        return frozenset(
+            d.spec.region for d in self.drills.values() if d.active and d.spec.kind == "region-loss"
+        )
+
     def black_holed(self, now_ms: int) -> frozenset[str]:
         """Regions every node must treat as black-holed now (active region-loss drills)."""
         return frozenset(d.spec.region for d in self.drills.values() if d.fault_active(now_ms))

@@ -110,6 +110,13 @@ class Controller:
         #: called with every committed control entry, in lsn order, after the placement saw it
         #: (services.drills folds drill, halt and audit records this way)
         self.record_listeners: list[Callable[[LogEntry], None]] = []
+        #: regions that must not lead the control shard now, whatever their names: a
+        #: region-loss drill's target until the drill ends (``OpsState.region_loss_targets``).
+        #: The target learns that its black-hole lifted from the control shard itself, so the
+        #: shard must stay with a survivor that keeps committing (and so publishing) the
+        #: drill's records; handed to the target while it still believes itself cut off, it
+        #: would be led by nobody until the drill's deadline
+        self.control_excluded: Callable[[], frozenset[str]] = frozenset
 
     # --- lifecycle ------------------------------------------------------------------------
 
@@ -139,7 +146,12 @@ class Controller:
         return len(mine), sum(1 for s in mine if self.node.leads(s))
 
     def control_leader(self) -> str:
-        return self.membership.lowest_alive(self._clock.monotonic())
+        """Who should lead the control shard, by this node's view: the alive region with the
+        lowest name that is not excluded (``control_excluded``)."""
+        now_s = self._clock.monotonic()
+        alive = self.membership.alive(now_s)
+        excluded = self.control_excluded()
+        return next((r for r in alive if r not in excluded), alive[0])
 
     def health_reply(self) -> dict[str, Any]:
         now_s = self._clock.monotonic()
@@ -148,7 +160,7 @@ class Controller:
             "suspects": sorted(self.membership.suspects(now_s)),
             "led_shards": self.node.led_shards(),
             "placement_version": self.state.version,
-            "control_leader": self.membership.lowest_alive(now_s),
+            "control_leader": self.control_leader(),
             "unhealthy_loops": self.supervisor.unhealthy(),
         }
 
@@ -350,7 +362,7 @@ class Controller:
     async def _control(self) -> None:
         shard = self.control_shard
         now_s = self._clock.monotonic()
-        leader = self.membership.lowest_alive(now_s)
+        leader = self.control_leader()
         if leader != self.region:
             self.node.set_leader_hint(shard, leader)
             if self.node.leader(shard) is not None:

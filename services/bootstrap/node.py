@@ -169,6 +169,7 @@ async def open_runtime(settings: NodeSettings) -> AsyncIterator[NodeRuntime]:
             )
         )
         controller.record_listeners.append(ops.apply_entry)
+        controller.control_excluded = ops.region_loss_targets
         drills = DrillDriver(
             controller=controller,
             node=node,

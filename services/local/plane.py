@@ -137,6 +137,12 @@ class LocalPlane:
         if not 1 <= self.regions <= len(REGION_NAMES):
             raise PlaneError(f"--regions must be 1..{len(REGION_NAMES)}")
         self.state_dir = self.state_dir.resolve()
+        if self.postgres and (self.state_dir / "postgres").exists():
+            raise PlaneError(
+                f"{self.state_dir} holds an earlier plane's databases: stop it (convplane down "
+                f"--state-dir {self.state_dir}) and remove the directory, or give another "
+                "--state-dir"
+            )
         _private_dir(self.state_dir, 0o711 if self.postgres else 0o700)
         try:
             self._prepare_members()
