@@ -121,6 +121,7 @@ class SimPlane:
             failback_step_interval_s=0.5,
             handoff_wait_s=1.0,
             lead_backoff_max_s=0.5,
+            lead_concurrency_max=8,  # what every seed ran with (PLANE_SIM_VERSION pins schedules)
         )
 
     async def start_node(self, region: str) -> None:
