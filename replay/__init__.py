@@ -7,7 +7,8 @@ fairly across tenants), ``capacity`` (spare prefill per engine from its own metr
 (pull a job when there is spare, prefill the transcript, report), ``transcripts`` (the port it
 reads transcripts through; ``transcripts_http`` its REST adapter), ``chat`` (a transcript
 rendered as the exact chat request the live path will send), ``bus`` (the job bus port, the
-in-process and Kafka adapters), ``engines`` (the engine port, vLLM over HTTP, the simulator).
+in-process and Kafka adapters), ``engines`` (the engine port, vLLM over HTTP, the simulator),
+``affinity.AffinityTable`` (which worker's engine holds a conversation's KV warm).
 
 Where a change goes: a new inference engine implements ``engines.base.InferenceEngine``
 (``prefill``, ``metrics``, ``self_check``) and is chosen in ``services.bootstrap.replay``; a new

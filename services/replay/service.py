@@ -29,11 +29,11 @@ from typing import Any
 from eventlog.backoff import Backoff, jittered
 from eventlog.clock import Clock
 from eventlog.errors import ConvplaneError, NotFound, NotLeader
+from replay.affinity import Affinity, AffinityTable
 from replay.bus.port import JobBus, ResultStream
 from replay.model import ReplayJob, ReplayResult
 from replay.scheduler import AddReport, MovedConversation, ReplayScheduler, SchedulerConfig
 from replay.worker import ReplayWorker
-from services.replay.affinity import Affinity, AffinityTable
 from services.replay.config import ReplayConfig
 from services.replay.moved import MovedConversationLister
 from services.replay.region_capacity import RegionCapacity
