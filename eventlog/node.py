@@ -34,6 +34,7 @@ from eventlog.conversations import (
     ToolAttemptStatus,
 )
 from eventlog.errors import (
+    Conflict,
     ConvplaneError,
     InvalidRequest,
     InvariantViolation,
@@ -375,6 +376,19 @@ class LogNode(ConversationLog):
         leader.note_replica_status(region, status, asked_at)
         return status.last_lsn < commit_lsn
 
+    @staticmethod
+    async def _confirm_refusal(leader: ShardLeader, state: ConversationState | None) -> None:
+        """Before a write is refused on what this leader remembers of a conversation (no such
+        conversation, an unknown attempt, another effect, another seq, a reused key...): the
+        entries the refusal rests on are committed, and the leadership is confirmed, as for a
+        read (``confirm_leadership``). A refusal is a read of the conversation: a deposed or
+        cut-off leader must not answer one from its memory, where a new leader may already have
+        committed the attempt the refusal says is unknown (Porcupine caught exactly that,
+        ``tests/chaos/test_linearizable_history.py``). Raises retryably when it cannot."""
+        await leader.confirm_leadership()  # first: a cut-off leader fails fast
+        if state is not None:
+            await leader.wait_committed(state.last_lsn)
+
     # --- ConversationLog ------------------------------------------------------------------
 
     async def create_conversation(
@@ -395,6 +409,7 @@ class LogNode(ConversationLog):
         if state is not None:
             created = json.loads(state.created.body)
             if created["fingerprint"] != request_fp:
+                await self._confirm_refusal(leader, state)
                 raise ConversationExists(f"conversation {conversation_id!r} already exists")
             await leader.wait_committed(state.created.lsn)
             return self._info(leader, state)
@@ -434,20 +449,26 @@ class LogNode(ConversationLog):
         shard = self.shard_of(conversation_id)
         leader, state = await self._state(shard, tenant_id, conversation_id)
         if state is None:
+            await self._confirm_refusal(leader, None)
             raise NotFound(f"no conversation {conversation_id!r}")
         # From here to propose: no await, so the decision and the seq are atomic.
         request_fp = fingerprint(event_type, payload, token_count)
-        earlier = state.existing_result(event_type, attempt_id, request_fp, idempotency_key)
+        try:
+            earlier = state.existing_result(event_type, attempt_id, request_fp, idempotency_key)
+            if earlier is None:
+                state.check_expected_seq(expected_seq)
+                state.check_room_for_attempt(attempt_id, event_type)
+                if state.last_seq >= self.config.conversation_events_max:
+                    raise InvalidRequest(
+                        f"conversation {conversation_id!r} is full "
+                        f"({self.config.conversation_events_max} events)"
+                    )
+        except (Conflict, InvalidRequest):
+            await self._confirm_refusal(leader, state)
+            raise
         if earlier is not None:
             await leader.wait_committed(earlier.lsn)
             return self._appended(leader, conversation_id, earlier, replayed=True)
-        state.check_expected_seq(expected_seq)
-        state.check_room_for_attempt(attempt_id, event_type)
-        if state.last_seq >= self.config.conversation_events_max:
-            raise InvalidRequest(
-                f"conversation {conversation_id!r} is full "
-                f"({self.config.conversation_events_max} events)"
-            )
         seq = state.last_seq + 1
         now_ms = self._clock.wall_ms()
         tokens = token_count if token_count is not None else estimate_tokens(payload)

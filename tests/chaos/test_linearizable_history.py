@@ -1,12 +1,13 @@
-"""Chaos, judged by an outsider's checker: clients record a history of appends, transcript reads
-and last-seq reads against a real plane (3 PostgreSQL + 3 node processes, every inter-region
+"""Chaos, judged by an outsider's checker: clients record a history of appends, transcript reads,
+last-seq reads, tool attempts, racing tool effects and attempt-status reads against a real plane (3 PostgreSQL + 3 node processes, every inter-region
 link through a fault proxy) while one region is partitioned away and healed (its shards fail
 over and back) and then another is killed with -9 and restarted; Porcupine (tests/lincheck)
 must find the whole history linearizable.
 
 Clients reach every node directly, the cut-off one included, so a deposed leader answering
-reads from its own memory, a read of uncommitted state or a lost acknowledgment shows up as
-a non-linearizable history. Needs local PostgreSQL binaries and a Go toolchain; fails loudly
+reads from its own memory, a read of uncommitted state, a lost acknowledgment, a second effect
+for one attempt or an attempt shown pending after its effect committed (what an application
+checks before it re-runs a tool) shows up as a non-linearizable history. Needs local PostgreSQL binaries and a Go toolchain; fails loudly
 without them, never skips.
 """
 
@@ -93,6 +94,9 @@ async def test_history_under_partition_and_kill_is_linearizable(
         # and reads at every region
         assert recorder.failed_attempts > 0, "no append saw the faults"
         assert counts.get("read", 0) > 100 and counts.get("last", 0) > 50, counts
+        assert counts.get("effect", 0) > 50 and counts.get("status", 0) > 50, counts
+        conflicts = sum(1 for op in recorder.operations if op.get("conflict"))
+        assert conflicts > 0, "no two effects raced for one attempt"
         regions_read = {op["region"] for op in recorder.operations if op["op"] == "read"}
         assert regions_read == set(urls), regions_read
         verdict = check_history(lincheck_binary, history, chaos_dir / "history.html")

@@ -107,3 +107,68 @@ def test_an_append_of_unknown_outcome_may_or_may_not_have_committed(
     # ... but once a read saw it, it cannot disappear
     ops = [append(0, "a", 0, None), read(1, ["a"], 10, 11), read(1, [], 12, 13)]
     assert verdict(lincheck_binary, tmp_path, ops) == 1
+
+
+def effect(client: int, attempt: str, status: str, call: int, ret: int | None, *,
+           seq: int = 0, conflict: bool = False) -> dict[str, Any]:  # fmt: skip
+    return {"client": client, "conversation": "c", "op": "effect", "attempt": attempt,
+            "status": status, "call": call, "return": ret, "seq": seq,
+            "conflict": conflict}  # fmt: skip
+
+
+def status(client: int, attempt: str, state: str, call: int, ret: int) -> dict[str, Any]:
+    return {"client": client, "conversation": "c", "op": "status", "attempt": attempt,
+            "state": state, "call": call, "return": ret}  # fmt: skip
+
+
+def test_racing_effects_one_wins_and_the_attempts_status_shows_it(
+    lincheck_binary: Path, tmp_path: Path
+) -> None:
+    ops = [
+        append(0, "att:t1", 0, 5, seq=1),
+        status(1, "t1", "pending", 6, 7),
+        effect(0, "t1", "committed", 8, 20, seq=2),
+        effect(1, "t1", "failed", 9, 19, conflict=True),  # the loser is refused
+        effect(2, "t1", "committed", 21, 22, seq=2),  # an identical repeat: the original
+        status(1, "t1", "committed", 23, 24),
+        read(2, ["att:t1", "eff:t1:committed"], 25, 26),
+    ]
+    assert verdict(lincheck_binary, tmp_path, ops) == 0
+
+
+def test_two_committed_effects_for_one_attempt_are_rejected(
+    lincheck_binary: Path, tmp_path: Path
+) -> None:
+    ops = [
+        append(0, "att:t1", 0, 5, seq=1),
+        effect(0, "t1", "committed", 8, 20, seq=2),
+        effect(1, "t1", "failed", 9, 19, seq=3),  # both acknowledged: two effects
+    ]
+    assert verdict(lincheck_binary, tmp_path, ops) == 1
+
+
+def test_a_status_read_that_misses_a_committed_effect_is_rejected(
+    lincheck_binary: Path, tmp_path: Path
+) -> None:
+    """Bug 3 of the whole-plane issue: a deposed leader said pending after the new leader had
+    committed the effect, and the README tells applications to re-run the tool then."""
+    ops = [
+        append(0, "att:t1", 0, 5, seq=1),
+        effect(0, "t1", "committed", 6, 7, seq=2),
+        status(1, "t1", "pending", 8, 9),
+    ]
+    assert verdict(lincheck_binary, tmp_path, ops) == 1
+
+
+def test_an_effect_of_unknown_outcome_may_commit_and_then_wins_over_a_later_one(
+    lincheck_binary: Path, tmp_path: Path
+) -> None:
+    ops = [
+        append(0, "att:t1", 0, 5, seq=1),
+        effect(0, "t1", "committed", 6, None),  # timed out
+        effect(1, "t1", "failed", 10, 11, conflict=True),  # so it had committed
+        status(1, "t1", "committed", 12, 13),
+    ]
+    assert verdict(lincheck_binary, tmp_path, ops) == 0
+    refused_for_nothing = [*ops[:1], effect(1, "t1", "failed", 10, 11, conflict=True)]
+    assert verdict(lincheck_binary, tmp_path, refused_for_nothing) == 1

@@ -10,6 +10,14 @@ a seeded rng, so forwards, reads at a cut-off region and reads during failovers 
   first call to that answer (see ``_append_until_known``).
 - ``read``: the whole transcript (one page; a conversation is kept under a page's size).
 - ``last``: ``GET /v1/conversations/{id}``'s ``last_seq``.
+- ``append`` of a ``tool.attempt`` (named ``att:<attempt>``, retried like a note); then any
+  client of the conversation may race a ``tool.effect`` (``committed`` or ``failed``, no
+  Idempotency-Key: an identical effect is its own retry) for an acknowledged attempt, retried
+  until answered: its seq, or 409 ``effect_conflict`` (another effect won); and ``status``
+  reads an acknowledged attempt's ``GET .../tool-attempts/{id}``.
+
+In reads an event is named as the checker names it: a note by its key, a tool.attempt
+``att:<attempt>``, a tool.effect ``eff:<attempt>:<status>``.
 
 A failed read changes nothing and has no output, so it is left out of the history. Any other
 4xx is a bug in the plane or in these clients, and fails the run.
@@ -28,7 +36,7 @@ from typing import Any
 
 import httpx
 
-from eventlog.http_headers import DEADLINE_HEADER
+from eventlog.http_headers import DEADLINE_HEADER, IDEMPOTENCY_KEY_HEADER
 
 ATTEMPT_TIMEOUT_S = 2.0
 PAUSE_S = 0.02
@@ -38,6 +46,8 @@ RETRY_BACKOFF_MAX_S = 0.4
 APPENDS_PER_CONVERSATION_MAX = 900
 PAGE_LIMIT = 1000
 UNKNOWN_STATUSES = frozenset({429}) | frozenset(range(500, 600))
+KINDS = ("append", "read", "last", "attempt", "effect", "status")
+KIND_WEIGHTS = (5, 3, 2, 1, 2, 2)
 
 
 class UnexpectedAnswer(AssertionError):
@@ -52,6 +62,8 @@ class HistoryRecorder:
     conversations: dict[str, int] = field(default_factory=dict)  # id -> last_seq at creation
     operations: list[dict[str, Any]] = field(default_factory=list)
     stop: asyncio.Event = field(default_factory=asyncio.Event)
+    #: conversation -> its acknowledged tool attempts (effects and status reads pick from them)
+    attempts: dict[str, list[str]] = field(default_factory=dict)
     #: append attempts answered with a timeout, a transport error, a 5xx or a 429
     failed_attempts: int = 0
     _appends: dict[str, int] = field(default_factory=dict)
@@ -64,7 +76,7 @@ class HistoryRecorder:
                 r = await client.post(
                     f"{url}/v1/conversations",
                     json={"conversation_id": conversation_id},
-                    headers={"Idempotency-Key": f"create-{conversation_id}"},
+                    headers={IDEMPOTENCY_KEY_HEADER: f"create-{conversation_id}"},
                 )
                 if r.status_code in (200, 201):
                     got = await client.get(f"{url}/v1/conversations/{conversation_id}")
@@ -83,20 +95,45 @@ class HistoryRecorder:
         regions = sorted(self.urls)
         n = 0
         while not self.stop.is_set():
-            kind = rng.choices(("append", "read", "last"), weights=(5, 3, 2))[0]
-            if (
-                kind == "append"
-                and self._appends.get(conversation, 0) < APPENDS_PER_CONVERSATION_MAX
-            ):
-                n += 1
-                self._appends[conversation] = self._appends.get(conversation, 0) + 1
-                await self._append_until_known(
-                    client, rng, regions, client_id, conversation, f"c{client_id}-{n}"
-                )
-            elif kind == "last":
-                await self._read(client, rng.choice(regions), client_id, conversation, last=True)
+            kind = rng.choices(KINDS, weights=KIND_WEIGHTS)[0]
+            acked_attempts = self.attempts.get(conversation, [])
+            if kind in ("effect", "status") and not acked_attempts:
+                kind = "attempt"
+            if kind in ("append", "attempt"):
+                if self._appends.get(conversation, 0) >= APPENDS_PER_CONVERSATION_MAX:
+                    kind = "read"
+                else:
+                    self._appends[conversation] = self._appends.get(conversation, 0) + 1
+            n += 1
+            region = rng.choice(regions)
+            if kind == "append":
+                key = f"c{client_id}-{n}"
+                op = {"op": "append", "key": key}
+                event = {"type": "note", "payload": {"key": key}}
+                await self._write_until_known(client, rng, regions, region, client_id,
+                                              conversation, op, event, key)  # fmt: skip
+            elif kind == "attempt":
+                attempt = f"c{client_id}-t{n}"
+                op = {"op": "append", "key": f"att:{attempt}"}
+                event = {"type": "tool.attempt", "payload": {
+                    "attempt_id": attempt, "tool": "lookup", "argument_digest": "sha256:x"}}  # fmt: skip
+                if await self._write_until_known(client, rng, regions, region, client_id,
+                                                 conversation, op, event, f"att-{attempt}"):  # fmt: skip
+                    self.attempts.setdefault(conversation, []).append(attempt)
+            elif kind == "effect":
+                attempt, status = rng.choice(acked_attempts), rng.choice(("committed", "failed"))
+                op = {"op": "effect", "attempt": attempt, "status": status}
+                event = {
+                    "type": "tool.effect",
+                    "payload": {"attempt_id": attempt, "status": status},
+                }
+                await self._write_until_known(client, rng, regions, region, client_id,
+                                              conversation, op, event, None)  # fmt: skip
+            elif kind == "status":
+                await self._status(client, region, client_id, conversation,
+                                   rng.choice(acked_attempts))  # fmt: skip
             else:
-                await self._read(client, rng.choice(regions), client_id, conversation, last=False)
+                await self._read(client, region, client_id, conversation, last=kind == "last")
             await asyncio.sleep(PAUSE_S)
 
     async def final_reads(self, client: httpx.AsyncClient) -> None:
@@ -123,47 +160,75 @@ class HistoryRecorder:
 
     # --- one operation --------------------------------------------------------------------
 
-    async def _append_until_known(
+    async def _write_until_known(
         self,
         client: httpx.AsyncClient,
         rng: random.Random,
         regions: list[str],
+        region: str,
         client_id: int,
         conversation: str,
-        key: str,
-    ) -> None:
-        """One append operation: the first attempt's call to the first definite answer.
+        op: dict[str, Any],
+        event: dict[str, Any],
+        idempotency_key: str | None,
+    ) -> bool:
+        """One write operation: the first attempt's call to the first definite answer.
 
-        The client retries the same key until an attempt is acknowledged, so the key enters
-        the log once, somewhere between the first call and that answer, at the seq the answer
-        names (a retry that made a second entry shows as the key twice in a read). An append
-        never acknowledged before the run stops stays open (no return): it may or may not have
-        committed.
+        The client sends the same request again (same Idempotency-Key, or for an effect the
+        same effect) until an attempt is answered, so the entry enters the log once, somewhere
+        between the first call and that answer, at the seq the answer names (a retry that made
+        a second entry shows as a duplicate in a read). A write never answered before the run
+        stops stays open (no return): it may or may not have committed. True: acknowledged.
         """
-        region = rng.choice(regions)
-        call = time.monotonic_ns()
-        op = {"client": client_id, "conversation": conversation, "op": "append", "key": key,
-              "call": call, "region": region}  # fmt: skip
+        record = {"client": client_id, "conversation": conversation, **op,
+                  "call": time.monotonic_ns(), "region": region}  # fmt: skip
+        headers = {} if idempotency_key is None else {IDEMPOTENCY_KEY_HEADER: idempotency_key}
         backoff_s = RETRY_BACKOFF_MIN_S
         while True:
             status, body = await self._send(
                 client,
                 "POST",
                 f"{self.urls[region]}/v1/conversations/{conversation}/events",
-                json={"type": "note", "payload": {"key": key}},
-                headers={"Idempotency-Key": key},
+                json=event,
+                headers=headers,
             )
             if status in (200, 201):
-                self.operations.append({**op, "return": time.monotonic_ns(), "seq": body["seq"]})
-                return
-            self._check_status(status, body, "append")
+                self.operations.append(
+                    {**record, "return": time.monotonic_ns(), "seq": body["seq"]}
+                )
+                return True
+            if status == 409 and op["op"] == "effect" and _code(body) == "effect_conflict":
+                self.operations.append({**record, "return": time.monotonic_ns(), "conflict": True})
+                return False
+            if status == 409 and op["op"] == "effect" and _code(body) == "unknown_attempt":
+                # a definite answer too: the checker judges whether the attempt could be absent
+                self.operations.append(
+                    {**record, "return": time.monotonic_ns(), "no_attempt": True}
+                )
+                return False
+            self._check_status(status, body, op["op"])
             self.failed_attempts += 1
             if self.stop.is_set():
-                self.operations.append({**op, "return": None})
-                return
+                self.operations.append({**record, "return": None})
+                return False
             region = regions[(regions.index(region) + 1) % len(regions)]
             await asyncio.sleep(backoff_s * (0.5 + rng.random()))
             backoff_s = min(backoff_s * 2, RETRY_BACKOFF_MAX_S)
+
+    async def _status(
+        self, client: httpx.AsyncClient, region: str, client_id: int, conversation: str,
+        attempt: str,
+    ) -> None:  # fmt: skip
+        url = f"{self.urls[region]}/v1/conversations/{conversation}/tool-attempts/{attempt}"
+        call = time.monotonic_ns()
+        status, body = await self._send(client, "GET", url)
+        ret = time.monotonic_ns()
+        if status != 200:
+            self._check_status(status, body, "status")
+            return
+        self.operations.append({"client": client_id, "conversation": conversation,
+                                "op": "status", "attempt": attempt, "state": body["state"],
+                                "call": call, "return": ret, "region": region})  # fmt: skip
 
     async def _read(
         self,
@@ -196,7 +261,7 @@ class HistoryRecorder:
                 raise UnexpectedAnswer(f"{conversation} outgrew one page; lower the appends")
             self.operations.append({
                 **op, "op": "read", "seqs": [e["seq"] for e in events],
-                "keys": [e["payload"]["key"] for e in events],
+                "keys": [_name(e) for e in events],
             })  # fmt: skip
         return True
 
@@ -220,3 +285,20 @@ class HistoryRecorder:
         if status is None or status in UNKNOWN_STATUSES:
             return
         raise UnexpectedAnswer(f"{what}: {status} {str(body)[:300]}")
+
+
+def _name(event: dict[str, Any]) -> str:
+    """An event as the checker names it (module docstring)."""
+    payload = event["payload"]
+    if event["type"] == "tool.attempt":
+        return f"att:{payload['attempt_id']}"
+    if event["type"] == "tool.effect":
+        return f"eff:{payload['attempt_id']}:{payload['status']}"
+    return str(payload["key"])
+
+
+def _code(body: Any) -> str | None:
+    try:
+        return str(body["error"]["code"])
+    except (KeyError, TypeError):
+        return None

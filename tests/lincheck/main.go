@@ -13,6 +13,15 @@
 //     place it anywhere after its call, including after everything else (never applied).
 //   - read -> [(seq, key)...]: the committed transcript, which must equal the log exactly.
 //   - last -> last_seq: GET /v1/conversations/{id}, which must equal the log's last seq.
+//   - effect(attempt, status) -> seq | conflict: a tool.effect. The first effect of an attempt
+//     is a new entry; an identical one returns the seq of that entry; a different one is a
+//     409 effect_conflict and changes nothing (at most one effect per attempt); a 409
+//     unknown_attempt says the log holds no such tool.attempt.
+//   - status(attempt) -> pending | committed | failed: GET .../tool-attempts/{id}, which must
+//     show the effect the log holds (pending while it holds the attempt alone).
+//
+// In the log and in reads an event is named by its key: a note by the key it carries, a
+// tool.attempt "att:<attempt>", a tool.effect "eff:<attempt>:<status>".
 //
 // Usage: lincheck [-timeout 60s] [-html out.html] history.json
 // Prints a JSON summary; exits 0 when linearizable, 1 when not, 2 when the check timed out or
@@ -43,7 +52,7 @@ type History struct {
 type Recorded struct {
 	Client       int      `json:"client"`
 	Conversation string   `json:"conversation"`
-	Op           string   `json:"op"` // append | read | last
+	Op           string   `json:"op"` // append | read | last | effect | status
 	Key          string   `json:"key,omitempty"`
 	Call         int64    `json:"call"`
 	Return       *int64   `json:"return"` // null: outcome unknown (appends only)
@@ -51,20 +60,31 @@ type Recorded struct {
 	Seqs         []int    `json:"seqs,omitempty"`
 	Keys         []string `json:"keys,omitempty"`
 	LastSeq      int      `json:"last_seq,omitempty"`
+	Attempt      string   `json:"attempt,omitempty"`
+	Status       string   `json:"status,omitempty"`     // effect: committed | failed
+	Conflict     bool     `json:"conflict,omitempty"`   // effect: answered 409 effect_conflict
+	NoAttempt    bool     `json:"no_attempt,omitempty"` // effect: answered 409 unknown_attempt
+	State        string   `json:"state,omitempty"`      // status: pending | committed | failed
 	Region       string   `json:"region,omitempty"`
 }
 
 type input struct {
-	op  string
-	key string
+	op      string
+	key     string
+	attempt string
+	status  string
 }
 
 type output struct {
-	unknown bool
-	seq     int
-	seqs    []int
-	keys    []string
-	lastSeq int
+	unknown  bool
+	seq      int
+	seqs     []int
+	keys     []string
+	lastSeq  int
+	conflict bool
+	// noAttempt: the effect was refused because the log holds no such attempt
+	noAttempt bool
+	state     string
 }
 
 // state is one conversation's log: the seq before the first recorded append, and the keys in
@@ -85,6 +105,20 @@ func (s state) indexOf(key string) int {
 		}
 	}
 	return -1
+}
+
+// effectOf: the index and status of the attempt's effect in the log (-1 when none).
+func (s state) effectOf(attempt string) (int, string) {
+	if s.n == 0 {
+		return -1, ""
+	}
+	prefix := "eff:" + attempt + ":"
+	for i, k := range strings.Split(s.keys, "\n") {
+		if strings.HasPrefix(k, prefix) {
+			return i, k[len(prefix):]
+		}
+	}
+	return -1, ""
 }
 
 func (s state) with(key string) state {
@@ -121,6 +155,30 @@ func step(st interface{}, in interface{}, out interface{}) (bool, interface{}) {
 		return s.matches(o), s
 	case "last":
 		return o.lastSeq == s.base+s.n, s
+	case "effect":
+		if o.noAttempt {
+			return s.indexOf("att:"+i.attempt) < 0, s
+		}
+		at, status := s.effectOf(i.attempt)
+		switch {
+		case at >= 0 && status == i.status: // an identical effect: the original entry
+			return o.unknown || (!o.conflict && o.seq == s.base+1+at), s
+		case at >= 0: // a different effect is recorded: refused, nothing written
+			return o.unknown || o.conflict, s
+		}
+		if o.conflict {
+			return false, s
+		}
+		return o.unknown || o.seq == s.base+1+s.n, s.with("eff:" + i.attempt + ":" + i.status)
+	case "status":
+		if s.indexOf("att:"+i.attempt) < 0 {
+			return false, s // only acknowledged attempts are asked about
+		}
+		_, status := s.effectOf(i.attempt)
+		if status == "" {
+			status = "pending"
+		}
+		return o.state == status, s
 	}
 	return false, s
 }
@@ -135,6 +193,18 @@ func describeOperation(in interface{}, out interface{}) string {
 		return fmt.Sprintf("append(%s) -> %d", i.key, o.seq)
 	case "read":
 		return fmt.Sprintf("read -> %d events", len(o.keys))
+	case "effect":
+		switch {
+		case o.unknown:
+			return fmt.Sprintf("effect(%s, %s) -> ?", i.attempt, i.status)
+		case o.conflict:
+			return fmt.Sprintf("effect(%s, %s) -> 409", i.attempt, i.status)
+		case o.noAttempt:
+			return fmt.Sprintf("effect(%s, %s) -> 409 no attempt", i.attempt, i.status)
+		}
+		return fmt.Sprintf("effect(%s, %s) -> %d", i.attempt, i.status, o.seq)
+	case "status":
+		return fmt.Sprintf("status(%s) -> %s", i.attempt, o.state)
 	}
 	return fmt.Sprintf("last -> %d", o.lastSeq)
 }
@@ -249,7 +319,7 @@ func operations(h History) ([]porcupine.Operation, error) {
 		if _, ok := h.Conversations[r.Conversation]; !ok {
 			return nil, fmt.Errorf("operation %d: unknown conversation %q", n, r.Conversation)
 		}
-		in := input{op: r.Op, key: r.Key}
+		in := input{op: r.Op, key: r.Key, attempt: r.Attempt, status: r.Status}
 		o := output{}
 		ret := end + 1 // open until the end of the history
 		switch r.Op {
@@ -272,6 +342,21 @@ func operations(h History) ([]porcupine.Operation, error) {
 				return nil, fmt.Errorf("operation %d: a read needs a return time", n)
 			}
 			o.lastSeq = r.LastSeq
+		case "effect":
+			if r.Attempt == "" || strings.ContainsAny(r.Attempt, "\n:") ||
+				(r.Status != "committed" && r.Status != "failed") {
+				return nil, fmt.Errorf("operation %d: an effect needs an attempt and a status", n)
+			}
+			if r.Return == nil {
+				o.unknown = true
+			} else {
+				o.seq, o.conflict, o.noAttempt = r.Seq, r.Conflict, r.NoAttempt
+			}
+		case "status":
+			if r.Return == nil || r.Attempt == "" {
+				return nil, fmt.Errorf("operation %d: a status read needs an attempt and a return time", n)
+			}
+			o.state = r.State
 		default:
 			return nil, fmt.Errorf("operation %d: unknown op %q", n, r.Op)
 		}

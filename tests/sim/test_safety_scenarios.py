@@ -16,6 +16,7 @@ import pytest
 
 from eventlog.clock import LoopClock
 from eventlog.config import LogConfig
+from eventlog.conversation_state import UnknownAttempt
 from eventlog.errors import (
     ConvplaneError,
     Fenced,
@@ -322,6 +323,55 @@ def test_a_cut_off_leader_refuses_every_read_and_the_new_leader_answers_them() -
     assert outcomes["a_leads"]  # it still thinks it leads: the reads must not trust that
     assert {outcomes[k] for k in ("get", "events", "attempt")} <= {NoQuorum, Fenced}
     assert outcomes["b_last_seq"] == 3 and outcomes["b_attempt"] == "committed"
+
+
+async def refusals_at_a_cut_off_leader() -> dict[str, Any]:
+    """A new leader commits what the old one never saw: a tool attempt and its effect. Asked
+    for writes that its memory would refuse, the cut-off old leader must
+    not refuse them from that memory (Porcupine caught a 409 ``unknown_attempt`` for an
+    acknowledged attempt from a partitioned region)."""
+    replicas = {r: MemoryReplica(r) for r in "abc"}
+    net = SimNetwork(random.Random(7), replicas)
+    nodes = nodes_on(net, "abc")
+    a, b = nodes["a"], nodes["b"]
+    shard = a.shard_of("X")
+    await a.lead_shard(shard)
+    await a.create_conversation("t", "X", "m@1", {})
+    net.partition("a")
+    await b.lead_shard(shard)
+    await b.append_event("t", "X", "tool.attempt",
+                         {"attempt_id": "att2", "tool": "pay", "argument_digest": "d"})  # fmt: skip
+    await b.append_event("t", "X", "tool.effect", {"attempt_id": "att2", "status": "committed"})
+    await asyncio.sleep(30)
+    outcomes: dict[str, Any] = {"a_leads": a.leads(shard)}
+    writes: dict[str, Callable[[LogNode], Awaitable[Any]]] = {
+        # a knows no att2: it would answer 409 unknown_attempt
+        "effect_of_unknown_attempt": lambda n: n.append_event(
+            "t", "X", "tool.effect", {"attempt_id": "att3", "status": "failed"}),
+        # a knows att2 without an effect: it would take a different one (then fail to commit)
+        "expected_seq": lambda n: n.append_event(
+            "t", "X", "message.user", {"content": "x"}, expected_seq=7),
+        "created_with_other_metadata": lambda n: n.create_conversation(
+            "t", "X", "m@2", {"other": True}),
+    }  # fmt: skip
+    for name, write in writes.items():
+        try:
+            outcomes[name] = await write(a)
+        except ConvplaneError as exc:
+            outcomes[name] = type(exc)
+    with pytest.raises(UnknownAttempt):  # the new leader refuses what it knows is absent
+        await b.append_event("t", "X", "tool.effect", {"attempt_id": "att3", "status": "failed"})
+    for node in nodes.values():
+        await node.close()
+    await net.close()
+    return outcomes
+
+
+def test_a_cut_off_leader_refuses_no_write_from_its_own_memory() -> None:
+    outcomes = run(refusals_at_a_cut_off_leader)
+    assert outcomes["a_leads"]  # it still believes it leads
+    for name in ("effect_of_unknown_attempt", "expected_seq", "created_with_other_metadata"):
+        assert outcomes[name] in {NoQuorum, Fenced}, (name, outcomes[name])
 
 
 class HeldAppends(MemoryReplica):
