@@ -99,7 +99,7 @@ class HistoryRecorder:
             acked_attempts = self.attempts.get(conversation, [])
             if kind in ("effect", "status") and not acked_attempts:
                 kind = "attempt"
-            if kind in ("append", "attempt"):
+            if kind in ("append", "attempt", "effect"):  # each may add an event
                 if self._appends.get(conversation, 0) >= APPENDS_PER_CONVERSATION_MAX:
                     kind = "read"
                 else:
