@@ -100,7 +100,9 @@ class LogNode(ConversationLog):
             idempotency_retention_ms=int(config.idempotency_retention_s * 1000),
             tool_attempts_max=config.tool_attempts_per_conversation_max,
         )
-        self._loading: dict[ConversationKey, asyncio.Lock] = {}
+        #: one load at a time per conversation: its lock, and how many callers hold or wait
+        #: for it (the lock leaves the map only when none does)
+        self._loading: dict[ConversationKey, tuple[asyncio.Lock, list[int]]] = {}
         self._leading: dict[int, asyncio.Lock] = {}
         #: the last region known to lead each shard (hint or self), for LogListener.shard_led
         self._previous_leader: dict[int, str] = {}
@@ -260,7 +262,13 @@ class LogNode(ConversationLog):
         leader = self._serving_leader(shard)
         state = self._states.get(key)
         if state is None:
-            lock = self._loading.setdefault(key, asyncio.Lock())
+            # A caller that gives up (its deadline cancels it) must not take the lock out of
+            # the map while others still wait for it: the next caller would make a second lock
+            # and load the conversation beside a load in progress, and two states of one
+            # conversation decide two entries with the same seq (the whole-plane simulation,
+            # seed 1935, once refusals began to confirm leadership and calls took longer)
+            lock, users = self._loading.setdefault(key, (asyncio.Lock(), [0]))
+            users[0] += 1
             try:
                 async with lock:
                     state = self._states.get(key)
@@ -275,7 +283,8 @@ class LogNode(ConversationLog):
                         if state is not None:
                             self._states.put(key, state)
             finally:
-                if not lock.locked():
+                users[0] -= 1
+                if users[0] == 0:
                     self._loading.pop(key, None)
         if self._leaders.get(shard) is not leader:
             # re-led while this call waited for another caller's load: that load's answer (or

@@ -374,6 +374,56 @@ def test_a_cut_off_leader_refuses_no_write_from_its_own_memory() -> None:
         assert outcomes[name] in {NoQuorum, Fenced}, (name, outcomes[name])
 
 
+class HeldReads(MemoryReplica):
+    """A replica whose conversation reads wait for ``gate`` (a slow history load)."""
+
+    gate: asyncio.Event
+
+    async def read_conversation(self, *args: Any) -> Any:
+        await self.gate.wait()
+        return await super().read_conversation(*args)
+
+
+async def loads_after_a_cancelled_load() -> list[int]:
+    """Caller 1 loads a conversation's history (slow), caller 2 waits for that load, caller 1
+    is cancelled (its deadline): caller 3, arriving then, must wait for caller 2's load, not
+    start a second one beside it; two states of one conversation decide two entries with one
+    seq. Found by the whole-plane simulation (seed 1935) once refusals confirmed leadership."""
+    replicas = {r: HeldReads(r) for r in "abc"}
+    for replica in replicas.values():
+        replica.gate = asyncio.Event()
+        replica.gate.set()
+    a, b = (
+        LogNode(region=r, replicas=replicas, config=LogConfig(shard_count=4), clock=LoopClock(),
+                rng=random.Random(i))
+        for i, r in enumerate("ab")
+    )  # fmt: skip
+    shard = a.shard_of("X")
+    await a.lead_shard(shard)
+    await a.create_conversation("t", "X", "m@1", {})
+    await b.lead_shard(shard)  # b knows nothing of X yet: its first callers load the history
+    for replica in replicas.values():
+        replica.gate.clear()
+    first = asyncio.ensure_future(b.append_event("t", "X", "note", {"n": 1}))
+    await asyncio.sleep(0.01)
+    second = asyncio.ensure_future(b.append_event("t", "X", "note", {"n": 2}))
+    await asyncio.sleep(0.01)
+    first.cancel()
+    await asyncio.gather(first, return_exceptions=True)
+    third = asyncio.ensure_future(b.append_event("t", "X", "note", {"n": 3}))
+    await asyncio.sleep(0.01)
+    for replica in replicas.values():
+        replica.gate.set()
+    seqs = sorted(r.seq for r in await asyncio.gather(second, third))
+    for node in (a, b):
+        await node.close()
+    return seqs
+
+
+def test_a_cancelled_history_load_never_lets_two_loads_of_one_conversation_run() -> None:
+    assert run(loads_after_a_cancelled_load) == [1, 2]
+
+
 class HeldAppends(MemoryReplica):
     """A replica that answers status reads but holds appends (a slow disk, a long fsync)."""
 
