@@ -12,6 +12,7 @@ import contextlib
 import json
 import random
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from eventlog.aio import bounded
@@ -51,6 +52,15 @@ from eventlog.sharding import shard_of
 from eventlog.wire_values import check_text, check_value
 
 __all__ = ["LogConfig", "LogNode"]
+
+
+@dataclass
+class _LoadSlot:
+    """A conversation's history-load lock, and how many callers hold or wait for it: it
+    leaves ``LogNode._loading`` only when none does."""
+
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    users: int = 0
 
 
 class LogListener(Protocol):
@@ -100,9 +110,8 @@ class LogNode(ConversationLog):
             idempotency_retention_ms=int(config.idempotency_retention_s * 1000),
             tool_attempts_max=config.tool_attempts_per_conversation_max,
         )
-        #: one load at a time per conversation: its lock, and how many callers hold or wait
-        #: for it (the lock leaves the map only when none does)
-        self._loading: dict[ConversationKey, tuple[asyncio.Lock, list[int]]] = {}
+        #: one history load at a time per conversation (``_state``)
+        self._loading: dict[ConversationKey, _LoadSlot] = {}
         self._leading: dict[int, asyncio.Lock] = {}
         #: the last region known to lead each shard (hint or self), for LogListener.shard_led
         self._previous_leader: dict[int, str] = {}
@@ -267,10 +276,10 @@ class LogNode(ConversationLog):
             # and load the conversation beside a load in progress, and two states of one
             # conversation decide two entries with the same seq (the whole-plane simulation,
             # seed 1935, once refusals began to confirm leadership and calls took longer)
-            lock, users = self._loading.setdefault(key, (asyncio.Lock(), [0]))
-            users[0] += 1
+            slot = self._loading.setdefault(key, _LoadSlot())
+            slot.users += 1
             try:
-                async with lock:
+                async with slot.lock:
                     state = self._states.get(key)
                     if state is None:
                         state = await self._load_state(leader, tenant_id, conversation_id)
@@ -283,8 +292,8 @@ class LogNode(ConversationLog):
                         if state is not None:
                             self._states.put(key, state)
             finally:
-                users[0] -= 1
-                if users[0] == 0:
+                slot.users -= 1
+                if slot.users == 0:
                     self._loading.pop(key, None)
         if self._leaders.get(shard) is not leader:
             # re-led while this call waited for another caller's load: that load's answer (or

@@ -143,10 +143,6 @@ class Membership:
         down = self.declared_down(now_s)
         return [r for r in self.regions if r not in down]
 
-    def lowest_alive(self, now_s: float) -> str:
-        """Who should lead the control shard, by this node's view."""
-        return self.alive(now_s)[0]
-
     def led_shards_of(self, region: str) -> frozenset[int]:
         """Shards ``region`` said it leads in its last reply (empty if never heard)."""
         return self._peer(region).led_shards
