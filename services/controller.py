@@ -8,8 +8,9 @@ Four loops, all bounded and under timeouts, around the pure cores in ``regions``
   shard and apply them (``regions.control.ControlState``), then make this node's leadership match
   the assignment: lead the shards assigned here (bounded concurrency, jittered retries), resign
   the ones assigned elsewhere, and point leader hints at the new owners so forwarding follows.
-* **control** (same period): the alive region with the lowest name (by this node's view) leads
-  the control shard; while it does, it commits what ``PlacementDecider`` decides.
+* **control** (same period): the alive region with the lowest name (by this node's view), a
+  region-loss drill's target excepted until its drill ends (``control_excluded``), leads the
+  control shard; while it does, it commits what ``PlacementDecider`` decides.
 
 Learning reads the control shard's committed entries straight from the replicas (the one with
 the highest commit hint among those reachable, up to that hint), not from the control leader over
