@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 import socket
 from pathlib import Path
 
@@ -13,10 +14,41 @@ class HarnessError(RuntimeError):
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port nothing listens on now (the caller binds it soon after)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
+    """A TCP port nothing listens on now, for a harness process to bind soon after.
+
+    Drawn below the kernel's ephemeral range: a port the kernel handed out (``bind`` to 0) can be
+    taken, before the harness binds it, as the local port of any outgoing connection (a node's
+    client to PostgreSQL, say), which made a plane fail to start now and then. Never the same port
+    twice in one process."""
+    low, _ = _ephemeral_range()
+    first = _FIRST_HARNESS_PORT if low - _FIRST_HARNESS_PORT >= _PORT_DRAWS else 1024
+    for _ in range(_PORT_DRAWS):
+        port = _draw.randrange(first, low)
+        if port in _handed_out:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind((host, port))
+            except OSError:
+                continue
+        _handed_out.add(port)
+        return port
+    raise HarnessError(f"no free TCP port on {host} in {first}..{low - 1}")
+
+
+_FIRST_HARNESS_PORT = 15_000
+_PORT_DRAWS = 200
+_draw = random.Random()
+_handed_out: set[int] = set()
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    """The kernel's range for outgoing connections' local ports (Linux; IANA's elsewhere)."""
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 49_152, 65_535
 
 
 def docker_available() -> bool:

@@ -68,8 +68,7 @@ def start_plane(
     deadline = time.monotonic() + ready_wait_s
     while not ready_file.exists():
         if proc.poll() is not None:
-            output = proc.stdout.read().decode() if proc.stdout else ""
-            pytest.fail(f"convplane up exited with {proc.returncode}:\n{output}")
+            pytest.fail(f"convplane up exited with {proc.returncode}:\n{stop_plane(proc)}")
         if time.monotonic() > deadline:
             stop_plane(proc)
             pytest.fail(f"convplane up {' '.join(extra_args)} did not become ready")

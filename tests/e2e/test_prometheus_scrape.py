@@ -12,7 +12,6 @@ import functools
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -24,6 +23,7 @@ import httpx
 import pytest
 import yaml
 
+from services.local.host import free_port
 from tests.e2e.plane import Plane, start_plane, stop_plane
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -44,13 +44,6 @@ SERIES = (
     "convplane_admission_limit",
     "convplane_background_loop_crash_looping",
 )
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def _wait_for(what: str, timeout_s: float, probe: Callable[[], Any]) -> Any:
@@ -110,7 +103,7 @@ def prometheus(tmp_path: Path, plane: Plane) -> Iterator[Prometheus]:
     }
     config_file = tmp_path / "prometheus.yml"
     config_file.write_text(yaml.safe_dump(config))
-    port = _free_port()
+    port = free_port()
     log_file = tmp_path / "prometheus.log"
     with log_file.open("wb") as log:
         proc = subprocess.Popen(

@@ -20,6 +20,7 @@ from replay.engines.sim_server import create_app
 from replay.engines.simulated import SimulatedEngine
 from replay.engines.vllm_http import VllmHttpEngine
 from replay.model import PrefillRequest
+from services.local.host import free_port
 
 MODEL = "sim-model@rev1"
 MESSAGES = ChatPrompt(
@@ -127,10 +128,7 @@ async def test_http_errors_are_translated_once() -> None:
 
 
 async def test_unreachable_engine_is_unavailable() -> None:
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    sock.close()  # nothing listens there now
+    port = free_port()  # nothing listens there
     engine = VllmHttpEngine("v-0", f"http://127.0.0.1:{port}", MODEL, metrics_timeout_s=2.0)
     try:
         with pytest.raises(EngineUnavailable):
