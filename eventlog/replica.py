@@ -3,7 +3,7 @@
 One ``ReplicaStore`` is one region's database. Its two writes, ``prepare`` and ``append``, are the
 acceptor side of per-shard Multi-Paxos with Raft's log matching; the rules below are the whole
 contract, and ``eventlog.memory_replica.MemoryReplica`` is the reference implementation that
-every other store must match (``tests/unit/test_replica_conformance.py``).
+every other store must match (the suite in ``tests/replica_conformance.py``).
 
 prepare(shard, epoch, tail_max)
     If ``epoch <= promised``: ``Rejected(promised)``. Else make ``promised = epoch`` durable and

@@ -1,7 +1,7 @@
 """The one place the object graph is wired (cosmicpython's ``bootstrap``): adapters meet the
 core here and nowhere else.
 
-* ``node``: one region node's runtime (``open_runtime``): replica stores, the log node, the
+* ``node``: one region node's runtime (``open_runtime``, over ``NodeAdapters``): replica stores, the log node, the
   pooled peer client, the controller, the drill driver and (through ``replay``) the replay
   service, closed in reverse order;
 * ``replay``: the replay service over its engines, bus and in-process workers, and its routes'
@@ -14,6 +14,12 @@ core here and nowhere else.
 The app, the CLI and the tests build nothing themselves: they call these.
 """
 
-from services.bootstrap.node import NodeRuntime, RuntimeFactory, open_replica_stores, open_runtime
+from services.bootstrap.node import (
+    NodeAdapters,
+    NodeRuntime,
+    RuntimeFactory,
+    open_replica_stores,
+    open_runtime,
+)
 
-__all__ = ["NodeRuntime", "RuntimeFactory", "open_replica_stores", "open_runtime"]
+__all__ = ["NodeAdapters", "NodeRuntime", "RuntimeFactory", "open_replica_stores", "open_runtime"]

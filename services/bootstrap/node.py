@@ -1,10 +1,12 @@
 """Wiring of one region node: the one place where adapters meet the core.
 
-``open_runtime(settings)`` opens a replica store per region (the leader writes to every region's
+``open_runtime(settings, adapters)`` opens a replica store per region (the leader writes to every region's
 database directly), builds the ``LogNode``, opens the pooled HTTP client used for forwarding and
 probing, starts the ``services.controller.Controller`` (failure detection, the control shard,
 leading the shards the committed placement assigns here, leader hints for the rest), and closes
-it all in reverse order on exit.
+it all in reverse order on exit. ``NodeAdapters`` are what it takes from the world (the clock,
+how a replica store is opened, the peer HTTP client): production's by default, in-memory ones in
+the unit tier.
 """
 
 from __future__ import annotations
@@ -12,9 +14,9 @@ from __future__ import annotations
 import os
 import random
 import ssl
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import httpx
 
@@ -61,15 +63,22 @@ class NodeRuntime:
 
 
 RuntimeFactory = Callable[[NodeSettings], AbstractAsyncContextManager[NodeRuntime]]
+StoreOpener = Callable[..., Awaitable[ReplicaStore]]  # (dsn, region, *, clock)
+TransportWrap = Callable[[httpx.AsyncBaseTransport], httpx.AsyncBaseTransport]
+PeerClientFactory = Callable[[NodeSettings, TransportWrap | None], httpx.AsyncClient]
 
 
 async def open_replica_stores(
-    cluster: ClusterConfig, clock: Clock, stack: AsyncExitStack, source_region: str | None = None
+    cluster: ClusterConfig,
+    clock: Clock,
+    stack: AsyncExitStack,
+    source_region: str | None = None,
+    open_store: StoreOpener = open_replica_store,
 ) -> dict[str, ReplicaStore]:
     stores: dict[str, ReplicaStore] = {}
     for region in cluster.regions:
         dsn = region.dsn_from.get(source_region, region.dsn) if source_region else region.dsn
-        store = await open_replica_store(dsn, region.name, clock=clock)
+        store = await open_store(dsn, region.name, clock=clock)
         stack.push_async_callback(store.close)
         stores[region.name] = store
     return stores
@@ -88,7 +97,7 @@ def build_log_node(
 
 def peer_client(
     settings: NodeSettings,
-    wrap: Callable[[httpx.AsyncBaseTransport], httpx.AsyncBaseTransport] | None = None,
+    wrap: TransportWrap | None = None,
 ) -> httpx.AsyncClient:
     """The pooled client of probes, forwards and drill calls; ``wrap`` puts the drills'
     black-hole (``services.drill_faults``) around its transport."""
@@ -107,17 +116,31 @@ def peer_client(
     return httpx.AsyncClient(transport=transport, timeout=timeout_s, trust_env=False)
 
 
+@dataclass(frozen=True)
+class NodeAdapters:
+    """What a node's runtime takes from the world."""
+
+    clock: Clock = field(default_factory=SystemClock)
+    open_store: StoreOpener = open_replica_store
+    peer_client: PeerClientFactory = peer_client
+
+
 @asynccontextmanager
-async def open_runtime(settings: NodeSettings) -> AsyncIterator[NodeRuntime]:
+async def open_runtime(
+    settings: NodeSettings, adapters: NodeAdapters | None = None
+) -> AsyncIterator[NodeRuntime]:
+    adapters = adapters or NodeAdapters()
     cluster = settings.load_cluster()
-    clock = SystemClock()
+    clock = adapters.clock
     rng = random.Random(int.from_bytes(os.urandom(8), "big"))
     ops = OpsState()  # drills, halt, audit: folded from the control shard by the controller
     hole = BlackHole(region=settings.region, ops=ops, clock=clock)
     peer_urls = {r.name: r.url_from.get(settings.region, r.url) for r in cluster.regions}
     peer_listener_urls = {r.name: r.peer_url_for(settings.region) for r in cluster.regions}
     async with AsyncExitStack() as stack:
-        opened = await open_replica_stores(cluster, clock, stack, settings.region)
+        opened = await open_replica_stores(
+            cluster, clock, stack, settings.region, adapters.open_store
+        )
         instruments = ReplicaInstruments(replica_call_histogram())
         replicas = timed_replicas(black_holed_replicas(opened, hole), instruments, clock)
         node = build_log_node(settings, cluster, replicas, clock, rng)
@@ -125,7 +148,7 @@ async def open_runtime(settings: NodeSettings) -> AsyncIterator[NodeRuntime]:
         load = LoadMeter(clock)
         node.add_listener(load)
         peers = await stack.enter_async_context(
-            peer_client(
+            adapters.peer_client(
                 settings,
                 lambda inner: BlackHoleTransport(
                     inner, hole, region_by_address(peer_urls, peer_listener_urls)

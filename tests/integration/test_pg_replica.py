@@ -13,7 +13,7 @@ from eventlog.errors import ReplicaUnavailable
 from eventlog.model import Accepted, AppendReply, LogEntry, Promised, Rejected
 from eventlog.stores import SqlReplicaStore, open_replica_store
 from services.local.postgres import PgInstance, asyncpg_dsn
-from tests.unit.test_replica_conformance import ReplicaConformance, ReplicaOpener, run
+from tests.replica_conformance import ReplicaConformance, ReplicaOpener, run
 
 pytestmark = pytest.mark.postgres
 
@@ -29,7 +29,7 @@ async def replica_opener(pg_databases: list[str]) -> AsyncIterator[ReplicaOpener
 
 
 class TestPostgresConformance(ReplicaConformance):
-    """The whole suite of tests/unit/test_replica_conformance.py, on PostgreSQL."""
+    """The whole suite of tests/replica_conformance.py, on PostgreSQL."""
 
 
 async def test_lower_epoch_never_accepted_after_higher_prepare(pg_databases: list[str]) -> None:

@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 from fastapi import FastAPI
 
-from eventlog.clock import SystemClock
+from eventlog.clock import LoopClock
 from eventlog.conversations import (
     AppendedEvent,
     ConversationInfo,
@@ -276,7 +276,7 @@ def build_app(region: str, log: FakeLog, peers: httpx.AsyncClient, **limits: Any
     @asynccontextmanager
     async def runtime(s: NodeSettings) -> AsyncIterator[NodeRuntime]:
         yield NodeRuntime(
-            region, s.load_cluster(), log, peers, SystemClock(), random.Random(7), lambda: (4, 4)
+            region, s.load_cluster(), log, peers, LoopClock(), random.Random(7), lambda: (4, 4)
         )
 
     return create_app(settings, runtime_factory=runtime)

@@ -4,6 +4,7 @@ and the service's REST API."""
 
 from __future__ import annotations
 
+import asyncio
 import random
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -11,7 +12,7 @@ from dataclasses import dataclass
 
 import httpx
 
-from eventlog.clock import SystemClock
+from eventlog.clock import Clock, LoopClock
 from eventlog.config import LogConfig
 from eventlog.memory_replica import MemoryReplica
 from eventlog.node import LogNode, estimate_tokens
@@ -26,6 +27,7 @@ from services.bootstrap.replay import build_replay_service
 from services.config import ClusterConfig, NodeSettings, RegionConfig, TenantConfig, api_key_sha256
 from services.replay.config import EngineConfig, ReplayConfig
 from services.replay.service import ReplayService, ReplayServiceConfig
+from tests.unit.clocks import WALL_ORIGIN_MS
 
 REGIONS = ("a", "b", "c")
 SHARDS = 4
@@ -35,14 +37,19 @@ TENANT_KEY = "tenant-key-0123456789"
 SERVICE_KEY = "service-key-0123456789"
 
 
-class SteppedClock(SystemClock):
-    """Real wall time; monotonic time moves only when the test steps it (token buckets)."""
+class SteppedClock(LoopClock):
+    """Wall time follows the (virtual) loop; monotonic time moves only when the test steps it
+    (token buckets)."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.now_s = 1000.0
 
     def monotonic(self) -> float:
         return self.now_s
+
+    def wall_ms(self) -> int:
+        return WALL_ORIGIN_MS + int(asyncio.get_running_loop().time() * 1000)
 
 
 def ids_on_shard(prefix: str, count: int, shard: int = SHARD) -> list[str]:
@@ -85,23 +92,23 @@ async def write_conversations(node: LogNode, ids: list[str], words: int = 300) -
 
 @asynccontextmanager
 async def world(
-    config: ReplayConfig | None = None, clock: SystemClock | None = None
+    config: ReplayConfig | None = None, clock: Clock | None = None
 ) -> AsyncIterator[World]:
     replicas = {r: MemoryReplica(r) for r in REGIONS}
     log_config = LogConfig(shard_count=SHARDS)
 
     def node(region: str) -> LogNode:
         return LogNode(region=region, replicas=replicas, config=log_config,
-                       clock=SystemClock(), rng=random.Random(region))  # fmt: skip
+                       clock=LoopClock(), rng=random.Random(region))  # fmt: skip
 
     home, survivor = node("a"), node("b")
     engine = SimulatedEngine(
-        "b-e0", REVISION, SimEngineConfig(prefill_tokens_per_s=200_000.0), SystemClock()
+        "b-e0", REVISION, SimEngineConfig(prefill_tokens_per_s=200_000.0), LoopClock()
     )
     bus = InProcessJobBus()
     service = build_replay_service(
         region="b", shard_count=SHARDS, config=config or replay_config(), node=survivor,
-        replicas=replicas, clock=clock or SystemClock(), rng=random.Random(3),
+        replicas=replicas, clock=clock or LoopClock(), rng=random.Random(3),
         engines={"b-e0": engine},
         bus=bus, mode="embedded", limits=ReplayServiceConfig(dispatch_interval_s=0.01),
     )  # fmt: skip
@@ -154,7 +161,7 @@ async def api(w: World) -> AsyncIterator[httpx.AsyncClient]:
 
         @asynccontextmanager
         async def runtime(s: NodeSettings) -> AsyncIterator[NodeRuntime]:
-            yield NodeRuntime("b", cluster, w.survivor, peers, SystemClock(), random.Random(1),
+            yield NodeRuntime("b", cluster, w.survivor, peers, LoopClock(), random.Random(1),
                               lambda: (1, 1), None, w.service)  # fmt: skip
 
         app = create_app(NodeSettings(region="b", cluster=cluster), runtime_factory=runtime)

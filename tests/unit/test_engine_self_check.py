@@ -12,7 +12,7 @@ from contextlib import asynccontextmanager
 import httpx
 import pytest
 
-from eventlog.clock import LoopClock, SystemClock
+from eventlog.clock import LoopClock
 from replay.bus import InProcessJobBus
 from replay.chat import ChatPrompt
 from replay.engines.base import ModelRevisionMismatch
@@ -39,7 +39,7 @@ async def engine_over_http(
         prefill_tokens_per_s=5_000_000.0, cache_tokens=cache_tokens,
         scheduling_policy=policy, prompt_tokens_details=details,
     )  # fmt: skip
-    simulated = SimulatedEngine("sim-0", MODEL, config, SystemClock())
+    simulated = SimulatedEngine("sim-0", MODEL, config, LoopClock())
     app = create_app(simulated)
     async with (
         app.router.lifespan_context(app),

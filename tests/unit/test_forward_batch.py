@@ -14,7 +14,7 @@ import httpx
 import pytest
 from fastapi import FastAPI
 
-from eventlog.clock import SystemClock
+from eventlog.clock import LoopClock
 from services.api import create_app
 from services.api.forward_batch import BATCH_PATH
 from services.bootstrap import NodeRuntime
@@ -59,7 +59,7 @@ def _app(region: str, log: FakeLog, peers: httpx.AsyncClient, **limits: object) 
     @asynccontextmanager
     async def runtime(s: NodeSettings) -> AsyncIterator[NodeRuntime]:
         yield NodeRuntime(
-            region, s.load_cluster(), log, peers, SystemClock(), random.Random(7), lambda: (4, 4)
+            region, s.load_cluster(), log, peers, LoopClock(), random.Random(7), lambda: (4, 4)
         )
 
     return create_app(settings, runtime_factory=runtime)

@@ -10,7 +10,7 @@ import httpx
 import pytest
 from starlette.requests import Request
 
-from eventlog.clock import SystemClock
+from eventlog.clock import LoopClock
 from services.api.errors import ForwardFailed, OutcomeUnknown
 from services.api.forward_batch import BatchConfig
 from services.api.forwarding import Forwarder
@@ -36,7 +36,7 @@ def forwarder(client: httpx.AsyncClient, reachable: dict[str, bool]) -> Forwarde
     return Forwarder(
         client=client,
         peer_urls={"west": "http://west.test"},
-        clock=SystemClock(),
+        clock=LoopClock(),
         rng=random.Random(1),
         metrics=Metrics("us-east"),
         retries_max=1,
@@ -58,7 +58,7 @@ async def test_forward_to_a_suspected_region_fails_without_sending() -> None:
             await forwarder(client, {"west": False}).forward(
                 make_request(),
                 target_region="west",
-                deadline_s=SystemClock().monotonic() + 30,
+                deadline_s=LoopClock().monotonic() + 30,
                 is_write=True,
             )
     assert sent == []
@@ -78,7 +78,7 @@ async def test_in_flight_forward_is_abandoned_when_its_target_goes_silent() -> N
             forwarder(client, reachable).forward(
                 make_request(),
                 target_region="west",
-                deadline_s=SystemClock().monotonic() + 3600,
+                deadline_s=LoopClock().monotonic() + 3600,
                 is_write=True,
             )
         )
@@ -106,7 +106,7 @@ async def test_a_batch_whose_target_stops_answering_probes_is_outcome_unknown() 
         batched = Forwarder(
             client=client,
             peer_urls={"west": "http://west.test"},
-            clock=SystemClock(),
+            clock=LoopClock(),
             rng=random.Random(1),
             metrics=Metrics("us-east"),
             retries_max=1,
@@ -120,7 +120,7 @@ async def test_a_batch_whose_target_stops_answering_probes_is_outcome_unknown() 
             batched.forward(
                 request,
                 target_region="west",
-                deadline_s=SystemClock().monotonic() + 30,
+                deadline_s=LoopClock().monotonic() + 30,
                 is_write=True,
                 batchable=True,
             )

@@ -10,7 +10,7 @@ from contextlib import asynccontextmanager
 import httpx
 import pytest
 
-from eventlog.clock import SystemClock
+from eventlog.clock import LoopClock
 from services.api.app import create_app
 from services.bootstrap import NodeRuntime
 from services.config import ClusterConfig, NodeSettings, TenantConfig
@@ -34,7 +34,7 @@ async def east() -> AsyncGenerator[httpx.AsyncClient]:
     async def runtime(s: NodeSettings) -> AsyncIterator[NodeRuntime]:
         yield NodeRuntime(
             "east", s.load_cluster(), FakeLog("east", leaders()), httpx.AsyncClient(),
-            SystemClock(), random.Random(7), lambda: (4, 4),
+            LoopClock(), random.Random(7), lambda: (4, 4),
         )  # fmt: skip
 
     app = create_app(settings, runtime_factory=runtime)

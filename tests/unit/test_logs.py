@@ -17,12 +17,9 @@ import httpx
 import pytest
 from opentelemetry.sdk.trace import TracerProvider
 
-from eventlog.clock import Clock
-from eventlog.memory_replica import MemoryReplica
 from eventlog.sharding import shard_of
 from regions.placement import place_shards
 from services.api.app import create_app
-from services.bootstrap import node as bootstrap
 from services.config import (
     ClusterConfig,
     NodeSettings,
@@ -32,6 +29,7 @@ from services.config import (
 )
 from services.logs import json_formatter, redact
 from tests.unit.api_fakes import KEY_A
+from tests.unit.memory_runtime import memory_runtime
 
 REGIONS = ("ap-south", "eu-west", "us-east")
 SELF = "us-east"
@@ -79,13 +77,13 @@ def captured() -> Iterator[io.StringIO]:
 
 
 @pytest.fixture
-async def node(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[httpx.AsyncClient]:
-    async def memory_store(dsn: str, region: str, *, clock: Clock) -> MemoryReplica:
-        return MemoryReplica(region)
-
-    monkeypatch.setattr(bootstrap, "open_replica_store", memory_store)
+async def node() -> AsyncIterator[httpx.AsyncClient]:
     provider = TracerProvider()
-    app = create_app(NodeSettings(region=SELF, cluster=_cluster()), tracer_provider=provider)
+    app = create_app(
+        NodeSettings(region=SELF, cluster=_cluster()),
+        runtime_factory=memory_runtime(),
+        tracer_provider=provider,
+    )
     async with AsyncExitStack() as stack:
         await stack.enter_async_context(app.router.lifespan_context(app))
         yield await stack.enter_async_context(

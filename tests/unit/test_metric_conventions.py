@@ -24,12 +24,9 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
-from eventlog.clock import Clock
-from eventlog.memory_replica import MemoryReplica
 from services.api.app import create_app
 from services.api.errors import ERROR_CODES
 from services.api.metrics import HTTP_METHODS
-from services.bootstrap import node as bootstrap
 from services.config import (
     ClusterConfig,
     NodeSettings,
@@ -38,6 +35,7 @@ from services.config import (
     api_key_sha256,
 )
 from tests.unit.api_fakes import KEY_A
+from tests.unit.memory_runtime import memory_runtime
 
 ROOT = Path(__file__).resolve().parents[2]
 OBSERVABILITY = ROOT / "deploy" / "observability"
@@ -124,12 +122,10 @@ def _cluster() -> ClusterConfig:
 
 
 @pytest.fixture
-async def node(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[httpx.AsyncClient]:
-    async def memory_store(dsn: str, region: str, *, clock: Clock) -> MemoryReplica:
-        return MemoryReplica(region)
-
-    monkeypatch.setattr(bootstrap, "open_replica_store", memory_store)
-    app = create_app(NodeSettings(region=SELF, cluster=_cluster()))
+async def node() -> AsyncIterator[httpx.AsyncClient]:
+    app = create_app(
+        NodeSettings(region=SELF, cluster=_cluster()), runtime_factory=memory_runtime()
+    )
     async with AsyncExitStack() as stack:
         await stack.enter_async_context(app.router.lifespan_context(app))
         yield await stack.enter_async_context(

@@ -7,7 +7,7 @@ import random
 import httpx
 from fastapi import FastAPI
 
-from eventlog.clock import SystemClock
+from eventlog.clock import LoopClock
 from eventlog.config import LogConfig
 from eventlog.memory_replica import MemoryReplica
 from eventlog.node import LogNode
@@ -31,7 +31,7 @@ class NoPeers:
 def peer_app(peer_secret: str | None) -> FastAPI:
     cluster = cluster_config().model_copy(update={"peer_secret": peer_secret})
     replicas = {r.name: MemoryReplica(r.name) for r in cluster.regions}
-    clock, rng = SystemClock(), random.Random(1)
+    clock, rng = LoopClock(), random.Random(1)
     node = LogNode(
         region="east", replicas=replicas, config=LogConfig(shard_count=4), clock=clock, rng=rng
     )

@@ -9,7 +9,7 @@ from dataclasses import replace
 
 import pytest
 
-from eventlog.clock import SystemClock
+from eventlog.clock import LoopClock
 from eventlog.sharding import shard_of
 from replay.affinity import AffinityTable
 from replay.cache_salt import cache_salt_for
@@ -41,8 +41,9 @@ from tests.unit.replay_world import (
 WAIT_STEPS_MAX = 2000  # 10 ms each: a hang guard, not a speed assertion
 
 
-class ShiftedClock(SystemClock):
+class ShiftedClock(LoopClock):
     def __init__(self, shift_ms: int) -> None:
+        super().__init__()
         self.shift_ms = shift_ms
 
     def wall_ms(self) -> int:

@@ -7,19 +7,14 @@ Over the real LogNode (in-memory replicas) behind the real API, with the replay 
 from __future__ import annotations
 
 import random
-from pathlib import Path
 from typing import Any
 
-import aiosqlite
 import httpx
 
-from eventlog.clock import SystemClock
+from eventlog.clock import LoopClock
 from eventlog.config import LogConfig
 from eventlog.memory_replica import MemoryReplica
-from eventlog.model import Accepted, LogEntry, Promised
 from eventlog.node import LogNode
-from eventlog.stores import SqlReplicaStore, StoreConfig, migrate, open_replica_store
-from eventlog.stores._engine import make_engine
 from services.drill_canary import DRILL_TENANT, append_canary, read_canary
 from tests.unit.replay_world import (
     REVISION,
@@ -149,7 +144,7 @@ async def test_replay_keeps_one_id_of_two_tenants_apart() -> None:
 async def test_a_tenant_cannot_squat_a_drill_canary_id() -> None:
     replicas = {r: MemoryReplica(r) for r in ("a", "b", "c")}
     node = LogNode(region="a", replicas=replicas, config=LogConfig(shard_count=4),
-                   clock=SystemClock(), rng=random.Random(1))  # fmt: skip
+                   clock=LoopClock(), rng=random.Random(1))  # fmt: skip
     try:
         canary = "drill-d1-s0-0"
         await node.lead_shard(node.shard_of(canary))
@@ -161,36 +156,3 @@ async def test_a_tenant_cannot_squat_a_drill_canary_id() -> None:
         assert DRILL_TENANT != "t1"
     finally:
         await node.close()
-
-
-async def test_a_replica_written_before_namespacing_keeps_its_conversations(
-    tmp_path: Path,
-) -> None:
-    """Migration 0003 changes no row: a conversation written at schema 0002 is read, after the
-    upgrade, under its creator's (tenant, id) and under nobody else's; the conversation index
-    now leads with the tenant."""
-    dsn = f"sqlite+aiosqlite:///{tmp_path / 'replica.db'}"
-    await migrate(dsn, "0002")
-    old = SqlReplicaStore(make_engine(dsn, StoreConfig()), "r1", StoreConfig())
-    try:
-        assert isinstance(await old.prepare(0, 1, 0), Promised)
-        batch = [_entry(1, "t1", 0), _entry(2, "t1", 1)]
-        assert await old.append(0, 1, 0, 0, batch, 2) == Accepted(2)
-    finally:
-        await old.close()
-    store = await open_replica_store(dsn, "r1")  # migrates to the newest schema
-    try:
-        assert [e.seq for e in await store.read_conversation(0, "t1", "old", -1, 10, 2)] == [0, 1]
-        assert await store.read_conversation(0, "t2", "old", -1, 10, 2) == []
-    finally:
-        await store.close()
-    async with aiosqlite.connect(tmp_path / "replica.db") as db:
-        rows = await db.execute_fetchall("PRAGMA index_info('ix_entries_conversation')")
-    assert [r[2] for r in rows] == ["shard", "tenant_id", "conversation_id", "seq"]
-
-
-def _entry(lsn: int, tenant_id: str, seq: int) -> LogEntry:
-    return LogEntry(lsn=lsn, epoch=1, tenant_id=tenant_id, conversation_id="old", seq=seq,
-                    event_type="conversation.created" if seq == 0 else "note",
-                    idempotency_key=None, attempt_id=None, token_count=1,
-                    created_at_ms=1_000 + lsn, body="{}")  # fmt: skip

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 
@@ -17,12 +17,9 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from eventlog.clock import Clock
-from eventlog.memory_replica import MemoryReplica
 from eventlog.sharding import shard_of
 from regions.placement import place_shards
 from services.api.app import create_app
-from services.bootstrap import node as bootstrap
 from services.config import (
     ClusterConfig,
     NodeSettings,
@@ -32,6 +29,7 @@ from services.config import (
 )
 from services.tracing import tracer_provider_from_env
 from tests.unit.api_fakes import KEY_A, HostRouting
+from tests.unit.memory_runtime import memory_runtime
 
 REGIONS = ("east", "west")
 SHARDS = 4
@@ -81,20 +79,9 @@ def _led_by(region: str) -> str:
 
 
 @pytest.fixture
-async def plane(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Plane]:
+async def plane() -> AsyncIterator[Plane]:
     routing = IsolatedRouting()
 
-    async def memory_store(dsn: str, region: str, *, clock: Clock) -> MemoryReplica:
-        return MemoryReplica(region)
-
-    def routed_client(
-        settings: NodeSettings,
-        wrap: Callable[[httpx.AsyncBaseTransport], httpx.AsyncBaseTransport] | None = None,
-    ) -> httpx.AsyncClient:
-        return httpx.AsyncClient(transport=wrap(routing) if wrap else routing)
-
-    monkeypatch.setattr(bootstrap, "open_replica_store", memory_store)
-    monkeypatch.setattr(bootstrap, "peer_client", routed_client)
     spans = InMemorySpanExporter()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(spans))
@@ -102,7 +89,9 @@ async def plane(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Plane]:
         clients = {}
         for region in REGIONS:
             app = create_app(
-                NodeSettings(region=region, cluster=_cluster()), tracer_provider=provider
+                NodeSettings(region=region, cluster=_cluster()),
+                runtime_factory=memory_runtime(routing),
+                tracer_provider=provider,
             )
             routing.apps[f"{region}.test"] = httpx.ASGITransport(app=app)
             await stack.enter_async_context(app.router.lifespan_context(app))
