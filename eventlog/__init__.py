@@ -15,7 +15,8 @@ Where a change goes:
 * a new event type: ``model`` (its name), ``conversation_state`` (the rules it must obey),
   then ``services.api.event_bodies`` (its body on the wire) and ``replay.chat`` (how a
   prompt renders it);
-* a new replica store: implement ``replica.ReplicaStore``; ``tests/replica_conformance``
-  (subclass ``ReplicaConformance``) runs the contract against it, and the simulator (``sim``) can run it;
+* a new replica store: implement ``replica.ReplicaStore``; a subclass of
+  ``tests/replica_conformance.ReplicaConformance`` runs the contract against it, and the
+  simulator (``sim``) can run it;
 * a new limit: ``config.LogConfig``, with its unit in the name.
 """
