@@ -39,7 +39,7 @@ from services.drill_faults import (
 )
 from services.drill_load import LoadMeter
 from services.drills import DrillDriver
-from services.peer_probe import HttpPeerProber
+from services.peer_probe import HttpPeerProber, PeerProber
 from services.replay.service import ReplayService
 from services.replica_timing import ReplicaInstruments, replica_call_histogram, timed_replicas
 
@@ -93,6 +93,37 @@ def build_log_node(
 ) -> LogNode:
     config = LogConfig(shard_count=cluster.shard_count, write_quorum=cluster.write_quorum)
     return LogNode(region=settings.region, replicas=replicas, config=config, clock=clock, rng=rng)
+
+
+def build_controller(
+    settings: NodeSettings,
+    cluster: ClusterConfig,
+    node: LogNode,
+    replicas: Mapping[str, ReplicaStore],
+    prober: PeerProber,
+    clock: Clock,
+    rng: random.Random,
+) -> Controller:
+    """The controller over ``node``, and the node told which regions the controller suspects
+    (a suspected region's replica is not waited for). The whole-plane simulator
+    (``services.plane_sim``) wires its nodes with this too."""
+    controller = Controller(
+        settings=settings,
+        cluster=cluster,
+        node=node,
+        replicas=replicas,
+        prober=prober,
+        clock=clock,
+        rng=rng,
+    )
+    # the own region's replica never counts as unreachable: the node reaches it directly
+    node.set_region_health(
+        lambda region: (
+            region != settings.region
+            and region in controller.membership.suspects(clock.monotonic())
+        )
+    )
+    return controller
 
 
 def peer_client(
@@ -170,27 +201,13 @@ async def open_runtime(
         )
         # The controller leads the shards the committed placement (at first the static one,
         # place_shards) assigns here, follows failovers and failbacks, and sets leader hints.
-        controller = Controller(
-            settings=settings,
-            cluster=cluster,
-            node=node,
-            replicas=replicas,
-            prober=HttpPeerProber(
-                peers,
-                peer_listener_urls,
-                timeout_s=settings.probe_timeout_s,
-                peer_secret=cluster.peer_secret,
-            ),
-            clock=clock,
-            rng=rng,
+        prober = HttpPeerProber(
+            peers,
+            peer_listener_urls,
+            timeout_s=settings.probe_timeout_s,
+            peer_secret=cluster.peer_secret,
         )
-        # the own region's replica never counts as unreachable: the node reaches it directly
-        node.set_region_health(
-            lambda region: (
-                region != settings.region
-                and region in controller.membership.suspects(clock.monotonic())
-            )
-        )
+        controller = build_controller(settings, cluster, node, replicas, prober, clock, rng)
         controller.record_listeners.append(ops.apply_entry)
         controller.control_excluded = ops.region_loss_targets
         drills = DrillDriver(

@@ -31,6 +31,7 @@ from eventlog.node import LogNode
 from eventlog.rebuild import rebuild_replica
 from eventlog.sim.checker import History
 from eventlog.sim.network import SimNetwork
+from services.bootstrap.node import build_controller
 from services.config import ClusterConfig, NodeSettings, RegionConfig
 from services.controller import Controller
 from services.plane_sim.network import SimProber
@@ -138,19 +139,14 @@ class SimPlane:
             observer=partial(self.history.on_commit, region),
             listeners=[_LeaderChanges(self.counts)],
         )
-        controller = Controller(
-            settings=self.settings(region),
-            cluster=self.cluster,
-            node=node,
-            replicas=links,
-            prober=SimProber(self.net, region, self._health_of),
-            clock=clock,
-            rng=random.Random(self.rng.getrandbits(64)),
-        )
-        node.set_region_health(
-            lambda other: (
-                other != region and other in controller.membership.suspects(clock.monotonic())
-            )
+        controller = build_controller(
+            self.settings(region),
+            self.cluster,
+            node,
+            links,
+            SimProber(self.net, region, self._health_of),
+            clock,
+            random.Random(self.rng.getrandbits(64)),
         )
         process.node, process.controller = node, controller
         await controller.start()
