@@ -40,6 +40,7 @@ async def test_lower_epoch_never_accepted_after_higher_prepare(pg_databases: lis
     old = await open_replica_store(pg_databases[0], "old-leader", batch_linger_ms=0)
     new = await open_replica_store(pg_databases[0], "new-leader")
     promised = {shard: asyncio.Event() for shard in range(shards)}
+    going = {shard: asyncio.Event() for shard in range(shards)}  # the old leader was acked once
     late_accepts: list[tuple[int, int]] = []
     try:
         for shard in range(shards):
@@ -49,15 +50,17 @@ async def test_lower_epoch_never_accepted_after_higher_prepare(pg_databases: lis
             for r in range(rounds_max):
                 sent_after_promise = promised[shard].is_set()
                 reply = await old.append(shard, 1, r, 1 if r else 0, run(r + 1, r + 1, 1), r)
-                if isinstance(reply, Accepted) and sent_after_promise:
-                    late_accepts.append((shard, r))
+                if isinstance(reply, Accepted):
+                    going[shard].set()
+                    if sent_after_promise:
+                        late_accepts.append((shard, r))
                 if isinstance(reply, Rejected):
                     assert reply.promised_epoch == 2
                     return
             raise AssertionError(f"shard {shard}: the old leader was never fenced")
 
         async def new_leader(shard: int) -> None:
-            await asyncio.sleep(0.05 + shard * 0.01)  # let the old leader get going
+            await going[shard].wait()  # the new leader takes over mid-stream
             assert isinstance(await new.prepare(shard, 2, 1000), Promised)
             promised[shard].set()
 
