@@ -3,7 +3,8 @@ rest of the plane rests on. It imports nothing from ``regions``, ``replay`` or `
 
 Public API (import from the modules): ``node.LogNode`` (a region's view of the log:
 ``create_conversation``, ``append_event``, ``list_events``, ``lead_shard``; the
-``conversations.ConversationLog`` port the API uses), ``replica.ReplicaStore`` (the storage
+``conversations.ConversationLog`` port the API uses; ``committed_view``, a shard's committed
+reads for replay's planner), ``replica.ReplicaStore`` (the storage
 port), ``stores.open_replica_store`` (PostgreSQL / SQLite), ``memory_replica.MemoryReplica``
 (the reference store), ``config.LogConfig`` (every limit, named), ``errors`` (the one error
 tree), ``rebuild.rebuild_replica`` and ``identity`` (replica identity and quarantine),

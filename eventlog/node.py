@@ -17,6 +17,7 @@ from typing import Any, Protocol
 
 from eventlog.aio import bounded
 from eventlog.clock import Clock
+from eventlog.committed_view import CommittedView
 from eventlog.config import LogConfig
 from eventlog.conversation_cache import ConversationCache, ConversationKey
 from eventlog.conversation_state import (
@@ -136,14 +137,13 @@ class LogNode(ConversationLog):
     def leader(self, shard: int) -> ShardLeader | None:
         return self._leaders.get(shard)
 
-    def committed_source(self, shard: int) -> tuple[ReplicaStore, int]:
-        """For readers beside the log (replay's planner): the replica a serving leader of
-        ``shard`` reads from (known to hold everything committed) and the commit point to read
-        up to. NotLeader when this node does not serve the shard."""
+    def committed_view(self, shard: int) -> CommittedView:
+        """For readers beside the log (replay's planner): ``shard``'s committed log as of now
+        (``eventlog.committed_view``). NotLeader when this node does not serve the shard."""
         leader = self._leaders.get(shard)
         if leader is None or not leader.serving:
             raise NotLeader(f"{self.region} does not lead shard {shard}", shard=shard)
-        return self._replicas[leader.read_source()], leader.commit_lsn
+        return CommittedView(self._replicas[leader.read_source()], shard, leader.commit_lsn)
 
     def set_region_health(self, unreachable: Callable[[str], bool]) -> None:
         """Let leaders fail fast (503 no_quorum) while too few regions answer the failure

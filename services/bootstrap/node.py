@@ -193,7 +193,6 @@ async def open_runtime(
                 shard_count=cluster.shard_count,
                 config=cluster.replay,
                 node=node,
-                replicas=replicas,
                 clock=clock,
                 rng=rng,
                 peer_secret=cluster.peer_secret,  # the cache-salt key's fallback

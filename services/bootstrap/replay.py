@@ -10,7 +10,6 @@ from typing import TYPE_CHECKING
 
 from eventlog.clock import Clock
 from eventlog.node import LogNode
-from eventlog.replica import ReplicaStore
 from replay.bus.memory import InProcessJobBus
 from replay.bus.port import JobBus
 from replay.capacity import CapacityGate
@@ -57,7 +56,6 @@ def build_replay_service(
     shard_count: int,
     config: ReplayConfig,
     node: LogNode,
-    replicas: Mapping[str, ReplicaStore],
     clock: Clock,
     rng: random.Random,
     engines: Mapping[str, InferenceEngine],
@@ -125,7 +123,6 @@ async def open_replay_service(
     shard_count: int,
     config: ReplayConfig,
     node: LogNode,
-    replicas: Mapping[str, ReplicaStore],
     clock: Clock,
     rng: random.Random,
     peer_secret: str | None = None,
@@ -140,7 +137,7 @@ async def open_replay_service(
             engines[engine_id] = engine
         bus, mode = _bus(region, config)
         service = build_replay_service(
-            region=region, shard_count=shard_count, config=config, node=node, replicas=replicas,
+            region=region, shard_count=shard_count, config=config, node=node,
             clock=clock, rng=rng, engines=engines, bus=bus, mode=mode, peer_secret=peer_secret,
         )  # fmt: skip
         node.add_listener(service)

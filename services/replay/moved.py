@@ -1,5 +1,5 @@
-"""What to replay: summaries of a moved shard's conversations, read from the replica the shard's
-leader reads from (the one known to hold everything committed), bounded in count and time.
+"""What to replay: summaries of a moved shard's conversations, read through the log's committed
+view of the shard (``eventlog.committed_view``), bounded in count and time.
 
 * ``moved_conversations(shard)``: ``list_conversations`` (active within the replay window, most
   recent first, at most ``conversations_per_shard_max``) and, per conversation, its
@@ -22,10 +22,10 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from eventlog.clock import Clock
+from eventlog.committed_view import CommittedView
 from eventlog.errors import NotFound, ReplicaUnavailable
 from eventlog.model import CONVERSATION_CREATED, ConversationSummary, LogEntry
 from eventlog.node import LogNode
-from eventlog.replica import ReplicaStore
 from replay.scheduler import MovedConversation
 from services.drill_canary import DRILL_TENANT
 
@@ -57,11 +57,11 @@ class MovedConversationLister:
         self.lookup_failures_total = 0
 
     async def moved_conversations(self, shard: int) -> list[MovedConversation]:
-        store, commit_lsn = self.node.committed_source(shard)
+        view = self.node.committed_view(shard)
         since_ms = self._clock.wall_ms() - int(self._limits.replay_window_s * 1000)
         limit = self._limits.conversations_per_shard_max
         summaries = await self._bounded(
-            store.list_conversations(shard, since_ms, commit_lsn, limit), "list conversations"
+            view.list_conversations(since_ms, limit), "list conversations"
         )
         if len(summaries) >= limit:
             self.truncated_shards_total += 1
@@ -76,7 +76,7 @@ class MovedConversationLister:
         async def one(summary: ConversationSummary) -> MovedConversation | None:
             async with gate:
                 try:
-                    revision = await self._revision(store, shard, summary, commit_lsn)
+                    revision = await self._revision(view, summary)
                 except (ReplicaUnavailable, NotFound) as exc:
                     self.lookup_failures_total += 1
                     log.warning("%s: no model revision: %s", summary.conversation_id, exc)
@@ -97,7 +97,7 @@ class MovedConversationLister:
 
     async def conversation(self, tenant_id: str, conversation_id: str) -> MovedConversation:
         shard = self.node.shard_of(conversation_id)
-        store, commit_lsn = self.node.committed_source(shard)
+        view = self.node.committed_view(shard)
         # paged, summed as it goes: a huge conversation is never held whole
         first: LogEntry | None = None
         last: LogEntry | None = None
@@ -105,13 +105,8 @@ class MovedConversationLister:
         after_seq = -1
         while read < self._limits.entries_max:
             page = await self._bounded(
-                store.read_conversation(
-                    shard,
-                    tenant_id,
-                    conversation_id,
-                    after_seq,
-                    self._limits.page_entries,
-                    commit_lsn,
+                view.read_conversation(
+                    tenant_id, conversation_id, after_seq, self._limits.page_entries
                 ),
                 "read conversation",
             )
@@ -134,13 +129,9 @@ class MovedConversationLister:
             through_seq=last.seq,
         )
 
-    async def _revision(
-        self, store: ReplicaStore, shard: int, summary: ConversationSummary, commit_lsn: int
-    ) -> str:
+    async def _revision(self, view: CommittedView, summary: ConversationSummary) -> str:
         first = await self._bounded(
-            store.read_conversation(
-                shard, summary.tenant_id, summary.conversation_id, -1, 1, commit_lsn
-            ),
+            view.read_conversation(summary.tenant_id, summary.conversation_id, -1, 1),
             "read conversation.created",
         )
         if not first or first[0].event_type != CONVERSATION_CREATED:

@@ -82,7 +82,7 @@ async def test_jobs_of_a_moved_shard_go_through_kafka_and_affinity_is_learned(
         bus_secrets={region: BUS_SECRET.hex()},
     )  # fmt: skip
     service = build_replay_service(
-        region=region, shard_count=SHARDS, config=config, node=survivor, replicas=replicas,
+        region=region, shard_count=SHARDS, config=config, node=survivor,
         clock=SystemClock(), rng=random.Random(3), engines={engine.engine_id: engine},
         bus=KafkaJobBus(kafka_settings(kafka_bootstrap_servers, f"node-{region}", region),
                         regions=[region]),

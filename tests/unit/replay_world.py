@@ -108,7 +108,7 @@ async def world(
     bus = InProcessJobBus()
     service = build_replay_service(
         region="b", shard_count=SHARDS, config=config or replay_config(), node=survivor,
-        replicas=replicas, clock=clock or LoopClock(), rng=random.Random(3),
+        clock=clock or LoopClock(), rng=random.Random(3),
         engines={"b-e0": engine},
         bus=bus, mode="embedded", limits=ReplayServiceConfig(dispatch_interval_s=0.01),
     )  # fmt: skip
