@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import random
-from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -47,17 +45,10 @@ def rebuild(
 
 
 async def _status(cluster_file: Path) -> dict[str, Any]:
-    from eventlog.node import LogNode
+    from services.bootstrap.operator import open_operator_stores, sweep_identities
 
-    async with _stores(cluster_file) as (stores, config):
-        node = LogNode(
-            region=next(iter(stores)),
-            replicas=stores,
-            config=config,
-            clock=_clock(),
-            rng=random.Random(),
-        )
-        await node.verify_replicas()
+    async with open_operator_stores(cluster_file) as opened:
+        verdicts = await sweep_identities(opened)
         return {
             region: {
                 "state": v.state,
@@ -65,7 +56,7 @@ async def _status(cluster_file: Path) -> dict[str, Any]:
                 "generation": v.expected.generation if v.expected else None,
                 "found": v.found,
             }
-            for region, v in sorted(node.identity.verdicts.items())
+            for region, v in sorted(verdicts.items())
         }
 
 
@@ -73,34 +64,9 @@ async def _rebuild(cluster_file: Path, region: str) -> dict[str, Any]:
     from dataclasses import asdict
 
     from eventlog.rebuild import rebuild_replica
+    from services.bootstrap.operator import open_operator_stores
 
-    async with _stores(cluster_file) as (stores, config):
-        report = await rebuild_replica(stores, region, range(config.shard_count + 1), config)
+    async with open_operator_stores(cluster_file) as opened:
+        shards = range(opened.config.shard_count + 1)  # the control shard too
+        report = await rebuild_replica(opened.stores, region, shards, opened.config)
         return asdict(report)
-
-
-def _clock() -> Any:
-    from eventlog.clock import SystemClock
-
-    return SystemClock()
-
-
-class _stores:
-    """Every region's replica store from the cluster file, closed on exit."""
-
-    def __init__(self, cluster_file: Path) -> None:
-        self._cluster_file = cluster_file
-        self._stack = AsyncExitStack()
-
-    async def __aenter__(self) -> tuple[dict[str, Any], Any]:
-        from eventlog.config import LogConfig
-        from services.bootstrap import open_replica_stores
-        from services.config import load_cluster
-
-        cluster = load_cluster(self._cluster_file)
-        stores = await open_replica_stores(cluster, _clock(), self._stack)
-        config = LogConfig(shard_count=cluster.shard_count, write_quorum=cluster.write_quorum)
-        return stores, config
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self._stack.aclose()
