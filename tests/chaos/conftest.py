@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from services.local.chaos import FAST_ENV
+
 
 @pytest.fixture
 def chaos_dir() -> Iterator[Path]:
@@ -21,3 +23,10 @@ def chaos_dir() -> Iterator[Path]:
     finally:
         if not os.environ.get("CONVPLANE_CHAOS_KEEP"):
             shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture(autouse=True)
+def fast_failover(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every node of a chaos plane detects, fails over and fails back fast (``FAST_ENV``)."""
+    for name, value in FAST_ENV.items():
+        monkeypatch.setenv(name, value)

@@ -20,7 +20,8 @@ import httpx
 import pytest
 
 from eventlog.sharding import shard_of
-from services.local.chaos import FAST_ENV, ChaosPlane, get_json
+from services.local.chaos import get_json
+from tests.chaos.plane import chaos_plane
 from tests.lincheck.checker import check_history
 from tests.lincheck.history import HistoryRecorder
 
@@ -37,19 +38,9 @@ AFTER_RESTART_S = 5.0
 
 @pytest.mark.postgres
 async def test_history_under_partition_and_kill_is_linearizable(
-    chaos_dir: Path, monkeypatch: pytest.MonkeyPatch, lincheck_binary: Path
+    chaos_dir: Path, lincheck_binary: Path
 ) -> None:
-    for name, value in FAST_ENV.items():
-        monkeypatch.setenv(name, value)
-    plane = ChaosPlane(
-        regions=3,
-        state_dir=chaos_dir / "plane",
-        base_port=0,
-        postgres=True,
-        shard_count=SHARDS,
-        proxied=True,
-        loop=asyncio.get_running_loop(),
-    )
+    plane = chaos_plane(chaos_dir, SHARDS, proxied=True)
     clients: list[asyncio.Task[None]] = []
     recorder: HistoryRecorder | None = None
     try:

@@ -14,8 +14,6 @@ from pathlib import Path
 import pytest
 
 from services.local.chaos import (
-    FAST_ENV,
-    ChaosPlane,
     Writers,
     conversations_per_shard,
     full_placement,
@@ -26,6 +24,7 @@ from services.local.chaos import (
     wait_until,
 )
 from services.local.chaos_audit import audit_after_writers
+from tests.chaos.plane import chaos_plane
 
 SHARDS = 24
 CUT_S = 6.0
@@ -34,20 +33,8 @@ ASSIGNED_GRACE_S = 0.05
 
 
 @pytest.mark.postgres
-async def test_partitioned_region_acks_nothing_and_its_shards_fail_over(
-    chaos_dir: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    for name, value in FAST_ENV.items():
-        monkeypatch.setenv(name, value)
-    plane = ChaosPlane(
-        regions=3,
-        state_dir=chaos_dir / "plane",
-        base_port=0,
-        postgres=True,
-        shard_count=SHARDS,
-        proxied=True,
-        loop=asyncio.get_running_loop(),
-    )
+async def test_partitioned_region_acks_nothing_and_its_shards_fail_over(chaos_dir: Path) -> None:
+    plane = chaos_plane(chaos_dir, SHARDS, proxied=True)
     writers: Writers | None = None
     running: asyncio.Task[None] | None = None
     try:

@@ -13,8 +13,6 @@ from pathlib import Path
 import pytest
 
 from services.local.chaos import (
-    FAST_ENV,
-    ChaosPlane,
     Writers,
     conversations_per_shard,
     full_placement,
@@ -25,6 +23,7 @@ from services.local.chaos import (
     wait_until,
 )
 from services.local.chaos_audit import audit_after_writers
+from tests.chaos.plane import chaos_plane
 
 SHARDS = 24
 RECOVERY_WAIT_S = 30.0
@@ -32,14 +31,8 @@ FAILBACK_WAIT_S = 60.0
 
 
 @pytest.mark.postgres
-async def test_kill9_region_fails_over_then_back_without_losing_acks(
-    chaos_dir: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    for name, value in FAST_ENV.items():
-        monkeypatch.setenv(name, value)
-    plane = ChaosPlane(
-        regions=3, state_dir=chaos_dir / "plane", base_port=0, postgres=True, shard_count=SHARDS
-    )
+async def test_kill9_region_fails_over_then_back_without_losing_acks(chaos_dir: Path) -> None:
+    plane = chaos_plane(chaos_dir, SHARDS)
     info = await asyncio.to_thread(plane.start)
     urls = {r["name"]: r["url"] for r in info["regions"]}
     writers = Writers(urls, info["api_key"], conversations_per_shard(SHARDS), SHARDS)
