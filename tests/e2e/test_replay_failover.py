@@ -159,6 +159,9 @@ def test_survivors_rebuild_moved_conversations_and_the_next_turn_hits_the_cache(
             os.kill(engine["pid"], 0)
 
 
+PREFLIGHT_RETRY_S = 30.0
+
+
 def test_a_region_loss_drill_checks_prefill_and_reports_what_replay_rebuilt(
     tmp_path: Path,
 ) -> None:
@@ -183,7 +186,13 @@ def test_a_region_loss_drill_checks_prefill_and_reports_what_replay_rebuilt(
             assert plan["ok"] and plan["conversations_moved"] >= len(cids), plan
             assert plan["capacity"]["prefill"]["survivor_prefill_capacity_tokens_per_s"] > 0
             assert plan["replay_time_min_s"] > 0  # replay tokens over the survivors' spare
-            started = client.post("/v1/drills", json=drill, headers=operator, timeout=30.0)
+            preflight_deadline = time.monotonic() + PREFLIGHT_RETRY_S
+            while True:  # preflight refuses while a shard cannot take its canary yet: retried
+                started = client.post("/v1/drills", json=drill, headers=operator, timeout=30.0)
+                refused = started.status_code == 409 and "shards not writable" in started.text
+                if not refused or time.monotonic() > preflight_deadline:
+                    break
+                time.sleep(1.0)
             assert started.status_code == 201, started.text
             drill_id = started.json()["drill_id"]
             wait_for_affinity(client, cids)  # replayed on the survivors during the hold
