@@ -350,7 +350,11 @@ class ReplicaConformance:
     @settings(
         max_examples=100,
         deadline=None,
-        suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+        suppress_health_check=[
+            HealthCheck.function_scoped_fixture,
+            HealthCheck.too_slow,
+            HealthCheck.differing_executors,  # one suite, run by a subclass per store
+        ],
     )
     @given(
         ops=st.lists(st.tuples(st.integers(0, 6), st.randoms(use_true_random=False)), max_size=40)
