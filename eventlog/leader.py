@@ -345,16 +345,18 @@ class ShardLeader:
     def _suspect(self, follower: _Follower, now: float) -> bool:
         """A replica that has failed, or not answered, for ``replica_suspect_after_s``: a
         black-holed link (partition) shows as a call that never returns, not as an error."""
+        failing, inflight = follower.failing_since, follower.inflight_since
+        if failing is None and inflight is None:
+            return False
         limit_s = self._config.replica_suspect_after_s
-        pending = [s for s in (follower.failing_since, follower.inflight_since) if s is not None]
-        if any(now - since >= limit_s for since in pending):
+        if (failing is not None and now - failing >= limit_s) or (
+            inflight is not None and now - inflight >= limit_s
+        ):
             return True
         # A call is outstanding to a region the failure detector cannot reach: no need to wait
         # for the call to time out. (A region whose node is down but whose database answers
         # has no outstanding call for long, so it still counts.)
-        return bool(pending) and (
-            self._region_unreachable is not None and self._region_unreachable(follower.region)
-        )
+        return self._region_unreachable is not None and self._region_unreachable(follower.region)
 
     def propose(self, make_entry: Callable[[int, int], LogEntry]) -> LogEntry:
         """Append an entry built by ``make_entry(lsn, epoch)`` to the leader's log (no await:

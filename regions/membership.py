@@ -102,6 +102,12 @@ class Membership:
         """Peers this node suspects now."""
         return frozenset(r for r, p in self._peers.items() if self._suspected(p, now_s))
 
+    def suspects_region(self, region: str, now_s: float) -> bool:
+        """Whether ``region`` is in ``suspects(now_s)``, without building the set (a shard
+        leader asks on every proposal)."""
+        peer = self._peers.get(region)
+        return peer is not None and self._suspected(peer, now_s)
+
     def suspected_by(self, region: str, now_s: float) -> tuple[str, ...]:
         """Regions that suspect ``region``: this node by its own probes, peers by their last
         reply. A peer this node suspects is still counted with its last known suspicions."""

@@ -107,4 +107,6 @@ def _peer_reachable(runtime: NodeRuntime) -> Callable[[str], bool] | None:
     controller = runtime.controller
     if controller is None:
         return None
-    return lambda region: region not in controller.membership.suspects(runtime.clock.monotonic())
+    return lambda region: (
+        not controller.membership.suspects_region(region, runtime.clock.monotonic())
+    )

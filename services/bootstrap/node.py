@@ -120,7 +120,7 @@ def build_controller(
     node.set_region_health(
         lambda region: (
             region != settings.region
-            and region in controller.membership.suspects(clock.monotonic())
+            and controller.membership.suspects_region(region, clock.monotonic())
         )
     )
     return controller

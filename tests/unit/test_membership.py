@@ -39,6 +39,19 @@ def test_a_peer_is_suspected_after_detection_s_without_a_successful_probe() -> N
     assert m.declared_down(11.0) == frozenset()
 
 
+def test_suspects_region_agrees_with_suspects() -> None:
+    """The per-region check a shard leader asks on every proposal answers as the set does: for
+    a peer never seen (within and past its grace), a silent one, a fresh one, and this node."""
+    m = membership()
+    m.probe_ok("us-east", 10.0, suspects=[])
+    for now_s in (0.5, 4.9, 5.0, 10.5, 11.0, 30.0):
+        suspected = m.suspects(now_s)
+        assert {r for r in REGIONS if m.suspects_region(r, now_s)} == suspected
+    assert m.suspects(4.9) == frozenset() and m.suspects(11.0) == {"ap-south", "us-east"}
+    assert not m.suspects_region("eu-west", 30.0)  # never itself
+    assert not m.suspects_region("mars", 30.0)  # nor a region it does not know
+
+
 def test_a_majority_of_suspicions_declares_a_region_down() -> None:
     m = membership()
     all_ok(m, 10.0)
