@@ -85,6 +85,16 @@ class _Follower:
     wakeup: asyncio.Event = field(default_factory=asyncio.Event)
 
 
+@dataclass(slots=True)
+class _Waiter:
+    """One caller waiting for an lsn to commit (``ShardLeader.wait_committed``)."""
+
+    future: asyncio.Future[None]
+    started_s: float
+    deadline_s: float
+    timeout_s: float
+
+
 class ShardLeader:
     def __init__(
         self,
@@ -125,7 +135,10 @@ class ShardLeader:
         self._buffer_bytes = 0
         self._inflight_bytes = 0
         self._followers: dict[str, _Follower] = {}
-        self._waiters: dict[int, asyncio.Future[None]] = {}
+        #: callers waiting for an lsn to commit, and the one timer that fails them when due
+        self._waiters: dict[int, list[_Waiter]] = {}
+        self._watch: asyncio.TimerHandle | None = None
+        self._watch_due_s = 0.0
         self._recovery_source = region
         self._recovery_commit_lsn = 0
         self._barrier_lsn = 0
@@ -275,11 +288,15 @@ class ShardLeader:
             shard=self.shard,
             promised_epoch=fenced_by if fenced_by is not None else self.epoch,
         )
-        for waiter in self._waiters.values():
-            if not waiter.done():
-                waiter.set_exception(crash or error)
-                waiter.exception()  # mark retrieved: nobody may be waiting any more
+        for waiting in self._waiters.values():
+            for waiter in waiting:
+                if not waiter.future.done():
+                    waiter.future.set_exception(crash or error)
+                    waiter.future.exception()  # mark retrieved: nobody may be waiting any more
         self._waiters.clear()
+        if self._watch is not None:
+            self._watch.cancel()
+            self._watch = None
         for task in self._tasks:
             task.cancel()
         if self._read_index is not None:
@@ -320,8 +337,12 @@ class ShardLeader:
         return [f for f in self._followers.values() if self._counts(f.region)]
 
     def _reachable_count(self) -> int:
+        """Counted replicas not suspected now (asked on every proposal: builds no list)."""
         now = self._clock.monotonic()
-        return sum(1 for f in self._counted() if not self._suspect(f, now))
+        counts = self._identity.counts
+        return sum(
+            1 for f in self._followers.values() if counts(f.region) and not self._suspect(f, now)
+        )
 
     def _quorum_suspected(self) -> bool:
         return bool(self._followers) and self._reachable_count() < self._w
@@ -392,30 +413,70 @@ class ShardLeader:
                 shard=self.shard,
                 promised_epoch=self.fenced_by or self.epoch,
             )
-        waiter = self._waiters.get(lsn)
-        if waiter is None:
-            waiter = asyncio.get_running_loop().create_future()
-            self._waiters[lsn] = waiter
-        deadline = self._clock.monotonic() + timeout_s
-        while True:
-            remaining_s = deadline - self._clock.monotonic()
-            try:
-                if remaining_s <= 0:
-                    raise TimeoutError
-                await asyncio.wait_for(
-                    asyncio.shield(waiter), min(remaining_s, self._config.quorum_check_s)
-                )
+        # No timer per caller: the leader's one watch (_watch_waiters) fails a waiter at its
+        # deadline, or once it has waited quorum_check_s while the quorum looks cut off. A
+        # caller's future is its own, so a cancelled caller cancels nothing but its wait.
+        now = self._clock.monotonic()
+        waiter = _Waiter(
+            asyncio.get_running_loop().create_future(), now, now + timeout_s, timeout_s
+        )
+        waiting = self._waiters.get(lsn)
+        if waiting is None:
+            self._waiters[lsn] = [waiter]
+        else:
+            waiting.append(waiter)
+        self._arm_watch(waiter.deadline_s)
+        await waiter.future
+
+    def _arm_watch(self, deadline_s: float) -> None:
+        """Have _watch_waiters run by ``deadline_s`` and at most quorum_check_s from now."""
+        now = self._clock.monotonic()
+        due_s = min(deadline_s, now + self._config.quorum_check_s)
+        if self._watch is not None:
+            if self._watch_due_s <= due_s:
                 return
-            except TimeoutError as exc:
-                cut_off = self._quorum_suspected()
-                if remaining_s > self._config.quorum_check_s and not cut_off:
+            self._watch.cancel()
+        self._watch_due_s = due_s
+        self._watch = asyncio.get_running_loop().call_later(
+            max(0.0, due_s - now), self._watch_waiters
+        )
+
+    def _watch_waiters(self) -> None:
+        """Fail every waiter past its deadline, and every one that has waited quorum_check_s
+        while too few replicas answer (NoQuorum: the outcome is unknown); re-arm for the rest."""
+        self._watch = None
+        if self._stopped:
+            return
+        now = self._clock.monotonic()
+        cut_off = self._quorum_suspected()
+        check_s = self._config.quorum_check_s
+        next_due_s = float("inf")
+        for lsn in list(self._waiters):
+            still = []
+            for waiter in self._waiters[lsn]:
+                if waiter.future.done():
+                    continue  # its caller was cancelled
+                if now >= waiter.deadline_s or (cut_off and now - waiter.started_s >= check_s):
+                    waiter.future.set_exception(self._not_acknowledged(lsn, waiter, cut_off))
                     continue
-                raise NoQuorum(
-                    f"shard {self.shard}: lsn {lsn} not acknowledged by {self._w} replicas "
-                    + ("(they stopped answering)" if cut_off else f"within {timeout_s:.1f}s")
-                    + "; the outcome is unknown, retry with the same Idempotency-Key",
-                    retry_after_s=1.0,
-                ) from exc
+                still.append(waiter)
+                next_due_s = min(next_due_s, waiter.deadline_s)
+                if now < waiter.started_s + check_s:  # its first look at the quorum is ahead
+                    next_due_s = min(next_due_s, waiter.started_s + check_s)
+            if still:
+                self._waiters[lsn] = still
+            else:
+                del self._waiters[lsn]
+        if self._waiters:
+            self._arm_watch(next_due_s)  # (at most quorum_check_s from now)
+
+    def _not_acknowledged(self, lsn: int, waiter: _Waiter, cut_off: bool) -> NoQuorum:
+        return NoQuorum(
+            f"shard {self.shard}: lsn {lsn} not acknowledged by {self._w} replicas "
+            + ("(they stopped answering)" if cut_off else f"within {waiter.timeout_s:.1f}s")
+            + "; the outcome is unknown, retry with the same Idempotency-Key",
+            retry_after_s=1.0,
+        )
 
     def holders(self, lsn: int) -> tuple[str, ...]:
         """Regions whose replicas are known to hold the leader's log through ``lsn``."""
@@ -571,9 +632,9 @@ class ShardLeader:
         if self._observer is not None:
             self._observer(self.shard, self.epoch, newly)
         for lsn in sorted(lsn for lsn in self._waiters if lsn <= quorum_lsn):
-            waiter = self._waiters.pop(lsn)
-            if not waiter.done():
-                waiter.set_result(None)
+            for waiter in self._waiters.pop(lsn):
+                if not waiter.future.done():
+                    waiter.future.set_result(None)
         self._trim_buffer()
         self._wake_followers()  # followers may now push the new commit position
 

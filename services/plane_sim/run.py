@@ -30,7 +30,9 @@ LIVENESS_BOUND_S = 30.0
 STABLE_S = 2.0
 #: version of the simulation: a seed replays exactly only on the same version; regression
 #: seeds are pinned to it (tests/sim/test_plane_simulation.py)
-PLANE_SIM_VERSION = 3  # 3: the log keys conversations by (tenant, id) and loads them in pages
+#: 3: the log keys conversations by (tenant, id) and loads them in pages; 4: a shard leader's
+#: waiting appends share one timer (ShardLeader._watch_waiters), not one each
+PLANE_SIM_VERSION = 4
 
 
 @dataclass

@@ -90,3 +90,53 @@ def test_silent_replicas_count_as_unreachable_after_the_suspect_time() -> None:
 def test_failure_detector_makes_a_cut_off_leader_give_up_at_once() -> None:
     waited_s = run(cut_off_append, True)
     assert waited_s < 0.5
+
+
+async def slow_quorum_append(cancel_one: bool) -> tuple[float, bool]:
+    """Two callers wait for one append (the second retries with its Idempotency-Key) while
+    both other replicas swallow calls; they are never suspected (suspect time 100 s)."""
+    config = LogConfig(
+        shard_count=1,
+        append_timeout_s=3.0,
+        replica_call_timeout_s=1.0,
+        replica_suspect_after_s=100.0,
+    )
+    replicas = {"a": MemoryReplica("a"), "b": BlackHole("b"), "c": BlackHole("c")}
+    node = LogNode(
+        region="a", replicas=replicas, config=config, clock=LoopClock(), rng=random.Random(1)
+    )
+    await node.lead_shard(0)
+    await node.create_conversation("t", "c1", "m", {})
+    replicas["b"].cut = replicas["c"].cut = True  # type: ignore[attr-defined]
+    loop = asyncio.get_running_loop()
+    first = loop.create_task(node.append_event("t", "c1", "note", {}, idempotency_key="k"))
+    await asyncio.sleep(0.5)
+    retry = loop.create_task(node.append_event("t", "c1", "note", {}, idempotency_key="k"))
+    started = loop.time()
+    await asyncio.sleep(0.5)
+    if not cancel_one:
+        with pytest.raises(NoQuorum, match=r"within 3\.0s; the outcome is unknown"):
+            await retry
+        waited_s = loop.time() - started
+        assert first.done()
+        with pytest.raises(NoQuorum, match=r"within 3\.0s"):
+            first.result()
+        await node.close()
+        return waited_s, False
+    first.cancel()
+    replicas["b"].cut = False  # type: ignore[attr-defined]
+    appended = await retry
+    waited_s = loop.time() - started
+    await node.close()
+    return waited_s, appended.replayed
+
+
+def test_an_append_without_its_quorum_gives_up_at_its_timeout() -> None:
+    waited_s, _ = run(slow_quorum_append, False)
+    assert waited_s == pytest.approx(3.0, abs=0.01)  # virtual seconds: its own deadline
+
+
+def test_a_cancelled_caller_leaves_the_others_waiting_for_the_same_entry() -> None:
+    waited_s, replayed = run(slow_quorum_append, True)
+    assert replayed  # the retry got the first caller's event once b answered again
+    assert waited_s < 3.0
