@@ -46,6 +46,7 @@ from eventlog.errors import (
     NotLeader,
 )
 from eventlog.identity import IdentityGuard, Observation, plan_sweep
+from eventlog.json_text import compact_json
 from eventlog.leader import CommitObserver, ShardLeader
 from eventlog.model import CONVERSATION_CREATED, LogEntry, ShardStatus, record_entry
 from eventlog.replica import ReplicaStore
@@ -655,7 +656,7 @@ def _propose_body(
     leader: ShardLeader, body: dict[str, Any], attempt_id: str | None = None
 ) -> LogEntry:
     """Propose an entry of a conversation; its indexed fields are copies of its body's."""
-    text = json.dumps(body, separators=(",", ":"))
+    text = compact_json(body)
     return leader.propose(
         lambda lsn, epoch: LogEntry(
             lsn=lsn,
