@@ -14,10 +14,16 @@ runs ``--writers`` concurrent writers, one conversation each, appending 1 KiB me
 - peer: the same writers insert the same 1 KiB rows into the primary, one transaction per event
   (autocommit ``INSERT``), through an asyncpg pool; a commit returns once one standby has flushed.
 
-It prints events/s of both, their ratio and ack latency percentiles. Mode 2 puts a fault proxy
-with ``--delay-ms`` each way between the leader and the two remote databases (its own database
-direct) and compares ack latency with the floor: one round trip through a proxy plus one local
-single-row commit, both measured in the same run. The last line is ONE JSON object.
+Both run in this process on uvloop, the event loop node processes run (``--loop asyncio``: on
+asyncio's own). It prints events/s of both, their ratio and ack latency percentiles. Mode 2 puts
+a fault proxy with ``--delay-ms`` each way between the leader and the two remote databases (its
+own database direct) and compares ack latency with the floor: one round trip through a proxy
+plus one local single-row commit, both measured in the same run. The last line is ONE JSON
+object.
+
+``--py-spy FILE`` samples this process with py-spy during convplane's measured run (raw
+collapsed stacks) and ``--profile FILE`` with cProfile; both cost CPU, so numbers from such a
+run are not the benchmark's.
 
 All servers are stopped on exit, also on Ctrl-C or SIGTERM.
 """
@@ -38,12 +44,13 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 import asyncpg
+import uvloop
 
 from bench.pg_peer import (
     CALL_TIMEOUT_S,
@@ -54,6 +61,7 @@ from bench.pg_peer import (
     plain_dsn,
     run_peer,
 )
+from bench.profiling import py_spy
 from eventlog.clock import SystemClock
 from eventlog.config import LogConfig
 from eventlog.node import LogNode
@@ -67,6 +75,7 @@ from services.local.postgres import (
 )
 
 REGIONS = ("a", "b", "c")
+T = TypeVar("T")
 LEAD_CONCURRENCY_MAX = 8  # shards taking leadership at once (each is a few round trips)
 
 
@@ -132,7 +141,8 @@ async def run_convplane(
         profiler = cProfile.Profile() if args.profile else None
         if profiler is not None:
             profiler.enable()
-        recorder = await drive(args.writers, args.warmup_s, args.seconds, append)
+        with py_spy(os.getpid(), args.py_spy):
+            recorder = await drive(args.writers, args.warmup_s, args.seconds, append)
         if profiler is not None:
             profiler.disable()
             profiler.dump_stats(args.profile)
@@ -296,11 +306,23 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--store-batch-max", type=int, default=512)
     p.add_argument("--peer-pool-max", type=int, default=80, help="server max_connections=100")
     p.add_argument("--profile", help="cProfile the convplane run into this file")
+    p.add_argument("--py-spy", type=Path, help="record the convplane run with py-spy (raw)")
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument(
+        "--loop", choices=("uvloop", "asyncio"), default="uvloop", help="event loop of the run"
+    )
     args = p.parse_args(argv)
     if args.writers is None:
         args.writers = 16 if args.delay_ms is not None else 256
     return args
+
+
+def run_on(loop: str, main: Coroutine[Any, Any, T]) -> T:
+    """Run ``main`` on uvloop (what node processes run: ``services.node.EVENT_LOOP``) or on
+    asyncio's own loop; both systems of a run share it."""
+    factory = uvloop.new_event_loop if loop == "uvloop" else asyncio.new_event_loop
+    with asyncio.Runner(loop_factory=factory) as runner:
+        return runner.run(main)
 
 
 def _interrupt(signum: int, _frame: Any) -> None:
@@ -318,11 +340,11 @@ def main(argv: list[str] | None = None) -> int:
         servers = start_instances(3, base / "log")
         stoppers += [lambda s=s: s.stop("immediate") for s in servers]  # type: ignore[misc]
         if args.delay_ms is not None:
-            result = asyncio.run(mode_latency(servers, args))
+            result = run_on(args.loop, mode_latency(servers, args))
         else:
             peer = start_sync_replication_cluster(base / "peer", standbys=2)
             stoppers.append(peer.stop)
-            result = asyncio.run(mode_throughput(servers, peer.dsn, args))
+            result = run_on(args.loop, mode_throughput(servers, peer.dsn, args))
         print(json.dumps(result))
         return 0
     finally:

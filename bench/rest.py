@@ -44,7 +44,7 @@ import signal
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -53,6 +53,7 @@ from urllib.parse import urlsplit
 import httpx
 
 from bench.pg_peer import payload_text, run_peer
+from bench.profiling import py_spy
 from services.local.plane import LocalPlane
 from services.local.postgres import start_sync_replication_cluster
 
@@ -175,28 +176,6 @@ def cpu_used(before: dict[str, dict[int, float]], groups: dict[str, int]) -> dic
 
 
 # --- one mode ----------------------------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def py_spy(pid: int, out: Path | None) -> Iterator[None]:
-    if out is None:
-        yield
-        return
-    py_spy_bin = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
-    spy = subprocess.Popen(
-        [py_spy_bin, "record", "-p", str(pid), "-o", str(out), "-f", "raw", "-r", "200",
-         "--nonblocking"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    try:
-        yield
-    finally:
-        spy.send_signal(signal.SIGINT)  # py-spy writes its file on SIGINT
-        try:
-            spy.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            spy.kill()
-            spy.wait()
 
 
 def run_wrk(
