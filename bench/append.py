@@ -130,19 +130,25 @@ async def run_convplane(
             await before_drive()
         text = payload_text(args.payload_bytes, args.seed)
         acked_by: set[tuple[str, ...]] = set()
+        appended = 0
 
         async def append(index: int) -> None:
+            nonlocal appended
             event = await node.append_event(
                 TENANT, conversations[index], "message.user", {"content": text}, token_count=256
             )
+            appended += 1
             if len(acked_by) < 8:
                 acked_by.add(event.acked_by)
 
         profiler = cProfile.Profile() if args.profile else None
         if profiler is not None:
             profiler.enable()
+        cpu_started_s = time.process_time()
         with py_spy(os.getpid(), args.py_spy):
             recorder = await drive(args.writers, args.warmup_s, args.seconds, append)
+        # this process is the leader: its CPU per acknowledged event, warm-up included
+        recorder.cpu_ms_per_event = 1000 * (time.process_time() - cpu_started_s) / max(appended, 1)
         if profiler is not None:
             profiler.disable()
             profiler.dump_stats(args.profile)
@@ -264,6 +270,11 @@ def report(name: str, recorder: Recorder) -> None:
         f"{name:>10}: {recorder.events_per_s:9.0f} events/s   "
         f"p50 {recorder.percentile_ms(0.5):7.2f} ms   p99 {recorder.percentile_ms(0.99):7.2f} ms"
         + (f"   errors {recorder.errors}" if recorder.errors else "")
+        + (
+            f"   CPU {recorder.cpu_ms_per_event:.3f} ms/event (this process)"
+            if recorder.cpu_ms_per_event is not None
+            else ""
+        )
     )
 
 
@@ -283,6 +294,7 @@ async def mode_throughput(
         "throughput_ratio": round(ratio, 3),
         "ack_p50_ms": round(ours.percentile_ms(0.50), 2),
         "ack_p99_ms": round(ours.percentile_ms(0.99), 2),
+        "leader_cpu_ms_per_event": round(ours.cpu_ms_per_event or float("nan"), 3),
         "postgres_ack_p50_ms": round(theirs.percentile_ms(0.50), 2),
         "postgres_ack_p99_ms": round(theirs.percentile_ms(0.99), 2),
         "writers": args.writers,

@@ -102,7 +102,7 @@ def _run(plane: LocalPlane, info: dict[str, Any], args: argparse.Namespace) -> d
     slow = [socket.create_connection((host, int(port)), timeout=5) for _ in range(args.slow_bodies)]
     for sock in slow:
         sock.sendall(head)
-    stop, suspicions = threading.Event(), []
+    stop, suspicions = threading.Event(), list[str]()
     watcher = threading.Thread(target=_watch, args=(urls[OBSERVER], key, stop, suspicions))
     watcher.start()
     try:

@@ -32,6 +32,8 @@ class Recorder:
     window_end: float
     latencies_s: list[float] = field(default_factory=list)
     errors: dict[str, int] = field(default_factory=dict)
+    #: CPU milliseconds the measured process spent per event (where the benchmark measures it)
+    cpu_ms_per_event: float | None = None
 
     def record(self, started: float, finished: float) -> None:
         if self.window_start <= finished <= self.window_end:

@@ -20,6 +20,8 @@ import json
 import random
 from typing import Any
 
+from pydantic import TypeAdapter
+
 from replay.chat import ChatPrompt, PromptEvent, render_prompt
 from replay.engines.sim_core import (
     BLOCK_TOKENS,
@@ -28,7 +30,7 @@ from replay.engines.sim_core import (
     sim_tokenize,
 )
 from replay.transcripts import TranscriptEvent
-from services.api.schemas import AppendEventRequest
+from services.api.event_bodies import AppendEventRequest, payload_of
 
 SALT = "tenant-salt"
 
@@ -67,8 +69,9 @@ def agent_conversation(
 def transcript(settings: dict[str, Any], messages: list[dict[str, Any]]) -> list[TranscriptEvent]:
     bodies = [{"type": "prompt.settings", "payload": settings}]
     bodies += [{"type": f"message.{m['role']}", "payload": m} for m in messages]
-    checked = [AppendEventRequest.model_validate(b) for b in bodies]  # what the API accepts
-    return [TranscriptEvent(seq, b.type, b.payload) for seq, b in enumerate(checked, start=1)]
+    api_accepts = TypeAdapter(AppendEventRequest)  # what the API accepts
+    checked = [api_accepts.validate_python(b) for b in bodies]
+    return [TranscriptEvent(seq, b.type, payload_of(b)) for seq, b in enumerate(checked, start=1)]
 
 
 def old_render(events: list[TranscriptEvent]) -> ChatPrompt:
