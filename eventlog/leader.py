@@ -318,8 +318,8 @@ class ShardLeader:
                 f"shard {self.shard}: {self.last_lsn - self.commit_lsn} entries in flight",
                 retry_after_s=0.1,
             )
-        alive = self._reachable_count()
-        if alive < self._w:
+        if not self._reaches_quorum():
+            alive = self._reachable_count()
             raise NoQuorum(
                 f"shard {self.shard}: {alive} replicas reachable, {self._w} needed",
                 retry_after_s=1.0,
@@ -337,15 +337,24 @@ class ShardLeader:
         return [f for f in self._followers.values() if self._counts(f.region)]
 
     def _reachable_count(self) -> int:
-        """Counted replicas not suspected now (asked on every proposal: builds no list)."""
+        """Counted replicas not suspected now."""
+        now = self._clock.monotonic()
+        return sum(1 for f in self._counted() if not self._suspect(f, now))
+
+    def _reaches_quorum(self) -> bool:
+        """``_reachable_count() >= W``, asked on every proposal: stops at the W-th."""
         now = self._clock.monotonic()
         counts = self._identity.counts
-        return sum(
-            1 for f in self._followers.values() if counts(f.region) and not self._suspect(f, now)
-        )
+        needed = self._w
+        for follower in self._followers.values():
+            if counts(follower.region) and not self._suspect(follower, now):
+                needed -= 1
+                if needed == 0:
+                    return True
+        return False
 
     def _quorum_suspected(self) -> bool:
-        return bool(self._followers) and self._reachable_count() < self._w
+        return bool(self._followers) and not self._reaches_quorum()
 
     def quorum_reachable(self) -> bool:
         """Whether a write quorum of counted replicas looks reachable now (read for metrics)."""
