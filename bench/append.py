@@ -44,7 +44,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
@@ -69,6 +69,7 @@ from eventlog.stores import SqlReplicaStore, open_replica_store
 from services.local.faultproxy import FaultProxy, ProxyRules, ProxySpec
 from services.local.postgres import (
     PgInstance,
+    SyncReplicationCluster,
     dsn_via,
     start_instances,
     start_sync_replication_cluster,
@@ -118,8 +119,10 @@ async def run_convplane(
     dsns: dict[str, str],
     args: argparse.Namespace,
     before_drive: Callable[[], Awaitable[None]] | None = None,
+    cpu_of: Mapping[str, int] | None = None,
 ) -> Recorder:
-    """Lead every shard, create the conversations, ``before_drive()``, then measure appends."""
+    """Lead every shard, create the conversations, ``before_drive()``, then measure appends
+    (and the CPU of ``cpu_of``'s process trees and of this process, ``drive``)."""
     node, stores = await open_convplane(dsns, args)
     try:
         conversations = [f"bench-{i}" for i in range(args.writers)]
@@ -130,25 +133,19 @@ async def run_convplane(
             await before_drive()
         text = payload_text(args.payload_bytes, args.seed)
         acked_by: set[tuple[str, ...]] = set()
-        appended = 0
 
         async def append(index: int) -> None:
-            nonlocal appended
             event = await node.append_event(
                 TENANT, conversations[index], "message.user", {"content": text}, token_count=256
             )
-            appended += 1
             if len(acked_by) < 8:
                 acked_by.add(event.acked_by)
 
         profiler = cProfile.Profile() if args.profile else None
         if profiler is not None:
             profiler.enable()
-        cpu_started_s = time.process_time()
         with py_spy(os.getpid(), args.py_spy):
-            recorder = await drive(args.writers, args.warmup_s, args.seconds, append)
-        # this process is the leader: its CPU per acknowledged event, warm-up included
-        recorder.cpu_ms_per_event = 1000 * (time.process_time() - cpu_started_s) / max(appended, 1)
+            recorder = await drive(args.writers, args.warmup_s, args.seconds, append, cpu_of)
         if profiler is not None:
             profiler.disable()
             profiler.dump_stats(args.profile)
@@ -165,7 +162,9 @@ async def run_convplane(
 # --- the peer: PostgreSQL quorum synchronous replication -----------------------------------
 
 
-async def run_peer_for(dsn: str, args: argparse.Namespace) -> Recorder:
+async def run_peer_for(
+    dsn: str, args: argparse.Namespace, cpu_of: Mapping[str, int] | None = None
+) -> Recorder:
     return await run_peer(
         dsn,
         writers=args.writers,
@@ -174,6 +173,7 @@ async def run_peer_for(dsn: str, args: argparse.Namespace) -> Recorder:
         seed=args.seed,
         warmup_s=args.warmup_s,
         seconds=args.seconds,
+        cpu_of=cpu_of,
     )
 
 
@@ -270,21 +270,21 @@ def report(name: str, recorder: Recorder) -> None:
         f"{name:>10}: {recorder.events_per_s:9.0f} events/s   "
         f"p50 {recorder.percentile_ms(0.5):7.2f} ms   p99 {recorder.percentile_ms(0.99):7.2f} ms"
         + (f"   errors {recorder.errors}" if recorder.errors else "")
-        + (
-            f"   CPU {recorder.cpu_ms_per_event:.3f} ms/event (this process)"
-            if recorder.cpu_ms_per_event is not None
-            else ""
-        )
     )
+    if recorder.cpu_s_per_1000_events:
+        print(f"{'':>10}  CPU s per 1,000 events: {recorder.cpu_s_per_1000_events}")
 
 
 async def mode_throughput(
-    servers: list[PgInstance], peer_dsn: str, args: argparse.Namespace
+    servers: list[PgInstance], peer: SyncReplicationCluster, args: argparse.Namespace
 ) -> dict[str, Any]:
     dsns = {region: s.dsn for region, s in zip(REGIONS, servers, strict=True)}
-    ours = await run_convplane(dsns, args)
+    replicas = {f"postgres-{region}": s.pid for region, s in zip(REGIONS, servers, strict=True)}
+    ours = await run_convplane(dsns, args, cpu_of=replicas)
     report("convplane", ours)
-    theirs = await run_peer_for(peer_dsn, args)
+    peer_servers = {"postgres-primary": peer.primary.pid}
+    peer_servers |= {f"postgres-standby-{i}": s.pid for i, s in enumerate(peer.standbys, 1)}
+    theirs = await run_peer_for(peer.dsn, args, cpu_of=peer_servers)
     report("pg-syncrep", theirs)
     ratio = ours.events_per_s / theirs.events_per_s if theirs.events_per_s else float("nan")
     print(f"throughput ratio convplane / postgres quorum sync rep: {ratio:.2f}")
@@ -294,7 +294,8 @@ async def mode_throughput(
         "throughput_ratio": round(ratio, 3),
         "ack_p50_ms": round(ours.percentile_ms(0.50), 2),
         "ack_p99_ms": round(ours.percentile_ms(0.99), 2),
-        "leader_cpu_ms_per_event": round(ours.cpu_ms_per_event or float("nan"), 3),
+        "cpu_s_per_1000_events": ours.cpu_s_per_1000_events,
+        "postgres_cpu_s_per_1000_events": theirs.cpu_s_per_1000_events,
         "postgres_ack_p50_ms": round(theirs.percentile_ms(0.50), 2),
         "postgres_ack_p99_ms": round(theirs.percentile_ms(0.99), 2),
         "writers": args.writers,
@@ -356,7 +357,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             peer = start_sync_replication_cluster(base / "peer", standbys=2)
             stoppers.append(peer.stop)
-            result = run_on(args.loop, mode_throughput(servers, peer.dsn, args))
+            result = run_on(args.loop, mode_throughput(servers, peer, args))
         print(json.dumps(result))
         return 0
     finally:

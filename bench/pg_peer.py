@@ -14,10 +14,12 @@ import asyncio
 import json
 import random
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 
 import asyncpg
+
+from bench.cpu import cpu_snapshot, cpu_used
 
 TENANT = "bench"
 LATENCY_SAMPLES_MAX = 5_000_000  # bounded recorder; a 2-minute run stays far below
@@ -32,10 +34,13 @@ class Recorder:
     window_end: float
     latencies_s: list[float] = field(default_factory=list)
     errors: dict[str, int] = field(default_factory=dict)
-    #: CPU milliseconds the measured process spent per event (where the benchmark measures it)
-    cpu_ms_per_event: float | None = None
+    #: appends finished during the whole drive, warm-up included (what the CPU is divided by)
+    completed: int = 0
+    #: CPU seconds per 1,000 completed events, by process group (where ``drive`` was given any)
+    cpu_s_per_1000_events: dict[str, float] = field(default_factory=dict)
 
     def record(self, started: float, finished: float) -> None:
+        self.completed += 1
         if self.window_start <= finished <= self.window_end:
             if len(self.latencies_s) < LATENCY_SAMPLES_MAX:
                 self.latencies_s.append(finished - started)
@@ -56,9 +61,18 @@ class Recorder:
 
 
 async def drive(
-    writers: int, warmup_s: float, seconds: float, append: Callable[[int], Awaitable[None]]
+    writers: int,
+    warmup_s: float,
+    seconds: float,
+    append: Callable[[int], Awaitable[None]],
+    cpu_of: Mapping[str, int] | None = None,
 ) -> Recorder:
-    """``writers`` closed-loop writers calling ``append(writer)`` until the window ends."""
+    """``writers`` closed-loop writers calling ``append(writer)`` until the window ends. With
+    ``cpu_of`` (name -> root pid, e.g. a postmaster), the CPU of those process trees and of this
+    process over the drive, per 1,000 completed events."""
+    groups = dict(cpu_of or {})
+    cpu_before = cpu_snapshot(groups)
+    process_cpu_before_s = time.process_time()
     now = time.perf_counter()
     recorder = Recorder(now + warmup_s, now + warmup_s + seconds)
 
@@ -73,6 +87,11 @@ async def drive(
             recorder.record(started, time.perf_counter())
 
     await asyncio.gather(*(writer(i) for i in range(writers)))
+    if cpu_of is not None:
+        used = cpu_used(cpu_before, groups)
+        used["bench process"] = time.process_time() - process_cpu_before_s
+        events = max(recorder.completed, 1)
+        recorder.cpu_s_per_1000_events = {k: round(1000 * v / events, 3) for k, v in used.items()}
     return recorder
 
 
@@ -111,9 +130,11 @@ async def run_peer(
     seed: int,
     warmup_s: float,
     seconds: float,
+    cpu_of: Mapping[str, int] | None = None,
 ) -> Recorder:
     """``writers`` closed-loop writers, one conversation each, inserting ``payload_bytes``
-    messages into the sync-replication primary at ``dsn`` (a pool of ``pool_max`` at most)."""
+    messages into the sync-replication primary at ``dsn`` (a pool of ``pool_max`` at most);
+    ``cpu_of`` as ``drive``'s."""
     pool_size = min(writers, pool_max)
     pool = await asyncpg.create_pool(
         plain_dsn(dsn), min_size=pool_size, max_size=pool_size, timeout=CALL_TIMEOUT_S
@@ -134,6 +155,6 @@ async def run_peer(
                 time.time_ns() // 1_000_000, timeout=CALL_TIMEOUT_S,
             )  # fmt: skip
 
-        return await drive(writers, warmup_s, seconds, append)
+        return await drive(writers, warmup_s, seconds, append, cpu_of)
     finally:
         await asyncio.wait_for(pool.close(), CALL_TIMEOUT_S)
