@@ -61,6 +61,9 @@ from eventlog.recovery import (
 )
 from eventlog.replica import ReplicaStore
 
+#: the waiter watch runs at most this many times per quorum_check_s (so a deadline is kept to
+#: within quorum_check_s / WATCH_STEPS: 5 ms by default)
+WATCH_STEPS = 20
 #: called with (shard, epoch, newly committed entries) each time the commit position advances
 CommitObserver = Callable[[int, int, Sequence[LogEntry]], None]
 
@@ -423,7 +426,8 @@ class ShardLeader:
                 promised_epoch=self.fenced_by or self.epoch,
             )
         # No timer per caller: the leader's one watch (_watch_waiters) fails a waiter at its
-        # deadline, or once it has waited quorum_check_s while the quorum looks cut off. A
+        # deadline (to within quorum_check_s / WATCH_STEPS), or once it has waited
+        # quorum_check_s while the quorum looks cut off (seen within a quorum_check_s). A
         # caller's future is its own, so a cancelled caller cancels nothing but its wait.
         now = self._clock.monotonic()
         waiter = _Waiter(
@@ -437,29 +441,31 @@ class ShardLeader:
         self._arm_watch(waiter.deadline_s)
         await waiter.future
 
-    def _arm_watch(self, deadline_s: float) -> None:
-        """Have _watch_waiters run by ``deadline_s`` and at most quorum_check_s from now."""
+    def _arm_watch(self, due_s: float) -> None:
+        """Have _watch_waiters run by ``due_s``, at most quorum_check_s from now and at least
+        ``quorum_check_s / WATCH_STEPS`` from now (a stream of waiters, each due a moment after
+        the last, would otherwise run it once per waiter)."""
         now = self._clock.monotonic()
-        due_s = min(deadline_s, now + self._config.quorum_check_s)
+        check_s = self._config.quorum_check_s
+        due_s = max(min(due_s, now + check_s), now + check_s / WATCH_STEPS)
         if self._watch is not None:
             if self._watch_due_s <= due_s:
                 return
             self._watch.cancel()
         self._watch_due_s = due_s
-        self._watch = asyncio.get_running_loop().call_later(
-            max(0.0, due_s - now), self._watch_waiters
-        )
+        self._watch = asyncio.get_running_loop().call_later(due_s - now, self._watch_waiters)
 
     def _watch_waiters(self) -> None:
-        """Fail every waiter past its deadline, and every one that has waited quorum_check_s
-        while too few replicas answer (NoQuorum: the outcome is unknown); re-arm for the rest."""
+        """Fail every waiter past its deadline, and, while too few replicas answer, every one
+        that has waited quorum_check_s (NoQuorum: the outcome is unknown); re-arm for the rest:
+        at the next deadline, at the next check point while cut off, else a quorum_check_s on."""
         self._watch = None
         if self._stopped:
             return
         now = self._clock.monotonic()
         cut_off = self._quorum_suspected()
         check_s = self._config.quorum_check_s
-        next_due_s = float("inf")
+        next_due_s = now + check_s
         for lsn in list(self._waiters):
             still = []
             for waiter in self._waiters[lsn]:
@@ -470,14 +476,14 @@ class ShardLeader:
                     continue
                 still.append(waiter)
                 next_due_s = min(next_due_s, waiter.deadline_s)
-                if now < waiter.started_s + check_s:  # its first look at the quorum is ahead
+                if cut_off:
                     next_due_s = min(next_due_s, waiter.started_s + check_s)
             if still:
                 self._waiters[lsn] = still
             else:
                 del self._waiters[lsn]
         if self._waiters:
-            self._arm_watch(next_due_s)  # (at most quorum_check_s from now)
+            self._arm_watch(next_due_s)
 
     def _not_acknowledged(self, lsn: int, waiter: _Waiter, cut_off: bool) -> NoQuorum:
         return NoQuorum(
