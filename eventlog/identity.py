@@ -141,10 +141,14 @@ class IdentityGuard:
         return verdict is None or verdict.state != "quarantined"
 
     def vouches_for(self, region: str, store_id: str) -> bool:
-        """Whether a promise from a store that now says it is ``store_id`` may count."""
+        """Whether a promise from a store that now says it is ``store_id`` may count: only
+        once a sweep has named the identity ``region``'s replica is known by, and only from
+        that identity. A region no sweep of this node could verify yet (e.g. its first sweep
+        after a restart reached only that store) does not vote: it may be a wiped store.
+        Before the first sweep (a node that does not verify, e.g. a unit test's) all count."""
         verdict = self.verdicts.get(region)
         if verdict is None or verdict.expected is None:
-            return verdict is None or verdict.state != "quarantined"
+            return not self.swept
         return verdict.state != "quarantined" and verdict.expected.store_id == store_id
 
     def quarantined(self) -> dict[str, Verdict]:
