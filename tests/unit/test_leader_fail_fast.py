@@ -56,20 +56,34 @@ def run(coro_fn: Callable[[bool], Coroutine[Any, Any, T]], *args: bool) -> T:
         loop.close()
 
 
-async def cut_off_append(detector_knows: bool) -> float:
+async def cut_off_node(
+    *, append_timeout_s: float, replica_call_timeout_s: float, replica_suspect_after_s: float
+) -> tuple[LogNode, dict[str, BlackHole]]:
+    """Region a leads a one-shard log with conversation c1; then b and c swallow every call."""
     config = LogConfig(
         shard_count=1,
-        append_timeout_s=30.0,
-        replica_call_timeout_s=10.0,
-        replica_suspect_after_s=1.0,
+        append_timeout_s=append_timeout_s,
+        replica_call_timeout_s=replica_call_timeout_s,
+        replica_suspect_after_s=replica_suspect_after_s,
     )
-    replicas = {"a": MemoryReplica("a"), "b": BlackHole("b"), "c": BlackHole("c")}
+    holes = {"b": BlackHole("b"), "c": BlackHole("c")}
     node = LogNode(
-        region="a", replicas=replicas, config=config, clock=LoopClock(), rng=random.Random(1)
+        region="a",
+        replicas={"a": MemoryReplica("a"), **holes},
+        config=config,
+        clock=LoopClock(),
+        rng=random.Random(1),
     )
     await node.lead_shard(0)
     await node.create_conversation("t", "c1", "m", {})
-    replicas["b"].cut = replicas["c"].cut = True  # type: ignore[attr-defined]
+    holes["b"].cut = holes["c"].cut = True
+    return node, holes
+
+
+async def cut_off_append(detector_knows: bool) -> float:
+    node, _ = await cut_off_node(
+        append_timeout_s=30.0, replica_call_timeout_s=10.0, replica_suspect_after_s=1.0
+    )
     if detector_knows:
         node.set_region_health(lambda region: region in ("b", "c"))
     started = asyncio.get_running_loop().time()
@@ -96,19 +110,9 @@ def test_failure_detector_makes_a_cut_off_leader_give_up_at_once() -> None:
 async def slow_quorum_append(cancel_one: bool) -> tuple[float, bool]:
     """Two callers wait for one append (the second retries with its Idempotency-Key) while
     both other replicas swallow calls; they are never suspected (suspect time 100 s)."""
-    config = LogConfig(
-        shard_count=1,
-        append_timeout_s=3.0,
-        replica_call_timeout_s=1.0,
-        replica_suspect_after_s=100.0,
+    node, holes = await cut_off_node(
+        append_timeout_s=3.0, replica_call_timeout_s=1.0, replica_suspect_after_s=100.0
     )
-    replicas = {"a": MemoryReplica("a"), "b": BlackHole("b"), "c": BlackHole("c")}
-    node = LogNode(
-        region="a", replicas=replicas, config=config, clock=LoopClock(), rng=random.Random(1)
-    )
-    await node.lead_shard(0)
-    await node.create_conversation("t", "c1", "m", {})
-    replicas["b"].cut = replicas["c"].cut = True  # type: ignore[attr-defined]
     loop = asyncio.get_running_loop()
     first = loop.create_task(node.append_event("t", "c1", "note", {}, idempotency_key="k"))
     await asyncio.sleep(0.5)
@@ -125,7 +129,7 @@ async def slow_quorum_append(cancel_one: bool) -> tuple[float, bool]:
         await node.close()
         return waited_s, False
     first.cancel()
-    replicas["b"].cut = False  # type: ignore[attr-defined]
+    holes["b"].cut = False
     appended = await retry
     waited_s = loop.time() - started
     await node.close()
