@@ -37,7 +37,6 @@ import argparse
 import asyncio
 import json
 import os
-import resource
 import shutil
 import signal
 import subprocess
@@ -279,8 +278,6 @@ def measure_peer(work: Path, args: argparse.Namespace) -> dict[str, dict[str, An
         servers = {"postgres-primary": peer.primary.pid}
         servers |= {f"postgres-standby-{i}": s.pid for i, s in enumerate(peer.standbys, 1)}
         for writers in sorted({args.connections, PEER_WRITERS_MAX}):
-            before = cpu_snapshot(servers)
-            client_before = resource.getrusage(resource.RUSAGE_SELF)
             recorder = asyncio.run(
                 run_peer(
                     peer.dsn,
@@ -290,18 +287,12 @@ def measure_peer(work: Path, args: argparse.Namespace) -> dict[str, dict[str, An
                     seed=1,
                     warmup_s=args.warmup_s,
                     seconds=args.peer_seconds,
+                    cpu_of=servers,  # and this process: the asyncpg client
                 )
             )
-            client_after = resource.getrusage(resource.RUSAGE_SELF)
-            used = cpu_used(before, servers)
-            used["client (bench process, asyncpg)"] = (
-                client_after.ru_utime + client_after.ru_stime
-            ) - (client_before.ru_utime + client_before.ru_stime)
-            # the CPU covers the warm-up too: per event over every event of the whole run
-            events = max(1, round(recorder.events_per_s * (args.peer_seconds + args.warmup_s)))
             results[str(writers)] = {
                 "events_per_s": round(recorder.events_per_s, 1),
-                "cpu_s_per_1000_events": {k: round(1000 * v / events, 3) for k, v in used.items()},
+                "cpu_s_per_1000_events": recorder.cpu_s_per_1000_events,
                 "ack_p50_ms": round(recorder.percentile_ms(0.5), 2),
                 "ack_p99_ms": round(recorder.percentile_ms(0.99), 2),
                 "errors": sum(recorder.errors.values()),

@@ -95,7 +95,6 @@ class _Waiter:
     future: asyncio.Future[None]
     started_s: float
     deadline_s: float
-    timeout_s: float
 
 
 class ShardLeader:
@@ -321,8 +320,8 @@ class ShardLeader:
                 f"shard {self.shard}: {self.last_lsn - self.commit_lsn} entries in flight",
                 retry_after_s=0.1,
             )
-        if not self._reaches_quorum():
-            alive = self._reachable_count()
+        alive = self._reachable_count()
+        if alive < self._w:
             raise NoQuorum(
                 f"shard {self.shard}: {alive} replicas reachable, {self._w} needed",
                 retry_after_s=1.0,
@@ -340,24 +339,20 @@ class ShardLeader:
         return [f for f in self._followers.values() if self._counts(f.region)]
 
     def _reachable_count(self) -> int:
-        """Counted replicas not suspected now."""
-        now = self._clock.monotonic()
-        return sum(1 for f in self._counted() if not self._suspect(f, now))
-
-    def _reaches_quorum(self) -> bool:
-        """``_reachable_count() >= W``, asked on every proposal: stops at the W-th."""
+        """Counted replicas not suspected now, counted up to W at most (asked on every
+        proposal: whether W are reachable, not how many; short of W it is the whole count)."""
         now = self._clock.monotonic()
         counts = self._identity.counts
-        needed = self._w
+        found = 0
         for follower in self._followers.values():
             if counts(follower.region) and not self._suspect(follower, now):
-                needed -= 1
-                if needed == 0:
-                    return True
-        return False
+                found += 1
+                if found == self._w:
+                    break
+        return found
 
     def _quorum_suspected(self) -> bool:
-        return bool(self._followers) and not self._reaches_quorum()
+        return bool(self._followers) and self._reachable_count() < self._w
 
     def quorum_reachable(self) -> bool:
         """Whether a write quorum of counted replicas looks reachable now (read for metrics)."""
@@ -430,9 +425,7 @@ class ShardLeader:
         # quorum_check_s while the quorum looks cut off (seen within a quorum_check_s). A
         # caller's future is its own, so a cancelled caller cancels nothing but its wait.
         now = self._clock.monotonic()
-        waiter = _Waiter(
-            asyncio.get_running_loop().create_future(), now, now + timeout_s, timeout_s
-        )
+        waiter = _Waiter(asyncio.get_running_loop().create_future(), now, now + timeout_s)
         waiting = self._waiters.get(lsn)
         if waiting is None:
             self._waiters[lsn] = [waiter]
@@ -488,7 +481,11 @@ class ShardLeader:
     def _not_acknowledged(self, lsn: int, waiter: _Waiter, cut_off: bool) -> NoQuorum:
         return NoQuorum(
             f"shard {self.shard}: lsn {lsn} not acknowledged by {self._w} replicas "
-            + ("(they stopped answering)" if cut_off else f"within {waiter.timeout_s:.1f}s")
+            + (
+                "(they stopped answering)"
+                if cut_off
+                else f"within {waiter.deadline_s - waiter.started_s:.1f}s"
+            )
             + "; the outcome is unknown, retry with the same Idempotency-Key",
             retry_after_s=1.0,
         )
