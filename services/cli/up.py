@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 import tempfile
@@ -84,7 +85,9 @@ def up(
     try:
         _supervise(console, plane, info, stop)
     finally:
-        console.print("stopping the plane ...")
+        # the terminal may be gone (a parent reading a pipe died): stop the plane regardless
+        with contextlib.suppress(OSError):
+            console.print("stopping the plane ...")
         plane.stop()
 
 
