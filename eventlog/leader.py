@@ -149,6 +149,8 @@ class ShardLeader:
         self._serving = False
         self.fenced_by: int | None = None
         self._stopped = False
+        #: set by publish_commit: followers push the commit position without lingering
+        self._publishing = False
         #: a bug (InvariantViolation) that killed a replication task; the simulator checks it
         self.crash: BaseException | None = None
         #: times a replica answered with less than it had accepted (see note_replica_status)
@@ -304,6 +306,25 @@ class ShardLeader:
         if self._read_index is not None:
             self._read_index.close()
         self._wake_followers()
+
+    async def publish_commit(self, timeout_s: float) -> bool:
+        """Before a voluntary resign: push the commit position to every counted replica at
+        once (no linger) and return True once each holds it (up to what it holds), False at
+        ``timeout_s``. A node that does not lead learns what is committed only from replica
+        commit hints: a record this leader committed last, then resigned over, would
+        otherwise be committed but known to nobody else until some later leader recovers it,
+        and the control shard's next leader is chosen by exactly such records."""
+        self._publishing = True
+        self._wake_followers()
+        deadline_s = self._clock.monotonic() + timeout_s
+        while not all(
+            f.sent_commit_lsn >= min(self.commit_lsn, f.match_lsn) for f in self._counted()
+        ):
+            remaining_s = deadline_s - self._clock.monotonic()
+            if self._stopped or remaining_s <= 0:
+                return False
+            await self._clock.sleep(min(self._config.commit_push_delay_s, remaining_s))
+        return True
 
     async def close(self) -> None:
         self.stop()
@@ -539,11 +560,15 @@ class ShardLeader:
                     await follower.wakeup.wait()
                     continue
                 # Idle but the replica's commit hint is stale: push it after a short linger,
-                # unless new entries come first (they carry the commit position anyway).
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(follower.wakeup.wait(), self._config.commit_push_delay_s)
-                if self._stopped or follower.next_lsn <= self.last_lsn:
-                    continue
+                # unless new entries come first (they carry the commit position anyway), or at
+                # once while the leader publishes before resigning.
+                if not self._publishing:
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(
+                            follower.wakeup.wait(), self._config.commit_push_delay_s
+                        )
+                    if self._stopped or follower.next_lsn <= self.last_lsn:
+                        continue
             try:
                 await self._send_once(follower)
                 backoff.reset()

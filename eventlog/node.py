@@ -198,7 +198,15 @@ class LogNode(ConversationLog):
                 listener.shard_led(shard, epoch, previous_region)
             return epoch
 
-    async def resign_shard(self, shard: int) -> None:
+    async def resign_shard(self, shard: int, *, publish_commit: bool = False) -> None:
+        """Stop leading ``shard``. ``publish_commit``: a voluntary handoff first pushes the
+        commit position to the replicas (``ShardLeader.publish_commit``, bounded by a replica
+        call's timeout), so that the next leader, learning from them, knows every record."""
+        leader = self._leaders.get(shard)
+        if publish_commit and leader is not None and leader.serving:
+            await leader.publish_commit(self.config.replica_call_timeout_s)
+            if self._leaders.get(shard) is not leader:
+                return  # re-led meanwhile: the new leader is not this call's to stop
         leader = self._leaders.pop(shard, None)
         if leader is not None:
             self._epochs_seen[shard] = max(

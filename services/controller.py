@@ -368,7 +368,9 @@ class Controller:
             self.node.set_leader_hint(shard, leader)
             if self.node.leader(shard) is not None:
                 log.warning("control shard: resigning in favour of %s", leader)
-                await self.node.resign_shard(shard)
+                # the successor learns from replica commit hints: publish the records that
+                # made it the successor first, or it may still defer to this region
+                await self.node.resign_shard(shard, publish_commit=True)
             return
         if not self.node.leads(shard):
             if self._control_leading is None or self._control_leading.done():

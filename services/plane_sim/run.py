@@ -31,8 +31,9 @@ STABLE_S = 2.0
 #: version of the simulation: a seed replays exactly only on the same version; regression
 #: seeds are pinned to it (tests/sim/test_plane_simulation.py)
 #: 3: the log keys conversations by (tenant, id) and loads them in pages; 4: a shard leader's
-#: waiting appends share one timer (ShardLeader._watch_waiters), not one each
-PLANE_SIM_VERSION = 4
+#: waiting appends share one timer (ShardLeader._watch_waiters), not one each; 5: a control
+#: leader that hands the shard over publishes its commit position first (publish_commit)
+PLANE_SIM_VERSION = 5
 
 
 @dataclass

@@ -18,9 +18,9 @@ from regions.ops_state import DRILL_RECORD, OpsState
 from tests.unit.control_nodes import REGIONS, controller
 
 
-def drill_body(kind: str, region: str, phase: str) -> dict[str, object]:
+def drill_body(kind: str, region: str, phase: str, rev: int = 1) -> dict[str, object]:
     drill = start("d1", DrillSpec(kind=kind, region=region, hold_s=5.0, reason="test"), 1_000)  # type: ignore[arg-type]
-    return {**drill.to_body(), "phase": phase}
+    return {**drill.to_body(), "phase": phase, "rev": rev}
 
 
 async def test_the_target_of_an_active_region_loss_drill_never_leads_the_control_shard() -> None:
@@ -60,3 +60,36 @@ def test_only_region_loss_drills_that_have_not_ended_exclude_their_target() -> N
         ops = OpsState()
         assert ops.apply(1, DRILL_RECORD, json.dumps(drill_body(kind, "a", phase)))
         assert ops.region_loss_targets() == excluded, (kind, phase)
+
+
+async def test_a_survivor_that_hands_the_control_shard_back_publishes_the_drills_end_first() -> (
+    None
+):
+    """The e2e drill tests caught the mirror case of the one above (CI, 10 failed tests): the
+    survivor leading the control shard committed the drill's end, learned it, and resigned in
+    the target's favour before any replica's commit hint covered that record. The target,
+    learning only up to those hints, still saw its drill active and deferred to the survivor,
+    which deferred to it: nobody led the control shard again, and nothing could commit the
+    record that would have ended the standoff."""
+    replicas = {r: MemoryReplica(r) for r in REGIONS}
+    b, ops_b = controller("b", replicas)
+    await b.node.lead_shard(b.control_shard)
+    await b.node.append_record(
+        b.control_shard, DRILL_RECORD, drill_body("region-loss", "a", "restoring")
+    )
+    await b.read_barrier()
+    assert b.control_leader() == "b"
+    await b.node.append_record(
+        b.control_shard, DRILL_RECORD, drill_body("region-loss", "a", "done", rev=2)
+    )
+    await b.read_barrier()
+    assert ops_b.region_loss_targets() == set() and b.control_leader() == "a"
+    await b._control()  # the survivor hands the control shard back to the target
+    assert not b.node.leads(b.control_shard)
+
+    a, ops_a = controller("a", replicas)
+    await a._learn()  # from the replicas' commit hints, as a node that does not lead learns
+    assert ops_a.region_loss_targets() == set()
+    assert a.control_leader() == "a"
+    await a.node.close()
+    await b.node.close()

@@ -45,7 +45,7 @@ class BlackHole(MemoryReplica):
 T = TypeVar("T")
 
 
-def run(coro_fn: Callable[[bool], Coroutine[Any, Any, T]], *args: bool) -> T:
+def run(coro_fn: Callable[..., Coroutine[Any, Any, T]], *args: Any) -> T:
     loop = VirtualTimeLoop()
     try:
         return loop.run_until_complete(coro_fn(*args))
