@@ -46,6 +46,17 @@ class Plane:
                 return cid
         raise AssertionError(f"no conversation id placed on {region}")
 
+    def log_tails(self, lines: int = 60) -> str:
+        """The last ``lines`` of every region's node log, for a failing test's report: a plane
+        that went wrong says why only there."""
+        parts = []
+        for region in self.info["regions"]:
+            path = Path(region["log"])
+            text = path.read_text(errors="replace") if path.exists() else "(no log)"
+            tail = "\n".join(text.splitlines()[-lines:])
+            parts.append(f"--- {region['name']} ({path}), last {lines} lines ---\n{tail}")
+        return "\n".join(parts)
+
     def client(self, region: str) -> httpx.Client:
         return httpx.Client(base_url=self.urls[region], headers=self.headers, timeout=20.0)
 

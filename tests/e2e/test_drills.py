@@ -26,6 +26,7 @@ import pytest
 from eventlog.sharding import shard_of
 from services.cli.up import SUPERVISE_POLL_S
 from services.config import api_key_sha256, load_cluster
+from tests.e2e.conftest import CALL_FAILED
 from tests.e2e.plane import CONVPLANE, Plane, convplane_env, start_plane, stop_plane
 
 pytestmark = pytest.mark.postgres
@@ -156,6 +157,15 @@ def ops() -> Iterator[Ops]:
         output = stop_plane(proc)
         shutil.rmtree(base, ignore_errors=True)
         assert proc.returncode == 0, output[-4000:]
+
+
+@pytest.fixture(autouse=True)
+def _plane_logs_on_failure(request: pytest.FixtureRequest, ops: Ops) -> Iterator[None]:
+    """A failed test's report ends with the node logs' tails: the plane's own account of what
+    went wrong (the fixture is module-wide, so later tests see the same plane)."""
+    yield
+    if request.node.stash.get(CALL_FAILED, False):
+        print(ops.plane.log_tails())
 
 
 @dataclass
