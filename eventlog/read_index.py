@@ -21,6 +21,7 @@ rounds in flight is at most one per shard whatever the read rate.
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Callable, Mapping
 
 from eventlog.aio import abandon, bounded
@@ -62,10 +63,13 @@ class ReadIndex:
         self._clock = clock
         self._running: asyncio.Task[None] | None = None
         self._next: asyncio.Future[None] | None = None  # the round that new reads join
+        self._closed = False
 
     async def confirm(self) -> None:
         """Return once a round sent after this call began confirmed the epoch; NoQuorum (or
         Fenced through ``on_fenced``) otherwise."""
+        if self._closed:
+            raise NoQuorum(f"shard {self._shard}: leader stopped")
         if self._next is None:
             self._next = asyncio.get_running_loop().create_future()
         joined = self._next
@@ -74,35 +78,33 @@ class ReadIndex:
         await asyncio.shield(joined)
 
     def close(self) -> None:
+        """Fail every read waiting on a round. The running round's own waiters are failed by
+        its done callback (``_round_done``), even if it is cancelled before its first step."""
+        self._closed = True
         if self._running is not None:
             abandon(self._running)
-        for waiting in (self._next,):
-            if waiting is not None and not waiting.done():
-                waiting.set_exception(NoQuorum(f"shard {self._shard}: leader stopped"))
-                waiting.exception()
+        if self._next is not None:
+            _fail(self._next, NoQuorum(f"shard {self._shard}: leader stopped"))
+            self._next = None
 
     def _start_next(self) -> None:
         batch, self._next = self._next, None
         assert batch is not None
         self._running = asyncio.ensure_future(self._round(batch))
-        self._running.add_done_callback(self._round_done)
+        self._running.add_done_callback(functools.partial(self._round_done, batch))
 
-    def _round_done(self, _task: asyncio.Task[None]) -> None:
+    def _round_done(self, batch: asyncio.Future[None], _task: asyncio.Task[None]) -> None:
         self._running = None
-        if self._next is not None:
+        # a round cancelled before it ran a step never reached its own except clause
+        _fail(batch, NoQuorum(f"shard {self._shard}: read round cancelled"))
+        if self._next is not None and not self._closed:
             self._start_next()
 
     async def _round(self, batch: asyncio.Future[None]) -> None:
         try:
             await self._ask_replicas()
-        except BaseException as error:  # NoQuorum, Fenced, or cancellation at close
-            if not batch.done():
-                batch.set_exception(
-                    error if isinstance(error, Exception) else NoQuorum("read round cancelled")
-                )
-                batch.exception()
-            if not isinstance(error, Exception):
-                raise
+        except Exception as error:  # NoQuorum, Fenced; cancellation: see _round_done
+            _fail(batch, error)
             return
         if not batch.done():
             batch.set_result(None)
@@ -147,3 +149,11 @@ class ReadIndex:
                 f"{confirmed} replicas, {self._needed} needed; not answering a read",
                 retry_after_s=1.0,
             )
+
+
+def _fail(waiting: asyncio.Future[None], error: Exception) -> None:
+    """Fail a round's waiters unless the round already answered them (the error is marked
+    retrieved: a round nobody joined any more must not be reported as never awaited)."""
+    if not waiting.done():
+        waiting.set_exception(error)
+        waiting.exception()
