@@ -12,8 +12,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import io
 import logging
 import resource
+import signal
 from collections.abc import Iterator
 
 import uvicorn
@@ -34,6 +36,8 @@ EVENT_LOOP = "uvloop"
 FDS_RESERVED = 256
 #: allocations between two young-generation collections (CPython's default is 700)
 GC_YOUNG_THRESHOLD = 10_000
+#: frames of each task's stack that SIGUSR1 logs
+TASK_STACK_FRAMES = 16
 
 
 class _PeerServer(uvicorn.Server):
@@ -109,12 +113,22 @@ def run_node(
 
 
 async def _serve_both(client: uvicorn.Server, peer: uvicorn.Server) -> None:
+    asyncio.get_running_loop().add_signal_handler(signal.SIGUSR1, _log_task_stacks)
     peer_task = asyncio.create_task(peer.serve(), name="peer-listener")
     try:
         await client.serve()
     finally:
         peer.should_exit = True
         await peer_task
+
+
+def _log_task_stacks() -> None:
+    """On SIGUSR1: log what every task of the node is waiting on (its coroutine stack), the
+    first thing to look at in a node that answers but no longer makes progress somewhere."""
+    for task in asyncio.all_tasks():
+        stack = io.StringIO()
+        task.print_stack(limit=TASK_STACK_FRAMES, file=stack)
+        log.warning("task %s: %s", task.get_name(), stack.getvalue())
 
 
 def _settle_heap() -> None:

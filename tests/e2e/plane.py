@@ -3,6 +3,7 @@ process per region), its ready file read into a ``Plane``, and a clean stop."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -46,9 +47,19 @@ class Plane:
                 return cid
         raise AssertionError(f"no conversation id placed on {region}")
 
+    def node_pids(self) -> list[int]:
+        """The node processes now (a kill drill's restart changes them: cluster.json follows)."""
+        current = Path(self.info["cluster_file"]).parent / "cluster.json"
+        info = json.loads(current.read_text()) if current.exists() else self.info
+        return [r["node_pid"] for r in info["regions"] if isinstance(r.get("node_pid"), int)]
+
     def log_tails(self, lines: int = 60) -> str:
         """The last ``lines`` of every region's node log, for a failing test's report: a plane
         that went wrong says why only there."""
+        for pid in self.node_pids():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGUSR1)  # each node logs its tasks' stacks
+        time.sleep(1.0)
         parts = []
         for region in self.info["regions"]:
             path = Path(region["log"])

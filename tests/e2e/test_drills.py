@@ -48,6 +48,8 @@ class Ops:
     operator: dict[str, str]
     tenant: dict[str, str]
     urls: list[str]
+    #: tests of the module that failed so far
+    failures: int = 0
 
     def call(self, method: str, path: str, *, headers: dict[str, str] | None = None,
              **kw: Any) -> httpx.Response:  # fmt: skip
@@ -165,7 +167,9 @@ def _plane_logs_on_failure(request: pytest.FixtureRequest, ops: Ops) -> Iterator
     went wrong (the fixture is module-wide, so later tests see the same plane)."""
     yield
     if request.node.stash.get(CALL_FAILED, False):
-        print(ops.plane.log_tails())
+        # the first failure gets the long account (later ones often follow from it)
+        print(ops.plane.log_tails(lines=30 if ops.failures else 200))
+        ops.failures += 1
 
 
 @dataclass
