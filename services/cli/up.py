@@ -75,17 +75,21 @@ def up(
     except PlaneError as exc:
         console.print(f"[red]could not start the plane:[/red] {exc}")
         raise typer.Exit(1) from exc
-    _print_plane(console, info, plane.info_file)
-    if ready_file is not None:
-        write_private_json(ready_file, info)  # it holds the tenants' API keys
     if detach:
         plane.detach()
+        _print_plane(console, info, plane.info_file)
+        if ready_file is not None:
+            write_private_json(ready_file, info)  # it holds the tenants' API keys
         console.print(f"detached; stop it with: convplane down --state-dir {state_dir}")
         return
     try:
+        _print_plane(console, info, plane.info_file)
+        if ready_file is not None:
+            write_private_json(ready_file, info)
         _supervise(console, plane, info, stop)
     finally:
-        # the terminal may be gone (a parent reading a pipe died): stop the plane regardless
+        # the terminal may be gone (a parent reading a pipe died, even during startup): the
+        # plane is stopped regardless, or its node processes would outlive this one
         with contextlib.suppress(OSError):
             console.print("stopping the plane ...")
         plane.stop()
