@@ -59,6 +59,11 @@ CONTROL_READ_MAX = 256
 #: how often the replicas' identities are swept (eventlog.identity): a wiped replica is
 #: quarantined within this long (a leader's prepare re-reads voters' identities anyway)
 VERIFY_REPLICAS_EVERY_S = 2.0
+#: the most one read of new control records may take: far above its bounded calls (a
+#: leadership check and a log read of a replica call's timeout each), so a read that takes
+#: longer is stuck somewhere below, and it must not keep the fold's lock (the node would
+#: never learn another control record)
+LEARN_READ_DEADLINE_S = 10.0
 
 
 class Controller:
@@ -254,7 +259,9 @@ class Controller:
     async def _learn(self) -> None:
         async with self._learn_lock:
             before = self.state.effective()
-            for entry in await self._read_control():
+            async with asyncio.timeout(LEARN_READ_DEADLINE_S):
+                entries = await self._read_control()
+            for entry in entries:
                 if entry.lsn > self.state.applied_lsn:  # a concurrent learn may have applied it
                     skipped = self.state.skipped_records
                     self.state.apply(entry.lsn, entry.event_type, entry.body)

@@ -32,7 +32,9 @@ STABLE_S = 2.0
 #: seeds are pinned to it (tests/sim/test_plane_simulation.py)
 #: 3: the log keys conversations by (tenant, id) and loads them in pages; 4: a shard leader's
 #: waiting appends share one timer (ShardLeader._watch_waiters), not one each; 5: a control
-#: leader that hands the shard over publishes its commit position first (publish_commit)
+#: leader that hands the shard over publishes its commit position first (publish_commit), a
+#: read-index round's done callback fails its waiters, and the control fold's read has a
+#: deadline (LEARN_READ_DEADLINE_S)
 PLANE_SIM_VERSION = 5
 
 

@@ -36,8 +36,9 @@ CHUNK = 50
 #: (3, 2214) (version 4) — a restarted node whose first identity sweep reached only a wiped
 #: store let that store's empty promise count (its verdict "unknown" vouched): committed entries
 #: diverged (fixed: IdentityGuard.vouches_for; tests/unit/test_identity_votes.py).
-#: Version 5 (control handoffs publish their commit position) left these three seeds' schedules
-#: as they were (same results, fixed and with each fix taken out).
+#: Version 5 (control handoffs publish their commit position; read rounds and the control
+#: fold cannot hang) left these three seeds' schedules as they were (same results, fixed and
+#: with each fix taken out).
 REGRESSION_SEEDS = {5: [(3, 12), (3, 64), (3, 2214)]}.get(PLANE_SIM_VERSION, [])
 
 
