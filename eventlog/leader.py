@@ -149,8 +149,10 @@ class ShardLeader:
         self._serving = False
         self.fenced_by: int | None = None
         self._stopped = False
-        #: set by publish_commit: followers push the commit position without lingering
+        #: set by publish_commit: followers push the commit position without lingering, and
+        #: each reply (or stop) sets _commit_pushed for it to look again
         self._publishing = False
+        self._commit_pushed = asyncio.Event()
         #: a bug (InvariantViolation) that killed a replication task; the simulator checks it
         self.crash: BaseException | None = None
         #: times a replica answered with less than it had accepted (see note_replica_status)
@@ -305,26 +307,39 @@ class ShardLeader:
             task.cancel()
         if self._read_index is not None:
             self._read_index.close()
+        self._commit_pushed.set()
         self._wake_followers()
 
     async def publish_commit(self, timeout_s: float) -> bool:
         """Before a voluntary resign: push the commit position to every counted replica at
-        once (no linger) and return True once each holds it (up to what it holds), False at
-        ``timeout_s``. A node that does not lead learns what is committed only from replica
-        commit hints: a record this leader committed last, then resigned over, would
-        otherwise be committed but known to nobody else until some later leader recovers it,
-        and the control shard's next leader is chosen by exactly such records."""
+        once (no linger) and return True once each that answers holds it (up to what it
+        holds), False at ``timeout_s``. A node that does not lead learns what is committed
+        only from replica commit hints: a record this leader committed last, then resigned
+        over, would otherwise be committed but known to nobody else until some later leader
+        recovers it, and the control shard's next leader is chosen by exactly such records.
+        Suspected replicas are not waited for: the W that committed the record answer."""
         self._publishing = True
-        self._wake_followers()
-        deadline_s = self._clock.monotonic() + timeout_s
-        while not all(
-            f.sent_commit_lsn >= min(self.commit_lsn, f.match_lsn) for f in self._counted()
-        ):
-            remaining_s = deadline_s - self._clock.monotonic()
-            if self._stopped or remaining_s <= 0:
-                return False
-            await self._clock.sleep(min(self._config.commit_push_delay_s, remaining_s))
-        return True
+        try:
+            deadline_s = self._clock.monotonic() + timeout_s
+            while not self._commit_published():
+                remaining_s = deadline_s - self._clock.monotonic()
+                if self._stopped or remaining_s <= 0:
+                    return False
+                self._commit_pushed.clear()
+                self._wake_followers()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._commit_pushed.wait(), remaining_s)
+            return True
+        finally:
+            self._publishing = False
+
+    def _commit_published(self) -> bool:
+        now = self._clock.monotonic()
+        return all(
+            f.sent_commit_lsn >= min(self.commit_lsn, f.match_lsn)
+            for f in self._counted()
+            if not self._suspect(f, now)
+        )
 
     async def close(self) -> None:
         self.stop()
@@ -609,6 +624,8 @@ class ShardLeader:
                 follower.sent_commit_lsn, min(commit_lsn, reply.match_lsn)
             )
             self._advance_commit()
+            if self._publishing:
+                self._commit_pushed.set()
         elif isinstance(reply, Mismatch):
             if reply.last_lsn < follower.match_lsn:  # it lost entries it had accepted
                 self.replicas_gone_backwards += 1

@@ -57,6 +57,9 @@ def run_node(
     log_level: str = "info",
 ) -> None:
     configure_logging(settings.region, log_level)  # JSON lines, no secrets (services.logs)
+    # SIGUSR1 asks for the task stacks (_log_task_stacks, once serving); until then, and on a
+    # node without a peer listener, it must not kill the node (its default action)
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
     cluster = settings.load_cluster()
     _raise_fd_limit(settings.client_connections_max + settings.peer_connections_max)
     app = create_app(settings)

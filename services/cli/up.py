@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import signal
 import tempfile
@@ -77,22 +76,23 @@ def up(
         raise typer.Exit(1) from exc
     if detach:
         plane.detach()
-        _print_plane(console, info, plane.info_file)
         if ready_file is not None:
             write_private_json(ready_file, info)  # it holds the tenants' API keys
+        _print_plane(console, info, plane.info_file)
         console.print(f"detached; stop it with: convplane down --state-dir {state_dir}")
         return
     try:
-        _print_plane(console, info, plane.info_file)
         if ready_file is not None:
             write_private_json(ready_file, info)
+        _print_plane(console, info, plane.info_file)
         _supervise(console, plane, info, stop)
     finally:
-        # the terminal may be gone (a parent reading a pipe died, even during startup): the
-        # plane is stopped regardless, or its node processes would outlive this one
-        with contextlib.suppress(OSError):
+        # the terminal may be gone (a parent reading a pipe died, even during startup: rich
+        # then exits): the plane is stopped regardless, or its nodes would outlive this one
+        try:
             console.print("stopping the plane ...")
-        plane.stop()
+        finally:
+            plane.stop()
 
 
 def _supervise(

@@ -22,14 +22,18 @@ class NoPeers:
         return None
 
 
-def controller(region: str, replicas: dict[str, MemoryReplica]) -> tuple[Controller, OpsState]:
+def controller(
+    region: str, replicas: dict[str, MemoryReplica], *, commit_push_delay_s: float = 0.02
+) -> tuple[Controller, OpsState]:
+    """``commit_push_delay_s``: how long an idle leader lingers before pushing its commit
+    position (a test of who learns what from replica hints makes it long)."""
     cluster = ClusterConfig(
         shard_count=SHARDS,
         regions=[RegionConfig(name=r, url=f"http://{r}.invalid", dsn=f"memory://{r}")
                  for r in REGIONS],
     )  # fmt: skip
     clock = LoopClock()
-    node = LogNode(region=region, replicas=replicas, config=LogConfig(shard_count=SHARDS),
+    node = LogNode(region=region, replicas=replicas, config=LogConfig(shard_count=SHARDS, commit_push_delay_s=commit_push_delay_s),
                    clock=clock, rng=random.Random(1))  # fmt: skip
     control = Controller(settings=NodeSettings(region=region, cluster=cluster), cluster=cluster,
                          node=node, replicas=replicas, prober=NoPeers(), clock=clock,

@@ -72,7 +72,8 @@ async def test_a_survivor_that_hands_the_control_shard_back_publishes_the_drills
     which deferred to it: nobody led the control shard again, and nothing could commit the
     record that would have ended the standoff."""
     replicas = {r: MemoryReplica(r) for r in REGIONS}
-    b, ops_b = controller("b", replicas)
+    # no hint moves by lingering within the test, however slow the machine
+    b, ops_b = controller("b", replicas, commit_push_delay_s=3600.0)
     await b.node.lead_shard(b.control_shard)
     await b.node.append_record(
         b.control_shard, DRILL_RECORD, drill_body("region-loss", "a", "restoring")

@@ -53,23 +53,29 @@ async def test_closing_before_the_round_ran_a_step_fails_its_waiter() -> None:
         waiter.result()
 
 
-async def test_closing_mid_round_fails_its_waiter_and_later_confirms_fail_at_once() -> None:
+async def promised_index() -> ReadIndex:
+    """An index whose rounds would confirm: every replica promised its epoch."""
     index = read_index()
+    for replica in index._replicas.values():
+        await replica.prepare(0, 1, 0)
+    return index
+
+
+async def test_closing_mid_round_fails_its_waiter_and_later_confirms_fail_at_once() -> None:
+    index = await promised_index()
     waiter = asyncio.ensure_future(index.confirm())
     await asyncio.sleep(0)
     await asyncio.sleep(0)
     index.close()
     await steps()
-    with pytest.raises(NoQuorum):
+    with pytest.raises(NoQuorum, match="read round cancelled"):
         waiter.result()
-    with pytest.raises(NoQuorum):
+    with pytest.raises(NoQuorum, match="leader stopped"):
         await index.confirm()
 
 
 async def test_a_round_that_is_not_closed_answers() -> None:
-    index = read_index()
-    for replica in index._replicas.values():
-        await replica.prepare(0, 1, 0)  # every replica promises epoch 1
+    index = await promised_index()
     waiter = asyncio.ensure_future(index.confirm())
     await steps()
     assert waiter.done() and waiter.exception() is None
