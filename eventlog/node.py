@@ -207,7 +207,7 @@ class LogNode(ConversationLog):
             await leader.publish_commit(self.config.replica_call_timeout_s)
             if self._leaders.get(shard) is not leader:
                 return  # re-led meanwhile: the new leader is not this call's to stop
-        leader = self._leaders.pop(shard, None)
+        self._leaders.pop(shard, None)
         if leader is not None:
             self._epochs_seen[shard] = max(
                 self._epochs_seen.get(shard, 0), leader.highest_seen_epoch

@@ -74,16 +74,14 @@ def up(
     except PlaneError as exc:
         console.print(f"[red]could not start the plane:[/red] {exc}")
         raise typer.Exit(1) from exc
+    if ready_file is not None:
+        write_private_json(ready_file, info)  # it holds the tenants' API keys
     if detach:
         plane.detach()
-        if ready_file is not None:
-            write_private_json(ready_file, info)  # it holds the tenants' API keys
         _print_plane(console, info, plane.info_file)
         console.print(f"detached; stop it with: convplane down --state-dir {state_dir}")
         return
     try:
-        if ready_file is not None:
-            write_private_json(ready_file, info)
         _print_plane(console, info, plane.info_file)
         _supervise(console, plane, info, stop)
     finally:
