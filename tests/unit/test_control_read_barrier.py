@@ -11,7 +11,7 @@ import asyncio
 
 import pytest
 
-from eventlog.errors import NotLeader
+from eventlog.errors import NoQuorum, NotLeader
 from eventlog.memory_replica import MemoryReplica
 from eventlog.model import LogEntry
 from regions.ops_state import AUDIT_RECORD, audit_body
@@ -80,4 +80,27 @@ async def test_a_stuck_read_of_control_records_gives_up_and_frees_the_fold() -> 
     )
     await leader._learn()
     assert ops.applied_lsn == lsn
+    await leader.node.close()
+
+
+async def test_a_fold_whose_leadership_check_is_cut_short_by_a_fence_ends_and_frees_its_lock() -> (
+    None
+):
+    """Stop 20's CI failure, at the level it failed: the control leader's fold is inside its
+    leadership check when a newer leader fences it, before the check's round ran a step. The
+    fold must end (retryable) and leave its lock free, so the next learn runs; it used to wait
+    for good, and that node never learned another control record."""
+    replicas = {r: MemoryReplica(r) for r in REGIONS}
+    leader, _ops = controller("a", replicas)
+    await leader.node.lead_shard(leader.control_shard)
+    shard_leader = leader.node.leader(leader.control_shard)
+    assert shard_leader is not None
+    fold = asyncio.ensure_future(leader._learn())
+    # runs after the fold's first step (which creates the round), before the round's first
+    asyncio.get_running_loop().call_soon(shard_leader.stop, shard_leader.epoch + 1)
+    for _ in range(20):
+        await asyncio.sleep(0)
+    assert fold.done(), "the fold still waits on a round that was cancelled before it ran"
+    assert isinstance(fold.exception(), NoQuorum)
+    assert not leader._learn_lock.locked()
     await leader.node.close()
