@@ -1,0 +1,141 @@
+"""What one group commit costs a replica's PostgreSQL server, by the group's shape, against the
+peer's unit of work (one autocommit ``INSERT`` of the same 1 KiB row), in the same server.
+
+A program, not a test::
+
+    .venv/bin/python -m bench.pg_groups [--seconds 3]
+
+Under ``bench/rest.py``'s load a node's group to one replica holds about five sub-batches of
+one entry each (one entry per shard: each shard has one batch in flight per replica), where
+``bench/append.py``'s single leader sends groups of about a hundred entries. This measures the
+server side of ``convplane_append`` (migration 0001) for such shapes: one local PostgreSQL
+(``services.local.postgres``, fsync on), one connection, groups sent back to back, and the CPU
+of that connection's backend read from ``/proc`` (``bench.cpu``). Shapes are
+``sub-batches x entries per sub-batch``; each shard's sub-batch appends at its tail, the
+common case. The peer row is ``bench/pg_peer.py``'s: one transaction per event.
+
+Per shape it prints the backend's CPU microseconds per group and per entry, and
+``peer_ratio``: the peer's CPU per event over the group's CPU per entry (above 1: the group
+writes an entry for less server CPU than the peer writes an event). The last line is ONE JSON
+object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+
+from bench.cpu import cpu_s
+from bench.pg_peer import payload_text
+from eventlog.stores import open_replica_store
+from eventlog.stores._pg_writes import _APPEND
+from services.local.postgres import asyncpg_dsn, start_instances
+
+SHAPES = ((1, 1), (5, 1), (20, 1), (1, 5), (1, 20), (20, 5))  # (sub-batches, entries each)
+SHARDS = 64
+CALL_TIMEOUT_S = 10.0
+PEER_TABLE = "bench_peer_events"
+
+
+class Tails:
+    """Each shard's last lsn, so that every sub-batch appends at its shard's tail."""
+
+    def __init__(self) -> None:
+        self._last: dict[int, int] = {}
+        self._next_shard = 0
+
+    def group(self, subs: int, per: int, body: str) -> list[list[Any]]:
+        arrays: list[list[Any]] = [[] for _ in range(17)]
+        for _ in range(subs):
+            shard = self._next_shard
+            self._next_shard = (self._next_shard + 1) % SHARDS
+            last = self._last.get(shard, 0)
+            head = (shard, 1, last, 1 if last else 0, last, per)
+            for array, value in zip(arrays[:6], head, strict=True):
+                array.append(value)
+            for lsn in range(last + 1, last + per + 1):
+                entry: tuple[Any, ...] = (lsn, 1, "bench", f"c{shard}", lsn, "message.user", None, None, 256,
+                         0, body)  # fmt: skip
+                for array, value in zip(arrays[6:], entry, strict=True):
+                    array.append(value)
+            self._last[shard] = last + per
+        return arrays
+
+
+async def backend_cpu_per_call(
+    conn: asyncpg.Connection, seconds: float, call: Any
+) -> tuple[float, int]:
+    """(backend CPU seconds, calls) for calls made back to back for ``seconds``."""
+    backend = await conn.fetchval("SELECT pg_backend_pid()")
+    cpu_before, calls = cpu_s(backend), 0
+    ends = time.perf_counter() + seconds
+    while time.perf_counter() < ends:
+        await asyncio.wait_for(call(), CALL_TIMEOUT_S)
+        calls += 1
+    return cpu_s(backend) - cpu_before, calls
+
+
+async def measure(dsn: str, args: argparse.Namespace) -> dict[str, Any]:
+    store = await open_replica_store(dsn, region="bench")  # creates the schema
+    await store.close()
+    conn = await asyncpg.connect(asyncpg_dsn(dsn))
+    try:
+        body = payload_text(args.payload_bytes, seed=1)
+        await conn.execute(
+            f"CREATE TABLE {PEER_TABLE} (id bigserial PRIMARY KEY, tenant text NOT NULL, "
+            "body text NOT NULL)"
+        )
+        peer_insert = f"INSERT INTO {PEER_TABLE} (tenant, body) VALUES ($1, $2)"
+        peer_cpu, peer_events = await backend_cpu_per_call(
+            conn, args.seconds, lambda: conn.execute(peer_insert, "bench", body)
+        )
+        peer_us = 1e6 * peer_cpu / peer_events
+        print(f"peer: one autocommit INSERT per event: {peer_us:.1f} us backend CPU per event")
+        tails, shapes = Tails(), {}
+        for subs, per in SHAPES:
+            cpu, groups = await backend_cpu_per_call(
+                conn, args.seconds, lambda s=subs, p=per: conn.fetch(_APPEND, *tails.group(s, p, body))
+            )  # fmt: skip
+            per_group_us = 1e6 * cpu / groups
+            per_entry_us = per_group_us / (subs * per)
+            shapes[f"{subs}x{per}"] = {
+                "groups": groups,
+                "us_per_group": round(per_group_us, 1),
+                "us_per_entry": round(per_entry_us, 1),
+                "peer_ratio": round(peer_us / per_entry_us, 3),
+            }
+            print(f"{subs:>3} sub-batches x {per:>2} entries: {per_group_us:7.1f} us per group, "
+                  f"{per_entry_us:6.1f} us per entry, peer_ratio {peer_us / per_entry_us:.2f}")  # fmt: skip
+        return {"peer_us_per_event": round(peer_us, 1), "shapes": shapes}
+    finally:
+        await conn.close()
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--seconds", type=float, default=3.0, help="per shape, and for the peer")
+    p.add_argument("--payload-bytes", type=int, default=1024)
+    args = p.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="convplane-bench-pg-groups-", dir="/tmp"))
+    work.chmod(0o755)  # the postgres user must traverse it
+    try:
+        (instance,) = start_instances(1, work)
+        try:
+            result = asyncio.run(measure(instance.dsn, args))
+        finally:
+            instance.stop()
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    print(json.dumps({**result, "seconds": args.seconds, "payload_bytes": args.payload_bytes}))
+
+
+if __name__ == "__main__":
+    main()
