@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import shutil
 import tempfile
@@ -34,15 +35,17 @@ from typing import Any
 import asyncpg
 
 from bench.cpu import cpu_s
-from bench.pg_peer import payload_text
+from bench.pg_peer import PEER_INSERT, PEER_TABLE, TENANT, payload_text
+from eventlog.model import LogEntry
 from eventlog.stores import open_replica_store
-from eventlog.stores._pg_writes import _APPEND
+from eventlog.stores._pg_writes import _ACCEPTED as ACCEPTED
+from eventlog.stores._pg_writes import _APPEND, append_arrays
+from eventlog.stores._plan import AppendRequest
 from services.local.postgres import asyncpg_dsn, start_instances
 
 SHAPES = ((1, 1), (5, 1), (20, 1), (1, 5), (1, 20), (20, 5))  # (sub-batches, entries each)
 SHARDS = 64
 CALL_TIMEOUT_S = 10.0
-PEER_TABLE = "bench_peer_events"
 
 
 class Tails:
@@ -52,22 +55,27 @@ class Tails:
         self._last: dict[int, int] = {}
         self._next_shard = 0
 
-    def group(self, subs: int, per: int, body: str) -> list[list[Any]]:
-        arrays: list[list[Any]] = [[] for _ in range(17)]
+    def group(self, subs: int, per: int, body: str) -> list[AppendRequest]:
+        requests = []
         for _ in range(subs):
             shard = self._next_shard
             self._next_shard = (self._next_shard + 1) % SHARDS
             last = self._last.get(shard, 0)
-            head = (shard, 1, last, 1 if last else 0, last, per)
-            for array, value in zip(arrays[:6], head, strict=True):
-                array.append(value)
-            for lsn in range(last + 1, last + per + 1):
-                entry: tuple[Any, ...] = (lsn, 1, "bench", f"c{shard}", lsn, "message.user", None, None, 256,
-                         0, body)  # fmt: skip
-                for array, value in zip(arrays[6:], entry, strict=True):
-                    array.append(value)
+            entries = tuple(
+                LogEntry(lsn, 1, TENANT, f"c{shard}", lsn, "message.user", None, None, 256, 0, body)
+                for lsn in range(last + 1, last + per + 1)
+            )
+            requests.append(AppendRequest(shard, 1, last, 1 if last else 0, entries, last))
             self._last[shard] = last + per
-        return arrays
+        return requests
+
+
+async def append_at_tails(conn: asyncpg.Connection, requests: list[AppendRequest]) -> None:
+    """One group through ``convplane_append``; every sub-batch must be accepted (else the
+    benchmark would time another path of the function)."""
+    rows = await conn.fetch(_APPEND, *append_arrays(requests))
+    if sorted(int(kind) for _, kind, _ in rows) != [ACCEPTED] * len(requests):
+        raise RuntimeError(f"convplane_append did not accept every sub-batch: {rows}")
 
 
 async def backend_cpu_per_call(
@@ -89,20 +97,21 @@ async def measure(dsn: str, args: argparse.Namespace) -> dict[str, Any]:
     conn = await asyncpg.connect(asyncpg_dsn(dsn))
     try:
         body = payload_text(args.payload_bytes, seed=1)
-        await conn.execute(
-            f"CREATE TABLE {PEER_TABLE} (id bigserial PRIMARY KEY, tenant text NOT NULL, "
-            "body text NOT NULL)"
-        )
-        peer_insert = f"INSERT INTO {PEER_TABLE} (tenant, body) VALUES ($1, $2)"
+        await conn.execute(PEER_TABLE)
+        peer_seq = itertools.count()
         peer_cpu, peer_events = await backend_cpu_per_call(
-            conn, args.seconds, lambda: conn.execute(peer_insert, "bench", body)
+            conn,
+            args.seconds,
+            lambda: conn.execute(
+                PEER_INSERT, "c0", next(peer_seq), TENANT, "message.user", body, 0
+            ),
         )
         peer_us = 1e6 * peer_cpu / peer_events
         print(f"peer: one autocommit INSERT per event: {peer_us:.1f} us backend CPU per event")
         tails, shapes = Tails(), {}
         for subs, per in SHAPES:
             cpu, groups = await backend_cpu_per_call(
-                conn, args.seconds, lambda s=subs, p=per: conn.fetch(_APPEND, *tails.group(s, p, body))
+                conn, args.seconds, lambda s=subs, p=per: append_at_tails(conn, tails.group(s, p, body))
             )  # fmt: skip
             per_group_us = 1e6 * cpu / groups
             per_entry_us = per_group_us / (subs * per)
