@@ -111,6 +111,7 @@ class ShardLeader:
         observer: CommitObserver | None = None,
         region_unreachable: Callable[[str], bool] | None = None,
         identity: IdentityGuard | None = None,
+        commit_push_delay_s: float | None = None,
     ) -> None:
         self.shard = shard
         self.region = region
@@ -123,6 +124,11 @@ class ShardLeader:
         #: cannot reach is counted as unreachable at once, before its replica calls time out
         self._region_unreachable = region_unreachable
         self._identity = identity or IdentityGuard()
+        #: how long an idle follower waits before pushing the commit position (default: the
+        #: config's, for conversation shards; LogNode gives the control shard its own)
+        self._commit_push_delay_s = (
+            config.commit_push_delay_s if commit_push_delay_s is None else commit_push_delay_s
+        )
         self._w = config.quorum(len(replicas))
         self.epoch = min_epoch
         self.highest_seen_epoch = min_epoch
@@ -579,9 +585,7 @@ class ShardLeader:
                 # once while the leader publishes before resigning.
                 if not self._publishing:
                     with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(
-                            follower.wakeup.wait(), self._config.commit_push_delay_s
-                        )
+                        await asyncio.wait_for(follower.wakeup.wait(), self._commit_push_delay_s)
                     if self._stopped or follower.next_lsn <= self.last_lsn:
                         continue
             try:

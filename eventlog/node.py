@@ -181,6 +181,11 @@ class LogNode(ConversationLog):
                 observer=self._observer,
                 region_unreachable=self._region_unreachable,
                 identity=self.identity,
+                commit_push_delay_s=(
+                    self.config.commit_push_delay_s
+                    if shard < self.config.shard_count
+                    else self.config.records_commit_push_delay_s
+                ),
             )
             try:
                 epoch = await leader.lead()

@@ -79,6 +79,7 @@ class _Simulation:
             replica_suspect_after_s=0.5,
             retry_backoff_max_s=0.1,
             commit_push_delay_s=0.01,
+            records_commit_push_delay_s=0.01,
         )
         self.nodes = {
             region: LogNode(

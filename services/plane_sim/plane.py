@@ -100,6 +100,7 @@ class SimPlane:
             replica_suspect_after_s=0.5,
             retry_backoff_max_s=0.1,
             commit_push_delay_s=0.01,
+            records_commit_push_delay_s=0.01,
         )
         self.skews_ms = {r: rng.choice([0, 0, -1500, 2500]) for r in self.names}
         self.processes = {r: RegionProcess(r) for r in self.names}

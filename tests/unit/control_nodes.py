@@ -25,16 +25,18 @@ class NoPeers:
 def controller(
     region: str, replicas: dict[str, MemoryReplica], *, commit_push_delay_s: float = 0.02
 ) -> tuple[Controller, OpsState]:
-    """``commit_push_delay_s``: how long an idle leader lingers before pushing its commit
-    position (a test of who learns what from replica hints makes it long)."""
+    """``commit_push_delay_s``: how long an idle leader (of any shard) lingers before pushing
+    its commit position (a test of who learns what from replica hints makes it long)."""
     cluster = ClusterConfig(
         shard_count=SHARDS,
         regions=[RegionConfig(name=r, url=f"http://{r}.invalid", dsn=f"memory://{r}")
                  for r in REGIONS],
     )  # fmt: skip
     clock = LoopClock()
-    node = LogNode(region=region, replicas=replicas, config=LogConfig(shard_count=SHARDS, commit_push_delay_s=commit_push_delay_s),
-                   clock=clock, rng=random.Random(1))  # fmt: skip
+    config = LogConfig(shard_count=SHARDS, commit_push_delay_s=commit_push_delay_s,
+                       records_commit_push_delay_s=commit_push_delay_s)  # fmt: skip
+    node = LogNode(region=region, replicas=replicas, config=config, clock=clock,
+                   rng=random.Random(1))  # fmt: skip
     control = Controller(settings=NodeSettings(region=region, cluster=cluster), cluster=cluster,
                          node=node, replicas=replicas, prober=NoPeers(), clock=clock,
                          rng=random.Random(2))  # fmt: skip
