@@ -65,7 +65,7 @@ from bench.profiling import py_spy
 from eventlog.clock import SystemClock
 from eventlog.config import LogConfig
 from eventlog.node import LogNode
-from eventlog.stores import SqlReplicaStore, open_replica_store
+from eventlog.stores import SqlReplicaStore, StoreConfig, open_replica_store
 from services.local.faultproxy import FaultProxy, ProxyRules, ProxySpec
 from services.local.postgres import (
     PgInstance,
@@ -315,7 +315,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--delay-ms", type=float, default=None, help="mode 2: proxy delay each way")
     p.add_argument("--shards", type=int, default=64)
     p.add_argument("--leader-batch-max", type=int, default=256, help="LogConfig.batch_events_max")
-    p.add_argument("--store-linger-ms", type=float, default=1.0)
+    p.add_argument(
+        "--store-linger-ms", type=float, default=StoreConfig().batch_linger_ms, help="when busy"
+    )
     p.add_argument("--store-batch-max", type=int, default=512)
     p.add_argument("--peer-pool-max", type=int, default=80, help="server max_connections=100")
     p.add_argument("--profile", help="cProfile the convplane run into this file")
