@@ -17,6 +17,11 @@ h11, in Python, cost a node ~8 % of its CPU under load) with these guards.
   any single byte cancels its keep-alive timer (slowloris).
 * **One send per response.** A response's head and body leave in one write
   (``CoalescedWrites``).
+* **The append lane.** On the client listener, an append whose head and body arrive together
+  and that nothing special applies to goes to ``services.api.append_lane`` straight from the
+  parser, instead of through uvicorn's request cycle and the app's layers; anything the lane
+  does not take continues down uvicorn's path as if the lane had never looked at it. While the
+  lane serves a request, a pipelined one waits its turn as it would behind the app.
 * **JSON errors.** A request the HTTP parser refuses gets a JSON 400 like every other client
   mistake (uvicorn's own is plain text).
 * **Connection bound.** At most ``connections_max`` connections; a new connection past it closes
@@ -39,8 +44,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from starlette.types import ASGIApp, Receive, Scope, Send
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
+from services.api.append_lane import AppendLane, LaneRequest, LaneResponse, Respond
 from services.api.forwarding import PEER_AUTH_HEADER
 
 log = logging.getLogger("convplane.listeners")
@@ -53,17 +59,25 @@ class ListenerConfig:
     name: str  # "client" or "peer", for logs
     connections_max: int
     header_timeout_s: float
+    #: a response the client does not take within this long loses the connection (the
+    #: edge's ``send_timeout_s``; here for what the append lane writes)
+    send_timeout_s: float = 10.0
 
 
-def guarded_protocol(limits: ListenerConfig) -> type[HttpToolsProtocol]:
+def guarded_protocol(
+    limits: ListenerConfig, lane: AppendLane | None = None
+) -> type[HttpToolsProtocol]:
     """An ``HttpToolsProtocol`` class for one listener (module docstring); pass it as uvicorn's
-    ``http``. Each call makes a class of its own: the idle set is per listener."""
+    ``http``. Each call makes a class of its own: the idle set is per listener. ``lane``: the
+    append lane this listener hands eligible appends to (the client listener's)."""
     #: this listener's idle connections, oldest first (a dict keeps insertion order)
     idle: dict[GuardedProtocol, None] = {}
 
     class GuardedProtocol(HttpToolsProtocol):
         _header_timer: asyncio.TimerHandle | None = None
         _cycle_when_idle: Any = None
+        #: an append the lane may take, its head parsed, its body arriving
+        _lane_pending: LaneRequest | None = None
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
@@ -81,6 +95,9 @@ def guarded_protocol(limits: ListenerConfig) -> type[HttpToolsProtocol]:
 
         def data_received(self, data: bytes) -> None:
             super().data_received(data)
+            pending, self._lane_pending = self._lane_pending, None
+            if pending is not None:  # its body did not come with its head: the app takes it
+                self._hand_to_app(pending, complete=False)
             if self._header_timer is not None and self.cycle is not self._cycle_when_idle:
                 self._stop_waiting()  # a request head arrived: its body and response are
                 # bounded by the app (body read timeout, deadlines)
@@ -92,6 +109,83 @@ def guarded_protocol(limits: ListenerConfig) -> type[HttpToolsProtocol]:
             if self.cycle is not None and not self.cycle.response_complete:
                 return  # a pipelined request was already parsed and is under way
             self._await_request()
+
+        # --- the append lane (services.api.append_lane) ------------------------------------
+
+        def on_headers_complete(self) -> None:
+            if lane is not None and (self.cycle is None or self.cycle.response_complete):
+                parser = self.parser
+                pending = lane.eligible(
+                    self.scope,  # type: ignore[arg-type]  # a TypedDict, filled in as a dict
+                    parser.get_method(),
+                    parser.get_http_version(),
+                    self.url,
+                    parser.should_keep_alive(),
+                )
+                if pending is not None:
+                    self._lane_pending = pending
+                    return
+            super().on_headers_complete()
+
+        def on_body(self, body: bytes) -> None:
+            if self._lane_pending is not None:
+                self._lane_pending.body += body
+                return
+            super().on_body(body)
+
+        def on_message_complete(self) -> None:
+            pending, self._lane_pending = self._lane_pending, None
+            if pending is None:
+                super().on_message_complete()
+                return
+            assert lane is not None
+            prepared = lane.prepare(pending)
+            if prepared is None:
+                self._hand_to_app(pending, complete=True)
+                return
+            cycle = _LaneCycle(pending.keep_alive)
+            self.cycle = cycle  # type: ignore[assignment]
+            task = self.loop.create_task(lane.serve(prepared, self._responder(cycle)))
+            task.add_done_callback(self.tasks.discard)
+            self.tasks.add(task)
+
+        def _hand_to_app(self, pending: LaneRequest, *, complete: bool) -> None:
+            """The request goes the app's way, as if the lane had never looked at it."""
+            super().on_headers_complete()
+            if pending.body:
+                super().on_body(bytes(pending.body))
+            if complete:
+                super().on_message_complete()
+
+        def _responder(self, cycle: _LaneCycle) -> Respond:
+            async def respond(response: LaneResponse) -> bool:
+                """Write the answer (as uvicorn's ``send`` would); False: a reader too slow to
+                take it within ``send_timeout_s`` lost its connection."""
+                if cycle.disconnected:
+                    return True  # nobody to answer; uvicorn drops the answer too
+                if self.flow.write_paused:
+                    try:
+                        async with asyncio.timeout(limits.send_timeout_s):
+                            await self.flow.drain()
+                    except TimeoutError:
+                        self.transport.close()
+                        return False
+                says_close = response.says_close
+                keep_alive = cycle.keep_alive and not says_close and not response.close
+                head = [STATUS_LINE[response.status]]
+                for name, value in (*self.server_state.default_headers, *response.headers):
+                    head += [name, b": ", value, b"\r\n"]
+                if not cycle.keep_alive and not says_close:
+                    head.append(b"connection: close\r\n")
+                head += [b"\r\n", response.body]
+                self.transport.write(b"".join(head))
+                cycle.response_complete = True
+                if not keep_alive:
+                    self.transport.close()
+                self.on_response_complete()
+                return True
+
+            return respond
 
         def send_400_response(self, msg: str) -> None:
             """A request the HTTP parser refuses gets the API's JSON error, not plain text."""
@@ -132,6 +226,20 @@ def guarded_protocol(limits: ListenerConfig) -> type[HttpToolsProtocol]:
 
     GuardedProtocol.__name__ = f"GuardedProtocol_{limits.name}"
     return GuardedProtocol
+
+
+class _LaneCycle:
+    """What uvicorn's protocol reads of a request under way, for one the lane serves: while it
+    is not ``response_complete``, a pipelined request waits its turn."""
+
+    def __init__(self, keep_alive: bool) -> None:
+        self.keep_alive = keep_alive
+        self.response_complete = False
+        self.disconnected = False
+        self.message_event = self  # connection_lost sets it
+
+    def set(self) -> None:
+        pass
 
 
 class CoalescedWrites:

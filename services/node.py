@@ -78,7 +78,13 @@ def run_node(
             timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
             timeout_keep_alive=int(settings.header_timeout_s) or 1,
             http=guarded_protocol(
-                ListenerConfig("client", settings.client_connections_max, settings.header_timeout_s)
+                ListenerConfig(
+                    "client",
+                    settings.client_connections_max,
+                    settings.header_timeout_s,
+                    settings.send_timeout_s,
+                ),
+                lane=app.state.append_lane,
             ),
         )
     )

@@ -13,6 +13,7 @@ from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
 from opentelemetry.sdk.trace import TracerProvider
 
 from services.api.admission import NodeAdmission
+from services.api.append_lane import AppendLane
 from services.api.context import ApiState
 from services.api.control_routes import control_router, peer_router
 from services.api.drill_routes import drill_peer_router, drill_router
@@ -75,6 +76,15 @@ def create_app(
     admission = NodeAdmission(metrics)  # opened in the lifespan, with the runtime's clock
     console_access = ConsoleAccess()  # opened in the lifespan, with the runtime's cluster
     append_outcomes = AppendOutcomes()  # opened in the lifespan, with the runtime's clock
+    # opened in the lifespan with the app's state; the client listener hands it appends
+    append_lane = AppendLane(
+        region=settings.region,
+        metrics=metrics,
+        admission=admission,
+        outcomes=append_outcomes,
+        max_body_bytes=settings.max_body_bytes,
+        retry_after_default_s=settings.retry_after_default_s,
+    )
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -89,6 +99,7 @@ def create_app(
                     admission=admission,
                     console_access=console_access,
                     append_outcomes=append_outcomes,
+                    append_lane=append_lane,
                 ):
                     yield
             finally:
@@ -102,6 +113,7 @@ def create_app(
         lifespan=lifespan,
         generate_unique_id_function=operation_id,
     )
+    app.state.append_lane = append_lane
     install_openapi(app, lambda: _shard_count(app))
     install_error_handlers(app, settings.retry_after_default_s, metrics.count_error)
     app.include_router(router)

@@ -2,8 +2,11 @@
 
 ``POST /v1/conversations/{id}/events`` is what chat applications call most, and FastAPI's
 routing, dependency solving and parameter validation cost a node more CPU per append than the
-log's own work does (``bench/rest.py`` under py-spy). ``FastAppend`` serves that one operation
-from ``EdgeMiddleware``, with the route's own parts:
+log's own work does (``bench/rest.py`` under py-spy). Two places serve it with the route's own
+parts: the append lane (``services.api.append_lane``), straight from the client listener, for
+the requests it takes; and ``FastAppend``, from ``EdgeMiddleware``, for the appends that still
+come through the app (a body in several packets, a CORS request, ...). Both check with
+``AppendCheck``:
 
 * the conversation id, the ``Idempotency-Key`` and the body are checked with the route's own
   constraints (the id's pattern and length, the key's pattern and length, the
@@ -22,6 +25,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from typing import Any
 
 from fastapi.routing import APIRoute
 from pydantic import TypeAdapter, ValidationError
@@ -45,13 +49,40 @@ _IDEMPOTENCY_KEY = re.compile(routes.IDEMPOTENCY_KEY_PATTERN)
 _NOT_PARSED = object()
 
 
+class AppendCheck:
+    """The route's own constraints on an append, applied outside FastAPI: the conversation id
+    (its pattern and length), the ``Idempotency-Key`` (at most one, its pattern and length) and
+    the body (the ``AppendEventRequest`` union, on JSON already parsed)."""
+
+    def __init__(self) -> None:
+        self._events: TypeAdapter[AnyEvent] = TypeAdapter(AppendEventRequest)
+
+    def accepted(
+        self, conversation_id: str, keys: list[bytes], parsed: Any
+    ) -> tuple[AnyEvent, str | None] | None:
+        """The validated body and key, or None where the route would refuse the request."""
+        if len(conversation_id) > CONVERSATION_ID_MAX or not _CONVERSATION_ID.fullmatch(
+            conversation_id
+        ):
+            return None
+        if len(keys) > 1:
+            return None
+        idempotency_key = bytes(keys[0]).decode("latin-1") if keys else None
+        if idempotency_key is not None and not _valid_key(idempotency_key):
+            return None
+        try:
+            return self._events.validate_python(parsed), idempotency_key
+        except ValidationError:
+            return None
+
+
 class FastAppend:
     def __init__(self, retry_after_default_s: float, count_error: Callable[[str], None]) -> None:
         self._retry_after_default_s = retry_after_default_s
         self._count_error = count_error  # metrics by error code, as the app's handler counts
-        self._events: TypeAdapter[AnyEvent] = TypeAdapter(AppendEventRequest)
+        self._check = AppendCheck()
         #: the route this path stands in for (its template names the request in metrics)
-        self._route = _declared_route(routes.append_event.__name__)
+        self._route = declared_route(routes.append_event.__name__)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> bool:
         """Serve ``scope`` if it is an append this path accepts; False: the app serves it."""
@@ -62,20 +93,11 @@ class FastAppend:
         if matched is None or parsed is _NOT_PARSED:
             return False
         conversation_id = matched.group(1)
-        if len(conversation_id) > CONVERSATION_ID_MAX or not _CONVERSATION_ID.fullmatch(
-            conversation_id
-        ):
-            return False
         keys = [v for k, v in scope["headers"] if bytes(k) == IDEMPOTENCY_KEY_HEADER_RAW]
-        if len(keys) > 1:
+        accepted = self._check.accepted(conversation_id, keys, parsed)
+        if accepted is None:
             return False
-        idempotency_key = bytes(keys[0]).decode("latin-1") if keys else None
-        if idempotency_key is not None and not _valid_key(idempotency_key):
-            return False
-        try:
-            body = self._events.validate_python(parsed)
-        except ValidationError:
-            return False
+        body, idempotency_key = accepted
         scope["path_params"] = {"conversation_id": conversation_id}
         scope["route"] = self._route
         request = Request(scope, receive)
@@ -95,7 +117,8 @@ def _valid_key(key: str) -> bool:
     return len(key) <= IDEMPOTENCY_KEY_LENGTH_MAX and _IDEMPOTENCY_KEY.fullmatch(key) is not None
 
 
-def _declared_route(name: str) -> APIRoute:
+def declared_route(name: str) -> APIRoute:
+    """The route of ``services.api.routes`` whose endpoint is called ``name``."""
     for route in routes.router.routes:
         if isinstance(route, APIRoute) and route.name == name:
             return route

@@ -91,9 +91,22 @@ def check_json_body(body: bytes) -> Any:
     return value
 
 
+def is_json_media_type(content_type: str | None) -> bool:
+    media_type = (content_type or "").split(";")[0].strip().lower()
+    return media_type == "application/json" or media_type.endswith("+json")
+
+
+def json_body_or_none(body: bytes) -> Any:
+    """``check_json_body``'s value, or None where it refuses the body (the append lane hands
+    such a request to the app, which words the refusal)."""
+    try:
+        return check_json_body(body)
+    except _Reject:
+        return None
+
+
 def _check_media_type(scope: Scope) -> None:
-    content_type = (_header(scope, b"content-type") or "").split(";")[0].strip().lower()
-    if content_type != "application/json" and not content_type.endswith("+json"):
+    if not is_json_media_type(_header(scope, b"content-type")):
         raise _Reject(415, "unsupported_media_type", "request bodies must be application/json")
 
 
@@ -260,14 +273,24 @@ class EdgeMiddleware:
         return stamped
 
 
-async def _send_error(send: Send, rej: _Reject, *, retry_after_s: float) -> None:
+def edge_error(
+    status: int, code: str, message: str, *, retryable: bool, retry_after_s: float
+) -> tuple[list[tuple[bytes, bytes]], bytes]:
+    """The headers and body of a refusal at the edge (the append lane answers the same)."""
     body = json.dumps(
-        {"error": {"code": rej.code, "message": rej.message, "retryable": rej.retryable}}
+        {"error": {"code": code, "message": message, "retryable": retryable}}
     ).encode()
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-    if rej.status in (429, 503):
+    if status in (429, 503):
         headers.append((b"retry-after", str(max(1, math.ceil(retry_after_s))).encode()))
-    if rej.status in (408, 413, 504):
+    if status in (408, 413, 504):
         headers.append((b"connection", b"close"))  # the rest of the body may be unread
+    return headers, body
+
+
+async def _send_error(send: Send, rej: _Reject, *, retry_after_s: float) -> None:
+    headers, body = edge_error(
+        rej.status, rej.code, rej.message, retryable=rej.retryable, retry_after_s=retry_after_s
+    )
     await send({"type": "http.response.start", "status": rej.status, "headers": headers})
     await send({"type": "http.response.body", "body": body})

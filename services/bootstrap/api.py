@@ -10,6 +10,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from services.api.admission import NodeAdmission
+from services.api.append_lane import AppendLane
 from services.api.auth import Tenants
 from services.api.context import ApiState
 from services.api.forward_batch import BatchConfig
@@ -34,6 +35,7 @@ async def open_api(
     admission: NodeAdmission,
     console_access: ConsoleAccess,
     append_outcomes: AppendOutcomes,
+    append_lane: AppendLane | None = None,
 ) -> AsyncIterator[None]:
     forwarder = Forwarder(
         client=runtime.peers,
@@ -96,9 +98,13 @@ async def open_api(
         tenants=app.state.api.tenants,
         clock=runtime.clock,
     )
+    if append_lane is not None:
+        append_lane.open(app.state.api)
     try:
         yield
     finally:
+        if append_lane is not None:
+            append_lane.close()
         await forwarder.close()
         await admission.close()
 

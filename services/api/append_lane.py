@@ -1,0 +1,347 @@
+"""The append lane: ``POST /v1/conversations/{id}/events`` served straight from the client
+listener's HTTP parser, by the same parts the app would run it through.
+
+Appends are what chat applications call most. Under ``bench/rest.py`` a node spent about half of
+its CPU per append around the handler rather than in it: uvicorn's request cycle and its ASGI
+messages, the app's middleware layers (each wrapping ``send`` and ``receive``), Starlette's
+response machinery. The lane skips those layers, not their work: ``services.listeners`` hands it
+the request head and body, and it runs the steps the layers would run, in one place:
+
+1. **Eligible** (``eligible``, on the request head): an HTTP/1.1 ``POST`` to the append path
+   (no query, no percent-escapes), one ``Content-Length`` within ``max_body_bytes``, one
+   ``Authorization``, one JSON ``Content-Type``, and nothing the layers treat specially
+   (``Origin``: CORS; ``Transfer-Encoding``, ``Expect``, ``Upgrade``; the forwarding headers).
+   The listener takes the lane only when the whole body arrived with the head and no other
+   request of the connection is under way.
+2. **Prepared** (``prepare``, on the body; still nothing done or counted): JSON parsed as the
+   edge parses it (``check_json_body``), the route's own checks (``AppendCheck``), a tenant key
+   whose role may write. Whatever a check would refuse goes back to the app untouched, so every
+   refusal of a malformed request is the app's own, word for word.
+3. **Served** (``serve``): admission as the edge does it (``NodeAdmission.arrive`` and ``admit``:
+   401, 429, 503, 504, worded by ``edge_error``), the route's handler itself
+   (``routes.append_event``: the log call under the deadline, a forward on ``NotLeader``), an
+   error as the app's handler words it (``refusal``), the headers the layers add
+   (``X-Convplane-Served-By``, CORS's ``Vary``), and the request counted where the layers count
+   it: the request metrics, the console's append outcomes, the admission limit's latency. A bug
+   (any other exception) is logged and answered 500, and the connection closed, as the app's
+   error middleware and uvicorn do.
+
+``tests/unit/test_append_lane.py`` sends the same requests through the lane and through the app
+and compares the answers. The lane is off while tracing is on (the FastAPI instrumentation makes
+each request's span) and on the peer listener.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from collections.abc import Awaitable, Callable, MutableMapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from starlette.requests import Request
+from starlette.types import Message
+
+from eventlog.errors import ConvplaneError, InvariantViolation, Unavailable
+from eventlog.http_headers import SERVED_BY_HEADER_RAW
+from services.api import routes
+from services.api.admission import DEADLINE_SCOPE_KEY, Entry, NodeAdmission
+from services.api.context import ApiState, RequestContext
+from services.api.errors import refusal
+from services.api.event_bodies import AnyEvent
+from services.api.fast_append import AppendCheck, declared_route
+from services.api.metrics import Metrics
+from services.api.middleware import edge_error, is_json_media_type, json_body_or_none
+from services.api.roles import require_read_only_viewer
+from services.config import TenantConfig
+from services.console.outcomes import AppendOutcomes
+from services.logs import bind_request
+
+log = logging.getLogger("convplane.append_lane")
+
+Headers = list[tuple[bytes, bytes]]
+#: the append path as the client sent it: an id of the characters ids may hold (no escapes)
+_APPEND_URL = re.compile(rb"^/v1/conversations/([A-Za-z0-9._:-]+)/events$")
+#: request headers that some layer of the app treats specially: such a request takes the app
+_DECLINED_HEADERS = frozenset(
+    {b"origin", b"transfer-encoding", b"expect", b"upgrade", b"x-convplane-forwarded",
+     b"x-convplane-peer-auth"}
+)  # fmt: skip
+#: what the app's error middleware answers to a bug (and uvicorn then closes the connection)
+_BUG_HEADERS: Headers = [
+    (b"content-length", b"21"),
+    (b"content-type", b"text/plain; charset=utf-8"),
+]
+_BUG_BODY = b"Internal Server Error"
+#: the metrics' route label of a request refused before the app routed it (as the edge counts)
+_UNROUTED = "unmatched"
+
+
+@dataclass(slots=True)
+class LaneRequest:
+    """An eligible request: its scope (completed as uvicorn completes it) and what the lane
+    read from its head; ``body`` fills as the parser delivers it."""
+
+    scope: MutableMapping[str, Any]
+    conversation_id: str
+    authorization: str
+    content_length: int
+    idempotency_keys: list[bytes]
+    keep_alive: bool
+    body: bytearray = field(default_factory=bytearray)
+
+
+@dataclass(slots=True)
+class Prepared:
+    request: LaneRequest
+    tenant: TenantConfig
+    event: AnyEvent
+    idempotency_key: str | None
+    body: bytes
+
+
+@dataclass(slots=True)
+class LaneResponse:
+    status: int
+    headers: Headers
+    body: bytes
+    #: close the connection after it, whatever its headers say (a bug's answer)
+    close: bool = False
+
+    @property
+    def says_close(self) -> bool:
+        """Whether the answer says ``Connection: close``."""
+        return any(k == b"connection" and v.lower() == b"close" for k, v in self.headers)
+
+
+#: the listener's side: writes a response (False: the client did not take it in time)
+Respond = Callable[[LaneResponse], Awaitable[bool]]
+
+
+class AppendLane:
+    """Built (closed) by ``create_app``; ``open``ed by the lifespan with the app's state."""
+
+    def __init__(
+        self,
+        *,
+        region: str,
+        metrics: Metrics,
+        admission: NodeAdmission,
+        outcomes: AppendOutcomes,
+        max_body_bytes: int,
+        retry_after_default_s: float,
+    ) -> None:
+        self._served_by = region.encode()
+        self._metrics = metrics
+        self._admission = admission
+        self._outcomes = outcomes
+        self._max_body_bytes = max_body_bytes
+        self._retry_after_default_s = retry_after_default_s
+        self._check = AppendCheck()
+        self._route = declared_route(routes.append_event.__name__)
+        self._template: str = self._route.path
+        self._api: ApiState | None = None
+
+    def open(self, api: ApiState) -> None:
+        """Serve from now on, unless tracing is on (module docstring)."""
+        self._api = api if api.tracing is None else None
+
+    def close(self) -> None:
+        self._api = None
+
+    # --- 1. the head -----------------------------------------------------------------------
+
+    def eligible(
+        self,
+        scope: MutableMapping[str, Any],
+        method: bytes,
+        http_version: str,
+        url: bytes,
+        keep_alive: bool,
+    ) -> LaneRequest | None:
+        """A request the lane may take, by its head (``scope["headers"]``: names lower-cased,
+        as uvicorn collects them); None: the app serves it."""
+        if self._api is None or method != b"POST" or http_version != "1.1":
+            return None
+        matched = _APPEND_URL.match(url)
+        if matched is None or scope.get("root_path"):
+            return None
+        length = authorization = content_type = None
+        keys: list[bytes] = []
+        for name, value in scope["headers"]:
+            if name == b"content-length":
+                if length is not None or not value.isdigit():
+                    return None
+                length = int(value)
+            elif name == b"authorization":
+                if authorization is not None:
+                    return None
+                authorization = value
+            elif name == b"content-type":
+                if content_type is not None:
+                    return None
+                content_type = value
+            elif name == b"idempotency-key":
+                keys.append(value)
+            elif name in _DECLINED_HEADERS:
+                return None
+        if length is None or length > self._max_body_bytes or authorization is None:
+            return None
+        if content_type is None or not is_json_media_type(content_type.decode("latin-1")):
+            return None
+        scope["method"] = "POST"
+        scope["path"] = url.decode("ascii")
+        scope["raw_path"] = url
+        scope["query_string"] = b""
+        return LaneRequest(
+            scope=scope,
+            conversation_id=matched.group(1).decode("ascii"),
+            authorization=authorization.decode("latin-1"),
+            content_length=length,
+            idempotency_keys=keys,
+            keep_alive=keep_alive,
+        )
+
+    # --- 2. the body -----------------------------------------------------------------------
+
+    def prepare(self, request: LaneRequest) -> Prepared | None:
+        """The checks that refuse a malformed request, none of which changes anything; None:
+        the app serves it (and words the refusal)."""
+        api = self._api
+        body = bytes(request.body)
+        if api is None or len(body) != request.content_length or not body.strip():
+            return None
+        parsed = json_body_or_none(body)
+        if parsed is None:  # refused (a body of JSON null is refused by the route too)
+            return None
+        accepted = self._check.accepted(request.conversation_id, request.idempotency_keys, parsed)
+        if accepted is None:
+            return None
+        tenants = api.tenants
+        if tenants.is_service_key(request.authorization):
+            return None
+        try:
+            tenant = tenants.authenticate(request.authorization)
+        except ConvplaneError:
+            return None
+        try:
+            require_read_only_viewer(tenant, "POST")
+        except ConvplaneError:
+            return None
+        event, idempotency_key = accepted
+        return Prepared(request, tenant, event, idempotency_key, body)
+
+    # --- 3. the answer ---------------------------------------------------------------------
+
+    async def serve(self, prepared: Prepared, respond: Respond) -> None:
+        """Admit, answer and respond, counting the request as the edge counts it."""
+        started_s = time.perf_counter()
+        status = answered = 500
+        entry = None
+        template = self._template
+        try:
+            try:
+                entry = await self._admit(prepared.request.scope)
+            except ConvplaneError as exc:
+                retry_after_s = exc.retry_after_s or self._retry_after_default_s
+                response = self._edge_refusal(exc, retry_after_s)
+                template = _UNROUTED  # the edge refuses these before the app routes them
+            else:
+                response = await self._answer(prepared)
+            status = answered = response.status
+            if not await respond(response):
+                status = 408  # a slow reader lost its connection, as at the edge
+        except Exception:  # a bug: answered as the app's error middleware answers one
+            log.exception("append lane: unexpected error")
+            await respond(LaneResponse(500, list(_BUG_HEADERS), _BUG_BODY, close=True))
+        finally:
+            self._admission.exit(entry, answered)
+            self._outcomes.record(answered)
+            latency_s = time.perf_counter() - started_s
+            self._metrics.observe_request(template, "POST", status, latency_s)
+
+    async def _admit(self, scope: MutableMapping[str, Any]) -> Entry | None:
+        """The edge's admission: 401 and the deadline on arrival, then a permit (429, 503)."""
+        if self._api is None:
+            raise Unavailable("the node is starting or stopping", retry_after_s=1.0)
+        return await self._admission.admit(scope, self._admission.arrive(scope))
+
+    async def _answer(self, prepared: Prepared) -> LaneResponse:
+        """The route's handler on the request, and its answer as the layers send it."""
+        api = self._api
+        if api is None:
+            raise InvariantViolation("the append lane answered while closed")
+        request = prepared.request
+        scope = request.scope
+        scope["path_params"] = {"conversation_id": request.conversation_id}
+        scope["route"] = self._route
+        ctx = RequestContext(
+            api,
+            Request(scope, _replaying(prepared.body)),
+            prepared.tenant,
+            scope[DEADLINE_SCOPE_KEY],
+            forwarded=False,
+        )
+        bind_request(ctx)  # log lines of this request carry its fields (services.logs)
+        try:
+            answer = await routes.append_event(
+                ctx, request.conversation_id, prepared.event, prepared.idempotency_key
+            )
+        except ConvplaneError as exc:
+            answer = refusal(exc, self._retry_after_default_s, self._metrics.count_error)
+        status, headers, body = await _rendered(answer, scope)
+        return LaneResponse(status, self._stamped(headers), body)
+
+    def _edge_refusal(self, exc: ConvplaneError, retry_after_s: float) -> LaneResponse:
+        headers, body = edge_error(
+            exc.http_status,
+            exc.code,
+            exc.message,
+            retryable=exc.retryable,
+            retry_after_s=retry_after_s,
+        )
+        return LaneResponse(exc.http_status, self._stamped(headers), body)
+
+    def _stamped(self, headers: Headers) -> Headers:
+        """What the layers add on the way out: the edge's ``X-Convplane-Served-By`` (a
+        forwarded answer keeps the serving peer's), then CORS's ``Vary: Origin``."""
+        if not any(k == SERVED_BY_HEADER_RAW for k, _ in headers):
+            headers.append((SERVED_BY_HEADER_RAW, self._served_by))
+        varies = [v for k, v in headers if k == b"vary"]
+        if varies:
+            headers = [(k, v) for k, v in headers if k != b"vary"]
+            headers.append((b"vary", b", ".join([*varies, b"Origin"])))
+        else:
+            headers.append((b"vary", b"Origin"))
+        return headers
+
+
+def _replaying(body: bytes) -> Callable[[], Awaitable[Message]]:
+    async def receive() -> Message:
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    return receive
+
+
+async def _rendered(answer: Any, scope: MutableMapping[str, Any]) -> tuple[int, Headers, bytes]:
+    """A Starlette response as (status, headers, body): read off a plain response, or sent
+    through ASGI into a buffer (a streamed one)."""
+    body = getattr(answer, "body", None)
+    if isinstance(body, bytes):
+        return int(answer.status_code), list(answer.raw_headers), body
+    started: dict[str, Any] = {}
+    chunks: list[bytes] = []
+
+    async def collect(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            started.update(message)
+        else:
+            chunks.append(bytes(message.get("body", b"")))
+
+    await answer(scope, _replaying(b""), collect)
+    return (
+        int(started["status"]),
+        [(bytes(k), bytes(v)) for k, v in started["headers"]],
+        (b"".join(chunks)),
+    )

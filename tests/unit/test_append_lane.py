@@ -1,0 +1,225 @@
+"""The append lane (``services.api.append_lane``) answers exactly what the app answers.
+
+Two identical two-region planes (fake logs, virtual time) get the same requests on the wire,
+through the real client-listener protocol: on one, each request arrives in one write, so the
+lane may take it; on the other, the head and the body arrive in two writes, which the lane never
+takes, so the app serves every request there. Status, headers (names, order, values) and bodies
+must be the same, request by request, and so must the request metrics. Requests the lane takes
+and requests it hands back to the app are both in the script: fresh appends, idempotent retries,
+every conflict, a forward to the other region, the refusals of admission, and every malformed
+request.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import pytest
+from fastapi import FastAPI
+
+from services.api import append_lane
+from tests.unit.admission_nodes import SECRET, SlowLog, build_node, cluster, node_clock
+from tests.unit.api_fakes import KEY_A, KEY_B, HostRouting, conversation_led_by
+from tests.unit.wire_client import WireConnection, WireResponse, raw_request
+
+AUTH_A = {"authorization": f"Bearer {KEY_A}", "content-type": "application/json"}
+AUTH_B = {"authorization": f"Bearer {KEY_B}", "content-type": "application/json"}
+EAST_CONV = conversation_led_by("east")
+WEST_CONV = conversation_led_by("west")
+
+
+@dataclass
+class Plane:
+    east: FastAPI
+    west: FastAPI
+
+
+@asynccontextmanager
+async def plane() -> AsyncIterator[Plane]:
+    clock = node_clock()
+    routing = HostRouting()
+    config = cluster(SECRET)
+    async with AsyncExitStack() as stack:
+        peers = await stack.enter_async_context(httpx.AsyncClient(transport=routing))
+        apps = {}
+        for region in ("east", "west"):
+            app = build_node(region, SlowLog(region, clock), peers, clock, config)
+            routing.apps[f"{region}.test"] = httpx.ASGITransport(app=app)
+            await stack.enter_async_context(app.router.lifespan_context(app))
+            apps[region] = app
+        yield Plane(apps["east"], apps["west"])
+
+
+def append(
+    conversation_id: str,
+    event: Any,
+    headers: dict[str, str] | None = None,
+    extra: dict[str, str] | None = None,
+) -> bytes:
+    body = event if isinstance(event, bytes) else json.dumps(event).encode()
+    return raw_request(
+        f"/v1/conversations/{conversation_id}/events",
+        body,
+        {**(headers or AUTH_A), **(extra or {})},
+    )
+
+
+def create(conversation_id: str) -> bytes:
+    body = json.dumps({"conversation_id": conversation_id}).encode()
+    return raw_request("/v1/conversations", body, AUTH_A)
+
+
+USER = {"type": "message.user", "payload": {"content": "hello"}}
+OTHER = {"type": "message.user", "payload": {"content": "something else"}}
+ATTEMPT = {
+    "type": "tool.attempt",
+    "payload": {"attempt_id": "a1", "tool": "search", "argument_digest": "d1"},
+}
+EFFECT_OK = {"type": "tool.effect", "payload": {"attempt_id": "a1", "status": "committed"}}
+EFFECT_FAILED = {"type": "tool.effect", "payload": {"attempt_id": "a1", "status": "failed"}}
+
+#: (what the request is, the request): in order, on one connection
+SCRIPT: list[tuple[str, bytes]] = [
+    ("create", create(EAST_CONV)),
+    ("create led elsewhere", create(WEST_CONV)),
+    ("fresh append", append(EAST_CONV, USER, extra={"idempotency-key": "k1"})),
+    ("idempotent retry", append(EAST_CONV, USER, extra={"idempotency-key": "k1"})),
+    ("key reused", append(EAST_CONV, OTHER, extra={"idempotency-key": "k1"})),
+    ("seq conflict", append(EAST_CONV, {**USER, "expected_seq": 7})),
+    ("expected seq", append(EAST_CONV, {**USER, "expected_seq": 1})),
+    ("tool attempt", append(EAST_CONV, ATTEMPT)),
+    ("tool effect", append(EAST_CONV, EFFECT_OK)),
+    ("effect conflict", append(EAST_CONV, EFFECT_FAILED)),
+    ("unknown conversation", append("nobody-here", USER)),
+    ("forwarded to its leader", append(WEST_CONV, USER, extra={"idempotency-key": "k2"})),
+    ("deadline header", append(EAST_CONV, USER, extra={"x-convplane-deadline-ms": "5000"})),
+    ("bad deadline header", append(EAST_CONV, USER, extra={"x-convplane-deadline-ms": "soon"})),
+    ("spent deadline", append(EAST_CONV, USER, extra={"x-convplane-deadline-ms": "0"})),
+    ("unknown key", append(EAST_CONV, USER, {**AUTH_A, "authorization": "Bearer nope"})),
+    ("no bearer", append(EAST_CONV, USER, {**AUTH_A, "authorization": "Basic x"})),
+    ("bad body", append(EAST_CONV, {"type": "message.user"})),
+    ("unknown type", append(EAST_CONV, {"type": "bogus", "payload": {}})),
+    ("malformed json", append(EAST_CONV, b'{"type": ')),
+    ("empty body", append(EAST_CONV, b"")),
+    ("not json", append(EAST_CONV, USER, {**AUTH_A, "content-type": "text/plain"})),
+    ("json suffix", append(EAST_CONV, USER, {**AUTH_A, "content-type": "application/x+json"})),
+    ("bad key chars", append(EAST_CONV, USER, extra={"idempotency-key": "a\tb"})),
+    ("bad id", append("a%20b", USER)),
+    ("dot id", append("..", USER)),
+    ("query string", raw_request(f"/v1/conversations/{EAST_CONV}/events?x=1", b"{}", AUTH_A)),
+    ("origin", append(EAST_CONV, USER, extra={"origin": "http://east.test"})),
+    ("close", append(EAST_CONV, USER, extra={"connection": "keep-alive"})),
+    *[(f"quota {i}", append(EAST_CONV, USER, AUTH_B)) for i in range(5)],
+]
+
+
+async def play(app: FastAPI, *, split_body: bool) -> list[WireResponse]:
+    connection = WireConnection(app)
+    answers = []
+    for _, request in SCRIPT:
+        answers += await connection.exchange(request, split_body=split_body)
+    return answers
+
+
+def _comparable(answer: WireResponse) -> tuple[int, list[str], dict[str, str], Any]:
+    body: Any = answer.body
+    if answer.headers.get("content-type") == "application/json":
+        body = json.loads(answer.body)
+    return answer.status, answer.header_names, answer.headers, body
+
+
+async def test_the_lane_answers_every_request_as_the_app_does(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    served = []
+    original = append_lane.AppendLane.serve
+
+    async def counted(self: append_lane.AppendLane, prepared: Any, respond: Any) -> None:
+        served.append(prepared.request.conversation_id)
+        await original(self, prepared, respond)
+
+    monkeypatch.setattr(append_lane.AppendLane, "serve", counted)
+    async with plane() as by_lane, plane() as by_app:
+        laned = await play(by_lane.east, split_body=False)
+        lane_count = len(served)
+        apped = await play(by_app.east, split_body=True)
+        assert len(served) == lane_count, "a request written in two pieces took the lane"
+        for (what, _), one, other in zip(SCRIPT, laned, apped, strict=True):
+            assert _comparable(one) == _comparable(other), what
+        lane_metrics = await _request_metrics(by_lane.east)
+        app_metrics = await _request_metrics(by_app.east)
+        # the console's count of appends that entered the node, by outcome
+        lane_outcomes = by_lane.east.state.console_outcomes.rates().to_body()
+        app_outcomes = by_app.east.state.console_outcomes.rates().to_body()
+    # the lane took the appends it may take (and only from the one-write connection)
+    assert lane_count >= 10, served
+    statuses = {what: answer.status for (what, _), answer in zip(SCRIPT, laned, strict=True)}
+    assert statuses["fresh append"] == 201 and statuses["idempotent retry"] == 200
+    assert statuses["forwarded to its leader"] == 201
+    assert laned[SCRIPT.index(next(s for s in SCRIPT if s[0] == "forwarded to its leader"))]
+    assert statuses["quota 4"] == 429 and statuses["unknown key"] == 401
+    assert lane_metrics == app_metrics
+    assert lane_outcomes == app_outcomes
+
+
+async def test_pipelined_appends_are_answered_in_order() -> None:
+    async with plane() as p:
+        connection = WireConnection(p.east)
+        (created,) = await connection.exchange(create(EAST_CONV))
+        assert created.status == 201
+        answers = await connection.exchange(*(append(EAST_CONV, USER) for _ in range(4)))
+        assert [a.status for a in answers] == [201] * 4
+        assert [json.loads(a.body)["seq"] for a in answers] == [1, 2, 3, 4]
+
+
+async def test_connection_close_is_honoured() -> None:
+    async with plane() as p:
+        connection = WireConnection(p.east)
+        await connection.exchange(create(EAST_CONV))
+        (answer,) = await connection.exchange(
+            append(EAST_CONV, USER, extra={"connection": "close"})
+        )
+        assert answer.status == 201
+        assert answer.headers["connection"] == "close"
+        assert connection.transport.closed
+
+
+async def _request_metrics(app: FastAPI) -> list[str]:
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=app), base_url="http://node.test"
+    ) as client:
+        text = (await client.get("/metrics")).text
+    wanted = re.compile(
+        r"^(convplane_http_requests_total|convplane_http_request_duration_seconds_count"
+        r"|convplane_errors_total|convplane_admission_rejections_total)\{"
+    )
+    return sorted(line for line in text.splitlines() if wanted.match(line))
+
+
+async def test_a_bug_is_a_500_and_a_closed_connection_as_in_the_app(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    async def broken(self: SlowLog, *args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("a bug in the log")
+
+    answers = {}
+    async with plane() as by_lane, plane() as by_app:
+        for name, app, split in (("lane", by_lane.east, False), ("app", by_app.east, True)):
+            connection = WireConnection(app)
+            await connection.exchange(create(EAST_CONV))
+            with monkeypatch.context() as patched:
+                patched.setattr(SlowLog, "append_event", broken)
+                (answers[name],) = await connection.exchange(
+                    append(EAST_CONV, USER), split_body=split
+                )
+            assert connection.transport.closed, name
+            admission = app.state.append_lane._admission
+            assert admission._inflight() == 0.0, name  # the permit went back
+    assert _comparable(answers["lane"]) == _comparable(answers["app"])
+    assert answers["lane"].status == 500
