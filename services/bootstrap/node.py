@@ -176,6 +176,8 @@ async def open_runtime(
         replicas = timed_replicas(black_holed_replicas(opened, hole), instruments, clock)
         node = build_log_node(settings, cluster, replicas, clock, rng)
         stack.push_async_callback(node.close)
+        # runs first, once everything that could still lead or write has stopped
+        stack.push_async_callback(node.publish_commits)
         load = LoadMeter(clock)
         node.add_listener(load)
         peers = await stack.enter_async_context(
