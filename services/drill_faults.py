@@ -7,10 +7,11 @@ two places a node talks to other regions:
 * ``BlackHoleReplica`` wraps each region's replica store: calls to a black-holed replica fail
   at once as ``ReplicaUnavailable`` (so the target's own leaders lose their quorum: it fences
   itself), exactly what an unreachable database looks like to the log.
-* ``BlackHoleTransport`` wraps the pooled HTTP transport of probes, forwards and drill canaries:
-  a request to a black-holed region fails as ``httpx.ConnectError``, so the survivors stop
-  hearing the target's probes, suspect it, declare it down by majority and take its shards over;
-  detection, takeover and fencing run exactly as for a real loss.
+* ``BlackHoleTransport`` wraps the pooled HTTP transport of forwards and drill canaries: a
+  request to or from a black-holed region fails as ``httpx.ConnectError``. Probes have their
+  own connections (``services.peer_probe``) and ask ``BlackHole.blocks`` before each one, so the
+  survivors stop hearing the target, suspect it, declare it down by majority and take its
+  shards over; detection, takeover and fencing run exactly as for a real loss.
 
 One channel stays open on purpose, and only on the target: it may still *read* other regions'
 replicas and probe them, so it learns from the control shard that the drill ended the moment it
@@ -32,11 +33,7 @@ from eventlog.errors import ReplicaUnavailable
 from eventlog.replica import ReplicaStore, ReplicaStoreWrapper
 from regions.ops_state import OpsState
 
-#: the probe path: the one request the target itself keeps sending (module docstring)
 T = TypeVar("T")
-
-
-PROBE_PATH = "/peer/health"
 
 
 class BlackHole:
@@ -81,7 +78,7 @@ def black_holed_replicas(
 
 class BlackHoleTransport(httpx.AsyncBaseTransport):
     """An HTTP transport that drops requests to black-holed regions (by their URL's host and
-    port) and, on the target itself, everything it sends except probes."""
+    port) and, on the target itself, everything it sends to others."""
 
     def __init__(
         self,
@@ -95,10 +92,8 @@ class BlackHoleTransport(httpx.AsyncBaseTransport):
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         region = self._region_of(f"{request.url.host}:{request.url.port}")
-        if region is not None:
-            read_only = request.url.path == PROBE_PATH
-            if self._hole.blocks(region, read_only=read_only):
-                raise httpx.ConnectError(f"{region} is black-holed by a drill", request=request)
+        if region is not None and self._hole.blocks(region, read_only=False):
+            raise httpx.ConnectError(f"{region} is black-holed by a drill", request=request)
         return await self._inner.handle_async_request(request)
 
     async def aclose(self) -> None:

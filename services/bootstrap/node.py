@@ -202,12 +202,16 @@ async def open_runtime(
         )
         # The controller leads the shards the committed placement (at first the static one,
         # place_shards) assigns here, follows failovers and failbacks, and sets leader hints.
+        tls = node_tls(settings)
         prober = HttpPeerProber(
-            peers,
             peer_listener_urls,
             timeout_s=settings.probe_timeout_s,
             peer_secret=cluster.peer_secret,
+            ssl_context=client_ssl_context(tls) if tls is not None else None,
+            # the one call a drill's target still makes (services.drill_faults)
+            blocked=lambda region: hole.blocks(region, read_only=True),
         )
+        stack.push_async_callback(prober.close)
         controller = build_controller(settings, cluster, node, replicas, prober, clock, rng)
         controller.record_listeners.append(ops.apply_entry)
         controller.control_excluded = ops.region_loss_targets

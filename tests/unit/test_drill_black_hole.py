@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from functools import partial
 
 import httpx
 import pytest
@@ -17,6 +18,7 @@ from services.drill_faults import (
     BlackHoleTransport,
     region_by_address,
 )
+from services.peer_probe import HttpPeerProber
 from tests.unit.clocks import WALL_ORIGIN_MS, ManualClock
 
 URLS = {"us-east": "http://127.0.0.1:8700", "eu-west": "http://127.0.0.1:8701"}
@@ -86,11 +88,28 @@ async def test_the_transport_refuses_requests_to_black_holed_regions() -> None:
     survivor = BlackHoleTransport(inner, hole("eu-west", ops, clock), region_by_address(URLS))
     async with httpx.AsyncClient(transport=survivor) as client:
         with pytest.raises(httpx.ConnectError):
-            await client.get(URLS["us-east"] + "/peer/health")
+            await client.post(URLS["us-east"] + "/v1/conversations/c/events")
         assert (await client.get("http://127.0.0.1:9999/x")).status_code == 200  # not a region
     target = BlackHoleTransport(inner, hole("us-east", ops, clock), region_by_address(URLS))
     async with httpx.AsyncClient(transport=target) as client:
-        assert (await client.get(URLS["eu-west"] + "/peer/health")).status_code == 200
         with pytest.raises(httpx.ConnectError):
             await client.post(URLS["eu-west"] + "/v1/conversations/c/events")
-    assert seen == ["http://127.0.0.1:9999/x", URLS["eu-west"] + "/peer/health"]
+    assert seen == ["http://127.0.0.1:9999/x"]
+
+
+async def test_probes_keep_the_targets_channel_and_drop_the_survivors() -> None:
+    """Probes ask the black-hole themselves (``services.peer_probe``): a survivor's probe of
+    the target is dropped without a connection, the target still probes everyone."""
+    clock = ManualClock(wall_base_ms=WALL_ORIGIN_MS)
+    ops = ops_with_drill()
+    survivor = hole("eu-west", ops, clock)
+    prober = HttpPeerProber(
+        {"us-east": "http://127.0.0.1:9/"},
+        timeout_s=1.0,
+        peer_secret=None,
+        ssl_context=None,
+        blocked=partial(survivor.blocks, read_only=True),
+    )
+    assert await prober.health("us-east") is None  # dropped: no socket was opened (pure tier)
+    target = hole("us-east", ops, clock)
+    assert not target.blocks("eu-west", read_only=True)  # the target's probes still go out
