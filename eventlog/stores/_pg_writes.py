@@ -25,7 +25,7 @@ from eventlog.errors import InvariantViolation, ReplicaUnavailable
 from eventlog.model import Accepted, Mismatch, PrepareReply, Promised, Rejected, ShardStatus
 from eventlog.stores._engine import SCHEMA_MISSING
 from eventlog.stores._plan import AppendRequest
-from eventlog.stores._schema import entry_from_row
+from eventlog.stores._schema import entry_from_row, status_from_row
 from eventlog.stores.group_commit import AppendOutcome
 
 _APPEND = (
@@ -33,6 +33,7 @@ _APPEND = (
     "$1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17)"
 )
 _PREPARE = text("SELECT * FROM convplane_prepare(:shard, :epoch, :tail_max)")
+_STATUS = "SELECT promised_epoch, last_lsn, last_epoch, commit_lsn FROM shards WHERE shard = $1"
 
 _ACCEPTED, _REJECTED, _MISMATCH, _VIOLATION = 0, 1, 2, 3
 #: SQLSTATE classes that mean our statement or its values are wrong (a bug, not an outage):
@@ -99,6 +100,20 @@ async def append_group(
         else:
             raise InvariantViolation(f"convplane_append: unknown reply kind {kind}")
     return outcomes
+
+
+async def status(conn: AsyncConnection, region: str, shard: int) -> ShardStatus:
+    """A shard's row, through asyncpg directly: the read every node makes several times a
+    second per replica (the control shard's followers, read-index rounds), where SQLAlchemy's
+    execute cost ~6 x asyncpg's own (0.51 against 0.085 CPU-ms, a local server)."""
+    driver = (await conn.get_raw_connection()).driver_connection
+    if driver is None:
+        raise ReplicaUnavailable(f"replica {region}: the status connection is gone")
+    try:
+        row = await driver.fetchrow(_STATUS, shard)
+    except (asyncpg.PostgresError, asyncpg.InterfaceError) as error:
+        raise _driver_error(region, error) from error
+    return status_from_row(row)
 
 
 def _driver_error(region: str, error: Exception) -> InvariantViolation | ReplicaUnavailable:

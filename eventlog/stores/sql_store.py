@@ -73,6 +73,9 @@ class SqlReplicaStore(ReplicaStore):
         self._postgres = engine.dialect.name == "postgresql"
         self._writes: _WritePath = _pg_writes if self._postgres else _sqlite_writes
         self._writer: AsyncConnection | None = None  # held by the group committer only
+        #: kept for status reads (PostgreSQL), and whether no status read is using it now
+        self._status_conn: AsyncConnection | None = None
+        self._status_conn_free = True
         self._committer = GroupCommitter(
             self._execute_group,
             region=region,
@@ -152,9 +155,41 @@ class SqlReplicaStore(ReplicaStore):
     # --- reads ---------------------------------------------------------------------------
 
     async def status(self, shard: int) -> ShardStatus:
+        """PostgreSQL: on a connection kept for these reads (``_pg_writes.status``) while it is
+        free, else, like SQLite, on a pooled one (concurrent reads never queue behind it)."""
+        if self._postgres and self._status_conn_free:
+            self._status_conn_free = False
+            try:
+                async with translated(self.region, "status"):
+                    async with asyncio.timeout(self.limits.statement_timeout_s):
+                        conn = await self._status_connection()
+                        try:
+                            return await _pg_writes.status(conn, self.region, shard)
+                        except BaseException:
+                            await self._drop_status_connection()
+                            raise
+            finally:
+                self._status_conn_free = True
         async with self._connection("status") as conn:
             result = await conn.execute(select(shards).where(shards.c.shard == shard))
             return status_from_row(result.mappings().first())
+
+    async def _status_connection(self) -> AsyncConnection:
+        if self._status_conn is not None and await _closed_by_server(self._status_conn):
+            await self._drop_status_connection()
+        if self._status_conn is None:
+            conn = await self._engine.connect()
+            if not self._engine.get_execution_options().get(AUTOCOMMIT_OPTION, False):
+                await conn.execution_options(isolation_level="AUTOCOMMIT")
+            self._status_conn = conn
+        return self._status_conn
+
+    async def _drop_status_connection(self) -> None:
+        conn, self._status_conn = self._status_conn, None
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                await conn.invalidate()
+                await conn.close()
 
     async def read_log(self, shard: int, after_lsn: int, limit: int) -> list[LogEntry]:
         if limit <= 0:
@@ -292,6 +327,10 @@ class SqlReplicaStore(ReplicaStore):
     async def close(self) -> None:
         await self._committer.close()
         await self._drop_writer(invalidate=False)
+        if self._status_conn is not None:
+            conn, self._status_conn = self._status_conn, None
+            with contextlib.suppress(Exception):
+                await conn.close()
         await self._engine.dispose()
 
 

@@ -13,6 +13,9 @@ from eventlog.errors import Unauthorized
 from services.config import TenantConfig, api_key_sha256
 
 API_KEY_LENGTH_MAX = 512
+#: API keys whose digest is remembered (a request authenticates two or three times on its way:
+#: admission, the service-key check, the route); past it the memo starts afresh
+KEY_DIGESTS_MAX = 4096
 
 
 class Tenants:
@@ -24,6 +27,8 @@ class Tenants:
         self._clock = clock
         #: the replay service key (cluster file ``replay.service_api_key_sha256``)
         self._service_key_sha256 = service_key_sha256
+        #: key -> its SHA-256 (a pure function of the key, so it never goes stale)
+        self._digests: dict[str, str] = {}
 
     def is_service_key(self, authorization: str | None) -> bool:
         scheme, _, key = (authorization or "").partition(" ")
@@ -31,7 +36,7 @@ class Tenants:
             self._service_key_sha256 is not None
             and scheme.lower() == "bearer"
             and 0 < len(authorization or "") <= API_KEY_LENGTH_MAX
-            and api_key_sha256(key.strip()) == self._service_key_sha256
+            and self._digest(key.strip()) == self._service_key_sha256
         )
 
     def authenticate_read(
@@ -53,7 +58,15 @@ class Tenants:
         key = key.strip()
         if scheme.lower() != "bearer" or not key:
             raise Unauthorized("Authorization must be 'Bearer <api key>'")
-        tenant = self._by_key_sha256.get(api_key_sha256(key))
+        tenant = self._by_key_sha256.get(self._digest(key))
         if tenant is None:
             raise Unauthorized("unknown API key")
         return tenant
+
+    def _digest(self, key: str) -> str:
+        digest = self._digests.get(key)
+        if digest is None:
+            if len(self._digests) >= KEY_DIGESTS_MAX:
+                self._digests.clear()
+            digest = self._digests[key] = api_key_sha256(key)
+        return digest

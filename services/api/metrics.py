@@ -79,6 +79,7 @@ class Metrics:
         )
         self._ack = self.ack_latency.labels(region)
         self._forward: dict[str, Histogram] = {}
+        self._request_children: dict[tuple[str, str, int], tuple[Counter, Histogram]] = {}
         self._error: dict[str, Counter] = {}
 
     def watch_loops(self, supervisor: Supervisor) -> None:
@@ -107,10 +108,21 @@ class Metrics:
         self.registry.register(_ReplicaCollector(identity))
 
     def observe_request(self, route: str, method: str, status: int, latency_s: float) -> None:
-        """``method`` is any token a client sent (HTTP allows any): unknown ones are "other"."""
-        method = method if method in HTTP_METHODS else "other"
-        self.requests.labels(route, method, str(status)).inc()
-        self.request_latency.labels(route, method).observe(latency_s)
+        """``method`` is any token a client sent (HTTP allows any): unknown ones are "other".
+        Every label is bounded (route templates, known methods, statuses), and so are the
+        children cached per combination (resolving labels is most of an observation's cost)."""
+        children = self._request_children.get((route, method, status))
+        if children is None:
+            method_label = method if method in HTTP_METHODS else "other"
+            children = (
+                self.requests.labels(route, method_label, str(status)),
+                self.request_latency.labels(route, method_label),
+            )
+            if method_label == method:  # "other" is not cached by the raw token
+                self._request_children[(route, method, status)] = children
+        count, latency = children
+        count.inc()
+        latency.observe(latency_s)
 
     def observe_ack(self, latency_s: float) -> None:
         self._ack.observe(latency_s)
