@@ -41,6 +41,13 @@ class PeerProber(Protocol):
         """The peer's health reply, or None when it did not answer (in time, or at all)."""
 
 
+class OwnedPeerProber(PeerProber, Protocol):
+    """A prober the node's runtime built and closes (the controller only asks ``health``)."""
+
+    async def close(self) -> None:
+        """Release what it holds (connections)."""
+
+
 class _Dropped(Exception):
     """The peer closed a kept-alive connection before answering (retry once on a new one)."""
 

@@ -39,7 +39,7 @@ from services.drill_faults import (
 )
 from services.drill_load import LoadMeter
 from services.drills import DrillDriver
-from services.peer_probe import HttpPeerProber, PeerProber
+from services.peer_probe import HttpPeerProber, OwnedPeerProber, PeerProber
 from services.replay.service import ReplayService
 from services.replica_timing import ReplicaInstruments, replica_call_histogram, timed_replicas
 
@@ -147,6 +147,25 @@ def peer_client(
     return httpx.AsyncClient(transport=transport, timeout=timeout_s, trust_env=False)
 
 
+def peer_prober(settings: NodeSettings, cluster: ClusterConfig, hole: BlackHole) -> OwnedPeerProber:
+    """How the controller asks peers for their health: over connections of its own
+    (``services.peer_probe``), to each region's peer listener, with mutual TLS where the node
+    has certificates; a drill's black-hole is asked before each probe (``services.drill_faults``:
+    the probe is the one call a drill's target still makes)."""
+    tls = node_tls(settings)
+    return HttpPeerProber(
+        {r.name: r.peer_url_for(settings.region) for r in cluster.regions},
+        timeout_s=settings.probe_timeout_s,
+        peer_secret=cluster.peer_secret,
+        ssl_context=client_ssl_context(tls) if tls is not None else None,
+        blocked=lambda region: hole.blocks(region, read_only=True),
+    )
+
+
+#: (the node's settings, its cluster, the drills' black-hole) -> its prober
+PeerProberFactory = Callable[[NodeSettings, ClusterConfig, BlackHole], OwnedPeerProber]
+
+
 @dataclass(frozen=True)
 class NodeAdapters:
     """What a node's runtime takes from the world."""
@@ -154,6 +173,7 @@ class NodeAdapters:
     clock: Clock = field(default_factory=SystemClock)
     open_store: StoreOpener = open_replica_store
     peer_client: PeerClientFactory = peer_client
+    peer_prober: PeerProberFactory = peer_prober
 
 
 @asynccontextmanager
@@ -202,15 +222,7 @@ async def open_runtime(
         )
         # The controller leads the shards the committed placement (at first the static one,
         # place_shards) assigns here, follows failovers and failbacks, and sets leader hints.
-        tls = node_tls(settings)
-        prober = HttpPeerProber(
-            peer_listener_urls,
-            timeout_s=settings.probe_timeout_s,
-            peer_secret=cluster.peer_secret,
-            ssl_context=client_ssl_context(tls) if tls is not None else None,
-            # the one call a drill's target still makes (services.drill_faults)
-            blocked=lambda region: hole.blocks(region, read_only=True),
-        )
+        prober = adapters.peer_prober(settings, cluster, hole)
         stack.push_async_callback(prober.close)
         controller = build_controller(settings, cluster, node, replicas, prober, clock, rng)
         controller.record_listeners.append(ops.apply_entry)
