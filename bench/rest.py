@@ -19,10 +19,12 @@ not compete with the nodes for the interpreter) posts 1 KiB ``message.user`` eve
 
 Each mode gets a short unmeasured warm-up run first. CPU seconds of every node process, of each
 region's PostgreSQL (postmaster and backends) and of wrk are read from ``/proc`` around the
-measured run and reported per 1,000 acknowledged events. The plane is then stopped and the peer
-(``bench/pg_peer.py``: primary + 2 standbys, ``ANY 1``) is measured at the same concurrency and
-at 256 writers, with the CPU of its three servers and of this process (its asyncpg client); the
-better of the two is the peer's number. The last line is ONE JSON object.
+measured run and reported per 1,000 acknowledged events. The peer (``bench/pg_peer.py``:
+primary + 2 standbys, ``ANY 1``) is measured at the same concurrency before the plane starts and
+again after it stopped, and at 256 writers, with the CPU of its three servers and of this
+process (its asyncpg client): this machine's speed drifts by tens of percent within minutes, so
+the peer brackets the plane, and the best of its measurements is the peer's number
+(``peer_before_after_events_per_s`` shows the drift). The last line is ONE JSON object.
 
 ``--py-spy DIR`` records the first region's node with py-spy during the measured runs
 (``raw`` collapsed stacks, one file per mode) for profiling; it costs CPU, so numbers from such
@@ -271,13 +273,15 @@ def measure_plane(work: Path, args: argparse.Namespace) -> dict[str, dict[str, A
         plane.stop()
 
 
-def measure_peer(work: Path, args: argparse.Namespace) -> dict[str, dict[str, Any]]:
-    peer = start_sync_replication_cluster(work / "peer", standbys=2)
+def measure_peer(
+    work: Path, args: argparse.Namespace, writer_counts: list[int], label: str
+) -> dict[str, dict[str, Any]]:
+    peer = start_sync_replication_cluster(work / f"peer-{label}", standbys=2)
     try:
         results = {}
         servers = {"postgres-primary": peer.primary.pid}
         servers |= {f"postgres-standby-{i}": s.pid for i, s in enumerate(peer.standbys, 1)}
-        for writers in sorted({args.connections, PEER_WRITERS_MAX}):
+        for writers in writer_counts:
             recorder = asyncio.run(
                 run_peer(
                     peer.dsn,
@@ -290,14 +294,15 @@ def measure_peer(work: Path, args: argparse.Namespace) -> dict[str, dict[str, An
                     cpu_of=servers,  # and this process: the asyncpg client
                 )
             )
-            results[str(writers)] = {
+            key = f"{writers}-{label}"
+            results[key] = {
                 "events_per_s": round(recorder.events_per_s, 1),
                 "cpu_s_per_1000_events": recorder.cpu_s_per_1000_events,
                 "ack_p50_ms": round(recorder.percentile_ms(0.5), 2),
                 "ack_p99_ms": round(recorder.percentile_ms(0.99), 2),
                 "errors": sum(recorder.errors.values()),
             }
-            print(f"  peer, {writers} writers: {json.dumps(results[str(writers)])}", flush=True)
+            print(f"  peer, {writers} writers, {label}: {json.dumps(results[key])}", flush=True)
         return results
     finally:
         peer.stop()
@@ -335,18 +340,27 @@ def main(argv: list[str] | None = None) -> int:
     cleanup: list[Callable[[], None]] = [lambda: shutil.rmtree(work, ignore_errors=True)]
     try:
         print(f"load average before: {os.getloadavg()}", flush=True)
+        # the peer before and after the plane: this machine's speed drifts by tens of percent
+        # within minutes, and a ratio against one side of the drift would say more about it
+        peer = {} if args.no_peer else measure_peer(work, args, [args.connections], "before")
         modes = measure_plane(work, args)
-        peer = {} if args.no_peer else measure_peer(work, args)
+        if not args.no_peer:
+            counts = sorted({args.connections, PEER_WRITERS_MAX})
+            peer |= measure_peer(work, args, counts, "after")
         print(f"load average after: {os.getloadavg()}", flush=True)
     finally:
         for step in cleanup:
             step()
     route, any_region = modes["route"], modes["any"]
+    # the ratio is against the peer's best measurement (the most favourable to the peer)
     peer_best = max((p["events_per_s"] for p in peer.values()), default=float("nan"))
+    same_writers = [peer[f"{args.connections}-{when}"]["events_per_s"]
+                    for when in ("before", "after") if f"{args.connections}-{when}" in peer]  # fmt: skip
     result = {
         **{k: route[k] for k in ("events_per_s", "ack_p50_ms", "ack_p99_ms", "non_2xx")},
         "peer_events_per_s": peer_best,
         "throughput_ratio": round(route["events_per_s"] / peer_best, 3),
+        "peer_before_after_events_per_s": same_writers,
         "forwarded_ratio": round(any_region["events_per_s"] / route["events_per_s"], 3),
         "cpu_s_per_1000_events": route["cpu_s_per_1000_events"],
         "any_region": any_region,
