@@ -16,8 +16,8 @@ twice (then the sub-batches touch disjoint rows and their order does not matter)
 repeated shard runs wholly through the loop, in arrival order.
 
 Same signature, same reply rows (``o_index``, ``o_kind``, ``o_value``; kinds as in 0001), same
-locking (every shard row of the group locked in shard order first, so concurrent leaders cannot
-deadlock). ``tests/integration/test_pg_append_function.py`` holds it to 0001's loop on random
+locking (missing shard rows created before any lock is taken, then every shard row of the group
+locked in shard order, so concurrent leaders cannot deadlock). ``tests/integration/test_pg_append_function.py`` holds it to 0001's loop on random
 groups, and ``bench/pg_groups.py`` measures both in one run.
 
 The function plans its statements once per session (``plan_cache_mode =
@@ -71,17 +71,19 @@ DECLARE
     v_last bigint;
     v_last_epoch bigint;
 BEGIN
-    -- every shard row of the group locked in shard order (so concurrent leaders cannot
-    -- deadlock); rows are created first for shards this replica has never seen
-    PERFORM 1 FROM shards WHERE shards.shard = ANY (b_shard) ORDER BY shards.shard FOR UPDATE;
-    GET DIAGNOSTICS locked = ROW_COUNT;
-    IF locked < batches THEN
+    -- rows for shards this replica has never seen are created before any row is locked (as
+    -- 0001 does: inserting while holding locks could close a cycle with another group), but
+    -- only when some row is missing (a look without locks; shard rows are never deleted)
+    IF (SELECT count(*) FROM shards WHERE shards.shard = ANY (b_shard))
+       < (SELECT count(DISTINCT u) FROM unnest(b_shard) AS u) THEN
         INSERT INTO shards (shard, promised_epoch, commit_lsn, last_lsn, last_epoch)
         SELECT DISTINCT u.shard, 0, 0, 0, 0 FROM unnest(b_shard) AS u(shard) ORDER BY u.shard
         ON CONFLICT (shard) DO NOTHING;
-        PERFORM 1 FROM shards WHERE shards.shard = ANY (b_shard) ORDER BY shards.shard FOR UPDATE;
-        GET DIAGNOSTICS locked = ROW_COUNT;
     END IF;
+    -- every shard row of the group locked in shard order (so concurrent leaders cannot
+    -- deadlock)
+    PERFORM 1 FROM shards WHERE shards.shard = ANY (b_shard) ORDER BY shards.shard FOR UPDATE;
+    GET DIAGNOSTICS locked = ROW_COUNT;
 
     -- The whole group at once: every sub-batch appending at its shard's tail (only when no
     -- shard repeats: one row locked per sub-batch).
@@ -190,7 +192,7 @@ def _security_definer() -> bool:
     with a replaced body and must be put back)."""
     bind = op.get_bind()
     found = bind.exec_driver_sql(
-        "SELECT p.prosecdef FROM pg_proc p WHERE p.proname = 'convplane_append'"
+        "SELECT p.prosecdef FROM pg_proc p WHERE p.oid = 'convplane_append'::regproc"
     ).scalar()
     return bool(found)
 
