@@ -148,7 +148,8 @@ def _address(url: str) -> tuple[str, int]:
 
 
 def _request_bytes(host: str, port: int, peer_secret: str | None) -> bytes:
-    lines = [f"GET {PROBE_PATH} HTTP/1.1", f"host: {host}:{port}", "accept: application/json"]
+    authority = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"  # an IPv6 address
+    lines = [f"GET {PROBE_PATH} HTTP/1.1", f"host: {authority}", "accept: application/json"]
     if peer_secret:
         lines.append(f"{PEER_AUTH_HEADER.lower()}: {peer_secret}")
     return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")

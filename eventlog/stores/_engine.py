@@ -31,7 +31,8 @@ class StoreConfig:
     queue_max: int = 4096  # appends waiting for a group; beyond it append fails fast
     statement_timeout_s: float = 5.0  # every database call (checkout + statement)
     connect_timeout_s: float = 5.0
-    pool_size: int = 4  # reads and prepares; the group committer holds one more connection
+    #: reads and prepares; the group committer and the status reads keep two more (PostgreSQL)
+    pool_size: int = 5
     pool_max_overflow: int = 2
 
     def __post_init__(self) -> None:

@@ -112,21 +112,23 @@ async def status(conn: AsyncConnection, region: str, shard: int) -> ShardStatus:
     try:
         row = await driver.fetchrow(_STATUS, shard)
     except (asyncpg.PostgresError, asyncpg.InterfaceError) as error:
-        raise _driver_error(region, error) from error
+        raise _driver_error(region, error, "status") from error
     return status_from_row(row)
 
 
-def _driver_error(region: str, error: Exception) -> InvariantViolation | ReplicaUnavailable:
+def _driver_error(
+    region: str, error: Exception, what: str = "append"
+) -> InvariantViolation | ReplicaUnavailable:
     """asyncpg's error as ours: values or SQL of ours the server (or the driver, encoding a
     parameter) refused are a bug; everything else means the replica could not answer."""
     sqlstate = getattr(error, "sqlstate", None)
     if isinstance(error, asyncpg.PostgresError) and sqlstate not in SCHEMA_MISSING:
         if isinstance(sqlstate, str) and sqlstate[:2] in _BUG_CLASSES:
-            return InvariantViolation(f"{region}: append: {type(error).__name__}: {error}")
+            return InvariantViolation(f"{region}: {what}: {type(error).__name__}: {error}")
     if isinstance(error, asyncpg.InterfaceError) and isinstance(error, ValueError):
-        return InvariantViolation(f"{region}: append: parameters not encodable: {error}")
+        return InvariantViolation(f"{region}: {what}: parameters not encodable: {error}")
     return ReplicaUnavailable(
-        f"replica {region} unavailable during append: {type(error).__name__}: {error}"
+        f"replica {region} unavailable during {what}: {type(error).__name__}: {error}"
     )
 
 

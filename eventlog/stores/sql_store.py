@@ -76,6 +76,7 @@ class SqlReplicaStore(ReplicaStore):
         #: kept for status reads (PostgreSQL), and whether no status read is using it now
         self._status_conn: AsyncConnection | None = None
         self._status_conn_free = True
+        self._closed = False
         self._committer = GroupCommitter(
             self._execute_group,
             region=region,
@@ -157,7 +158,7 @@ class SqlReplicaStore(ReplicaStore):
     async def status(self, shard: int) -> ShardStatus:
         """PostgreSQL: on a connection kept for these reads (``_pg_writes.status``) while it is
         free, else, like SQLite, on a pooled one (concurrent reads never queue behind it)."""
-        if self._postgres and self._status_conn_free:
+        if self._postgres and self._status_conn_free and not self._closed:
             self._status_conn_free = False
             try:
                 async with translated(self.region, "status"):
@@ -325,6 +326,7 @@ class SqlReplicaStore(ReplicaStore):
     # --- lifecycle -----------------------------------------------------------------------
 
     async def close(self) -> None:
+        self._closed = True
         await self._committer.close()
         await self._drop_writer(invalidate=False)
         if self._status_conn is not None:
