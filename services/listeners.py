@@ -115,13 +115,17 @@ def guarded_protocol(
         def on_headers_complete(self) -> None:
             if lane is not None and (self.cycle is None or self.cycle.response_complete):
                 parser = self.parser
-                pending = lane.eligible(
-                    self.scope,  # type: ignore[arg-type]  # a TypedDict, filled in as a dict
-                    parser.get_method(),
-                    parser.get_http_version(),
-                    self.url,
-                    parser.should_keep_alive(),
-                )
+                try:
+                    pending = lane.eligible(
+                        self.scope,  # type: ignore[arg-type]  # a TypedDict, filled as a dict
+                        parser.get_method(),
+                        parser.get_http_version(),
+                        self.url,
+                        parser.should_keep_alive(),
+                    )
+                except Exception:  # a bug in the lane must not become the parser's 400
+                    log.exception("append lane: eligible failed; the app serves the request")
+                    pending = None
                 if pending is not None:
                     self._lane_pending = pending
                     return
@@ -139,7 +143,11 @@ def guarded_protocol(
                 super().on_message_complete()
                 return
             assert lane is not None
-            prepared = lane.prepare(pending)
+            try:
+                prepared = lane.prepare(pending)
+            except Exception:  # a bug in the lane must not become the parser's 400
+                log.exception("append lane: prepare failed; the app serves the request")
+                prepared = None
             if prepared is None:
                 self._hand_to_app(pending, complete=True)
                 return

@@ -29,6 +29,12 @@ the request head and body, and it runs the steps the layers would run, in one pl
 ``tests/unit/test_append_lane.py`` sends the same requests through the lane and through the app
 and compares the answers. The lane is off while tracing is on (the FastAPI instrumentation makes
 each request's span) and on the peer listener.
+
+Where the two differ, on purpose or by a hair: a client that does not take its answer within
+``send_timeout_s`` loses its connection with nothing written (on the app's path the edge counts
+the same 408, and then uvicorn waits, unbounded, to write a 500 instead); and the deadline and
+the request's latency are fixed once the body is in, not when the head arrived (the lane only
+takes bodies that came in the head's own packet).
 """
 
 from __future__ import annotations
