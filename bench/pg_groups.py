@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib.util
 import itertools
 import json
 import shutil
@@ -45,7 +44,7 @@ from eventlog.stores import open_replica_store
 from eventlog.stores._pg_writes import _ACCEPTED as ACCEPTED
 from eventlog.stores._pg_writes import _APPEND, append_arrays
 from eventlog.stores._plan import AppendRequest
-from eventlog.stores.migrate import MIGRATIONS_DIR
+from eventlog.stores.migrate import migration_module
 from services.local.postgres import asyncpg_dsn, start_instances
 
 SHAPES = (
@@ -88,12 +87,7 @@ class Tails:
 
 def loop_function() -> str:
     """Migration 0001's ``convplane_append`` body, created as ``convplane_append_loop``."""
-    path = MIGRATIONS_DIR / "versions" / "0001_replica_schema.py"
-    spec = importlib.util.spec_from_file_location("convplane_migration_0001", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    sql: str = module.APPEND_FUNCTION
+    sql: str = migration_module("0001").APPEND_FUNCTION
     return sql.replace("FUNCTION convplane_append(", "FUNCTION convplane_append_loop(")
 
 

@@ -8,9 +8,11 @@ on PostgreSQL (DDL is transactional there), BEGIN IMMEDIATE on SQLite.
 from __future__ import annotations
 
 from pathlib import Path
+from types import ModuleType
 
 from alembic import command
 from alembic.config import Config
+from alembic.script import ScriptDirectory
 from sqlalchemy import text
 from sqlalchemy.engine import Connection
 
@@ -18,6 +20,15 @@ from eventlog.stores._engine import SQLITE_WRITE_OPTION, StoreConfig, make_engin
 
 MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
 _LOCK_KEY = 0x636F6E76  # "conv": the advisory lock key of convplane's migrations
+
+
+def migration_module(revision: str) -> ModuleType:
+    """A revision's migration module as Alembic loads it (what a later migration, a test or a
+    benchmark reads an earlier one's SQL from)."""
+    script = ScriptDirectory.from_config(alembic_config()).get_revision(revision)
+    if script is None:
+        raise LookupError(f"no migration {revision}")
+    return script.module
 
 
 def alembic_config() -> Config:

@@ -72,9 +72,9 @@ class SqlReplicaStore(ReplicaStore):
         self._engine = engine
         self._postgres = engine.dialect.name == "postgresql"
         self._writes: _WritePath = _pg_writes if self._postgres else _sqlite_writes
-        self._writer: AsyncConnection | None = None  # held by the group committer only
+        self._writer = _KeptConnection(engine, sqlite_write=True)  # the group committer's only
         #: kept for status reads (PostgreSQL), and whether no status read is using it now
-        self._status_conn: AsyncConnection | None = None
+        self._status_conn = _KeptConnection(engine, sqlite_write=False)
         self._status_conn_free = True
         self._closed = False
         self._committer = GroupCommitter(
@@ -122,36 +122,12 @@ class SqlReplicaStore(ReplicaStore):
         """
         async with translated(self.region, "append"):
             async with asyncio.timeout(self.limits.statement_timeout_s):
-                conn = await self._writer_connection()
+                conn = await self._writer.get()
                 try:
                     return await self._writes.append_group(conn, self.region, requests)
                 except BaseException:
-                    await self._drop_writer(invalidate=True)
+                    await self._writer.drop(invalidate=True)
                     raise
-
-    async def _writer_connection(self) -> AsyncConnection:
-        if self._writer is not None and self._postgres and await _closed_by_server(self._writer):
-            await self._drop_writer(invalidate=True)  # e.g. the database restarted meanwhile
-        if self._writer is None:
-            conn = await self._engine.connect()
-            if self._postgres:
-                if not self._engine.get_execution_options().get(AUTOCOMMIT_OPTION, False):
-                    await conn.execution_options(isolation_level="AUTOCOMMIT")
-            else:
-                await conn.execution_options(**{SQLITE_WRITE_OPTION: True})
-            self._writer = conn
-        return self._writer
-
-    async def _drop_writer(self, *, invalidate: bool) -> None:
-        """Give the writer connection back; ``invalidate`` when its state is unknown (an error
-        or a timeout mid-statement), so the pool discards it instead of reusing it."""
-        conn, self._writer = self._writer, None
-        if conn is None:
-            return
-        with contextlib.suppress(Exception):
-            if invalidate:
-                await conn.invalidate()
-            await conn.close()
 
     # --- reads ---------------------------------------------------------------------------
 
@@ -163,34 +139,17 @@ class SqlReplicaStore(ReplicaStore):
             try:
                 async with translated(self.region, "status"):
                     async with asyncio.timeout(self.limits.statement_timeout_s):
-                        conn = await self._status_connection()
+                        conn = await self._status_conn.get()
                         try:
                             return await _pg_writes.status(conn, self.region, shard)
                         except BaseException:
-                            await self._drop_status_connection()
+                            await self._status_conn.drop(invalidate=True)
                             raise
             finally:
                 self._status_conn_free = True
         async with self._connection("status") as conn:
             result = await conn.execute(select(shards).where(shards.c.shard == shard))
             return status_from_row(result.mappings().first())
-
-    async def _status_connection(self) -> AsyncConnection:
-        if self._status_conn is not None and await _closed_by_server(self._status_conn):
-            await self._drop_status_connection()
-        if self._status_conn is None:
-            conn = await self._engine.connect()
-            if not self._engine.get_execution_options().get(AUTOCOMMIT_OPTION, False):
-                await conn.execution_options(isolation_level="AUTOCOMMIT")
-            self._status_conn = conn
-        return self._status_conn
-
-    async def _drop_status_connection(self) -> None:
-        conn, self._status_conn = self._status_conn, None
-        if conn is not None:
-            with contextlib.suppress(Exception):
-                await conn.invalidate()
-                await conn.close()
 
     async def read_log(self, shard: int, after_lsn: int, limit: int) -> list[LogEntry]:
         if limit <= 0:
@@ -328,12 +287,45 @@ class SqlReplicaStore(ReplicaStore):
     async def close(self) -> None:
         self._closed = True
         await self._committer.close()
-        await self._drop_writer(invalidate=False)
-        if self._status_conn is not None:
-            conn, self._status_conn = self._status_conn, None
-            with contextlib.suppress(Exception):
-                await conn.close()
+        await self._writer.drop(invalidate=False)
+        await self._status_conn.drop(invalidate=False)
         await self._engine.dispose()
+
+
+class _KeptConnection:
+    """One connection taken from the pool and kept between calls (the group committer's
+    writer; the status reads'), in autocommit on PostgreSQL, and on SQLite, for the writer,
+    taking the write lock up front. A connection the server closed meanwhile (the database
+    restarted) is replaced before use; ``drop(invalidate=True)`` after a failure, when its
+    state is unknown (an error or a timeout mid-statement), so the pool discards it."""
+
+    def __init__(self, engine: AsyncEngine, *, sqlite_write: bool) -> None:
+        self._engine = engine
+        self._postgres = engine.dialect.name == "postgresql"
+        self._sqlite_write = sqlite_write
+        self._conn: AsyncConnection | None = None
+
+    async def get(self) -> AsyncConnection:
+        if self._conn is not None and self._postgres and await _closed_by_server(self._conn):
+            await self.drop(invalidate=True)
+        if self._conn is None:
+            conn = await self._engine.connect()
+            if self._postgres:
+                if not self._engine.get_execution_options().get(AUTOCOMMIT_OPTION, False):
+                    await conn.execution_options(isolation_level="AUTOCOMMIT")
+            elif self._sqlite_write:
+                await conn.execution_options(**{SQLITE_WRITE_OPTION: True})
+            self._conn = conn
+        return self._conn
+
+    async def drop(self, *, invalidate: bool) -> None:
+        conn, self._conn = self._conn, None
+        if conn is None:
+            return
+        with contextlib.suppress(Exception):
+            if invalidate:
+                await conn.invalidate()
+            await conn.close()
 
 
 async def _closed_by_server(conn: AsyncConnection) -> bool:

@@ -18,7 +18,7 @@ from services.api.context import ApiState
 from services.api.control_routes import control_router, peer_router
 from services.api.drill_routes import drill_peer_router, drill_router
 from services.api.errors import install_error_handlers
-from services.api.fast_append import FastAppend
+from services.api.fast_append import AppendCheck, FastAppend
 from services.api.forward_batch import forward_batch_router
 from services.api.metrics import Metrics
 from services.api.middleware import EdgeMiddleware
@@ -76,6 +76,7 @@ def create_app(
     admission = NodeAdmission(metrics)  # opened in the lifespan, with the runtime's clock
     console_access = ConsoleAccess()  # opened in the lifespan, with the runtime's cluster
     append_outcomes = AppendOutcomes()  # opened in the lifespan, with the runtime's clock
+    append_check = AppendCheck()  # the route's checks, for the lane and the edge's fast path
     # opened in the lifespan with the app's state; the client listener hands it appends
     append_lane = AppendLane(
         region=settings.region,
@@ -84,6 +85,7 @@ def create_app(
         outcomes=append_outcomes,
         max_body_bytes=settings.max_body_bytes,
         retry_after_default_s=settings.retry_after_default_s,
+        check=append_check,
     )
 
     @asynccontextmanager
@@ -134,7 +136,7 @@ def create_app(
         body_read_timeout_s=settings.body_read_timeout_s,
         discard_body_max_bytes=settings.discard_body_max_bytes,
         send_timeout_s=settings.send_timeout_s,
-        fast_path=FastAppend(settings.retry_after_default_s, metrics.count_error),
+        fast_path=FastAppend(settings.retry_after_default_s, metrics.count_error, append_check),
     )
     install_console(app, console_access, append_outcomes)
     if provider is not None:

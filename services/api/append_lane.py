@@ -137,6 +137,7 @@ class AppendLane:
         outcomes: AppendOutcomes,
         max_body_bytes: int,
         retry_after_default_s: float,
+        check: AppendCheck,
     ) -> None:
         self._served_by = region.encode()
         self._metrics = metrics
@@ -144,7 +145,7 @@ class AppendLane:
         self._outcomes = outcomes
         self._max_body_bytes = max_body_bytes
         self._retry_after_default_s = retry_after_default_s
-        self._check = AppendCheck()
+        self._check = check
         self._route = declared_route(routes.append_event.__name__)
         self._template: str = self._route.path
         self._api: ApiState | None = None
@@ -296,7 +297,7 @@ class AppendLane:
             )
         except ConvplaneError as exc:
             answer = refusal(exc, self._retry_after_default_s, self._metrics.count_error)
-        status, headers, body = await _rendered(answer, scope)
+        status, headers, body = _rendered(answer)
         return LaneResponse(status, self._stamped(headers), body)
 
     def _edge_refusal(self, exc: ConvplaneError, retry_after_s: float) -> LaneResponse:
@@ -330,24 +331,10 @@ def _replaying(body: bytes) -> Callable[[], Awaitable[Message]]:
     return receive
 
 
-async def _rendered(answer: Any, scope: MutableMapping[str, Any]) -> tuple[int, Headers, bytes]:
-    """A Starlette response as (status, headers, body): read off a plain response, or sent
-    through ASGI into a buffer (a streamed one)."""
+def _rendered(answer: Any) -> tuple[int, Headers, bytes]:
+    """The route's answer (a plain Starlette response: its own JSON, an error's, or a
+    forward's relayed answer) as (status, headers, body)."""
     body = getattr(answer, "body", None)
-    if isinstance(body, bytes):
-        return int(answer.status_code), list(answer.raw_headers), body
-    started: dict[str, Any] = {}
-    chunks: list[bytes] = []
-
-    async def collect(message: Message) -> None:
-        if message["type"] == "http.response.start":
-            started.update(message)
-        else:
-            chunks.append(bytes(message.get("body", b"")))
-
-    await answer(scope, _replaying(b""), collect)
-    return (
-        int(started["status"]),
-        [(bytes(k), bytes(v)) for k, v in started["headers"]],
-        (b"".join(chunks)),
-    )
+    if not isinstance(body, bytes):
+        raise InvariantViolation(f"the append route answered a {type(answer).__name__}")
+    return int(answer.status_code), list(answer.raw_headers), body

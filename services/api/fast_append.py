@@ -77,10 +77,15 @@ class AppendCheck:
 
 
 class FastAppend:
-    def __init__(self, retry_after_default_s: float, count_error: Callable[[str], None]) -> None:
+    def __init__(
+        self,
+        retry_after_default_s: float,
+        count_error: Callable[[str], None],
+        check: AppendCheck | None = None,
+    ) -> None:
         self._retry_after_default_s = retry_after_default_s
         self._count_error = count_error  # metrics by error code, as the app's handler counts
-        self._check = AppendCheck()
+        self._check = check or AppendCheck()  # shared with the append lane (one validator)
         #: the route this path stands in for (its template names the request in metrics)
         self._route = declared_route(routes.append_event.__name__)
 

@@ -11,9 +11,7 @@ shards never seen before, and groups where a shard appears twice (which must tak
 
 from __future__ import annotations
 
-import importlib.util
 import random
-from types import ModuleType
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -23,22 +21,13 @@ import pytest
 from eventlog.model import LogEntry
 from eventlog.stores._pg_writes import _APPEND, append_arrays
 from eventlog.stores._plan import AppendRequest
-from eventlog.stores.migrate import MIGRATIONS_DIR, migrate
+from eventlog.stores.migrate import migrate, migration_module
 from services.db_roles import restrict_to_protocol
 from services.local.postgres import asyncpg_dsn
 
-MIGRATIONS = MIGRATIONS_DIR / "versions"
 GROUPS = 400
 SHARDS = 5  # few shards: repeats, conflicts and truncations come often
 SEED = 20261202
-
-
-def _migration(name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(f"migration_{name}", MIGRATIONS / name)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 class Generator:
@@ -116,7 +105,7 @@ async def test_set_based_append_matches_the_loop(pg_databases: list[str]) -> Non
     current = await asyncpg.connect(asyncpg_dsn(current_dsn))
     loop = await asyncpg.connect(asyncpg_dsn(loop_dsn))
     try:
-        await loop.execute(_migration("0001_replica_schema.py").APPEND_FUNCTION)
+        await loop.execute(migration_module("0001").APPEND_FUNCTION)
         generator = Generator(random.Random(SEED))
         kinds: dict[int, int] = {}
         fast_groups = 0

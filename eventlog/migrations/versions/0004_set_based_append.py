@@ -29,11 +29,9 @@ function's attributes, so they are re-applied.
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-from types import ModuleType
-
 from alembic import op
+
+from eventlog.stores.migrate import migration_module
 
 revision = "0004"
 down_revision = "0003"
@@ -213,13 +211,4 @@ def upgrade() -> None:
 
 def downgrade() -> None:
     if op.get_bind().dialect.name == "postgresql":
-        _replace(_migration_0001().APPEND_FUNCTION)
-
-
-def _migration_0001() -> ModuleType:
-    path = Path(__file__).with_name("0001_replica_schema.py")
-    spec = importlib.util.spec_from_file_location("convplane_migration_0001", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+        _replace(migration_module("0001").APPEND_FUNCTION)
