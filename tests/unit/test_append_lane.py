@@ -12,6 +12,7 @@ request.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 from collections.abc import AsyncIterator
@@ -223,3 +224,25 @@ async def test_a_bug_is_a_500_and_a_closed_connection_as_in_the_app(
             assert admission._inflight() == 0.0, name  # the permit went back
     assert _comparable(answers["lane"]) == _comparable(answers["app"])
     assert answers["lane"].status == 500
+
+
+async def test_a_client_gone_before_its_answer_gets_none_and_leaks_nothing() -> None:
+    """The connection is lost while the lane serves the append: the append still commits (its
+    outcome was the client's to ask for again), nothing is written to the dead transport, the
+    admission permit comes back and the request is counted once."""
+    async with plane() as p:
+        connection = WireConnection(p.east)
+        await connection.exchange(create(EAST_CONV))
+        connection.protocol.data_received(append(EAST_CONV, USER, extra={"idempotency-key": "g"}))
+        connection.protocol.connection_lost(None)
+        for _ in range(1000):
+            await asyncio.sleep(0)
+        assert connection.transport.written == b""
+        admission = p.east.state.append_lane._admission
+        assert admission._inflight() == 0.0
+        again = WireConnection(p.east)
+        (retry,) = await again.exchange(append(EAST_CONV, USER, extra={"idempotency-key": "g"}))
+        assert retry.status == 200 and retry.headers["idempotent-replayed"] == "true"
+        assert json.loads(retry.body)["seq"] == 1
+        outcomes = p.east.state.console_outcomes.rates().to_body()
+    assert outcomes["received_per_s"] > 0
