@@ -26,8 +26,13 @@ the request head and body, and it runs the steps the layers would run, in one pl
    (any other exception) is logged and answered 500, and the connection closed, as the app's
    error middleware and uvicorn do.
 
-``tests/unit/test_append_lane.py`` sends the same requests through the lane and through the app
-and compares the answers. The lane is off while tracing is on (the FastAPI instrumentation makes
+The leader of a forward batch (``services.api.forward_batch``) hands its items to the lane too
+(``serve_forwarded``): each is prepared and served as above, as the trusted forward it is (its
+admission is the forward's, its ``NotLeader`` is not forwarded again, the console does not count
+it: it entered another node), and what the lane does not take goes through the app.
+
+``tests/unit/test_append_lane.py`` sends the same requests, and the same forwarded items, through
+the lane and through the app and compares the answers. The lane is off while tracing is on (the FastAPI instrumentation makes
 each request's span) and on the peer listener.
 
 Where the two differ, on purpose or by a hair: a client that does not take its answer within
@@ -50,7 +55,7 @@ from starlette.requests import Request
 from starlette.types import Message
 
 from eventlog.errors import ConvplaneError, InvariantViolation, Unavailable
-from eventlog.http_headers import SERVED_BY_HEADER_RAW
+from eventlog.http_headers import FORWARDED_HEADER_RAW, SERVED_BY_HEADER_RAW
 from services.api import routes
 from services.api.admission import DEADLINE_SCOPE_KEY, Entry, NodeAdmission
 from services.api.context import ApiState, RequestContext
@@ -69,6 +74,7 @@ log = logging.getLogger("convplane.append_lane")
 Headers = list[tuple[bytes, bytes]]
 #: the append path as the client sent it: an id of the characters ids may hold (no escapes)
 _APPEND_URL = re.compile(rb"^/v1/conversations/([A-Za-z0-9._:-]+)/events$")
+_CONVERSATION_ID = re.compile(r"[A-Za-z0-9._:-]+")
 #: request headers that some layer of the app treats specially: such a request takes the app
 _DECLINED_HEADERS = frozenset(
     {b"origin", b"transfer-encoding", b"expect", b"upgrade", b"x-convplane-forwarded",
@@ -239,6 +245,43 @@ class AppendLane:
         event, idempotency_key = accepted
         return Prepared(request, tenant, event, idempotency_key, body)
 
+    # --- forwarded appends ------------------------------------------------------------------
+
+    async def serve_forwarded(
+        self,
+        scope: MutableMapping[str, Any],
+        conversation_id: str,
+        authorization: str,
+        idempotency_keys: list[bytes],
+        body: bytes,
+    ) -> LaneResponse | None:
+        """One item of a forward batch (``services.api.forward_batch``), its ``scope`` built
+        as the app would get it, prepared and served as a client's append is; None: the app
+        serves it (the lane is closed, or a check would refuse it)."""
+        if self._api is None or len(body) > self._max_body_bytes:
+            return None
+        if _CONVERSATION_ID.fullmatch(conversation_id) is None:
+            return None
+        pending = LaneRequest(
+            scope, conversation_id, authorization, len(body), idempotency_keys, True
+        )
+        pending.body += body
+        try:
+            prepared = self.prepare(pending)
+        except Exception:  # a bug in the lane: the app serves it, as on the listener
+            log.exception("append lane: prepare failed; the app serves the forwarded append")
+            return None
+        if prepared is None:
+            return None
+        answers: list[LaneResponse] = []
+
+        async def respond(response: LaneResponse) -> bool:
+            answers.append(response)
+            return True
+
+        await self.serve(prepared, respond)
+        return answers[0]
+
     # --- 3. the answer ---------------------------------------------------------------------
 
     async def serve(self, prepared: Prepared, respond: Respond) -> None:
@@ -247,6 +290,7 @@ class AppendLane:
         status = answered = 500
         entry = None
         template = self._template
+        entering = not _forwarded(prepared.request.scope)  # the console counts these only
         try:
             try:
                 entry = await self._admit(prepared.request.scope)
@@ -264,7 +308,8 @@ class AppendLane:
             await respond(LaneResponse(500, list(_BUG_HEADERS), _BUG_BODY, close=True))
         finally:
             self._admission.exit(entry, answered)
-            self._outcomes.record(answered)
+            if entering:
+                self._outcomes.record(answered)
             latency_s = time.perf_counter() - started_s
             self._metrics.observe_request(template, "POST", status, latency_s)
 
@@ -288,7 +333,7 @@ class AppendLane:
             Request(scope, _replaying(prepared.body)),
             prepared.tenant,
             scope[DEADLINE_SCOPE_KEY],
-            forwarded=False,
+            forwarded=_forwarded(scope),  # admission kept the header on a trusted forward only
         )
         bind_request(ctx)  # log lines of this request carry its fields (services.logs)
         try:
@@ -322,6 +367,11 @@ class AppendLane:
         else:
             headers.append((b"vary", b"Origin"))
         return headers
+
+
+def _forwarded(scope: MutableMapping[str, Any]) -> bool:
+    """Whether the request is a forward (``eligible`` declines a client's that says so)."""
+    return any(k == FORWARDED_HEADER_RAW for k, _ in scope["headers"])
 
 
 def _replaying(body: bytes) -> Callable[[], Awaitable[Message]]:

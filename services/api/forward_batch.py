@@ -1,13 +1,15 @@
 """Forwarded appends travel to their leader region in batches.
 
-An entry node that forwards appends to a leader region sends them as one peer call,
-``POST /peer/forwarded-appends``. The leader runs each item through its own app exactly as if it
-had arrived alone as a forward (the same middleware, admission, body checks, validation, auth,
-idempotency, deadline from ``X-Convplane-Deadline-Ms``), all items concurrently, and streams
-each item's answer back (one NDJSON line per item, in the order they finish), so an item is
-never held back by a slower one in its batch. A batch therefore changes what a forward costs
-(one HTTP exchange, one TLS write and one pooled-connection checkout per batch instead of per
-append) and nothing a client sees.
+An entry node that forwards appends to a leader region sends them as one peer call, ``POST
+/peer/forwarded-appends``. The leader serves each item exactly as if it had arrived alone as a
+forward (the same admission, body checks, validation, auth, idempotency, deadline from
+``X-Convplane-Deadline-Ms``): by the append lane (``services.api.append_lane``), which runs the
+app's steps without its layers, or, where the lane does not take an item (a malformed one, or
+tracing on), through its whole app; all items concurrently, and streams each item's answer back
+(one NDJSON line per item, in the order they finish), so an item is never held back by a slower
+one in its batch. A batch therefore changes what a forward costs (one HTTP exchange, one TLS
+write and one pooled-connection checkout per batch instead of per append) and nothing a client
+sees.
 
 Batches form by themselves, as group commit does: per peer region at most
 ``forward_batches_in_flight_max`` batches (default 1) are under way; appends that arrive
@@ -175,6 +177,23 @@ async def _run_item(
         "query_string": b"",
         "headers": headers,
     }
+    lane = getattr(request.app.state, "append_lane", None)
+    if lane is not None:
+        served = await lane.serve_forwarded(
+            scope,
+            item.conversation_id,
+            headers[0][1].decode("latin-1"),  # as the app would read it
+            [v for k, v in headers if k == IDEMPOTENCY_KEY_HEADER_RAW],
+            body,
+        )
+        if served is not None:
+            relayed = {
+                name: value.decode("latin-1")
+                for key, value in served.headers
+                if (name := key.decode("latin-1")) in _RELAYED_HEADERS
+            }
+            await answers.put(_answer_line(index, served.status, relayed, served.body))
+            return
     status, answer_headers, chunks = 500, {}, []
     delivered = False
 

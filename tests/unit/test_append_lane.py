@@ -7,7 +7,8 @@ takes, so the app serves every request there. Status, headers (names, order, val
 must be the same, request by request, and so must the request metrics. Requests the lane takes
 and requests it hands back to the app are both in the script: fresh appends, idempotent retries,
 every conflict, a forward to the other region, the refusals of admission, and every malformed
-request.
+request. The same for the items of forward batches at their leader, with its lane open and
+closed.
 """
 
 from __future__ import annotations
@@ -24,7 +25,9 @@ import httpx
 import pytest
 from fastapi import FastAPI
 
+from eventlog.http_headers import PEER_AUTH_HEADER
 from services.api import append_lane
+from services.api.forward_batch import BATCH_PATH
 from tests.unit.admission_nodes import SECRET, SlowLog, build_node, cluster, node_clock
 from tests.unit.api_fakes import KEY_A, KEY_B, HostRouting, conversation_led_by
 from tests.unit.wire_client import WireConnection, WireResponse, raw_request
@@ -147,6 +150,7 @@ async def test_the_lane_answers_every_request_as_the_app_does(
 
     monkeypatch.setattr(append_lane.AppendLane, "serve", counted)
     async with plane() as by_lane, plane() as by_app:
+        by_app.west.state.append_lane.close()  # the forward's leader serves it by its app
         laned = await play(by_lane.east, split_body=False)
         lane_count = len(served)
         apped = await play(by_app.east, split_body=True)
@@ -246,3 +250,112 @@ async def test_a_client_gone_before_its_answer_gets_none_and_leaks_nothing() -> 
         assert json.loads(retry.body)["seq"] == 1
         outcomes = p.east.state.console_outcomes.rates().to_body()
     assert outcomes["received_per_s"] > 0
+
+
+# --- forwarded appends: the leader's lane serves a forward batch's items ------------------------
+
+
+def forwarded(
+    conversation_id: str,
+    event: Any,
+    key: str | None = None,
+    authorization: str = f"Bearer {KEY_A}",
+    deadline_ms: int = 5_000,
+) -> dict[str, Any]:
+    """One item of a forward batch, as an entry node sends it."""
+    body = event if isinstance(event, str) else json.dumps(event)
+    return {
+        "conversation_id": conversation_id,
+        "authorization": authorization,
+        "idempotency_key": key,
+        "deadline_ms": deadline_ms,
+        "body": body,
+    }
+
+
+WEST_CONV_B = conversation_led_by("west", prefix="b")  # tenant B's (quota: a burst of 3)
+#: (what the item is, the item): sent to west (WEST_CONV's leader) one batch each, in order
+FORWARDED_SCRIPT: list[tuple[str, dict[str, Any]]] = [
+    ("fresh append", forwarded(WEST_CONV, USER, key="k1")),
+    ("idempotent retry", forwarded(WEST_CONV, USER, key="k1")),
+    ("key reused", forwarded(WEST_CONV, OTHER, key="k1")),
+    ("no key", forwarded(WEST_CONV, USER)),
+    ("seq conflict", forwarded(WEST_CONV, {**USER, "expected_seq": 9})),
+    ("tool attempt", forwarded(WEST_CONV, ATTEMPT)),
+    ("tool effect", forwarded(WEST_CONV, EFFECT_OK)),
+    ("effect conflict", forwarded(WEST_CONV, EFFECT_FAILED)),
+    ("unknown conversation", forwarded("nobody-here", USER)),
+    ("led elsewhere", forwarded(EAST_CONV, USER)),
+    ("unknown key", forwarded(WEST_CONV, USER, authorization="Bearer nope")),
+    ("no bearer", forwarded(WEST_CONV, USER, authorization="Basic x")),
+    ("bad body", forwarded(WEST_CONV, {"type": "message.user"})),
+    ("unknown type", forwarded(WEST_CONV, {"type": "bogus", "payload": {}})),
+    ("malformed json", forwarded(WEST_CONV, '{"type": ')),
+    ("empty body", forwarded(WEST_CONV, "")),
+    ("bad key chars", forwarded(WEST_CONV, USER, key="a\tb")),
+    ("dot id", forwarded("..", USER)),
+    ("short deadline", forwarded(WEST_CONV, USER, deadline_ms=1)),
+    *[(f"unmetered {i}", forwarded(WEST_CONV_B, USER, authorization=f"Bearer {KEY_B}"))
+      for i in range(5)],
+]  # fmt: skip
+
+
+async def play_forwarded(app: FastAPI) -> list[Any]:
+    """Each item in a batch of its own; the answer line of each (or the batch's refusal)."""
+    answers: list[Any] = []
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=app), base_url="http://west.test"
+    ) as client:
+        created = await client.post(
+            "/v1/conversations", json={"conversation_id": WEST_CONV}, headers=AUTH_A
+        )
+        assert created.status_code == 201, created.text
+        created = await client.post(
+            "/v1/conversations", json={"conversation_id": WEST_CONV_B}, headers=AUTH_B
+        )
+        assert created.status_code == 201, created.text
+        for _, item in FORWARDED_SCRIPT:
+            reply = await client.post(
+                BATCH_PATH, json={"items": [item]}, headers={PEER_AUTH_HEADER: SECRET}
+            )
+            if reply.status_code != 200:
+                answers.append((reply.status_code, reply.json()))
+                continue
+            (line,) = [json.loads(x) for x in reply.text.splitlines()]
+            line["body"] = json.loads(line["body"]) if line["body"] else line["body"]
+            answers.append(line)
+    return answers
+
+
+async def test_the_leaders_lane_answers_forwarded_appends_as_its_app_does(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    served = []
+    original = append_lane.AppendLane.serve
+
+    async def counted(self: append_lane.AppendLane, prepared: Any, respond: Any) -> None:
+        served.append(prepared.request.conversation_id)
+        await original(self, prepared, respond)
+
+    monkeypatch.setattr(append_lane.AppendLane, "serve", counted)
+    async with plane() as by_lane, plane() as by_app:
+        by_app.west.state.append_lane.close()  # every item through the app
+        laned = await play_forwarded(by_lane.west)
+        lane_count = len(served)
+        apped = await play_forwarded(by_app.west)
+        assert len(served) == lane_count, "the closed lane served an item"
+        for (what, _), one, other in zip(FORWARDED_SCRIPT, laned, apped, strict=True):
+            assert one == other, what
+        assert await _request_metrics(by_lane.west) == await _request_metrics(by_app.west)
+        lane_outcomes = by_lane.west.state.console_outcomes.rates().to_body()
+        assert lane_outcomes == by_app.west.state.console_outcomes.rates().to_body()
+    statuses = {
+        what: answer["status"] if isinstance(answer, dict) else answer[0]
+        for (what, _), answer in zip(FORWARDED_SCRIPT, laned, strict=True)
+    }
+    assert statuses["fresh append"] == 201 and statuses["idempotent retry"] == 200
+    assert statuses["key reused"] == 409 and statuses["led elsewhere"] == 503
+    assert statuses["unknown key"] == 401 and statuses["malformed json"] == 400
+    assert [statuses[f"unmetered {i}"] for i in range(5)] == [201] * 5  # charged at entry
+    # the lane took every well-formed item; the app words every refusal of a malformed one
+    assert lane_count == 16, served
