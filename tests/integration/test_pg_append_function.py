@@ -7,21 +7,27 @@ end both must hold the same shard rows and entries. The groups mix what a replic
 at the tail (the fast path), re-sent and conflicting suffixes, mismatches, stale epochs, new
 epochs, empty sub-batches (commit pushes), truncations of committed entries (reply kind 3),
 shards never seen before, and groups where a shard appears twice (which must take the loop).
+Then concurrent groups from several connections (new shards and shared ones: no deadlock, no
+duplicate row, every shard gapless), and 0004's downgrade back to the loop.
 """
 
 from __future__ import annotations
 
+import asyncio
 import random
 from typing import Any
 from urllib.parse import urlsplit
 
 import asyncpg
 import pytest
+from alembic import command
+from sqlalchemy.engine import Connection
 
 from eventlog.model import LogEntry
+from eventlog.stores._engine import StoreConfig, make_engine
 from eventlog.stores._pg_writes import _APPEND, append_arrays
 from eventlog.stores._plan import AppendRequest
-from eventlog.stores.migrate import migrate, migration_module
+from eventlog.stores.migrate import alembic_config, migrate, migration_module
 from services.db_roles import restrict_to_protocol
 from services.local.postgres import asyncpg_dsn
 
@@ -161,3 +167,95 @@ async def test_upgrade_keeps_the_node_roles_restrictions(pg_databases: list[str]
         await owner.execute(f"DROP OWNED BY {role}")
         await owner.execute(f"DROP ROLE {role}")
         await owner.close()
+
+
+async def test_concurrent_groups_on_new_and_shared_shards(pg_databases: list[str]) -> None:
+    """Leaders write into one replica's database at once: groups from several connections, each
+    round on shards some of which none has written before (the function creates their rows) and
+    some shared with the other connections (its locks order them). No group may fail (no
+    deadlock, no duplicate shard row), and every shard must end gapless, its row naming its last
+    entry."""
+    dsn = pg_databases[0]
+    await migrate(dsn)
+    writers = [await asyncpg.connect(asyncpg_dsn(dsn)) for _ in range(4)]
+    rng = random.Random(SEED + 1)
+    generator = Generator(rng)
+    try:
+        for round_ in range(60):
+            rows = {r["shard"]: r for r in await writers[0].fetch("SELECT * FROM shards")}
+            newest = 100 + 2 * round_  # two shards no group has touched yet, every round
+            groups = []
+            for _ in writers:
+                shards = rng.sample(range(100, newest), k=min(3, newest - 100))
+                shards += [newest, newest + 1]
+                rng.shuffle(shards)
+                groups.append([generator.request(s, rows.get(s)) for s in shards])
+            await asyncio.gather(
+                *(_rows(conn, group) for conn, group in zip(writers, groups, strict=True))
+            )
+        shards = await writers[0].fetch("SELECT shard, last_lsn, last_epoch FROM shards")
+        for shard, last_lsn, last_epoch in shards:
+            entries = await writers[0].fetch(
+                "SELECT lsn, epoch FROM entries WHERE shard = $1 ORDER BY lsn", shard
+            )
+            assert [e["lsn"] for e in entries] == list(range(1, last_lsn + 1)), shard
+            assert (entries[-1]["epoch"] if entries else 0) == last_epoch, shard
+        assert len(shards) == 2 * 60  # every shard a group named has its row
+    finally:
+        for conn in writers:
+            await conn.close()
+
+
+async def test_downgrade_restores_the_loop_and_keeps_the_restrictions(
+    pg_databases: list[str],
+) -> None:
+    """0004's downgrade puts 0001's loop back (answering as before), keeps what
+    ``services.db_roles`` set on the function, and the upgrade after it works again."""
+    dsn = pg_databases[0]
+    await migrate(dsn, "0003")
+    role, password = "convplane_node_downgrade_test", "downgrade-test-password-0123456789"
+    await restrict_to_protocol(asyncpg_dsn(dsn), {role: password})
+    await migrate(dsn)
+    owner = await asyncpg.connect(asyncpg_dsn(dsn))
+    source = "SELECT prosrc FROM pg_proc WHERE proname = 'convplane_append'"
+    reference = await asyncpg.connect(asyncpg_dsn(pg_databases[1]))
+    try:
+        await reference.execute(migration_module("0001").APPEND_FUNCTION)
+        loop = await reference.fetchval(source)
+    finally:
+        await reference.close()
+    try:
+        set_based = await owner.fetchval(source)
+        assert set_based != loop
+        await _alembic_downgrade(dsn, "0003")
+        assert await owner.fetchval(source) == loop
+        definer, config = await owner.fetchrow(
+            "SELECT prosecdef, proconfig FROM pg_proc WHERE proname = 'convplane_append'"
+        )
+        assert definer and "search_path=public, pg_temp" in config
+        entry = LogEntry(1, 1, "t", "c", 1, "note", None, None, 1, 0, "{}")
+        assert await _rows(owner, [AppendRequest(3, 1, 0, 0, (entry,), 0)]) == [(0, 0, 1)]
+        await migrate(dsn)
+        assert await owner.fetchval(source) == set_based
+        second = LogEntry(2, 1, "t", "c", 2, "note", None, None, 1, 0, "{}")
+        assert await _rows(owner, [AppendRequest(3, 1, 1, 1, (second,), 1)]) == [(0, 0, 2)]
+    finally:
+        await owner.execute(f"DROP OWNED BY {role}")
+        await owner.execute(f"DROP ROLE {role}")
+        await owner.close()
+
+
+async def _alembic_downgrade(dsn: str, revision: str) -> None:
+    engine = make_engine(dsn, StoreConfig(pool_size=1))
+    try:
+        async with engine.connect() as conn:
+
+            def downgrade(connection: Connection) -> None:
+                config = alembic_config()
+                config.attributes["connection"] = connection
+                command.downgrade(config, revision)
+
+            await conn.run_sync(downgrade)
+            await conn.commit()
+    finally:
+        await engine.dispose()

@@ -252,6 +252,52 @@ async def test_a_client_gone_before_its_answer_gets_none_and_leaks_nothing() -> 
     assert outcomes["received_per_s"] > 0
 
 
+async def test_a_request_arriving_while_the_lanes_answer_is_pending_waits_its_turn(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """HTTP/1.1 pipelining across packets: a second request arrives, in a later write, while
+    the lane still serves the first. It goes the app's way, after the first, and the answers
+    leave in the order the requests came."""
+    gate = asyncio.Event()
+    served = []
+    original = append_lane.AppendLane.serve
+
+    async def counted(self: append_lane.AppendLane, prepared: Any, respond: Any) -> None:
+        served.append(prepared.request.conversation_id)
+        await original(self, prepared, respond)
+
+    async def stalled(self: SlowLog) -> None:
+        self.entered += 1
+        await gate.wait()
+
+    async with plane() as p:
+        connection = WireConnection(p.east)
+        await connection.exchange(create(EAST_CONV))
+        monkeypatch.setattr(SlowLog, "_maybe_stall", stalled)
+        monkeypatch.setattr(append_lane.AppendLane, "serve", counted)
+        connection.protocol.data_received(append(EAST_CONV, USER, extra={"idempotency-key": "1"}))
+        for _ in range(200):
+            await asyncio.sleep(0)
+        assert (
+            connection.protocol.cycle is not None
+            and not connection.protocol.cycle.response_complete
+        )
+        connection.protocol.data_received(append(EAST_CONV, OTHER, extra={"idempotency-key": "2"}))
+        for _ in range(200):
+            await asyncio.sleep(0)
+        assert connection.transport.written == b""  # the first is still under way
+        gate.set()
+        answers: list[WireResponse] = []
+        for _ in range(10_000):
+            answers += connection._read()
+            if len(answers) == 2:
+                break
+            await asyncio.sleep(0)
+    assert [a.status for a in answers] == [201, 201]
+    assert [json.loads(a.body)["seq"] for a in answers] == [1, 2]
+    assert served == [EAST_CONV]  # the lane took the first; the app served the second
+
+
 # --- forwarded appends: the leader's lane serves a forward batch's items ------------------------
 
 
