@@ -50,10 +50,15 @@ Classes live next to what raises them; this tree names every one (``tests/unit/t
 fails on one it does not name).
 
 Outside it, the product's other exceptions: none is an API error or reaches a client as one. They
-stop a process or a harness, with a message that says why (the builtin each derives from shown
-first; classes named with a leading underscore are private control flow and not listed):
+stop a process or a harness, with a message that says why, or are translated into an API error
+where they are caught (the builtin each derives from shown first; classes named with a leading
+underscore are private control flow and not listed):
 
     Exception
+    ├── BatchNotSent              a forward batch never left (services.api.forward_exchange): the
+    │                             batcher sends it again or answers ForwardFailed
+    ├── BatchLost                 a forward batch's answer did not come back whole (idem): its
+    │                             unanswered items are OutcomeUnknown
     ├── AssertionError
     │   └── InvariantViolation        a protocol invariant does not hold: a bug (here)
     ├── ValueError

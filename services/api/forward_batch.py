@@ -40,7 +40,6 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Annotated, Any
 
-import httpx
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints
@@ -58,6 +57,7 @@ from eventlog.http_headers import (
 )
 from services.api.errors import ForwardFailed, OutcomeUnknown
 from services.api.event_bodies import integral
+from services.api.forward_exchange import NDJSON, BatchExchange, BatchLost, BatchNotSent
 from services.api.schemas import ConversationId
 
 #: the largest batch body a leader takes (route limit); an append bigger than half of it is
@@ -68,7 +68,6 @@ FORWARD_BATCH_ITEMS_MAX = 256
 #: the longest deadline an item may carry (a node's own max_deadline_ms is far below)
 DEADLINE_MS_MAX = 3_600_000
 BATCH_PATH = "/peer/forwarded-appends"
-NDJSON = "application/x-ndjson"
 _RELAYED_HEADERS = ("retry-after", IDEMPOTENT_REPLAYED_HEADER.lower(), SERVED_BY_HEADER.lower())
 
 forward_batch_router = APIRouter(prefix="/peer")
@@ -258,17 +257,15 @@ class AppendBatcher:
     def __init__(
         self,
         *,
-        client: httpx.AsyncClient,
+        exchange: BatchExchange,
         clock: Clock,
         rng: random.Random,
         limits: BatchConfig,
         peer_secret: str | None,
-        while_reachable: Callable[
-            [str, Coroutine[Any, Any, httpx.Response]], Awaitable[httpx.Response]
-        ],
+        while_reachable: Callable[[str, Coroutine[Any, Any, None]], Awaitable[None]],
         count: Callable[[str, str], None],
     ) -> None:
-        self._client = client
+        self._sender = exchange
         self._clock = clock
         self._rng = rng
         self._limits = limits
@@ -415,50 +412,42 @@ class AppendBatcher:
                 headers[PEER_AUTH_HEADER] = self._peer_secret
             try:
                 await self._while_reachable(
-                    target_region, self._stream(base_url + BATCH_PATH, body, headers, items,
-                                                remaining_s, target_region),
+                    target_region, self._post(target_region, base_url + BATCH_PATH, body, headers,
+                                              items, remaining_s),
                 )  # fmt: skip
                 return
-            except httpx.ConnectError as exc:  # nothing was sent: safe to try again
+            except BatchNotSent as exc:  # nothing was sent: safe to try again
                 self._count(target_region, "connect_error")
                 if attempt == limits.retries_max:
                     raise ForwardFailed(f"leader region {target_region} unreachable") from exc
                 await self._clock.sleep(min(backoff.next_s(), remaining_s))
-            except httpx.HTTPError as exc:
+            except BatchLost as exc:
                 self._count(target_region, "error")
                 raise OutcomeUnknown(_unknown(target_region)) from exc
 
-    async def _stream(
+    async def _post(
         self,
+        target_region: str,
         url: str,
         body: bytes,
         headers: dict[str, str],
         items: list[_Item],
         timeout_s: float,
-        target_region: str,
-    ) -> httpx.Response:
-        async with self._client.stream(
-            "POST", url, content=body, headers=headers, timeout=timeout_s
-        ) as reply:
-            if reply.status_code != 200 or not reply.headers.get("content-type", "").startswith(
-                NDJSON
-            ):
-                refusal = await reply.aread()  # the batch's own answer is every item's
-                for item in items:
-                    if not item.answer.done():
-                        item.answer.set_result(_response(reply.status_code, reply.headers, refusal))
-                return reply
-            async for line in reply.aiter_lines():
-                if not line:
-                    continue
-                answer = json.loads(line)
-                item = items[int(answer["index"])]
-                self._count(target_region, "ok")
+    ) -> None:
+        def answered(line: bytes) -> None:
+            answer = json.loads(line)
+            item = items[int(answer["index"])]
+            self._count(target_region, "ok")
+            if not item.answer.done():
+                item.answer.set_result(
+                    _response(answer["status"], answer["headers"], answer["body"].encode())
+                )
+
+        refused = await self._sender.send(target_region, url, body, headers, timeout_s, answered)
+        if refused is not None:  # the batch's own answer is every item's
+            for item in items:
                 if not item.answer.done():
-                    item.answer.set_result(
-                        _response(answer["status"], answer["headers"], answer["body"].encode())
-                    )
-            return reply
+                    item.answer.set_result(_response(refused.status, refused.headers, refused.body))
 
 
 def _with_deadline(item: _Item, deadline_ms: int) -> bytes:

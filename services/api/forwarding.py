@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import random
 from collections.abc import Callable, Coroutine, Mapping
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import quote
 
 import httpx
@@ -36,6 +36,7 @@ from eventlog.http_headers import (
 )
 from services.api.errors import ForwardFailed, OutcomeUnknown
 from services.api.forward_batch import AppendBatcher, BatchConfig
+from services.api.forward_exchange import BatchExchange, HttpxBatchExchange
 from services.api.metrics import Metrics
 
 __all__ = ["DEADLINE_HEADER", "FORWARDED_HEADER", "PEER_AUTH_HEADER", "Forwarder"]
@@ -52,6 +53,9 @@ _RESPONSE_HEADERS = (
     IDEMPOTENT_REPLAYED_HEADER.lower(),
     SERVED_BY_HEADER.lower(),
 )
+
+
+T = TypeVar("T")
 
 
 class _PeerLost(Exception):
@@ -77,6 +81,7 @@ class Forwarder:
         peer_reachable: Callable[[str], bool] | None = None,
         inject_trace: Callable[[dict[str, str]], None] | None = None,
         batch_limits: BatchConfig | None = None,
+        batch_exchange: BatchExchange | None = None,
     ) -> None:
         self._client = client
         #: adds the trace context to a forward's headers (services.tracing; None: tracing off)
@@ -84,7 +89,7 @@ class Forwarder:
         #: appends go to their leader in batches (``services.api.forward_batch``) when given
         self._batcher = (
             AppendBatcher(
-                client=client,
+                exchange=batch_exchange or HttpxBatchExchange(client),
                 clock=clock,
                 rng=rng,
                 limits=batch_limits,
@@ -196,9 +201,7 @@ class Forwarder:
         if self._batcher is not None:
             await self._batcher.close()
 
-    async def _while_reachable(
-        self, target_region: str, call: Coroutine[Any, Any, httpx.Response]
-    ) -> httpx.Response:
+    async def _while_reachable(self, target_region: str, call: Coroutine[Any, Any, T]) -> T:
         """Await ``call`` unless the target stops answering probes first: a forward on a
         black-holed link (partition) then fails in about the detection time instead of the
         caller's whole deadline, and the client retries through a region that can help."""

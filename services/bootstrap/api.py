@@ -47,6 +47,7 @@ async def open_api(
         backoff_s=settings.forward_backoff_s,
         peer_secret=runtime.cluster.peer_secret,
         peer_reachable=_peer_reachable(runtime),
+        batch_exchange=runtime.forward_exchange,
         inject_trace=tracing.inject if tracing is not None else None,
         # with tracing on, appends are forwarded one by one so each carries its own
         # trace context (a batch is one peer call for many traces)

@@ -27,6 +27,7 @@ from eventlog.node import LogNode
 from eventlog.replica import ReplicaStore
 from eventlog.stores import open_replica_store
 from regions.ops_state import OpsState
+from services.api.forward_exchange import BatchExchange, StreamBatchExchange
 from services.bootstrap.replay import open_replay_service
 from services.cluster_tls import client_ssl_context, node_tls
 from services.config import ClusterConfig, NodeSettings
@@ -60,6 +61,8 @@ class NodeRuntime:
     drills: DrillDriver | None = None  # drills, halt switch, audit log (services.drills)
     #: replica call timing and tracing, set by the app (services.replica_timing)
     replica_instruments: ReplicaInstruments | None = None
+    #: how forward batches travel (None: through ``peers``, services.api.forward_exchange)
+    forward_exchange: BatchExchange | None = None
 
 
 RuntimeFactory = Callable[[NodeSettings], AbstractAsyncContextManager[NodeRuntime]]
@@ -166,6 +169,21 @@ def peer_prober(settings: NodeSettings, cluster: ClusterConfig, hole: BlackHole)
 PeerProberFactory = Callable[[NodeSettings, ClusterConfig, BlackHole], OwnedPeerProber]
 
 
+def forward_exchange(settings: NodeSettings, hole: BlackHole) -> BatchExchange:
+    """How forward batches travel to leaders: over connections of their own
+    (``services.api.forward_exchange``), with mutual TLS where the node has certificates; a
+    drill's black-hole drops them as it drops the node's other calls to its target."""
+    tls = node_tls(settings)
+    return StreamBatchExchange(
+        ssl_context=client_ssl_context(tls) if tls is not None else None,
+        blocked=lambda region: hole.blocks(region, read_only=False),
+    )
+
+
+#: (the node's settings, the drills' black-hole) -> how its forward batches travel
+ForwardExchangeFactory = Callable[[NodeSettings, BlackHole], BatchExchange]
+
+
 @dataclass(frozen=True)
 class NodeAdapters:
     """What a node's runtime takes from the world."""
@@ -174,6 +192,7 @@ class NodeAdapters:
     open_store: StoreOpener = open_replica_store
     peer_client: PeerClientFactory = peer_client
     peer_prober: PeerProberFactory = peer_prober
+    forward_exchange: ForwardExchangeFactory = forward_exchange
 
 
 @asynccontextmanager
@@ -208,6 +227,8 @@ async def open_runtime(
                 ),
             )
         )
+        exchange = adapters.forward_exchange(settings, hole)
+        stack.push_async_callback(exchange.close)
         # Replay listens to the node before the controller leads anything (moves are seen).
         replay = await stack.enter_async_context(
             open_replay_service(
@@ -256,4 +277,5 @@ async def open_runtime(
             replay,
             drills,
             instruments,
+            exchange,
         )

@@ -14,6 +14,7 @@ import httpx
 from eventlog.clock import Clock, LoopClock
 from eventlog.http_headers import PEER_AUTH_HEADER
 from eventlog.memory_replica import MemoryReplica
+from services.api.forward_exchange import BatchExchange, HttpxBatchExchange
 from services.bootstrap import NodeAdapters, RuntimeFactory, open_runtime
 from services.bootstrap.node import TransportWrap
 from services.config import ClusterConfig, NodeSettings
@@ -75,10 +76,18 @@ def memory_runtime(peers: httpx.AsyncBaseTransport | None = None) -> RuntimeFact
     ) -> ClientPeerProber:
         return ClientPeerProber(transport, settings, cluster, hole)
 
+    def forward_exchange(settings: NodeSettings, hole: BlackHole) -> BatchExchange:
+        return HttpxBatchExchange(
+            httpx.AsyncClient(transport=transport),
+            blocked=lambda region: hole.blocks(region, read_only=False),
+            owned=True,
+        )
+
     adapters = NodeAdapters(
         clock=LoopClock(),
         open_store=_memory_store,
         peer_client=peer_client,
         peer_prober=peer_prober,
+        forward_exchange=forward_exchange,
     )
     return functools.partial(open_runtime, adapters=adapters)

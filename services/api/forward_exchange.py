@@ -1,0 +1,358 @@
+"""How an entry node sends a forward batch to its leader: the ``BatchExchange`` port of
+``services.api.forward_batch``, and its two adapters.
+
+``StreamBatchExchange`` is what a node uses. A batch is one ``POST /peer/forwarded-appends``
+whose answer streams back as NDJSON, one line per item, and the adapter speaks that much
+HTTP/1.1 itself: the request written in one piece over a kept-alive connection of its own
+(asyncio streams: uvloop's TLS, mutual TLS where the cluster has certificates), the answer parsed
+by ``httptools`` (C, the parser uvicorn uses; chunked or ``Content-Length``). Through httpx a
+batch cost a forwarding entry node about an eighth of its CPU (``bench/rest.py --py-spy``:
+httpx's request and response models, httpcore's pool, anyio's TLS stream, written in Python,
+and its line iterator).
+
+``HttpxBatchExchange`` sends the same request through an ``httpx.AsyncClient``: for nodes whose
+peers are in-process ASGI apps (the unit tests' planes), which no socket reaches.
+
+Outcomes, for the batcher: ``BatchNotSent`` when nothing of the batch left this node (no
+connection could be made, or a drill's black-hole drops calls to the region): safe to send
+again. ``BatchLost`` when it left and its answer did not come back whole (the connection broke,
+the answer was malformed or too long, the time ran out): what was not answered is unknown.
+Otherwise the answer lines went to ``on_line`` as they arrived and ``send`` returns None, or the
+batch's own refusal (any other status or content type) is returned whole.
+
+Bounds: an answer's head ``HEAD_BYTES_MAX``, an answer line ``LINE_BYTES_MAX``, a refusal's body
+``REFUSAL_BYTES_MAX``, kept connections ``idle_max`` per region, a connection reused only while
+it has been idle less than ``IDLE_REUSE_S`` (a peer listener closes idle connections after its
+``header_timeout_s``, 5 s by default; a connection the peer already closed is never reused) and
+never after any failure.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Protocol
+from urllib.parse import urlsplit
+
+import httptools
+import httpx
+
+#: an answer's head (its header names and values), at most
+HEAD_BYTES_MAX = 16 * 1024
+#: an answer line, at most (an item's answer is a small JSON object)
+LINE_BYTES_MAX = 1024 * 1024
+#: the body of a batch's refusal, at most (an error object)
+REFUSAL_BYTES_MAX = 64 * 1024
+#: a kept connection idle this long is closed, not reused (well under a listener's 5 s)
+IDLE_REUSE_S = 2.0
+#: kept connections per region, at most (as many as batches a region may have open)
+IDLE_MAX = 16
+_READ_BYTES = 64 * 1024
+NDJSON = "application/x-ndjson"
+
+LineSink = Callable[[bytes], None]
+
+
+class BatchNotSent(Exception):
+    """Nothing of the batch left this node: sending it again is safe."""
+
+
+class BatchLost(Exception):
+    """The batch left and its answer did not come back whole: unanswered items are unknown."""
+
+
+@dataclass(frozen=True)
+class BatchRefused:
+    """The batch's own answer (not NDJSON): every item's. Header names lower-cased."""
+
+    status: int
+    headers: Mapping[str, str]
+    body: bytes
+
+
+class BatchExchange(Protocol):
+    async def send(
+        self,
+        region: str,
+        url: str,
+        body: bytes,
+        headers: Mapping[str, str],
+        timeout_s: float,
+        on_line: LineSink,
+    ) -> BatchRefused | None:
+        """POST ``body`` to ``url`` (``region``'s peer listener) within ``timeout_s``; each
+        NDJSON answer line to ``on_line``; raises ``BatchNotSent`` or ``BatchLost``."""
+
+    async def close(self) -> None:
+        """Close kept connections."""
+
+
+# --- over httpx (in-process peers) ---------------------------------------------------------
+
+
+class HttpxBatchExchange:
+    def __init__(
+        self,
+        client: httpx.AsyncClient,
+        *,
+        blocked: Callable[[str], bool] = lambda region: False,
+        owned: bool = False,
+    ) -> None:
+        """``blocked``: as ``StreamBatchExchange``'s; ``owned``: ``close`` closes ``client``."""
+        self._client = client
+        self._blocked = blocked
+        self._owned = owned
+
+    async def send(
+        self,
+        region: str,
+        url: str,
+        body: bytes,
+        headers: Mapping[str, str],
+        timeout_s: float,
+        on_line: LineSink,
+    ) -> BatchRefused | None:
+        if self._blocked(region):
+            raise BatchNotSent(f"{region} is black-holed by a drill")
+        try:
+            async with self._client.stream(
+                "POST", url, content=body, headers=dict(headers), timeout=timeout_s
+            ) as reply:
+                content_type = reply.headers.get("content-type", "")
+                if reply.status_code != 200 or not content_type.startswith(NDJSON):
+                    answer = {k.lower(): v for k, v in reply.headers.items()}
+                    return BatchRefused(reply.status_code, answer, await reply.aread())
+                async for line in reply.aiter_lines():
+                    if line:
+                        on_line(line.encode())
+                return None
+        except httpx.ConnectError as exc:  # nothing was sent
+            raise BatchNotSent(f"{region}: {exc}") from exc
+        except httpx.HTTPError as exc:
+            raise BatchLost(f"{region}: {exc!r}") from exc
+
+    async def close(self) -> None:
+        if self._owned:
+            await self._client.aclose()
+
+
+# --- over connections of its own -------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Target:
+    host: str
+    port: int
+    tls: bool
+    head: bytes  # the request line and the fixed headers, ending before content-length
+
+
+@dataclass(eq=False)  # by identity: kept in sets
+class _Connection:
+    reader: asyncio.StreamReader
+    writer: asyncio.StreamWriter
+    idle_since_s: float = 0.0
+
+    def close(self) -> None:
+        self.writer.close()
+
+    def reusable(self, now_s: float) -> bool:
+        return (
+            now_s - self.idle_since_s < IDLE_REUSE_S
+            and not self.reader.at_eof()
+            and not self.writer.is_closing()
+        )
+
+
+@dataclass
+class _Answer:
+    """``httptools`` callbacks: the head, then the body as lines (NDJSON) or whole (refusal).
+    An answer that breaks a bound is ``broken`` (lost); bytes after it are ``extra`` (the
+    answer stands, the connection is not kept)."""
+
+    parser: httptools.HttpResponseParser | None = None
+    status: int = 0
+    headers: dict[str, str] = field(default_factory=dict)
+    head_bytes: int = 0
+    streaming: bool = False
+    pending: bytearray = field(default_factory=bytearray)
+    lines: list[bytes] = field(default_factory=list)
+    refusal: bytearray = field(default_factory=bytearray)
+    complete: bool = False
+    keep_alive: bool = False
+    broken: str | None = None  # a bound broken: the answer is lost
+    extra: bool = False  # bytes after the answer: the connection is not kept
+
+    def on_message_begin(self) -> None:
+        if self.complete:
+            self.extra = True
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if self.complete or self.broken:
+            return
+        self.head_bytes += len(name) + len(value)
+        if self.head_bytes > HEAD_BYTES_MAX:
+            self.broken = f"an answer head longer than {HEAD_BYTES_MAX} bytes"
+            return
+        self.headers[name.decode("latin-1").lower()] = value.decode("latin-1")
+
+    def on_headers_complete(self) -> None:
+        if self.complete or self.parser is None:
+            return
+        self.status = self.parser.get_status_code()
+        content_type = self.headers.get("content-type", "")
+        self.streaming = self.status == 200 and content_type.startswith(NDJSON)
+
+    def on_body(self, body: bytes) -> None:
+        if self.complete or self.broken:
+            return
+        if not self.streaming:
+            self.refusal += body
+            if len(self.refusal) > REFUSAL_BYTES_MAX:
+                self.broken = f"a batch refusal longer than {REFUSAL_BYTES_MAX} bytes"
+            return
+        self.pending += body
+        *whole, rest = self.pending.split(b"\n")
+        self.lines += [bytes(line) for line in whole if line]
+        self.pending = bytearray(rest)
+        if len(self.pending) > LINE_BYTES_MAX or any(len(x) > LINE_BYTES_MAX for x in whole):
+            self.broken = f"an answer line longer than {LINE_BYTES_MAX} bytes"
+
+    def on_message_complete(self) -> None:
+        if self.complete or self.parser is None:
+            return
+        self.keep_alive = self.parser.should_keep_alive()  # llhttp forgets it afterwards
+        if self.streaming and self.pending:
+            self.lines.append(bytes(self.pending))
+            self.pending = bytearray()
+        self.complete = True
+
+
+class StreamBatchExchange:
+    def __init__(
+        self,
+        *,
+        ssl_context: ssl.SSLContext | None,
+        blocked: Callable[[str], bool] = lambda region: False,
+        idle_max: int = IDLE_MAX,
+    ) -> None:
+        """``ssl_context``: the cluster's client context for ``https`` peers (None: the
+        system's trust store); ``blocked(region)``: whether a drill's black-hole drops calls to
+        it now."""
+        self._ssl = ssl_context
+        self._blocked = blocked
+        self._idle_max = idle_max
+        self._targets: dict[str, _Target] = {}
+        self._idle: dict[str, list[_Connection]] = {}
+        self._open: set[_Connection] = set()
+
+    async def send(
+        self,
+        region: str,
+        url: str,
+        body: bytes,
+        headers: Mapping[str, str],
+        timeout_s: float,
+        on_line: LineSink,
+    ) -> BatchRefused | None:
+        if self._blocked(region):
+            raise BatchNotSent(f"{region} is black-holed by a drill")
+        target = self._target(url, headers)
+        request = target.head + b"content-length: %d\r\n\r\n" % len(body) + body
+        try:
+            async with asyncio.timeout(timeout_s):
+                connection = self._kept(region) or await self._connect(region, target)
+                try:
+                    connection.writer.write(request)
+                    refused = await self._read(region, connection, on_line)
+                except BaseException:
+                    self._discard(connection)
+                    raise
+        except TimeoutError as exc:
+            raise BatchLost(f"{region}: no whole answer within {timeout_s:.3f} s") from exc
+        except (OSError, httptools.HttpParserError, UnicodeDecodeError) as exc:
+            raise BatchLost(f"{region}: {exc!r}") from exc
+        return refused
+
+    async def close(self) -> None:
+        for connection in list(self._open):
+            self._discard(connection)
+        self._idle.clear()
+
+    def _target(self, url: str, headers: Mapping[str, str]) -> _Target:
+        target = self._targets.get(url)
+        if target is None:
+            parts = urlsplit(url)
+            tls = parts.scheme == "https"
+            host = parts.hostname or "127.0.0.1"
+            port = parts.port or (443 if tls else 80)
+            authority = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+            lines = [f"POST {parts.path or '/'} HTTP/1.1", f"host: {authority}"]
+            lines += [f"{name.lower()}: {value}" for name, value in headers.items()]
+            head = ("\r\n".join(lines) + "\r\n").encode("latin-1")
+            target = self._targets[url] = _Target(host, port, tls, head)
+        return target
+
+    def _kept(self, region: str) -> _Connection | None:
+        idle = self._idle.get(region)
+        now_s = time.monotonic()
+        while idle:
+            connection = idle.pop()  # the most recently used: the likeliest to be alive
+            if connection.reusable(now_s):
+                return connection
+            self._discard(connection)
+        return None
+
+    async def _connect(self, region: str, target: _Target) -> _Connection:
+        context = None
+        if target.tls:  # the cluster's mutual TLS, else the system's trust store
+            context = self._ssl or ssl.create_default_context()
+        try:
+            reader, writer = await asyncio.open_connection(
+                target.host, target.port, ssl=context,
+                server_hostname=target.host if context else None,
+            )  # fmt: skip
+        except OSError as exc:  # refused, unreachable, a failed handshake: nothing was sent
+            raise BatchNotSent(f"{region}: {exc!r}") from exc
+        connection = _Connection(reader, writer)
+        self._open.add(connection)
+        return connection
+
+    async def _read(
+        self, region: str, connection: _Connection, on_line: LineSink
+    ) -> BatchRefused | None:
+        answer = _Answer()
+        parser = answer.parser = httptools.HttpResponseParser(answer)
+        while not answer.complete:
+            data = await connection.reader.read(_READ_BYTES)
+            if not data:
+                raise BatchLost("the peer closed the connection before its answer ended")
+            parser.feed_data(data)
+            if answer.broken:
+                raise BatchLost(answer.broken)
+            lines, answer.lines = answer.lines, []
+            for line in lines:
+                on_line(line)
+        if answer.keep_alive and not answer.extra:
+            self._keep(region, connection)
+        else:
+            self._discard(connection)
+        if answer.streaming:
+            return None
+        return BatchRefused(answer.status, answer.headers, bytes(answer.refusal))
+
+    def _keep(self, region: str, connection: _Connection) -> None:
+        """Back to the region's idle connections, for the next batch."""
+        idle = self._idle.setdefault(region, [])
+        if len(idle) >= self._idle_max:
+            self._discard(connection)
+            return
+        connection.idle_since_s = time.monotonic()
+        idle.append(connection)
+
+    def _discard(self, connection: _Connection) -> None:
+        connection.close()
+        self._open.discard(connection)

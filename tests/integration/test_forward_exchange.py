@@ -1,0 +1,334 @@
+"""The forward batch's own HTTP/1.1 (``services.api.forward_exchange.StreamBatchExchange``) on
+loopback sockets: against a node's real peer listener (uvicorn with the node's protocol and
+app), where it must answer exactly what the httpx exchange answers; and against a hand-written
+peer that answers well and badly: NDJSON in odd chunks, kept-alive connections, a connection the
+peer closed while idle or let sit too long, a refusal, an answer cut short, one that never
+comes, one too long, bytes after the answer, nobody listening, a drill's black-hole, and mutual
+TLS with the cluster's certificates (and with a stranger's)."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import ssl
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AsyncExitStack, asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import uvicorn
+
+from eventlog.http_headers import PEER_AUTH_HEADER
+from services.api import forward_exchange
+from services.api.forward_batch import BATCH_PATH
+from services.api.forward_exchange import (
+    BatchExchange,
+    BatchLost,
+    BatchNotSent,
+    HttpxBatchExchange,
+    StreamBatchExchange,
+)
+from services.cluster_tls import client_ssl_context, issue_cluster_tls
+from services.listeners import ListenerConfig, guarded_protocol
+from tests.unit.admission_nodes import SECRET, SlowLog, build_node, cluster, node_clock
+from tests.unit.api_fakes import KEY_A, conversation_led_by
+
+HEADERS = {"content-type": "application/json", PEER_AUTH_HEADER: SECRET}
+TIMEOUT_S = 2.0
+LINES = [{"index": i, "status": 201, "headers": {}, "body": "{}"} for i in range(3)]
+
+Answer = Callable[[bytes, bytes], Awaitable[bytes | None]]
+
+
+def ndjson(lines: list[dict[str, Any]], cuts: tuple[int, ...] = ()) -> bytes:
+    """A chunked NDJSON answer, its body cut into chunks at ``cuts`` (mid-line, too)."""
+    body = b"".join(json.dumps(line).encode() + b"\n" for line in lines)
+    edges = [0, *cuts, len(body)]
+    chunks = b"".join(
+        b"%x\r\n%s\r\n" % (end - start, body[start:end])
+        for start, end in itertools.pairwise(edges)
+        if end > start
+    )
+    return (
+        b"HTTP/1.1 200 OK\r\ncontent-type: application/x-ndjson\r\n"
+        b"transfer-encoding: chunked\r\n\r\n" + chunks + b"0\r\n\r\n"
+    )
+
+
+class Peer:
+    """A listener that answers each request (head, body) with what ``answer`` returns (None:
+    close without answering), and records what it was sent."""
+
+    def __init__(self, answer: Answer) -> None:
+        self.answer = answer
+        self.connections = 0
+        self.requests: list[tuple[bytes, bytes]] = []
+        self.close_after_answer = False
+
+    async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = next(
+                    int(line.split(b":")[1])
+                    for line in head.lower().split(b"\r\n")
+                    if line.startswith(b"content-length:")
+                )
+                body = await reader.readexactly(length)
+                self.requests.append((head, body))
+                data = await self.answer(head, body)
+                if data is None:
+                    break
+                writer.write(data)
+                await writer.drain()
+                if self.close_after_answer:
+                    break
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+
+@asynccontextmanager
+async def listening(peer: Peer, server_ssl: ssl.SSLContext | None = None) -> AsyncIterator[str]:
+    server = await asyncio.start_server(peer.serve, "127.0.0.1", 0, ssl=server_ssl)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        yield f"{'https' if server_ssl else 'http'}://127.0.0.1:{port}{BATCH_PATH}"
+    finally:
+        server.close()
+
+
+async def send(
+    exchange: BatchExchange, url: str, body: bytes = b'{"items":[]}', timeout_s: float = TIMEOUT_S
+) -> tuple[Any, list[Any]]:
+    lines: list[Any] = []
+    refused = await exchange.send("b", url, body, HEADERS, timeout_s, lines.append)
+    return refused, [json.loads(line) for line in lines]
+
+
+def answering(data: bytes) -> Answer:
+    async def answer(head: bytes, body: bytes) -> bytes:
+        return data
+
+    return answer
+
+
+async def test_lines_in_odd_chunks_arrive_whole_over_one_kept_connection() -> None:
+    peer = Peer(answering(ndjson(LINES, cuts=(5, 40, 41, 90))))
+    async with listening(peer) as url:
+        exchange = StreamBatchExchange(ssl_context=None)
+        for _ in range(3):
+            assert await send(exchange, url, b'{"items":[1]}') == (None, LINES)
+        await exchange.close()
+    assert peer.connections == 1
+    head, body = peer.requests[0]
+    assert head.startswith(f"POST {BATCH_PATH} HTTP/1.1\r\n".encode())
+    assert f"{PEER_AUTH_HEADER.lower()}: {SECRET}".encode() in head
+    assert body == b'{"items":[1]}'
+
+
+async def test_a_refusal_is_returned_whole() -> None:
+    error = b'{"error":{"code":"unauthorized"}}'
+    refusal = (
+        b"HTTP/1.1 401 Unauthorized\r\ncontent-type: application/json\r\n"
+        b"Retry-After: 1\r\ncontent-length: %d\r\n\r\n%s" % (len(error), error)
+    )
+    peer = Peer(answering(refusal))
+    async with listening(peer) as url:
+        exchange = StreamBatchExchange(ssl_context=None)
+        refused, lines = await send(exchange, url)
+        assert lines == []
+        assert (refused.status, refused.body) == (401, error)
+        assert refused.headers["retry-after"] == "1"
+        assert await send(exchange, url) == (refused, [])  # the connection was kept
+        await exchange.close()
+    assert peer.connections == 1
+
+
+async def test_connections_closed_while_idle_or_idle_too_long_are_replaced(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    peer = Peer(answering(ndjson(LINES)))
+    async with listening(peer) as url:
+        exchange = StreamBatchExchange(ssl_context=None)
+        peer.close_after_answer = True  # as a peer whose keep-alive timeout passed
+        for _ in range(3):
+            assert await send(exchange, url) == (None, LINES)
+            await asyncio.sleep(0.05)  # the peer's close arrives while idle
+        peer.close_after_answer = False
+        monkeypatch.setattr(forward_exchange, "IDLE_REUSE_S", 0.0)
+        for _ in range(2):
+            assert await send(exchange, url) == (None, LINES)
+        await exchange.close()
+    assert peer.connections == 5
+
+
+async def test_an_answer_cut_short_is_lost_after_the_lines_that_came() -> None:
+    cut = ndjson(LINES)
+    peer = Peer(answering(cut[: cut.index(b"}\n") + 2]))  # the first line, then nothing
+    peer.close_after_answer = True
+    async with listening(peer) as url:
+        exchange = StreamBatchExchange(ssl_context=None)
+        lines: list[bytes] = []
+        with pytest.raises(BatchLost):
+            await exchange.send("b", url, b"{}", HEADERS, TIMEOUT_S, lines.append)
+        assert [json.loads(line) for line in lines] == LINES[:1]
+        peer.answer, peer.close_after_answer = answering(ndjson(LINES)), False
+        assert await send(exchange, url) == (None, LINES)  # the next batch starts clean
+        await exchange.close()
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        b"SSH-2.0-OpenSSH\r\n\r\n",
+        ndjson([{"index": 0, "body": "x" * 300}]),  # a line over the (lowered) bound
+        b"HTTP/1.1 500 Oops\r\ncontent-length: 400\r\n\r\n" + b"e" * 400,  # refusal too long
+        b"HTTP/1.1 200 OK\r\nx-filler: " + b"a" * 20_000 + b"\r\ncontent-length: 2\r\n\r\n{}",
+    ],
+)
+async def test_a_malformed_or_unbounded_answer_is_lost(
+    bad: bytes, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(forward_exchange, "LINE_BYTES_MAX", 200)
+    monkeypatch.setattr(forward_exchange, "REFUSAL_BYTES_MAX", 200)
+    peer = Peer(answering(bad))
+    async with listening(peer) as url:
+        exchange = StreamBatchExchange(ssl_context=None)
+        with pytest.raises(BatchLost):
+            await send(exchange, url)
+        peer.answer = answering(ndjson(LINES))
+        assert await send(exchange, url) == (None, LINES)
+        await exchange.close()
+    assert peer.connections == 2  # never reused after a failure
+
+
+async def test_bytes_after_the_answer_retire_the_connection() -> None:
+    peer = Peer(answering(ndjson(LINES) + b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n"))
+    async with listening(peer) as url:
+        exchange = StreamBatchExchange(ssl_context=None)
+        assert await send(exchange, url) == (None, LINES)
+        peer.answer = answering(ndjson(LINES))
+        assert await send(exchange, url) == (None, LINES)
+        await exchange.close()
+    assert peer.connections == 2
+
+
+async def test_a_peer_that_never_answers_is_lost_at_the_deadline() -> None:
+    async def silent(head: bytes, body: bytes) -> bytes:
+        await asyncio.sleep(3600)
+        return b""
+
+    peer = Peer(silent)
+    async with listening(peer) as url:
+        exchange = StreamBatchExchange(ssl_context=None)
+        with pytest.raises(BatchLost):
+            await send(exchange, url, timeout_s=0.2)
+        await exchange.close()
+
+
+async def test_nothing_sent_to_nobody_or_through_a_black_hole() -> None:
+    exchange = StreamBatchExchange(ssl_context=None)
+    with pytest.raises(BatchNotSent):
+        await send(exchange, "http://127.0.0.1:9" + BATCH_PATH)  # discard: nobody listens
+    peer = Peer(answering(ndjson(LINES)))
+    async with listening(peer) as url:
+        holed = StreamBatchExchange(ssl_context=None, blocked=lambda region: region == "b")
+        with pytest.raises(BatchNotSent):
+            await send(holed, url)
+    assert peer.connections == 0
+
+
+async def test_mutual_tls_with_the_clusters_certificates_only(tmp_path: Path) -> None:
+    ours = issue_cluster_tls(tmp_path / "ours", ["a", "b"], ["127.0.0.1"])
+    theirs = issue_cluster_tls(tmp_path / "theirs", ["a", "b"], ["127.0.0.1"])
+    server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH, cafile=str(ours["b"].ca_file))
+    server.load_cert_chain(str(ours["b"].cert_file), str(ours["b"].key_file))
+    server.verify_mode = ssl.CERT_REQUIRED
+    peer = Peer(answering(ndjson(LINES)))
+    async with listening(peer, server) as url:
+        exchange = StreamBatchExchange(ssl_context=client_ssl_context(ours["a"]))
+        assert await send(exchange, url) == (None, LINES)
+        await exchange.close()
+        stranger = StreamBatchExchange(ssl_context=client_ssl_context(theirs["a"]))
+        with pytest.raises(BatchNotSent):  # the handshake fails: nothing was sent
+            await send(stranger, url)
+        await stranger.close()
+
+
+# --- against a node's real peer listener --------------------------------------------------------
+
+
+@asynccontextmanager
+async def peer_listener() -> AsyncIterator[str]:
+    """A node (fake log) served by uvicorn with the node's own protocol, on loopback."""
+    clock = node_clock()
+    async with AsyncExitStack() as stack:
+        peers = await stack.enter_async_context(httpx.AsyncClient())
+        app = build_node("west", SlowLog("west", clock), peers, clock, cluster(SECRET))
+        limits = ListenerConfig("peer", connections_max=100, header_timeout_s=5.0)
+        config = uvicorn.Config(
+            app, host="127.0.0.1", port=0, http=guarded_protocol(limits), log_config=None
+        )
+        server = uvicorn.Server(config)
+        serving = asyncio.create_task(server.serve())
+        while not server.started:  # noqa: ASYNC110  (uvicorn offers no event to wait on)
+            await asyncio.sleep(0.01)
+        port = server.servers[0].sockets[0].getsockname()[1]
+        try:
+            yield f"http://127.0.0.1:{port}"
+        finally:
+            server.should_exit = True
+            await serving
+
+
+def _item(conversation_id: str, key: str | None, body: Any) -> dict[str, Any]:
+    return {
+        "conversation_id": conversation_id,
+        "authorization": f"Bearer {KEY_A}",
+        "idempotency_key": key,
+        "deadline_ms": 5_000,
+        "body": body if isinstance(body, str) else json.dumps(body),
+    }
+
+
+async def test_both_exchanges_get_the_same_answers_from_a_real_listener() -> None:
+    west = conversation_led_by("west")
+    user = {"type": "message.user", "payload": {"content": "hello"}}
+    batches = [
+        [_item(west, "k1", user), _item(west, "k2", user)],
+        [_item(west, "k1", user), _item(west, "k2", {**user, "expected_seq": 1})],
+        [_item(west, None, "not json"), _item(conversation_led_by("east"), None, user)],
+        [_item(west, "k1", {**user, "payload": {"content": "other"}})],
+    ]
+    answers: dict[str, list[Any]] = {}
+    for name in ("stream", "httpx"):
+        async with peer_listener() as base, httpx.AsyncClient() as client:
+            created = await client.post(
+                base + "/v1/conversations",
+                json={"conversation_id": west},
+                headers={"authorization": f"Bearer {KEY_A}"},
+            )
+            assert created.status_code == 201, created.text
+            exchange: BatchExchange = (
+                StreamBatchExchange(ssl_context=None)
+                if name == "stream"
+                else HttpxBatchExchange(client)
+            )
+            got = []
+            for batch in [*batches, "not a batch"]:
+                body = json.dumps({"items": batch}).encode()
+                refused, lines = await send(exchange, base + BATCH_PATH, body)
+                lines.sort(key=lambda line: line["index"])
+                got.append((refused.status, json.loads(refused.body)) if refused else lines)
+            await exchange.close()
+        answers[name] = got
+    assert answers["stream"] == answers["httpx"]
+    statuses = [[line["status"] for line in batch] for batch in answers["stream"][:4]]
+    assert statuses == [[201, 201], [200, 200], [400, 503], [409]]
+    assert answers["stream"][4][0] == 400  # the batch's own refusal
