@@ -26,7 +26,8 @@ process (its asyncpg client): this machine's speed drifts by tens of percent wit
 the peer brackets the plane, and the best of its measurements is the peer's number
 (``peer_before_after_events_per_s`` shows the drift). The last line is ONE JSON object.
 
-``--py-spy DIR`` records the first region's node with py-spy during the measured runs
+``--py-spy DIR`` records the first region's node (``--py-spy-region 1`` or ``2``: another
+one, a leader of forwarded appends) with py-spy during the measured runs
 (``raw`` collapsed stacks, one file per mode) for profiling; it costs CPU, so numbers from such
 a run are not the benchmark's.
 
@@ -179,9 +180,10 @@ def measure_mode(
     warm = wrk_script(work / f"{name}-warm.lua", targets, plane_info["api_key"], body, f"{name}w")
     run_wrk(warm, url, threads, connections, args.warmup_s)
     script = wrk_script(work / f"{name}.lua", targets, plane_info["api_key"], body, name)
-    spy_out = args.py_spy / f"{name}-{regions[0]['name']}.txt" if args.py_spy else None
+    spied = regions[args.py_spy_region]
+    spy_out = args.py_spy / f"{name}-{spied['name']}.txt" if args.py_spy else None
     before = cpu_snapshot(groups)
-    with py_spy(int(regions[0]["node_pid"]), spy_out):
+    with py_spy(int(spied["node_pid"]), spy_out):
         summary = run_wrk(script, url, threads, connections, args.seconds)
     used = cpu_used(before, groups)
     statuses = append_statuses(plane_info)
@@ -320,6 +322,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--peer-pool-max", type=int, default=80, help="server max_connections=100")
     p.add_argument("--no-peer", action="store_true", help="skip the peer (profiling runs)")
     p.add_argument("--py-spy", type=Path, help="record the first node with py-spy into DIR")
+    p.add_argument("--py-spy-region", type=int, default=0, choices=(0, 1, 2),
+                   help="record this region's node instead (0: the any-region entry node)")  # fmt: skip
     return p.parse_args(argv)
 
 

@@ -134,8 +134,13 @@ async def _run_items(
         for i, item in enumerate(batch.items)
     ]
     try:
-        for _ in tasks:
-            yield await answers.get()
+        unanswered = len(tasks)
+        while unanswered:
+            lines = [await answers.get()]
+            while not answers.empty():  # answered in the same group commit: one chunk
+                lines.append(answers.get_nowait())
+            unanswered -= len(lines)
+            yield b"".join(lines)
     finally:
         for task in tasks:  # the entry node went away: like a client that hung up
             task.cancel()
