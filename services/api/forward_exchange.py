@@ -245,7 +245,7 @@ class StreamBatchExchange:
         self._ssl = ssl_context
         self._blocked = blocked
         self._idle_max = idle_max
-        self._targets: dict[str, _Target] = {}
+        self._targets: dict[tuple[str, ...], _Target] = {}  # by URL and headers
         self._idle: dict[str, list[_Connection]] = {}
         self._open: set[_Connection] = set()
 
@@ -283,7 +283,8 @@ class StreamBatchExchange:
         self._idle.clear()
 
     def _target(self, url: str, headers: Mapping[str, str]) -> _Target:
-        target = self._targets.get(url)
+        key = (url, *(f"{name}: {value}" for name, value in headers.items()))
+        target = self._targets.get(key)
         if target is None:
             parts = urlsplit(url)
             tls = parts.scheme == "https"
@@ -293,7 +294,7 @@ class StreamBatchExchange:
             lines = [f"POST {parts.path or '/'} HTTP/1.1", f"host: {authority}"]
             lines += [f"{name.lower()}: {value}" for name, value in headers.items()]
             head = ("\r\n".join(lines) + "\r\n").encode("latin-1")
-            target = self._targets[url] = _Target(host, port, tls, head)
+            target = self._targets[key] = _Target(host, port, tls, head)
         return target
 
     def _kept(self, region: str) -> _Connection | None:
