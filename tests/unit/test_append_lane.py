@@ -138,17 +138,21 @@ def _comparable(answer: WireResponse) -> tuple[int, list[str], dict[str, str], A
     return answer.status, answer.header_names, answer.headers, body
 
 
-async def test_the_lane_answers_every_request_as_the_app_does(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    served = []
+@pytest.fixture
+def served(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The conversation ids of the appends the lane serves, in order."""
+    ids: list[str] = []
     original = append_lane.AppendLane.serve
 
     async def counted(self: append_lane.AppendLane, prepared: Any, respond: Any) -> None:
-        served.append(prepared.request.conversation_id)
+        ids.append(prepared.request.conversation_id)
         await original(self, prepared, respond)
 
     monkeypatch.setattr(append_lane.AppendLane, "serve", counted)
+    return ids
+
+
+async def test_the_lane_answers_every_request_as_the_app_does(served: list[str]) -> None:
     async with plane() as by_lane, plane() as by_app:
         by_app.west.state.append_lane.close()  # the forward's leader serves it by its app
         laned = await play(by_lane.east, split_body=False)
@@ -253,18 +257,12 @@ async def test_a_client_gone_before_its_answer_gets_none_and_leaks_nothing() -> 
 
 
 async def test_a_request_arriving_while_the_lanes_answer_is_pending_waits_its_turn(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, served: list[str]
 ) -> None:
     """HTTP/1.1 pipelining across packets: a second request arrives, in a later write, while
     the lane still serves the first. It goes the app's way, after the first, and the answers
     leave in the order the requests came."""
     gate = asyncio.Event()
-    served = []
-    original = append_lane.AppendLane.serve
-
-    async def counted(self: append_lane.AppendLane, prepared: Any, respond: Any) -> None:
-        served.append(prepared.request.conversation_id)
-        await original(self, prepared, respond)
 
     async def stalled(self: SlowLog) -> None:
         self.entered += 1
@@ -274,7 +272,6 @@ async def test_a_request_arriving_while_the_lanes_answer_is_pending_waits_its_tu
         connection = WireConnection(p.east)
         await connection.exchange(create(EAST_CONV))
         monkeypatch.setattr(SlowLog, "_maybe_stall", stalled)
-        monkeypatch.setattr(append_lane.AppendLane, "serve", counted)
         connection.protocol.data_received(append(EAST_CONV, USER, extra={"idempotency-key": "1"}))
         for _ in range(200):
             await asyncio.sleep(0)
@@ -374,16 +371,8 @@ async def play_forwarded(app: FastAPI) -> list[Any]:
 
 
 async def test_the_leaders_lane_answers_forwarded_appends_as_its_app_does(
-    monkeypatch: pytest.MonkeyPatch,
+    served: list[str],
 ) -> None:
-    served = []
-    original = append_lane.AppendLane.serve
-
-    async def counted(self: append_lane.AppendLane, prepared: Any, respond: Any) -> None:
-        served.append(prepared.request.conversation_id)
-        await original(self, prepared, respond)
-
-    monkeypatch.setattr(append_lane.AppendLane, "serve", counted)
     async with plane() as by_lane, plane() as by_app:
         by_app.west.state.append_lane.close()  # every item through the app
         laned = await play_forwarded(by_lane.west)
