@@ -31,9 +31,9 @@ The leader of a forward batch (``services.api.forward_batch``) hands its items t
 admission is the forward's, its ``NotLeader`` is not forwarded again, the console does not count
 it: it entered another node), and what the lane does not take goes through the app.
 
-``tests/unit/test_append_lane.py`` sends the same requests, and the same forwarded items, through
-the lane and through the app and compares the answers. The lane is off while tracing is on (the FastAPI instrumentation makes
-each request's span) and on the peer listener.
+``tests/unit/test_append_lane.py`` sends the same requests, and the same forwarded items,
+through the lane and through the app and compares the answers. The lane is off while tracing is
+on (the FastAPI instrumentation makes each request's span) and on the peer listener.
 
 Where the two differ, on purpose or by a hair: a client that does not take its answer within
 ``send_timeout_s`` loses its connection with nothing written (on the app's path the edge counts
@@ -74,7 +74,6 @@ log = logging.getLogger("convplane.append_lane")
 Headers = list[tuple[bytes, bytes]]
 #: the append path as the client sent it: an id of the characters ids may hold (no escapes)
 _APPEND_URL = re.compile(rb"^/v1/conversations/([A-Za-z0-9._:-]+)/events$")
-_CONVERSATION_ID = re.compile(r"[A-Za-z0-9._:-]+")
 #: request headers that some layer of the app treats specially: such a request takes the app
 _DECLINED_HEADERS = frozenset(
     {b"origin", b"transfer-encoding", b"expect", b"upgrade", b"x-convplane-forwarded",
@@ -101,6 +100,9 @@ class LaneRequest:
     content_length: int
     idempotency_keys: list[bytes]
     keep_alive: bool
+    #: an item of a forward batch (``serve_forwarded``); ``eligible`` declines a client's
+    #: request that says it is a forward
+    forwarded: bool = False
     body: bytearray = field(default_factory=bytearray)
 
 
@@ -260,12 +262,16 @@ class AppendLane:
         serves it (the lane is closed, or a check would refuse it)."""
         if self._api is None or len(body) > self._max_body_bytes:
             return None
-        if _CONVERSATION_ID.fullmatch(conversation_id) is None:
-            return None
         pending = LaneRequest(
-            scope, conversation_id, authorization, len(body), idempotency_keys, True
+            scope=scope,
+            conversation_id=conversation_id,  # checked by prepare, as a client's
+            authorization=authorization,
+            content_length=len(body),
+            idempotency_keys=idempotency_keys,
+            keep_alive=True,
+            forwarded=True,
+            body=bytearray(body),
         )
-        pending.body += body
         try:
             prepared = self.prepare(pending)
         except Exception:  # a bug in the lane: the app serves it, as on the listener
@@ -290,7 +296,7 @@ class AppendLane:
         status = answered = 500
         entry = None
         template = self._template
-        entering = not _forwarded(prepared.request.scope)  # the console counts these only
+        entering = not prepared.request.forwarded  # the console counts these only
         try:
             try:
                 entry = await self._admit(prepared.request.scope)
@@ -333,7 +339,8 @@ class AppendLane:
             Request(scope, _replaying(prepared.body)),
             prepared.tenant,
             scope[DEADLINE_SCOPE_KEY],
-            forwarded=_forwarded(scope),  # admission kept the header on a trusted forward only
+            # admission kept the forward's header on a trusted forward only
+            forwarded=request.forwarded and _forwarded(scope),
         )
         bind_request(ctx)  # log lines of this request carry its fields (services.logs)
         try:
@@ -370,7 +377,7 @@ class AppendLane:
 
 
 def _forwarded(scope: MutableMapping[str, Any]) -> bool:
-    """Whether the request is a forward (``eligible`` declines a client's that says so)."""
+    """Whether the request's headers (after admission) still say it is a forward."""
     return any(k == FORWARDED_HEADER_RAW for k, _ in scope["headers"])
 
 

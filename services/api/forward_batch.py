@@ -155,17 +155,19 @@ async def _run_item(
 ) -> None:
     # a body that is no JSON text (lone surrogates included) gets the app's own 400
     body = item.body.encode(errors="surrogatepass")
+    authorization = item.authorization.encode("latin-1", "replace")
+    idempotency_key = (
+        None if item.idempotency_key is None else item.idempotency_key.encode("latin-1", "replace")
+    )
     headers = [
-        (b"authorization", item.authorization.encode("latin-1", "replace")),
+        (b"authorization", authorization),
         (b"content-type", b"application/json"),
         (b"content-length", str(len(body)).encode()),
         (FORWARDED_HEADER.lower().encode(), b"1"),
         (DEADLINE_HEADER.lower().encode(), str(item.deadline_ms).encode()),
     ]
-    if item.idempotency_key is not None:
-        headers.append(
-            (IDEMPOTENCY_KEY_HEADER_RAW, item.idempotency_key.encode("latin-1", "replace"))
-        )
+    if idempotency_key is not None:
+        headers.append((IDEMPOTENCY_KEY_HEADER_RAW, idempotency_key))
     if secret is not None:
         headers.append((PEER_AUTH_HEADER.lower().encode(), secret.encode()))
     path = f"/v1/conversations/{item.conversation_id}/events"
@@ -186,8 +188,8 @@ async def _run_item(
         served = await lane.serve_forwarded(
             scope,
             item.conversation_id,
-            headers[0][1].decode("latin-1"),  # as the app would read it
-            [v for k, v in headers if k == IDEMPOTENCY_KEY_HEADER_RAW],
+            authorization.decode("latin-1"),  # as the app reads the header
+            [idempotency_key] if idempotency_key is not None else [],
             body,
         )
         if served is not None:

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import asyncio
 import random
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -135,38 +137,53 @@ async def test_set_based_append_matches_the_loop(pg_databases: list[str]) -> Non
     assert fast_groups > 20, fast_groups
 
 
+NODE_ROLE, NODE_PASSWORD = "convplane_node_migration_test", "migration-test-password-0123456789"
+FUNCTION_SETTINGS = "SELECT prosecdef, proconfig FROM pg_proc WHERE proname = 'convplane_append'"
+
+
+@asynccontextmanager
+async def restricted_then_upgraded(dsn: str) -> AsyncIterator[asyncpg.Connection]:
+    """A database at 0003 restricted to the protocol (``services.db_roles``, with a node role)
+    and then upgraded to the newest migration; its owner's connection. The role is dropped
+    after."""
+    await migrate(dsn, "0003")
+    await restrict_to_protocol(asyncpg_dsn(dsn), {NODE_ROLE: NODE_PASSWORD})
+    await migrate(dsn)
+    owner = await asyncpg.connect(asyncpg_dsn(dsn))
+    try:
+        yield owner
+    finally:
+        await owner.execute(f"DROP OWNED BY {NODE_ROLE}")
+        await owner.execute(f"DROP ROLE {NODE_ROLE}")
+        await owner.close()
+
+
+async def _node_appends_only_through_the_function(dsn: str, lsn: int) -> None:
+    """The node role appends entry ``lsn`` of shard 3 through ``convplane_append`` and may not
+    touch the tables itself."""
+    parts = urlsplit(asyncpg_dsn(dsn))
+    netloc = f"{NODE_ROLE}:{NODE_PASSWORD}@{parts.hostname}:{parts.port}"
+    node = await asyncpg.connect(parts._replace(netloc=netloc).geturl())
+    try:
+        entry = LogEntry(lsn, 1, "t", "c", lsn, "note", None, None, 1, 0, "{}")
+        request = AppendRequest(3, 1, lsn - 1, 1 if lsn > 1 else 0, (entry,), lsn - 1)
+        assert await _rows(node, [request]) == [(0, 0, lsn)]
+        with pytest.raises(asyncpg.InsufficientPrivilegeError):
+            await node.execute("DELETE FROM entries")
+    finally:
+        await node.close()
+
+
 async def test_upgrade_keeps_the_node_roles_restrictions(pg_databases: list[str]) -> None:
     """A database restricted to the protocol (``services.db_roles``) at 0003 and upgraded to the
     set-based function still runs it as its owner, with the pinned search_path, and a node's
     role can still append through it (and only through it)."""
-    dsn = pg_databases[0]
-    await migrate(dsn, "0003")
-    role, password = "convplane_node_upgrade_test", "upgrade-test-password-0123456789"
-    await restrict_to_protocol(asyncpg_dsn(dsn), {role: password})
-    await migrate(dsn)
-    owner = await asyncpg.connect(asyncpg_dsn(dsn))
-    try:
-        definer, config = await owner.fetchrow(
-            "SELECT prosecdef, proconfig FROM pg_proc WHERE proname = 'convplane_append'"
-        )
+    async with restricted_then_upgraded(pg_databases[0]) as owner:
+        definer, config = await owner.fetchrow(FUNCTION_SETTINGS)
         assert definer
         assert "search_path=public, pg_temp" in config
         assert "plan_cache_mode=force_generic_plan" in config
-        parts = urlsplit(asyncpg_dsn(dsn))
-        netloc = f"{role}:{password}@{parts.hostname}:{parts.port}"
-        node = await asyncpg.connect(parts._replace(netloc=netloc).geturl())
-        try:
-            entry = LogEntry(1, 1, "t", "c", 1, "note", None, None, 1, 0, "{}")
-            rows = await _rows(node, [AppendRequest(3, 1, 0, 0, (entry,), 0)])
-            assert rows == [(0, 0, 1)]
-            with pytest.raises(asyncpg.InsufficientPrivilegeError):
-                await node.execute("DELETE FROM entries")
-        finally:
-            await node.close()
-    finally:
-        await owner.execute(f"DROP OWNED BY {role}")
-        await owner.execute(f"DROP ROLE {role}")
-        await owner.close()
+        await _node_appends_only_through_the_function(pg_databases[0], 1)
 
 
 async def test_concurrent_groups_on_new_and_shared_shards(pg_databases: list[str]) -> None:
@@ -209,14 +226,10 @@ async def test_concurrent_groups_on_new_and_shared_shards(pg_databases: list[str
 async def test_downgrade_restores_the_loop_and_keeps_the_restrictions(
     pg_databases: list[str],
 ) -> None:
-    """0004's downgrade puts 0001's loop back (answering as before), keeps what
-    ``services.db_roles`` set on the function, and the upgrade after it works again."""
+    """0004's downgrade puts 0001's loop back, keeps what ``services.db_roles`` set on the
+    function (the node role still appends through it, and only through it), and the upgrade
+    after it works again."""
     dsn = pg_databases[0]
-    await migrate(dsn, "0003")
-    role, password = "convplane_node_downgrade_test", "downgrade-test-password-0123456789"
-    await restrict_to_protocol(asyncpg_dsn(dsn), {role: password})
-    await migrate(dsn)
-    owner = await asyncpg.connect(asyncpg_dsn(dsn))
     source = "SELECT prosrc FROM pg_proc WHERE proname = 'convplane_append'"
     reference = await asyncpg.connect(asyncpg_dsn(pg_databases[1]))
     try:
@@ -224,25 +237,17 @@ async def test_downgrade_restores_the_loop_and_keeps_the_restrictions(
         loop = await reference.fetchval(source)
     finally:
         await reference.close()
-    try:
+    async with restricted_then_upgraded(dsn) as owner:
         set_based = await owner.fetchval(source)
         assert set_based != loop
         await _alembic_downgrade(dsn, "0003")
         assert await owner.fetchval(source) == loop
-        definer, config = await owner.fetchrow(
-            "SELECT prosecdef, proconfig FROM pg_proc WHERE proname = 'convplane_append'"
-        )
+        definer, config = await owner.fetchrow(FUNCTION_SETTINGS)
         assert definer and "search_path=public, pg_temp" in config
-        entry = LogEntry(1, 1, "t", "c", 1, "note", None, None, 1, 0, "{}")
-        assert await _rows(owner, [AppendRequest(3, 1, 0, 0, (entry,), 0)]) == [(0, 0, 1)]
+        await _node_appends_only_through_the_function(dsn, 1)
         await migrate(dsn)
         assert await owner.fetchval(source) == set_based
-        second = LogEntry(2, 1, "t", "c", 2, "note", None, None, 1, 0, "{}")
-        assert await _rows(owner, [AppendRequest(3, 1, 1, 1, (second,), 1)]) == [(0, 0, 2)]
-    finally:
-        await owner.execute(f"DROP OWNED BY {role}")
-        await owner.execute(f"DROP ROLE {role}")
-        await owner.close()
+        await _node_appends_only_through_the_function(dsn, 2)
 
 
 async def _alembic_downgrade(dsn: str, revision: str) -> None:

@@ -17,8 +17,9 @@ repeated shard runs wholly through the loop, in arrival order.
 
 Same signature, same reply rows (``o_index``, ``o_kind``, ``o_value``; kinds as in 0001), same
 locking (missing shard rows created before any lock is taken, then every shard row of the group
-locked in shard order, so concurrent leaders cannot deadlock). ``tests/integration/test_pg_append_function.py`` holds it to 0001's loop on random
-groups, and ``bench/pg_groups.py`` measures both in one run.
+locked in shard order, so concurrent leaders cannot deadlock).
+``tests/integration/test_pg_append_function.py`` holds it to 0001's loop on random groups, and
+``bench/pg_groups.py`` measures both in one run.
 
 The function plans its statements once per session (``plan_cache_mode =
 force_generic_plan``): left to choose, PostgreSQL re-planned the array-driven statements on every
