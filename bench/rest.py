@@ -99,9 +99,11 @@ function done(summary, latency, requests)
   local e = summary.errors
   io.write(string.format(
     '{"requests": %d, "duration_us": %d, "non_2xx": %d, "connect_errors": %d, ' ..
-    '"read_errors": %d, "write_errors": %d, "timeouts": %d, "p50_us": %d, "p99_us": %d}\\n',
+    '"read_errors": %d, "write_errors": %d, "timeouts": %d, "p50_us": %d, "p90_us": %d, ' ..
+    '"p99_us": %d, "p999_us": %d, "max_us": %d}\\n',
     summary.requests, summary.duration, e.status, e.connect, e.read, e.write, e.timeout,
-    latency:percentile(50), latency:percentile(99)))
+    latency:percentile(50), latency:percentile(90), latency:percentile(99),
+    latency:percentile(99.9), latency.max))
 end
 """
 
@@ -193,6 +195,9 @@ def measure_mode(
         "events_per_s": round(acked / seconds, 1),
         "ack_p50_ms": round(summary["p50_us"] / 1000, 2),
         "ack_p99_ms": round(summary["p99_us"] / 1000, 2),
+        "ack_p90_p999_max_ms": [
+            round(summary[k] / 1000, 1) for k in ("p90_us", "p999_us", "max_us")
+        ],
         "non_2xx": summary["non_2xx"],
         "socket_errors": sum(
             summary[k] for k in ("connect_errors", "read_errors", "write_errors", "timeouts")
