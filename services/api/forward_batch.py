@@ -23,9 +23,12 @@ shard must not stall every append to its region), and at most ``forward_batches_
 batches are open per peer, stragglers included.
 
 Outcomes are the single forward's (``services.api.forwarding``): an item's deadline bounds its
-wait; a batch that could not be sent (connection refused) is retried under the same budget; a
-batch lost after it was sent, or an item whose answer did not arrive, is ``outcome_unknown``;
-the batch's own refusal (the leader's peer admission, its 401) is every item's answer.
+wait; a batch that could not be sent (no connection: refused, failed, or not made in time) is
+retried under the same budget; an item whose deadline passed while nothing of it had left (still
+queued, or only attempts that made no connection) is 504 ``deadline_exceeded``: it was not
+applied, and it is withdrawn from its batch; a batch lost after it was sent, or an item whose
+answer did not arrive, is ``outcome_unknown``; the batch's own refusal (the leader's peer
+admission, its 401) is every item's answer.
 """
 
 from __future__ import annotations
@@ -46,7 +49,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StringConstr
 
 from eventlog.backoff import Backoff
 from eventlog.clock import Clock
-from eventlog.errors import ConvplaneError, Overloaded, Unauthorized
+from eventlog.errors import ConvplaneError, DeadlineExceeded, Overloaded, Unauthorized
 from eventlog.http_headers import (
     DEADLINE_HEADER,
     FORWARDED_HEADER,
@@ -236,6 +239,9 @@ class _Item:
     encoded: bytes  # the item's JSON, deadline_ms filled in when its batch leaves
     deadline_s: float
     answer: asyncio.Future[Response]
+    #: an attempt to send its batch is under way or may have reached the leader; False while
+    #: it waits in the queue and after attempts that left nothing (``BatchNotSent``)
+    may_have_left: bool = False
 
 
 @dataclass
@@ -326,6 +332,9 @@ class AppendBatcher:
                 return await asyncio.shield(answer)
         except TimeoutError:
             self._count(target_region, "timeout")
+            if not item.may_have_left:
+                item.answer.cancel()  # withdrawn: no later attempt of its batch carries it
+                raise _not_forwarded_in_time(target_region) from None
             raise OutcomeUnknown(_unknown(target_region)) from None
 
     async def close(self) -> None:
@@ -402,28 +411,36 @@ class AppendBatcher:
         limits = self._limits
         backoff = Backoff(limits.backoff_s, limits.backoff_s * 2**limits.retries_max, self._rng)
         for attempt in range(limits.retries_max + 1):
-            now_s = self._clock.monotonic()
-            remaining_s = max(item.deadline_s for item in items) - now_s
-            if remaining_s <= 0:
+            # an item answered meanwhile (its caller told "not applied") must never leave
+            live = [item for item in items if not item.answer.done()]
+            if not live:
                 return
+            now_s = self._clock.monotonic()
+            remaining_s = max(item.deadline_s for item in live) - now_s
+            if remaining_s <= 0:  # every attempt so far left nothing: none of it was applied
+                raise _not_forwarded_in_time(target_region)
             body = (
                 b'{"items":['
                 + b",".join(
                     _with_deadline(item, max(1, int((item.deadline_s - now_s) * 1000)))
-                    for item in items
+                    for item in live
                 )
                 + b"]}"
             )
             headers = {"content-type": "application/json"}
             if self._peer_secret is not None:
                 headers[PEER_AUTH_HEADER] = self._peer_secret
+            for item in live:
+                item.may_have_left = True
             try:
                 await self._while_reachable(
                     target_region, self._post(target_region, base_url + BATCH_PATH, body, headers,
-                                              items, remaining_s),
+                                              live, remaining_s),
                 )  # fmt: skip
                 return
             except BatchNotSent as exc:  # nothing was sent: safe to try again
+                for item in live:
+                    item.may_have_left = False
                 self._count(target_region, "connect_error")
                 if attempt == limits.retries_max:
                     raise ForwardFailed(f"leader region {target_region} unreachable") from exc
@@ -470,6 +487,13 @@ def _unknown(target_region: str) -> str:
     return (
         f"the append was forwarded to {target_region} and its outcome is unknown; retrying with "
         "the same Idempotency-Key is safe"
+    )
+
+
+def _not_forwarded_in_time(target_region: str) -> DeadlineExceeded:
+    return DeadlineExceeded(
+        f"the deadline passed before the append could be forwarded to {target_region}; it was "
+        "not applied"
     )
 
 

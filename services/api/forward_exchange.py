@@ -14,11 +14,12 @@ and its line iterator).
 peers are in-process ASGI apps (the unit tests' planes), which no socket reaches.
 
 Outcomes, for the batcher: ``BatchNotSent`` when nothing of the batch left this node (no
-connection could be made, or a drill's black-hole drops calls to the region): safe to send
-again. ``BatchLost`` when it left and its answer did not come back whole (the connection broke,
-the answer was malformed or too long, the time ran out): what was not answered is unknown.
-Otherwise the answer lines went to ``on_line`` as they arrived and ``send`` returns None, or the
-batch's own refusal (any other status or content type) is returned whole.
+connection could be made: refused, failed, or not made in time; or a drill's black-hole drops
+calls to the region): safe to send again. ``BatchLost`` when it left and its answer did not
+come back whole (the connection broke, the answer was malformed or too long, the time ran out):
+what was not answered is unknown. Otherwise the answer lines went to ``on_line`` as they arrived
+and ``send`` returns None, or the batch's own refusal (any other status or content type) is
+returned whole.
 
 Bounds: an answer's head ``HEAD_BYTES_MAX``, an answer line ``LINE_BYTES_MAX``, a refusal's body
 ``REFUSAL_BYTES_MAX``, kept connections ``idle_max`` per region, a connection reused only while
@@ -129,8 +130,8 @@ class HttpxBatchExchange:
                     if line:
                         on_line(line.encode())
                 return None
-        except httpx.ConnectError as exc:  # nothing was sent
-            raise BatchNotSent(f"{region}: {exc}") from exc
+        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:  # nothing was sent
+            raise BatchNotSent(f"{region}: {exc!r}") from exc
         except httpx.HTTPError as exc:
             raise BatchLost(f"{region}: {exc!r}") from exc
 
@@ -262,16 +263,20 @@ class StreamBatchExchange:
             raise BatchNotSent(f"{region} is black-holed by a drill")
         target = self._target(url, headers)
         request = target.head + b"content-length: %d\r\n\r\n" % len(body) + body
+        sent = False  # whether any byte of the request may have left
         try:
             async with asyncio.timeout(timeout_s):
                 connection = self._kept(region) or await self._connect(region, target)
                 try:
+                    sent = True
                     connection.writer.write(request)
                     refused = await self._read(region, connection, on_line)
                 except BaseException:
                     self._discard(connection)
                     raise
         except TimeoutError as exc:
+            if not sent:  # the connection (its TCP or TLS handshake) did not come in time
+                raise BatchNotSent(f"{region}: no connection within {timeout_s:.3f} s") from exc
             raise BatchLost(f"{region}: no whole answer within {timeout_s:.3f} s") from exc
         except (OSError, httptools.HttpParserError, UnicodeDecodeError) as exc:
             raise BatchLost(f"{region}: {exc!r}") from exc

@@ -3,8 +3,8 @@ loopback sockets: against a node's real peer listener (uvicorn with the node's p
 app), where it must answer exactly what the httpx exchange answers; and against a hand-written
 peer that answers well and badly: NDJSON in odd chunks, kept-alive connections, a connection the
 peer closed while idle or let sit too long, a refusal, an answer cut short, one that never
-comes, one too long, bytes after the answer, nobody listening, a drill's black-hole, and mutual
-TLS with the cluster's certificates (and with a stranger's)."""
+comes, one too long, bytes after the answer, nobody listening, a TLS handshake never answered,
+a drill's black-hole, and mutual TLS with the cluster's certificates (and with a stranger's)."""
 
 from __future__ import annotations
 
@@ -242,6 +242,30 @@ async def test_nothing_sent_to_nobody_or_through_a_black_hole() -> None:
         with pytest.raises(BatchNotSent):
             await send(holed, url)
     assert peer.connections == 0
+
+
+async def test_a_handshake_that_never_ends_sent_nothing(tmp_path: Path) -> None:
+    """A peer that takes the TCP connection and never answers the TLS handshake: the time ran
+    out before any byte of the batch left, so the batch was not sent (safe to send again)."""
+    received = bytearray()
+
+    async def mute(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while chunk := await reader.read(4096):
+            received.extend(chunk)  # the client's hello, and nothing more ever comes
+        writer.close()
+
+    tls = issue_cluster_tls(tmp_path / "tls", ["a", "b"], ["127.0.0.1"])
+    server = await asyncio.start_server(mute, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    exchange = StreamBatchExchange(ssl_context=client_ssl_context(tls["a"]))
+    try:
+        with pytest.raises(BatchNotSent):
+            await send(exchange, f"https://127.0.0.1:{port}{BATCH_PATH}", timeout_s=0.3)
+    finally:
+        await exchange.close()
+        server.close()
+    assert received  # the connection was made: only its handshake never finished
+    assert b"POST" not in received and BATCH_PATH.encode() not in received
 
 
 async def test_mutual_tls_with_the_clusters_certificates_only(tmp_path: Path) -> None:

@@ -65,8 +65,9 @@ def _app(region: str, log: FakeLog, peers: httpx.AsyncClient, **limits: object) 
     return create_app(settings, runtime_factory=runtime)
 
 
-@pytest.fixture
-async def nodes() -> AsyncIterator[Nodes]:
+@asynccontextmanager
+async def two_nodes(**settings: object) -> AsyncIterator[Nodes]:
+    """East and west, each led shard's appends forwarded in batches to its leader."""
     routing = CountingRouting()
     async with AsyncExitStack() as stack:
         peers = await stack.enter_async_context(httpx.AsyncClient(transport=routing))
@@ -75,6 +76,7 @@ async def nodes() -> AsyncIterator[Nodes]:
             "forward_batches_in_flight_max": 1,
             "forward_batch_max": 8,
             "forward_batch_straggler_s": 0.05,
+            **settings,
         }
         apps = {
             "east.test": _app("east", FakeLog("east", leaders()), peers, **limits),
@@ -91,6 +93,12 @@ async def nodes() -> AsyncIterator[Nodes]:
                 )
             )
         yield Nodes(clients[0], clients[1], west_log, routing)
+
+
+@pytest.fixture
+async def nodes() -> AsyncIterator[Nodes]:
+    async with two_nodes() as both:
+        yield both
 
 
 async def _create(nodes: Nodes, conversation_id: str) -> None:
@@ -192,6 +200,96 @@ async def test_an_unreachable_leader_fails_every_item_as_forward_failed(nodes: N
                               headers=AUTH_A)  # fmt: skip
     assert (r.status_code, r.json()["error"]["code"]) == (503, "forward_failed")
     assert r.headers["x-convplane-served-by"] == "east"
+
+
+def _connections_time_out(routing: CountingRouting, host: str) -> list[float]:
+    """Every connection to ``host`` fails as one not made in time; returns when each was tried."""
+    tried: list[float] = []
+
+    async def connect_times_out(request: httpx.Request) -> httpx.Response:
+        tried.append(asyncio.get_running_loop().time())
+        raise httpx.ConnectTimeout("no connection in time", request=request)
+
+    routing.apps[host] = httpx.MockTransport(connect_times_out)  # type: ignore[assignment]
+    return tried
+
+
+async def test_a_leader_never_connected_to_is_forward_failed(nodes: Nodes) -> None:
+    """A connection that timed out never carried the batch: it is retried like a refused one,
+    and the answer is 503 ``forward_failed`` (not applied), not ``outcome_unknown``."""
+    cid = conversation_led_by("west")
+    await _create(nodes, cid)
+    west = nodes.routing.apps["west.test"]
+    tried = _connections_time_out(nodes.routing, "west.test")
+    r = await nodes.east.post(f"/v1/conversations/{cid}/events", json={"type": "note"},
+                              headers=AUTH_A)  # fmt: skip
+    assert (r.status_code, r.json()["error"]["code"]) == (503, "forward_failed"), r.text
+    assert len(tried) == 2  # the first attempt and forward_retries_max (1) more
+    nodes.routing.apps["west.test"] = west
+    r = await nodes.east.post(f"/v1/conversations/{cid}/events", json={"type": "note"},
+                              headers=AUTH_A)  # fmt: skip
+    assert (r.status_code, r.json()["seq"]) == (201, 1)  # nothing of the first was applied
+
+
+async def test_a_deadline_passing_before_anything_left_is_deadline_exceeded() -> None:
+    """Its deadline passed while every attempt so far made no connection: 504
+    ``deadline_exceeded`` (not applied), and no later attempt of the batch carries it."""
+    async with two_nodes(forward_retries_max=5, forward_backoff_s=5.0) as nodes:
+        cid = conversation_led_by("west")
+        await _create(nodes, cid)
+        west = nodes.routing.apps["west.test"]
+        tried = _connections_time_out(nodes.routing, "west.test")
+        r = await nodes.east.post(f"/v1/conversations/{cid}/events", json={"type": "note"},
+                                  headers={**AUTH_A, "X-Convplane-Deadline-Ms": "200"})  # fmt: skip
+        assert (r.status_code, r.json()["error"]["code"]) == (504, "deadline_exceeded"), r.text
+        assert "not applied" in r.json()["error"]["message"]
+        assert len(tried) == 1  # the backoff (5 s) outlasted the deadline
+        nodes.routing.apps["west.test"] = west
+        await asyncio.sleep(0.05)  # a batch still holding it would try again now
+        assert len(tried) == 1
+        r = await nodes.east.post(f"/v1/conversations/{cid}/events", json={"type": "note"},
+                                  headers=AUTH_A)  # fmt: skip
+        assert (r.status_code, r.json()["seq"]) == (201, 1)
+
+
+async def test_an_item_answered_not_applied_never_leaves_with_its_batch() -> None:
+    """Two items share a batch whose connections time out; the first one's deadline passes
+    during the backoff (504, not applied), and the batch's next attempt carries only the
+    other: the leader never sees the first."""
+    async with two_nodes(forward_retries_max=5, forward_backoff_s=2.0) as nodes:
+        first, short, long = (conversation_led_by("west", prefix=p) for p in ("x", "a", "b"))
+        for cid in (first, short, long):
+            await _create(nodes, cid)
+        west = nodes.routing.apps["west.test"]
+        tried = _connections_time_out(nodes.routing, "west.test")
+
+        async def append(cid: str, deadline_ms: int, after_s: float) -> httpx.Response:
+            await asyncio.sleep(after_s)
+            return await nodes.east.post(
+                f"/v1/conversations/{cid}/events", json={"type": "note"},
+                headers={**AUTH_A, "X-Convplane-Deadline-Ms": str(deadline_ms)},
+            )  # fmt: skip
+
+        async def restore_west(after_s: float) -> None:
+            await asyncio.sleep(after_s)
+            nodes.routing.apps["west.test"] = west
+
+        # the first batch ([first]) waits out its backoff; after the straggler time (50 ms)
+        # the second ([short, long]) leaves, fails too, and waits its own backoff (>= 1 s)
+        answers = await asyncio.gather(
+            append(first, 60_000, 0.0),
+            append(short, 200, 0.01),
+            append(long, 60_000, 0.01),
+            restore_west(0.5),
+        )
+        r_first, r_short, r_long = answers[:3]
+        assert len(tried) == 2  # two batches, one failed attempt each
+        assert (r_short.status_code, r_short.json()["error"]["code"]) == (504, "deadline_exceeded")
+        assert (r_first.status_code, r_first.json()["seq"]) == (201, 1)
+        assert (r_long.status_code, r_long.json()["seq"]) == (201, 1)
+        r = await nodes.east.post(f"/v1/conversations/{short}/events", json={"type": "note"},
+                                  headers=AUTH_A)  # fmt: skip
+        assert (r.status_code, r.json()["seq"]) == (201, 1)  # the withdrawn item never landed
 
 
 async def test_a_batch_waiting_on_a_slow_item_does_not_hold_the_next_one(nodes: Nodes) -> None:
