@@ -31,6 +31,9 @@ one, a leader of forwarded appends) with py-spy during the measured runs
 (``raw`` collapsed stacks, one file per mode) for profiling; it costs CPU, so numbers from such
 a run are not the benchmark's.
 
+``--cpus N`` pins everything (plane, peer, their clients, wrk) to the first N CPUs: how each
+side's throughput grows with cores (``--cpus 1`` against the default, all of them).
+
 Every process started here is stopped on exit, also on Ctrl-C or SIGTERM.
 """
 
@@ -326,6 +329,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--shards", type=int, default=64)
     p.add_argument("--peer-pool-max", type=int, default=80, help="server max_connections=100")
     p.add_argument("--no-peer", action="store_true", help="skip the peer (profiling runs)")
+    p.add_argument("--cpus", type=int, default=0,
+                   help="run everything (plane, peer, wrk) on the first N CPUs (0: all)")  # fmt: skip
     p.add_argument("--py-spy", type=Path, help="record the first node with py-spy into DIR")
     p.add_argument("--py-spy-region", type=int, default=0, choices=(0, 1, 2),
                    help="record this region's node instead (0: the any-region entry node)")  # fmt: skip
@@ -342,6 +347,12 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit("wrk is not installed (Debian: apt-get install -y wrk)")
     signal.signal(signal.SIGTERM, _interrupt)
     signal.signal(signal.SIGINT, _interrupt)
+    cpus = sorted(os.sched_getaffinity(0))
+    if args.cpus:
+        if not 0 < args.cpus <= len(cpus):
+            raise SystemExit(f"--cpus {args.cpus}: this process may use {len(cpus)} CPUs")
+        cpus = cpus[: args.cpus]
+        os.sched_setaffinity(0, cpus)  # every process started from here inherits it
     if args.py_spy is not None:
         args.py_spy.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="convplane-bench-rest-"))
@@ -376,6 +387,7 @@ def main(argv: list[str] | None = None) -> int:
         "peer": peer,
         "connections": route["connections"],
         "seconds": args.seconds,
+        "cpus": len(cpus),
     }
     print(json.dumps(result))
     return 0
