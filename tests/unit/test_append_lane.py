@@ -8,7 +8,7 @@ must be the same, request by request, and so must the request metrics. Requests 
 and requests it hands back to the app are both in the script: fresh appends, idempotent retries,
 every conflict, a forward to the other region, the refusals of admission, and every malformed
 request. The same for the items of forward batches at their leader, with its lane open and
-closed.
+closed, also while its admission sheds them (queue full, queued past the deadline).
 """
 
 from __future__ import annotations
@@ -28,8 +28,18 @@ from fastapi import FastAPI
 from eventlog.http_headers import PEER_AUTH_HEADER
 from services.api import append_lane
 from services.api.forward_batch import BATCH_PATH
-from tests.unit.admission_nodes import SECRET, SlowLog, build_node, cluster, node_clock
+from tests.unit.admission_nodes import (
+    SECRET,
+    SlowLog,
+    build_node,
+    cluster,
+    metric_value,
+    node_clock,
+    until,
+    until_metric,
+)
 from tests.unit.api_fakes import KEY_A, KEY_B, HostRouting, conversation_led_by
+from tests.unit.clocks import ManualClock
 from tests.unit.wire_client import WireConnection, WireResponse, raw_request
 
 AUTH_A = {"authorization": f"Bearer {KEY_A}", "content-type": "application/json"}
@@ -42,22 +52,25 @@ WEST_CONV = conversation_led_by("west")
 class Plane:
     east: FastAPI
     west: FastAPI
+    west_log: SlowLog
+    clock: ManualClock
 
 
 @asynccontextmanager
-async def plane() -> AsyncIterator[Plane]:
+async def plane(**limits: Any) -> AsyncIterator[Plane]:
     clock = node_clock()
     routing = HostRouting()
     config = cluster(SECRET)
     async with AsyncExitStack() as stack:
         peers = await stack.enter_async_context(httpx.AsyncClient(transport=routing))
-        apps = {}
+        apps, logs = {}, {}
         for region in ("east", "west"):
-            app = build_node(region, SlowLog(region, clock), peers, clock, config)
+            logs[region] = SlowLog(region, clock)
+            app = build_node(region, logs[region], peers, clock, config, **limits)
             routing.apps[f"{region}.test"] = httpx.ASGITransport(app=app)
             await stack.enter_async_context(app.router.lifespan_context(app))
             apps[region] = app
-        yield Plane(apps["east"], apps["west"])
+        yield Plane(apps["east"], apps["west"], logs["west"], clock)
 
 
 def append(
@@ -394,3 +407,83 @@ async def test_the_leaders_lane_answers_forwarded_appends_as_its_app_does(
     assert [statuses[f"unmetered {i}"] for i in range(5)] == [201] * 5  # charged at entry
     # the lane took every well-formed item; the app words every refusal of a malformed one
     assert lane_count == 16, served
+
+
+async def play_shedding(p: Plane) -> list[Any]:
+    """West's one permit held by a client's append the log holds, room for one in its queue:
+    a forwarded item queued past its deadline (503 ``overloaded``); then a batch of three, the
+    first queued (served once the permit frees), the others finding the queue full (503
+    ``overloaded``). The answer lines, batch by batch, in item order."""
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=p.west), base_url="http://west.test"
+    ) as client:
+
+        async def batch(*items: dict[str, Any]) -> list[dict[str, Any]]:
+            reply = await client.post(
+                BATCH_PATH, json={"items": list(items)}, headers={PEER_AUTH_HEADER: SECRET}
+            )
+            assert reply.status_code == 200, reply.text
+            lines = sorted((json.loads(x) for x in reply.text.splitlines()), key=_index)
+            for line in lines:
+                line["body"] = json.loads(line["body"])
+            return lines
+
+        created = await client.post(
+            "/v1/conversations", json={"conversation_id": WEST_CONV}, headers=AUTH_A
+        )
+        assert created.status_code == 201, created.text
+        p.west_log.gate.clear()
+        entered = p.west_log.entered
+        held = asyncio.create_task(
+            client.post(f"/v1/conversations/{WEST_CONV}/events", json=USER, headers=AUTH_A)
+        )
+        await until(lambda: p.west_log.entered == entered + 1)
+        late = asyncio.create_task(batch(forwarded(WEST_CONV, USER, key="q", deadline_ms=50)))
+        await until_metric(client, "convplane_admission_queue_length", 1)
+        p.clock.now_s += 1.0  # its deadline passes while it waits
+        answers = await late
+        crowded = asyncio.create_task(
+            batch(
+                forwarded(WEST_CONV, USER, key="w"),
+                forwarded(WEST_CONV, OTHER, key="s1"),
+                forwarded(WEST_CONV, OTHER),
+            )
+        )
+        await until_metric(client, "convplane_admission_queue_length", 1)
+        await until_shed(client, 2)  # the two that found the queue full
+        p.west_log.gate.set()
+        answers += await crowded
+        assert (await held).status_code == 201
+        assert p.west_log.entered == entered + 2  # the held append and the queued item
+        assert await metric_value(client, "convplane_admission_in_flight") == 0
+    return answers
+
+
+async def until_shed(client: httpx.AsyncClient, count: int) -> None:
+    shed = f'convplane_admission_rejections_total{{reason="overloaded"}} {count}.0'
+    for _ in range(1_000):
+        if shed in (await client.get("/metrics")).text:
+            return
+        await asyncio.sleep(0)
+    raise AssertionError(f"never {count} overloaded")
+
+
+def _index(line: dict[str, Any]) -> int:
+    return int(line["index"])
+
+
+async def test_a_shedding_leader_answers_forwarded_items_as_its_app_does(
+    served: list[str],
+) -> None:
+    limits = {"admission_limit_initial": 1, "admission_limit_min": 1, "admission_queue_max": 1}
+    async with plane(**limits) as by_lane, plane(**limits) as by_app:
+        by_app.west.state.append_lane.close()  # every item through the app
+        laned = await play_shedding(by_lane)
+        apped = await play_shedding(by_app)
+        assert laned == apped
+        assert await _request_metrics(by_lane.west) == await _request_metrics(by_app.west)
+    assert [a["status"] for a in laned] == [503, 201, 503, 503]
+    refused = [a for a in laned if a["status"] == 503]
+    assert {a["body"]["error"]["code"] for a in refused} == {"overloaded"}
+    assert all(a["headers"].get("retry-after") for a in refused)
+    assert len(served) == 4  # the lane took every item of the open plane (its admission shed)
