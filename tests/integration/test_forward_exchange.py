@@ -9,6 +9,7 @@ a drill's black-hole, and mutual TLS with the cluster's certificates (and with a
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
 import ssl
@@ -248,11 +249,15 @@ async def test_a_handshake_that_never_ends_sent_nothing(tmp_path: Path) -> None:
     """A peer that takes the TCP connection and never answers the TLS handshake: the time ran
     out before any byte of the batch left, so the batch was not sent (safe to send again)."""
     received = bytearray()
+    accepted: list[asyncio.StreamWriter] = []
 
     async def mute(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        while chunk := await reader.read(4096):
-            received.extend(chunk)  # the client's hello, and nothing more ever comes
-        writer.close()
+        accepted.append(writer)
+        try:
+            while chunk := await reader.read(4096):
+                received.extend(chunk)  # the client's hello, and nothing more ever comes
+        finally:
+            writer.close()
 
     tls = issue_cluster_tls(tmp_path / "tls", ["a", "b"], ["127.0.0.1"])
     server = await asyncio.start_server(mute, "127.0.0.1", 0)
@@ -264,6 +269,11 @@ async def test_a_handshake_that_never_ends_sent_nothing(tmp_path: Path) -> None:
     finally:
         await exchange.close()
         server.close()
+        for writer in accepted:  # the server's side of the connection ends with the test
+            writer.close()
+            with contextlib.suppress(ConnectionError):
+                await writer.wait_closed()
+        await server.wait_closed()
     assert received  # the connection was made: only its handshake never finished
     assert b"POST" not in received and BATCH_PATH.encode() not in received
 
