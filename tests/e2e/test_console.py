@@ -397,7 +397,14 @@ def test_an_operator_halts_evacuates_and_restores_from_the_page(
     page.confirm()
     wait_for("the halt shown off", lambda: page.text("halt-badge") == "halt off")
     wanted = {"halt.on", "region.evacuate", "region.restore", "halt.off"}
-    wait_for("the four actions in the page's audit log", lambda: wanted <= page.audit_actions())
+    try:
+        wait_for("the four actions in the page's audit log", lambda: wanted <= page.audit_actions())
+    except AssertionError as exc:  # what the page said, for whoever reads a failed run
+        page.screenshot("operator-audit-missing")
+        raise AssertionError(
+            f"{exc}; the page shows {sorted(page.audit_actions())}, its top bar: "
+            f"{page.text('topbar')!r}"
+        ) from exc
     page.screenshot("operator-audit")
     audit = operator_call(plane, "GET", "/v1/audit?limit=1000").json()["entries"]
     evacuate = [e for e in audit if e["action"] == "region.evacuate"]
