@@ -17,6 +17,13 @@ previous group took to execute, so it at most doubles a cycle: on a quiet local 
 group in ~1 ms) a couple of concurrent writers wait ~1 ms, not ``linger_s``; a saturated node,
 where a group takes tens of milliseconds, waits the whole ``linger_s``. A lone caller (the
 previous group held one request) never waits: an idle replica adds no latency to an ack.
+
+The wait also ends as soon as the group holds as many requests as the previous one. A leader keeps
+one sub-batch per shard in flight to each replica, so a store's callers form a closed loop: once
+the shards that filled the last group are back, nobody else is coming before this group commits,
+and waiting on is pure latency. Under ``bench/append.py`` (one node, 64 shards, 256 writers: ack
+latency, not CPU, bounds it) this took the library path from 7,600 to 10,300 events/s; under
+``bench/rest.py`` (CPU-bound) the nodes' CPU over their databases' fell from 2.40-2.45 to 2.26-2.27.
 """
 
 from __future__ import annotations
@@ -161,7 +168,10 @@ class GroupCommitter:
         if self._previous_group_requests > 1:
             linger_s = min(self._linger_s, self._previous_group_s)
         deadline = self._clock.monotonic() + linger_s
+        as_many_as_last = self._previous_group_requests
         while weight < self._events_max:
+            if len(group) >= as_many_as_last and self._queue.empty():
+                break  # the last group's callers are back: nobody else is due (docstring)
             waiting = await self._take(deadline)
             if waiting is None:
                 break
