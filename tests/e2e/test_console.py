@@ -5,7 +5,9 @@ A viewer sees a running drill and the server refuses its abort (the page shows t
 operator watching a page served by the drill's target sees that region go down (the page reads
 from a survivor meanwhile), aborts the drill from the page and sees the region come back; a page
 whose own node is killed keeps updating from the other regions. Screenshots of each state are
-written to ``tests/artifacts/console/`` (git-ignored; the paths are printed).
+written to ``tests/artifacts/console/`` (git-ignored; the paths are printed); a failed test's
+report ends with what its page showed (banners, source, top bar, audit rows), a screenshot of
+it, and the tails of the node logs.
 
 Waits poll what the page shows under a generous bound; nothing asserts a duration.
 """
@@ -24,6 +26,7 @@ from selenium.common.exceptions import StaleElementReferenceException, WebDriver
 from selenium.webdriver.common.by import By
 
 from tests.e2e.browser import chromium
+from tests.e2e.conftest import CALL_FAILED
 from tests.e2e.plane import REPO_ROOT, Plane, start_plane, stop_plane
 
 ARTIFACTS = REPO_ROOT / "tests" / "artifacts" / "console"
@@ -51,9 +54,30 @@ def downloads(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def browser(downloads: Path) -> Iterator[webdriver.Chrome]:
+def browser(
+    request: pytest.FixtureRequest, plane: Plane, downloads: Path
+) -> Iterator[webdriver.Chrome]:
     with chromium(downloads) as driver:
         yield driver
+        if request.node.stash.get(CALL_FAILED, False):
+            print(page_account(driver, request.node.name))
+            print(plane.log_tails(lines=300))
+
+
+def page_account(driver: webdriver.Chrome, test_name: str) -> str:
+    """What the page showed when a test failed (its banners say why an action was refused or
+    never answered), with a screenshot of it."""
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    shot = ARTIFACTS / f"failed-{test_name}.png"
+    driver.save_screenshot(str(shot))
+    shown = driver.execute_script(
+        "const text = (id) => { const e = document.getElementById(id); return e && e.textContent; };"
+        "return {banners: [...document.querySelectorAll('#banners .banner')]"
+        ".map((b) => `${b.dataset.kind}: ${b.textContent}`),"
+        " topbar: text('topbar'), source: text('source'),"
+        " audit: [...document.querySelectorAll('#audit tr[data-action]')].map((tr) => tr.dataset.action)}"
+    )
+    return f"--- the page when the test failed (screenshot {shot}) ---\n{shown}"
 
 
 # --- the plane, over HTTP ------------------------------------------------------------------------
@@ -397,14 +421,7 @@ def test_an_operator_halts_evacuates_and_restores_from_the_page(
     page.confirm()
     wait_for("the halt shown off", lambda: page.text("halt-badge") == "halt off")
     wanted = {"halt.on", "region.evacuate", "region.restore", "halt.off"}
-    try:
-        wait_for("the four actions in the page's audit log", lambda: wanted <= page.audit_actions())
-    except AssertionError as exc:  # what the page said, for whoever reads a failed run
-        page.screenshot("operator-audit-missing")
-        raise AssertionError(
-            f"{exc}; the page shows {sorted(page.audit_actions())}, its top bar: "
-            f"{page.text('topbar')!r}"
-        ) from exc
+    wait_for("the four actions in the page's audit log", lambda: wanted <= page.audit_actions())
     page.screenshot("operator-audit")
     audit = operator_call(plane, "GET", "/v1/audit?limit=1000").json()["entries"]
     evacuate = [e for e in audit if e["action"] == "region.evacuate"]
