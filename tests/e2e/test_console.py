@@ -245,6 +245,14 @@ class Console:
         return path
 
 
+def operator_page(plane: Plane, browser: webdriver.Chrome, served_by: str) -> Console:
+    """An operator signed in on ``served_by``'s page, once every region is up."""
+    wait_for("every region up", lambda: all_regions_up(plane))
+    page = Console(browser, plane, served_by=served_by)
+    page.sign_in(plane.info["operator_api_key"])
+    return page
+
+
 # --- the tests -----------------------------------------------------------------------------------
 
 
@@ -395,13 +403,59 @@ def test_a_page_whose_own_node_is_killed_keeps_updating_from_the_other_regions(
     assert drill(plane, drill_id)["verdict"] is not None
 
 
+#: the page's own fetch, wrapped: the next ``arguments[0]`` POSTs of the halt switch are answered
+#: as the server answers when the control shard's quorum is lost for a moment (one CI run's lift
+#: of the halt met exactly this, and the page gave up at once), ``retryable`` as ``arguments[1]``
+REFUSE_HALT_POSTS = """
+const original = window.fetch;
+let refusals = arguments[0];
+const retryable = arguments[1];
+window.fetch = (url, init) => {
+  if (refusals > 0 && init && init.method === "POST" && String(url).endsWith("/v1/admin/halt")) {
+    refusals -= 1;
+    const error = {code: "no_quorum", retryable,
+                   message: "shard 16: too few replicas answer to confirm leadership"};
+    return Promise.resolve(new Response(JSON.stringify({error}), {
+      status: 503, headers: {"Content-Type": "application/json", "Retry-After": "0.5"}}));
+  }
+  return original(url, init);
+};
+"""
+
+
+def test_an_action_every_region_refuses_as_retryable_is_sent_again_until_accepted(
+    plane: Plane, browser: webdriver.Chrome
+) -> None:
+    page = operator_page(plane, browser, served_by="eu-west")
+    wait_for("the halt shown off", lambda: page.text("halt-badge") == "halt off")
+
+    # refused by every region, not retryable: the page says so and stops
+    page.js(REFUSE_HALT_POSTS, 3, False)
+    page.click("#halt-toggle")
+    page.confirm("refused, not retryable")
+    wait_for("the refusal shown", lambda: any("no_quorum" in b for b in page.banners("error")))
+    assert page.banners("warn") == [] and page.banners("ok") == []
+
+    # refused by every region twice over, retryable: sent again until a region accepts it
+    page.js(REFUSE_HALT_POSTS, 6, True)
+    page.click("#halt-toggle")
+    page.confirm("accepted on the third round")
+    wait_for("the halt shown on", lambda: page.text("halt-badge").startswith("HALT ON"))
+    assert "accepted on the third round" in page.text("halt-badge")
+    assert [b for b in page.banners("ok") if b.startswith("halt: accepted by")]
+    assert len([b for b in page.banners("warn") if "sending it again" in b]) == 2
+    r = operator_call(plane, "DELETE", "/v1/admin/halt", params={"reason": "test over"})
+    assert r.status_code == 200, r.text
+    wait_for("the halt shown off again", lambda: page.text("halt-badge") == "halt off")
+    halts = [e for e in operator_call(plane, "GET", "/v1/audit?limit=1000").json()["entries"]
+             if e["action"] == "halt.on"]  # fmt: skip
+    assert [e["reason"] for e in halts] == ["accepted on the third round"]  # nothing refused landed
+
+
 def test_an_operator_halts_evacuates_and_restores_from_the_page(
     plane: Plane, browser: webdriver.Chrome
 ) -> None:
-    wait_for("every region up", lambda: all_regions_up(plane))
-    page = Console(browser, plane, served_by="us-east")
-    page.sign_in(plane.info["operator_api_key"])
-
+    page = operator_page(plane, browser, served_by="us-east")
     page.click("#halt-toggle")
     page.confirm("incident: no drills")
     wait_for("the halt shown on", lambda: page.text("halt-badge").startswith("HALT ON"))

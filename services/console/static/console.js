@@ -17,6 +17,11 @@
   const REQUEST_TIMEOUT_MS = 2500;
   const DEADLINE_HEADER_MS = "2000";
   const SOURCE_RETRY_MS = 10000; // a source that failed is tried again only after this
+  // an action every region refused with an error the server calls retryable (a quorum or a
+  // leader lost for a moment, as under load or during a move) is sent again until this passes
+  const ACTION_RETRY_MS = 20000;
+  const RETRY_WAIT_MIN_MS = 250;
+  const RETRY_WAIT_MAX_MS = 2000;
   const STALE_AFTER_MS = 5000; // shared state older than this is flagged
   const AUDIT_KEPT = 200;
   const AUDIT_PAGES_PER_TICK = 5;
@@ -107,11 +112,13 @@
   // --- requests ------------------------------------------------------------------------------
 
   class ApiError extends Error {
-    constructor(region, status, code, message) {
+    constructor(region, status, code, message, retryable = false, retryAfterMs = 0) {
       super(message);
       this.region = region;
       this.status = status; // 0: no answer (network, timeout)
       this.code = code;
+      this.retryable = retryable; // the server's word: sending it again is safe and may succeed
+      this.retryAfterMs = retryAfterMs; // its Retry-After, where the browser lets the page read it
     }
     // whether another region might answer where this one did not
     get regionFailed() {
@@ -147,7 +154,9 @@
     }
     if (!response.ok) {
       const err = (parsed && parsed.error) || {};
-      throw new ApiError(region, response.status, err.code || `http_${response.status}`, err.message || response.statusText);
+      const retryAfterS = Number(response.headers.get("Retry-After"));
+      throw new ApiError(region, response.status, err.code || `http_${response.status}`, err.message || response.statusText,
+        err.retryable === true, Number.isFinite(retryAfterS) && retryAfterS > 0 ? retryAfterS * 1000 : 0);
     }
     return parsed;
   }
@@ -208,23 +217,32 @@
     $("confirm-reason").select();
   }
 
-  // --- operator actions: sent as they are; the server decides ---------------------------------
+  // --- operator actions: sent as they are; the server decides (one it calls retryable, again) -
 
   async function act(what, method, path, body) {
-    const candidates = sourceCandidates();
-    for (const region of candidates) {
-      try {
-        const result = await api(region, method, path, body);
-        banner("ok", `${what}: accepted by ${region}`);
-        tick(true);
-        return result;
-      } catch (err) {
-        if (err instanceof ApiError && err.regionFailed && region !== candidates[candidates.length - 1]) continue;
-        bannerForError(what, err);
+    const giveUpAt = Date.now() + ACTION_RETRY_MS;
+    for (;;) {
+      let refusal = null;
+      for (const region of sourceCandidates()) {
+        try {
+          const result = await api(region, method, path, body);
+          banner("ok", `${what}: accepted by ${region}`);
+          tick(true);
+          return result;
+        } catch (err) {
+          refusal = err;
+          if (!(err instanceof ApiError && err.regionFailed)) break; // the server's answer
+        }
+      }
+      if (refusal === null) return null;
+      const waitMs = Math.min(Math.max(refusal.retryAfterMs || 0, RETRY_WAIT_MIN_MS), RETRY_WAIT_MAX_MS);
+      if (!(refusal instanceof ApiError && refusal.retryable) || Date.now() + waitMs > giveUpAt) {
+        bannerForError(what, refusal);
         return null;
       }
+      banner("warn", `${what}: ${refusal.status} ${refusal.code}: ${refusal.message}; sending it again in ${(waitMs / 1000).toFixed(1)} s`);
+      await new Promise((resolve) => setTimeout(resolve, waitMs));
     }
-    return null;
   }
 
   function abortDrill(drill) {
