@@ -404,8 +404,9 @@ def test_a_page_whose_own_node_is_killed_keeps_updating_from_the_other_regions(
 
 
 #: the page's own fetch, wrapped: the next ``arguments[0]`` POSTs of the halt switch are answered
-#: as the server answers when the control shard's quorum is lost for a moment (one CI run's lift
-#: of the halt met exactly this, and the page gave up at once), ``retryable`` as ``arguments[1]``
+#: as the server answers when the control shard's quorum is lost for a moment (a loaded test
+#: run's lift of the halt met exactly this, and the page gave up at once), ``retryable`` as
+#: ``arguments[1]``
 REFUSE_HALT_POSTS = """
 const original = window.fetch;
 let refusals = arguments[0];
