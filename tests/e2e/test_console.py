@@ -60,24 +60,10 @@ def browser(
     with chromium(downloads) as driver:
         yield driver
         if request.node.stash.get(CALL_FAILED, False):
-            print(page_account(driver, request.node.name))
+            page = Console(driver, plane, served_by="")  # reads what is shown, never signs in
+            shot = page.screenshot(f"failed-{request.node.name}")
+            print(f"--- the page when the test failed (screenshot {shot}) ---\n{page.account()}")
             print(plane.log_tails(lines=300))
-
-
-def page_account(driver: webdriver.Chrome, test_name: str) -> str:
-    """What the page showed when a test failed (its banners say why an action was refused or
-    never answered), with a screenshot of it."""
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    shot = ARTIFACTS / f"failed-{test_name}.png"
-    driver.save_screenshot(str(shot))
-    shown = driver.execute_script(
-        "const text = (id) => { const e = document.getElementById(id); return e && e.textContent; };"
-        "return {banners: [...document.querySelectorAll('#banners .banner')]"
-        ".map((b) => `${b.dataset.kind}: ${b.textContent}`),"
-        " topbar: text('topbar'), source: text('source'),"
-        " audit: [...document.querySelectorAll('#audit tr[data-action]')].map((tr) => tr.dataset.action)}"
-    )
-    return f"--- the page when the test failed (screenshot {shot}) ---\n{shown}"
 
 
 # --- the plane, over HTTP ------------------------------------------------------------------------
@@ -193,13 +179,24 @@ class Console:
         )
         return count
 
-    def banners(self, kind: str) -> list[str]:
-        texts: list[str] = self.js(
-            'return [...document.querySelectorAll(`#banners .banner[data-kind="${arguments[0]}"]'
-            " .text`)].map((e) => e.textContent)",
-            kind,
+    def all_banners(self) -> list[tuple[str, str]]:
+        """(kind, text) of every banner shown, newest first."""
+        shown: list[list[str]] = self.js(
+            "return [...document.querySelectorAll('#banners .banner')]"
+            ".map((b) => [b.dataset.kind, b.querySelector('.text').textContent])"
         )
-        return texts
+        return [(kind, text) for kind, text in shown]
+
+    def banners(self, kind: str) -> list[str]:
+        return [text for shown_kind, text in self.all_banners() if shown_kind == kind]
+
+    def account(self) -> str:
+        """What the page shows, for a failed test's report (its banners say why an action was
+        refused or never answered)."""
+        return (
+            f"banners {self.all_banners()}\nsource {self.text('source')!r}\n"
+            f"top bar {self.text('topbar')!r}\naudit rows {sorted(self.audit_actions())}"
+        )
 
     def click(self, selector: str) -> None:
         """A user's click (retried if the page rebuilt the button just then)."""

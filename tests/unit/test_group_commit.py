@@ -51,13 +51,13 @@ async def settle() -> None:
         await asyncio.sleep(0)
 
 
-def committer(database: GatedDatabase) -> GroupCommitter:
+def committer(database: GatedDatabase, events_max: int = 512) -> GroupCommitter:
     return GroupCommitter(
         database.execute,
         region="r",
         clock=database.clock,
         linger_s=GROUP_S,
-        events_max=512,
+        events_max=events_max,
         queue_max=64,
     )
 
@@ -120,4 +120,21 @@ async def test_after_a_lone_append_the_next_one_never_waits() -> None:
     assert database.groups == [[1], [2]]
     database.finish_group(1)
     assert await following == Accepted(1)
+    await commits.close()
+
+
+async def test_a_request_carried_over_a_full_group_counts_toward_the_next() -> None:
+    database = GatedDatabase(ManualClock())
+    commits = committer(database, events_max=2)
+    first = [asyncio.create_task(commits.submit(request(s))) for s in (1, 2, 3)]
+    await settle()
+    assert database.groups == [[1, 2]]  # full: the third is carried to the next group
+    database.finish_group(0)
+    await settle()
+    assert database.groups == [[1, 2]]  # the carried one alone, one short of the last group
+    back = asyncio.create_task(commits.submit(request(1)))
+    await settle()
+    assert database.groups == [[1, 2], [3, 1]]  # carried first, in arrival order
+    database.finish_group(1)
+    assert await asyncio.gather(*first, back) == [Accepted(1)] * 4
     await commits.close()
