@@ -34,7 +34,7 @@ DEMO_MAX_ERROR_RATIO = 0.5
 
 
 def up(
-    regions: Annotated[int, typer.Option(help="number of regions")] = 3,
+    regions: Annotated[int, typer.Option(help="number of regions (2..7)")] = 3,
     postgres: Annotated[bool, typer.Option(help="one local PostgreSQL per region")] = False,
     state_dir: Annotated[Path, typer.Option(help="databases, logs, cluster.json")] = Path(
         ".state/plane"
@@ -129,7 +129,7 @@ def down(
 
 
 def demo(
-    regions: Annotated[int, typer.Option(help="number of regions")] = 3,
+    regions: Annotated[int, typer.Option(help="number of regions (2..7)")] = 3,
     state_dir: Annotated[
         Path | None, typer.Option(help="keep the plane's files here (default: a temp dir)")
     ] = None,

@@ -48,6 +48,9 @@ from services.db_roles import node_role, restrict_to_protocol
 from services.local.host import HarnessError, free_port
 from services.local.postgres import asyncpg_dsn
 
+#: one region could never lead a shard: its own store cannot vouch for itself (a wiped store
+#: must not vote), and no other region's store is there to
+MIN_REGIONS = 2
 REGION_NAMES = ("us-east", "eu-west", "ap-south", "us-west", "eu-north", "ap-east", "sa-east")
 DEMO_TENANT = "demo"
 LIMITED_TENANT = "demo-limited"
@@ -134,8 +137,12 @@ class LocalPlane:
 
     def start(self) -> dict[str, Any]:
         """Start databases and nodes, wait until every node is healthy; return the plane info."""
-        if not 1 <= self.regions <= len(REGION_NAMES):
-            raise PlaneError(f"--regions must be 1..{len(REGION_NAMES)}")
+        if not MIN_REGIONS <= self.regions <= len(REGION_NAMES):
+            raise PlaneError(
+                f"--regions must be {MIN_REGIONS}..{len(REGION_NAMES)}: a region's replica votes "
+                "only once another region's store vouches for its identity "
+                "(eventlog/identity.py), so a lone region could never elect a leader"
+            )
         self.state_dir = self.state_dir.resolve()
         if self.postgres and (self.state_dir / "postgres").exists():
             raise PlaneError(
