@@ -22,16 +22,14 @@ from urllib.parse import urlsplit
 
 import asyncpg
 import pytest
-from alembic import command
-from sqlalchemy.engine import Connection
 
 from eventlog.model import LogEntry
-from eventlog.stores._engine import StoreConfig, make_engine
 from eventlog.stores._pg_writes import _APPEND, append_arrays
 from eventlog.stores._plan import AppendRequest
-from eventlog.stores.migrate import alembic_config, migrate, migration_module
+from eventlog.stores.migrate import migrate, migration_module
 from services.db_roles import restrict_to_protocol
 from services.local.postgres import asyncpg_dsn
+from tests.migrations import alembic_downgrade
 
 GROUPS = 400
 SHARDS = 5  # few shards: repeats, conflicts and truncations come often
@@ -240,7 +238,7 @@ async def test_downgrade_restores_the_loop_and_keeps_the_restrictions(
     async with restricted_then_upgraded(dsn) as owner:
         set_based = await owner.fetchval(source)
         assert set_based != loop
-        await _alembic_downgrade(dsn, "0003")
+        await alembic_downgrade(dsn, "0003")
         assert await owner.fetchval(source) == loop
         definer, config = await owner.fetchrow(FUNCTION_SETTINGS)
         assert definer and "search_path=public, pg_temp" in config
@@ -248,19 +246,3 @@ async def test_downgrade_restores_the_loop_and_keeps_the_restrictions(
         await migrate(dsn)
         assert await owner.fetchval(source) == set_based
         await _node_appends_only_through_the_function(dsn, 2)
-
-
-async def _alembic_downgrade(dsn: str, revision: str) -> None:
-    engine = make_engine(dsn, StoreConfig(pool_size=1))
-    try:
-        async with engine.connect() as conn:
-
-            def downgrade(connection: Connection) -> None:
-                config = alembic_config()
-                config.attributes["connection"] = connection
-                command.downgrade(config, revision)
-
-            await conn.run_sync(downgrade)
-            await conn.commit()
-    finally:
-        await engine.dispose()
