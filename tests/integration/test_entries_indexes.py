@@ -4,6 +4,7 @@ unused one on upgrade, and a rollback to 0004 builds it again; on PostgreSQL and
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import aiosqlite
@@ -14,8 +15,20 @@ from services.local.postgres import asyncpg_dsn
 from tests.migrations import alembic_downgrade
 
 PG_INDEXES = "SELECT indexname FROM pg_indexes WHERE tablename = 'entries'"
-#: what every revision from 0005 on keeps: the key (shard, lsn), and a conversation's entries
+#: what every revision from 0005 on keeps: a conversation's entries (besides the key)
 KEPT = {"ix_entries_conversation"}
+DROPPED = "ix_entries_created"
+
+
+async def upgrade_then_roll_back(
+    dsn: str, indexes: Callable[[], Awaitable[set[str]]], key: set[str]
+) -> None:
+    await migrate(dsn, "0004")
+    assert await indexes() == key | KEPT | {DROPPED}
+    await migrate(dsn)
+    assert await indexes() == key | KEPT
+    await alembic_downgrade(dsn, "0004")
+    assert await indexes() == key | KEPT | {DROPPED}
 
 
 async def test_postgresql_entries_keep_only_the_key_and_the_conversation_index(
@@ -30,27 +43,16 @@ async def test_postgresql_entries_keep_only_the_key_and_the_conversation_index(
         finally:
             await conn.close()
 
-    await migrate(dsn, "0004")
-    assert await indexes() == {"entries_pkey", "ix_entries_created"} | KEPT
-    await migrate(dsn)
-    assert await indexes() == {"entries_pkey"} | KEPT
-    await alembic_downgrade(dsn, "0004")
-    assert await indexes() == {"entries_pkey", "ix_entries_created"} | KEPT
+    await upgrade_then_roll_back(dsn, indexes, key={"entries_pkey"})
 
 
 async def test_sqlite_entries_keep_only_the_key_and_the_conversation_index(
     tmp_path: Path,
 ) -> None:
-    dsn = f"sqlite+aiosqlite:///{tmp_path / 'replica.db'}"
-
     async def indexes() -> set[str]:
         async with aiosqlite.connect(tmp_path / "replica.db") as db:
             rows = await db.execute_fetchall("PRAGMA index_list('entries')")
         return {str(r[1]) for r in rows if not str(r[1]).startswith("sqlite_autoindex_")}
 
-    await migrate(dsn, "0004")
-    assert await indexes() == {"ix_entries_created"} | KEPT
-    await migrate(dsn)
-    assert await indexes() == KEPT
-    await alembic_downgrade(dsn, "0004")
-    assert await indexes() == {"ix_entries_created"} | KEPT
+    dsn = f"sqlite+aiosqlite:///{tmp_path / 'replica.db'}"
+    await upgrade_then_roll_back(dsn, indexes, key=set())
