@@ -9,7 +9,15 @@ lsn order by every node (``services.controller`` hands each committed control en
   or duplicate record (a deposed control leader's, a retried append's) is a recorded no-op.
 * ``control.halt``: ``{"on": bool, "reason", "by", "at_ms"}``; the last one wins.
 * ``control.audit``: ``{"at_ms", "by", "role", "action", "target", "reason", "detail"}``, one per
-  operator action; the entry's lsn is its cursor for paging.
+  operator action that changes no state record (``POST /v1/audit``, an abort of a drill that
+  is already restoring); the entry's lsn is its cursor for paging.
+
+An operator action that changes state is audited *inside* the record that makes the change: a
+``control.drill``, ``control.halt`` or ``control.placement`` record may carry the action's audit
+entry under ``"audit"``. The change and its audit entry then commit together or not at all (as
+two appends, a failure between them left either a change nobody audited or an audit entry for a
+change that never happened), and the entry counts only when its record takes effect: a stale
+drill revision or a placement record the controller skipped carries no audit entry into the log.
 
 Records come from the log, i.e. from outside this process: a malformed one is counted and
 skipped, never trusted to uphold an invariant.
@@ -25,12 +33,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from eventlog.model import LogEntry
+from regions.control import PLACEMENT_RECORD
 from regions.drills import Drill
 
 DRILL_RECORD = "control.drill"
 HALT_RECORD = "control.halt"
 AUDIT_RECORD = "control.audit"
 OPS_RECORDS = frozenset({DRILL_RECORD, HALT_RECORD, AUDIT_RECORD})
+#: where a state record carries the audit entry of the operator action that wrote it
+AUDIT_KEY = "audit"
 
 #: drills kept in memory (the oldest finished ones are forgotten first)
 DRILLS_KEPT_MAX = 200
@@ -110,43 +121,69 @@ class OpsState:
         self.stale_records = 0
         self.malformed_records = 0
 
-    def apply_entry(self, entry: LogEntry) -> None:
-        """``apply`` for a committed control entry (a ``Controller.record_listeners`` hook)."""
-        self.apply(entry.lsn, entry.event_type, entry.body)
+    def apply_entry(self, entry: LogEntry, placement_applied: bool) -> None:
+        """``apply`` for a committed control entry (a ``Controller.record_listeners`` hook,
+        told whether the controller applied the entry as the new placement)."""
+        self.apply(entry.lsn, entry.event_type, entry.body, placement_applied=placement_applied)
 
-    def apply(self, lsn: int, record_type: str, body_text: str) -> bool:
-        """Fold one committed control entry; returns whether it changed anything."""
+    def apply(
+        self, lsn: int, record_type: str, body_text: str, *, placement_applied: bool = False
+    ) -> bool:
+        """Fold one committed control entry; returns whether it changed anything.
+        ``placement_applied``: a ``control.placement`` entry took effect (only the controller's
+        ``ControlState`` can tell), so the audit entry it carries counts."""
         if lsn <= self.applied_lsn:
             return False  # already applied (a concurrent learn, a re-read)
         self.applied_lsn = lsn
-        if record_type not in OPS_RECORDS:
+        if record_type not in OPS_RECORDS | {PLACEMENT_RECORD}:
             return False
+        placement = record_type == PLACEMENT_RECORD
+        if placement and not placement_applied:
+            return False  # the controller skipped it: its audit entry describes no change
         try:
             body = json.loads(body_text)
-            if record_type == DRILL_RECORD:
-                return self._apply_drill(Drill.from_body(body))
-            if record_type == HALT_RECORD:
-                self.halt = Halt(
-                    bool(body["on"]), str(body["reason"]), str(body["by"]), int(body["at_ms"])
-                )
-                return True
-            self.audit.append(
-                AuditEntry(
-                    lsn=lsn,
-                    at_ms=int(body["at_ms"]),
-                    by=str(body["by"]),
-                    role=str(body["role"]),
-                    action=str(body["action"]),
-                    target=str(body["target"]),
-                    reason=str(body["reason"]),
-                    detail=dict(body.get("detail") or {}),
-                )
+            if record_type == AUDIT_RECORD:
+                return self._apply_audit(lsn, body)
+            changed = self._apply_state(record_type, body)
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            return self._malformed(lsn, record_type, exc)
+        if not (changed or placement) or AUDIT_KEY not in body:
+            return changed
+        try:
+            self._apply_audit(lsn, body[AUDIT_KEY])
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            self._malformed(lsn, f"{record_type}'s audit entry", exc)
+        return True
+
+    def _apply_state(self, record_type: str, body: Mapping[str, Any]) -> bool:
+        if record_type == DRILL_RECORD:
+            return self._apply_drill(Drill.from_body(body))
+        if record_type == HALT_RECORD:
+            self.halt = Halt(
+                bool(body["on"]), str(body["reason"]), str(body["by"]), int(body["at_ms"])
             )
             return True
-        except (ValueError, KeyError, TypeError) as exc:
-            self.malformed_records += 1
-            log.warning("control entry %d (%s) is malformed, skipped: %r", lsn, record_type, exc)
-            return False
+        return False  # a placement: the controller's state, not this one
+
+    def _malformed(self, lsn: int, what: str, exc: Exception) -> bool:
+        self.malformed_records += 1
+        log.warning("control entry %d (%s) is malformed, skipped: %r", lsn, what, exc)
+        return False
+
+    def _apply_audit(self, lsn: int, body: Mapping[str, Any]) -> bool:
+        self.audit.append(
+            AuditEntry(
+                lsn=lsn,
+                at_ms=int(body["at_ms"]),
+                by=str(body["by"]),
+                role=str(body["role"]),
+                action=str(body["action"]),
+                target=str(body["target"]),
+                reason=str(body["reason"]),
+                detail=dict(body.get("detail") or {}),
+            )
+        )
+        return True
 
     def _apply_drill(self, drill: Drill) -> bool:
         current = self.drills.get(drill.drill_id)

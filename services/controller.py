@@ -48,6 +48,7 @@ from regions.control import (
     PlacementDecider,
 )
 from regions.membership import Membership, MembershipConfig, statuses
+from regions.ops_state import AUDIT_KEY
 from services.config import ClusterConfig, NodeSettings
 from services.peer_probe import PeerProber
 from services.supervisor import Supervisor
@@ -113,9 +114,10 @@ class Controller:
         self.supervisor = Supervisor(clock=clock, rng=rng)
         #: what each peer's last health reply said of its own background loops
         self._peer_unhealthy_loops: dict[str, list[str]] = {}
-        #: called with every committed control entry, in lsn order, after the placement saw it
-        #: (services.drills folds drill, halt and audit records this way)
-        self.record_listeners: list[Callable[[LogEntry], None]] = []
+        #: called with every committed control entry, in lsn order, after the placement saw it,
+        #: and whether the entry took effect as the new placement (services.drills folds
+        #: drill, halt and audit records, and the audit entries placement records carry, so)
+        self.record_listeners: list[Callable[[LogEntry, bool], None]] = []
         #: regions that must not lead the control shard now, whatever their names: a
         #: region-loss drill's target until the drill ends (``OpsState.region_loss_targets``).
         #: The target learns that its black-hole lifted from the control shard itself, so the
@@ -198,9 +200,13 @@ class Controller:
             for r in self.cluster.regions
         ]
 
-    async def operator(self, action: OperatorAction, region: str) -> Placement:
+    async def operator(
+        self, action: OperatorAction, region: str, audit: Mapping[str, Any] | None = None
+    ) -> Placement:
         """Evacuate or restore ``region``; only the control leader commits (else NotLeader with
-        the control leader as hint, so the API forwards it there)."""
+        the control leader as hint, so the API forwards it there). ``audit``: the action's
+        audit entry (``regions.ops_state.audit_body``), committed inside the placement record,
+        so the move and its audit entry commit together or not at all."""
         if not self.node.leads(self.control_shard):
             raise NotLeader(
                 f"{self.region} does not lead the control shard",
@@ -213,7 +219,7 @@ class Controller:
             now_s = self._clock.monotonic()
             views = statuses(self.membership.view(now_s))
             placement = self.decider.operator(self.state, action, region, now_s, views)
-            await self._commit(placement)
+            await self._commit(placement, audit)
         return self.placement()
 
     # --- probing --------------------------------------------------------------------------
@@ -264,11 +270,11 @@ class Controller:
             for entry in entries:
                 if entry.lsn > self.state.applied_lsn:  # a concurrent learn may have applied it
                     skipped = self.state.skipped_records
-                    self.state.apply(entry.lsn, entry.event_type, entry.body)
+                    applied = self.state.apply(entry.lsn, entry.event_type, entry.body)
                     if self.state.skipped_records > skipped:
                         log.warning("control record skipped: %s", self.state.last_skipped[-1])
                     for listener in self.record_listeners:
-                        listener(entry)
+                        listener(entry, applied)
             after = self.state.effective()
         if after.version != before.version:
             now_s = self._clock.monotonic()
@@ -440,10 +446,11 @@ class Controller:
             if self.state.applied_lsn == applied_lsn:
                 return
 
-    async def _commit(self, placement: Placement) -> None:
-        lsn = await self.node.append_record(
-            self.control_shard, PLACEMENT_RECORD, placement.to_body()
-        )
+    async def _commit(self, placement: Placement, audit: Mapping[str, Any] | None = None) -> None:
+        body = placement.to_body()
+        if audit is not None:
+            body[AUDIT_KEY] = dict(audit)
+        lsn = await self.node.append_record(self.control_shard, PLACEMENT_RECORD, body)
         log.warning(
             "committed placement v%d at lsn %d: %s", placement.version, lsn, placement.reason
         )

@@ -42,6 +42,7 @@ from eventlog.errors import (
 from eventlog.http_headers import PEER_AUTH_HEADER
 from eventlog.node import LogNode
 from eventlog.replica import ReplicaStore
+from regions.control import OperatorAction
 from regions.drill_plan import DrillPlan, LiveLoad, preflight
 from regions.drills import (
     SERIES_POINTS_MAX,
@@ -57,7 +58,14 @@ from regions.drills import (
     with_measurements,
 )
 from regions.membership import statuses
-from regions.ops_state import AUDIT_RECORD, DRILL_RECORD, HALT_RECORD, OpsState, audit_body
+from regions.ops_state import (
+    AUDIT_KEY,
+    AUDIT_RECORD,
+    DRILL_RECORD,
+    HALT_RECORD,
+    OpsState,
+    audit_body,
+)
 from services.controller import Controller
 from services.drill_canary import (
     CANARY_TIMEOUT_S,
@@ -484,10 +492,10 @@ class DrillDriver:
             # the fault starts with the first record (a region-loss's injection time): stamp it
             # after the preflight writes, which may take a while
             drill = replace(start(drill_id, spec, self._clock.wall_ms()), measurements=measured)
-            await self._audit(by, role, "drill.start", spec.region, spec.reason,
-                              {"drill_id": drill_id, "kind": spec.kind, "hold_s": spec.hold_s,
-                               "force": spec.force})  # fmt: skip
-            await self._commit_locked(drill)
+            audit = self._audit_entry(by, role, "drill.start", spec.region, spec.reason,
+                                      {"drill_id": drill_id, "kind": spec.kind,
+                                       "hold_s": spec.hold_s, "force": spec.force})  # fmt: skip
+            await self._commit_locked(drill, audit)
         return self.ops.drills.get(drill_id, drill), plan
 
     async def _first_canaries(self, drill: Drill) -> Measurements:
@@ -512,19 +520,21 @@ class DrillDriver:
             drill = self.ops.drills.get(drill_id)
             if drill is None:
                 raise NotFound(f"no drill {drill_id!r}")
-            await self._audit(by, role, "drill.abort", drill.spec.region, reason,
-                              {"drill_id": drill_id})  # fmt: skip
+            audit = self._audit_entry(by, role, "drill.abort", drill.spec.region, reason,
+                                      {"drill_id": drill_id})  # fmt: skip
             aborted = request_abort(drill, f"aborted by {by}: {reason}", self._clock.wall_ms())
-            if aborted is not None:
-                await self._commit_locked(aborted)
+            if aborted is None:  # already restoring or over: the request alone is audited
+                await self._append(AUDIT_RECORD, audit)
+            else:
+                await self._commit_locked(aborted, audit)
         return self.ops.drills[drill_id]
 
     async def set_halt(self, on: bool, *, by: str, role: str, reason: str) -> dict[str, Any]:
         async with self._write_lock:
             await self.read_barrier()
             now_ms = self._clock.wall_ms()
-            await self._audit(by, role, "halt.on" if on else "halt.off", "*", reason)
-            body = {"on": on, "reason": reason, "by": by, "at_ms": now_ms}
+            audit = self._audit_entry(by, role, "halt.on" if on else "halt.off", "*", reason)
+            body = {"on": on, "reason": reason, "by": by, "at_ms": now_ms, AUDIT_KEY: audit}
             await self._append(HALT_RECORD, body)
             if on:  # abort now rather than at the next step
                 for drill in self.ops.active_drills():
@@ -538,7 +548,17 @@ class DrillDriver:
     ) -> None:
         async with self._write_lock:
             await self.read_barrier()
-            await self._audit(by, role, action, target, reason, detail)
+            await self._append(
+                AUDIT_RECORD, self._audit_entry(by, role, action, target, reason, detail)
+            )
+
+    async def move_region(
+        self, action: OperatorAction, region: str, *, by: str, role: str, reason: str
+    ) -> None:
+        """An operator's evacuate or restore of ``region`` (``Controller.operator``), its
+        audit entry inside the placement record that makes the move."""
+        audit = self._audit_entry(by, role, f"region.{action}", region, reason)
+        await self.controller.operator(action, region, audit)
 
     # --- writing records ------------------------------------------------------------------
 
@@ -549,10 +569,13 @@ class DrillDriver:
                 return  # an abort got in first: decide again at the next step
             await self._commit_locked(drill)
 
-    async def _commit_locked(self, drill: Drill) -> None:
-        await self._append(DRILL_RECORD, drill.to_body())
+    async def _commit_locked(self, drill: Drill, audit: dict[str, Any] | None = None) -> None:
+        body = drill.to_body()
+        if audit is not None:
+            body[AUDIT_KEY] = audit
+        await self._append(DRILL_RECORD, body)
 
-    async def _audit(
+    def _audit_entry(
         self,
         by: str,
         role: str,
@@ -560,10 +583,9 @@ class DrillDriver:
         target: str,
         reason: str,
         detail: dict[str, Any] | None = None,
-    ) -> None:
-        body = audit_body(at_ms=self._clock.wall_ms(), by=by, role=role, action=action,
+    ) -> dict[str, Any]:
+        return audit_body(at_ms=self._clock.wall_ms(), by=by, role=role, action=action,
                           target=target, reason=reason, detail=detail)  # fmt: skip
-        await self._append(AUDIT_RECORD, body)
 
     async def _append(self, record_type: str, body: dict[str, Any]) -> None:
         """Commit a record to the control shard and wait until this node applied it."""

@@ -197,7 +197,7 @@ class DrillVerdictRecorder:
         for verdict in VERDICTS:
             self.drills.labels(verdict)
 
-    def __call__(self, entry: LogEntry) -> None:
+    def __call__(self, entry: LogEntry, placement_applied: bool) -> None:
         if entry.event_type != DRILL_RECORD:
             return
         for drill in self._ops.drills.values():

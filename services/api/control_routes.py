@@ -136,11 +136,12 @@ async def region_action(
     drills = getattr(ctx.request.app.state, "drills", None)
 
     async def act() -> dict[str, Any]:
-        await controller.operator(action, name)
-        if drills is not None:
-            who, role = ctx.tenant.tenant_id, ctx.tenant.role
+        if drills is None:  # a plane without a drill driver keeps no audit log
+            await controller.operator(action, name)
+        else:
             why = reason.strip() or "operator request"
-            await drills.audit(who, role, f"region.{action}", name, why, {})
+            await drills.move_region(action, name, by=ctx.tenant.tenant_id,
+                                     role=ctx.tenant.role, reason=why)  # fmt: skip
         return _placement_body(controller)
 
     return await ctx.run(act, is_write=True)

@@ -16,7 +16,7 @@ from eventlog.sharding import shard_of
 from regions.control import Placement
 from regions.drills import RESTORE_GRACE_S, DrillSpec, Observation, ReplayTally, advance
 from regions.membership import Membership, MembershipConfig
-from regions.ops_state import AUDIT_RECORD, DRILL_RECORD, HALT_RECORD, OpsState
+from regions.ops_state import AUDIT_KEY, AUDIT_RECORD, DRILL_RECORD, HALT_RECORD, OpsState
 from regions.placement import place_shards
 from services.config import ClusterConfig, RegionConfig
 from services.drill_load import LoadMeter
@@ -146,7 +146,10 @@ def spec(**kw: Any) -> DrillSpec:
 async def test_a_started_drill_commits_an_audit_entry_and_its_first_record(world: World) -> None:
     drill, plan = await world.driver.create(spec(), by="sre", role="operator")
     assert plan.ok and plan.capacity["append_rate_per_s"] == 10.0  # two peers at 5/s each
-    assert [kind for kind, _ in world.node.records] == [AUDIT_RECORD, DRILL_RECORD]
+    # one record: the drill and its audit entry commit together or not at all
+    [(kind, body)] = world.node.records
+    assert kind == DRILL_RECORD and body[AUDIT_KEY]["action"] == "drill.start"
+    assert [(e.lsn, e.action, e.target) for e in world.ops.audit] == [(1, "drill.start", "us-east")]
     assert world.ops.drills[drill.drill_id].phase == "injecting"
     # preflight wrote one canary to every shard, and the record starts from those counts
     assert dict(drill.measurements.canary_acked) == dict.fromkeys(range(SHARDS), 1)
@@ -161,7 +164,7 @@ async def test_a_dry_run_or_a_refused_drill_commits_nothing(world: World) -> Non
     with pytest.raises(PreflightFailed, match="halt switch is on"):
         await world.driver.create(spec(), by="sre", role="operator")
     assert len(world.node.records) == committed and not world.ops.drills
-    assert [kind for kind, _ in world.node.records] == [AUDIT_RECORD, HALT_RECORD]
+    assert [kind for kind, _ in world.node.records] == [HALT_RECORD]
 
 
 async def test_halt_aborts_active_drills_and_an_abort_is_audited(world: World) -> None:
@@ -173,6 +176,24 @@ async def test_halt_aborts_active_drills_and_an_abort_is_audited(world: World) -
         await world.driver.abort("nope", by="sre", role="operator", reason="x")
     actions = [e.action for e in world.ops.audit]
     assert actions == ["drill.start", "halt.on"]
+
+
+async def test_an_abort_is_audited_in_the_record_that_aborts_or_alone_when_nothing_changes(
+    world: World,
+) -> None:
+    drill, _ = await world.driver.create(spec(), by="sre", role="operator")
+    await world.driver.abort(drill.drill_id, by="sre", role="operator", reason="enough")
+    # the drill is restoring now: a second abort changes nothing and is audited on its own
+    await world.driver.abort(drill.drill_id, by="sre", role="operator", reason="again")
+    kinds = [kind for kind, _ in world.node.records]
+    assert kinds == [DRILL_RECORD, DRILL_RECORD, AUDIT_RECORD]
+    assert world.node.records[1][1][AUDIT_KEY]["reason"] == "enough"
+    assert world.ops.drills[drill.drill_id].phase == "restoring"
+    assert [(e.action, e.reason) for e in world.ops.audit] == [
+        ("drill.start", "unit"),
+        ("drill.abort", "enough"),
+        ("drill.abort", "again"),
+    ]
 
 
 async def test_only_the_control_leader_writes(world: World) -> None:

@@ -44,19 +44,19 @@ def test_each_drill_is_counted_once_by_verdict_and_history_is_not() -> None:
     spec = DrillSpec(kind="region-loss", region="us-east", hold_s=10.0, reason="drill")
     # a drill that ended before this process started (its history, folded at start)
     old = start("d0", spec, T0 - 60_000)
-    recorder(_record(ops, 1, old.to_body()))
+    recorder(_record(ops, 1, old.to_body()), False)
     old_end = replace(old, rev=2, verdict="passed", ended_at_ms=T0 - 1_000)
-    recorder(_record(ops, 2, old_end.to_body()))
+    recorder(_record(ops, 2, old_end.to_body()), False)
     assert _count(registry, "passed") == 0
     # a drill that ends now, seen in several records after its verdict
     drill = start("d1", spec, T0 + 1_000)
-    recorder(_record(ops, 3, drill.to_body()))
+    recorder(_record(ops, 3, drill.to_body()), False)
     assert _count(registry, "aborted") == 0
     aborting = request_abort(drill, "sre: stop", T0 + 2_000)
     assert aborting is not None
     ended = replace(aborting, verdict="aborted", ended_at_ms=T0 + 3_000)
-    recorder(_record(ops, 4, ended.to_body()))
-    recorder(_record(ops, 5, {**ended.to_body(), "rev": ended.rev + 1}))
+    recorder(_record(ops, 4, ended.to_body()), False)
+    recorder(_record(ops, 5, {**ended.to_body(), "rev": ended.rev + 1}), False)
     assert _count(registry, "aborted") == 1
     assert _count(registry, "failed") == 0
 
