@@ -25,8 +25,9 @@ batches are open per peer, stragglers included.
 Outcomes are the single forward's (``services.api.forwarding``): an item's deadline bounds its
 wait; a batch that could not be sent (no connection: refused, failed, or not made in time) is
 retried under the same budget; an item whose deadline passed while nothing of it had left (still
-queued, or only attempts that made no connection) is 504 ``deadline_exceeded``: it was not
-applied, and it is withdrawn from its batch; a batch lost after it was sent, or an item whose
+queued, its batch still connecting, or only attempts that made no connection) is 504
+``deadline_exceeded``: it was not applied, and it is withdrawn from its batch (a batch's body is
+built once its connection is ready, ``forward_exchange.BodyBuilder``); a batch lost after it was sent, or an item whose
 answer did not arrive, is ``outcome_unknown``; the batch's own refusal (the leader's peer
 admission, its 401) is every item's answer.
 """
@@ -400,8 +401,12 @@ class AppendBatcher:
             self._count(target_region, "peer_lost")
         finally:
             for item in items:
-                if not item.answer.done():
+                if item.answer.done():
+                    continue
+                if item.may_have_left:
                     item.answer.set_exception(OutcomeUnknown(_unknown(target_region)))
+                else:  # left out of every attempt (its deadline passed): not applied
+                    item.answer.set_exception(_not_forwarded_in_time(target_region))
             if not straggling:
                 lane.busy -= 1
             lane.open -= 1
@@ -410,36 +415,24 @@ class AppendBatcher:
     async def _exchange(self, target_region: str, base_url: str, items: list[_Item]) -> None:
         limits = self._limits
         backoff = Backoff(limits.backoff_s, limits.backoff_s * 2**limits.retries_max, self._rng)
+        headers = {"content-type": "application/json"}
+        if self._peer_secret is not None:
+            headers[PEER_AUTH_HEADER] = self._peer_secret
         for attempt in range(limits.retries_max + 1):
-            # an item answered meanwhile (its caller told "not applied") must never leave
-            live = [item for item in items if not item.answer.done()]
+            live = self._unanswered(items)
             if not live:
                 return
-            now_s = self._clock.monotonic()
-            remaining_s = max(item.deadline_s for item in live) - now_s
+            remaining_s = max(item.deadline_s for item in live) - self._clock.monotonic()
             if remaining_s <= 0:  # every attempt so far left nothing: none of it was applied
                 raise _not_forwarded_in_time(target_region)
-            body = (
-                b'{"items":['
-                + b",".join(
-                    _with_deadline(item, max(1, int((item.deadline_s - now_s) * 1000)))
-                    for item in live
-                )
-                + b"]}"
-            )
-            headers = {"content-type": "application/json"}
-            if self._peer_secret is not None:
-                headers[PEER_AUTH_HEADER] = self._peer_secret
-            for item in live:
-                item.may_have_left = True
             try:
                 await self._while_reachable(
-                    target_region, self._post(target_region, base_url + BATCH_PATH, body, headers,
-                                              live, remaining_s),
+                    target_region, self._post(target_region, base_url + BATCH_PATH, headers,
+                                              items, remaining_s),
                 )  # fmt: skip
                 return
             except BatchNotSent as exc:  # nothing was sent: safe to try again
-                for item in live:
+                for item in items:
                     item.may_have_left = False
                 self._count(target_region, "connect_error")
                 if attempt == limits.retries_max:
@@ -449,18 +442,43 @@ class AppendBatcher:
                 self._count(target_region, "error")
                 raise OutcomeUnknown(_unknown(target_region)) from exc
 
+    def _unanswered(self, items: list[_Item]) -> list[_Item]:
+        """Items that may still leave: an item answered meanwhile (its caller told "not
+        applied") or past its deadline (its caller is about to be told so) never does."""
+        now_s = self._clock.monotonic()
+        return [item for item in items if not item.answer.done() and item.deadline_s > now_s]
+
     async def _post(
         self,
         target_region: str,
         url: str,
-        body: bytes,
         headers: dict[str, str],
         items: list[_Item],
         timeout_s: float,
     ) -> None:
+        sent: list[_Item] = []  # what the body carries, in its order: an answer's index
+
+        def body() -> bytes | None:
+            """Built once the connection is ready, so the handshake's time counts: an item
+            whose deadline passed meanwhile stays out (and is answered 504, not applied)."""
+            sent[:] = self._unanswered(items)
+            if not sent:
+                return None
+            now_s = self._clock.monotonic()
+            for item in sent:
+                item.may_have_left = True
+            return (
+                b'{"items":['
+                + b",".join(
+                    _with_deadline(item, max(1, int((item.deadline_s - now_s) * 1000)))
+                    for item in sent
+                )
+                + b"]}"
+            )
+
         def answered(line: bytes) -> None:
             answer = json.loads(line)
-            item = items[int(answer["index"])]
+            item = sent[int(answer["index"])]
             self._count(target_region, "ok")
             if not item.answer.done():
                 item.answer.set_result(
@@ -469,7 +487,7 @@ class AppendBatcher:
 
         refused = await self._sender.send(target_region, url, body, headers, timeout_s, answered)
         if refused is not None:  # the batch's own answer is every item's
-            for item in items:
+            for item in sent:
                 if not item.answer.done():
                     item.answer.set_result(_response(refused.status, refused.headers, refused.body))
 

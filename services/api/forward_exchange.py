@@ -13,9 +13,14 @@ and its line iterator).
 ``HttpxBatchExchange`` sends the same request through an ``httpx.AsyncClient``: for nodes whose
 peers are in-process ASGI apps (the unit tests' planes), which no socket reaches.
 
+The batch's body is built by a callback (``BodyBuilder``) at the last moment before its first
+byte is written: after the connection is ready (a TCP and TLS handshake can take a while). So an
+item whose caller's deadline passed during the handshake is not in it (the batcher answers it
+504, not applied), and the deadlines the others carry count from when they leave.
+
 Outcomes, for the batcher: ``BatchNotSent`` when nothing of the batch left this node (no
 connection could be made: refused, failed, or not made in time; or a drill's black-hole drops
-calls to the region): safe to send again. ``BatchLost`` when it left and its answer did not
+calls to the region): safe to send again; the body was never built. ``BatchLost`` when it left and its answer did not
 come back whole (the connection broke, the answer was malformed or too long, the time ran out):
 what was not answered is unknown. Otherwise the answer lines went to ``on_line`` as they arrived
 and ``send`` returns None, or the batch's own refusal (any other status or content type) is
@@ -55,6 +60,8 @@ _READ_BYTES = 64 * 1024
 NDJSON = "application/x-ndjson"
 
 LineSink = Callable[[bytes], None]
+#: the batch's body, built when the request is about to be written; None: nothing left to send
+BodyBuilder = Callable[[], bytes | None]
 
 
 class BatchNotSent(Exception):
@@ -79,13 +86,15 @@ class BatchExchange(Protocol):
         self,
         region: str,
         url: str,
-        body: bytes,
+        body: BodyBuilder,
         headers: Mapping[str, str],
         timeout_s: float,
         on_line: LineSink,
     ) -> BatchRefused | None:
-        """POST ``body`` to ``url`` (``region``'s peer listener) within ``timeout_s``; each
-        NDJSON answer line to ``on_line``; raises ``BatchNotSent`` or ``BatchLost``."""
+        """POST the body ``body()`` builds once a connection is ready to ``url`` (``region``'s
+        peer listener) within ``timeout_s`` (when it builds None, nothing is sent and None is
+        returned); each NDJSON answer line to ``on_line``; raises ``BatchNotSent`` or
+        ``BatchLost``."""
 
     async def close(self) -> None:
         """Close kept connections."""
@@ -111,16 +120,19 @@ class HttpxBatchExchange:
         self,
         region: str,
         url: str,
-        body: bytes,
+        body: BodyBuilder,
         headers: Mapping[str, str],
         timeout_s: float,
         on_line: LineSink,
     ) -> BatchRefused | None:
         if self._blocked(region):
             raise BatchNotSent(f"{region} is black-holed by a drill")
+        content = body()  # in-process peers: no connection to wait for
+        if content is None:
+            return None
         try:
             async with self._client.stream(
-                "POST", url, content=body, headers=dict(headers), timeout=timeout_s
+                "POST", url, content=content, headers=dict(headers), timeout=timeout_s
             ) as reply:
                 content_type = reply.headers.get("content-type", "")
                 if reply.status_code != 200 or not content_type.startswith(NDJSON):
@@ -254,7 +266,7 @@ class StreamBatchExchange:
         self,
         region: str,
         url: str,
-        body: bytes,
+        body: BodyBuilder,
         headers: Mapping[str, str],
         timeout_s: float,
         on_line: LineSink,
@@ -262,14 +274,19 @@ class StreamBatchExchange:
         if self._blocked(region):
             raise BatchNotSent(f"{region} is black-holed by a drill")
         target = self._target(url, headers)
-        request = target.head + b"content-length: %d\r\n\r\n" % len(body) + body
         sent = False  # whether any byte of the request may have left
         try:
             async with asyncio.timeout(timeout_s):
                 connection = self._kept(region) or await self._connect(region, target)
                 try:
+                    content = body()
+                    if content is None:  # every item was answered while it connected
+                        self._keep(region, connection)
+                        return None
                     sent = True
-                    connection.writer.write(request)
+                    connection.writer.write(
+                        target.head + b"content-length: %d\r\n\r\n" % len(content) + content
+                    )
                     refused = await self._read(region, connection, on_line)
                 except BaseException:
                     self._discard(connection)

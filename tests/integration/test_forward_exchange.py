@@ -12,8 +12,9 @@ import asyncio
 import contextlib
 import itertools
 import json
+import random
 import ssl
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -21,10 +22,14 @@ from typing import Any
 import httpx
 import pytest
 import uvicorn
+from fastapi import Response
 
+from eventlog.clock import LoopClock
+from eventlog.errors import DeadlineExceeded
 from eventlog.http_headers import PEER_AUTH_HEADER
 from services.api import forward_exchange
-from services.api.forward_batch import BATCH_PATH
+from services.api.errors import ForwardFailed
+from services.api.forward_batch import BATCH_PATH, AppendBatcher, BatchConfig
 from services.api.forward_exchange import (
     BatchExchange,
     BatchLost,
@@ -108,7 +113,7 @@ async def send(
     exchange: BatchExchange, url: str, body: bytes = b'{"items":[]}', timeout_s: float = TIMEOUT_S
 ) -> tuple[Any, list[Any]]:
     lines: list[Any] = []
-    refused = await exchange.send("b", url, body, HEADERS, timeout_s, lines.append)
+    refused = await exchange.send("b", url, lambda: body, HEADERS, timeout_s, lines.append)
     return refused, [json.loads(line) for line in lines]
 
 
@@ -177,7 +182,7 @@ async def test_an_answer_cut_short_is_lost_after_the_lines_that_came() -> None:
         exchange = StreamBatchExchange(ssl_context=None)
         lines: list[bytes] = []
         with pytest.raises(BatchLost):
-            await exchange.send("b", url, b"{}", HEADERS, TIMEOUT_S, lines.append)
+            await exchange.send("b", url, lambda: b"{}", HEADERS, TIMEOUT_S, lines.append)
         assert [json.loads(line) for line in lines] == LINES[:1]
         peer.answer, peer.close_after_answer = answering(ndjson(LINES)), False
         assert await send(exchange, url) == (None, LINES)  # the next batch starts clean
@@ -245,9 +250,10 @@ async def test_nothing_sent_to_nobody_or_through_a_black_hole() -> None:
     assert peer.connections == 0
 
 
-async def test_a_handshake_that_never_ends_sent_nothing(tmp_path: Path) -> None:
-    """A peer that takes the TCP connection and never answers the TLS handshake: the time ran
-    out before any byte of the batch left, so the batch was not sent (safe to send again)."""
+@asynccontextmanager
+async def handshake_never_answered() -> AsyncIterator[tuple[str, bytearray]]:
+    """A peer that takes the TCP connection and never answers the TLS handshake: yields its
+    URL and what it received."""
     received = bytearray()
     accepted: list[asyncio.StreamWriter] = []
 
@@ -259,23 +265,81 @@ async def test_a_handshake_that_never_ends_sent_nothing(tmp_path: Path) -> None:
         finally:
             writer.close()
 
-    tls = issue_cluster_tls(tmp_path / "tls", ["a", "b"], ["127.0.0.1"])
     server = await asyncio.start_server(mute, "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
-    exchange = StreamBatchExchange(ssl_context=client_ssl_context(tls["a"]))
     try:
-        with pytest.raises(BatchNotSent):
-            await send(exchange, f"https://127.0.0.1:{port}{BATCH_PATH}", timeout_s=0.3)
+        yield f"https://127.0.0.1:{port}", received
     finally:
-        await exchange.close()
         server.close()
         for writer in accepted:  # the server's side of the connection ends with the test
             writer.close()
             with contextlib.suppress(ConnectionError):
                 await writer.wait_closed()
         await server.wait_closed()
+
+
+async def test_a_handshake_that_never_ends_sent_nothing(tmp_path: Path) -> None:
+    """The time ran out before any byte of the batch left, so the batch was not sent (safe to
+    send again), and its body was never built."""
+    tls = issue_cluster_tls(tmp_path / "tls", ["a", "b"], ["127.0.0.1"])
+    exchange = StreamBatchExchange(ssl_context=client_ssl_context(tls["a"]))
+    built: list[bytes] = []
+
+    def body() -> bytes:
+        built.append(b"{}")
+        return b"{}"
+
+    async with handshake_never_answered() as (base_url, received):
+        try:
+            with pytest.raises(BatchNotSent):
+                await exchange.send("b", base_url + BATCH_PATH, body, HEADERS, 0.3, print)
+        finally:
+            await exchange.close()
     assert received  # the connection was made: only its handshake never finished
     assert b"POST" not in received and BATCH_PATH.encode() not in received
+    assert built == []
+
+
+async def test_an_append_whose_deadline_passes_during_the_handshake_was_not_applied(
+    tmp_path: Path,
+) -> None:
+    """Two appends share a batch whose connection's TLS handshake never ends. The first one's
+    deadline passes during the handshake: nothing of the batch had left, so its answer is 504
+    ``deadline_exceeded`` (not applied), not ``outcome_unknown``; it used to be told unknown,
+    because its batch counted as under way from the moment it began to connect."""
+    tls = issue_cluster_tls(tmp_path / "tls", ["a", "b"], ["127.0.0.1"])
+    clock = LoopClock()
+    limits = BatchConfig(batch_max=8, batches_in_flight_max=1, straggler_s=5.0,
+                         batches_open_max=2, queue_max=8, retries_max=0, backoff_s=0.1)  # fmt: skip
+
+    async def while_reachable(region: str, call: Coroutine[Any, Any, None]) -> None:
+        await call
+
+    batcher = AppendBatcher(
+        exchange=StreamBatchExchange(ssl_context=client_ssl_context(tls["a"])), clock=clock,
+        rng=random.Random(1), limits=limits, peer_secret=SECRET,
+        while_reachable=while_reachable, count=lambda region, outcome: None,
+    )  # fmt: skip
+
+    async def append(base_url: str, deadline_s: float) -> Response:
+        return await batcher.forward(
+            target_region="b", base_url=base_url, conversation_id="c1",
+            body=b'{"type":"note"}', authorization=f"Bearer {KEY_A}", idempotency_key=None,
+            deadline_s=clock.monotonic() + deadline_s,
+        )  # fmt: skip
+
+    async with handshake_never_answered() as (base_url, received):
+        try:
+            short, long = await asyncio.gather(
+                append(base_url, 0.3), append(base_url, 1.0), return_exceptions=True
+            )
+        finally:
+            await batcher.close()
+    assert isinstance(short, DeadlineExceeded), repr(short)
+    assert "not applied" in str(short)
+    # the other one's time ran out with the handshake: never sent either
+    assert isinstance(long, DeadlineExceeded | ForwardFailed), repr(long)
+    assert received and b"POST" not in received
 
 
 async def test_mutual_tls_with_the_clusters_certificates_only(tmp_path: Path) -> None:
