@@ -270,7 +270,10 @@ class ReplicaConformance:
         assert [s.conversation_id for s in await replica.list_conversations(0, 300, 6, 10)] == [
             "b", "a", "c",
         ]  # fmt: skip
-        assert [s.conversation_id for s in await replica.list_conversations(0, 301, 6, 10)] == ["b"]
+        # active since 301: only b, with the totals of all its entries, the older one too
+        [recent] = await replica.list_conversations(0, 301, 6, 10)
+        assert (recent.conversation_id, recent.token_count, recent.last_seq) == ("b", 9, 1)
+        assert await replica.list_conversations(0, 301, 5, 10) == []  # its new entry is hidden
         assert len(await replica.list_conversations(0, 0, 6, 2)) == 2
 
     # --- group commit and durability -----------------------------------------------------

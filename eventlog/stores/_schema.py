@@ -39,8 +39,10 @@ entries = Table(
     Column("token_count", BigInteger, nullable=False),
     Column("created_at_ms", BigInteger, nullable=False),
     Column("body", Text, nullable=False),
-    # the only index besides the key: each one costs every replica an insert per entry
-    # (migration 0005 dropped one no query could use)
+    # the only B-tree besides the key: each one costs every replica an insert per entry
+    # (migration 0005 dropped one no query could use). On PostgreSQL, migration 0006 adds a
+    # BRIN index on created_at_ms (list_conversations' recent pages; an insert rarely touches
+    # it), which SQLite has no kind of and so is not declared here
     Index("ix_entries_conversation", "shard", "tenant_id", "conversation_id", "seq"),
 )
 

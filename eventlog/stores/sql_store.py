@@ -192,6 +192,20 @@ class SqlReplicaStore(ReplicaStore):
     ) -> list[ConversationSummary]:
         if limit <= 0:
             return []
+        # the conversations with an entry at or after the cutoff (those whose latest activity
+        # is at or after it): on PostgreSQL from the pages written since, by the BRIN index of
+        # migration 0006, not from the whole shard; then their totals, by ix_entries_conversation
+        active = (
+            select(entries.c.tenant_id, entries.c.conversation_id)
+            .where(
+                entries.c.shard == shard,
+                entries.c.created_at_ms >= active_since_ms,
+                entries.c.lsn <= max_lsn,
+                entries.c.conversation_id != "",  # leader barriers belong to no conversation
+            )
+            .distinct()
+            .cte("active")
+        )
         last_activity = func.max(entries.c.created_at_ms)
         query = (
             select(
@@ -201,13 +215,14 @@ class SqlReplicaStore(ReplicaStore):
                 cast(func.sum(entries.c.token_count), BigInteger).label("token_count"),
                 func.max(entries.c.seq).label("last_seq"),
             )
-            .where(
-                entries.c.shard == shard,
-                entries.c.lsn <= max_lsn,
-                entries.c.conversation_id != "",  # leader barriers belong to no conversation
+            .join_from(
+                entries,
+                active,
+                (entries.c.tenant_id == active.c.tenant_id)
+                & (entries.c.conversation_id == active.c.conversation_id),
             )
+            .where(entries.c.shard == shard, entries.c.lsn <= max_lsn)
             .group_by(entries.c.tenant_id, entries.c.conversation_id)
-            .having(last_activity >= active_since_ms)
             .order_by(
                 last_activity.desc(),
                 self._codepoint_order(entries.c.conversation_id),

@@ -1,6 +1,8 @@
-"""The log's entries table carries only the indexes its queries use (migration 0005): each index
-costs every replica an insert per entry, on every append. A database made before 0005 loses the
-unused one on upgrade, and a rollback to 0004 builds it again; on PostgreSQL and on SQLite."""
+"""The log's entries table carries only the indexes its queries use: each B-tree costs every
+replica an insert per entry, on every append. A database made before 0005 loses the unused one on
+upgrade, and a rollback to 0004 builds it again; on PostgreSQL and on SQLite. On PostgreSQL,
+0006 adds a BRIN index on ``created_at_ms`` (``list_conversations`` reads the pages written since
+its cutoff; an insert rarely touches it), which a rollback to 0005 drops."""
 
 from __future__ import annotations
 
@@ -18,20 +20,23 @@ PG_INDEXES = "SELECT indexname FROM pg_indexes WHERE tablename = 'entries'"
 #: what every revision from 0005 on keeps: a conversation's entries (besides the key)
 KEPT = {"ix_entries_conversation"}
 DROPPED = "ix_entries_created"
+BRIN = "ix_entries_created_brin"
 
 
 async def upgrade_then_roll_back(
-    dsn: str, indexes: Callable[[], Awaitable[set[str]]], key: set[str]
+    dsn: str, indexes: Callable[[], Awaitable[set[str]]], key: set[str], head: set[str]
 ) -> None:
     await migrate(dsn, "0004")
     assert await indexes() == key | KEPT | {DROPPED}
     await migrate(dsn)
+    assert await indexes() == key | KEPT | head
+    await alembic_downgrade(dsn, "0005")
     assert await indexes() == key | KEPT
     await alembic_downgrade(dsn, "0004")
     assert await indexes() == key | KEPT | {DROPPED}
 
 
-async def test_postgresql_entries_keep_only_the_key_and_the_conversation_index(
+async def test_postgresql_entries_keep_the_key_the_conversation_index_and_a_brin(
     pg_databases: list[str],
 ) -> None:
     dsn = pg_databases[0]
@@ -43,7 +48,7 @@ async def test_postgresql_entries_keep_only_the_key_and_the_conversation_index(
         finally:
             await conn.close()
 
-    await upgrade_then_roll_back(dsn, indexes, key={"entries_pkey"})
+    await upgrade_then_roll_back(dsn, indexes, key={"entries_pkey"}, head={BRIN})
 
 
 async def test_sqlite_entries_keep_only_the_key_and_the_conversation_index(
@@ -55,4 +60,4 @@ async def test_sqlite_entries_keep_only_the_key_and_the_conversation_index(
         return {str(r[1]) for r in rows if not str(r[1]).startswith("sqlite_autoindex_")}
 
     dsn = f"sqlite+aiosqlite:///{tmp_path / 'replica.db'}"
-    await upgrade_then_roll_back(dsn, indexes, key=set())
+    await upgrade_then_roll_back(dsn, indexes, key=set(), head=set())
