@@ -51,6 +51,27 @@ async def test_postgresql_entries_keep_the_key_the_conversation_index_and_a_brin
     await upgrade_then_roll_back(dsn, indexes, key={"entries_pkey"}, head={BRIN})
 
 
+async def test_a_brin_built_concurrently_before_the_upgrade_is_kept(
+    pg_databases: list[str],
+) -> None:
+    """An operator of a large log builds the index without blocking writes before upgrading
+    (0006's docstring); the migration then finds it and adds nothing."""
+    dsn = pg_databases[0]
+    await migrate(dsn, "0005")
+    conn = await asyncpg.connect(asyncpg_dsn(dsn))
+    try:
+        await conn.execute(
+            f"CREATE INDEX CONCURRENTLY IF NOT EXISTS {BRIN} ON entries USING brin "
+            "(created_at_ms) WITH (autosummarize = on)"
+        )
+        await migrate(dsn)
+        assert {r["indexname"] for r in await conn.fetch(PG_INDEXES)} == (
+            {"entries_pkey", BRIN} | KEPT
+        )
+    finally:
+        await conn.close()
+
+
 async def test_sqlite_entries_keep_only_the_key_and_the_conversation_index(
     tmp_path: Path,
 ) -> None:

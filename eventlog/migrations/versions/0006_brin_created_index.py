@@ -23,6 +23,18 @@ entry and that the old query could not use.)
 Measured (``EXPLAIN ANALYZE``, 1,000,000 entries in 64 shards, 15,625 in the shard, the last
 20,000 entries inside the window): 74 ms and 15,625 heap pages read before, 4.7 ms and 349 after.
 
+``python -m bench.replay_query`` measures both sides in one run: through the store, 8.7 ms
+against 66 ms for the query before (7.6 x), and an insert's server CPU 16.45 us per row with no
+extra index, 17.2 us with the BRIN, 18.75 us with the old B-tree.
+
+Built inside the migration's transaction, the index holds appends to this replica for as long as
+one pass over the table takes (the other replicas keep the quorum meanwhile), and the migration's
+statement timeout (60 s) bounds it. On a large log, build it first without blocking writes; the
+migration then finds it and does nothing::
+
+    CREATE INDEX CONCURRENTLY IF NOT EXISTS ix_entries_created_brin
+        ON entries USING brin (created_at_ms) WITH (autosummarize = on);
+
 SQLite (the embedded demo) has no BRIN; its query is the same, and scans the shard.
 """
 
@@ -41,10 +53,11 @@ INDEX = "ix_entries_created_brin"
 def upgrade() -> None:
     if op.get_bind().dialect.name == "postgresql":
         op.execute(
-            f"CREATE INDEX {INDEX} ON entries USING brin (created_at_ms) WITH (autosummarize = on)"
+            f"CREATE INDEX IF NOT EXISTS {INDEX} ON entries USING brin (created_at_ms) "
+            "WITH (autosummarize = on)"
         )
 
 
 def downgrade() -> None:
     if op.get_bind().dialect.name == "postgresql":
-        op.execute(f"DROP INDEX {INDEX}")
+        op.execute(f"DROP INDEX IF EXISTS {INDEX}")
