@@ -27,9 +27,9 @@ wait; a batch that could not be sent (no connection: refused, failed, or not mad
 retried under the same budget; an item whose deadline passed while nothing of it had left (still
 queued, its batch still connecting, or only attempts that made no connection) is 504
 ``deadline_exceeded``: it was not applied, and it is withdrawn from its batch (a batch's body is
-built once its connection is ready, ``forward_exchange.BodyBuilder``); a batch lost after it was sent, or an item whose
-answer did not arrive, is ``outcome_unknown``; the batch's own refusal (the leader's peer
-admission, its 401) is every item's answer.
+built once its connection is ready, ``forward_exchange.BodyBuilder``); a batch lost after it was
+sent, or an item whose answer did not arrive, is ``outcome_unknown``; the batch's own refusal
+(the leader's peer admission, its 401) is every item's answer.
 """
 
 from __future__ import annotations

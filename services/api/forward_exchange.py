@@ -20,11 +20,11 @@ item whose caller's deadline passed during the handshake is not in it (the batch
 
 Outcomes, for the batcher: ``BatchNotSent`` when nothing of the batch left this node (no
 connection could be made: refused, failed, or not made in time; or a drill's black-hole drops
-calls to the region): safe to send again; the body was never built. ``BatchLost`` when it left and its answer did not
-come back whole (the connection broke, the answer was malformed or too long, the time ran out):
-what was not answered is unknown. Otherwise the answer lines went to ``on_line`` as they arrived
-and ``send`` returns None, or the batch's own refusal (any other status or content type) is
-returned whole.
+calls to the region): safe to send again; the body was never built. ``BatchLost`` when it left
+and its answer did not come back whole (the connection broke, the answer was malformed or too
+long, the time ran out): what was not answered is unknown. Otherwise the answer lines went to
+``on_line`` as they arrived and ``send`` returns None, or the batch's own refusal (any other
+status or content type) is returned whole.
 
 Bounds: an answer's head ``HEAD_BYTES_MAX``, an answer line ``LINE_BYTES_MAX``, a refusal's body
 ``REFUSAL_BYTES_MAX``, kept connections ``idle_max`` per region, a connection reused only while
