@@ -50,6 +50,9 @@ AUDIT_KEPT_MAX = 10_000
 AUDIT_FIELD_CHARS_MAX = 500
 
 log = logging.getLogger("convplane.ops")
+#: what parsing a record from outside this process may raise (OverflowError: a number such as
+#: 1e999, which JSON reads as infinity, made an int)
+_MALFORMED = (ValueError, KeyError, TypeError, AttributeError, OverflowError)
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,13 +148,13 @@ class OpsState:
             if record_type == AUDIT_RECORD:
                 return self._apply_audit(lsn, body)
             changed = self._apply_state(record_type, body)
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        except _MALFORMED as exc:
             return self._malformed(lsn, record_type, exc)
         if not (changed or placement) or AUDIT_KEY not in body:
             return changed
         try:
             self._apply_audit(lsn, body[AUDIT_KEY])
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        except _MALFORMED as exc:
             self._malformed(lsn, f"{record_type}'s audit entry", exc)
         return True
 

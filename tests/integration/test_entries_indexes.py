@@ -72,6 +72,28 @@ async def test_a_brin_built_concurrently_before_the_upgrade_is_kept(
         await conn.close()
 
 
+async def test_a_brin_a_failed_concurrent_build_left_invalid_is_built_again(
+    pg_databases: list[str],
+) -> None:
+    """A ``CREATE INDEX CONCURRENTLY`` that fails leaves an INVALID index under its name, which
+    no query uses and which ``IF NOT EXISTS`` would keep: the migration drops and rebuilds it."""
+    dsn = pg_databases[0]
+    await migrate(dsn, "0005")
+    conn = await asyncpg.connect(asyncpg_dsn(dsn))
+    valid = f"SELECT indisvalid FROM pg_index WHERE indexrelid = '{BRIN}'::regclass"
+    try:
+        await conn.execute(f"CREATE INDEX {BRIN} ON entries USING brin (created_at_ms)")
+        # what a failed concurrent build leaves (the catalog flag it would not have set)
+        await conn.execute(
+            f"UPDATE pg_index SET indisvalid = false WHERE indexrelid = '{BRIN}'::regclass"
+        )
+        assert await conn.fetchval(valid) is False
+        await migrate(dsn)
+        assert await conn.fetchval(valid) is True
+    finally:
+        await conn.close()
+
+
 async def test_sqlite_entries_keep_only_the_key_and_the_conversation_index(
     tmp_path: Path,
 ) -> None:

@@ -78,6 +78,12 @@ def test_a_malformed_audit_entry_is_counted_and_the_change_still_applies() -> No
     halt = {"on": True, "reason": "incident", "by": "sre", "at_ms": T0, AUDIT_KEY: {"by": "x"}}
     assert ops.apply(1, HALT_RECORD, json.dumps(halt))
     assert ops.halt.on and not ops.audit and ops.malformed_records == 1
+    # a time JSON reads as infinity: counted and skipped, never raised into the controller
+    infinite = '{"on": false, "reason": "r", "by": "sre", "at_ms": 1e999}'
+    assert not ops.apply(2, HALT_RECORD, infinite)
+    entry = {**halt, AUDIT_KEY: {**audit("halt.on", "*"), "at_ms": float("inf")}}
+    assert ops.apply(3, HALT_RECORD, json.dumps(entry))  # "Infinity": the halt still applies
+    assert ops.halt.on and not ops.audit and ops.malformed_records == 3
 
 
 def test_placement_records_are_audited_only_when_the_controller_applied_them() -> None:

@@ -30,7 +30,8 @@ extra index, 17.2 us with the BRIN, 18.75 us with the old B-tree.
 Built inside the migration's transaction, the index holds appends to this replica for as long as
 one pass over the table takes (the other replicas keep the quorum meanwhile), and the migration's
 statement timeout (60 s) bounds it. On a large log, build it first without blocking writes; the
-migration then finds it and does nothing::
+migration then finds it and does nothing (one that build left INVALID, having failed, it drops
+and builds again)::
 
     CREATE INDEX CONCURRENTLY IF NOT EXISTS ix_entries_created_brin
         ON entries USING brin (created_at_ms) WITH (autosummarize = on);
@@ -41,6 +42,7 @@ SQLite (the embedded demo) has no BRIN; its query is the same, and scans the sha
 from __future__ import annotations
 
 from alembic import op
+from sqlalchemy import text
 
 revision = "0006"
 down_revision = "0005"
@@ -51,7 +53,14 @@ INDEX = "ix_entries_created_brin"
 
 
 def upgrade() -> None:
-    if op.get_bind().dialect.name == "postgresql":
+    bind = op.get_bind()
+    if bind.dialect.name == "postgresql":
+        valid = bind.execute(
+            text("SELECT indisvalid FROM pg_index WHERE indexrelid = to_regclass(:name)"),
+            {"name": INDEX},
+        ).scalar()
+        if valid is False:  # a CONCURRENTLY build that failed left it behind, never used
+            op.execute(f"DROP INDEX {INDEX}")
         op.execute(
             f"CREATE INDEX IF NOT EXISTS {INDEX} ON entries USING brin (created_at_ms) "
             "WITH (autosummarize = on)"
