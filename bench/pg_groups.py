@@ -29,15 +29,13 @@ import argparse
 import asyncio
 import itertools
 import json
-import shutil
-import tempfile
 import time
-from pathlib import Path
 from typing import Any
 
 import asyncpg
 
 from bench.cpu import cpu_s
+from bench.local_pg import one_postgres
 from bench.pg_peer import PEER_INSERT, PEER_TABLE, TENANT, payload_text
 from eventlog.model import LogEntry
 from eventlog.stores import open_replica_store
@@ -45,7 +43,7 @@ from eventlog.stores._pg_writes import _ACCEPTED as ACCEPTED
 from eventlog.stores._pg_writes import _APPEND, append_arrays
 from eventlog.stores._plan import AppendRequest
 from eventlog.stores.migrate import migration_module
-from services.local.postgres import asyncpg_dsn, start_instances
+from services.local.postgres import asyncpg_dsn
 
 SHAPES = (
     (1, 1),
@@ -169,16 +167,8 @@ def main() -> None:
     p.add_argument("--seconds", type=float, default=3.0, help="per shape, and for the peer")
     p.add_argument("--payload-bytes", type=int, default=1024)
     args = p.parse_args()
-    work = Path(tempfile.mkdtemp(prefix="convplane-bench-pg-groups-", dir="/tmp"))
-    work.chmod(0o755)  # the postgres user must traverse it
-    try:
-        (instance,) = start_instances(1, work)
-        try:
-            result = asyncio.run(measure(instance.dsn, args))
-        finally:
-            instance.stop()
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+    with one_postgres("pg-groups") as dsn:
+        result = asyncio.run(measure(dsn, args))
     print(json.dumps({**result, "seconds": args.seconds, "payload_bytes": args.payload_bytes}))
 
 

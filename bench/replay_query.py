@@ -24,19 +24,17 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import shutil
 import statistics
-import tempfile
 import time
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 from typing import Any
 
 import asyncpg
 
 from bench.cpu import cpu_s
+from bench.local_pg import one_postgres
 from eventlog.stores import open_replica_store
-from services.local.postgres import asyncpg_dsn, start_instances
+from services.local.postgres import asyncpg_dsn
 
 SHARDS = 64
 SHARD = 3
@@ -157,19 +155,11 @@ def main() -> None:
     p.add_argument("--insert-rows", type=int, default=200_000)
     p.add_argument("--insert-rounds", type=int, default=5)
     args = p.parse_args()
-    work = Path(tempfile.mkdtemp(prefix="convplane-bench-replay-query-", dir="/tmp"))
-    work.chmod(0o755)  # the postgres user must traverse it
-    try:
-        (instance,) = start_instances(1, work)
-        try:
-            query = asyncio.run(measure_query(instance.dsn, args))
-            print("list_conversations:", json.dumps(query), flush=True)
-            inserts = asyncio.run(measure_inserts(instance.dsn, args))
-            print("backend CPU us per inserted row:", json.dumps(inserts), flush=True)
-        finally:
-            instance.stop()
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+    with one_postgres("replay-query") as dsn:
+        query = asyncio.run(measure_query(dsn, args))
+        print("list_conversations:", json.dumps(query), flush=True)
+        inserts = asyncio.run(measure_inserts(dsn, args))
+        print("backend CPU us per inserted row:", json.dumps(inserts), flush=True)
     print(json.dumps({**query, "insert_us_per_row": inserts, "entries": args.entries,
                       "window_entries": args.window_entries}))  # fmt: skip
 
