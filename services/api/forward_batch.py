@@ -27,9 +27,17 @@ wait; a batch that could not be sent (no connection: refused, failed, or not mad
 retried under the same budget; an item whose deadline passed while nothing of it had left (still
 queued, its batch still connecting, or only attempts that made no connection) is 504
 ``deadline_exceeded``: it was not applied, and it is withdrawn from its batch (a batch's body is
-built once its connection is ready, ``forward_exchange.BodyBuilder``); a batch lost after it was
-sent, or an item whose answer did not arrive, is ``outcome_unknown``; the batch's own refusal
+built once its connection is ready, ``forward_exchange.BodyBuilder``); the batch's own refusal
 (the leader's peer admission, its 401) is every item's answer.
+
+A batch lost after it left (its connection broke, its answer came back cut short or malformed)
+while the leader still answers probes is not the leader's failure, and an item it carried may or
+may not have been applied. An item with an ``Idempotency-Key`` is sent again, in the same batch's
+next attempt on a fresh connection, under the same retry bound and its own deadline: the leader
+answers a repeat with the first one's result (``Idempotent-Replayed``), so the caller gets the
+answer it would have got. An item without one is ``outcome_unknown`` (sending it again could apply
+it twice), and so is an item whose answer did not arrive by its deadline, one whose leader
+stopped answering probes, and a keyed one whose later attempts failed too.
 """
 
 from __future__ import annotations
@@ -240,9 +248,17 @@ class _Item:
     encoded: bytes  # the item's JSON, deadline_ms filled in when its batch leaves
     deadline_s: float
     answer: asyncio.Future[Response]
+    #: it carries an Idempotency-Key: the leader answers a repeat with the first one's result
+    keyed: bool = False
     #: an attempt to send its batch is under way or may have reached the leader; False while
     #: it waits in the queue and after attempts that left nothing (``BatchNotSent``)
     may_have_left: bool = False
+    #: an earlier attempt carried it and was lost (``BatchLost``): it may have been applied,
+    #: whatever later attempts do
+    lost_once: bool = False
+
+    def may_be_applied(self) -> bool:
+        return self.may_have_left or self.lost_once
 
 
 @dataclass
@@ -324,7 +340,12 @@ class AppendBatcher:
         }
         answer: asyncio.Future[Response] = asyncio.get_running_loop().create_future()
         answer.add_done_callback(_retrieve)
-        item = _Item(json.dumps(fields, separators=(",", ":")).encode(), deadline_s, answer)
+        item = _Item(
+            json.dumps(fields, separators=(",", ":")).encode(),
+            deadline_s,
+            answer,
+            keyed=idempotency_key is not None,
+        )
         lane.queue.append(item)
         self._pump(target_region, base_url, lane)
         remaining_s = deadline_s - self._clock.monotonic()
@@ -333,7 +354,7 @@ class AppendBatcher:
                 return await asyncio.shield(answer)
         except TimeoutError:
             self._count(target_region, "timeout")
-            if not item.may_have_left:
+            if not item.may_be_applied():
                 item.answer.cancel()  # withdrawn: no later attempt of its batch carries it
                 raise _not_forwarded_in_time(target_region) from None
             raise OutcomeUnknown(_unknown(target_region)) from None
@@ -391,9 +412,10 @@ class AppendBatcher:
         except asyncio.CancelledError:
             exchange.cancel()
             raise
-        except ConvplaneError as exc:  # the batch's own error is every unanswered item's
+        except ConvplaneError as exc:  # the batch's own error is every unanswered item's,
+            # but for an item an earlier, lost attempt carried (it may have been applied)
             for item in items:
-                if not item.answer.done():
+                if not item.answer.done() and not item.lost_once:
                     item.answer.set_exception(exc)
         except Exception as exc:  # lost after it left (its target stopped answering probes,
             # a broken stream): what was not answered is unknown (below)
@@ -403,7 +425,7 @@ class AppendBatcher:
             for item in items:
                 if item.answer.done():
                     continue
-                if item.may_have_left:
+                if item.may_be_applied():
                     item.answer.set_exception(OutcomeUnknown(_unknown(target_region)))
                 else:  # left out of every attempt (its deadline passed): not applied
                     item.answer.set_exception(_not_forwarded_in_time(target_region))
@@ -440,7 +462,24 @@ class AppendBatcher:
                 await self._clock.sleep(min(backoff.next_s(), remaining_s))
             except BatchLost as exc:
                 self._count(target_region, "error")
-                raise OutcomeUnknown(_unknown(target_region)) from exc
+                if attempt == limits.retries_max or not self._resendable(target_region, items):
+                    raise OutcomeUnknown(_unknown(target_region)) from exc
+                log.info("forward batch to %s lost (%r): sending its keyed items again",
+                         target_region, exc)  # fmt: skip
+                self._count(target_region, "resent")
+
+    def _resendable(self, target_region: str, items: list[_Item]) -> bool:
+        """After a lost attempt: an item it carried may have been applied. One without an
+        Idempotency-Key is ``outcome_unknown`` now (sent again it could be applied twice);
+        one with a key may go again, at once, on a fresh connection (a lost one is never
+        reused): the leader answers it with the first one's result if that was applied, and
+        applies it if not. Whether any item is left to send."""
+        for item in items:
+            if item.may_have_left:
+                item.lost_once = True
+                if not item.keyed and not item.answer.done():
+                    item.answer.set_exception(OutcomeUnknown(_unknown(target_region)))
+        return bool(self._unanswered(items))
 
     def _unanswered(self, items: list[_Item]) -> list[_Item]:
         """Items that may still leave: an item answered meanwhile (its caller told "not

@@ -4,6 +4,7 @@ answer it would have got forwarded alone: the leader's status, body and headers.
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -292,20 +293,27 @@ async def test_an_item_answered_not_applied_never_leaves_with_its_batch() -> Non
         assert (r.status_code, r.json()["seq"]) == (201, 1)  # the withdrawn item never landed
 
 
+def _stall_appends(log: FakeLog, conversation_id: str) -> tuple[asyncio.Event, asyncio.Event]:
+    """Appends to ``conversation_id`` at ``log`` wait, once they arrive (``reached``), until
+    ``release`` is set."""
+    reached, release = asyncio.Event(), asyncio.Event()
+    append = log.append_event
+
+    async def stalling(tenant_id: str, cid: str, *args: Any, **kw: Any) -> Any:
+        if cid == conversation_id:
+            reached.set()
+            await release.wait()
+        return await append(tenant_id, cid, *args, **kw)
+
+    log.append_event = stalling  # type: ignore[method-assign,assignment]
+    return reached, release
+
+
 async def test_a_batch_waiting_on_a_slow_item_does_not_hold_the_next_one(nodes: Nodes) -> None:
     slow, fast = (conversation_led_by("west", prefix=p) for p in ("slow", "fast"))
     for cid in (slow, fast):
         await _create(nodes, cid)
-    reached, release = asyncio.Event(), asyncio.Event()
-    append = nodes.west_log.append_event
-
-    async def stalling(tenant_id: str, conversation_id: str, *args: Any, **kw: Any) -> Any:
-        if conversation_id == slow:
-            reached.set()
-            await release.wait()
-        return await append(tenant_id, conversation_id, *args, **kw)
-
-    nodes.west_log.append_event = stalling  # type: ignore[method-assign]
+    reached, release = _stall_appends(nodes.west_log, slow)
     # one batch under way per peer: without the straggler rule the second append would wait
     # for the first one's batch, i.e. until the first one's deadline (5 s) answered it 503
     first = asyncio.create_task(
@@ -346,3 +354,77 @@ async def test_a_bug_serving_one_item_is_its_500_and_no_other_items(nodes: Nodes
         )
     )
     assert [r.status_code for r in answers] == [500, 201]
+
+
+def _answers_lost(
+    routing: CountingRouting, host: str, lost: set[int], refused_from: int | None = None
+) -> list[list[str]]:
+    """The calls to ``host`` numbered in ``lost`` (from 1) reach its app, which serves every
+    item, and then lose their answer (the connection breaks); from call ``refused_from`` on,
+    no connection is made. Returns each call's items, by conversation id."""
+    app = routing.apps[host]
+    carried: list[list[str]] = []
+
+    async def lose_some(request: httpx.Request) -> httpx.Response:
+        carried.append([item["conversation_id"] for item in json.loads(request.content)["items"]])
+        if refused_from is not None and len(carried) >= refused_from:
+            raise httpx.ConnectError("refused", request=request)
+        reply = await app.handle_async_request(request)
+        await reply.aread()  # every item served
+        if len(carried) in lost:
+            raise httpx.ReadError("connection reset by peer", request=request)
+        return reply
+
+    routing.apps[host] = httpx.MockTransport(lose_some)  # type: ignore[assignment]
+    return carried
+
+
+async def test_a_lost_batch_sends_its_keyed_items_again_and_each_is_applied_once() -> None:
+    """A batch whose connection broke after the leader served it: the item with an
+    Idempotency-Key goes again, alone, and gets the result the leader already holds (200,
+    replayed); the one without a key is ``outcome_unknown`` (sent again it would be applied
+    twice). Each is in the log once."""
+    async with two_nodes(forward_batch_straggler_s=0.05, forward_retries_max=2) as nodes:
+        slow, keyed, plain = (conversation_led_by("west", prefix=p) for p in ("s", "k", "p"))
+        for cid in (slow, keyed, plain):
+            await _create(nodes, cid)
+        reached, release = _stall_appends(nodes.west_log, slow)
+        carried = _answers_lost(nodes.routing, "west.test", lost={2})
+
+        def post(cid: str, headers: dict[str, str]) -> Any:
+            return nodes.east.post(f"/v1/conversations/{cid}/events", json={"type": "note"},
+                                   headers={**AUTH_A, **headers})  # fmt: skip
+
+        first = asyncio.create_task(post(slow, {}))
+        await reached.wait()  # its batch stays under way: the next two queue and share one
+        r_keyed, r_plain = await asyncio.gather(
+            post(keyed, {"Idempotency-Key": "k-1"}), post(plain, {})
+        )
+        release.set()
+        assert (await first).status_code == 201
+        assert carried[:3] == [[slow], [keyed, plain], [keyed]]
+        assert r_keyed.status_code == 200, r_keyed.text
+        assert r_keyed.headers["idempotent-replayed"] == "true"
+        assert (r_keyed.json()["seq"], r_keyed.headers["x-convplane-served-by"]) == (1, "west")
+        assert (r_plain.status_code, r_plain.json()["error"]["code"]) == (503, "outcome_unknown")
+        for cid in (keyed, plain):  # applied once each: the lost attempt's doing
+            events = await nodes.west.get(f"/v1/conversations/{cid}/events", headers=AUTH_A)
+            assert [e["seq"] for e in events.json()["events"]] == [1], events.text
+
+
+@pytest.mark.parametrize("then", ["lost again", "refused"])
+async def test_a_keyed_item_lost_once_is_never_answered_not_applied(then: str) -> None:
+    """Its first attempt was lost after the leader applied it; every later attempt fails
+    (lost again, or no connection at all): the answer is ``outcome_unknown``, never
+    ``forward_failed`` (which says "not applied")."""
+    async with two_nodes(forward_retries_max=1, forward_backoff_s=0.01) as nodes:
+        cid = conversation_led_by("west")
+        await _create(nodes, cid)
+        lost, refused_from = ({1, 2}, None) if then == "lost again" else ({1}, 2)
+        carried = _answers_lost(nodes.routing, "west.test", lost, refused_from)
+        r = await nodes.east.post(f"/v1/conversations/{cid}/events", json={"type": "note"},
+                                  headers={**AUTH_A, "Idempotency-Key": "k-1"})  # fmt: skip
+        assert (r.status_code, r.json()["error"]["code"]) == (503, "outcome_unknown"), r.text
+        assert carried == [[cid], [cid]]  # the first attempt and forward_retries_max (1) more
+        events = await nodes.west.get(f"/v1/conversations/{cid}/events", headers=AUTH_A)
+        assert [e["seq"] for e in events.json()["events"]] == [1]
