@@ -28,9 +28,10 @@ status or content type) is returned whole.
 
 Bounds: an answer's head ``HEAD_BYTES_MAX``, an answer line ``LINE_BYTES_MAX``, a refusal's body
 ``REFUSAL_BYTES_MAX``, kept connections ``idle_max`` per region, a connection reused only while
-it has been idle less than ``IDLE_REUSE_S`` (a peer listener closes idle connections after its
-``header_timeout_s``, 5 s by default; a connection the peer already closed is never reused) and
-never after any failure.
+it has been idle less than ``IDLE_REUSE_S`` and never after any failure. Idle counts from when
+the connection was made or last answered, as the peer counts it: a peer listener closes idle
+connections after its ``header_timeout_s``, 5 s by default, and a batch that sent nothing on a
+connection does not restart that time. A connection the peer already closed is never reused.
 """
 
 from __future__ import annotations
@@ -167,7 +168,9 @@ class _Target:
 class _Connection:
     reader: asyncio.StreamReader
     writer: asyncio.StreamWriter
-    idle_since_s: float = 0.0
+    #: since when the peer waits for a request on it (it connected, or it answered one): the
+    #: peer listener's keep-alive time runs from there
+    idle_since_s: float
 
     def close(self) -> None:
         self.writer.close()
@@ -281,7 +284,7 @@ class StreamBatchExchange:
                 try:
                     content = body()
                     if content is None:  # every item was answered while it connected
-                        self._keep(region, connection)
+                        self._keep(region, connection, answered=False)
                         return None
                     sent = True
                     connection.writer.write(
@@ -340,7 +343,7 @@ class StreamBatchExchange:
             )  # fmt: skip
         except OSError as exc:  # refused, unreachable, a failed handshake: nothing was sent
             raise BatchNotSent(f"{region}: {exc!r}") from exc
-        connection = _Connection(reader, writer)
+        connection = _Connection(reader, writer, time.monotonic())
         self._open.add(connection)
         return connection
 
@@ -367,13 +370,16 @@ class StreamBatchExchange:
             return None
         return BatchRefused(answer.status, answer.headers, bytes(answer.refusal))
 
-    def _keep(self, region: str, connection: _Connection) -> None:
-        """Back to the region's idle connections, for the next batch."""
+    def _keep(self, region: str, connection: _Connection, *, answered: bool = True) -> None:
+        """Back to the region's idle connections, for the next batch. ``answered``: the peer
+        just answered a request on it (its idle time starts now); else nothing was sent, and
+        its idle time runs on from where it was."""
         idle = self._idle.setdefault(region, [])
         if len(idle) >= self._idle_max:
             self._discard(connection)
             return
-        connection.idle_since_s = time.monotonic()
+        if answered:
+            connection.idle_since_s = time.monotonic()
         idle.append(connection)
 
     def _discard(self, connection: _Connection) -> None:

@@ -17,6 +17,7 @@ import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import httpx
@@ -172,6 +173,32 @@ async def test_connections_closed_while_idle_or_idle_too_long_are_replaced(
             assert await send(exchange, url) == (None, LINES)
         await exchange.close()
     assert peer.connections == 5
+
+
+async def test_a_connection_nothing_was_sent_on_goes_back_with_its_idle_time_running(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Every item of a batch was answered while its connection was made or taken (the body
+    builds None): nothing is written, and the connection goes back for the next batch, idle
+    since the peer last heard from it, not since it was put back (the peer's keep-alive time
+    runs on)."""
+    now_s = [100.0]
+    monkeypatch.setattr(forward_exchange, "time", SimpleNamespace(monotonic=lambda: now_s[0]))
+    peer = Peer(answering(ndjson(LINES)))
+    async with listening(peer) as url:
+        exchange = StreamBatchExchange(ssl_context=None)
+        nothing = await exchange.send("b", url, lambda: None, HEADERS, TIMEOUT_S, print)
+        assert (nothing, peer.connections) == (None, 1)  # connected, nothing sent
+        now_s[0] += 1.0
+        assert await send(exchange, url, b'{"items":[1]}') == (None, LINES)  # reused
+        assert peer.connections == 1
+        now_s[0] += 1.5  # the peer answered 1.5 s ago: still reusable
+        assert await exchange.send("b", url, lambda: None, HEADERS, TIMEOUT_S, print) is None
+        now_s[0] += 1.0  # 2.5 s since the answer, though 1 s since it was put back
+        assert await send(exchange, url, b'{"items":[2]}') == (None, LINES)
+        await exchange.close()
+    assert peer.connections == 2  # the last batch did not take the stale connection
+    assert [body for _, body in peer.requests] == [b'{"items":[1]}', b'{"items":[2]}']
 
 
 async def test_an_answer_cut_short_is_lost_after_the_lines_that_came() -> None:
