@@ -27,7 +27,7 @@ from eventlog.node import LogNode
 from eventlog.replica import ReplicaStore
 from eventlog.stores import open_replica_store
 from regions.ops_state import OpsState
-from services.api.forward_exchange import BatchExchange, StreamBatchExchange
+from services.api.forward_exchange import IDLE_REUSE_S, BatchExchange, StreamBatchExchange
 from services.bootstrap.replay import open_replay_service
 from services.cluster_tls import client_ssl_context, node_tls
 from services.config import ClusterConfig, NodeSettings
@@ -134,10 +134,16 @@ def peer_client(
     wrap: TransportWrap | None = None,
 ) -> httpx.AsyncClient:
     """The pooled client of probes, forwards and drill calls; ``wrap`` puts the drills'
-    black-hole (``services.drill_faults``) around its transport."""
+    black-hole (``services.drill_faults``) around its transport.
+
+    A kept connection is reused only well inside a peer listener's idle time
+    (``header_timeout_s``, the same on every node of a cluster): httpx's default, 5 s, equals
+    the listener's default, so a request could be written just as the peer closed the
+    connection, and a write lost that way is ``outcome_unknown`` (httpx does not retry it)."""
     limits = httpx.Limits(
         max_connections=settings.forward_connections_max,
         max_keepalive_connections=settings.forward_connections_max,
+        keepalive_expiry=min(IDLE_REUSE_S, settings.header_timeout_s / 2),
     )
     timeout_s = settings.max_deadline_ms / 1000  # each forward passes its own, shorter timeout
     tls = node_tls(settings)  # mutual TLS to peers' https listeners (services.cluster_tls)
