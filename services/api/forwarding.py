@@ -4,7 +4,9 @@ One hop only: a request carrying ``X-Convplane-Forwarded`` is never forwarded ag
 answers 503 instead), so a stale leader hint cannot make requests circle. The caller's remaining
 deadline travels in ``X-Convplane-Deadline-Ms`` and bounds the whole forward. A peer that could
 not be reached at all (connection refused) is retried under a small budget with jittered
-backoff; any other failure of a write after it was sent means its outcome is unknown.
+backoff; any other failure of a write after it was sent means its outcome is unknown, except
+for an append with an ``Idempotency-Key``, which is sent again under the same budget (the leader
+answers a repeat with the first one's result).
 
 Every forward carries ``X-Convplane-Peer-Auth`` (the cluster's ``peer_secret``, when it has one):
 only with it does the leader trust ``X-Convplane-Forwarded`` (``services.api.admission``).
@@ -157,6 +159,9 @@ class Forwarder:
             self._inject_trace(headers)
         started_s = self._clock.monotonic()
         backoff = Backoff(self._backoff_s, self._backoff_s * 2**self._retries_max, self._rng)
+        #: an append the leader answers again with its first result, if that was applied
+        resendable = batchable and IDEMPOTENCY_KEY_HEADER.lower() in headers
+        lost_once = False  # an attempt was sent and lost: it may have been applied
         for attempt in range(self._retries_max + 1):
             remaining_s = deadline_s - self._clock.monotonic()
             if remaining_s <= 0:
@@ -181,6 +186,8 @@ class Forwarder:
             except httpx.ConnectError as exc:
                 self._metrics.forwarded.labels(target_region, "connect_error").inc()
                 if attempt == self._retries_max:
+                    if lost_once:
+                        raise OutcomeUnknown(_unknown_message(target_region)) from exc
                     raise ForwardFailed(f"leader region {target_region} unreachable") from exc
                 await self._clock.sleep(min(backoff.next_s(), remaining_s))
                 continue
@@ -189,6 +196,9 @@ class Forwarder:
                 raise _deadline_error(is_write, target_region) from exc
             except httpx.HTTPError as exc:
                 self._metrics.forwarded.labels(target_region, "error").inc()
+                if resendable and attempt < self._retries_max:  # at once, on a new connection
+                    lost_once = True  # (httpx never reuses a connection that failed)
+                    continue
                 if is_write:
                     raise OutcomeUnknown(_unknown_message(target_region)) from exc
                 raise ForwardFailed(f"forward to {target_region} failed: {exc!r}"[:300]) from exc

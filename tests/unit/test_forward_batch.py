@@ -1,5 +1,6 @@
 """Forwarded appends travel in batches (``services.api.forward_batch``) and each one gets the
-answer it would have got forwarded alone: the leader's status, body and headers."""
+answer it would have got forwarded alone: the leader's status, body and headers. A lost
+forward, batched or alone, is sent again when the append carries an Idempotency-Key."""
 
 from __future__ import annotations
 
@@ -358,15 +359,15 @@ async def test_a_bug_serving_one_item_is_its_500_and_no_other_items(nodes: Nodes
 
 def _answers_lost(
     routing: CountingRouting, host: str, lost: set[int], refused_from: int | None = None
-) -> list[list[str]]:
-    """The calls to ``host`` numbered in ``lost`` (from 1) reach its app, which serves every
-    item, and then lose their answer (the connection breaks); from call ``refused_from`` on,
-    no connection is made. Returns each call's items, by conversation id."""
+) -> list[httpx.Request]:
+    """The calls to ``host`` numbered in ``lost`` (from 1) reach its app, which serves them,
+    and then lose their answer (the connection breaks); from call ``refused_from`` on, no
+    connection is made. Returns the calls."""
     app = routing.apps[host]
-    carried: list[list[str]] = []
+    carried: list[httpx.Request] = []
 
     async def lose_some(request: httpx.Request) -> httpx.Response:
-        carried.append([item["conversation_id"] for item in json.loads(request.content)["items"]])
+        carried.append(request)
         if refused_from is not None and len(carried) >= refused_from:
             raise httpx.ConnectError("refused", request=request)
         reply = await app.handle_async_request(request)
@@ -377,6 +378,16 @@ def _answers_lost(
 
     routing.apps[host] = httpx.MockTransport(lose_some)  # type: ignore[assignment]
     return carried
+
+
+def _batch_items(calls: list[httpx.Request]) -> list[list[str]]:
+    """Each forward batch's items, by conversation id."""
+    return [[item["conversation_id"] for item in json.loads(c.content)["items"]] for c in calls]
+
+
+async def _seqs(nodes: Nodes, conversation_id: str) -> list[int]:
+    events = await nodes.west.get(f"/v1/conversations/{conversation_id}/events", headers=AUTH_A)
+    return [e["seq"] for e in events.json()["events"]]
 
 
 async def test_a_lost_batch_sends_its_keyed_items_again_and_each_is_applied_once() -> None:
@@ -402,14 +413,13 @@ async def test_a_lost_batch_sends_its_keyed_items_again_and_each_is_applied_once
         )
         release.set()
         assert (await first).status_code == 201
-        assert carried[:3] == [[slow], [keyed, plain], [keyed]]
+        assert _batch_items(carried)[:3] == [[slow], [keyed, plain], [keyed]]
         assert r_keyed.status_code == 200, r_keyed.text
         assert r_keyed.headers["idempotent-replayed"] == "true"
         assert (r_keyed.json()["seq"], r_keyed.headers["x-convplane-served-by"]) == (1, "west")
         assert (r_plain.status_code, r_plain.json()["error"]["code"]) == (503, "outcome_unknown")
         for cid in (keyed, plain):  # applied once each: the lost attempt's doing
-            events = await nodes.west.get(f"/v1/conversations/{cid}/events", headers=AUTH_A)
-            assert [e["seq"] for e in events.json()["events"]] == [1], events.text
+            assert await _seqs(nodes, cid) == [1]
 
 
 @pytest.mark.parametrize("then", ["lost again", "refused"])
@@ -425,6 +435,40 @@ async def test_a_keyed_item_lost_once_is_never_answered_not_applied(then: str) -
         r = await nodes.east.post(f"/v1/conversations/{cid}/events", json={"type": "note"},
                                   headers={**AUTH_A, "Idempotency-Key": "k-1"})  # fmt: skip
         assert (r.status_code, r.json()["error"]["code"]) == (503, "outcome_unknown"), r.text
-        assert carried == [[cid], [cid]]  # the first attempt and forward_retries_max (1) more
-        events = await nodes.west.get(f"/v1/conversations/{cid}/events", headers=AUTH_A)
-        assert [e["seq"] for e in events.json()["events"]] == [1]
+        assert _batch_items(carried) == [[cid], [cid]]  # forward_retries_max (1) more
+        assert await _seqs(nodes, cid) == [1]
+
+
+@pytest.mark.parametrize(
+    ("keyed", "then", "answer", "calls"),
+    [
+        (True, "answered", (200, "replayed"), 2),
+        (True, "refused", (503, "outcome_unknown"), 2),
+        (False, "answered", (503, "outcome_unknown"), 1),
+    ],
+)
+async def test_a_lost_single_forward_of_a_keyed_append_is_sent_again(
+    keyed: bool, then: str, answer: tuple[int, str], calls: int
+) -> None:
+    """An append that travels alone (UTF-16 JSON, which a batch does not carry) is served by
+    the leader and its answer lost: with an Idempotency-Key it is sent again and answered with
+    the result the leader holds, or ``outcome_unknown`` if that attempt finds no connection
+    (never ``forward_failed``, "not applied"); without a key it is ``outcome_unknown`` at once.
+    Applied once."""
+    async with two_nodes(forward_retries_max=1, forward_backoff_s=0.01) as nodes:
+        cid = conversation_led_by("west")
+        await _create(nodes, cid)
+        carried = _answers_lost(nodes.routing, "west.test", {1}, 2 if then == "refused" else None)
+        headers = {**AUTH_A, "content-type": "application/json"}
+        if keyed:
+            headers["Idempotency-Key"] = "k-1"
+        body = json.dumps({"type": "note"}).encode("utf-16")
+        r = await nodes.east.post(f"/v1/conversations/{cid}/events", content=body,
+                                  headers=headers)  # fmt: skip
+        if r.status_code == 200:
+            assert (r.status_code, "replayed") == answer
+            assert r.headers["idempotent-replayed"] == "true"
+        else:
+            assert (r.status_code, r.json()["error"]["code"]) == answer, r.text
+        assert [c.url.path for c in carried] == [f"/v1/conversations/{cid}/events"] * calls
+        assert await _seqs(nodes, cid) == [1]
