@@ -33,9 +33,12 @@ built once its connection is ready, ``forward_exchange.BodyBuilder``); the batch
 A batch lost after it left (its connection broke, its answer came back cut short or malformed)
 while the leader still answers probes is not the leader's failure, and an item it carried may or
 may not have been applied. An item with an ``Idempotency-Key`` is sent again, in the same batch's
-next attempt on a fresh connection, under the same retry bound and its own deadline: the leader
-answers a repeat with the first one's result (``Idempotent-Replayed``), so the caller gets the
-answer it would have got. An item without one is ``outcome_unknown`` (sending it again could apply
+next attempt on a new connection, under the same retry bound and its own deadline: the leader
+answers a repeat with the first one's result (200 and ``Idempotent-Replayed``, where the first
+answer would have been 201), or applies it if the first never landed. Its answer then stands
+only when it settles the outcome (2xx, or a refusal such as 404 or 409 that the first attempt
+would have met too); a 5xx, 408 or 429 says nothing of the first attempt, and it is
+``outcome_unknown``. An item without a key is ``outcome_unknown`` (sending it again could apply
 it twice), and so is an item whose answer did not arrive by its deadline, one whose leader
 stopped answering probes, and a keyed one whose later attempts failed too.
 """
@@ -516,19 +519,42 @@ class AppendBatcher:
             )
 
         def answered(line: bytes) -> None:
-            answer = json.loads(line)
-            item = sent[int(answer["index"])]
+            try:
+                answer = json.loads(line)
+                item = sent[int(answer["index"])]
+                response = _response(answer["status"], answer["headers"], answer["body"].encode())
+            except (ValueError, LookupError, TypeError, AttributeError) as exc:
+                raise BatchLost(f"{target_region}: a malformed answer line: {exc!r}") from exc
             self._count(target_region, "ok")
-            if not item.answer.done():
-                item.answer.set_result(
-                    _response(answer["status"], answer["headers"], answer["body"].encode())
-                )
+            _settle(item, response, target_region)
 
         refused = await self._sender.send(target_region, url, body, headers, timeout_s, answered)
-        if refused is not None:  # the batch's own answer is every item's
+        if refused is not None:  # the batch's own answer is every item's (the leader did not
+            # look at the items: it says nothing of an earlier, lost attempt's)
             for item in sent:
-                if not item.answer.done():
+                if item.lost_once and not item.answer.done():
+                    item.answer.set_exception(OutcomeUnknown(_unknown(target_region)))
+                elif not item.answer.done():
                     item.answer.set_result(_response(refused.status, refused.headers, refused.body))
+
+
+def _settle(item: _Item, response: Response, target_region: str) -> None:
+    """``response`` is ``item``'s answer, unless an earlier, lost attempt carried it and this
+    answer does not settle whether that one was applied."""
+    if item.answer.done():
+        return
+    if item.lost_once and not settles_outcome(response.status_code):
+        item.answer.set_exception(OutcomeUnknown(_unknown(target_region)))
+    else:
+        item.answer.set_result(response)
+
+
+def settles_outcome(status: int) -> bool:
+    """Whether the leader's answer to an append sent again after a lost attempt settles what
+    became of the lost one: a success (the repeat's result, or the first one's if it landed) or
+    a refusal of the request itself (400, 401, 403, 404, 409, 413, 422: the first met it too).
+    A 408, 429 or 5xx refused the repeat for the moment and says nothing of the first."""
+    return 200 <= status < 300 or (400 <= status < 500 and status not in (408, 429))
 
 
 def _with_deadline(item: _Item, deadline_ms: int) -> bytes:

@@ -28,10 +28,11 @@ status or content type) is returned whole.
 
 Bounds: an answer's head ``HEAD_BYTES_MAX``, an answer line ``LINE_BYTES_MAX``, a refusal's body
 ``REFUSAL_BYTES_MAX``, kept connections ``idle_max`` per region, a connection reused only while
-it has been idle less than ``IDLE_REUSE_S`` and never after any failure. Idle counts from when
-the connection was made or last answered, as the peer counts it: a peer listener closes idle
-connections after its ``header_timeout_s``, 5 s by default, and a batch that sent nothing on a
-connection does not restart that time. A connection the peer already closed is never reused.
+it has been idle less than ``idle_reuse_s`` (``idle_reuse_s()``: at most ``IDLE_REUSE_S``, and
+half the peer listener's ``header_timeout_s``, after which the peer closes it) and never after
+any failure. Idle counts from when the connection was made or last answered, as the peer counts
+it: a batch that sent nothing on a connection does not restart that time. A connection the peer
+already closed is never reused, and a lost batch drops the region's other kept connections too.
 """
 
 from __future__ import annotations
@@ -59,6 +60,15 @@ IDLE_REUSE_S = 2.0
 IDLE_MAX = 16
 _READ_BYTES = 64 * 1024
 NDJSON = "application/x-ndjson"
+
+
+def idle_reuse_s(header_timeout_s: float) -> float:
+    """How long a kept connection to a peer listener may sit idle and still be reused: well
+    inside the listener's own idle close (``header_timeout_s``, the same on every node of a
+    cluster; uvicorn's keep-alive there is ``int(header_timeout_s) or 1``), so that no request
+    is written as the peer closes the connection."""
+    return min(IDLE_REUSE_S, header_timeout_s / 2)
+
 
 LineSink = Callable[[bytes], None]
 #: the batch's body, built when the request is about to be written; None: nothing left to send
@@ -175,9 +185,9 @@ class _Connection:
     def close(self) -> None:
         self.writer.close()
 
-    def reusable(self, now_s: float) -> bool:
+    def reusable(self, now_s: float, idle_reuse_s: float) -> bool:
         return (
-            now_s - self.idle_since_s < IDLE_REUSE_S
+            now_s - self.idle_since_s < idle_reuse_s
             and not self.reader.at_eof()
             and not self.writer.is_closing()
         )
@@ -254,13 +264,15 @@ class StreamBatchExchange:
         ssl_context: ssl.SSLContext | None,
         blocked: Callable[[str], bool] = lambda region: False,
         idle_max: int = IDLE_MAX,
+        idle_reuse_s: float = IDLE_REUSE_S,
     ) -> None:
         """``ssl_context``: the cluster's client context for ``https`` peers (None: the
         system's trust store); ``blocked(region)``: whether a drill's black-hole drops calls to
-        it now."""
+        it now; ``idle_reuse_s``: ``idle_reuse_s(header_timeout_s)`` of the cluster."""
         self._ssl = ssl_context
         self._blocked = blocked
         self._idle_max = idle_max
+        self._idle_reuse_s = idle_reuse_s
         self._targets: dict[tuple[str, ...], _Target] = {}  # by URL and headers
         self._idle: dict[str, list[_Connection]] = {}
         self._open: set[_Connection] = set()
@@ -297,9 +309,14 @@ class StreamBatchExchange:
         except TimeoutError as exc:
             if not sent:  # the connection (its TCP or TLS handshake) did not come in time
                 raise BatchNotSent(f"{region}: no connection within {timeout_s:.3f} s") from exc
+            self._drop_idle(region)
             raise BatchLost(f"{region}: no whole answer within {timeout_s:.3f} s") from exc
         except (OSError, httptools.HttpParserError, UnicodeDecodeError) as exc:
+            self._drop_idle(region)
             raise BatchLost(f"{region}: {exc!r}") from exc
+        except BatchLost:
+            self._drop_idle(region)
+            raise
         return refused
 
     async def close(self) -> None:
@@ -327,7 +344,7 @@ class StreamBatchExchange:
         now_s = time.monotonic()
         while idle:
             connection = idle.pop()  # the most recently used: the likeliest to be alive
-            if connection.reusable(now_s):
+            if connection.reusable(now_s, self._idle_reuse_s):
                 return connection
             self._discard(connection)
         return None
@@ -381,6 +398,13 @@ class StreamBatchExchange:
         if answered:
             connection.idle_since_s = time.monotonic()
         idle.append(connection)
+
+    def _drop_idle(self, region: str) -> None:
+        """After a lost batch: the region's other kept connections may be broken the same way
+        (the peer restarted, or closed connections past its cap), so a batch sent again goes
+        on a new one."""
+        for connection in self._idle.pop(region, []):
+            self._discard(connection)
 
     def _discard(self, connection: _Connection) -> None:
         connection.close()

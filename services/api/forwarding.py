@@ -6,7 +6,8 @@ deadline travels in ``X-Convplane-Deadline-Ms`` and bounds the whole forward. A 
 not be reached at all (connection refused) is retried under a small budget with jittered
 backoff; any other failure of a write after it was sent means its outcome is unknown, except
 for an append with an ``Idempotency-Key``, which is sent again under the same budget (the leader
-answers a repeat with the first one's result).
+answers a repeat with the first one's result; an answer that does not settle the outcome,
+``forward_batch.settles_outcome``, is ``outcome_unknown``).
 
 Every forward carries ``X-Convplane-Peer-Auth`` (the cluster's ``peer_secret``, when it has one):
 only with it does the leader trust ``X-Convplane-Forwarded`` (``services.api.admission``).
@@ -37,7 +38,7 @@ from eventlog.http_headers import (
     TENANT_HEADER,
 )
 from services.api.errors import ForwardFailed, OutcomeUnknown
-from services.api.forward_batch import AppendBatcher, BatchConfig
+from services.api.forward_batch import AppendBatcher, BatchConfig, settles_outcome
 from services.api.forward_exchange import BatchExchange, HttpxBatchExchange
 from services.api.metrics import Metrics
 
@@ -196,14 +197,16 @@ class Forwarder:
                 raise _deadline_error(is_write, target_region) from exc
             except httpx.HTTPError as exc:
                 self._metrics.forwarded.labels(target_region, "error").inc()
-                if resendable and attempt < self._retries_max:  # at once, on a new connection
-                    lost_once = True  # (httpx never reuses a connection that failed)
+                if resendable and attempt < self._retries_max:  # at once (httpx never reuses
+                    lost_once = True  # a connection that failed)
                     continue
                 if is_write:
                     raise OutcomeUnknown(_unknown_message(target_region)) from exc
                 raise ForwardFailed(f"forward to {target_region} failed: {exc!r}"[:300]) from exc
             self._metrics.forwarded.labels(target_region, "ok").inc()
             self._metrics.observe_forward(target_region, self._clock.monotonic() - started_s)
+            if lost_once and not settles_outcome(reply.status_code):
+                raise OutcomeUnknown(_unknown_message(target_region))
             return _relayed(reply)
         raise _deadline_error(is_write, target_region)
 

@@ -27,7 +27,7 @@ from eventlog.node import LogNode
 from eventlog.replica import ReplicaStore
 from eventlog.stores import open_replica_store
 from regions.ops_state import OpsState
-from services.api.forward_exchange import IDLE_REUSE_S, BatchExchange, StreamBatchExchange
+from services.api.forward_exchange import BatchExchange, StreamBatchExchange, idle_reuse_s
 from services.bootstrap.replay import open_replay_service
 from services.cluster_tls import client_ssl_context, node_tls
 from services.config import ClusterConfig, NodeSettings
@@ -143,7 +143,7 @@ def peer_client(
     limits = httpx.Limits(
         max_connections=settings.forward_connections_max,
         max_keepalive_connections=settings.forward_connections_max,
-        keepalive_expiry=min(IDLE_REUSE_S, settings.header_timeout_s / 2),
+        keepalive_expiry=idle_reuse_s(settings.header_timeout_s),
     )
     timeout_s = settings.max_deadline_ms / 1000  # each forward passes its own, shorter timeout
     tls = node_tls(settings)  # mutual TLS to peers' https listeners (services.cluster_tls)
@@ -183,6 +183,7 @@ def forward_exchange(settings: NodeSettings, hole: BlackHole) -> BatchExchange:
     return StreamBatchExchange(
         ssl_context=client_ssl_context(tls) if tls is not None else None,
         blocked=lambda region: hole.blocks(region, read_only=False),
+        idle_reuse_s=idle_reuse_s(settings.header_timeout_s),
     )
 
 

@@ -157,9 +157,7 @@ async def test_a_refusal_is_returned_whole() -> None:
     assert peer.connections == 1
 
 
-async def test_connections_closed_while_idle_or_idle_too_long_are_replaced(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+async def test_connections_closed_while_idle_or_idle_too_long_are_replaced() -> None:
     peer = Peer(answering(ndjson(LINES)))
     async with listening(peer) as url:
         exchange = StreamBatchExchange(ssl_context=None)
@@ -167,12 +165,42 @@ async def test_connections_closed_while_idle_or_idle_too_long_are_replaced(
         for _ in range(3):
             assert await send(exchange, url) == (None, LINES)
             await asyncio.sleep(0.05)  # the peer's close arrives while idle
-        peer.close_after_answer = False
-        monkeypatch.setattr(forward_exchange, "IDLE_REUSE_S", 0.0)
-        for _ in range(2):
-            assert await send(exchange, url) == (None, LINES)
         await exchange.close()
+        peer.close_after_answer = False
+        impatient = StreamBatchExchange(ssl_context=None, idle_reuse_s=0.0)
+        for _ in range(2):
+            assert await send(impatient, url) == (None, LINES)
+        await impatient.close()
     assert peer.connections == 5
+
+
+def test_kept_connections_are_reused_well_inside_the_peers_idle_close() -> None:
+    assert forward_exchange.idle_reuse_s(5.0) == forward_exchange.IDLE_REUSE_S
+    assert forward_exchange.idle_reuse_s(1.5) == 0.75  # uvicorn closes after int(1.5) = 1 s
+
+
+async def test_a_lost_batch_drops_the_regions_other_kept_connections() -> None:
+    """After a lost batch the next one goes on a new connection: the other kept ones may be
+    broken the same way (the peer restarted)."""
+    cut = ndjson(LINES)
+    cut_short = cut[: cut.index(b"}\n") + 2]
+    answers = [ndjson(LINES)] * 2 + [cut_short] + [ndjson(LINES)]
+
+    async def in_turn(head: bytes, body: bytes) -> bytes | None:
+        return answers[len(peer.requests) - 1]
+
+    peer = Peer(in_turn)
+    async with listening(peer) as url:
+        exchange = StreamBatchExchange(ssl_context=None)
+        both = await asyncio.gather(send(exchange, url), send(exchange, url))
+        assert list(both) == [(None, LINES)] * 2 and peer.connections == 2  # both kept
+        peer.close_after_answer = True
+        with pytest.raises(BatchLost):
+            await send(exchange, url)  # on one of the two
+        peer.close_after_answer = False
+        assert await send(exchange, url) == (None, LINES)
+        await exchange.close()
+    assert peer.connections == 3  # not the other kept one
 
 
 async def test_a_connection_nothing_was_sent_on_goes_back_with_its_idle_time_running(

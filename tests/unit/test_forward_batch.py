@@ -19,6 +19,7 @@ from fastapi import FastAPI
 from eventlog.clock import LoopClock
 from services.api import create_app
 from services.api.forward_batch import BATCH_PATH
+from services.api.forward_exchange import NDJSON
 from services.bootstrap import NodeRuntime
 from services.config import NodeSettings
 from tests.unit.api_fakes import (
@@ -358,11 +359,16 @@ async def test_a_bug_serving_one_item_is_its_500_and_no_other_items(nodes: Nodes
 
 
 def _answers_lost(
-    routing: CountingRouting, host: str, lost: set[int], refused_from: int | None = None
+    routing: CountingRouting,
+    host: str,
+    lost: set[int],
+    refused_from: int | None = None,
+    canned: dict[int, httpx.Response] | None = None,
 ) -> list[httpx.Request]:
     """The calls to ``host`` numbered in ``lost`` (from 1) reach its app, which serves them,
     and then lose their answer (the connection breaks); from call ``refused_from`` on, no
-    connection is made. Returns the calls."""
+    connection is made; a call numbered in ``canned`` gets that answer instead of the app's.
+    Returns the calls."""
     app = routing.apps[host]
     carried: list[httpx.Request] = []
 
@@ -370,6 +376,8 @@ def _answers_lost(
         carried.append(request)
         if refused_from is not None and len(carried) >= refused_from:
             raise httpx.ConnectError("refused", request=request)
+        if canned is not None and len(carried) in canned:
+            return canned[len(carried)]
         reply = await app.handle_async_request(request)
         await reply.aread()  # every item served
         if len(carried) in lost:
@@ -378,6 +386,14 @@ def _answers_lost(
 
     routing.apps[host] = httpx.MockTransport(lose_some)  # type: ignore[assignment]
     return carried
+
+
+def _error(status: int, code: str) -> httpx.Response:
+    return httpx.Response(status, json={"error": {"code": code, "message": code}})
+
+
+def _ndjson(*lines: bytes) -> httpx.Response:
+    return httpx.Response(200, headers={"content-type": NDJSON}, content=b"".join(lines))
 
 
 def _batch_items(calls: list[httpx.Request]) -> list[list[str]]:
@@ -444,6 +460,7 @@ async def test_a_keyed_item_lost_once_is_never_answered_not_applied(then: str) -
     [
         (True, "answered", (200, "replayed"), 2),
         (True, "refused", (503, "outcome_unknown"), 2),
+        (True, "busy", (503, "outcome_unknown"), 2),
         (False, "answered", (503, "outcome_unknown"), 1),
     ],
 )
@@ -453,12 +470,14 @@ async def test_a_lost_single_forward_of_a_keyed_append_is_sent_again(
     """An append that travels alone (UTF-16 JSON, which a batch does not carry) is served by
     the leader and its answer lost: with an Idempotency-Key it is sent again and answered with
     the result the leader holds, or ``outcome_unknown`` if that attempt finds no connection
-    (never ``forward_failed``, "not applied"); without a key it is ``outcome_unknown`` at once.
-    Applied once."""
+    (never ``forward_failed``, "not applied") or is refused for the moment (the leader's 504
+    says nothing of the first); without a key it is ``outcome_unknown`` at once. Applied once."""
     async with two_nodes(forward_retries_max=1, forward_backoff_s=0.01) as nodes:
         cid = conversation_led_by("west")
         await _create(nodes, cid)
-        carried = _answers_lost(nodes.routing, "west.test", {1}, 2 if then == "refused" else None)
+        refused_from = 2 if then == "refused" else None
+        canned = {2: _error(504, "deadline_exceeded")} if then == "busy" else None
+        carried = _answers_lost(nodes.routing, "west.test", {1}, refused_from, canned)
         headers = {**AUTH_A, "content-type": "application/json"}
         if keyed:
             headers["Idempotency-Key"] = "k-1"
@@ -471,4 +490,40 @@ async def test_a_lost_single_forward_of_a_keyed_append_is_sent_again(
         else:
             assert (r.status_code, r.json()["error"]["code"]) == answer, r.text
         assert [c.url.path for c in carried] == [f"/v1/conversations/{cid}/events"] * calls
+        assert await _seqs(nodes, cid) == [1]
+
+
+_BUSY_LINE = json.dumps(
+    {"index": 0, "status": 504, "headers": {}, "body": '{"error":{"code":"deadline_exceeded"}}'}
+).encode()
+
+
+@pytest.mark.parametrize(
+    ("resend_answer", "answer", "calls"),
+    [
+        (_ndjson(_BUSY_LINE + b"\n"), (503, "outcome_unknown"), 2),  # the item's own 504
+        (_error(503, "overloaded"), (503, "outcome_unknown"), 2),  # the batch's refusal
+        (_ndjson(b"not json\n"), (200, "replayed"), 3),  # lost again: a third attempt
+    ],
+    ids=["item refused for the moment", "batch refused", "malformed answer line"],
+)
+async def test_a_resent_items_answer_stands_only_if_it_settles_the_lost_attempt(
+    resend_answer: httpx.Response, answer: tuple[int, str], calls: int
+) -> None:
+    """The keyed item of a lost batch is sent again; the leader's answer to the repeat is its
+    answer only when it settles what became of the lost attempt (the first was applied here):
+    a 504 or a batch's 503 refusal say nothing of it, and it is ``outcome_unknown``; a
+    malformed answer line loses the batch again, and the next attempt gets the result."""
+    async with two_nodes(forward_retries_max=2, forward_backoff_s=0.01) as nodes:
+        cid = conversation_led_by("west")
+        await _create(nodes, cid)
+        carried = _answers_lost(nodes.routing, "west.test", {1}, canned={2: resend_answer})
+        r = await nodes.east.post(f"/v1/conversations/{cid}/events", json={"type": "note"},
+                                  headers={**AUTH_A, "Idempotency-Key": "k-1"})  # fmt: skip
+        if r.status_code == 200:
+            assert (200, "replayed") == answer
+            assert r.headers["idempotent-replayed"] == "true"
+        else:
+            assert (r.status_code, r.json()["error"]["code"]) == answer, r.text
+        assert _batch_items(carried) == [[cid]] * calls
         assert await _seqs(nodes, cid) == [1]
