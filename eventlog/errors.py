@@ -58,7 +58,8 @@ underscore are private control flow and not listed):
     ├── BatchNotSent              a forward batch never left (services.api.forward_exchange): the
     │                             batcher sends it again or answers ForwardFailed
     ├── BatchLost                 a forward batch's answer did not come back whole (idem): its
-    │                             unanswered items are OutcomeUnknown
+    │                             unanswered items are sent again if they carry an
+    │                             Idempotency-Key, else OutcomeUnknown
     ├── AssertionError
     │   └── InvariantViolation        a protocol invariant does not hold: a bug (here)
     ├── ValueError

@@ -28,7 +28,8 @@ retried under the same budget; an item whose deadline passed while nothing of it
 queued, its batch still connecting, or only attempts that made no connection) is 504
 ``deadline_exceeded``: it was not applied, and it is withdrawn from its batch (a batch's body is
 built once its connection is ready, ``forward_exchange.BodyBuilder``); the batch's own refusal
-(the leader's peer admission, its 401) is every item's answer.
+(the leader's peer admission, its 401) is every item's answer (``outcome_unknown`` for an item a
+lost attempt carried, below).
 
 A batch lost after it left (its connection broke, its answer came back cut short or malformed)
 while the leader still answers probes is not the leader's failure, and an item it carried may or
@@ -36,11 +37,12 @@ may not have been applied. An item with an ``Idempotency-Key`` is sent again, in
 next attempt on a new connection, under the same retry bound and its own deadline: the leader
 answers a repeat with the first one's result (200 and ``Idempotent-Replayed``, where the first
 answer would have been 201), or applies it if the first never landed. Its answer then stands
-only when it settles the outcome (2xx, or a refusal such as 404 or 409 that the first attempt
-would have met too); a 5xx, 408 or 429 says nothing of the first attempt, and it is
-``outcome_unknown``. An item without a key is ``outcome_unknown`` (sending it again could apply
-it twice), and so is an item whose answer did not arrive by its deadline, one whose leader
-stopped answering probes, and a keyed one whose later attempts failed too.
+only when it settles the outcome (``settles_outcome``: a success, or a refusal of the request's
+own bytes); any other (a 404 or 409 may come while the first attempt is still under way, a 5xx,
+408 or 429 refused the repeat for the moment) is ``outcome_unknown``. An item without a key is
+``outcome_unknown`` (sending it again could apply it twice), and so is an item whose answer did
+not arrive by its deadline, one whose leader stopped answering probes, and a keyed one whose
+later attempts failed too.
 """
 
 from __future__ import annotations
@@ -448,8 +450,8 @@ class AppendBatcher:
             if not live:
                 return
             remaining_s = max(item.deadline_s for item in live) - self._clock.monotonic()
-            if remaining_s <= 0:  # every attempt so far left nothing: none of it was applied
-                raise _not_forwarded_in_time(target_region)
+            if remaining_s <= 0:  # every item's deadline passed: those that may have left are
+                raise _not_forwarded_in_time(target_region)  # answered unknown (``_send``)
             try:
                 await self._while_reachable(
                     target_region, self._post(target_region, base_url + BATCH_PATH, headers,
@@ -520,13 +522,11 @@ class AppendBatcher:
 
         def answered(line: bytes) -> None:
             try:
-                answer = json.loads(line)
-                item = sent[int(answer["index"])]
-                response = _response(answer["status"], answer["headers"], answer["body"].encode())
-            except (ValueError, LookupError, TypeError, AttributeError) as exc:
+                index, response = _parsed_line(line, len(sent))
+            except (ValueError, LookupError, TypeError) as exc:
                 raise BatchLost(f"{target_region}: a malformed answer line: {exc!r}") from exc
             self._count(target_region, "ok")
-            _settle(item, response, target_region)
+            _settle(sent[index], response, target_region)
 
         refused = await self._sender.send(target_region, url, body, headers, timeout_s, answered)
         if refused is not None:  # the batch's own answer is every item's (the leader did not
@@ -551,10 +551,27 @@ def _settle(item: _Item, response: Response, target_region: str) -> None:
 
 def settles_outcome(status: int) -> bool:
     """Whether the leader's answer to an append sent again after a lost attempt settles what
-    became of the lost one: a success (the repeat's result, or the first one's if it landed) or
-    a refusal of the request itself (400, 401, 403, 404, 409, 413, 422: the first met it too).
-    A 408, 429 or 5xx refused the repeat for the moment and says nothing of the first."""
-    return 200 <= status < 300 or (400 <= status < 500 and status not in (408, 429))
+    became of the lost one: a success (the repeat's result, or the first one's if it landed), or
+    a refusal of the request's own bytes (400: its body, or a full conversation, which stays
+    full; 413; 415), which the first met too. Any other may come while the first is still under
+    way at the leader and applies after it (a 404 before its conversation's creation commits, a
+    409 on a seq or a tool attempt still in flight, a 401 or 403 on a key revoked since), or
+    refused the repeat for the moment (408, 429, 5xx)."""
+    return 200 <= status < 300 or status in (400, 413, 415)
+
+
+def _parsed_line(line: bytes, items: int) -> tuple[int, Response]:
+    """An answer line's item index and answer; ValueError, LookupError or TypeError if it is
+    not one the leader writes (``_answer_line``)."""
+    answer = json.loads(line)
+    index, status, headers, body = (answer[k] for k in ("index", "status", "headers", "body"))
+    if type(index) is not int or not 0 <= index < items:
+        raise ValueError(f"index {index!r} of {items} items")
+    if type(status) is not int or not 100 <= status <= 599:
+        raise ValueError(f"status {status!r}")
+    if not isinstance(headers, dict) or not isinstance(body, str):
+        raise TypeError("headers or body of the wrong type")
+    return index, _response(status, headers, body.encode())
 
 
 def _with_deadline(item: _Item, deadline_ms: int) -> bytes:

@@ -64,9 +64,9 @@ NDJSON = "application/x-ndjson"
 
 def idle_reuse_s(header_timeout_s: float) -> float:
     """How long a kept connection to a peer listener may sit idle and still be reused: well
-    inside the listener's own idle close (``header_timeout_s``, the same on every node of a
-    cluster; uvicorn's keep-alive there is ``int(header_timeout_s) or 1``), so that no request
-    is written as the peer closes the connection."""
+    inside the listener's own idle close (``header_timeout_s``, a node setting, assumed the same
+    on every node of a cluster; uvicorn's keep-alive there is ``int(header_timeout_s) or 1``),
+    so that no request is written as the peer closes the connection."""
     return min(IDLE_REUSE_S, header_timeout_s / 2)
 
 
@@ -81,6 +81,11 @@ class BatchNotSent(Exception):
 
 class BatchLost(Exception):
     """The batch left and its answer did not come back whole: unanswered items are unknown."""
+
+
+class _PeerClosed(BatchLost):
+    """The peer closed the connection before its answer ended (it restarted, or closed
+    connections past its cap): the region's other kept connections may be closed too."""
 
 
 @dataclass(frozen=True)
@@ -105,7 +110,8 @@ class BatchExchange(Protocol):
         """POST the body ``body()`` builds once a connection is ready to ``url`` (``region``'s
         peer listener) within ``timeout_s`` (when it builds None, nothing is sent and None is
         returned); each NDJSON answer line to ``on_line``; raises ``BatchNotSent`` or
-        ``BatchLost``."""
+        ``BatchLost``. ``on_line`` may raise ``BatchLost`` (a malformed line): the adapter
+        lets it through as it is and does not keep the connection."""
 
     async def close(self) -> None:
         """Close kept connections."""
@@ -309,12 +315,12 @@ class StreamBatchExchange:
         except TimeoutError as exc:
             if not sent:  # the connection (its TCP or TLS handshake) did not come in time
                 raise BatchNotSent(f"{region}: no connection within {timeout_s:.3f} s") from exc
-            self._drop_idle(region)
             raise BatchLost(f"{region}: no whole answer within {timeout_s:.3f} s") from exc
         except (OSError, httptools.HttpParserError, UnicodeDecodeError) as exc:
-            self._drop_idle(region)
+            if isinstance(exc, OSError):  # the connection broke
+                self._drop_idle(region)
             raise BatchLost(f"{region}: {exc!r}") from exc
-        except BatchLost:
+        except _PeerClosed:
             self._drop_idle(region)
             raise
         return refused
@@ -372,7 +378,7 @@ class StreamBatchExchange:
         while not answer.complete:
             data = await connection.reader.read(_READ_BYTES)
             if not data:
-                raise BatchLost("the peer closed the connection before its answer ended")
+                raise _PeerClosed("the peer closed the connection before its answer ended")
             parser.feed_data(data)
             if answer.broken:
                 raise BatchLost(answer.broken)
@@ -400,9 +406,10 @@ class StreamBatchExchange:
         idle.append(connection)
 
     def _drop_idle(self, region: str) -> None:
-        """After a lost batch: the region's other kept connections may be broken the same way
-        (the peer restarted, or closed connections past its cap), so a batch sent again goes
-        on a new one."""
+        """After a batch lost to a broken or closed connection: the region's other kept
+        connections may be broken the same way (the peer restarted, or closed connections past
+        its cap), so a batch sent again goes on a new one. (Not after a timeout or a malformed
+        answer: those say nothing of the other connections.)"""
         for connection in self._idle.pop(region, []):
             self._discard(connection)
 

@@ -4,10 +4,11 @@ One hop only: a request carrying ``X-Convplane-Forwarded`` is never forwarded ag
 answers 503 instead), so a stale leader hint cannot make requests circle. The caller's remaining
 deadline travels in ``X-Convplane-Deadline-Ms`` and bounds the whole forward. A peer that could
 not be reached at all (connection refused) is retried under a small budget with jittered
-backoff; any other failure of a write after it was sent means its outcome is unknown, except
-for an append with an ``Idempotency-Key``, which is sent again under the same budget (the leader
-answers a repeat with the first one's result; an answer that does not settle the outcome,
-``forward_batch.settles_outcome``, is ``outcome_unknown``).
+backoff; any other failure of a write after it was sent means its outcome is unknown. One
+exception: an append with an ``Idempotency-Key`` whose connection broke after it was sent (not a
+timeout, not a peer that stopped answering probes) is sent again under the same budget (the
+leader answers a repeat with the first one's result; an answer that does not settle the
+outcome, ``forward_batch.settles_outcome``, is ``outcome_unknown``).
 
 Every forward carries ``X-Convplane-Peer-Auth`` (the cluster's ``peer_secret``, when it has one):
 only with it does the leader trust ``X-Convplane-Forwarded`` (``services.api.admission``).
@@ -199,6 +200,7 @@ class Forwarder:
                 self._metrics.forwarded.labels(target_region, "error").inc()
                 if resendable and attempt < self._retries_max:  # at once (httpx never reuses
                     lost_once = True  # a connection that failed)
+                    self._metrics.forwarded.labels(target_region, "resent").inc()
                     continue
                 if is_write:
                     raise OutcomeUnknown(_unknown_message(target_region)) from exc

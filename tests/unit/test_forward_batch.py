@@ -493,27 +493,41 @@ async def test_a_lost_single_forward_of_a_keyed_append_is_sent_again(
         assert await _seqs(nodes, cid) == [1]
 
 
-_BUSY_LINE = json.dumps(
-    {"index": 0, "status": 504, "headers": {}, "body": '{"error":{"code":"deadline_exceeded"}}'}
-).encode()
+def _line(index: object = 0, status: object = 201, code: str = "") -> bytes:
+    body = json.dumps({"error": {"code": code}}) if code else "{}"
+    line = {"index": index, "status": status, "headers": {}, "body": body}
+    return json.dumps(line).encode() + b"\n"
 
 
 @pytest.mark.parametrize(
     ("resend_answer", "answer", "calls"),
     [
-        (_ndjson(_BUSY_LINE + b"\n"), (503, "outcome_unknown"), 2),  # the item's own 504
+        (_ndjson(_line(status=504, code="deadline_exceeded")), (503, "outcome_unknown"), 2),
+        (_ndjson(_line(status=404, code="not_found")), (503, "outcome_unknown"), 2),
+        (_ndjson(_line(status=400, code="invalid_request")), (400, "invalid_request"), 2),
         (_error(503, "overloaded"), (503, "outcome_unknown"), 2),  # the batch's refusal
         (_ndjson(b"not json\n"), (200, "replayed"), 3),  # lost again: a third attempt
+        (_ndjson(_line(index=-1)), (200, "replayed"), 3),
+        (_ndjson(_line(status=42)), (200, "replayed"), 3),
     ],
-    ids=["item refused for the moment", "batch refused", "malformed answer line"],
+    ids=[
+        "item refused for the moment",
+        "item not found (its creation may be under way)",
+        "item refused for its bytes",
+        "batch refused",
+        "answer line not JSON",
+        "answer line for no item",
+        "answer line with a status no HTTP has",
+    ],
 )
 async def test_a_resent_items_answer_stands_only_if_it_settles_the_lost_attempt(
     resend_answer: httpx.Response, answer: tuple[int, str], calls: int
 ) -> None:
     """The keyed item of a lost batch is sent again; the leader's answer to the repeat is its
     answer only when it settles what became of the lost attempt (the first was applied here):
-    a 504 or a batch's 503 refusal say nothing of it, and it is ``outcome_unknown``; a
-    malformed answer line loses the batch again, and the next attempt gets the result."""
+    a refusal of its bytes (400) does; a 504, a 404 or a batch's 503 refusal say nothing of it,
+    and it is ``outcome_unknown``; a malformed answer line loses the batch again, and the next
+    attempt gets the result."""
     async with two_nodes(forward_retries_max=2, forward_backoff_s=0.01) as nodes:
         cid = conversation_led_by("west")
         await _create(nodes, cid)
