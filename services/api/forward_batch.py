@@ -362,7 +362,7 @@ class AppendBatcher:
             if not item.may_be_applied():
                 item.answer.cancel()  # withdrawn: no later attempt of its batch carries it
                 raise _not_forwarded_in_time(target_region) from None
-            raise OutcomeUnknown(_unknown(target_region)) from None
+            raise outcome_unknown(target_region) from None
 
     async def close(self) -> None:
         for task in self._senders:
@@ -431,7 +431,7 @@ class AppendBatcher:
                 if item.answer.done():
                     continue
                 if item.may_be_applied():
-                    item.answer.set_exception(OutcomeUnknown(_unknown(target_region)))
+                    item.answer.set_exception(outcome_unknown(target_region))
                 else:  # left out of every attempt (its deadline passed): not applied
                     item.answer.set_exception(_not_forwarded_in_time(target_region))
             if not straggling:
@@ -468,7 +468,7 @@ class AppendBatcher:
             except BatchLost as exc:
                 self._count(target_region, "error")
                 if attempt == limits.retries_max or not self._resendable(target_region, items):
-                    raise OutcomeUnknown(_unknown(target_region)) from exc
+                    raise outcome_unknown(target_region) from exc
                 log.info("forward batch to %s lost (%r): sending its keyed items again",
                          target_region, exc)  # fmt: skip
                 self._count(target_region, "resent")
@@ -483,7 +483,7 @@ class AppendBatcher:
             if item.may_have_left:
                 item.lost_once = True
                 if not item.keyed and not item.answer.done():
-                    item.answer.set_exception(OutcomeUnknown(_unknown(target_region)))
+                    item.answer.set_exception(outcome_unknown(target_region))
         return bool(self._unanswered(items))
 
     def _unanswered(self, items: list[_Item]) -> list[_Item]:
@@ -526,25 +526,23 @@ class AppendBatcher:
             except (ValueError, LookupError, TypeError) as exc:
                 raise BatchLost(f"{target_region}: a malformed answer line: {exc!r}") from exc
             self._count(target_region, "ok")
-            _settle(sent[index], response, target_region)
+            _settle(sent[index], response, target_region, settles_outcome(response.status_code))
 
         refused = await self._sender.send(target_region, url, body, headers, timeout_s, answered)
         if refused is not None:  # the batch's own answer is every item's (the leader did not
             # look at the items: it says nothing of an earlier, lost attempt's)
+            response = _response(refused.status, refused.headers, refused.body)
             for item in sent:
-                if item.lost_once and not item.answer.done():
-                    item.answer.set_exception(OutcomeUnknown(_unknown(target_region)))
-                elif not item.answer.done():
-                    item.answer.set_result(_response(refused.status, refused.headers, refused.body))
+                _settle(item, response, target_region, settles=False)
 
 
-def _settle(item: _Item, response: Response, target_region: str) -> None:
+def _settle(item: _Item, response: Response, target_region: str, settles: bool) -> None:
     """``response`` is ``item``'s answer, unless an earlier, lost attempt carried it and this
-    answer does not settle whether that one was applied."""
+    answer does not ``settle`` whether that one was applied."""
     if item.answer.done():
         return
-    if item.lost_once and not settles_outcome(response.status_code):
-        item.answer.set_exception(OutcomeUnknown(_unknown(target_region)))
+    if item.lost_once and not settles:
+        item.answer.set_exception(outcome_unknown(target_region))
     else:
         item.answer.set_result(response)
 
@@ -564,7 +562,12 @@ def _parsed_line(line: bytes, items: int) -> tuple[int, Response]:
     """An answer line's item index and answer; ValueError, LookupError or TypeError if it is
     not one the leader writes (``_answer_line``)."""
     answer = json.loads(line)
-    index, status, headers, body = (answer[k] for k in ("index", "status", "headers", "body"))
+    index, status, headers, body = (
+        answer["index"],
+        answer["status"],
+        answer["headers"],
+        answer["body"],
+    )
     if type(index) is not int or not 0 <= index < items:
         raise ValueError(f"index {index!r} of {items} items")
     if type(status) is not int or not 100 <= status <= 599:
@@ -583,8 +586,9 @@ def _response(status: int, headers: Any, body: bytes) -> Response:
     return Response(body, status_code=status, headers=relayed, media_type="application/json")
 
 
-def _unknown(target_region: str) -> str:
-    return (
+def outcome_unknown(target_region: str) -> OutcomeUnknown:
+    """The answer to a forwarded write that may or may not have been applied."""
+    return OutcomeUnknown(
         f"the append was forwarded to {target_region} and its outcome is unknown; retrying with "
         "the same Idempotency-Key is safe"
     )

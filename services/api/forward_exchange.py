@@ -316,9 +316,10 @@ class StreamBatchExchange:
             if not sent:  # the connection (its TCP or TLS handshake) did not come in time
                 raise BatchNotSent(f"{region}: no connection within {timeout_s:.3f} s") from exc
             raise BatchLost(f"{region}: no whole answer within {timeout_s:.3f} s") from exc
-        except (OSError, httptools.HttpParserError, UnicodeDecodeError) as exc:
-            if isinstance(exc, OSError):  # the connection broke
-                self._drop_idle(region)
+        except OSError as exc:  # the connection broke
+            self._drop_idle(region)
+            raise BatchLost(f"{region}: {exc!r}") from exc
+        except (httptools.HttpParserError, UnicodeDecodeError) as exc:
             raise BatchLost(f"{region}: {exc!r}") from exc
         except _PeerClosed:
             self._drop_idle(region)

@@ -38,8 +38,13 @@ from eventlog.http_headers import (
     SERVED_BY_HEADER,
     TENANT_HEADER,
 )
-from services.api.errors import ForwardFailed, OutcomeUnknown
-from services.api.forward_batch import AppendBatcher, BatchConfig, settles_outcome
+from services.api.errors import ForwardFailed
+from services.api.forward_batch import (
+    AppendBatcher,
+    BatchConfig,
+    outcome_unknown,
+    settles_outcome,
+)
 from services.api.forward_exchange import BatchExchange, HttpxBatchExchange
 from services.api.metrics import Metrics
 
@@ -183,13 +188,13 @@ class Forwarder:
             except _PeerLost as exc:
                 self._metrics.forwarded.labels(target_region, "peer_lost").inc()
                 if is_write:
-                    raise OutcomeUnknown(_unknown_message(target_region)) from exc
+                    raise outcome_unknown(target_region) from exc
                 raise ForwardFailed(f"leader region {target_region} stopped answering") from exc
             except httpx.ConnectError as exc:
                 self._metrics.forwarded.labels(target_region, "connect_error").inc()
                 if attempt == self._retries_max:
                     if lost_once:
-                        raise OutcomeUnknown(_unknown_message(target_region)) from exc
+                        raise outcome_unknown(target_region) from exc
                     raise ForwardFailed(f"leader region {target_region} unreachable") from exc
                 await self._clock.sleep(min(backoff.next_s(), remaining_s))
                 continue
@@ -203,12 +208,12 @@ class Forwarder:
                     self._metrics.forwarded.labels(target_region, "resent").inc()
                     continue
                 if is_write:
-                    raise OutcomeUnknown(_unknown_message(target_region)) from exc
+                    raise outcome_unknown(target_region) from exc
                 raise ForwardFailed(f"forward to {target_region} failed: {exc!r}"[:300]) from exc
             self._metrics.forwarded.labels(target_region, "ok").inc()
             self._metrics.observe_forward(target_region, self._clock.monotonic() - started_s)
             if lost_once and not settles_outcome(reply.status_code):
-                raise OutcomeUnknown(_unknown_message(target_region))
+                raise outcome_unknown(target_region)
             return _relayed(reply)
         raise _deadline_error(is_write, target_region)
 
@@ -255,14 +260,7 @@ def _relayed(reply: httpx.Response) -> Response:
     )
 
 
-def _unknown_message(target_region: str) -> str:
-    return (
-        f"the append was forwarded to {target_region} and its outcome is unknown; retrying with "
-        "the same Idempotency-Key is safe"
-    )
-
-
 def _deadline_error(is_write: bool, target_region: str) -> Exception:
     if is_write:
-        return OutcomeUnknown(_unknown_message(target_region))
+        return outcome_unknown(target_region)
     return DeadlineExceeded(f"deadline passed while forwarding to {target_region}")

@@ -137,9 +137,9 @@ def peer_client(
     black-hole (``services.drill_faults``) around its transport.
 
     A kept connection is reused only well inside a peer listener's idle time
-    (``header_timeout_s``, assumed the same on every node of a cluster): httpx's default, 5 s, equals
-    the listener's default, so a request could be written just as the peer closed the
-    connection, and a write lost that way is ``outcome_unknown`` (httpx does not retry it)."""
+    (``forward_exchange.idle_reuse_s``): httpx's default, 5 s, equals the listener's default,
+    so a request could be written just as the peer closed the connection, and a write lost
+    that way is ``outcome_unknown`` (httpx does not retry it)."""
     limits = httpx.Limits(
         max_connections=settings.forward_connections_max,
         max_keepalive_connections=settings.forward_connections_max,
