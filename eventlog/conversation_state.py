@@ -44,6 +44,18 @@ def fingerprint(event_type: str, payload: dict[str, Any], token_count: int | Non
     return hashlib.sha256(canonical.encode()).hexdigest()[:32]
 
 
+#: events whose ``payload.attempt_id`` identifies them: the log keeps every attempt and its
+#: effect for the conversation's life, so an identical repeat is answered with the first
+TOOL_EVENT_TYPES = frozenset({"tool.attempt", "tool.effect"})
+
+
+def repeat_gets_first_result(event_type: str, idempotency_key: str | None) -> bool:
+    """Whether the log answers an identical repeat of this append with the first one's result
+    (or applies it if the first never landed), so sending it again can never apply it twice:
+    it carries an Idempotency-Key, or it is a tool event (``existing_result``)."""
+    return idempotency_key is not None or event_type in TOOL_EVENT_TYPES
+
+
 def validate_event(event_type: str, payload: dict[str, Any]) -> str | None:
     """Check the log's rules for an event; return its attempt_id (tool events) or None.
     Every value must be one every store holds and hands back (``eventlog.wire_values``)."""

@@ -68,9 +68,11 @@ class RequestContext:
         is_write: bool,
         forward_body: bytes | None = None,
         batchable: bool = False,
+        repeatable: bool = False,
     ) -> T | Response:
         """Run ``call`` under the deadline; forward to the leader region on NotLeader (with
-        ``forward_body`` instead of the request's own body when given)."""
+        ``forward_body`` instead of the request's own body when given; ``batchable`` and
+        ``repeatable``: ``Forwarder.forward``'s)."""
         remaining_s = self.remaining_s()
         if remaining_s <= 0:
             raise DeadlineExceeded("the request's deadline passed before it was served")
@@ -103,6 +105,7 @@ class RequestContext:
                 is_write=is_write,
                 body=forward_body,
                 batchable=batchable,
+                repeatable=repeatable,
             )
 
 

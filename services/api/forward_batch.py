@@ -33,16 +33,18 @@ lost attempt carried, below).
 
 A batch lost after it left (its connection broke, its answer came back cut short or malformed)
 while the leader still answers probes is not the leader's failure, and an item it carried may or
-may not have been applied. An item with an ``Idempotency-Key`` is sent again, in the same batch's
-next attempt on a new connection, under the same retry bound and its own deadline: the leader
-answers a repeat with the first one's result (200 and ``Idempotent-Replayed``, where the first
-answer would have been 201), or applies it if the first never landed. Its answer then stands
+may not have been applied. An item the leader answers again with the first one's result (an
+``Idempotency-Key``, or a tool event: its ``attempt_id`` identifies it for the conversation's
+life; ``eventlog.conversation_state.repeat_gets_first_result``) is sent again, in the same
+batch's next attempt on a new connection, under the same retry bound and its own deadline: the
+leader answers the repeat with the first one's result (200 and ``Idempotent-Replayed``, where the
+first answer would have been 201), or applies it if the first never landed. Its answer then stands
 only when it settles the outcome (``settles_outcome``: a success, or a refusal of the request's
 own bytes); any other (a 404 or 409 may come while the first attempt is still under way, a 5xx,
-408 or 429 refused the repeat for the moment) is ``outcome_unknown``. An item without a key is
-``outcome_unknown`` (sending it again could apply it twice), and so is an item whose answer did
-not arrive by its deadline, one whose leader stopped answering probes, and a keyed one whose
-later attempts failed too.
+408 or 429 refused the repeat for the moment) is ``outcome_unknown``. Any other item (a message
+or note without a key) is ``outcome_unknown`` (sending it again could apply it twice), and so is
+an item whose answer did not arrive by its deadline, one whose leader stopped answering probes,
+and a repeatable one whose later attempts failed too.
 """
 
 from __future__ import annotations
@@ -253,8 +255,9 @@ class _Item:
     encoded: bytes  # the item's JSON, deadline_ms filled in when its batch leaves
     deadline_s: float
     answer: asyncio.Future[Response]
-    #: it carries an Idempotency-Key: the leader answers a repeat with the first one's result
-    keyed: bool = False
+    #: the leader answers a repeat with the first one's result (it carries an Idempotency-Key,
+    #: or it is a tool event: ``Forwarder.forward``)
+    repeatable: bool = False
     #: an attempt to send its batch is under way or may have reached the leader; False while
     #: it waits in the queue and after attempts that left nothing (``BatchNotSent``)
     may_have_left: bool = False
@@ -331,6 +334,7 @@ class AppendBatcher:
         body: bytes,
         authorization: str,
         idempotency_key: str | None,
+        repeatable: bool,
         deadline_s: float,
     ) -> Response:
         lane = self._lanes.setdefault(target_region, _Lane())
@@ -349,7 +353,7 @@ class AppendBatcher:
             json.dumps(fields, separators=(",", ":")).encode(),
             deadline_s,
             answer,
-            keyed=idempotency_key is not None,
+            repeatable=repeatable,
         )
         lane.queue.append(item)
         self._pump(target_region, base_url, lane)
@@ -469,20 +473,20 @@ class AppendBatcher:
                 self._count(target_region, "error")
                 if attempt == limits.retries_max or not self._resendable(target_region, items):
                     raise outcome_unknown(target_region) from exc
-                log.info("forward batch to %s lost (%r): sending its keyed items again",
+                log.info("forward batch to %s lost (%r): sending its repeatable items again",
                          target_region, exc)  # fmt: skip
                 self._count(target_region, "resent")
 
     def _resendable(self, target_region: str, items: list[_Item]) -> bool:
-        """After a lost attempt: an item it carried may have been applied. One without an
-        Idempotency-Key is ``outcome_unknown`` now (sent again it could be applied twice);
-        one with a key may go again, at once, on a fresh connection (a lost one is never
+        """After a lost attempt: an item it carried may have been applied. One that is not
+        ``repeatable`` is ``outcome_unknown`` now (sent again it could be applied twice); a
+        repeatable one may go again, at once, on a fresh connection (a lost one is never
         reused): the leader answers it with the first one's result if that was applied, and
         applies it if not. Whether any item is left to send."""
         for item in items:
             if item.may_have_left:
                 item.lost_once = True
-                if not item.keyed and not item.answer.done():
+                if not item.repeatable and not item.answer.done():
                     item.answer.set_exception(outcome_unknown(target_region))
         return bool(self._unanswered(items))
 

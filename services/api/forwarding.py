@@ -5,9 +5,9 @@ answers 503 instead), so a stale leader hint cannot make requests circle. The ca
 deadline travels in ``X-Convplane-Deadline-Ms`` and bounds the whole forward. A peer that could
 not be reached at all (connection refused) is retried under a small budget with jittered
 backoff; any other failure of a write after it was sent means its outcome is unknown. One
-exception: an append with an ``Idempotency-Key`` whose connection broke after it was sent (not a
-timeout, not a peer that stopped answering probes) is sent again under the same budget (the
-leader answers a repeat with the first one's result; an answer that does not settle the
+exception: an append the leader answers again with the first one's result (an ``Idempotency-Key``,
+or a tool event) whose connection broke after it was sent (not a timeout, not a peer that stopped
+answering probes) is sent again under the same budget (an answer that does not settle the
 outcome, ``forward_batch.settles_outcome``, is ``outcome_unknown``).
 
 Every forward carries ``X-Convplane-Peer-Auth`` (the cluster's ``peer_secret``, when it has one):
@@ -130,9 +130,13 @@ class Forwarder:
         is_write: bool,
         body: bytes | None = None,
         batchable: bool = False,
+        repeatable: bool = False,
     ) -> Response:
         """Send ``request`` (or it with ``body`` instead of its own) to ``target_region``;
-        ``batchable``: an append, which may travel in a batch with others."""
+        ``batchable``: an append, which may travel in a batch with others; ``repeatable``: an
+        append the leader answers again with the first one's result (an Idempotency-Key or a
+        tool event, ``eventlog.conversation_state.repeat_gets_first_result``), which may be
+        sent again after a lost attempt."""
         base_url = self._peer_urls.get(target_region)
         if base_url is None:
             raise ForwardFailed(f"leader region {target_region!r} is not in the cluster file")
@@ -150,6 +154,7 @@ class Forwarder:
                     body=raw,
                     authorization=request.headers.get("authorization", ""),
                     idempotency_key=request.headers.get(IDEMPOTENCY_KEY_HEADER),
+                    repeatable=repeatable,
                     deadline_s=deadline_s,
                 )
                 self._metrics.observe_forward(target_region, self._clock.monotonic() - sent_s)
@@ -166,8 +171,6 @@ class Forwarder:
             self._inject_trace(headers)
         started_s = self._clock.monotonic()
         backoff = Backoff(self._backoff_s, self._backoff_s * 2**self._retries_max, self._rng)
-        #: an append the leader answers again with its first result, if that was applied
-        resendable = batchable and IDEMPOTENCY_KEY_HEADER.lower() in headers
         lost_once = False  # an attempt was sent and lost: it may have been applied
         for attempt in range(self._retries_max + 1):
             remaining_s = deadline_s - self._clock.monotonic()
@@ -203,7 +206,7 @@ class Forwarder:
                 raise _deadline_error(is_write, target_region) from exc
             except httpx.HTTPError as exc:
                 self._metrics.forwarded.labels(target_region, "error").inc()
-                if resendable and attempt < self._retries_max:  # at once (httpx never reuses
+                if repeatable and attempt < self._retries_max:  # at once (httpx never reuses
                     lost_once = True  # a connection that failed)
                     self._metrics.forwarded.labels(target_region, "resent").inc()
                     continue

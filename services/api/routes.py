@@ -16,6 +16,7 @@ from fastapi import APIRouter, Depends, Header, Path, Query, Request, Response
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from eventlog.conversation_state import repeat_gets_first_result
 from eventlog.errors import Forbidden, InvalidRequest
 from eventlog.http_headers import (
     IDEMPOTENCY_KEY_HEADER,
@@ -186,6 +187,7 @@ async def append_event(
             ),
             is_write=True,
             batchable=True,
+            repeatable=repeat_gets_first_result(body.type, idempotency_key),
         )
     if isinstance(result, Response):
         return result

@@ -380,7 +380,7 @@ async def test_an_append_whose_deadline_passes_during_the_handshake_was_not_appl
         return await batcher.forward(
             target_region="b", base_url=base_url, conversation_id="c1",
             body=b'{"type":"note"}', authorization=f"Bearer {KEY_A}", idempotency_key=None,
-            deadline_s=clock.monotonic() + deadline_s,
+            repeatable=False, deadline_s=clock.monotonic() + deadline_s,
         )  # fmt: skip
 
     async with handshake_never_answered() as (base_url, received):

@@ -55,6 +55,9 @@ class _Conv:
     info: ConversationInfo
     events: list[EventRecord] = field(default_factory=list)
     by_key: dict[str, tuple[str, AppendedEvent]] = field(default_factory=dict)
+    #: (event type, attempt_id) of each tool event: as in the real log, an identical repeat of
+    #: one gets its first result (``ConversationState.existing_result``)
+    by_attempt: dict[tuple[str, str], tuple[str, AppendedEvent]] = field(default_factory=dict)
 
 
 class FakeLog(ConversationLog):
@@ -129,6 +132,13 @@ class FakeLog(ConversationLog):
             if old_digest != digest:
                 raise IdempotencyKeyReused("key reused with another body")
             return replace(appended, replayed=True)
+        attempt_id = payload.get("attempt_id")
+        attempt = (event_type, str(attempt_id)) if event_type.startswith("tool.") else None
+        if attempt is not None and attempt in conv.by_attempt:
+            old_digest, appended = conv.by_attempt[attempt]
+            if old_digest != digest:
+                raise EffectConflict("attempt recorded with another body")
+            return replace(appended, replayed=True)
         if expected_seq is not None and expected_seq != conv.info.last_seq:
             raise SeqConflict("seq conflict", last_seq=conv.info.last_seq)
         if event_type == "tool.effect":
@@ -159,6 +169,8 @@ class FakeLog(ConversationLog):
         )
         if idempotency_key is not None:
             conv.by_key[idempotency_key] = (digest, appended)
+        if attempt is not None:
+            conv.by_attempt[attempt] = (digest, appended)
         return appended
 
     @staticmethod

@@ -179,7 +179,10 @@ async def test_events_page_and_tool_attempt(nodes: Nodes) -> None:
         assert r.status_code == 201
     effect = {"type": "tool.effect", "payload": {"attempt_id": "t1", "status": "committed"}}
     assert (await nodes.east.post(url, json=effect, headers=AUTH_A)).status_code == 201
-    _assert_error(await nodes.east.post(url, json=effect, headers=AUTH_A), 409, "effect_conflict")
+    repeat = await nodes.east.post(url, json=effect, headers=AUTH_A)  # the log's first result
+    assert (repeat.status_code, repeat.json()["seq"]) == (200, 4), repeat.text
+    other = {**effect, "payload": {"attempt_id": "t1", "status": "failed"}}
+    _assert_error(await nodes.east.post(url, json=other, headers=AUTH_A), 409, "effect_conflict")
     page = (await nodes.east.get(url, params={"after_seq": 1, "limit": 2}, headers=AUTH_A)).json()
     assert [e["seq"] for e in page["events"]] == [2, 3]
     assert page["next_after_seq"] == 3

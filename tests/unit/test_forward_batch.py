@@ -438,6 +438,41 @@ async def test_a_lost_batch_sends_its_keyed_items_again_and_each_is_applied_once
             assert await _seqs(nodes, cid) == [1]
 
 
+_ATTEMPT = {
+    "type": "tool.attempt",
+    "payload": {"attempt_id": "a-1", "tool": "search", "argument_digest": "sha256:1"},
+}
+_EFFECT = {"type": "tool.effect", "payload": {"attempt_id": "a-1", "status": "committed"}}
+
+
+@pytest.mark.parametrize("alone", [False, True], ids=["in a batch", "forwarded alone"])
+@pytest.mark.parametrize("event", [_ATTEMPT, _EFFECT], ids=["tool.attempt", "tool.effect"])
+async def test_a_lost_tool_event_is_sent_again_without_a_key(
+    event: dict[str, Any], alone: bool
+) -> None:
+    """A tool event's ``attempt_id`` identifies it for the conversation's life, and the log
+    answers an identical repeat with the first one's result: a lost forward of one (in a batch,
+    or alone: UTF-16 JSON) is sent again with no Idempotency-Key, gets the result the leader
+    holds, and is in the log once."""
+    async with two_nodes(forward_retries_max=2, forward_backoff_s=0.01) as nodes:
+        cid = conversation_led_by("west")
+        await _create(nodes, cid)
+        url = f"/v1/conversations/{cid}/events"
+        if event is _EFFECT:  # its attempt first, at the leader
+            assert (await nodes.west.post(url, json=_ATTEMPT, headers=AUTH_A)).status_code == 201
+        carried = _answers_lost(nodes.routing, "west.test", {1})
+        body = json.dumps(event).encode("utf-16" if alone else "utf-8")
+        r = await nodes.east.post(
+            url, content=body, headers={**AUTH_A, "content-type": "application/json"}
+        )
+        assert r.status_code == 200, r.text
+        assert r.headers["idempotent-replayed"] == "true"
+        assert len(carried) == 2  # the lost attempt and its repeat
+        events = (await nodes.west.get(url, headers=AUTH_A)).json()["events"]
+        types = ["tool.attempt", "tool.effect"] if event is _EFFECT else ["tool.attempt"]
+        assert [e["type"] for e in events] == types
+
+
 @pytest.mark.parametrize("then", ["lost again", "refused"])
 async def test_a_keyed_item_lost_once_is_never_answered_not_applied(then: str) -> None:
     """Its first attempt was lost after the leader applied it; every later attempt fails
