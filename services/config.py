@@ -150,7 +150,8 @@ class NodeSettings(BaseSettings):
     #: hostile connections (services.listeners): the client listener keeps at most
     #: client_connections_max connections (past it the oldest idle one is closed); a connection
     #: must send a whole request head within header_timeout_s of connecting or of its previous
-    #: response, else it is closed. The peer listener has its own peer_connections_max.
+    #: response, else it is closed. The peer listener has its own peer_connections_max (at least
+    #: two per peer region: ``load_cluster`` refuses fewer).
     client_connections_max: int = Field(default=2048, ge=1)
     peer_connections_max: int = Field(default=256, ge=1)
     header_timeout_s: float = Field(default=5.0, gt=0.0)
@@ -240,4 +241,12 @@ class NodeSettings(BaseSettings):
         else:
             raise ValueError("NodeSettings needs cluster or cluster_file")
         cluster.region(self.region)  # the node's own region must be listed
+        peer_connections_min = 2 * (len(cluster.regions) - 1)
+        if self.peer_connections_max < peer_connections_min:
+            raise ValueError(
+                f"peer_connections_max {self.peer_connections_max} is below "
+                f"{peer_connections_min}, two per peer region: each peer's probes and its "
+                "forwards need a connection, and past the cap the peer listener closes the "
+                "oldest idle one, so they would keep closing each other's"
+            )
         return cluster

@@ -31,3 +31,18 @@ def test_cluster_file_rules() -> None:
         )
     with pytest.raises(ValueError, match="not in the cluster file"):
         NodeSettings(region="north", cluster=cluster_config()).load_cluster()
+
+
+def test_a_peer_connection_cap_too_small_for_the_cluster_is_refused() -> None:
+    """Each peer region's probes and forwards need a connection of their own at this node's
+    peer listener; a cap below two per peer region would have them close each other's (at a cap
+    of 1 in a 3-region plane, /route answered 503)."""
+    cluster = cluster_config()  # east and west: one peer region each
+    assert NodeSettings(region="west", cluster=cluster, peer_connections_max=2).load_cluster()
+    with pytest.raises(ValueError, match="peer_connections_max 1 is below 2, two per peer"):
+        NodeSettings(region="west", cluster=cluster, peer_connections_max=1).load_cluster()
+    three = cluster.model_copy(
+        update={"regions": [*cluster.regions, cluster.regions[0].model_copy(update={"name": "ap"})]}
+    )
+    with pytest.raises(ValueError, match="below 4"):
+        NodeSettings(region="west", cluster=three, peer_connections_max=3).load_cluster()
