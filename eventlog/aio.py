@@ -18,7 +18,9 @@ from typing import Any, TypeVar
 T = TypeVar("T")
 
 
-def _consume(task: asyncio.Future[Any]) -> None:
+def consume(task: asyncio.Future[Any]) -> None:
+    """A done callback that retrieves ``task``'s error, so that a task nobody awaits any more
+    is never reported as an error never retrieved."""
     if not task.cancelled():
         task.exception()
 
@@ -26,7 +28,7 @@ def _consume(task: asyncio.Future[Any]) -> None:
 def abandon(task: asyncio.Future[Any]) -> None:
     """Cancel ``task`` without waiting for it; its result or error is dropped."""
     task.cancel()
-    task.add_done_callback(_consume)
+    task.add_done_callback(consume)
 
 
 async def bounded(call: Awaitable[T], timeout_s: float) -> T:

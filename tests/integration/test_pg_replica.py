@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
@@ -177,3 +178,53 @@ async def _terminate_backends(instance: PgInstance, database: str) -> None:
         raise AssertionError(f"sessions on {database} outlived pg_terminate_backend")
     finally:
         await admin.close()
+
+
+async def _sessions_started(admin: Any, database: str) -> int:
+    """Sessions the server has started on ``database`` so far."""
+    started: int = await admin.fetchval(
+        "SELECT sessions FROM pg_stat_database WHERE datname = $1", database
+    )
+    return started
+
+
+async def test_a_status_read_its_caller_abandons_keeps_its_connection(
+    pg_instances: list[PgInstance], pg_databases: list[str]
+) -> None:
+    """A read-index round abandons the slower replicas' status reads once it has its quorum
+    (the controller runs one ten times a second). A read on the store's kept connection runs to
+    its end instead of being cancelled midway, so the connection is kept: reads abandoned while
+    their statement waits at the server start no new server session (each one dropped and
+    reopened it before: a new backend and a TLS handshake per round)."""
+    import asyncpg
+
+    store = await open_replica_store(pg_databases[0], "r1", pool_size=2, pool_max_overflow=0)
+    database = urlsplit(pg_databases[0]).path.lstrip("/")
+    admin = await asyncpg.connect(asyncpg_dsn(pg_databases[0]))  # holds the table's lock
+    watcher = await asyncpg.connect(asyncpg_dsn(pg_instances[0].dsn))
+    waiting = (
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = $1 AND wait_event_type = 'Lock'"
+    )
+    try:
+        assert isinstance(await store.prepare(0, 1, 0), Promised)
+        await asyncio.gather(*(store.status(0) for _ in range(3)))  # kept and pooled ones open
+        before = await _sessions_started(watcher, database)
+        for _ in range(5):
+            lock = admin.transaction()
+            await lock.start()
+            await admin.execute("LOCK TABLE shards IN ACCESS EXCLUSIVE MODE")
+            abandoned = asyncio.ensure_future(store.status(0))
+            for _ in range(500):  # until its statement waits at the server
+                if await watcher.fetchval(waiting, database):
+                    break
+                await asyncio.sleep(0.01)
+            else:
+                raise AssertionError("the status read never reached the locked table")
+            abandoned.cancel()
+            await lock.rollback()
+            assert (await store.status(0)).promised_epoch == 1  # and the store still answers
+        assert await _sessions_started(watcher, database) == before
+    finally:
+        await admin.close()
+        await watcher.close()
+        await store.close()
