@@ -77,7 +77,8 @@ class SqlReplicaStore(ReplicaStore):
         #: kept for status reads (PostgreSQL), and whether no status read is using it now
         self._status_conn = _KeptConnection(engine, sqlite_write=False)
         self._status_conn_free = True
-        self._status_read: asyncio.Task[ShardStatus] | None = None  # the last one on it
+        #: PostgreSQL status reads under way, their callers waiting or not (``status``)
+        self._status_reads: set[asyncio.Task[ShardStatus]] = set()
         self._closed = False
         self._committer = GroupCommitter(
             self._execute_group,
@@ -134,25 +135,32 @@ class SqlReplicaStore(ReplicaStore):
     # --- reads ---------------------------------------------------------------------------
 
     async def status(self, shard: int) -> ShardStatus:
-        """PostgreSQL: on a connection kept for these reads (``_pg_writes.status``) while it is
-        free, else, like SQLite, on a pooled one (concurrent reads never queue behind it).
+        """PostgreSQL: through asyncpg directly (``_pg_writes.status``), on a connection kept
+        for these reads while it is free, else on a pooled one (concurrent reads never queue
+        behind it); SQLite: on a pooled connection.
 
-        A read on the kept connection runs to its end (or its statement timeout) even when its
-        caller stops waiting: a read-index round that has its quorum abandons the slower
-        replicas' reads, and a statement cancelled midway leaves the connection's state unknown,
-        so it had to be dropped. The controller's placement poll runs such a round ten times a
-        second, and each one reconnected to the slowest replica (a new PostgreSQL backend, a
-        TLS handshake): a quarter of the control shard leader's CPU while idle."""
-        if self._postgres and self._status_conn_free and not self._closed:
-            self._status_conn_free = False
-            self._status_read = asyncio.ensure_future(self._kept_status(shard))
-            self._status_read.add_done_callback(consume)
-            return await asyncio.shield(self._status_read)
-        async with self._connection("status") as conn:
-            result = await conn.execute(select(shards).where(shards.c.shard == shard))
-            return status_from_row(result.mappings().first())
+        On PostgreSQL a read runs to its end (or its statement timeout) even when its caller
+        stops waiting: a read-index round that has its quorum abandons the slower replicas'
+        reads, and a statement cancelled midway leaves its connection's state unknown, so the
+        connection was dropped. The controller's placement poll runs such a round ten times a
+        second, and every linearizable read joins one: each reconnected to the slowest replica
+        (a new PostgreSQL backend, a TLS handshake), a quarter of the control shard leader's
+        CPU while idle."""
+        if not self._postgres:
+            async with self._connection("status") as conn:
+                result = await conn.execute(select(shards).where(shards.c.shard == shard))
+                return status_from_row(result.mappings().first())
+        read = asyncio.ensure_future(self._pg_status(shard))
+        read.add_done_callback(consume)
+        self._status_reads.add(read)
+        read.add_done_callback(self._status_reads.discard)
+        return await asyncio.shield(read)
 
-    async def _kept_status(self, shard: int) -> ShardStatus:
+    async def _pg_status(self, shard: int) -> ShardStatus:
+        if not self._status_conn_free or self._closed:
+            async with self._connection("status") as conn:
+                return await _pg_writes.status(conn, self.region, shard)
+        self._status_conn_free = False
         try:
             async with translated(self.region, "status"):
                 async with asyncio.timeout(self.limits.statement_timeout_s):
@@ -317,8 +325,8 @@ class SqlReplicaStore(ReplicaStore):
         self._closed = True
         await self._committer.close()
         await self._writer.drop(invalidate=False)
-        if self._status_read is not None:  # a read nobody waits for may still use it
-            await asyncio.wait({self._status_read}, timeout=self.limits.statement_timeout_s)
+        if self._status_reads:  # reads nobody waits for may still use its connections
+            await asyncio.wait(self._status_reads, timeout=self.limits.statement_timeout_s)
         await self._status_conn.drop(invalidate=False)
         await self._engine.dispose()
 

@@ -188,14 +188,16 @@ async def _sessions_started(admin: Any, database: str) -> int:
     return started
 
 
-async def test_a_status_read_its_caller_abandons_keeps_its_connection(
-    pg_instances: list[PgInstance], pg_databases: list[str]
+@pytest.mark.parametrize("reads", [1, 2], ids=["kept connection", "and a pooled one"])
+async def test_status_reads_their_callers_abandon_keep_their_connections(
+    pg_instances: list[PgInstance], pg_databases: list[str], reads: int
 ) -> None:
     """A read-index round abandons the slower replicas' status reads once it has its quorum
-    (the controller runs one ten times a second). A read on the store's kept connection runs to
-    its end instead of being cancelled midway, so the connection is kept: reads abandoned while
-    their statement waits at the server start no new server session (each one dropped and
-    reopened it before: a new backend and a TLS handshake per round)."""
+    (the controller runs one ten times a second). A read runs to its end instead of being
+    cancelled midway, so its connection is kept: reads abandoned while their statement waits at
+    the server (on the store's kept connection; with two at once, the second on a pooled one)
+    start no new server session (each one dropped and reopened its connection before: a new
+    backend and a TLS handshake per round)."""
     import asyncpg
 
     store = await open_replica_store(pg_databases[0], "r1", pool_size=2, pool_max_overflow=0)
@@ -213,14 +215,15 @@ async def test_a_status_read_its_caller_abandons_keeps_its_connection(
             lock = admin.transaction()
             await lock.start()
             await admin.execute("LOCK TABLE shards IN ACCESS EXCLUSIVE MODE")
-            abandoned = asyncio.ensure_future(store.status(0))
-            for _ in range(500):  # until its statement waits at the server
-                if await watcher.fetchval(waiting, database):
+            abandoned = [asyncio.ensure_future(store.status(0)) for _ in range(reads)]
+            for _ in range(500):  # until their statements wait at the server
+                if await watcher.fetchval(waiting, database) == reads:
                     break
                 await asyncio.sleep(0.01)
             else:
-                raise AssertionError("the status read never reached the locked table")
-            abandoned.cancel()
+                raise AssertionError("the status reads never reached the locked table")
+            for read in abandoned:
+                read.cancel()
             await lock.rollback()
             assert (await store.status(0)).promised_epoch == 1  # and the store still answers
         assert await _sessions_started(watcher, database) == before
