@@ -162,6 +162,8 @@ class Ack:
     conversation_id: str
     shard: int
     seq: int
+    #: the append's Idempotency-Key, or ``attempt:<attempt_id>`` for a tool attempt sent
+    #: without one (``chaos_audit.entry_identity``)
     key: str
     entry_region: str
     served_by: str
@@ -175,12 +177,15 @@ class Ack:
 @dataclass
 class Writers:
     """One writer per conversation; each append retried with the same Idempotency-Key (other
-    entry regions in turn) until acknowledged or stopped."""
+    entry regions in turn) until acknowledged or stopped. With ``keyless_tool_attempts`` every
+    other append is a ``tool.attempt`` sent without a key, retried with the same body: the log
+    knows it again by its ``attempt_id``."""
 
     urls: Mapping[str, str]
     api_key: str
     conversations: list[str]
     shard_count: int
+    keyless_tool_attempts: bool = False
     acks: list[Ack] = field(default_factory=list)
     unacked: dict[str, str] = field(default_factory=dict)  # key -> conversation, at stop
     stop: asyncio.Event = field(default_factory=asyncio.Event)
@@ -215,9 +220,14 @@ class Writers:
         while not self.stop.is_set():
             n += 1
             key = f"{cid}-k{n}"
-            body = {"type": "note", "payload": {"n": n}}
+            body: dict[str, Any] = {"type": "note", "payload": {"n": n}}
+            keyed = not (self.keyless_tool_attempts and n % 2 == 0)
+            if not keyed:
+                attempt = {"attempt_id": f"{cid}-a{n}", "tool": "chaos", "argument_digest": f"{n}"}
+                body = {"type": "tool.attempt", "payload": attempt}
+                key = f"attempt:{attempt['attempt_id']}"
             await self._request(
-                client, regions, i, f"/v1/conversations/{cid}/events", body, key, cid
+                client, regions, i, f"/v1/conversations/{cid}/events", body, key, cid, keyed=keyed
             )
             await asyncio.sleep(WRITE_PAUSE_S)
 
@@ -232,8 +242,13 @@ class Writers:
         cid: str,
         *,
         create: bool = False,
+        keyed: bool = True,
     ) -> None:
+        """``key`` goes as the Idempotency-Key when ``keyed``; it names the ack either way."""
         attempt = 0
+        headers = {DEADLINE_HEADER: str(int(ATTEMPT_TIMEOUT_S * 1000))}
+        if keyed:
+            headers[IDEMPOTENCY_KEY_HEADER] = key
         while True:
             # Sticky entry region (like a client behind a health-checked balancer): keep the
             # one that answered last; move to the next after any failure.
@@ -247,10 +262,7 @@ class Writers:
                     self.urls[entry] + path,
                     json=body,
                     timeout=ATTEMPT_TIMEOUT_S,
-                    headers={
-                        IDEMPOTENCY_KEY_HEADER: key,
-                        DEADLINE_HEADER: str(int(ATTEMPT_TIMEOUT_S * 1000)),
-                    },
+                    headers=headers,
                 )
             except httpx.HTTPError as exc:
                 r, error = None, type(exc).__name__

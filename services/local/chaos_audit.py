@@ -3,8 +3,9 @@ project's stores) and checks what the log promises.
 
 * Every acknowledged event is on a quorum of replicas, and in the committed prefix.
 * Exactly once, in order: in each replica's committed prefix a conversation's seqs run 0, 1, 2,
-  ... in lsn order with no duplicate, and an Idempotency-Key appears at most once.
-* The acknowledged seq holds the acknowledged key (the ack told the truth).
+  ... in lsn order with no duplicate, and an Idempotency-Key (or a tool attempt's id) appears at
+  most once.
+* The acknowledged seq holds the acknowledged key or attempt (the ack told the truth).
 * One leader per (shard, epoch): every barrier entry of an epoch names the same region, on every
   replica; and two replicas' entries at the same (shard, lsn, epoch) are the same entry.
 """
@@ -105,8 +106,18 @@ def _check_log_matching(data: dict[str, Any], report: AuditReport) -> None:
                 )
 
 
+def entry_identity(row: dict[str, Any]) -> str | None:
+    """What an ack names an entry by (``chaos.Ack.key``): its Idempotency-Key, or
+    ``attempt:<attempt_id>`` for a tool attempt without one."""
+    if row["idempotency_key"] is not None:
+        return str(row["idempotency_key"])
+    if row["event_type"] == "tool.attempt":
+        return "attempt:" + str(json.loads(row["body"])["payload"]["attempt_id"])
+    return None
+
+
 def _check_order(region: str, rows: list[dict[str, Any]], report: AuditReport) -> None:
-    """Gapless seqs and one entry per idempotency key, per conversation: keyed by tenant and id
+    """Gapless seqs and one entry per idempotency key or tool attempt, per conversation: keyed by tenant and id
     (conversation ids are namespaced by tenant, so one id of two tenants is two sequences)."""
     last_seq: dict[tuple[str, str], int] = {}
     keys: set[tuple[tuple[str, str], str]] = set()
@@ -118,10 +129,11 @@ def _check_order(region: str, rows: list[dict[str, Any]], report: AuditReport) -
         if r["seq"] != expected:
             report.fail(f"{region}: {cid} seq {r['seq']} at lsn {r['lsn']}, expected {expected}")
         last_seq[cid] = r["seq"]
-        if r["idempotency_key"] is not None:
-            if (cid, r["idempotency_key"]) in keys:
-                report.fail(f"{region}: {cid} key {r['idempotency_key']} committed twice")
-            keys.add((cid, r["idempotency_key"]))
+        identity = entry_identity(r)
+        if identity is not None:
+            if (cid, identity) in keys:
+                report.fail(f"{region}: {cid} key {identity} committed twice")
+            keys.add((cid, identity))
 
 
 def _check_acks(
@@ -134,9 +146,9 @@ def _check_acks(
     for region, (_, rows) in data.items():
         for r in rows:
             if r["conversation_id"]:
-                holders[(r["conversation_id"], r["seq"])][region] = r["idempotency_key"]
+                holders[(r["conversation_id"], r["seq"])][region] = entry_identity(r)
     in_prefix = {
-        (r["conversation_id"], r["seq"], r["idempotency_key"])
+        (r["conversation_id"], r["seq"], entry_identity(r))
         for rows in committed.values()
         for r in rows
     }

@@ -1,10 +1,11 @@
 """Chaos: every link between the regions' nodes is reset again and again (each connection killed
 with a TCP RST at both ends, new ones let through) while writers append through every region,
-two thirds of them forwarded. A forward whose connection dies after it left is sent again when
-its append carries an Idempotency-Key (``services.api.forward_batch``): the test goes on until
-the nodes resent some, then audits every replica: no acknowledged append lost, no key applied
-twice, every acknowledgment true. Needs local PostgreSQL binaries; fails loudly without them,
-never skips.
+two thirds of them forwarded: notes with an Idempotency-Key and, every other append, a tool
+attempt without one. A forward whose connection dies after it left is sent again when the leader
+answers a repeat with the first one's result (``services.api.forward_batch``: a key, or a tool
+event's attempt id): the test goes on until the nodes resent some, then audits every replica:
+no acknowledged append lost, no key or tool attempt applied twice, every acknowledgment true.
+Needs local PostgreSQL binaries; fails loudly without them, never skips.
 """
 
 from __future__ import annotations
@@ -55,7 +56,13 @@ async def test_forwards_on_reset_connections_are_sent_again_and_applied_once(
     try:
         info = await asyncio.to_thread(plane.start)
         urls = {r["name"]: r["url"] for r in info["regions"]}
-        writers = Writers(urls, info["api_key"], conversations_per_shard(SHARDS, 3), SHARDS)
+        writers = Writers(
+            urls,
+            info["api_key"],
+            conversations_per_shard(SHARDS, 3),
+            SHARDS,
+            keyless_tool_attempts=True,
+        )
         running = asyncio.create_task(writers.run())
         links = [proxy for name, proxy in plane.proxies.items() if name.endswith(":http")]
         reset = dataclasses.replace(HEALED, up="cut", down="cut")
