@@ -78,7 +78,7 @@ async def append_group(
         raise ReplicaUnavailable(f"replica {region}: the append connection is gone")
     try:
         result = await driver.fetch(_APPEND, *append_arrays(requests))
-    except (asyncpg.PostgresError, asyncpg.InterfaceError) as error:
+    except _DRIVER_ERRORS as error:
         raise _driver_error(region, error) from error
     rows = sorted((int(i), int(k), int(v)) for i, k, v in result)
     if [index for index, _, _ in rows] != list(range(len(requests))):
@@ -111,9 +111,15 @@ async def status(conn: AsyncConnection, region: str, shard: int) -> ShardStatus:
         raise ReplicaUnavailable(f"replica {region}: the status connection is gone")
     try:
         row = await driver.fetchrow(_STATUS, shard)
-    except (asyncpg.PostgresError, asyncpg.InterfaceError) as error:
+    except _DRIVER_ERRORS as error:
         raise _driver_error(region, error, "status") from error
     return status_from_row(row)
+
+
+#: what asyncpg raises for a call the server or the connection failed (its protocol and
+#: internal client errors are neither of the first two: SQLAlchemy wrapped them, a direct call
+#: must too)
+_DRIVER_ERRORS = (asyncpg.PostgresError, asyncpg.InterfaceError, asyncpg.InternalClientError)
 
 
 def _driver_error(

@@ -49,6 +49,9 @@ from eventlog.stores._schema import (
 )
 from eventlog.stores.group_commit import AppendOutcome, GroupCommitter
 
+#: how long closing a store waits for the status reads it cancelled
+_CLOSE_WAIT_S = 1.0
+
 
 class _WritePath(Protocol):
     """What ``_pg_writes`` and ``_sqlite_writes`` provide (each module is one)."""
@@ -139,32 +142,46 @@ class SqlReplicaStore(ReplicaStore):
         for these reads while it is free, else on a pooled one (concurrent reads never queue
         behind it); SQLite: on a pooled connection.
 
-        On PostgreSQL a read runs to its end (or its statement timeout) even when its caller
-        stops waiting: a read-index round that has its quorum abandons the slower replicas'
-        reads, and a statement cancelled midway leaves its connection's state unknown, so the
-        connection was dropped. The controller's placement poll runs such a round ten times a
-        second, and every linearizable read joins one: each reconnected to the slowest replica
-        (a new PostgreSQL backend, a TLS handshake), a quarter of the control shard leader's
-        CPU while idle."""
+        On PostgreSQL a read whose statement is under way runs to its end (or its statement
+        timeout) even when its caller stops waiting: a read-index round that has its quorum
+        abandons the slower replicas' reads, and a statement cancelled midway leaves its
+        connection's state unknown, so the connection was dropped. The controller's placement
+        poll runs such a round ten times a second, and every linearizable read joins one: each
+        reconnected to the slowest replica (a new PostgreSQL backend, a TLS handshake), a
+        quarter of the control shard leader's CPU while idle. A read still waiting for a
+        connection is cancelled with its caller, so reads nobody waits for hold at most the
+        kept connection and the pool's."""
         if not self._postgres:
             async with self._connection("status") as conn:
                 result = await conn.execute(select(shards).where(shards.c.shard == shard))
                 return status_from_row(result.mappings().first())
-        read = asyncio.ensure_future(self._pg_status(shard))
+        holding: list[bool] = []  # set once the read holds its connection
+        read = asyncio.ensure_future(self._pg_status(shard, holding))
         read.add_done_callback(consume)
         self._status_reads.add(read)
         read.add_done_callback(self._status_reads.discard)
-        return await asyncio.shield(read)
+        try:
+            return await asyncio.shield(read)
+        except asyncio.CancelledError:
+            if not holding:  # nothing of it reached the server
+                read.cancel()
+            raise
 
-    async def _pg_status(self, shard: int) -> ShardStatus:
+    async def _pg_status(self, shard: int, holding: list[bool]) -> ShardStatus:
         if not self._status_conn_free or self._closed:
             async with self._connection("status") as conn:
-                return await _pg_writes.status(conn, self.region, shard)
+                holding.append(True)
+                try:
+                    return await _pg_writes.status(conn, self.region, shard)
+                except BaseException:  # its state unknown (its statement timed out): the pool
+                    await conn.invalidate()  # must not hand it out again
+                    raise
         self._status_conn_free = False
         try:
             async with translated(self.region, "status"):
                 async with asyncio.timeout(self.limits.statement_timeout_s):
                     conn = await self._status_conn.get()
+                    holding.append(True)
                     try:
                         return await _pg_writes.status(conn, self.region, shard)
                     except BaseException:
@@ -325,8 +342,10 @@ class SqlReplicaStore(ReplicaStore):
         self._closed = True
         await self._committer.close()
         await self._writer.drop(invalidate=False)
-        if self._status_reads:  # reads nobody waits for may still use its connections
-            await asyncio.wait(self._status_reads, timeout=self.limits.statement_timeout_s)
+        for read in self._status_reads:  # reads nobody waits for any more
+            read.cancel()
+        if self._status_reads:
+            await asyncio.wait(self._status_reads, timeout=_CLOSE_WAIT_S)
         await self._status_conn.drop(invalidate=False)
         await self._engine.dispose()
 

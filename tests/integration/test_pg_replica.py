@@ -231,3 +231,43 @@ async def test_status_reads_their_callers_abandon_keep_their_connections(
         await admin.close()
         await watcher.close()
         await store.close()
+
+
+async def test_a_status_read_still_waiting_for_a_connection_goes_with_its_caller(
+    pg_instances: list[PgInstance], pg_databases: list[str]
+) -> None:
+    """Only a read whose statement is under way outlives its caller: one still waiting for a
+    pooled connection (every connection busy, say on a black-holed database) is cancelled with
+    it, so the reads nobody waits for are never more than the store's connections."""
+    import asyncpg
+
+    # two pooled connections: the group committer's writer (prepare took it) and one more
+    store = await open_replica_store(pg_databases[0], "r1", pool_size=2, pool_max_overflow=0)
+    database = urlsplit(pg_databases[0]).path.lstrip("/")
+    admin = await asyncpg.connect(asyncpg_dsn(pg_databases[0]))
+    watcher = await asyncpg.connect(asyncpg_dsn(pg_instances[0].dsn))
+    waiting = (
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = $1 AND wait_event_type = 'Lock'"
+    )
+    try:
+        assert isinstance(await store.prepare(0, 1, 0), Promised)
+        lock = admin.transaction()
+        await lock.start()
+        await admin.execute("LOCK TABLE shards IN ACCESS EXCLUSIVE MODE")
+        reads = [asyncio.ensure_future(store.status(0)) for _ in range(4)]
+        for _ in range(500):  # two hold a connection (kept, pooled), two wait for the pool
+            if await watcher.fetchval(waiting, database) == 2:
+                break
+            await asyncio.sleep(0.01)
+        else:
+            raise AssertionError("the status reads never reached the locked table")
+        for read in reads:
+            read.cancel()
+        await asyncio.sleep(0.05)
+        assert len(store._status_reads) == 2  # the two at the server run on, the rest are gone
+        await lock.rollback()
+        assert (await store.status(0)).promised_epoch == 1
+    finally:
+        await admin.close()
+        await watcher.close()
+        await store.close()
