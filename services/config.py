@@ -246,7 +246,8 @@ class NodeSettings(BaseSettings):
             raise ValueError(
                 f"peer_connections_max {self.peer_connections_max} is below "
                 f"{peer_connections_min}, two per peer region: each peer's probes and its "
-                "forwards need a connection, and past the cap the peer listener closes the "
-                "oldest idle one, so they would keep closing each other's"
+                "forwards want a connection, and past the cap the peer listener closes the "
+                "oldest idle one, so they would keep closing each other's and reconnecting "
+                "(at 1 in a 3-region plane, the plane could not route)"
             )
         return cluster

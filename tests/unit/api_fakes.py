@@ -136,8 +136,10 @@ class FakeLog(ConversationLog):
         attempt = (event_type, str(attempt_id)) if event_type.startswith("tool.") else None
         if attempt is not None and attempt in conv.by_attempt:
             old_digest, appended = conv.by_attempt[attempt]
-            if old_digest != digest:
-                raise EffectConflict("attempt recorded with another body")
+            if old_digest != digest:  # as the real log words each
+                if event_type == "tool.attempt":
+                    raise Conflict("attempt recorded with other arguments")
+                raise EffectConflict("attempt has another effect")
             return replace(appended, replayed=True)
         if expected_seq is not None and expected_seq != conv.info.last_seq:
             raise SeqConflict("seq conflict", last_seq=conv.info.last_seq)
