@@ -162,8 +162,8 @@ class Ack:
     conversation_id: str
     shard: int
     seq: int
-    #: the append's Idempotency-Key, or ``attempt:<attempt_id>`` for a tool attempt sent
-    #: without one (``chaos_audit.entry_identity``)
+    #: the append's Idempotency-Key, or ``attempt:<attempt_id>`` (``effect:<attempt_id>``) for a
+    #: tool attempt (its effect) sent without one (``chaos_audit.entry_identity``)
     key: str
     entry_region: str
     served_by: str
@@ -177,15 +177,15 @@ class Ack:
 @dataclass
 class Writers:
     """One writer per conversation; each append retried with the same Idempotency-Key (other
-    entry regions in turn) until acknowledged or stopped. With ``keyless_tool_attempts`` every
-    other append is a ``tool.attempt`` sent without a key, retried with the same body: the log
-    knows it again by its ``attempt_id``."""
+    entry regions in turn) until acknowledged or stopped. With ``keyless_tool_events`` two
+    appends in three are a ``tool.attempt`` and then its ``tool.effect``, sent without a key and
+    retried with the same body: the log knows each again by its ``attempt_id``."""
 
     urls: Mapping[str, str]
     api_key: str
     conversations: list[str]
     shard_count: int
-    keyless_tool_attempts: bool = False
+    keyless_tool_events: bool = False
     acks: list[Ack] = field(default_factory=list)
     unacked: dict[str, str] = field(default_factory=dict)  # key -> conversation, at stop
     stop: asyncio.Event = field(default_factory=asyncio.Event)
@@ -221,11 +221,15 @@ class Writers:
             n += 1
             key = f"{cid}-k{n}"
             body: dict[str, Any] = {"type": "note", "payload": {"n": n}}
-            keyed = not (self.keyless_tool_attempts and n % 2 == 0)
-            if not keyed:
+            keyed = not self.keyless_tool_events or n % 3 == 1
+            if not keyed and n % 3 == 2:
                 attempt = {"attempt_id": f"{cid}-a{n}", "tool": "chaos", "argument_digest": f"{n}"}
                 body = {"type": "tool.attempt", "payload": attempt}
                 key = f"attempt:{attempt['attempt_id']}"
+            elif not keyed:  # the previous append's attempt took effect
+                effect = {"attempt_id": f"{cid}-a{n - 1}", "status": "committed"}
+                body = {"type": "tool.effect", "payload": effect}
+                key = f"effect:{effect['attempt_id']}"
             await self._request(
                 client, regions, i, f"/v1/conversations/{cid}/events", body, key, cid, keyed=keyed
             )

@@ -106,13 +106,18 @@ def _check_log_matching(data: dict[str, Any], report: AuditReport) -> None:
                 )
 
 
+#: how an ack names a tool event sent without an Idempotency-Key (``chaos.Ack.key``)
+_TOOL_EVENTS = {"tool.attempt": "attempt", "tool.effect": "effect"}
+
+
 def entry_identity(row: dict[str, Any]) -> str | None:
     """What an ack names an entry by (``chaos.Ack.key``): its Idempotency-Key, or
-    ``attempt:<attempt_id>`` for a tool attempt without one."""
+    ``attempt:<attempt_id>`` (``effect:<attempt_id>``) for a tool attempt (effect) without one."""
     if row["idempotency_key"] is not None:
         return str(row["idempotency_key"])
-    if row["event_type"] == "tool.attempt":
-        return "attempt:" + str(json.loads(row["body"])["payload"]["attempt_id"])
+    kind = _TOOL_EVENTS.get(row["event_type"])
+    if kind is not None:
+        return f"{kind}:{json.loads(row['body'])['payload']['attempt_id']}"
     return None
 
 

@@ -1,7 +1,7 @@
 """Chaos: every link between the regions' nodes is reset again and again (each connection killed
 with a TCP RST at both ends, new ones let through) while writers append through every region,
-two thirds of them forwarded: notes with an Idempotency-Key and, every other append, a tool
-attempt without one. A forward whose connection dies after it left is sent again when the leader
+two thirds of them forwarded: notes with an Idempotency-Key, and tool attempts and their
+effects without one. A forward whose connection dies after it left is sent again when the leader
 answers a repeat with the first one's result (``services.api.forward_batch``: a key, or a tool
 event's attempt id): the test goes on until the nodes resent some, then audits every replica:
 no acknowledged append lost, no key or tool attempt applied twice, every acknowledgment true.
@@ -61,7 +61,7 @@ async def test_forwards_on_reset_connections_are_sent_again_and_applied_once(
             info["api_key"],
             conversations_per_shard(SHARDS, 3),
             SHARDS,
-            keyless_tool_attempts=True,
+            keyless_tool_events=True,
         )
         running = asyncio.create_task(writers.run())
         links = [proxy for name, proxy in plane.proxies.items() if name.endswith(":http")]
