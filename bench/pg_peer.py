@@ -111,10 +111,38 @@ CREATE TABLE IF NOT EXISTS events (
     PRIMARY KEY (conversation_id, seq)
 )
 """
+PEER_LAST_SEQ = "SELECT max(seq) FROM events WHERE conversation_id = $1"
 PEER_INSERT = (
     "INSERT INTO events (conversation_id, seq, tenant_id, event_type, body, created_at_ms) "
     "VALUES ($1, $2, $3, $4, $5, $6)"
 )
+
+
+async def run_peer_reads(
+    dsn: str,
+    *,
+    readers: int,
+    pool_max: int,
+    warmup_s: float,
+    seconds: float,
+    cpu_of: Mapping[str, int] | None = None,
+) -> Recorder:
+    """``readers`` closed-loop readers, each asking the primary at ``dsn`` for the last seq of
+    the conversation ``run_peer``'s writer of its index wrote (the primary is the one place a
+    read sees every acknowledged write: the peer's linearizable read); ``cpu_of`` as
+    ``drive``'s. Its ``events_per_s`` are reads."""
+    pool_size = min(readers, pool_max)
+    pool = await asyncpg.create_pool(
+        plain_dsn(dsn), min_size=pool_size, max_size=pool_size, timeout=CALL_TIMEOUT_S
+    )
+    try:
+
+        async def read(index: int) -> None:
+            await pool.fetchval(PEER_LAST_SEQ, f"bench-{index}", timeout=CALL_TIMEOUT_S)
+
+        return await drive(readers, warmup_s, seconds, read, cpu_of)
+    finally:
+        await asyncio.wait_for(pool.close(), CALL_TIMEOUT_S)
 
 
 def plain_dsn(dsn: str) -> str:

@@ -3,7 +3,7 @@ synchronous replication, with a native load generator.
 
 A program, not a test::
 
-    .venv/bin/python -m bench.rest [--seconds 20] [--connections 63] [--py-spy DIR]
+    .venv/bin/python -m bench.rest [--seconds 20] [--connections 63] [--reads] [--py-spy DIR]
 
 It starts the plane the way ``convplane up --regions 3 --postgres`` does (``LocalPlane``: one
 PostgreSQL and one node process per region, mutual TLS between the nodes), with the demo
@@ -16,6 +16,13 @@ not compete with the nodes for the interpreter) posts 1 KiB ``message.user`` eve
   conversations it serves (nothing is forwarded);
 - ``any``: every request enters the first region, which forwards the two thirds it does not
   lead to their leaders over the pooled peer connections.
+
+``--reads`` adds a third mode after them, ``reads``: route-following linearizable reads
+(``GET /v1/conversations/{id}``: the leader confirms it still leads before it answers) of the
+conversations the two modes wrote, against the peer's readers asking its primary for a
+conversation's last seq at the same concurrency (``bench/pg_peer.py``, ``run_peer_reads``, after
+each of its write runs); the JSON's ``reads`` holds ``reads_per_s``, ``peer_reads_per_s`` and
+``read_ratio``.
 
 Each mode gets a short unmeasured warm-up run first. CPU seconds of every node process, of each
 region's PostgreSQL (postmaster and backends) and of wrk are read from ``/proc`` around the
@@ -57,7 +64,7 @@ from urllib.parse import urlsplit
 import httpx
 
 from bench.cpu import cpu_snapshot, cpu_used
-from bench.pg_peer import payload_text, run_peer
+from bench.pg_peer import payload_text, run_peer, run_peer_reads
 from bench.profiling import py_spy
 from services.local.plane import LocalPlane
 from services.local.postgres import start_sync_replication_cluster
@@ -90,12 +97,7 @@ end
 function request()
   n = n + 1
   local id = ids[n % #ids + 1]
-  local headers = {
-    ["Authorization"] = auth,
-    ["Content-Type"] = "application/json",
-    ["Idempotency-Key"] = "{RUN}-" .. tid .. "-" .. n,
-  }
-  return wrk.format("POST", "/v1/conversations/" .. id .. "/events", headers, body)
+{REQUEST}
 end
 
 function done(summary, latency, requests)
@@ -109,6 +111,18 @@ function done(summary, latency, requests)
     latency:percentile(99.9), latency.max))
 end
 """
+
+
+#: the body of wrk's ``request()``: an append with a fresh Idempotency-Key, or a read
+APPEND_REQUEST = """  local headers = {
+    ["Authorization"] = auth,
+    ["Content-Type"] = "application/json",
+    ["Idempotency-Key"] = "{RUN}-" .. tid .. "-" .. n,
+  }
+  return wrk.format("POST", "/v1/conversations/" .. id .. "/events", headers, body)"""
+READ_REQUEST = (
+    """  return wrk.format("GET", "/v1/conversations/" .. id, {["Authorization"] = auth})"""
+)
 
 
 @dataclass(frozen=True)
@@ -126,9 +140,12 @@ def lua_targets(targets: list[Target]) -> str:
     return "{" + ", ".join(one(t) for t in targets) + "}"
 
 
-def wrk_script(path: Path, targets: list[Target], api_key: str, body: str, run: str) -> Path:
+def wrk_script(
+    path: Path, targets: list[Target], api_key: str, body: str, run: str, request: str
+) -> Path:
     text = (
-        WRK_SCRIPT.replace("{TARGETS}", lua_targets(targets))
+        WRK_SCRIPT.replace("{REQUEST}", request)
+        .replace("{TARGETS}", lua_targets(targets))
         .replace("{BODY}", body)
         .replace("{KEY}", api_key)
         .replace("{RUN}", run)
@@ -172,7 +189,10 @@ def measure_mode(
     plane_info: dict[str, Any],
     work: Path,
     args: argparse.Namespace,
+    request: str = APPEND_REQUEST,
 ) -> dict[str, Any]:
+    """One mode, measured with wrk; a mode of reads (``READ_REQUEST``) counts reads where an
+    append mode counts events."""
     body = json.dumps(
         {"type": "message.user", "payload": {"content": payload_text(args.payload_bytes, 1)}}
     )
@@ -182,16 +202,17 @@ def measure_mode(
     url = regions[0]["url"]
     threads = len(targets)
     connections = args.connections - args.connections % threads
-    warm = wrk_script(work / f"{name}-warm.lua", targets, plane_info["api_key"], body, f"{name}w")
+    key = plane_info["api_key"]
+    warm = wrk_script(work / f"{name}-warm.lua", targets, key, body, f"{name}w", request)
     run_wrk(warm, url, threads, connections, args.warmup_s)
-    script = wrk_script(work / f"{name}.lua", targets, plane_info["api_key"], body, name)
+    script = wrk_script(work / f"{name}.lua", targets, key, body, name, request)
     spied = regions[args.py_spy_region]
     spy_out = args.py_spy / f"{name}-{spied['name']}.txt" if args.py_spy else None
     before = cpu_snapshot(groups)
     with py_spy(int(spied["node_pid"]), spy_out):
         summary = run_wrk(script, url, threads, connections, args.seconds)
     used = cpu_used(before, groups)
-    statuses = append_statuses(plane_info)
+    statuses = append_statuses(plane_info) if request == APPEND_REQUEST else {}
     acked = summary["requests"] - summary["non_2xx"]
     seconds = summary["duration_us"] / 1e6
     result = {
@@ -275,10 +296,13 @@ def measure_plane(work: Path, args: argparse.Namespace) -> dict[str, dict[str, A
         host, port = host_port(info["regions"][0]["url"])
         everything = [c for ids in by_region.values() for c in ids]
         any_targets = [Target(host, port, everything[i::3]) for i in range(3)]
-        return {
+        modes = {
             "route": measure_mode("route", route_targets, info, work, args),
             "any": measure_mode("any", any_targets, info, work, args),
         }
+        if args.reads:  # the conversations hold the two modes' events by now
+            modes["reads"] = measure_mode("reads", route_targets, info, work, args, READ_REQUEST)
+        return modes
     finally:
         plane.stop()
 
@@ -313,6 +337,26 @@ def measure_peer(
                 "errors": sum(recorder.errors.values()),
             }
             print(f"  peer, {writers} writers, {label}: {json.dumps(results[key])}", flush=True)
+        if args.reads:  # of the conversations the writers just wrote, from the primary
+            recorder = asyncio.run(
+                run_peer_reads(
+                    peer.dsn,
+                    readers=args.connections,
+                    pool_max=args.peer_pool_max,
+                    warmup_s=args.warmup_s,
+                    seconds=args.peer_seconds,
+                    cpu_of=servers,
+                )
+            )
+            key = f"reads-{args.connections}-{label}"
+            results[key] = {
+                "reads_per_s": round(recorder.events_per_s, 1),
+                "cpu_s_per_1000_reads": recorder.cpu_s_per_1000_events,
+                "p50_ms": round(recorder.percentile_ms(0.5), 2),
+                "p99_ms": round(recorder.percentile_ms(0.99), 2),
+                "errors": sum(recorder.errors.values()),
+            }
+            print(f"  peer, {args.connections} readers, {label}: {json.dumps(results[key])}")
         return results
     finally:
         peer.stop()
@@ -329,12 +373,31 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--shards", type=int, default=64)
     p.add_argument("--peer-pool-max", type=int, default=80, help="server max_connections=100")
     p.add_argument("--no-peer", action="store_true", help="skip the peer (profiling runs)")
+    p.add_argument("--reads", action="store_true",
+                   help="also linearizable reads, route-following, against the peer's primary")  # fmt: skip
     p.add_argument("--cpus", type=int, default=0,
                    help="run everything (plane, peer, wrk) on the first N CPUs (0: all)")  # fmt: skip
     p.add_argument("--py-spy", type=Path, help="record the first node with py-spy into DIR")
     p.add_argument("--py-spy-region", type=int, default=0, choices=(0, 1, 2),
                    help="record this region's node instead (0: the any-region entry node)")  # fmt: skip
     return p.parse_args(argv)
+
+
+def reads_summary(reads: dict[str, Any], peer: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The reads mode as reads (``measure_mode`` words every mode as events), against the
+    peer's best read run."""
+    peer_best = max(
+        (p["reads_per_s"] for p in peer.values() if "reads_per_s" in p), default=float("nan")
+    )
+    return {
+        "reads_per_s": reads["events_per_s"],
+        "p50_ms": reads["ack_p50_ms"],
+        "p99_ms": reads["ack_p99_ms"],
+        "non_2xx": reads["non_2xx"],
+        "peer_reads_per_s": peer_best,
+        "read_ratio": round(reads["events_per_s"] / peer_best, 3),
+        "cpu_s_per_1000_reads": reads["cpu_s_per_1000_events"],
+    }
 
 
 def _interrupt(signum: int, _frame: Any) -> None:
@@ -373,7 +436,9 @@ def main(argv: list[str] | None = None) -> int:
             step()
     route, any_region = modes["route"], modes["any"]
     # the ratio is against the peer's best measurement (the most favourable to the peer)
-    peer_best = max((p["events_per_s"] for p in peer.values()), default=float("nan"))
+    peer_best = max(
+        (p["events_per_s"] for p in peer.values() if "events_per_s" in p), default=float("nan")
+    )
     same_writers = [peer[f"{args.connections}-{when}"]["events_per_s"]
                     for when in ("before", "after") if f"{args.connections}-{when}" in peer]  # fmt: skip
     result = {
@@ -389,6 +454,8 @@ def main(argv: list[str] | None = None) -> int:
         "seconds": args.seconds,
         "cpus": len(cpus),
     }
+    if "reads" in modes:
+        result["reads"] = reads_summary(modes["reads"], peer)
     print(json.dumps(result))
     return 0
 
