@@ -19,7 +19,6 @@ from sqlalchemy.dialects.postgresql import insert as postgresql_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from eventlog.aio import consume
 from eventlog.clock import Clock, SystemClock
 from eventlog.identity import IdentityRecord
 from eventlog.model import (
@@ -48,8 +47,9 @@ from eventlog.stores._schema import (
     status_from_row,
 )
 from eventlog.stores.group_commit import AppendOutcome, GroupCommitter
+from eventlog.stores.status_reads import StatusReads
 
-#: how long closing a store waits for the status reads it cancelled
+#: how long closing a store waits for its status query under way
 _CLOSE_WAIT_S = 1.0
 
 
@@ -77,11 +77,9 @@ class SqlReplicaStore(ReplicaStore):
         self._postgres = engine.dialect.name == "postgresql"
         self._writes: _WritePath = _pg_writes if self._postgres else _sqlite_writes
         self._writer = _KeptConnection(engine, sqlite_write=True)  # the group committer's only
-        #: kept for status reads (PostgreSQL), and whether no status read is using it now
+        #: kept for the status reads (PostgreSQL), which go many shards to a query
         self._status_conn = _KeptConnection(engine, sqlite_write=False)
-        self._status_conn_free = True
-        #: PostgreSQL status reads under way, their callers waiting or not (``status``)
-        self._status_reads: set[asyncio.Task[ShardStatus]] = set()
+        self._status_reads = StatusReads(region, self._read_statuses) if self._postgres else None
         self._closed = False
         self._committer = GroupCommitter(
             self._execute_group,
@@ -138,57 +136,23 @@ class SqlReplicaStore(ReplicaStore):
     # --- reads ---------------------------------------------------------------------------
 
     async def status(self, shard: int) -> ShardStatus:
-        """PostgreSQL: through asyncpg directly (``_pg_writes.status``), on a connection kept
-        for these reads while it is free, else on a pooled one (concurrent reads never queue
-        behind it); SQLite: on a pooled connection.
+        """PostgreSQL: many shards to a query, one query at a time, on a connection kept for
+        these reads (``eventlog.stores.status_reads``); SQLite: on a pooled connection."""
+        if self._status_reads is not None:
+            return await self._status_reads.status(shard)
+        async with self._connection("status") as conn:
+            result = await conn.execute(select(shards).where(shards.c.shard == shard))
+            return status_from_row(result.mappings().first())
 
-        On PostgreSQL a read whose statement is under way runs to its end (or its statement
-        timeout) even when its caller stops waiting: a read-index round that has its quorum
-        abandons the slower replicas' reads, and a statement cancelled midway leaves its
-        connection's state unknown, so the connection was dropped. The controller's placement
-        poll runs such a round ten times a second, and every linearizable read joins one: each
-        reconnected to the slowest replica (a new PostgreSQL backend, a TLS handshake), a
-        quarter of the control shard leader's CPU while idle. A read still waiting for a
-        connection is cancelled with its caller, so reads nobody waits for hold at most the
-        kept connection and the pool's."""
-        if not self._postgres:
-            async with self._connection("status") as conn:
-                result = await conn.execute(select(shards).where(shards.c.shard == shard))
-                return status_from_row(result.mappings().first())
-        holding: list[bool] = []  # set once the read holds its connection
-        read = asyncio.ensure_future(self._pg_status(shard, holding))
-        read.add_done_callback(consume)
-        self._status_reads.add(read)
-        read.add_done_callback(self._status_reads.discard)
-        try:
-            return await asyncio.shield(read)
-        except asyncio.CancelledError:
-            if not holding:  # nothing of it reached the server
-                read.cancel()
-            raise
-
-    async def _pg_status(self, shard: int, holding: list[bool]) -> ShardStatus:
-        if not self._status_conn_free or self._closed:
-            async with self._connection("status") as conn:
-                holding.append(True)
+    async def _read_statuses(self, shard_ids: list[int]) -> dict[int, ShardStatus]:
+        async with translated(self.region, "status"):
+            async with asyncio.timeout(self.limits.statement_timeout_s):
+                conn = await self._status_conn.get()
                 try:
-                    return await _pg_writes.status(conn, self.region, shard)
-                except BaseException:  # its state unknown (its statement timed out): the pool
-                    await conn.invalidate()  # must not hand it out again
+                    return await _pg_writes.statuses(conn, self.region, shard_ids)
+                except BaseException:  # its state unknown (a timeout mid-statement)
+                    await self._status_conn.drop(invalidate=True)
                     raise
-        self._status_conn_free = False
-        try:
-            async with translated(self.region, "status"):
-                async with asyncio.timeout(self.limits.statement_timeout_s):
-                    conn = await self._status_conn.get()
-                    holding.append(True)
-                    try:
-                        return await _pg_writes.status(conn, self.region, shard)
-                    except BaseException:
-                        await self._status_conn.drop(invalidate=True)
-                        raise
-        finally:
-            self._status_conn_free = True
 
     async def read_log(self, shard: int, after_lsn: int, limit: int) -> list[LogEntry]:
         if limit <= 0:
@@ -342,10 +306,8 @@ class SqlReplicaStore(ReplicaStore):
         self._closed = True
         await self._committer.close()
         await self._writer.drop(invalidate=False)
-        for read in self._status_reads:  # reads nobody waits for any more
-            read.cancel()
-        if self._status_reads:
-            await asyncio.wait(self._status_reads, timeout=_CLOSE_WAIT_S)
+        if self._status_reads is not None:
+            await self._status_reads.close(_CLOSE_WAIT_S)
         await self._status_conn.drop(invalidate=False)
         await self._engine.dispose()
 

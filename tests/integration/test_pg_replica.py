@@ -148,13 +148,16 @@ async def test_connections_the_server_closed_are_replaced_without_a_failed_call(
     try:
         assert isinstance(await store.prepare(0, 1, 0), Promised)
         assert await store.append(0, 1, 0, 0, run(1, 1, 1), 0) == Accepted(1)
-        await asyncio.gather(*(store.status(0) for _ in range(4)))  # the whole pool in use once
+        await asyncio.gather(*(store.read_log(0, 0, 10) for _ in range(4)))  # the whole pool
+        assert (await store.status(0)).last_lsn == 1  # and the status reads' kept connection
         database = urlsplit(pg_databases[0]).path.lstrip("/")
         await _terminate_backends(pg_instances[0], database)
         await asyncio.sleep(0.2)  # let the event loop read the closed sockets
 
         statuses = await asyncio.gather(*(store.status(0) for _ in range(4)))
         assert {s.last_lsn for s in statuses} == {1}
+        logs = await asyncio.gather(*(store.read_log(0, 0, 10) for _ in range(4)))
+        assert {len(entries) for entries in logs} == {1}
         assert await store.append(0, 1, 1, 1, run(2, 2, 1), 1) == Accepted(2)
     finally:
         await store.close()
@@ -188,40 +191,30 @@ async def _sessions_started(admin: Any, database: str) -> int:
     return started
 
 
-@pytest.mark.parametrize("reads", [1, 2], ids=["kept connection", "and a pooled one"])
-async def test_status_reads_their_callers_abandon_keep_their_connections(
-    pg_instances: list[PgInstance], pg_databases: list[str], reads: int
+async def test_status_reads_their_callers_abandon_keep_their_connection(
+    pg_instances: list[PgInstance], pg_databases: list[str]
 ) -> None:
     """A read-index round abandons the slower replicas' status reads once it has its quorum
-    (the controller runs one ten times a second). A read runs to its end instead of being
-    cancelled midway, so its connection is kept: reads abandoned while their statement waits at
-    the server (on the store's kept connection; with two at once, the second on a pooled one)
-    start no new server session (each one dropped and reopened its connection before: a new
-    backend and a TLS handshake per round)."""
+    (the controller runs one ten times a second). The query runs to its end instead of being
+    cancelled midway, so its connection is kept: reads abandoned while their query waits at the
+    server start no new server session (each one dropped and reopened its connection before: a
+    new backend, TLS and SCRAM per round)."""
     import asyncpg
 
     store = await open_replica_store(pg_databases[0], "r1", pool_size=2, pool_max_overflow=0)
     database = urlsplit(pg_databases[0]).path.lstrip("/")
     admin = await asyncpg.connect(asyncpg_dsn(pg_databases[0]))  # holds the table's lock
     watcher = await asyncpg.connect(asyncpg_dsn(pg_instances[0].dsn))
-    waiting = (
-        "SELECT count(*) FROM pg_stat_activity WHERE datname = $1 AND wait_event_type = 'Lock'"
-    )
     try:
         assert isinstance(await store.prepare(0, 1, 0), Promised)
-        await asyncio.gather(*(store.status(0) for _ in range(3)))  # kept and pooled ones open
+        assert (await store.status(0)).promised_epoch == 1  # the kept connection is open
         before = await _sessions_started(watcher, database)
         for _ in range(5):
             lock = admin.transaction()
             await lock.start()
             await admin.execute("LOCK TABLE shards IN ACCESS EXCLUSIVE MODE")
-            abandoned = [asyncio.ensure_future(store.status(0)) for _ in range(reads)]
-            for _ in range(500):  # until their statements wait at the server
-                if await watcher.fetchval(waiting, database) == reads:
-                    break
-                await asyncio.sleep(0.01)
-            else:
-                raise AssertionError("the status reads never reached the locked table")
+            abandoned = [asyncio.ensure_future(store.status(shard)) for shard in (0, 1, 0)]
+            await _until_queries_wait(watcher, database, 1)
             for read in abandoned:
                 read.cancel()
             await lock.rollback()
@@ -233,41 +226,43 @@ async def test_status_reads_their_callers_abandon_keep_their_connections(
         await store.close()
 
 
-async def test_a_status_read_still_waiting_for_a_connection_goes_with_its_caller(
+async def test_status_reads_of_many_shards_are_one_query_at_a_time(
     pg_instances: list[PgInstance], pg_databases: list[str]
 ) -> None:
-    """Only a read whose statement is under way outlives its caller: one still waiting for a
-    pooled connection (every connection busy, say on a black-holed database) is cancelled with
-    it, so the reads nobody waits for are never more than the store's connections."""
+    """Twenty reads of twenty shards while the table is locked: one query waits at the server
+    (the first read's), the other nineteen wait for the next query, which reads them all."""
     import asyncpg
 
-    # two pooled connections: the group committer's writer (prepare took it) and one more
-    store = await open_replica_store(pg_databases[0], "r1", pool_size=2, pool_max_overflow=0)
+    store = await open_replica_store(pg_databases[0], "r1", pool_size=4, pool_max_overflow=0)
     database = urlsplit(pg_databases[0]).path.lstrip("/")
     admin = await asyncpg.connect(asyncpg_dsn(pg_databases[0]))
     watcher = await asyncpg.connect(asyncpg_dsn(pg_instances[0].dsn))
-    waiting = (
-        "SELECT count(*) FROM pg_stat_activity WHERE datname = $1 AND wait_event_type = 'Lock'"
-    )
     try:
-        assert isinstance(await store.prepare(0, 1, 0), Promised)
+        for shard in range(20):
+            assert isinstance(await store.prepare(shard, 1 + shard, 0), Promised)
         lock = admin.transaction()
         await lock.start()
         await admin.execute("LOCK TABLE shards IN ACCESS EXCLUSIVE MODE")
-        reads = [asyncio.ensure_future(store.status(0)) for _ in range(4)]
-        for _ in range(500):  # two hold a connection (kept, pooled), two wait for the pool
-            if await watcher.fetchval(waiting, database) == 2:
-                break
-            await asyncio.sleep(0.01)
-        else:
-            raise AssertionError("the status reads never reached the locked table")
-        for read in reads:
-            read.cancel()
-        await asyncio.sleep(0.05)
-        assert len(store._status_reads) == 2  # the two at the server run on, the rest are gone
+        reads = [asyncio.ensure_future(store.status(shard)) for shard in range(20)]
+        await _until_queries_wait(watcher, database, 1)
+        await asyncio.sleep(0.2)  # time for any other query to reach the server
+        assert await watcher.fetchval(_WAITING, database) == 1
         await lock.rollback()
-        assert (await store.status(0)).promised_epoch == 1
+        statuses = await asyncio.gather(*reads)
+        assert [s.promised_epoch for s in statuses] == [1 + shard for shard in range(20)]
     finally:
         await admin.close()
         await watcher.close()
         await store.close()
+
+
+_WAITING = "SELECT count(*) FROM pg_stat_activity WHERE datname = $1 AND wait_event_type = 'Lock'"
+
+
+async def _until_queries_wait(watcher: Any, database: str, queries: int) -> None:
+    """Until ``queries`` statements on ``database`` wait for a lock."""
+    for _ in range(500):
+        if await watcher.fetchval(_WAITING, database) == queries:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"{queries} statements never waited at the locked table")
