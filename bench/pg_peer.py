@@ -14,7 +14,8 @@ import asyncio
 import json
 import random
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
 import asyncpg
@@ -131,16 +132,22 @@ async def run_peer_reads(
     the conversation ``run_peer``'s writer of its index wrote (the primary is the one place a
     read sees every acknowledged write: the peer's linearizable read); ``cpu_of`` as
     ``drive``'s. Its ``events_per_s`` are reads."""
-    pool_size = min(readers, pool_max)
-    pool = await asyncpg.create_pool(
-        plain_dsn(dsn), min_size=pool_size, max_size=pool_size, timeout=CALL_TIMEOUT_S
-    )
-    try:
+    async with peer_pool(dsn, min(readers, pool_max)) as pool:
 
         async def read(index: int) -> None:
             await pool.fetchval(PEER_LAST_SEQ, f"bench-{index}", timeout=CALL_TIMEOUT_S)
 
         return await drive(readers, warmup_s, seconds, read, cpu_of)
+
+
+@asynccontextmanager
+async def peer_pool(dsn: str, size: int) -> AsyncIterator[asyncpg.Pool]:
+    """A pool of ``size`` connections to the peer's primary at ``dsn``, closed after."""
+    pool = await asyncpg.create_pool(
+        plain_dsn(dsn), min_size=size, max_size=size, timeout=CALL_TIMEOUT_S
+    )
+    try:
+        yield pool
     finally:
         await asyncio.wait_for(pool.close(), CALL_TIMEOUT_S)
 
@@ -163,11 +170,7 @@ async def run_peer(
     """``writers`` closed-loop writers, one conversation each, inserting ``payload_bytes``
     messages into the sync-replication primary at ``dsn`` (a pool of ``pool_max`` at most);
     ``cpu_of`` as ``drive``'s."""
-    pool_size = min(writers, pool_max)
-    pool = await asyncpg.create_pool(
-        plain_dsn(dsn), min_size=pool_size, max_size=pool_size, timeout=CALL_TIMEOUT_S
-    )
-    try:
+    async with peer_pool(dsn, min(writers, pool_max)) as pool:
         await pool.execute(PEER_TABLE, timeout=CALL_TIMEOUT_S)
         # a second run on the same cluster starts past the first run's rows
         first_seq = await pool.fetchval(
@@ -184,5 +187,3 @@ async def run_peer(
             )  # fmt: skip
 
         return await drive(writers, warmup_s, seconds, append, cpu_of)
-    finally:
-        await asyncio.wait_for(pool.close(), CALL_TIMEOUT_S)

@@ -64,7 +64,7 @@ from urllib.parse import urlsplit
 import httpx
 
 from bench.cpu import cpu_snapshot, cpu_used
-from bench.pg_peer import payload_text, run_peer, run_peer_reads
+from bench.pg_peer import Recorder, payload_text, run_peer, run_peer_reads
 from bench.profiling import py_spy
 from services.local.plane import LocalPlane
 from services.local.postgres import start_sync_replication_cluster
@@ -329,13 +329,7 @@ def measure_peer(
                 )
             )
             key = f"{writers}-{label}"
-            results[key] = {
-                "events_per_s": round(recorder.events_per_s, 1),
-                "cpu_s_per_1000_events": recorder.cpu_s_per_1000_events,
-                "ack_p50_ms": round(recorder.percentile_ms(0.5), 2),
-                "ack_p99_ms": round(recorder.percentile_ms(0.99), 2),
-                "errors": sum(recorder.errors.values()),
-            }
+            results[key] = peer_result(recorder, "events", "ack")
             print(f"  peer, {writers} writers, {label}: {json.dumps(results[key])}", flush=True)
         if args.reads:  # of the conversations the writers just wrote, from the primary
             recorder = asyncio.run(
@@ -349,17 +343,22 @@ def measure_peer(
                 )
             )
             key = f"reads-{args.connections}-{label}"
-            results[key] = {
-                "reads_per_s": round(recorder.events_per_s, 1),
-                "cpu_s_per_1000_reads": recorder.cpu_s_per_1000_events,
-                "p50_ms": round(recorder.percentile_ms(0.5), 2),
-                "p99_ms": round(recorder.percentile_ms(0.99), 2),
-                "errors": sum(recorder.errors.values()),
-            }
+            results[key] = peer_result(recorder, "reads", "read")
             print(f"  peer, {args.connections} readers, {label}: {json.dumps(results[key])}")
         return results
     finally:
         peer.stop()
+
+
+def peer_result(recorder: Recorder, unit: str, latency: str) -> dict[str, Any]:
+    """A peer run's numbers, named by what it did (``events``/``ack`` or ``reads``/``read``)."""
+    return {
+        f"{unit}_per_s": round(recorder.events_per_s, 1),
+        f"cpu_s_per_1000_{unit}": recorder.cpu_s_per_1000_events,
+        f"{latency}_p50_ms": round(recorder.percentile_ms(0.5), 2),
+        f"{latency}_p99_ms": round(recorder.percentile_ms(0.99), 2),
+        "errors": sum(recorder.errors.values()),
+    }
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -391,8 +390,8 @@ def reads_summary(reads: dict[str, Any], peer: dict[str, dict[str, Any]]) -> dic
     )
     return {
         "reads_per_s": reads["events_per_s"],
-        "p50_ms": reads["ack_p50_ms"],
-        "p99_ms": reads["ack_p99_ms"],
+        "read_p50_ms": reads["ack_p50_ms"],
+        "read_p99_ms": reads["ack_p99_ms"],
         "non_2xx": reads["non_2xx"],
         "peer_reads_per_s": peer_best,
         "read_ratio": round(reads["events_per_s"] / peer_best, 3),

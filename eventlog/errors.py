@@ -58,8 +58,9 @@ underscore are private control flow and not listed):
     ├── BatchNotSent              a forward batch never left (services.api.forward_exchange): the
     │                             batcher sends it again or answers ForwardFailed
     ├── BatchLost                 a forward batch's answer did not come back whole (idem): its
-    │                             unanswered items are sent again if they carry an
-    │                             Idempotency-Key, else OutcomeUnknown
+    │                             unanswered items are sent again if the leader answers a
+    │                             repeat with the first result (an Idempotency-Key or a tool
+    │                             event), else OutcomeUnknown
     ├── AssertionError
     │   └── InvariantViolation        a protocol invariant does not hold: a bug (here)
     ├── ValueError

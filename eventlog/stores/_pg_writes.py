@@ -25,7 +25,7 @@ from eventlog.errors import InvariantViolation, ReplicaUnavailable
 from eventlog.model import Accepted, Mismatch, PrepareReply, Promised, Rejected, ShardStatus
 from eventlog.stores._engine import SCHEMA_MISSING
 from eventlog.stores._plan import AppendRequest
-from eventlog.stores._schema import entry_from_row, status_from_row
+from eventlog.stores._schema import EMPTY_STATUS, entry_from_row, status_from_row
 from eventlog.stores.group_commit import AppendOutcome
 
 _APPEND = (
@@ -120,7 +120,7 @@ async def statuses(
     except _DRIVER_ERRORS as error:
         raise _driver_error(region, error, "status") from error
     found = {int(row["shard"]): status_from_row(row) for row in rows}
-    return {shard: found.get(shard, status_from_row(None)) for shard in shard_ids}
+    return {shard: found.get(shard, EMPTY_STATUS) for shard in shard_ids}
 
 
 #: what asyncpg raises for a call the server or the connection failed (its protocol and
