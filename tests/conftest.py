@@ -150,10 +150,17 @@ class LogCluster:
         return store
 
     async def node(
-        self, region: str, *, proxied: tuple[str, ...] = (), seed: int = 1, **config: Any
+        self,
+        region: str,
+        *,
+        proxied: tuple[str, ...] = (),
+        seed: int = 1,
+        store_limits: dict[str, Any] | None = None,
+        **config: Any,
     ) -> Any:
         """A LogNode of ``region`` writing to all three databases; its links to the regions in
-        ``proxied`` go through proxies named ``"<region>-><target>"``."""
+        ``proxied`` go through proxies named ``"<region>-><target>"``; ``store_limits`` go to
+        every store it opens, ``config`` to its LogConfig."""
         import random
 
         from eventlog.clock import SystemClock
@@ -162,7 +169,9 @@ class LogCluster:
 
         replicas = {
             target: await self.store(
-                target, via_proxy=f"{region}->{target}" if target in proxied else None
+                target,
+                via_proxy=f"{region}->{target}" if target in proxied else None,
+                **(store_limits or {}),
             )
             for target in LOG_REGIONS
         }
