@@ -17,11 +17,12 @@ h11, in Python, cost a node ~8 % of its CPU under load) with these guards.
   any single byte cancels its keep-alive timer (slowloris).
 * **One send per response.** A response's head and body leave in one write
   (``CoalescedWrites``).
-* **The append lane.** On the client listener, an append whose head and body arrive together
-  and that nothing special applies to goes to ``services.api.append_lane`` straight from the
-  parser, instead of through uvicorn's request cycle and the app's layers; anything the lane
-  does not take continues down uvicorn's path as if the lane had never looked at it. While the
-  lane serves a request, a pipelined one waits its turn as it would behind the app.
+* **The fast lane.** On the client listener, an append whose head and body arrive together,
+  or a read of a conversation, that nothing special applies to goes to
+  ``services.api.fast_lane`` straight from the parser, instead of through uvicorn's request
+  cycle and the app's layers; anything the lane does not take continues down uvicorn's path as
+  if the lane had never looked at it. While the lane serves a request, a pipelined one waits
+  its turn as it would behind the app.
 * **JSON errors.** A request the HTTP parser refuses gets a JSON 400 like every other client
   mistake (uvicorn's own is plain text).
 * **Connection bound.** At most ``connections_max`` connections; a new connection past it closes
@@ -46,7 +47,7 @@ from typing import Any
 from starlette.types import ASGIApp, Receive, Scope, Send
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
-from services.api.append_lane import AppendLane, LaneRequest, LaneResponse, Respond
+from services.api.fast_lane import FastLane, LaneRequest, LaneResponse, Respond
 from services.api.forwarding import PEER_AUTH_HEADER
 
 log = logging.getLogger("convplane.listeners")
@@ -60,23 +61,23 @@ class ListenerConfig:
     connections_max: int
     header_timeout_s: float
     #: a response the client does not take within this long loses the connection (the
-    #: edge's ``send_timeout_s``; here for what the append lane writes)
+    #: edge's ``send_timeout_s``; here for what the fast lane writes)
     send_timeout_s: float = 10.0
 
 
 def guarded_protocol(
-    limits: ListenerConfig, lane: AppendLane | None = None
+    limits: ListenerConfig, lane: FastLane | None = None
 ) -> type[HttpToolsProtocol]:
     """An ``HttpToolsProtocol`` class for one listener (module docstring); pass it as uvicorn's
     ``http``. Each call makes a class of its own: the idle set is per listener. ``lane``: the
-    append lane this listener hands eligible appends to (the client listener's)."""
+    fast lane this listener hands eligible requests to (the client listener's)."""
     #: this listener's idle connections, oldest first (a dict keeps insertion order)
     idle: dict[GuardedProtocol, None] = {}
 
     class GuardedProtocol(HttpToolsProtocol):
         _header_timer: asyncio.TimerHandle | None = None
         _cycle_when_idle: Any = None
-        #: an append the lane may take, its head parsed, its body arriving
+        #: a request the lane may take, its head parsed, its body (if any) arriving
         _lane_pending: LaneRequest | None = None
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
@@ -110,7 +111,7 @@ def guarded_protocol(
                 return  # a pipelined request was already parsed and is under way
             self._await_request()
 
-        # --- the append lane (services.api.append_lane) ------------------------------------
+        # --- the fast lane (services.api.fast_lane) --------------------------------------
 
         def on_headers_complete(self) -> None:
             if lane is not None and (self.cycle is None or self.cycle.response_complete):
@@ -124,7 +125,7 @@ def guarded_protocol(
                         parser.should_keep_alive(),
                     )
                 except Exception:  # a bug in the lane must not become the parser's 400
-                    log.exception("append lane: eligible failed; the app serves the request")
+                    log.exception("fast lane: eligible failed; the app serves the request")
                     pending = None
                 if pending is not None:
                     self._lane_pending = pending
@@ -146,7 +147,7 @@ def guarded_protocol(
             try:
                 prepared = lane.prepare(pending)
             except Exception:  # a bug in the lane must not become the parser's 400
-                log.exception("append lane: prepare failed; the app serves the request")
+                log.exception("fast lane: prepare failed; the app serves the request")
                 prepared = None
             if prepared is None:
                 self._hand_to_app(pending, complete=True)

@@ -84,7 +84,7 @@ def run_node(
                     settings.header_timeout_s,
                     settings.send_timeout_s,
                 ),
-                lane=app.state.append_lane,
+                lane=app.state.fast_lane,
             ),
         )
     )

@@ -13,12 +13,12 @@ from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
 from opentelemetry.sdk.trace import TracerProvider
 
 from services.api.admission import NodeAdmission
-from services.api.append_lane import AppendLane
 from services.api.context import ApiState
 from services.api.control_routes import control_router, peer_router
 from services.api.drill_routes import drill_peer_router, drill_router
 from services.api.errors import install_error_handlers
 from services.api.fast_append import AppendCheck, FastAppend
+from services.api.fast_lane import FastLane
 from services.api.forward_batch import forward_batch_router
 from services.api.metrics import Metrics
 from services.api.middleware import EdgeMiddleware
@@ -78,7 +78,7 @@ def create_app(
     append_outcomes = AppendOutcomes()  # opened in the lifespan, with the runtime's clock
     append_check = AppendCheck()  # the route's checks, for the lane and the edge's fast path
     # opened in the lifespan with the app's state; the client listener hands it appends
-    append_lane = AppendLane(
+    fast_lane = FastLane(
         region=settings.region,
         metrics=metrics,
         admission=admission,
@@ -101,7 +101,7 @@ def create_app(
                     admission=admission,
                     console_access=console_access,
                     append_outcomes=append_outcomes,
-                    append_lane=append_lane,
+                    fast_lane=fast_lane,
                 ):
                     yield
             finally:
@@ -115,7 +115,7 @@ def create_app(
         lifespan=lifespan,
         generate_unique_id_function=operation_id,
     )
-    app.state.append_lane = append_lane
+    app.state.fast_lane = fast_lane
     install_openapi(app, lambda: _shard_count(app))
     install_error_handlers(app, settings.retry_after_default_s, metrics.count_error)
     app.include_router(router)

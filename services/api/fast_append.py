@@ -3,7 +3,7 @@
 ``POST /v1/conversations/{id}/events`` is what chat applications call most, and FastAPI's
 routing, dependency solving and parameter validation cost a node more CPU per append than the
 log's own work does (``bench/rest.py`` under py-spy). Two places serve it with the route's own
-parts: the append lane (``services.api.append_lane``), straight from the client listener, for
+parts: the fast lane (``services.api.fast_lane``), straight from the client listener, for
 the requests it takes; and ``FastAppend``, from ``EdgeMiddleware``, for the appends that still
 come through the app (a body in several packets, a CORS request, ...). Both check with
 ``AppendCheck``:
@@ -61,11 +61,7 @@ class AppendCheck:
         self, conversation_id: str, keys: list[bytes], parsed: Any
     ) -> tuple[AnyEvent, str | None] | None:
         """The validated body and key, or None where the route would refuse the request."""
-        if len(conversation_id) > CONVERSATION_ID_MAX or not _CONVERSATION_ID.fullmatch(
-            conversation_id
-        ):
-            return None
-        if len(keys) > 1:
+        if not valid_conversation_id(conversation_id) or len(keys) > 1:
             return None
         idempotency_key = bytes(keys[0]).decode("latin-1") if keys else None
         if idempotency_key is not None and not _valid_key(idempotency_key):
@@ -85,7 +81,7 @@ class FastAppend:
     ) -> None:
         self._retry_after_default_s = retry_after_default_s
         self._count_error = count_error  # metrics by error code, as the app's handler counts
-        self._check = check or AppendCheck()  # shared with the append lane (one validator)
+        self._check = check or AppendCheck()  # shared with the fast lane (one validator)
         #: the route this path stands in for (its template names the request in metrics)
         self._route = declared_route(routes.append_event.__name__)
 
@@ -116,6 +112,14 @@ class FastAppend:
             response = refusal(exc, self._retry_after_default_s, self._count_error)
         await response(scope, receive, send)
         return True
+
+
+def valid_conversation_id(conversation_id: str) -> bool:
+    """Whether the routes take ``conversation_id`` in their path (its pattern and length)."""
+    return (
+        len(conversation_id) <= CONVERSATION_ID_MAX
+        and _CONVERSATION_ID.fullmatch(conversation_id) is not None
+    )
 
 
 def _valid_key(key: str) -> bool:

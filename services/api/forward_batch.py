@@ -3,7 +3,7 @@
 An entry node that forwards appends to a leader region sends them as one peer call, ``POST
 /peer/forwarded-appends``. The leader serves each item exactly as if it had arrived alone as a
 forward (the same admission, body checks, validation, auth, idempotency, deadline from
-``X-Convplane-Deadline-Ms``): by the append lane (``services.api.append_lane``), which runs the
+``X-Convplane-Deadline-Ms``): by the fast lane (``services.api.fast_lane``), which runs the
 app's steps without its layers, or, where the lane does not take an item (a malformed one, or
 tracing on), through its whole app; all items concurrently, and streams each item's answer back
 (one NDJSON line per item, in the order they finish), so an item is never held back by a slower
@@ -202,7 +202,7 @@ async def _run_item(
         "query_string": b"",
         "headers": headers,
     }
-    lane = getattr(request.app.state, "append_lane", None)
+    lane = getattr(request.app.state, "fast_lane", None)
     if lane is not None:
         served = await lane.serve_forwarded(
             scope,

@@ -97,7 +97,7 @@ def is_json_media_type(content_type: str | None) -> bool:
 
 
 def json_body_or_none(body: bytes) -> Any:
-    """``check_json_body``'s value, or None where it refuses the body (the append lane hands
+    """``check_json_body``'s value, or None where it refuses the body (the fast lane hands
     such a request to the app, which words the refusal)."""
     try:
         return check_json_body(body)
@@ -276,7 +276,7 @@ class EdgeMiddleware:
 def edge_error(
     status: int, code: str, message: str, *, retryable: bool, retry_after_s: float
 ) -> tuple[list[tuple[bytes, bytes]], bytes]:
-    """The headers and body of a refusal at the edge (the append lane answers the same)."""
+    """The headers and body of a refusal at the edge (the fast lane answers the same)."""
     body = json.dumps(
         {"error": {"code": code, "message": message, "retryable": retryable}}
     ).encode()

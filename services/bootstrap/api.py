@@ -10,9 +10,9 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from services.api.admission import NodeAdmission
-from services.api.append_lane import AppendLane
 from services.api.auth import Tenants
 from services.api.context import ApiState
+from services.api.fast_lane import FastLane
 from services.api.forward_batch import BatchConfig
 from services.api.forwarding import Forwarder
 from services.api.metrics import Metrics
@@ -35,7 +35,7 @@ async def open_api(
     admission: NodeAdmission,
     console_access: ConsoleAccess,
     append_outcomes: AppendOutcomes,
-    append_lane: AppendLane | None = None,
+    fast_lane: FastLane | None = None,
 ) -> AsyncIterator[None]:
     forwarder = Forwarder(
         client=runtime.peers,
@@ -99,13 +99,13 @@ async def open_api(
         tenants=app.state.api.tenants,
         clock=runtime.clock,
     )
-    if append_lane is not None:
-        append_lane.open(app.state.api)
+    if fast_lane is not None:
+        fast_lane.open(app.state.api)
     try:
         yield
     finally:
-        if append_lane is not None:
-            append_lane.close()
+        if fast_lane is not None:
+            fast_lane.close()
         await forwarder.close()
         await admission.close()
 

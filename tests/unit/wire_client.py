@@ -1,9 +1,9 @@
 """A node's client listener on the wire, without a socket: the real protocol class
-(``services.listeners.guarded_protocol``, with the node's append lane) fed raw HTTP/1.1 bytes
+(``services.listeners.guarded_protocol``, with the node's fast lane) fed raw HTTP/1.1 bytes
 through an in-memory transport, on the test's event loop.
 
 ``WireConnection.exchange`` writes requests either in one piece (head and body together, as a
-load generator sends them: the append lane may take such a request) or head first and body in a
+load generator sends them: the fast lane may take such a request) or head first and body in a
 later write (the lane never takes those: the app serves them), and reads the responses back with
 ``h11``, the parser httpx itself uses.
 """
@@ -75,7 +75,7 @@ class WireConnection:
         config = uvicorn.Config(app, lifespan="off", proxy_headers=False, log_config=None)
         config.load()
         limits = ListenerConfig("client", connections_max=100, header_timeout_s=5.0)
-        protocol_class = guarded_protocol(limits, lane=app.state.append_lane if lane else None)
+        protocol_class = guarded_protocol(limits, lane=app.state.fast_lane if lane else None)
         state = ServerState()
         state.default_headers = list(DEFAULT_HEADERS)
 
@@ -132,9 +132,13 @@ class WireConnection:
             answers.append(WireResponse(int(status_line.split()[1]), headers, names, body))
 
 
-def raw_request(path: str, body: bytes, headers: dict[str, str], method: str = "POST") -> bytes:
-    """A request as a client writes it (``Content-Length`` added)."""
+def raw_request(
+    path: str, body: bytes | None, headers: dict[str, str], method: str = "POST"
+) -> bytes:
+    """A request as a client writes it (``Content-Length`` added, unless ``body`` is None: a
+    request without a body, as a client writes a ``GET``)."""
     lines = [f"{method} {path} HTTP/1.1", "host: node.test"]
     lines += [f"{k}: {v}" for k, v in headers.items()]
-    lines.append(f"content-length: {len(body)}")
-    return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
+    if body is not None:
+        lines.append(f"content-length: {len(body)}")
+    return ("\r\n".join(lines) + "\r\n\r\n").encode() + (body or b"")

@@ -1,4 +1,4 @@
-"""The append lane (``services.api.append_lane``) answers exactly what the app answers.
+"""The fast lane (``services.api.fast_lane``) answers exactly what the app answers.
 
 Two identical two-region planes (fake logs, virtual time) get the same requests on the wire,
 through the real client-listener protocol: on one, each request arrives in one write, so the
@@ -8,7 +8,9 @@ must be the same, request by request, and so must the request metrics. Requests 
 and requests it hands back to the app are both in the script: fresh appends, idempotent retries,
 every conflict, a forward to the other region, the refusals of admission, and every malformed
 request. The same for the items of forward batches at their leader, with its lane open and
-closed, also while its admission sheds them (queue full, queued past the deadline).
+closed, also while its admission sheds them (queue full, queued past the deadline). Reads of a
+conversation (they have no body to split) are compared between a connection with the lane and
+one without it.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import pytest
 from fastapi import FastAPI
 
 from eventlog.http_headers import PEER_AUTH_HEADER
-from services.api import append_lane
+from services.api import fast_lane
 from services.api.forward_batch import BATCH_PATH
 from tests.unit.admission_nodes import (
     SECRET,
@@ -155,19 +157,19 @@ def _comparable(answer: WireResponse) -> tuple[int, list[str], dict[str, str], A
 def served(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """The conversation ids of the appends the lane serves, in order."""
     ids: list[str] = []
-    original = append_lane.AppendLane.serve
+    original = fast_lane.FastLane.serve
 
-    async def counted(self: append_lane.AppendLane, prepared: Any, respond: Any) -> None:
+    async def counted(self: fast_lane.FastLane, prepared: Any, respond: Any) -> None:
         ids.append(prepared.request.conversation_id)
         await original(self, prepared, respond)
 
-    monkeypatch.setattr(append_lane.AppendLane, "serve", counted)
+    monkeypatch.setattr(fast_lane.FastLane, "serve", counted)
     return ids
 
 
 async def test_the_lane_answers_every_request_as_the_app_does(served: list[str]) -> None:
     async with plane() as by_lane, plane() as by_app:
-        by_app.west.state.append_lane.close()  # the forward's leader serves it by its app
+        by_app.west.state.fast_lane.close()  # the forward's leader serves it by its app
         laned = await play(by_lane.east, split_body=False)
         lane_count = len(served)
         apped = await play(by_app.east, split_body=True)
@@ -186,6 +188,91 @@ async def test_the_lane_answers_every_request_as_the_app_does(served: list[str])
     assert statuses["forwarded to its leader"] == 201
     assert laned[SCRIPT.index(next(s for s in SCRIPT if s[0] == "forwarded to its leader"))]
     assert statuses["quota 4"] == 429 and statuses["unknown key"] == 401
+    assert lane_metrics == app_metrics
+    assert lane_outcomes == app_outcomes
+
+
+READ_A = {"authorization": f"Bearer {KEY_A}"}
+
+
+def read(
+    conversation_id: str,
+    headers: dict[str, str] | None = None,
+    extra: dict[str, str] | None = None,
+    *,
+    body: bytes | None = None,
+    method: str = "GET",
+) -> bytes:
+    path = f"/v1/conversations/{conversation_id}"
+    base = READ_A if headers is None else headers
+    return raw_request(path, body, {**base, **(extra or {})}, method)
+
+
+#: (what the read is, the request): in order, on one connection, after READ_SETUP
+READ_SETUP = [create(EAST_CONV), create(WEST_CONV), append(EAST_CONV, USER)]
+READS: list[tuple[str, bytes]] = [
+    ("read", read(EAST_CONV)),
+    ("read led elsewhere (forwarded)", read(WEST_CONV)),
+    ("unknown conversation", read("nobody-here")),
+    ("deadline header", read(EAST_CONV, extra={"x-convplane-deadline-ms": "5000"})),
+    ("bad deadline header", read(EAST_CONV, extra={"x-convplane-deadline-ms": "soon"})),
+    ("spent deadline", read(EAST_CONV, extra={"x-convplane-deadline-ms": "0"})),
+    ("unknown key", read(EAST_CONV, {"authorization": "Bearer nope"})),
+    ("no bearer", read(EAST_CONV, {"authorization": "Basic x"})),
+    ("no authorization", read(EAST_CONV, {})),
+    ("bad id", read("a%20b")),
+    ("dot id", read("..")),
+    ("id too long", read("x" * 200)),
+    ("query string", read(f"{EAST_CONV}?x=1")),
+    ("a body", read(EAST_CONV, body=b"{}")),
+    ("an empty body", read(EAST_CONV, body=b"")),
+    ("a json content type", read(EAST_CONV, extra={"content-type": "application/json"})),
+    ("an idempotency key", read(EAST_CONV, extra={"idempotency-key": "k1"})),
+    ("a long tenant header", read(EAST_CONV, extra={"x-convplane-tenant": "t" * 200})),
+    ("origin", read(EAST_CONV, extra={"origin": "http://east.test"})),
+    ("another method", read(EAST_CONV, method="PUT")),
+    ("close", read(EAST_CONV, extra={"connection": "close"})),
+    *[(f"quota {i}", read(EAST_CONV, {"authorization": f"Bearer {KEY_B}"})) for i in range(5)],
+]
+
+
+READS_THE_LANE_TAKES = {
+    "read", "read led elsewhere (forwarded)", "unknown conversation", "deadline header",
+    "bad deadline header", "spent deadline", "close", *(f"quota {i}" for i in range(5)),
+}  # fmt: skip
+
+
+async def play_reads(app: FastAPI, *, lane: bool) -> list[WireResponse]:
+    connection = WireConnection(app, lane=lane)
+    await connection.exchange(*READ_SETUP)
+    answers = []
+    for _, request in READS:
+        answers += await connection.exchange(request)
+    return answers
+
+
+async def test_the_lane_answers_reads_of_a_conversation_as_the_app_does(
+    served: list[str],
+) -> None:
+    async with plane() as by_lane, plane() as by_app:
+        laned = await play_reads(by_lane.east, lane=True)
+        lane_count = len(served)
+        apped = await play_reads(by_app.east, lane=False)
+        assert len(served) == lane_count
+        for (what, _), one, other in zip(READS, laned, apped, strict=True):
+            assert _comparable(one) == _comparable(other), what
+        lane_metrics = await _request_metrics(by_lane.east)
+        app_metrics = await _request_metrics(by_app.east)
+        lane_outcomes = by_lane.east.state.console_outcomes.rates().to_body()
+        app_outcomes = by_app.east.state.console_outcomes.rates().to_body()
+    statuses = {what: answer.status for (what, _), answer in zip(READS, laned, strict=True)}
+    assert statuses["read"] == 200 and json.loads(laned[0].body)["last_seq"] == 1
+    assert statuses["read led elsewhere (forwarded)"] == 200
+    assert statuses["unknown conversation"] == 404 and statuses["unknown key"] == 401
+    assert statuses["quota 4"] == 429
+    # the lane took the reads with a tenant key, a valid id, a plain path and no body or
+    # header it declines (the setup's append came pipelined: the app served it)
+    assert len(served) == len(READS_THE_LANE_TAKES), served
     assert lane_metrics == app_metrics
     assert lane_outcomes == app_outcomes
 
@@ -241,7 +328,7 @@ async def test_a_bug_is_a_500_and_a_closed_connection_as_in_the_app(
                     append(EAST_CONV, USER), split_body=split
                 )
             assert connection.transport.closed, name
-            admission = app.state.append_lane._admission
+            admission = app.state.fast_lane._admission
             assert admission._inflight() == 0.0, name  # the permit went back
     assert _comparable(answers["lane"]) == _comparable(answers["app"])
     assert answers["lane"].status == 500
@@ -259,7 +346,7 @@ async def test_a_client_gone_before_its_answer_gets_none_and_leaks_nothing() -> 
         for _ in range(1000):
             await asyncio.sleep(0)
         assert connection.transport.written == b""
-        admission = p.east.state.append_lane._admission
+        admission = p.east.state.fast_lane._admission
         assert admission._inflight() == 0.0
         again = WireConnection(p.east)
         (retry,) = await again.exchange(append(EAST_CONV, USER, extra={"idempotency-key": "g"}))
@@ -387,7 +474,7 @@ async def test_the_leaders_lane_answers_forwarded_appends_as_its_app_does(
     served: list[str],
 ) -> None:
     async with plane() as by_lane, plane() as by_app:
-        by_app.west.state.append_lane.close()  # every item through the app
+        by_app.west.state.fast_lane.close()  # every item through the app
         laned = await play_forwarded(by_lane.west)
         lane_count = len(served)
         apped = await play_forwarded(by_app.west)
@@ -477,7 +564,7 @@ async def test_a_shedding_leader_answers_forwarded_items_as_its_app_does(
 ) -> None:
     limits = {"admission_limit_initial": 1, "admission_limit_min": 1, "admission_queue_max": 1}
     async with plane(**limits) as by_lane, plane(**limits) as by_app:
-        by_app.west.state.append_lane.close()  # every item through the app
+        by_app.west.state.fast_lane.close()  # every item through the app
         laned = await play_shedding(by_lane)
         apped = await play_shedding(by_app)
         assert laned == apped

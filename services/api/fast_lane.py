@@ -1,39 +1,47 @@
-"""The append lane: ``POST /v1/conversations/{id}/events`` served straight from the client
-listener's HTTP parser, by the same parts the app would run it through.
+"""The fast lane: ``POST /v1/conversations/{id}/events`` (an append) and ``GET
+/v1/conversations/{id}`` (a linearizable read of the conversation) served straight from the
+client listener's HTTP parser, by the same parts the app would run them through.
 
-Appends are what chat applications call most. Under ``bench/rest.py`` a node spent about half of
-its CPU per append around the handler rather than in it: uvicorn's request cycle and its ASGI
-messages, the app's middleware layers (each wrapping ``send`` and ``receive``), Starlette's
-response machinery. The lane skips those layers, not their work: ``services.listeners`` hands it
-the request head and body, and it runs the steps the layers would run, in one place:
+Appends are what chat applications call most, and reads of a conversation come with them. Under
+``bench/rest.py`` a node spent about half of its CPU per append around the handler rather than
+in it: uvicorn's request cycle and its ASGI messages, the app's middleware layers (each wrapping
+``send`` and ``receive``), Starlette's response machinery; and about a third of its CPU per
+read. The lane skips those layers, not their work: ``services.listeners`` hands it the request
+head and body, and it runs the steps the layers would run, in one place:
 
 1. **Eligible** (``eligible``, on the request head): an HTTP/1.1 ``POST`` to the append path
    (no query, no percent-escapes), one ``Content-Length`` within ``max_body_bytes``, one
    ``Authorization``, one JSON ``Content-Type``, and nothing the layers treat specially
    (``Origin``: CORS; ``Transfer-Encoding``, ``Expect``, ``Upgrade``; the forwarding headers).
-   The listener takes the lane only when the whole body arrived with the head and no other
-   request of the connection is under way.
+   Or an HTTP/1.1 ``GET`` of the conversation's path (no query, no percent-escapes), one
+   ``Authorization``, none of those headers, and no body nor any header a read's route reads
+   (``X-Convplane-Tenant``) or its body checks would (``Content-Length``, ``Content-Type``,
+   ``Idempotency-Key``). The listener takes the lane only when the whole body arrived with the
+   head and no other request of the connection is under way.
 2. **Prepared** (``prepare``, on the body; still nothing done or counted): JSON parsed as the
    edge parses it (``check_json_body``), the route's own checks (``AppendCheck``), a tenant key
-   whose role may write. Whatever a check would refuse goes back to the app untouched, so every
-   refusal of a malformed request is the app's own, word for word.
+   whose role may write (a read: any tenant key; a service key's reads take the app). Whatever
+   a check would refuse goes back to the app untouched, so every refusal of a malformed
+   request is the app's own, word for word.
 3. **Served** (``serve``): admission as the edge does it (``NodeAdmission.arrive`` and ``admit``:
    401, 429, 503, 504, worded by ``edge_error``), the route's handler itself
-   (``routes.append_event``: the log call under the deadline, a forward on ``NotLeader``), an
+   (``routes.append_event`` or ``routes.get_conversation``: the log call under the deadline, a
+   forward on ``NotLeader``; a read's model as FastAPI serializes a ``response_model``), an
    error as the app's handler words it (``refusal``), the headers the layers add
    (``X-Convplane-Served-By``, CORS's ``Vary``), and the request counted where the layers count
-   it: the request metrics, the console's append outcomes, the admission limit's latency. A bug
-   (any other exception) is logged and answered 500, and the connection closed, as the app's
-   error middleware and uvicorn do.
+   it: the request metrics, the console's append outcomes (appends only), the admission
+   limit's latency. A bug (any other exception) is logged and answered 500, and the connection
+   closed, as the app's error middleware and uvicorn do.
 
 The leader of a forward batch (``services.api.forward_batch``) hands its items to the lane too
 (``serve_forwarded``): each is prepared and served as above, as the trusted forward it is (its
 admission is the forward's, its ``NotLeader`` is not forwarded again, the console does not count
 it: it entered another node), and what the lane does not take goes through the app.
 
-``tests/unit/test_append_lane.py`` sends the same requests, and the same forwarded items,
-through the lane and through the app and compares the answers. The lane is off while tracing is
-on (the FastAPI instrumentation makes each request's span) and on the peer listener.
+``tests/unit/test_fast_lane.py`` sends the same requests, and the same forwarded items,
+through the lane and through the app and compares the answers and the metrics. The lane is off
+while tracing is on (the FastAPI instrumentation makes each request's span) and on the peer
+listener.
 
 Where the two differ, on purpose or by a hair: a client that does not take its answer within
 ``send_timeout_s`` loses its connection with nothing written (on the app's path the edge counts
@@ -51,7 +59,9 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from pydantic import BaseModel
 from starlette.requests import Request
+from starlette.responses import Response
 from starlette.types import Message
 
 from eventlog.errors import ConvplaneError, InvariantViolation, Unavailable
@@ -61,7 +71,7 @@ from services.api.admission import DEADLINE_SCOPE_KEY, Entry, NodeAdmission
 from services.api.context import ApiState, RequestContext
 from services.api.errors import refusal
 from services.api.event_bodies import AnyEvent
-from services.api.fast_append import AppendCheck, declared_route
+from services.api.fast_append import AppendCheck, declared_route, valid_conversation_id
 from services.api.metrics import Metrics
 from services.api.middleware import edge_error, is_json_media_type, json_body_or_none
 from services.api.roles import require_read_only_viewer
@@ -69,11 +79,18 @@ from services.config import TenantConfig
 from services.console.outcomes import AppendOutcomes
 from services.logs import bind_request
 
-log = logging.getLogger("convplane.append_lane")
+log = logging.getLogger("convplane.fast_lane")
 
 Headers = list[tuple[bytes, bytes]]
 #: the append path as the client sent it: an id of the characters ids may hold (no escapes)
 _APPEND_URL = re.compile(rb"^/v1/conversations/([A-Za-z0-9._:-]+)/events$")
+#: the conversation's path (a read), the same way
+_CONVERSATION_URL = re.compile(rb"^/v1/conversations/([A-Za-z0-9._:-]+)$")
+#: what a read may not carry to take the lane: a body, or a header its route reads
+#: (``X-Convplane-Tenant``: a service key's reads on behalf of a tenant)
+_READ_DECLINED_HEADERS = frozenset(
+    {b"content-length", b"content-type", b"idempotency-key", b"x-convplane-tenant"}
+)
 #: request headers that some layer of the app treats specially: such a request takes the app
 _DECLINED_HEADERS = frozenset(
     {b"origin", b"transfer-encoding", b"expect", b"upgrade", b"x-convplane-forwarded",
@@ -100,6 +117,8 @@ class LaneRequest:
     content_length: int
     idempotency_keys: list[bytes]
     keep_alive: bool
+    #: a read of the conversation (``GET``), else an append
+    reads: bool = False
     #: an item of a forward batch (``serve_forwarded``); ``eligible`` declines a client's
     #: request that says it is a forward
     forwarded: bool = False
@@ -110,7 +129,7 @@ class LaneRequest:
 class Prepared:
     request: LaneRequest
     tenant: TenantConfig
-    event: AnyEvent
+    event: AnyEvent | None  # None: a read
     idempotency_key: str | None
     body: bytes
 
@@ -133,7 +152,7 @@ class LaneResponse:
 Respond = Callable[[LaneResponse], Awaitable[bool]]
 
 
-class AppendLane:
+class FastLane:
     """Built (closed) by ``create_app``; ``open``ed by the lifespan with the app's state."""
 
     def __init__(
@@ -156,6 +175,8 @@ class AppendLane:
         self._check = check
         self._route = declared_route(routes.append_event.__name__)
         self._template: str = self._route.path
+        self._read_route = declared_route(routes.get_conversation.__name__)
+        self._read_template: str = self._read_route.path
         self._api: ApiState | None = None
 
     def open(self, api: ApiState) -> None:
@@ -177,10 +198,12 @@ class AppendLane:
     ) -> LaneRequest | None:
         """A request the lane may take, by its head (``scope["headers"]``: names lower-cased,
         as uvicorn collects them); None: the app serves it."""
-        if self._api is None or method != b"POST" or http_version != "1.1":
+        if self._api is None or http_version != "1.1" or scope.get("root_path"):
             return None
-        matched = _APPEND_URL.match(url)
-        if matched is None or scope.get("root_path"):
+        if method == b"GET":
+            return self._eligible_read(scope, url, keep_alive)
+        matched = _APPEND_URL.match(url) if method == b"POST" else None
+        if matched is None:
             return None
         length = authorization = content_type = None
         keys: list[bytes] = []
@@ -218,6 +241,36 @@ class AppendLane:
             keep_alive=keep_alive,
         )
 
+    def _eligible_read(
+        self, scope: MutableMapping[str, Any], url: bytes, keep_alive: bool
+    ) -> LaneRequest | None:
+        matched = _CONVERSATION_URL.match(url)
+        if matched is None:
+            return None
+        authorization = None
+        for name, value in scope["headers"]:
+            if name == b"authorization":
+                if authorization is not None:
+                    return None
+                authorization = value
+            elif name in _DECLINED_HEADERS or name in _READ_DECLINED_HEADERS:
+                return None
+        if authorization is None:
+            return None
+        scope["method"] = "GET"
+        scope["path"] = url.decode("ascii")
+        scope["raw_path"] = url
+        scope["query_string"] = b""
+        return LaneRequest(
+            scope=scope,
+            conversation_id=matched.group(1).decode("ascii"),
+            authorization=authorization.decode("latin-1"),
+            content_length=0,
+            idempotency_keys=[],
+            keep_alive=keep_alive,
+            reads=True,
+        )
+
     # --- 2. the body -----------------------------------------------------------------------
 
     def prepare(self, request: LaneRequest) -> Prepared | None:
@@ -225,7 +278,14 @@ class AppendLane:
         the app serves it (and words the refusal)."""
         api = self._api
         body = bytes(request.body)
-        if api is None or len(body) != request.content_length or not body.strip():
+        if api is None or len(body) != request.content_length:
+            return None
+        if request.reads:
+            if not valid_conversation_id(request.conversation_id):
+                return None
+            tenant = self._tenant(api, request.authorization, "GET")
+            return None if tenant is None else Prepared(request, tenant, None, None, body)
+        if not body.strip():
             return None
         parsed = json_body_or_none(body)
         if parsed is None:  # refused (a body of JSON null is refused by the route too)
@@ -233,19 +293,25 @@ class AppendLane:
         accepted = self._check.accepted(request.conversation_id, request.idempotency_keys, parsed)
         if accepted is None:
             return None
-        tenants = api.tenants
-        if tenants.is_service_key(request.authorization):
-            return None
-        try:
-            tenant = tenants.authenticate(request.authorization)
-        except ConvplaneError:
-            return None
-        try:
-            require_read_only_viewer(tenant, "POST")
-        except ConvplaneError:
+        tenant = self._tenant(api, request.authorization, "POST")
+        if tenant is None:
             return None
         event, idempotency_key = accepted
         return Prepared(request, tenant, event, idempotency_key, body)
+
+    @staticmethod
+    def _tenant(api: ApiState, authorization: str, method: str) -> TenantConfig | None:
+        """The tenant whose key may make the request; None: the app refuses it (or serves a
+        service key's)."""
+        tenants = api.tenants
+        if tenants.is_service_key(authorization):
+            return None
+        try:
+            tenant = tenants.authenticate(authorization)
+            require_read_only_viewer(tenant, method)
+        except ConvplaneError:
+            return None
+        return tenant
 
     # --- forwarded appends ------------------------------------------------------------------
 
@@ -275,7 +341,7 @@ class AppendLane:
         try:
             prepared = self.prepare(pending)
         except Exception:  # a bug in the lane: the app serves it, as on the listener
-            log.exception("append lane: prepare failed; the app serves the forwarded append")
+            log.exception("fast lane: prepare failed; the app serves the forwarded append")
             return None
         if prepared is None:
             return None
@@ -295,8 +361,10 @@ class AppendLane:
         started_s = time.perf_counter()
         status = answered = 500
         entry = None
-        template = self._template
-        entering = not prepared.request.forwarded  # the console counts these only
+        reads = prepared.request.reads
+        template = self._read_template if reads else self._template
+        # the console counts the appends that entered this node only
+        entering = not (reads or prepared.request.forwarded)
         try:
             try:
                 entry = await self._admit(prepared.request.scope)
@@ -310,14 +378,15 @@ class AppendLane:
             if not await respond(response):
                 status = 408  # a slow reader lost its connection, as at the edge
         except Exception:  # a bug: answered as the app's error middleware answers one
-            log.exception("append lane: unexpected error")
+            log.exception("fast lane: unexpected error")
             await respond(LaneResponse(500, list(_BUG_HEADERS), _BUG_BODY, close=True))
         finally:
             self._admission.exit(entry, answered)
             if entering:
                 self._outcomes.record(answered)
             latency_s = time.perf_counter() - started_s
-            self._metrics.observe_request(template, "POST", status, latency_s)
+            method = "GET" if reads else "POST"
+            self._metrics.observe_request(template, method, status, latency_s)
 
     async def _admit(self, scope: MutableMapping[str, Any]) -> Entry | None:
         """The edge's admission: 401 and the deadline on arrival, then a permit (429, 503)."""
@@ -329,11 +398,11 @@ class AppendLane:
         """The route's handler on the request, and its answer as the layers send it."""
         api = self._api
         if api is None:
-            raise InvariantViolation("the append lane answered while closed")
+            raise InvariantViolation("the fast lane answered while closed")
         request = prepared.request
         scope = request.scope
         scope["path_params"] = {"conversation_id": request.conversation_id}
-        scope["route"] = self._route
+        scope["route"] = self._read_route if request.reads else self._route
         ctx = RequestContext(
             api,
             Request(scope, _replaying(prepared.body)),
@@ -344,9 +413,12 @@ class AppendLane:
         )
         bind_request(ctx)  # log lines of this request carry its fields (services.logs)
         try:
-            answer = await routes.append_event(
-                ctx, request.conversation_id, prepared.event, prepared.idempotency_key
-            )
+            if prepared.event is None:
+                answer = _as_json(await routes.get_conversation(ctx, request.conversation_id))
+            else:
+                answer = await routes.append_event(
+                    ctx, request.conversation_id, prepared.event, prepared.idempotency_key
+                )
         except ConvplaneError as exc:
             answer = refusal(exc, self._retry_after_default_s, self._metrics.count_error)
         status, headers, body = _rendered(answer)
@@ -386,6 +458,14 @@ def _replaying(body: bytes) -> Callable[[], Awaitable[Message]]:
         return {"type": "http.request", "body": body, "more_body": False}
 
     return receive
+
+
+def _as_json(answer: Any) -> Any:
+    """A route's model as the app sends it (FastAPI serializes a route's ``response_model``
+    to JSON with pydantic); a response (a forward's relayed answer) as it is."""
+    if isinstance(answer, BaseModel):
+        return Response(answer.model_dump_json(), media_type="application/json")
+    return answer
 
 
 def _rendered(answer: Any) -> tuple[int, Headers, bytes]:
