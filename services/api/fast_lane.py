@@ -1,23 +1,26 @@
-"""The fast lane: ``POST /v1/conversations/{id}/events`` (an append) and ``GET
-/v1/conversations/{id}`` (a linearizable read of the conversation) served straight from the
-client listener's HTTP parser, by the same parts the app would run them through.
+"""The fast lane: ``POST /v1/conversations/{id}/events`` (an append), ``GET
+/v1/conversations/{id}`` and ``GET /v1/conversations/{id}/events`` (linearizable reads of the
+conversation and of a page of its transcript) served straight from the client listener's HTTP
+parser, by the same parts the app would run them through.
 
-Appends are what chat applications call most, and reads of a conversation come with them. Under
-``bench/rest.py`` a node spent about half of its CPU per append around the handler rather than
-in it: uvicorn's request cycle and its ASGI messages, the app's middleware layers (each wrapping
-``send`` and ``receive``), Starlette's response machinery; and about a third of its CPU per
-read. The lane skips those layers, not their work: ``services.listeners`` hands it the request
-head and body, and it runs the steps the layers would run, in one place:
+Appends are what chat applications call most, and reads of their conversations come with
+them. Under ``bench/rest.py`` a node spent about half of its CPU per append around the handler
+rather than in it: uvicorn's request cycle and its ASGI messages, the app's middleware layers
+(each wrapping ``send`` and ``receive``), Starlette's response machinery; and about a third of
+its CPU per read. The lane skips those layers, not their work: ``services.listeners`` hands it
+the request head and body, and it runs the steps the layers would run, in one place:
 
 1. **Eligible** (``eligible``, on the request head): an HTTP/1.1 ``POST`` to the append path
    (no query, no percent-escapes), one ``Content-Length`` within ``max_body_bytes``, one
    ``Authorization``, one JSON ``Content-Type``, and nothing the layers treat specially
    (``Origin``: CORS; ``Transfer-Encoding``, ``Expect``, ``Upgrade``; the forwarding headers).
-   Or an HTTP/1.1 ``GET`` of the conversation's path (no query, no percent-escapes), one
-   ``Authorization``, none of those headers, and no body nor any header a read's route reads
-   (``X-Convplane-Tenant``) or its body checks would (``Content-Length``, ``Content-Type``,
-   ``Idempotency-Key``). The listener takes the lane only when the whole body arrived with the
-   head and no other request of the connection is under way.
+   Or an HTTP/1.1 ``GET`` of the conversation's path (no query) or of its events' (a query of
+   ``after_seq`` and ``limit`` only, each at most once, in plain digits within the route's
+   bounds), no percent-escapes, one ``Authorization``, none of those headers, and no body nor
+   any header a read's route reads (``X-Convplane-Tenant``) or its body checks would
+   (``Content-Length``, ``Content-Type``, ``Idempotency-Key``). The listener takes the lane
+   only when the whole body arrived with the head and no other request of the connection is
+   under way.
 2. **Prepared** (``prepare``, on the body; still nothing done or counted): JSON parsed as the
    edge parses it (``check_json_body``), the route's own checks (``AppendCheck``), a tenant key
    whose role may write (a read: any tenant key; a service key's reads take the app). Whatever
@@ -25,9 +28,10 @@ head and body, and it runs the steps the layers would run, in one place:
    request is the app's own, word for word.
 3. **Served** (``serve``): admission as the edge does it (``NodeAdmission.arrive`` and ``admit``:
    401, 429, 503, 504, worded by ``edge_error``), the route's handler itself
-   (``routes.append_event`` or ``routes.get_conversation``: the log call under the deadline, a
-   forward on ``NotLeader``; a read's model as FastAPI serializes a ``response_model``), an
-   error as the app's handler words it (``refusal``), the headers the layers add
+   (``routes.append_event``, ``get_conversation`` or ``list_events``: the log call under the
+   deadline, a forward on ``NotLeader``; a read's model as FastAPI serializes a
+   ``response_model``, without validating again the model the route just built), an error as
+   the app's handler words it (``refusal``), the headers the layers add
    (``X-Convplane-Served-By``, CORS's ``Vary``), and the request counted where the layers count
    it: the request metrics, the console's append outcomes (appends only), the admission
    limit's latency. A bug (any other exception) is logged and answered 500, and the connection
@@ -57,8 +61,9 @@ import re
 import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
+from fastapi.routing import APIRoute
 from pydantic import BaseModel
 from starlette.requests import Request
 from starlette.responses import Response
@@ -75,6 +80,7 @@ from services.api.fast_append import AppendCheck, declared_route, valid_conversa
 from services.api.metrics import Metrics
 from services.api.middleware import edge_error, is_json_media_type, json_body_or_none
 from services.api.roles import require_read_only_viewer
+from services.api.schemas import EVENTS_PAGE_MAX, JSON_INT_MAX
 from services.config import TenantConfig
 from services.console.outcomes import AppendOutcomes
 from services.logs import bind_request
@@ -82,10 +88,17 @@ from services.logs import bind_request
 log = logging.getLogger("convplane.fast_lane")
 
 Headers = list[tuple[bytes, bytes]]
+Kind = Literal["append", "conversation", "events"]
 #: the append path as the client sent it: an id of the characters ids may hold (no escapes)
 _APPEND_URL = re.compile(rb"^/v1/conversations/([A-Za-z0-9._:-]+)/events$")
-#: the conversation's path (a read), the same way
-_CONVERSATION_URL = re.compile(rb"^/v1/conversations/([A-Za-z0-9._:-]+)$")
+#: the paths of the reads the lane takes, the same way: the conversation, a page of its events
+_CONVERSATION_PATH = re.compile(rb"^/v1/conversations/([A-Za-z0-9._:-]+)$")
+_EVENTS_PATH = re.compile(rb"^/v1/conversations/([A-Za-z0-9._:-]+)/events$")
+#: an events page's query the lane takes: each parameter at most once, plain decimal digits
+_PAGE_VALUE = rb"(0|[1-9][0-9]{0,15})"
+_PAGE_QUERY = re.compile(
+    rb"^(after_seq|limit)=" + _PAGE_VALUE + rb"(?:&(after_seq|limit)=" + _PAGE_VALUE + rb")?$"
+)
 #: what a read may not carry to take the lane: a body, or a header its route reads
 #: (``X-Convplane-Tenant``: a service key's reads on behalf of a tenant)
 _READ_DECLINED_HEADERS = frozenset(
@@ -117,8 +130,10 @@ class LaneRequest:
     content_length: int
     idempotency_keys: list[bytes]
     keep_alive: bool
-    #: a read of the conversation (``GET``), else an append
-    reads: bool = False
+    #: what the request is: an append, or a read of the conversation or of a page of its events
+    kind: Kind = "append"
+    #: an events page's ``(after_seq, limit)``
+    page: tuple[int, int] = (0, routes.EVENTS_PAGE_DEFAULT)
     #: an item of a forward batch (``serve_forwarded``); ``eligible`` declines a client's
     #: request that says it is a forward
     forwarded: bool = False
@@ -173,10 +188,11 @@ class FastLane:
         self._max_body_bytes = max_body_bytes
         self._retry_after_default_s = retry_after_default_s
         self._check = check
-        self._route = declared_route(routes.append_event.__name__)
-        self._template: str = self._route.path
-        self._read_route = declared_route(routes.get_conversation.__name__)
-        self._read_template: str = self._read_route.path
+        self._routes: dict[Kind, APIRoute] = {
+            "append": declared_route(routes.append_event.__name__),
+            "conversation": declared_route(routes.get_conversation.__name__),
+            "events": declared_route(routes.list_events.__name__),
+        }
         self._api: ApiState | None = None
 
     def open(self, api: ApiState) -> None:
@@ -244,8 +260,20 @@ class FastLane:
     def _eligible_read(
         self, scope: MutableMapping[str, Any], url: bytes, keep_alive: bool
     ) -> LaneRequest | None:
-        matched = _CONVERSATION_URL.match(url)
+        path, question_mark, query = url.partition(b"?")
+        if question_mark and not query:
+            return None
+        kind: Kind = "conversation"
+        page = (0, routes.EVENTS_PAGE_DEFAULT)
+        matched = _CONVERSATION_PATH.match(path)
         if matched is None:
+            kind = "events"
+            matched = _EVENTS_PATH.match(path)
+            page_asked = _page(query)
+            if matched is None or page_asked is None:
+                return None
+            page = page_asked
+        elif query:
             return None
         authorization = None
         for name, value in scope["headers"]:
@@ -258,9 +286,9 @@ class FastLane:
         if authorization is None:
             return None
         scope["method"] = "GET"
-        scope["path"] = url.decode("ascii")
-        scope["raw_path"] = url
-        scope["query_string"] = b""
+        scope["path"] = path.decode("ascii")
+        scope["raw_path"] = path
+        scope["query_string"] = query
         return LaneRequest(
             scope=scope,
             conversation_id=matched.group(1).decode("ascii"),
@@ -268,7 +296,8 @@ class FastLane:
             content_length=0,
             idempotency_keys=[],
             keep_alive=keep_alive,
-            reads=True,
+            kind=kind,
+            page=page,
         )
 
     # --- 2. the body -----------------------------------------------------------------------
@@ -280,7 +309,7 @@ class FastLane:
         body = bytes(request.body)
         if api is None or len(body) != request.content_length:
             return None
-        if request.reads:
+        if request.kind != "append":
             if not valid_conversation_id(request.conversation_id):
                 return None
             tenant = self._tenant(api, request.authorization, "GET")
@@ -361,10 +390,10 @@ class FastLane:
         started_s = time.perf_counter()
         status = answered = 500
         entry = None
-        reads = prepared.request.reads
-        template = self._read_template if reads else self._template
+        kind = prepared.request.kind
+        template = self._routes[kind].path
         # the console counts the appends that entered this node only
-        entering = not (reads or prepared.request.forwarded)
+        entering = kind == "append" and not prepared.request.forwarded
         try:
             try:
                 entry = await self._admit(prepared.request.scope)
@@ -385,7 +414,7 @@ class FastLane:
             if entering:
                 self._outcomes.record(answered)
             latency_s = time.perf_counter() - started_s
-            method = "GET" if reads else "POST"
+            method = "POST" if kind == "append" else "GET"
             self._metrics.observe_request(template, method, status, latency_s)
 
     async def _admit(self, scope: MutableMapping[str, Any]) -> Entry | None:
@@ -402,7 +431,7 @@ class FastLane:
         request = prepared.request
         scope = request.scope
         scope["path_params"] = {"conversation_id": request.conversation_id}
-        scope["route"] = self._read_route if request.reads else self._route
+        scope["route"] = self._routes[request.kind]
         ctx = RequestContext(
             api,
             Request(scope, _replaying(prepared.body)),
@@ -412,13 +441,17 @@ class FastLane:
             forwarded=request.forwarded and _forwarded(scope),
         )
         bind_request(ctx)  # log lines of this request carry its fields (services.logs)
+        conversation_id = request.conversation_id
         try:
-            if prepared.event is None:
-                answer = _as_json(await routes.get_conversation(ctx, request.conversation_id))
-            else:
+            if prepared.event is not None:
                 answer = await routes.append_event(
-                    ctx, request.conversation_id, prepared.event, prepared.idempotency_key
+                    ctx, conversation_id, prepared.event, prepared.idempotency_key
                 )
+            elif request.kind == "events":
+                after_seq, limit = request.page
+                answer = _as_json(await routes.list_events(ctx, conversation_id, after_seq, limit))
+            else:
+                answer = _as_json(await routes.get_conversation(ctx, conversation_id))
         except ConvplaneError as exc:
             answer = refusal(exc, self._retry_after_default_s, self._metrics.count_error)
         status, headers, body = _rendered(answer)
@@ -446,6 +479,25 @@ class FastLane:
         else:
             headers.append((b"vary", b"Origin"))
         return headers
+
+
+def _page(query: bytes) -> tuple[int, int] | None:
+    """An events page's ``(after_seq, limit)`` from its query, where the route would take them
+    as they are; None: the app reads the query (anything else in it, escapes, a repeated
+    parameter, a value out of the route's bounds)."""
+    after_seq, limit = 0, routes.EVENTS_PAGE_DEFAULT
+    if query:
+        matched = _PAGE_QUERY.match(query)
+        if matched is None or matched.group(1) == matched.group(3):
+            return None
+        for name, value in ((matched.group(1), matched.group(2)), matched.group(3, 4)):
+            if name == b"after_seq":
+                after_seq = int(value)
+            elif name == b"limit":
+                limit = int(value)
+    if after_seq > JSON_INT_MAX or not 1 <= limit <= EVENTS_PAGE_MAX:
+        return None
+    return after_seq, limit
 
 
 def _forwarded(scope: MutableMapping[str, Any]) -> bool:

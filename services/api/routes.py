@@ -84,6 +84,8 @@ def _check_service_key_scope(request: Request, tenant_id: str) -> None:
 
 
 ReadContext = Annotated[RequestContext, Depends(read_context)]
+#: events in a page when the request does not say
+EVENTS_PAGE_DEFAULT = 100
 ConversationIdPath = Annotated[str, Path(min_length=1, max_length=128, pattern=schemas.ID_PATTERN)]
 AttemptIdPath = Annotated[
     str, Path(min_length=1, max_length=schemas.ATTEMPT_ID_MAX, pattern=schemas.ID_PATTERN)
@@ -222,7 +224,7 @@ async def list_events(
     ctx: ReadContext,
     conversation_id: ConversationIdPath,
     after_seq: Annotated[int, Query(ge=0, le=schemas.JSON_INT_MAX)] = 0,
-    limit: Annotated[int, Query(ge=1, le=schemas.EVENTS_PAGE_MAX)] = 100,
+    limit: Annotated[int, Query(ge=1, le=schemas.EVENTS_PAGE_MAX)] = EVENTS_PAGE_DEFAULT,
 ) -> Any:
     """The committed transcript, in seq order, `limit` events after `after_seq`; pass
     `next_after_seq` as `after_seq` to read the next page (an empty page: the end)."""

@@ -209,7 +209,12 @@ def read(
 
 
 #: (what the read is, the request): in order, on one connection, after READ_SETUP
-READ_SETUP = [create(EAST_CONV), create(WEST_CONV), append(EAST_CONV, USER)]
+READ_SETUP = [
+    create(EAST_CONV),
+    create(WEST_CONV),
+    append(EAST_CONV, USER),
+    append(EAST_CONV, OTHER),
+]
 READS: list[tuple[str, bytes]] = [
     ("read", read(EAST_CONV)),
     ("read led elsewhere (forwarded)", read(WEST_CONV)),
@@ -231,6 +236,24 @@ READS: list[tuple[str, bytes]] = [
     ("a long tenant header", read(EAST_CONV, extra={"x-convplane-tenant": "t" * 200})),
     ("origin", read(EAST_CONV, extra={"origin": "http://east.test"})),
     ("another method", read(EAST_CONV, method="PUT")),
+    ("events", read(f"{EAST_CONV}/events")),
+    ("events page", read(f"{EAST_CONV}/events?after_seq=0&limit=1")),
+    ("events page, the other order", read(f"{EAST_CONV}/events?limit=1&after_seq=1")),
+    ("events after", read(f"{EAST_CONV}/events?after_seq=1")),
+    ("events limit", read(f"{EAST_CONV}/events?limit=5")),
+    ("events led elsewhere (forwarded)", read(f"{WEST_CONV}/events?after_seq=5")),
+    ("events of nobody", read("nobody-here/events")),
+    ("events of a bad id", read("../events")),
+    ("events limit 0", read(f"{EAST_CONV}/events?limit=0")),
+    ("events limit too big", read(f"{EAST_CONV}/events?limit=1001")),
+    ("events after too big", read(f"{EAST_CONV}/events?after_seq=9999999999999999")),
+    ("events repeated", read(f"{EAST_CONV}/events?limit=1&limit=2")),
+    ("events unknown parameter", read(f"{EAST_CONV}/events?x=1")),
+    ("events leading zero", read(f"{EAST_CONV}/events?limit=01")),
+    ("events plus sign", read(f"{EAST_CONV}/events?limit=+1")),
+    ("events escape", read(f"{EAST_CONV}/events?limit=%31")),
+    ("events empty query", read(f"{EAST_CONV}/events?")),
+    ("events with a body", read(f"{EAST_CONV}/events", body=b"")),
     ("close", read(EAST_CONV, extra={"connection": "close"})),
     *[(f"quota {i}", read(EAST_CONV, {"authorization": f"Bearer {KEY_B}"})) for i in range(5)],
 ]
@@ -239,6 +262,8 @@ READS: list[tuple[str, bytes]] = [
 READS_THE_LANE_TAKES = {
     "read", "read led elsewhere (forwarded)", "unknown conversation", "deadline header",
     "bad deadline header", "spent deadline", "close", *(f"quota {i}" for i in range(5)),
+    "events", "events page", "events page, the other order", "events after", "events limit",
+    "events led elsewhere (forwarded)", "events of nobody",
 }  # fmt: skip
 
 
@@ -266,7 +291,15 @@ async def test_the_lane_answers_reads_of_a_conversation_as_the_app_does(
         lane_outcomes = by_lane.east.state.console_outcomes.rates().to_body()
         app_outcomes = by_app.east.state.console_outcomes.rates().to_body()
     statuses = {what: answer.status for (what, _), answer in zip(READS, laned, strict=True)}
-    assert statuses["read"] == 200 and json.loads(laned[0].body)["last_seq"] == 1
+    assert statuses["read"] == 200 and json.loads(laned[0].body)["last_seq"] == 2
+    pages = {what: answer for (what, _), answer in zip(READS, laned, strict=True)}
+    assert [e["seq"] for e in json.loads(pages["events"].body)["events"]] == [1, 2]
+    assert [e["seq"] for e in json.loads(pages["events page, the other order"].body)["events"]] == [
+        2
+    ]
+    forwarded_page = json.loads(pages["events led elsewhere (forwarded)"].body)
+    assert forwarded_page == {"events": [], "next_after_seq": 5}  # the query went with it
+    assert statuses["events limit 0"] == 400
     assert statuses["read led elsewhere (forwarded)"] == 200
     assert statuses["unknown conversation"] == 404 and statuses["unknown key"] == 401
     assert statuses["quota 4"] == 429
