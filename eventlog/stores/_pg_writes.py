@@ -1,4 +1,4 @@
-"""PostgreSQL writes: one statement, one round trip, per group and per prepare.
+"""PostgreSQL writes, and the reads a node makes per request: one statement, one round trip.
 
 The logic lives in the PL/pgSQL functions created by migration 0001 (``convplane_append``,
 ``convplane_prepare``): the shard rows are locked with ``FOR UPDATE`` inside the function, so the
@@ -8,8 +8,10 @@ connection runs in autocommit, so the statement's own commit is the only commit.
 A group goes to asyncpg directly, not through SQLAlchemy's ``execute``: it is the one statement
 a node runs hundreds of times a second, and SQLAlchemy's layers (greenlet hop, cursor adapter,
 result metadata) cost about as much client CPU as asyncpg's own encoding of the whole group
-(0.22 against 0.13 ms per group of 10, measured on a local server). Driver errors are
-translated here the way ``_engine.translated`` does for SQLAlchemy's.
+(0.22 against 0.13 ms per group of 10, measured on a local server). So do the reads a node
+makes per linearizable or transcript read: the shards' statuses, a page of a conversation's
+entries, the store's identity. Driver errors are translated here the way
+``_engine.translated`` does for SQLAlchemy's.
 """
 
 from __future__ import annotations
@@ -22,10 +24,23 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from eventlog.errors import InvariantViolation, ReplicaUnavailable
-from eventlog.model import Accepted, Mismatch, PrepareReply, Promised, Rejected, ShardStatus
+from eventlog.model import (
+    Accepted,
+    LogEntry,
+    Mismatch,
+    PrepareReply,
+    Promised,
+    Rejected,
+    ShardStatus,
+)
 from eventlog.stores._engine import SCHEMA_MISSING
 from eventlog.stores._plan import AppendRequest
-from eventlog.stores._schema import EMPTY_STATUS, entry_from_row, status_from_row
+from eventlog.stores._schema import (
+    EMPTY_STATUS,
+    ENTRY_COLUMNS,
+    entry_from_row,
+    status_from_row,
+)
 from eventlog.stores.group_commit import AppendOutcome
 
 _APPEND = (
@@ -36,6 +51,18 @@ _PREPARE = text("SELECT * FROM convplane_prepare(:shard, :epoch, :tail_max)")
 _STATUSES = (
     "SELECT shard, promised_epoch, last_lsn, last_epoch, commit_lsn FROM shards "
     "WHERE shard = ANY($1::integer[])"
+)
+
+#: a page of a conversation's committed entries (``ix_entries_conversation``)
+_CONVERSATION_ENTRIES = (
+    f"SELECT {', '.join(ENTRY_COLUMNS)} FROM entries "
+    "WHERE shard = $1 AND tenant_id = $2 AND conversation_id = $3 AND seq > $4 AND lsn <= $5 "
+    "ORDER BY seq, lsn LIMIT $6"
+)
+#: the migration's store id and the database's oid, in one round trip
+_IDENTITY = (
+    "SELECT store_id, (SELECT oid FROM pg_database WHERE datname = current_database()) AS oid "
+    "FROM replica_identity"
 )
 
 _ACCEPTED, _REJECTED, _MISMATCH, _VIOLATION = 0, 1, 2, 3
@@ -112,15 +139,54 @@ async def statuses(
     every node makes several times a second per replica (the control shard's followers,
     read-index rounds), where SQLAlchemy's execute cost ~6 x asyncpg's own (0.51 against
     0.085 CPU-ms, a local server)."""
-    driver = (await conn.get_raw_connection()).driver_connection
-    if driver is None:
-        raise ReplicaUnavailable(f"replica {region}: the status connection is gone")
-    try:
-        rows = await driver.fetch(_STATUSES, shard_ids)
-    except _DRIVER_ERRORS as error:
-        raise _driver_error(region, error, "status") from error
+    rows = await _fetch(conn, region, "status", _STATUSES, shard_ids)
     found = {int(row["shard"]): status_from_row(row) for row in rows}
     return {shard: found.get(shard, EMPTY_STATUS) for shard in shard_ids}
+
+
+async def conversation_entries(
+    conn: AsyncConnection,
+    region: str,
+    key: tuple[int, str, str],
+    after_seq: int,
+    limit: int,
+    max_lsn: int,
+) -> list[LogEntry]:
+    """A page of the conversation's entries (``key``: shard, tenant, conversation) at or
+    below ``max_lsn``, in seq order."""
+    shard, tenant_id, conversation_id = key
+    rows = await _fetch(
+        conn,
+        region,
+        "read_conversation",
+        _CONVERSATION_ENTRIES,
+        shard,
+        tenant_id,
+        conversation_id,
+        after_seq,
+        max_lsn,
+        limit,
+    )
+    return [entry_from_row(row) for row in rows]
+
+
+async def identity(conn: AsyncConnection, region: str) -> str:
+    """The store's identity (``SqlReplicaStore.identity``)."""
+    rows = await _fetch(conn, region, "identity", _IDENTITY)
+    if len(rows) != 1:  # the migration writes the one row: the schema is not (fully) there
+        raise ReplicaUnavailable(f"replica {region} has {len(rows)} identity rows")
+    return f"{rows[0]['store_id']}/db{rows[0]['oid']}"
+
+
+async def _fetch(conn: AsyncConnection, region: str, what: str, query: str, *args: Any) -> Any:
+    """``query``'s rows, through the connection's asyncpg connection."""
+    driver = (await conn.get_raw_connection()).driver_connection
+    if driver is None:
+        raise ReplicaUnavailable(f"replica {region}: the {what} connection is gone")
+    try:
+        return await driver.fetch(query, *args)
+    except _DRIVER_ERRORS as error:
+        raise _driver_error(region, error, what) from error
 
 
 #: what asyncpg raises for a call the server or the connection failed (its protocol and

@@ -11,10 +11,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import Any, Protocol
 
-from sqlalchemy import BigInteger, ColumnElement, cast, collate, func, select, text
+from sqlalchemy import BigInteger, ColumnElement, cast, collate, func, select
 from sqlalchemy.dialects.postgresql import insert as postgresql_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
@@ -176,6 +176,16 @@ class SqlReplicaStore(ReplicaStore):
     ) -> list[LogEntry]:
         if limit <= 0:
             return []
+        if self._postgres:
+            async with self._direct("read_conversation") as conn:
+                return await _pg_writes.conversation_entries(
+                    conn,
+                    self.region,
+                    (shard, tenant_id, conversation_id),
+                    after_seq,
+                    limit,
+                    max_lsn,
+                )
         query = (
             select(entries)
             .where(
@@ -263,21 +273,30 @@ class SqlReplicaStore(ReplicaStore):
             self._engine, self.region, what, self.limits.statement_timeout_s, write=write
         )
 
+    @contextlib.asynccontextmanager
+    async def _direct(self, what: str) -> AsyncIterator[AsyncConnection]:
+        """A pooled connection for a statement sent through asyncpg directly
+        (``_pg_writes``): one that failed or timed out midway is invalidated, as SQLAlchemy
+        does with the statements it runs, so the pool never hands out a connection in an
+        unknown state."""
+        async with self._connection(what) as conn:
+            try:
+                yield conn
+            except BaseException:
+                await conn.invalidate()
+                raise
+
     # --- identity (eventlog.identity) ----------------------------------------------------
 
     async def identity(self) -> str:
         """The ``store_id`` made by the migration, qualified by where the data lives now: the
         database's oid (PostgreSQL: a dump restored into a new database is a new database) or
         the file's inode (SQLite: a copied-back backup file is a new file)."""
+        if self._postgres:  # a transcript read asks it after each page (LogNode)
+            async with self._direct("identity") as conn:
+                return await _pg_writes.identity(conn, self.region)
         async with self._connection("identity") as conn:
             store_id = (await conn.execute(select(replica_identity.c.store_id))).scalar_one()
-            if self._postgres:
-                oid = (
-                    await conn.execute(
-                        text("SELECT oid FROM pg_database WHERE datname = current_database()")
-                    )
-                ).scalar_one()
-                return f"{store_id}/db{oid}"
         path = self._engine.url.database or ""
         return f"{store_id}/ino{os.stat(path).st_ino}"
 

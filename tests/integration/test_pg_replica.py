@@ -266,3 +266,54 @@ async def _until_queries_wait(watcher: Any, database: str, queries: int) -> None
             return
         await asyncio.sleep(0.01)
     raise AssertionError(f"{queries} statements never waited at the locked table")
+
+
+async def test_a_transcript_read_that_timed_out_leaves_no_broken_connection(
+    pg_databases: list[str],
+) -> None:
+    """Reads of a conversation and of the identity go to asyncpg directly on a pooled
+    connection. One that times out at the server (a locked table) is ReplicaUnavailable, and
+    its connection, the only one the pool has for reads, cancelled midway, is not handed out
+    again: the next reads succeed."""
+    import asyncpg
+
+    # two connections: the group committer keeps one, the reads share the other
+    store = await open_replica_store(
+        pg_databases[0], "r1", pool_size=2, pool_max_overflow=0, statement_timeout_s=1.0
+    )
+    admin = await asyncpg.connect(asyncpg_dsn(pg_databases[0]))
+    try:
+        assert isinstance(await store.prepare(0, 1, 0), Promised)
+        entries = run(1, 2, 1, conversation="c", tenant_id="t")
+        assert isinstance(await store.append(0, 1, 0, 0, entries, 0), Accepted)
+        identity = await store.identity()
+        for table, read in (
+            ("entries", lambda: store.read_conversation(0, "t", "c", 0, 10, 2)),
+            ("replica_identity", store.identity),
+        ):
+            lock = admin.transaction()
+            await lock.start()
+            await admin.execute(f"LOCK TABLE {table} IN ACCESS EXCLUSIVE MODE")
+            with pytest.raises(ReplicaUnavailable):
+                await read()
+            await lock.rollback()
+            assert [e.seq for e in await store.read_conversation(0, "t", "c", 0, 10, 2)] == [1, 2]
+            assert await store.identity() == identity
+    finally:
+        await admin.close()
+        await store.close()
+
+
+async def test_a_store_without_its_identity_row_is_unavailable(pg_databases: list[str]) -> None:
+    import asyncpg
+
+    store = await open_replica_store(pg_databases[0], "r1")
+    admin = await asyncpg.connect(asyncpg_dsn(pg_databases[0]))
+    try:
+        assert "/db" in await store.identity()
+        await admin.execute("DELETE FROM replica_identity")
+        with pytest.raises(ReplicaUnavailable, match="0 identity rows"):
+            await store.identity()
+    finally:
+        await admin.close()
+        await store.close()
