@@ -113,6 +113,11 @@ CREATE TABLE IF NOT EXISTS events (
 )
 """
 PEER_LAST_SEQ = "SELECT max(seq) FROM events WHERE conversation_id = $1"
+#: the first page of a conversation's transcript (the plane's ``GET .../events?limit=N``)
+PEER_PAGE = (
+    "SELECT seq, tenant_id, event_type, body, created_at_ms FROM events "
+    "WHERE conversation_id = $1 ORDER BY seq LIMIT $2"
+)
 PEER_INSERT = (
     "INSERT INTO events (conversation_id, seq, tenant_id, event_type, body, created_at_ms) "
     "VALUES ($1, $2, $3, $4, $5, $6)"
@@ -126,16 +131,22 @@ async def run_peer_reads(
     pool_max: int,
     warmup_s: float,
     seconds: float,
+    page_events: int = 0,
     cpu_of: Mapping[str, int] | None = None,
 ) -> Recorder:
     """``readers`` closed-loop readers, each asking the primary at ``dsn`` for the last seq of
-    the conversation ``run_peer``'s writer of its index wrote (the primary is the one place a
-    read sees every acknowledged write: the peer's linearizable read); ``cpu_of`` as
-    ``drive``'s. Its ``events_per_s`` are reads."""
+    the conversation ``run_peer``'s writer of its index wrote, or with ``page_events`` for its
+    first ``page_events`` events (the primary is the one place a read sees every acknowledged
+    write: the peer's linearizable read); ``cpu_of`` as ``drive``'s. Its ``events_per_s`` are
+    reads."""
     async with peer_pool(dsn, min(readers, pool_max)) as pool:
 
         async def read(index: int) -> None:
-            await pool.fetchval(PEER_LAST_SEQ, f"bench-{index}", timeout=CALL_TIMEOUT_S)
+            conversation_id = f"bench-{index}"
+            if page_events:
+                await pool.fetch(PEER_PAGE, conversation_id, page_events, timeout=CALL_TIMEOUT_S)
+            else:
+                await pool.fetchval(PEER_LAST_SEQ, conversation_id, timeout=CALL_TIMEOUT_S)
 
         return await drive(readers, warmup_s, seconds, read, cpu_of)
 

@@ -17,11 +17,13 @@ not compete with the nodes for the interpreter) posts 1 KiB ``message.user`` eve
 - ``any``: every request enters the first region, which forwards the two thirds it does not
   lead to their leaders over the pooled peer connections.
 
-``--reads`` adds a third mode after them, ``reads``: route-following linearizable reads
-(``GET /v1/conversations/{id}``: the leader confirms it still leads before it answers) of the
-conversations the two modes wrote, against the peer's readers asking its primary for a
-conversation's last seq at the same concurrency (``bench/pg_peer.py``, ``run_peer_reads``, after
-each of its write runs); the JSON's ``reads`` holds ``reads_per_s``, ``peer_reads_per_s`` and
+``--reads`` adds two modes after them, route-following linearizable reads (the leader confirms
+it still leads before it answers) of the conversations the two modes wrote: ``reads``, ``GET
+/v1/conversations/{id}``, against the peer's readers asking its primary for a conversation's
+last seq at the same concurrency; and ``pages``, the first ``PAGE_EVENTS`` events of the
+transcript (``GET .../events?limit=20``), against the peer's readers selecting a conversation's
+first 20 rows (``bench/pg_peer.py``, ``run_peer_reads``, after each of its write runs). The
+JSON's ``reads`` and ``pages`` each hold ``reads_per_s``, ``peer_reads_per_s`` and
 ``read_ratio``.
 
 Each mode gets a short unmeasured warm-up run first. CPU seconds of every node process, of each
@@ -123,6 +125,10 @@ APPEND_REQUEST = """  local headers = {
 READ_REQUEST = (
     """  return wrk.format("GET", "/v1/conversations/" .. id, {["Authorization"] = auth})"""
 )
+#: events in a transcript page read (``pages`` mode)
+PAGE_EVENTS = 20
+PAGE_REQUEST = f"""  return wrk.format("GET", "/v1/conversations/" .. id .. "/events?limit={PAGE_EVENTS}",
+    {{["Authorization"] = auth}})"""
 
 
 @dataclass(frozen=True)
@@ -302,6 +308,7 @@ def measure_plane(work: Path, args: argparse.Namespace) -> dict[str, dict[str, A
         }
         if args.reads:  # the conversations hold the two modes' events by now
             modes["reads"] = measure_mode("reads", route_targets, info, work, args, READ_REQUEST)
+            modes["pages"] = measure_mode("pages", route_targets, info, work, args, PAGE_REQUEST)
         return modes
     finally:
         plane.stop()
@@ -331,7 +338,8 @@ def measure_peer(
             key = f"{writers}-{label}"
             results[key] = peer_result(recorder, "events", "ack")
             print(f"  peer, {writers} writers, {label}: {json.dumps(results[key])}", flush=True)
-        if args.reads:  # of the conversations the writers just wrote, from the primary
+        # of the conversations the writers just wrote, from the primary
+        for kind, page_events in (("reads", 0), ("pages", PAGE_EVENTS)) if args.reads else ():
             recorder = asyncio.run(
                 run_peer_reads(
                     peer.dsn,
@@ -339,12 +347,13 @@ def measure_peer(
                     pool_max=args.peer_pool_max,
                     warmup_s=args.warmup_s,
                     seconds=args.peer_seconds,
+                    page_events=page_events,
                     cpu_of=servers,
                 )
             )
-            key = f"reads-{args.connections}-{label}"
+            key = f"{kind}-{args.connections}-{label}"
             results[key] = peer_result(recorder, "reads", "read")
-            print(f"  peer, {args.connections} readers, {label}: {json.dumps(results[key])}")
+            print(f"  peer, {args.connections} {kind} readers, {label}: {json.dumps(results[key])}")
         return results
     finally:
         peer.stop()
@@ -382,11 +391,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def reads_summary(reads: dict[str, Any], peer: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """The reads mode as reads (``measure_mode`` words every mode as events), against the
-    peer's best read run."""
+def reads_summary(
+    reads: dict[str, Any], peer: dict[str, dict[str, Any]], kind: str = "reads"
+) -> dict[str, Any]:
+    """A read mode (``reads`` or ``pages``) as reads (``measure_mode`` words every mode as
+    events), against the peer's best run of the same kind."""
     peer_best = max(
-        (p["reads_per_s"] for p in peer.values() if "reads_per_s" in p), default=float("nan")
+        (p["reads_per_s"] for key, p in peer.items() if key.startswith(f"{kind}-")),
+        default=float("nan"),
     )
     return {
         "reads_per_s": reads["events_per_s"],
@@ -453,8 +465,9 @@ def main(argv: list[str] | None = None) -> int:
         "seconds": args.seconds,
         "cpus": len(cpus),
     }
-    if "reads" in modes:
-        result["reads"] = reads_summary(modes["reads"], peer)
+    for kind in ("reads", "pages"):
+        if kind in modes:
+            result[kind] = reads_summary(modes[kind], peer, kind)
     print(json.dumps(result))
     return 0
 
