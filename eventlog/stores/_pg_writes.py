@@ -53,11 +53,12 @@ _STATUSES = (
     "WHERE shard = ANY($1::integer[])"
 )
 
-#: a page of a conversation's committed entries (``ix_entries_conversation``)
+#: a page of a conversation's committed entries, in the order of ``ix_entries_conversation``
+#: (``SqlReplicaStore.read_conversation``)
 _CONVERSATION_ENTRIES = (
     f"SELECT {', '.join(ENTRY_COLUMNS)} FROM entries "
     "WHERE shard = $1 AND tenant_id = $2 AND conversation_id = $3 AND seq > $4 AND lsn <= $5 "
-    "ORDER BY seq, lsn LIMIT $6"
+    "ORDER BY seq LIMIT $6"
 )
 #: the migration's store id and the database's oid, in one round trip
 _IDENTITY = (

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import os
 from collections.abc import AsyncIterator, Sequence
 from typing import Any, Protocol
@@ -20,6 +21,7 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from eventlog.clock import Clock, SystemClock
+from eventlog.errors import InvariantViolation
 from eventlog.identity import IdentityRecord
 from eventlog.model import (
     AppendReply,
@@ -174,11 +176,17 @@ class SqlReplicaStore(ReplicaStore):
         limit: int,
         max_lsn: int,
     ) -> list[LogEntry]:
+        """In seq order alone, the order of ``ix_entries_conversation`` (shard, tenant,
+        conversation, seq): a page reads its own rows. Ordered by (seq, lsn) it read and sorted
+        every entry of the conversation for each page (PostgreSQL: a bitmap scan and a top-N
+        sort). Below the commit point, the one callers read up to, a conversation holds each
+        seq once (its order is gapless and the source's log matches the leader's there), so
+        seq alone orders a page; two entries with one seq would mean it does not."""
         if limit <= 0:
             return []
         if self._postgres:
             async with self._direct("read_conversation") as conn:
-                return await _pg_writes.conversation_entries(
+                page = await _pg_writes.conversation_entries(
                     conn,
                     self.region,
                     (shard, tenant_id, conversation_id),
@@ -186,6 +194,7 @@ class SqlReplicaStore(ReplicaStore):
                     limit,
                     max_lsn,
                 )
+            return _one_entry_per_seq(page, self.region, conversation_id)
         query = (
             select(entries)
             .where(
@@ -195,10 +204,11 @@ class SqlReplicaStore(ReplicaStore):
                 entries.c.seq > after_seq,
                 entries.c.lsn <= max_lsn,
             )
-            .order_by(entries.c.seq, entries.c.lsn)
+            .order_by(entries.c.seq)
             .limit(limit)
         )
-        return await self._entries("read_conversation", query)
+        page = await self._entries("read_conversation", query)
+        return _one_entry_per_seq(page, self.region, conversation_id)
 
     async def list_conversations(
         self, shard: int, active_since_ms: int, max_lsn: int, limit: int
@@ -329,6 +339,16 @@ class SqlReplicaStore(ReplicaStore):
             await self._status_reads.close(_CLOSE_WAIT_S)
         await self._status_conn.drop(invalidate=False)
         await self._engine.dispose()
+
+
+def _one_entry_per_seq(page: list[LogEntry], region: str, conversation_id: str) -> list[LogEntry]:
+    for before, after in itertools.pairwise(page):
+        if after.seq <= before.seq:
+            raise InvariantViolation(
+                f"{region}: conversation {conversation_id!r}: seq {before.seq} at lsn "
+                f"{before.lsn}, then seq {after.seq} at lsn {after.lsn}, below the commit point"
+            )
+    return page
 
 
 class _KeptConnection:
