@@ -171,12 +171,10 @@ async def conversation_entries(
     return [entry_from_row(row) for row in rows]
 
 
-async def identity(conn: AsyncConnection, region: str) -> str:
-    """The store's identity (``SqlReplicaStore.identity``)."""
-    rows = await _fetch(conn, region, "identity", _IDENTITY)
-    if len(rows) != 1:  # the migration writes the one row: the schema is not (fully) there
-        raise ReplicaUnavailable(f"replica {region} has {len(rows)} identity rows")
-    return f"{rows[0]['store_id']}/db{rows[0]['oid']}"
+async def identity_rows(conn: AsyncConnection, region: str) -> Any:
+    """The rows the store's identity is made of (``SqlReplicaStore.identity``): ``store_id``
+    and ``oid``, one row in a migrated database."""
+    return await _fetch(conn, region, "identity", _IDENTITY)
 
 
 async def _fetch(conn: AsyncConnection, region: str, what: str, query: str, *args: Any) -> Any:

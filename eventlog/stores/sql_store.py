@@ -21,7 +21,7 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from eventlog.clock import Clock, SystemClock
-from eventlog.errors import InvariantViolation
+from eventlog.errors import InvariantViolation, ReplicaUnavailable
 from eventlog.identity import IdentityRecord
 from eventlog.model import (
     AppendReply,
@@ -293,7 +293,8 @@ class SqlReplicaStore(ReplicaStore):
             try:
                 yield conn
             except BaseException:
-                await conn.invalidate()
+                with contextlib.suppress(Exception):  # the statement's error is the one to see
+                    await conn.invalidate()
                 raise
 
     # --- identity (eventlog.identity) ----------------------------------------------------
@@ -304,7 +305,10 @@ class SqlReplicaStore(ReplicaStore):
         the file's inode (SQLite: a copied-back backup file is a new file)."""
         if self._postgres:  # a transcript read asks it after each page (LogNode)
             async with self._direct("identity") as conn:
-                return await _pg_writes.identity(conn, self.region)
+                rows = await _pg_writes.identity_rows(conn, self.region)
+            if len(rows) != 1:  # the migration writes the one row: the schema is not all there
+                raise ReplicaUnavailable(f"replica {self.region} has {len(rows)} identity rows")
+            return f"{rows[0]['store_id']}/db{rows[0]['oid']}"
         async with self._connection("identity") as conn:
             store_id = (await conn.execute(select(replica_identity.c.store_id))).scalar_one()
         path = self._engine.url.database or ""

@@ -23,9 +23,10 @@ the request head and body, and it runs the steps the layers would run, in one pl
    under way.
 2. **Prepared** (``prepare``, on the body; still nothing done or counted): JSON parsed as the
    edge parses it (``check_json_body``), the route's own checks (``AppendCheck``), a tenant key
-   whose role may write (a read: any tenant key; a service key's reads take the app). Whatever
-   a check would refuse goes back to the app untouched, so every refusal of a malformed
-   request is the app's own, word for word.
+   whose role may write (a read: a key whose role may read, as the app checks it; a service
+   key's reads, on behalf of a tenant, take the app). Whatever a check would refuse goes back
+   to the app untouched, so every refusal of a malformed request is the app's own, word for
+   word.
 3. **Served** (``serve``): admission as the edge does it (``NodeAdmission.arrive`` and ``admit``:
    401, 429, 503, 504, worded by ``edge_error``), the route's handler itself
    (``routes.append_event``, ``get_conversation`` or ``list_events``: the log call under the
@@ -525,5 +526,5 @@ def _rendered(answer: Any) -> tuple[int, Headers, bytes]:
     forward's relayed answer) as (status, headers, body)."""
     body = getattr(answer, "body", None)
     if not isinstance(body, bytes):
-        raise InvariantViolation(f"the append route answered a {type(answer).__name__}")
+        raise InvariantViolation(f"a route answered the lane a {type(answer).__name__}")
     return int(answer.status_code), list(answer.raw_headers), body

@@ -12,9 +12,9 @@ Here node a leads; its links to b's and c's databases go through fault proxies t
 databases' answers. A read starts a round; b's and c's servers answer its status queries (with
 a's epoch) and the proxies hold the answers. Then node b, cut off from a's database, takes the
 shard over at b and c and acknowledges an event; a has heard nothing of it. A second read at a
-begins, the answers are let through, and the second read must be refused (Fenced): had it been
-given the first query's or the first round's answers, a would have served the transcript without
-the event b acknowledged before the read began.
+begins (of the conversation, and of its transcript), the answers are let through, and both reads
+must be refused (Fenced): had they been given the first query's or the first round's answers, a
+would have answered without the event b acknowledged before they began.
 """
 
 from __future__ import annotations
@@ -89,12 +89,16 @@ async def test_a_read_begun_after_a_newer_leader_took_over_is_refused(
             with pytest.raises(NoQuorum):  # its status calls gave up; the queries did not
                 await first_read
         second_read = asyncio.ensure_future(a.get_conversation(TENANT, conversation))
-        await asyncio.sleep(0.1)  # its round starts, or waits behind the first
+        transcript_read = asyncio.ensure_future(a.list_events(TENANT, conversation, 0, 10))
+        await asyncio.sleep(0.1)  # their round starts, or waits behind the first
         for link in ("a->b", "a->c"):
             log_cluster.proxies[link].set_rules(HEALED)
 
         with pytest.raises(Fenced):
             await second_read
+        # refused: fenced by its own round, or by the leader's stop if it waited for the next
+        with pytest.raises((Fenced, NoQuorum)):
+            await transcript_read
         if round_under_way:  # begun before b's promise, it may be answered from a's state
             assert (await first_read).last_seq == 1
         assert not a.leads(shard)
