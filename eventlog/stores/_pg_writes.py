@@ -104,13 +104,7 @@ def append_arrays(requests: Sequence[AppendRequest]) -> list[list[Any]]:
 async def append_group(
     conn: AsyncConnection, region: str, requests: Sequence[AppendRequest]
 ) -> list[AppendOutcome]:
-    driver = (await conn.get_raw_connection()).driver_connection
-    if driver is None:
-        raise ReplicaUnavailable(f"replica {region}: the append connection is gone")
-    try:
-        result = await driver.fetch(_APPEND, *append_arrays(requests))
-    except _DRIVER_ERRORS as error:
-        raise _driver_error(region, error) from error
+    result = await _fetch(conn, region, "append", _APPEND, *append_arrays(requests))
     rows = sorted((int(i), int(k), int(v)) for i, k, v in result)
     if [index for index, _, _ in rows] != list(range(len(requests))):
         raise InvariantViolation(f"convplane_append answered {len(rows)} of {len(requests)}")

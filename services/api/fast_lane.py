@@ -133,8 +133,8 @@ class LaneRequest:
     keep_alive: bool
     #: what the request is: an append, or a read of the conversation or of a page of its events
     kind: Kind = "append"
-    #: an events page's ``(after_seq, limit)``
-    page: tuple[int, int] = (0, routes.EVENTS_PAGE_DEFAULT)
+    #: an events page's ``(after_seq, limit)`` (None: not an events page)
+    page: tuple[int, int] | None = None
     #: an item of a forward batch (``serve_forwarded``); ``eligible`` declines a client's
     #: request that says it is a forward
     forwarded: bool = False
@@ -245,10 +245,7 @@ class FastLane:
             return None
         if content_type is None or not is_json_media_type(content_type.decode("latin-1")):
             return None
-        scope["method"] = "POST"
-        scope["path"] = url.decode("ascii")
-        scope["raw_path"] = url
-        scope["query_string"] = b""
+        _claim(scope, "POST", url, b"")
         return LaneRequest(
             scope=scope,
             conversation_id=matched.group(1).decode("ascii"),
@@ -265,15 +262,14 @@ class FastLane:
         if question_mark and not query:
             return None
         kind: Kind = "conversation"
-        page = (0, routes.EVENTS_PAGE_DEFAULT)
+        page = None
         matched = _CONVERSATION_PATH.match(path)
         if matched is None:
             kind = "events"
             matched = _EVENTS_PATH.match(path)
-            page_asked = _page(query)
-            if matched is None or page_asked is None:
+            page = _page(query)
+            if matched is None or page is None:
                 return None
-            page = page_asked
         elif query:
             return None
         authorization = None
@@ -286,10 +282,7 @@ class FastLane:
                 return None
         if authorization is None:
             return None
-        scope["method"] = "GET"
-        scope["path"] = path.decode("ascii")
-        scope["raw_path"] = path
-        scope["query_string"] = query
+        _claim(scope, "GET", path, query)
         return LaneRequest(
             scope=scope,
             conversation_id=matched.group(1).decode("ascii"),
@@ -448,7 +441,7 @@ class FastLane:
                 answer = await routes.append_event(
                     ctx, conversation_id, prepared.event, prepared.idempotency_key
                 )
-            elif request.kind == "events":
+            elif request.page is not None:  # an events page
                 after_seq, limit = request.page
                 answer = _as_json(await routes.list_events(ctx, conversation_id, after_seq, limit))
             else:
@@ -480,6 +473,14 @@ class FastLane:
         else:
             headers.append((b"vary", b"Origin"))
         return headers
+
+
+def _claim(scope: MutableMapping[str, Any], method: str, path: bytes, query: bytes) -> None:
+    """Complete the scope the lane takes, as uvicorn completes it for the app."""
+    scope["method"] = method
+    scope["path"] = path.decode("ascii")
+    scope["raw_path"] = path
+    scope["query_string"] = query
 
 
 def _page(query: bytes) -> tuple[int, int] | None:
