@@ -339,6 +339,27 @@ async def test_pipelined_appends_are_answered_in_order() -> None:
         assert [json.loads(a.body)["seq"] for a in answers] == [1, 2, 3, 4]
 
 
+async def test_pipelined_reads_and_appends_are_answered_in_order() -> None:
+    """Reads and appends written in one piece: the lane takes the first, the others wait their
+    turn on the app's path, and every answer comes back in request order, each read seeing the
+    appends before it."""
+    async with plane() as p:
+        connection = WireConnection(p.east)
+        (created,) = await connection.exchange(create(EAST_CONV))
+        assert created.status == 201
+        answers = await connection.exchange(
+            read(EAST_CONV),
+            append(EAST_CONV, USER),
+            read(f"{EAST_CONV}/events"),
+            append(EAST_CONV, OTHER),
+            read(EAST_CONV),
+        )
+        assert [a.status for a in answers] == [200, 201, 200, 201, 200]
+        bodies = [json.loads(a.body) for a in answers]
+        assert bodies[0]["last_seq"] == 0 and bodies[4]["last_seq"] == 2
+        assert [e["seq"] for e in bodies[2]["events"]] == [1]
+
+
 async def test_connection_close_is_honoured() -> None:
     async with plane() as p:
         connection = WireConnection(p.east)
@@ -408,12 +429,13 @@ async def test_a_client_gone_before_its_answer_gets_none_and_leaks_nothing() -> 
     assert outcomes["received_per_s"] > 0
 
 
+@pytest.mark.parametrize("first", ["append", "transcript read"])
 async def test_a_request_arriving_while_the_lanes_answer_is_pending_waits_its_turn(
-    monkeypatch: pytest.MonkeyPatch, served: list[str]
+    monkeypatch: pytest.MonkeyPatch, served: list[str], first: str
 ) -> None:
     """HTTP/1.1 pipelining across packets: a second request arrives, in a later write, while
-    the lane still serves the first. It goes the app's way, after the first, and the answers
-    leave in the order the requests came."""
+    the lane still serves the first (an append, or a read of the transcript). It goes the app's
+    way, after the first, and the answers leave in the order the requests came."""
     gate = asyncio.Event()
 
     async def stalled(self: SlowLog) -> None:
@@ -424,7 +446,12 @@ async def test_a_request_arriving_while_the_lanes_answer_is_pending_waits_its_tu
         connection = WireConnection(p.east)
         await connection.exchange(create(EAST_CONV))
         monkeypatch.setattr(SlowLog, "_maybe_stall", stalled)
-        connection.protocol.data_received(append(EAST_CONV, USER, extra={"idempotency-key": "1"}))
+        if first == "append":
+            connection.protocol.data_received(
+                append(EAST_CONV, USER, extra={"idempotency-key": "1"})
+            )
+        else:
+            connection.protocol.data_received(read(f"{EAST_CONV}/events"))
         for _ in range(200):
             await asyncio.sleep(0)
         assert (
@@ -442,8 +469,13 @@ async def test_a_request_arriving_while_the_lanes_answer_is_pending_waits_its_tu
             if len(answers) == 2:
                 break
             await asyncio.sleep(0)
-    assert [a.status for a in answers] == [201, 201]
-    assert [json.loads(a.body)["seq"] for a in answers] == [1, 2]
+    if first == "append":
+        assert [a.status for a in answers] == [201, 201]
+        assert [json.loads(a.body)["seq"] for a in answers] == [1, 2]
+    else:  # the read was answered before the append it came before
+        assert [a.status for a in answers] == [200, 201]
+        assert json.loads(answers[0].body)["events"] == []
+        assert json.loads(answers[1].body)["seq"] == 1
     assert served == [EAST_CONV]  # the lane took the first; the app served the second
 
 
