@@ -17,6 +17,7 @@ from eventlog.model import (
     ConversationSummary,
     LogEntry,
     Mismatch,
+    PageSnapshot,
     PrepareReply,
     Promised,
     Rejected,
@@ -152,6 +153,22 @@ class MemoryReplica(ReplicaStore):
         ]
         found.sort(key=lambda e: e.seq)
         return found[:limit]
+
+    async def read_page_snapshot(
+        self,
+        shard: int,
+        tenant_id: str,
+        conversation_id: str,
+        after_seq: int,
+        limit: int,
+        max_lsn: int,
+    ) -> PageSnapshot:
+        # one snapshot: nothing below yields to the event loop, so nothing runs in between
+        # (a subclass whose reads wait, a gated test replica, waits before the read)
+        entries = await self.read_conversation(
+            shard, tenant_id, conversation_id, after_seq, limit, max_lsn
+        )
+        return PageSnapshot(entries, self.store_id, self._shard(shard).status())
 
     async def list_conversations(
         self, shard: int, active_since_ms: int, max_lsn: int, limit: int

@@ -56,6 +56,16 @@ class ShardStatus:
     commit_lsn: int  # highest lsn this replica knows to be committed (a hint, piggybacked)
 
 
+@dataclass(frozen=True, slots=True)
+class PageSnapshot:
+    """A page of a conversation's entries with what its store said of itself as of the same
+    read (``ReplicaStore.read_page_snapshot``): its identity and the shard's status."""
+
+    entries: list[LogEntry]
+    store_id: str
+    status: ShardStatus
+
+
 # --- replies of a replica -------------------------------------------------------------------
 
 

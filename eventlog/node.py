@@ -384,28 +384,26 @@ class LogNode(ConversationLog):
         last_error: ConvplaneError | None = None
         timeout_s = self.config.replica_call_timeout_s
         for region in leader.read_sources():
-            replica = self._replicas[region]
+            # The source held the commit point when chosen; a database that was wiped or
+            # restored since answers from an emptier log. The store says what it is as of the
+            # page's own read (one snapshot, ``ReplicaStore.read_page_snapshot``): its identity
+            # (a wiped store has a new one, for good, even once it is refilled) and its status
+            # (a log shorter than the commit point lost data), at least as fresh as asked_at.
+            asked_at = self._clock.monotonic()
             try:
-                entries = await bounded(
-                    replica.read_conversation(
+                page = await bounded(
+                    self._replicas[region].read_page_snapshot(
                         leader.shard, tenant_id, conversation_id, after_seq, limit, commit_lsn
                     ),
                     timeout_s,
                 )
-                # The source held the commit point when chosen; a database that was wiped or
-                # restored since answers from an emptier log. Asked *after* the read: its
-                # identity (a wiped store has a new one, for good, even once it is refilled)
-                # and its status (a log shorter than the commit point lost data).
-                asked_at = self._clock.monotonic()
-                store_id = await bounded(replica.identity(), timeout_s)
-                status = await bounded(replica.status(leader.shard), timeout_s)
             except (ConvplaneError, TimeoutError) as exc:
                 last_error = exc if isinstance(exc, ConvplaneError) else None
                 continue
-            if not self.identity.vouches_for(region, store_id):
+            if not self.identity.vouches_for(region, page.store_id):
                 continue
-            if not self._source_lost_data(leader, region, status, asked_at, commit_lsn):
-                return entries
+            if not self._source_lost_data(leader, region, page.status, asked_at, commit_lsn):
+                return page.entries
         raise last_error or NoQuorum(
             f"shard {leader.shard}: no replica answered a read", retry_after_s=0.5
         )
@@ -414,8 +412,8 @@ class LogNode(ConversationLog):
     def _source_lost_data(
         leader: ShardLeader, region: str, status: ShardStatus, asked_at: float, commit_lsn: int
     ) -> bool:
-        """Whether a read's source, by its status asked after the read, holds less than the
-        commit point the read was bounded by (it lost data: wiped or restored)."""
+        """Whether a read's source, by its status as of the read, holds less than the commit
+        point the read was bounded by (it lost data: wiped or restored)."""
         leader.note_replica_status(region, status, asked_at)
         return status.last_lsn < commit_lsn
 

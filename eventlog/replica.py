@@ -23,6 +23,14 @@ append(shard, epoch, prev_lsn, prev_epoch, entries, leader_commit_lsn)
     4. ``match = prev_lsn + len(entries)``; ``commit_lsn = max(commit_lsn,
        min(leader_commit_lsn, match))``. All of it durable before replying ``Accepted(match)``.
 
+read_page_snapshot(shard, tenant_id, conversation_id, after_seq, limit, max_lsn)
+    ``read_conversation``'s page together with ``identity()`` and ``status(shard)`` *as of the
+    same read*: one snapshot of the store, not three calls in turn. A transcript read checks
+    its source with them (``LogNode``): a page is complete only if the store that read it held
+    every entry up to ``max_lsn`` when it read it. Asked after the read, a status can describe
+    a later state: a database restored from a physical copy (the same identity) under the read
+    and refilled by its leader before the status was asked would pass with a short page.
+
 identity() / registry() / record_identity(region, record)
     The store's durable identity (``store_id``, new with every new database) and its registry
     of what each region's replica is known as; ``record_identity`` writes one registry row
@@ -46,6 +54,7 @@ from eventlog.model import (
     AppendReply,
     ConversationSummary,
     LogEntry,
+    PageSnapshot,
     PrepareReply,
     ShardStatus,
 )
@@ -93,6 +102,19 @@ class ReplicaStore(ABC):
         """The conversation's entries with ``seq > after_seq`` and ``lsn <= max_lsn``, seq order.
         A conversation is keyed by its tenant *and* its id: two tenants' conversations with one
         id are two conversations (``eventlog.conversations``)."""
+
+    @abstractmethod
+    async def read_page_snapshot(
+        self,
+        shard: int,
+        tenant_id: str,
+        conversation_id: str,
+        after_seq: int,
+        limit: int,
+        max_lsn: int,
+    ) -> PageSnapshot:
+        """``read_conversation``'s page with this store's identity and the shard's status, all
+        three read in one snapshot of the store."""
 
     @abstractmethod
     async def list_conversations(
@@ -176,6 +198,23 @@ class ReplicaStoreWrapper(ReplicaStore):
             "read_conversation",
             True,
             lambda: self._inner.read_conversation(
+                shard, tenant_id, conversation_id, after_seq, limit, max_lsn
+            ),
+        )
+
+    async def read_page_snapshot(
+        self,
+        shard: int,
+        tenant_id: str,
+        conversation_id: str,
+        after_seq: int,
+        limit: int,
+        max_lsn: int,
+    ) -> PageSnapshot:
+        return await self.around(
+            "read_page_snapshot",
+            True,
+            lambda: self._inner.read_page_snapshot(
                 shard, tenant_id, conversation_id, after_seq, limit, max_lsn
             ),
         )

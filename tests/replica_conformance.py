@@ -228,6 +228,27 @@ class ReplicaConformance:
         assert await replica.read_conversation(0, "tenant-of-zz", "zz", -1, 10, 6) == []
         assert await replica.read_conversation(0, "tenant-of-b", "a", -1, 10, 6) == []
 
+    async def test_a_page_snapshot_is_the_page_the_identity_and_the_status(
+        self, replica: ReplicaStore
+    ) -> None:
+        """``read_page_snapshot`` answers what ``read_conversation``, ``identity`` and
+        ``status`` answer in turn while nothing writes (that it reads them in one snapshot is
+        each store's own test: a physical restore under the read, tests/unit/test_read_sources.py,
+        and PostgreSQL's one statement)."""
+        assert isinstance(await replica.prepare(0, 2, 0), Promised)
+        batch = [entry(1, 2, "a", seq=0), entry(2, 2, "b", seq=0), entry(3, 2, "a", seq=1)]
+        assert await replica.append(0, 2, 0, 0, batch, 2) == Accepted(3)
+        store_id = await replica.identity()
+        for args in (("tenant-of-a", "a", -1, 10, 3), ("tenant-of-a", "a", 0, 10, 2),
+                     ("tenant-of-a", "a", -1, 1, 3), ("tenant-of-b", "a", -1, 10, 3),
+                     ("tenant-of-a", "a", -1, 0, 3)):  # fmt: skip
+            page = await replica.read_page_snapshot(0, *args)
+            assert page.entries == await replica.read_conversation(0, *args), args
+            assert (page.store_id, page.status) == (store_id, ShardStatus(2, 3, 2, 2)), args
+        never_prepared = await replica.read_page_snapshot(9, "tenant-of-a", "a", -1, 10, 3)
+        assert never_prepared.entries == []
+        assert never_prepared.status == await replica.status(9) == ShardStatus(0, 0, 0, 0)
+
     async def test_two_tenants_one_conversation_id(self, replica: ReplicaStore) -> None:
         """A conversation is keyed by (tenant, id): the same id under two tenants is two
         conversations, each with its own seqs, read and listed apart."""
@@ -400,7 +421,7 @@ def _random_calls(kind: int, rng: Any) -> list[Call]:
         args = (
             shard, tenant, conversation, rng.randint(-1, 4), rng.randint(0, 5), rng.randint(0, 8),
         )  # fmt: skip
-        return [("read_conversation", args)]
+        return [("read_conversation", args), ("page_snapshot", args)]
     return [("list_conversations", (shard, rng.randint(1_000, 1_012), rng.randint(0, 8), 4))]
 
 
@@ -432,6 +453,9 @@ def _random_append(rng: Any) -> Call:
 async def _outcomes(store: ReplicaStore, base: int, calls: list[Call]) -> list[object]:
     async def one(name: str, args: tuple[Any, ...]) -> object:
         try:
+            if name == "page_snapshot":  # the store's identity is its own: not compared
+                page = await store.read_page_snapshot(base + args[0], *args[1:])
+                return page.entries, page.status
             return await getattr(store, name)(base + args[0], *args[1:])
         except InvariantViolation:
             return "InvariantViolation"

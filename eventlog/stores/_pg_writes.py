@@ -26,8 +26,8 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from eventlog.errors import InvariantViolation, ReplicaUnavailable
 from eventlog.model import (
     Accepted,
-    LogEntry,
     Mismatch,
+    PageSnapshot,
     PrepareReply,
     Promised,
     Rejected,
@@ -53,18 +53,31 @@ _STATUSES = (
     "WHERE shard = ANY($1::integer[])"
 )
 
-#: a page of a conversation's committed entries, in the order of ``ix_entries_conversation``
-#: (``SqlReplicaStore.read_conversation``)
-_CONVERSATION_ENTRIES = (
-    f"SELECT {', '.join(ENTRY_COLUMNS)} FROM entries "
+#: what a store's identity is made of (``store_identity``): its identity rows (the migration
+#: writes one), the migration's store id, the database's oid
+_IDENTITY_COLUMNS = (
+    "(SELECT count(*) FROM replica_identity) AS identity_rows, "
+    "(SELECT min(store_id) FROM replica_identity) AS store_id, "
+    "(SELECT oid FROM pg_database WHERE datname = current_database()) AS oid"
+)
+#: a page of a conversation's committed entries, in the order of ``ix_entries_conversation``,
+#: with the store's identity and the shard's row as of the same snapshot: one statement
+#: (``SqlReplicaStore.read_page_snapshot``). Every row carries the identity and the shard's
+#: columns; an empty page is one row with no entry (``lsn`` null). The page is a LATERAL
+#: subquery so that it stays an index scan that stops at ``$6`` rows; the outer sort sees only
+#: the page.
+_CONVERSATION_PAGE = (
+    f"SELECT {_IDENTITY_COLUMNS}, s.promised_epoch, s.last_lsn, s.last_epoch, s.commit_lsn, "
+    f"{', '.join('p.' + column for column in ENTRY_COLUMNS)} "
+    "FROM (SELECT 1) AS one "
+    "LEFT JOIN shards AS s ON s.shard = $1 "
+    f"LEFT JOIN LATERAL (SELECT {', '.join(ENTRY_COLUMNS)} FROM entries "
     "WHERE shard = $1 AND tenant_id = $2 AND conversation_id = $3 AND seq > $4 AND lsn <= $5 "
-    "ORDER BY seq LIMIT $6"
+    "ORDER BY seq LIMIT $6) AS p ON true "
+    "ORDER BY p.seq"
 )
 #: the migration's store id and the database's oid, in one round trip
-_IDENTITY = (
-    "SELECT store_id, (SELECT oid FROM pg_database WHERE datname = current_database()) AS oid "
-    "FROM replica_identity"
-)
+_IDENTITY = f"SELECT {_IDENTITY_COLUMNS}"
 
 _ACCEPTED, _REJECTED, _MISMATCH, _VIOLATION = 0, 1, 2, 3
 #: SQLSTATE classes that mean our statement or its values are wrong (a bug, not an outage):
@@ -139,36 +152,48 @@ async def statuses(
     return {shard: found.get(shard, EMPTY_STATUS) for shard in shard_ids}
 
 
-async def conversation_entries(
+async def conversation_page(
     conn: AsyncConnection,
     region: str,
     key: tuple[int, str, str],
     after_seq: int,
     limit: int,
     max_lsn: int,
-) -> list[LogEntry]:
+) -> PageSnapshot:
     """A page of the conversation's entries (``key``: shard, tenant, conversation) at or
-    below ``max_lsn``, in seq order."""
+    below ``max_lsn``, in seq order, with the store's identity and the shard's status from the
+    same snapshot."""
     shard, tenant_id, conversation_id = key
     rows = await _fetch(
         conn,
         region,
         "read_conversation",
-        _CONVERSATION_ENTRIES,
+        _CONVERSATION_PAGE,
         shard,
         tenant_id,
         conversation_id,
         after_seq,
         max_lsn,
-        limit,
+        max(limit, 0),
     )
-    return [entry_from_row(row) for row in rows]
+    first = rows[0]  # the query's outer side is one row: there is always one
+    status = EMPTY_STATUS if first["last_lsn"] is None else status_from_row(first)
+    entries = [entry_from_row(row) for row in rows if row["lsn"] is not None]
+    return PageSnapshot(entries, store_identity(region, first), status)
 
 
-async def identity_rows(conn: AsyncConnection, region: str) -> Any:
-    """The rows the store's identity is made of (``SqlReplicaStore.identity``): ``store_id``
-    and ``oid``, one row in a migrated database."""
-    return await _fetch(conn, region, "identity", _IDENTITY)
+def store_identity(region: str, row: Any) -> str:
+    """The store's identity (``SqlReplicaStore.identity``) from a row of its
+    ``identity_rows``, ``store_id`` and ``oid``: the migration wrote one identity row, and a
+    store with none (or several) does not have all of its schema."""
+    if row["identity_rows"] != 1:
+        raise ReplicaUnavailable(f"replica {region} has {row['identity_rows']} identity rows")
+    return f"{row['store_id']}/db{row['oid']}"
+
+
+async def identity(conn: AsyncConnection, region: str) -> str:
+    """The store's identity (``SqlReplicaStore.identity``), in one round trip."""
+    return store_identity(region, (await _fetch(conn, region, "identity", _IDENTITY))[0])
 
 
 async def _fetch(conn: AsyncConnection, region: str, what: str, query: str, *args: Any) -> Any:

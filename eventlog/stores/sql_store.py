@@ -21,12 +21,13 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from eventlog.clock import Clock, SystemClock
-from eventlog.errors import InvariantViolation, ReplicaUnavailable
+from eventlog.errors import InvariantViolation
 from eventlog.identity import IdentityRecord
 from eventlog.model import (
     AppendReply,
     ConversationSummary,
     LogEntry,
+    PageSnapshot,
     PrepareReply,
     ShardStatus,
 )
@@ -176,17 +177,34 @@ class SqlReplicaStore(ReplicaStore):
         limit: int,
         max_lsn: int,
     ) -> list[LogEntry]:
-        """In seq order alone, the order of ``ix_entries_conversation`` (shard, tenant,
-        conversation, seq): a page reads its own rows. Ordered by (seq, lsn) it read and sorted
-        every entry of the conversation for each page (PostgreSQL: a bitmap scan and a top-N
-        sort). Below the commit point, the one callers read up to, a conversation holds each
-        seq once (its order is gapless and the source's log matches the leader's there), so
-        seq alone orders a page; two entries with one seq would mean it does not."""
         if limit <= 0:
             return []
+        page = await self.read_page_snapshot(
+            shard, tenant_id, conversation_id, after_seq, limit, max_lsn
+        )
+        return page.entries
+
+    async def read_page_snapshot(
+        self,
+        shard: int,
+        tenant_id: str,
+        conversation_id: str,
+        after_seq: int,
+        limit: int,
+        max_lsn: int,
+    ) -> PageSnapshot:
+        """One snapshot: on PostgreSQL one statement (``_pg_writes.conversation_page``), on
+        SQLite one read transaction (WAL: its snapshot is taken at its first read).
+
+        The page is in seq order alone, the order of ``ix_entries_conversation`` (shard,
+        tenant, conversation, seq): a page reads its own rows. Ordered by (seq, lsn) it read
+        and sorted every entry of the conversation for each page (PostgreSQL: a bitmap scan
+        and a top-N sort). Below the commit point, the one callers read up to, a conversation
+        holds each seq once (its order is gapless and the source's log matches the leader's
+        there), so seq alone orders a page; two entries with one seq would mean it does not."""
         if self._postgres:
             async with self._direct("read_conversation") as conn:
-                page = await _pg_writes.conversation_entries(
+                page = await _pg_writes.conversation_page(
                     conn,
                     self.region,
                     (shard, tenant_id, conversation_id),
@@ -194,21 +212,30 @@ class SqlReplicaStore(ReplicaStore):
                     limit,
                     max_lsn,
                 )
-            return _one_entry_per_seq(page, self.region, conversation_id)
-        query = (
-            select(entries)
-            .where(
-                entries.c.shard == shard,
-                entries.c.tenant_id == tenant_id,
-                entries.c.conversation_id == conversation_id,
-                entries.c.seq > after_seq,
-                entries.c.lsn <= max_lsn,
+        else:
+            query = (
+                select(entries)
+                .where(
+                    entries.c.shard == shard,
+                    entries.c.tenant_id == tenant_id,
+                    entries.c.conversation_id == conversation_id,
+                    entries.c.seq > after_seq,
+                    entries.c.lsn <= max_lsn,
+                )
+                .order_by(entries.c.seq)
+                .limit(max(limit, 0))
             )
-            .order_by(entries.c.seq)
-            .limit(limit)
-        )
-        page = await self._entries("read_conversation", query)
-        return _one_entry_per_seq(page, self.region, conversation_id)
+            async with self._connection("read_conversation") as conn:
+                rows = (await conn.execute(query)).mappings().all()
+                store_id = await self._sqlite_identity(conn)
+                status = await conn.execute(select(shards).where(shards.c.shard == shard))
+                page = PageSnapshot(
+                    [entry_from_row(r) for r in rows],
+                    store_id,
+                    status_from_row(status.mappings().first()),
+                )
+        _one_entry_per_seq(page.entries, self.region, conversation_id)
+        return page
 
     async def list_conversations(
         self, shard: int, active_since_ms: int, max_lsn: int, limit: int
@@ -303,14 +330,14 @@ class SqlReplicaStore(ReplicaStore):
         """The ``store_id`` made by the migration, qualified by where the data lives now: the
         database's oid (PostgreSQL: a dump restored into a new database is a new database) or
         the file's inode (SQLite: a copied-back backup file is a new file)."""
-        if self._postgres:  # a transcript read asks it after each page (LogNode)
+        if self._postgres:
             async with self._direct("identity") as conn:
-                rows = await _pg_writes.identity_rows(conn, self.region)
-            if len(rows) != 1:  # the migration writes the one row: the schema is not all there
-                raise ReplicaUnavailable(f"replica {self.region} has {len(rows)} identity rows")
-            return f"{rows[0]['store_id']}/db{rows[0]['oid']}"
+                return await _pg_writes.identity(conn, self.region)
         async with self._connection("identity") as conn:
-            store_id = (await conn.execute(select(replica_identity.c.store_id))).scalar_one()
+            return await self._sqlite_identity(conn)
+
+    async def _sqlite_identity(self, conn: AsyncConnection) -> str:
+        store_id = (await conn.execute(select(replica_identity.c.store_id))).scalar_one()
         path = self._engine.url.database or ""
         return f"{store_id}/ino{os.stat(path).st_ino}"
 
@@ -345,14 +372,13 @@ class SqlReplicaStore(ReplicaStore):
         await self._engine.dispose()
 
 
-def _one_entry_per_seq(page: list[LogEntry], region: str, conversation_id: str) -> list[LogEntry]:
+def _one_entry_per_seq(page: list[LogEntry], region: str, conversation_id: str) -> None:
     for before, after in itertools.pairwise(page):
         if after.seq <= before.seq:
             raise InvariantViolation(
                 f"{region}: conversation {conversation_id!r}: seq {before.seq} at lsn "
                 f"{before.lsn}, then seq {after.seq} at lsn {after.lsn}, below the commit point"
             )
-    return page
 
 
 class _KeptConnection:

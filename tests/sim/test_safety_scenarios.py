@@ -6,6 +6,7 @@ matters, so no test depends on this machine's speed."""
 from __future__ import annotations
 
 import asyncio
+import copy
 import json
 import random
 from collections.abc import Awaitable, Callable
@@ -72,6 +73,7 @@ PORT_CALLS = (
     "status",
     "read_log",
     "read_conversation",
+    "read_page_snapshot",
     "list_conversations",
     "identity",
     "registry",
@@ -606,4 +608,68 @@ def test_a_replica_wiped_under_a_serving_leader_serves_no_short_read() -> None:
     outcome = run(reads_after_the_leaders_own_replica_is_wiped)
     assert outcome["read"] == outcome["acked"]
     assert outcome["last_seq"] == 3
+    assert outcome["noticed"] >= 1
+
+
+class RestoredUnderTheRead(MemoryReplica):
+    """A database restored from a physical copy (which keeps its identity: the migration's
+    store id and the database's oid come back with it) just as a conversation read runs, and
+    refilled by its leader right after, before anything else the reader asks it."""
+
+    backup: dict[int, Any] | None = None
+    restores = 0
+
+    def take_backup(self) -> None:
+        self.backup = copy.deepcopy(self._shards)
+
+    async def read_conversation(self, *args: Any) -> Any:
+        if self.backup is None:
+            return await super().read_conversation(*args)
+        current, self._shards, self.backup = self._shards, self.backup, None
+        self.restores += 1
+        page = await super().read_conversation(*args)
+        asyncio.get_running_loop().call_soon(setattr, self, "_shards", current)  # the refill
+        return page
+
+
+async def reads_from_a_replica_restored_under_the_read() -> dict[str, Any]:
+    replicas: dict[str, MemoryReplica] = {
+        "a": RestoredUnderTheRead("a"),
+        **{r: MemoryReplica(r) for r in "bc"},
+    }
+    net = SimNetwork(random.Random(6), replicas)
+    nodes = nodes_on(net, "abc")
+    a = nodes["a"]
+    shard = a.shard_of("X")
+    await a.lead_shard(shard)
+    await a.create_conversation("t", "X", "m@1", {})
+    restored = replicas["a"]
+    assert isinstance(restored, RestoredUnderTheRead)
+    restored.take_backup()  # the copy holds the creation only
+    acked = [
+        (await a.append_event("t", "X", "message.user", {"content": f"m{i}"})).event_id
+        for i in range(3)
+    ]
+    events = await a.list_events("t", "X", 0, 100)
+    leader = a.leader(shard)
+    assert leader is not None
+    outcome = {
+        "acked": acked,
+        "read": [e.event_id for e in events],
+        "restores": restored.restores,
+        "noticed": leader.replicas_gone_backwards,
+    }
+    for node in nodes.values():
+        await node.close()
+    await net.close()
+    return outcome
+
+
+def test_a_replica_restored_under_a_read_and_refilled_serves_no_short_read() -> None:
+    """The source's identity and status are read in the page's own snapshot
+    (``read_page_snapshot``). Asked after the read, they passed: the same identity, and a
+    status that the refill had already made whole, so the read answered the creation alone."""
+    outcome = run(reads_from_a_replica_restored_under_the_read)
+    assert outcome["restores"] == 1  # the read did go to the restored replica first
+    assert outcome["read"] == outcome["acked"]
     assert outcome["noticed"] >= 1
