@@ -51,7 +51,7 @@ from eventlog.model import (
     entry_size_bytes,
     leader_barrier,
 )
-from eventlog.read_index import ReadIndex
+from eventlog.read_index import QuorumChoice, ReadIndex
 from eventlog.recovery import (
     RecoveredLog,
     prepare_round,
@@ -112,6 +112,7 @@ class ShardLeader:
         region_unreachable: Callable[[str], bool] | None = None,
         identity: IdentityGuard | None = None,
         commit_push_delay_s: float | None = None,
+        read_choice: QuorumChoice | None = None,
     ) -> None:
         self.shard = shard
         self.region = region
@@ -124,6 +125,8 @@ class ShardLeader:
         #: cannot reach is counted as unreachable at once, before its replica calls time out
         self._region_unreachable = region_unreachable
         self._identity = identity or IdentityGuard()
+        #: which replicas the read rounds ask first (``eventlog.read_index``): the node's one
+        self._read_choice = read_choice or QuorumChoice()
         #: how long an idle follower waits before pushing the commit position (default: the
         #: config's, for conversation shards; LogNode gives the control shard its own)
         self._commit_push_delay_s = (
@@ -220,6 +223,7 @@ class ShardLeader:
             counts=self._counts,
             on_status=self.note_replica_status,
             clock=self._clock,
+            choice=self._read_choice,
         )
         self._serving = True
         return self.epoch

@@ -49,6 +49,7 @@ from eventlog.identity import IdentityGuard, Observation, plan_sweep
 from eventlog.json_text import compact_json
 from eventlog.leader import CommitObserver, ShardLeader
 from eventlog.model import CONVERSATION_CREATED, LogEntry, ShardStatus, record_entry
+from eventlog.read_index import QuorumChoice
 from eventlog.replica import ReplicaStore
 from eventlog.sharding import shard_of
 from eventlog.wire_values import check_text, check_value
@@ -119,6 +120,8 @@ class LogNode(ConversationLog):
         self._previous_leader: dict[int, str] = {}
         #: which replicas may vote and ack (``eventlog.identity``); filled by verify_replicas
         self.identity = IdentityGuard()
+        #: which replicas every shard's read rounds ask first (``eventlog.read_index``)
+        self._read_choice = QuorumChoice()
         self._verify_lock = asyncio.Lock()
 
     # --- leadership -----------------------------------------------------------------------
@@ -181,6 +184,7 @@ class LogNode(ConversationLog):
                 observer=self._observer,
                 region_unreachable=self._region_unreachable,
                 identity=self.identity,
+                read_choice=self._read_choice,
                 commit_push_delay_s=(
                     self.config.commit_push_delay_s
                     if shard < self.config.shard_count
