@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import selectors
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Coroutine, Mapping
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 
 class SimulationDeadlock(RuntimeError):
@@ -50,3 +52,16 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
 
     def time(self) -> float:
         return self._virtual.now_s
+
+
+def run_on_virtual_time(coro: Coroutine[Any, Any, T]) -> T:
+    """``coro``'s result, run to its end on a fresh ``VirtualTimeLoop``; the tasks it left
+    behind are cancelled before the loop closes."""
+    loop = VirtualTimeLoop()
+    try:
+        return loop.run_until_complete(coro)
+    finally:
+        for task in asyncio.all_tasks(loop):
+            task.cancel()
+        loop.run_until_complete(asyncio.sleep(0))
+        loop.close()

@@ -23,7 +23,7 @@ from eventlog.sim.checker import (
     check_final_log,
     check_replica_prefix,
 )
-from eventlog.sim.loop import VirtualTimeLoop
+from eventlog.sim.loop import run_on_virtual_time
 from eventlog.sim.network import NetworkFaults, SimNetwork
 
 REGIONS = ("a", "b", "c")
@@ -47,14 +47,7 @@ class SeedResult:
 def run_seed(
     seed: int, *, clients: int = 4, ops_per_client: int = 20, shards: int = 3
 ) -> SeedResult:
-    loop = VirtualTimeLoop()
-    try:
-        return loop.run_until_complete(_Simulation(seed, clients, ops_per_client, shards).run())
-    finally:
-        for task in asyncio.all_tasks(loop):
-            task.cancel()
-        loop.run_until_complete(asyncio.sleep(0))
-        loop.close()
+    return run_on_virtual_time(_Simulation(seed, clients, ops_per_client, shards).run())
 
 
 class _Simulation:

@@ -9,7 +9,7 @@ import asyncio
 import copy
 import json
 import random
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from functools import partial
 from typing import Any, TypeVar
 
@@ -30,7 +30,7 @@ from eventlog.memory_replica import MemoryReplica
 from eventlog.node import LogNode
 from eventlog.rebuild import rebuild_replica
 from eventlog.sim.checker import History, check_final_log
-from eventlog.sim.loop import VirtualTimeLoop
+from eventlog.sim.loop import run_on_virtual_time
 from eventlog.sim.network import SimNetwork
 from regions.control import PLACEMENT_RECORD, ControlState
 from services.config import ClusterConfig, NodeSettings, RegionConfig
@@ -39,15 +39,8 @@ from services.controller import Controller
 T = TypeVar("T")
 
 
-def run(scenario: Callable[[], Awaitable[T]]) -> T:
-    loop = VirtualTimeLoop()
-    try:
-        return loop.run_until_complete(scenario())
-    finally:
-        for task in asyncio.all_tasks(loop):
-            task.cancel()
-        loop.run_until_complete(asyncio.sleep(0))
-        loop.close()
+def run(scenario: Callable[[], Coroutine[Any, Any, T]]) -> T:
+    return run_on_virtual_time(scenario())
 
 
 def nodes_on(net: SimNetwork, regions: str, shard_count: int = 4) -> dict[str, LogNode]:

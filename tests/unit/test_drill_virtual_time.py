@@ -9,29 +9,19 @@ by ``eu-west``; every other write is acknowledged after ``ack_ms``.
 
 from __future__ import annotations
 
-from collections.abc import Coroutine
 from dataclasses import dataclass, field, replace
-from typing import Any, TypeVar
+from typing import Any
 
 from eventlog.clock import LoopClock
 from eventlog.errors import Unavailable
-from eventlog.sim.loop import VirtualTimeLoop
+from eventlog.sim.loop import run_on_virtual_time as run_virtual
 from regions.drills import Drill, DrillSpec, Guards, Observation, advance, start
 from services.drill_canary import CANARY_TIMEOUT_S, CanaryRunner
 
-T = TypeVar("T")
 SHARDS = 8
 MOVED = (1, 4, 7)
 OWNERS = {s: ("us-east" if s in MOVED else "ap-south") for s in range(SHARDS)}
 TICK_S = 0.2
-
-
-def run_virtual(coro: Coroutine[Any, Any, T]) -> T:
-    loop = VirtualTimeLoop()
-    try:
-        return loop.run_until_complete(coro)
-    finally:
-        loop.close()
 
 
 @dataclass

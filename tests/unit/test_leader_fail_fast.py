@@ -20,7 +20,7 @@ from eventlog.leader import WATCH_STEPS
 from eventlog.memory_replica import MemoryReplica
 from eventlog.model import AppendReply, LogEntry
 from eventlog.node import LogNode
-from eventlog.sim.loop import VirtualTimeLoop
+from eventlog.sim.loop import run_on_virtual_time
 
 
 class BlackHole(MemoryReplica):
@@ -46,14 +46,7 @@ T = TypeVar("T")
 
 
 def run(coro_fn: Callable[..., Coroutine[Any, Any, T]], *args: Any) -> T:
-    loop = VirtualTimeLoop()
-    try:
-        return loop.run_until_complete(coro_fn(*args))
-    finally:
-        for task in asyncio.all_tasks(loop):
-            task.cancel()
-        loop.run_until_complete(asyncio.sleep(0))
-        loop.close()
+    return run_on_virtual_time(coro_fn(*args))
 
 
 async def cut_off_node(

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 import pytest
@@ -18,21 +18,14 @@ from eventlog.errors import Fenced, ReplicaUnavailable
 from eventlog.memory_replica import MemoryReplica
 from eventlog.model import ShardStatus
 from eventlog.read_index import ASK_ALL_EVERY, QuorumChoice, ReadIndex
-from eventlog.sim.loop import VirtualTimeLoop
+from eventlog.sim.loop import run_on_virtual_time
 
 T = TypeVar("T")
 TIMEOUT_S = 2.0
 
 
-def run(scenario: Callable[[], Awaitable[T]]) -> T:
-    loop = VirtualTimeLoop()
-    try:
-        return loop.run_until_complete(scenario())
-    finally:
-        for task in asyncio.all_tasks(loop):
-            task.cancel()
-        loop.run_until_complete(asyncio.sleep(0))
-        loop.close()
+def run(scenario: Callable[[], Coroutine[Any, Any, T]]) -> T:
+    return run_on_virtual_time(scenario())
 
 
 async def learned(read_index: ReadIndex) -> None:
