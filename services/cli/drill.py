@@ -3,8 +3,9 @@
 
 Drill and halt commands talk to a plane's REST API with an operator key: ``--url`` and
 ``--key`` (or ``CONVPLANE_URL`` / ``CONVPLANE_API_KEY``), or a local plane's ``cluster.json``
-(``--state-dir``: every region's URL and ``operator_api_key``). Each request goes to the first
-region that answers, so a command outlives the node it started on, as the drill does.
+(``--state-dir``: every region's URL and ``operator_api_key``). With a local plane each request
+goes to the first region that answers, so a command outlives the node it started on, as the
+drill does; with ``--url`` only that node is asked, never the local plane instead.
 """
 
 from __future__ import annotations
@@ -104,15 +105,23 @@ def _fail(message: str) -> int:
 
 
 def api_for(state_dir: Path, url: str | None, key: str | None) -> Api:
-    urls = [url] if url else []
+    """The API of the plane ``--url`` names, else of the local plane in ``state_dir``.
+
+    ``--url`` never falls back to the local plane's regions or its operator key: a command
+    meant for one plane must not reach another (nor hand it this plane's key) because the
+    named URL did not answer."""
+    if url:
+        if not key:
+            raise typer.Exit(_fail("--url needs --key (or CONVPLANE_API_KEY): an operator key"))
+        return Api([url], key)
     info_file = state_dir / "cluster.json"
-    if info_file.exists():
-        info = json.loads(info_file.read_text(encoding="utf-8"))
-        urls += [r["url"] for r in info["regions"]]
-        key = key or info.get("operator_api_key")
-    if not urls or not key:
-        raise typer.Exit(_fail("give --url and --key, or --state-dir of a local plane"))
-    return Api(urls, key)
+    if not info_file.exists():
+        raise typer.Exit(_fail(f"no plane at {state_dir}: give --url and --key, or --state-dir"))
+    info = json.loads(info_file.read_text(encoding="utf-8"))
+    key = key or info.get("operator_api_key")
+    if not key:
+        raise typer.Exit(_fail(f"{info_file} holds no operator key: give --key"))
+    return Api([r["url"] for r in info["regions"]], key)
 
 
 def drill_body(kind: str, region: str, hold_s: float, reason: str, force: bool,

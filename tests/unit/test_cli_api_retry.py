@@ -3,6 +3,9 @@ leaders) is asked again; a write's 503 is shown, never repeated (its outcome may
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import httpx
 import pytest
 import typer
@@ -39,3 +42,24 @@ def test_a_write_answered_503_is_not_repeated() -> None:
     with pytest.raises(typer.Exit):
         client.call("POST", "/v1/drills", {"kind": "region-loss"})
     assert asked == ["POST a.test"]
+
+
+def test_url_never_falls_back_to_the_local_planes_regions_or_key(tmp_path: Path) -> None:
+    """A drill meant for the plane at --url must not go to the local plane's regions (nor carry
+    its operator key there) when that URL does not answer."""
+    (tmp_path / "cluster.json").write_text(
+        json.dumps({"regions": [{"url": "http://local.test"}], "operator_api_key": "local"})
+    )
+    client = cli.api_for(tmp_path, "http://remote.test", "remote-key")
+    assert client._urls == ["http://remote.test"]
+    with pytest.raises(typer.Exit):
+        cli.api_for(tmp_path, "http://remote.test", None)
+
+
+def test_without_url_the_local_plane_answers(tmp_path: Path) -> None:
+    (tmp_path / "cluster.json").write_text(
+        json.dumps({"regions": [{"url": "http://local.test"}], "operator_api_key": "local"})
+    )
+    assert cli.api_for(tmp_path, None, None)._urls == ["http://local.test"]
+    with pytest.raises(typer.Exit):
+        cli.api_for(tmp_path / "absent", None, None)
