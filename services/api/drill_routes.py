@@ -48,6 +48,17 @@ DRILLS_LISTED_MAX = 200
 AUDIT_PAGE_MAX = 1000
 
 
+class DrillGuards(BaseModel):
+    """What aborts a drill; each one left out takes its default. The ranges are the ones the
+    drill core accepts (``regions.drills.Guards.from_body``), so the schema tells the truth."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_rto_s: float | None = Field(default=None, gt=0, le=3600)
+    max_error_ratio: float | None = Field(default=None, ge=0, le=1)
+    max_ack_p99_ms: float | None = Field(default=None, gt=0, le=600_000)
+
+
 class DrillRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -57,7 +68,7 @@ class DrillRequest(BaseModel):
     reason: str = Field(min_length=1, max_length=500)
     dry_run: bool = False
     force: bool = False
-    guards: dict[Literal["max_rto_s", "max_error_ratio", "max_ack_p99_ms"], float] | None = None
+    guards: DrillGuards | None = None
 
 
 class ReasonRequest(BaseModel):
@@ -121,15 +132,22 @@ def _drill_body(drill: Drill) -> dict[str, Any]:
     }
 
 
-@drill_router.post("/drills", responses=errors(409))
+@drill_router.post(
+    "/drills",
+    status_code=201,
+    responses={200: {"description": "`dry_run`: the plan, nothing committed"}, **errors(404, 409)},
+)
 async def create_drill(ctx: Context, body: DrillRequest) -> Any:
     """Start a drill (operator keys): `evacuate`, `region-loss` or `kill` of one region for
     `hold_s`, after preflight (every region up, no other drill, halt off, capacity by the
     region-loss arithmetic on live load; `force` overrides only capacity). 201 with the drill;
     with `dry_run` 200 and the plan (what would move, replay tokens, time bound), changing
-    nothing; 409 `preflight_failed` with the reason."""
+    nothing; 404 for a region the plane does not have; 409 `preflight_failed` with the
+    reason."""
     require_role(ctx.tenant, OPERATOR_ROLES)
     driver = _driver(ctx.request)
+    if body.region not in driver.controller.cluster.weights():
+        raise NotFound(f"no region {body.region!r} in this plane")
     who = _who(ctx)
     try:
         spec = DrillSpec(
@@ -137,7 +155,9 @@ async def create_drill(ctx: Context, body: DrillRequest) -> Any:
             region=body.region,
             hold_s=body.hold_s,
             reason=body.reason,
-            guards=Guards.from_body({str(k): v for k, v in (body.guards or {}).items()}),
+            guards=Guards.from_body(
+                body.guards.model_dump(exclude_none=True) if body.guards else {}
+            ),
             force=body.force,
             requested_by=f"{who['by']} ({who['role']})",
         )

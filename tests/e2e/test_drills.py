@@ -216,6 +216,11 @@ def test_a_dry_run_changes_nothing(ops: Ops) -> None:
         s for s, owner in before["assignment"].items() if owner == "eu-west"
     ])  # fmt: skip
     assert "eu-west" not in plan["moves"].values()
+    for dry_run in (True, False):  # a region the plane does not have: 404, nothing planned
+        r = ops.call("POST", "/v1/drills", json={"kind": "region-loss", "region": "mars",
+                                                 "hold_s": 5, "reason": "plan",
+                                                 "dry_run": dry_run})  # fmt: skip
+        assert r.status_code == 404 and r.json()["error"]["code"] == "not_found", r.text
     after = ops.placement()
     assert (after["version"], after["assignment"]) == (before["version"], before["assignment"])
     assert ops.read("/v1/drills").json()["drills"] == drills_before

@@ -137,3 +137,22 @@ async def test_payload_is_stored_as_sent(east: httpx.AsyncClient) -> None:
     page = (await east.get(f"/v1/conversations/{cid}/events", headers=AUTH)).json()
     stored = page["events"][0]["payload"]
     assert json.dumps(stored) == json.dumps(payload)  # same fields, same order
+
+
+async def test_the_drill_schema_tells_the_truth(east: httpx.AsyncClient) -> None:
+    """Guards take only the values the drill core accepts, and a started drill's 201 (a dry
+    run's 200) and an unknown region's 404 are documented: schemathesis with an operator key
+    found both lies."""
+    doc = (await east.get("/openapi.json")).json()
+    create = doc["paths"]["/v1/drills"]["post"]
+    assert {"200", "201", "404", "409"} <= set(create["responses"])
+    guards = doc["components"]["schemas"]["DrillGuards"]
+    assert guards["additionalProperties"] is False
+
+    def bounds(name: str) -> dict[str, Any]:
+        (number,) = [s for s in guards["properties"][name]["anyOf"] if s.get("type") == "number"]
+        return {k: v for k, v in number.items() if k != "type"}
+
+    assert bounds("max_rto_s") == {"exclusiveMinimum": 0.0, "maximum": 3600.0}
+    assert bounds("max_error_ratio") == {"minimum": 0.0, "maximum": 1.0}
+    assert bounds("max_ack_p99_ms") == {"exclusiveMinimum": 0.0, "maximum": 600000.0}
