@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -101,12 +102,28 @@ def plain_error(status: int, code: str, message: str, *, retryable: bool = False
     return JSONResponse(body, status_code=status)
 
 
+#: how much of a client's own value an error message repeats (the rest of it is the client's)
+ECHOED_VALUE_CHARS_MAX = 64
+
+
 def _describe_validation(exc: RequestValidationError) -> str:
     parts = []
     for err in exc.errors()[:VALIDATION_ERRORS_SHOWN_MAX]:
         where = ".".join(str(p) for p in err.get("loc", ()))
-        parts.append(f"{where}: {err.get('msg', 'invalid')}"[:200])
+        parts.append(f"{where}: {_validation_message(err)}")
     return "; ".join(parts) or "invalid request"
+
+
+def _validation_message(err: Any) -> str:
+    """pydantic's message, cut where it would echo the client's input at length; a bad or
+    missing discriminator (an event's ``type``) names every accepted value, in full."""
+    ctx = err.get("ctx") or {}
+    if err.get("type") == "union_tag_invalid":
+        tag = str(ctx.get("tag", ""))[:ECHOED_VALUE_CHARS_MAX]
+        return f"unknown {ctx.get('discriminator')} {tag!r}: expected one of {ctx.get('expected_tags')}"
+    if err.get("type") == "union_tag_not_found":
+        return f"missing {ctx.get('discriminator')}"
+    return str(err.get("msg", "invalid"))[:200]
 
 
 def allowed_methods(request: Request) -> list[str]:
