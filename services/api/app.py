@@ -15,6 +15,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from services.api.admission import NodeAdmission
 from services.api.context import ApiState
 from services.api.control_routes import control_router, peer_router
+from services.api.docs_ui import install_docs
 from services.api.drill_routes import drill_peer_router, drill_router
 from services.api.errors import install_error_handlers
 from services.api.fast_append import AppendCheck, FastAppend
@@ -114,6 +115,8 @@ def create_app(
         version="0.1.0",
         lifespan=lifespan,
         generate_unique_id_function=operation_id,
+        docs_url=None,  # install_docs: the page's assets from a package, not a CDN
+        redoc_url=None,
     )
     app.state.fast_lane = fast_lane
     install_openapi(app, lambda: _shard_count(app))
@@ -139,6 +142,7 @@ def create_app(
         fast_path=FastAppend(settings.retry_after_default_s, metrics.count_error, append_check),
     )
     install_console(app, console_access, append_outcomes)
+    install_docs(app)
     if provider is not None:
         FastAPIInstrumentor.instrument_app(
             app,

@@ -156,3 +156,16 @@ async def test_the_drill_schema_tells_the_truth(east: httpx.AsyncClient) -> None
     assert bounds("max_rto_s") == {"exclusiveMinimum": 0.0, "maximum": 3600.0}
     assert bounds("max_error_ratio") == {"minimum": 0.0, "maximum": 1.0}
     assert bounds("max_ack_p99_ms") == {"exclusiveMinimum": 0.0, "maximum": 600000.0}
+
+
+async def test_docs_load_nothing_from_elsewhere(east: httpx.AsyncClient) -> None:
+    """/docs was blank without internet: Swagger UI came from a CDN. Its page now names only
+    the node's own URLs, its assets answer from the node, and its CSP allows nothing else."""
+    page = await east.get("/docs")
+    assert page.status_code == 200
+    assert "http://" not in page.text and "https://" not in page.text, page.text
+    assert "default-src 'self'" in page.headers["content-security-policy"]
+    for asset in ("swagger-ui-bundle.js", "swagger-ui.css"):
+        r = await east.get(f"/docs/static/{asset}")
+        assert r.status_code == 200 and len(r.content) > 10_000, asset
+    assert (await east.get("/redoc")).status_code == 404
