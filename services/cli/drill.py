@@ -21,6 +21,16 @@ import typer
 
 from eventlog.http_headers import DEADLINE_HEADER
 from regions.drill_report import summary_lines
+from regions.drills import Guards
+from services.cli.output import (
+    EXIT_NEGATIVE,
+    EXIT_OK,
+    EXIT_UNAVAILABLE,
+    EXIT_USAGE,
+    echo_json,
+    fail,
+    fail_from_answer,
+)
 
 drill_app = typer.Typer(
     help="regional drills: plan, run, watch, abort, report", no_args_is_help=True
@@ -40,9 +50,22 @@ READ_RETRY_S = 30.0
 #: the longest ``run`` waits past hold_s (the drill's own restore grace plus slack)
 RUN_SLACK_S = 90.0
 
-StateDir = Annotated[Path, typer.Option(help="a local plane's state dir (its cluster.json)")]
-Url = Annotated[str | None, typer.Option(envvar="CONVPLANE_URL", help="a region node's URL")]
-Key = Annotated[str | None, typer.Option(envvar="CONVPLANE_API_KEY", help="an operator key")]
+StateDir = Annotated[
+    Path, typer.Option(help="a local plane's state dir (its cluster.json); not used with --url")
+]
+Url = Annotated[
+    str | None,
+    typer.Option(
+        envvar="CONVPLANE_URL",
+        help="a region node's URL; only it is asked (default: the local plane's regions)",
+    ),
+]
+Key = Annotated[
+    str | None,
+    typer.Option(envvar="CONVPLANE_API_KEY", help="an operator key (default: the local plane's)"),
+]
+Json = Annotated[bool, typer.Option("--json", help="print the plane's answer as JSON")]
+DEFAULT_STATE_DIR = Path(".state/plane")
 
 
 class Api:
@@ -73,7 +96,7 @@ class Api:
         if reply.status_code == 404 and missing_ok:
             return None
         if reply.status_code >= 400:
-            raise typer.Exit(_fail(f"{method} {path}: {reply.status_code} {reply.text[:800]}"))
+            raise fail_from_answer(f"{method} {path}", reply.status_code, reply.text)
         return reply.json() if "json" in reply.headers.get("content-type", "") else reply.text
 
     def _first_answer(self, method: str, path: str, body: Any, **kw: Any) -> Any:
@@ -89,7 +112,12 @@ class Api:
             if reply.status_code == 503 and method == "GET" and url != self._urls[-1]:
                 continue  # a read elsewhere; a write's 503 may be an unknown outcome: shown
             return reply
-        raise typer.Exit(_fail(f"{method} {path}: no region answered ({last!r})"))
+        raise fail(
+            "unreachable",
+            f"{method} {path}: no region answered ({last!r})",
+            exit_code=EXIT_UNAVAILABLE,
+            hint="is the plane up? check --url or --state-dir",
+        )
 
 
 def _retry_after_s(reply: Any) -> float:
@@ -112,15 +140,20 @@ def api_for(state_dir: Path, url: str | None, key: str | None) -> Api:
     named URL did not answer."""
     if url:
         if not key:
-            raise typer.Exit(_fail("--url needs --key (or CONVPLANE_API_KEY): an operator key"))
+            raise fail("usage", "--url needs --key (or CONVPLANE_API_KEY)", exit_code=EXIT_USAGE)
         return Api([url], key)
     info_file = state_dir / "cluster.json"
     if not info_file.exists():
-        raise typer.Exit(_fail(f"no plane at {state_dir}: give --url and --key, or --state-dir"))
+        raise fail(
+            "no_plane",
+            f"no local plane at {state_dir}",
+            exit_code=EXIT_USAGE,
+            hint="give --url and --key, or --state-dir of a plane `convplane up` started",
+        )
     info = json.loads(info_file.read_text(encoding="utf-8"))
     key = key or info.get("operator_api_key")
     if not key:
-        raise typer.Exit(_fail(f"{info_file} holds no operator key: give --key"))
+        raise fail("usage", f"{info_file} holds no operator key: give --key", exit_code=EXIT_USAGE)
     return Api([r["url"] for r in info["regions"]], key)
 
 
@@ -138,51 +171,95 @@ def drill_body(kind: str, region: str, hold_s: float, reason: str, force: bool,
 
 
 def watch(api: Api, drill_id: str, hold_s: float, echo: Any = typer.echo) -> dict[str, Any]:
-    """Poll a drill until it ends (showing progress), then return its report."""
-    deadline = time.monotonic() + hold_s + RUN_SLACK_S
+    """Poll a drill until it ends (showing progress, with the time since the command started
+    following it), then return its report."""
+    started = time.monotonic()
+    deadline = started + hold_s + RUN_SLACK_S
     shown = ""
     while time.monotonic() < deadline:
         d = api.call("GET", f"/v1/drills/{drill_id}", missing_ok=True)
         if d is None:
             time.sleep(POLL_S)
             continue
-        line = (f"  {d['phase']:<10} shards recovered {d['shards_recovered']}/{d['shards_moved']}"
-                f"  canary acked {d['canary_acked']} errors {d['canary_errors']}")  # fmt: skip
-        if line != shown:
-            echo(line)
-            shown = line
+        progress = (f"{d['phase']:<10} shards recovered {d['shards_recovered']}/"
+                    f"{d['shards_moved']}  canary acked {d['canary_acked']} "
+                    f"errors {d['canary_errors']}")  # fmt: skip
+        if progress != shown:
+            echo(f"  {time.monotonic() - started:6.1f}s  {progress}")
+            shown = progress
         if d["verdict"] is not None:
             report: dict[str, Any] = api.call("GET", f"/v1/drills/{drill_id}/report")
             return report
         time.sleep(POLL_S)
-    raise typer.Exit(_fail(f"drill {drill_id} did not end within hold_s + {RUN_SLACK_S:g}s"))
+    raise fail(
+        "timeout",
+        f"drill {drill_id} did not end within hold_s + {RUN_SLACK_S:g}s",
+        exit_code=EXIT_UNAVAILABLE,
+        hint=f"follow it with `convplane drill status {drill_id}`",
+    )
 
 
+_GUARDS = Guards()
 KindOpt = Annotated[str, typer.Option(help="evacuate | region-loss | kill")]
 RegionOpt = Annotated[str, typer.Option(help="the target region")]
 HoldOpt = Annotated[float, typer.Option(help="seconds to hold the fault")]
 ReasonOpt = Annotated[str, typer.Option(help="why (kept in the audit log)")]
 ForceOpt = Annotated[bool, typer.Option(help="override the capacity check (only)")]
-Guard = Annotated[float | None, typer.Option()]
+MaxRto = Annotated[
+    float | None,
+    typer.Option(
+        help=f"abort when a moved shard takes no write this many seconds after the fault, "
+        f"in (0, 3600] [default: {_GUARDS.max_rto_s:g}]"
+    ),
+]
+MaxErrorRatio = Annotated[
+    float | None,
+    typer.Option(
+        help=f"abort when this share of canary writes fails, in [0, 1] "
+        f"[default: {_GUARDS.max_error_ratio:g}]"
+    ),
+]
+MaxAckP99 = Annotated[
+    float | None,
+    typer.Option(
+        help=f"abort when the canary writes' p99 ack latency passes this many ms "
+        f"[default: {_GUARDS.max_ack_p99_ms:g}]"
+    ),
+]
 
 
 @drill_app.command("plan")
 def plan(region: RegionOpt, kind: KindOpt = "region-loss", hold_s: HoldOpt = 10.0,
          reason: ReasonOpt = "dry run", force: ForceOpt = False,
-         state_dir: StateDir = Path(".state/plane"), url: Url = None, key: Key = None) -> None:  # fmt: skip
-    """Dry run: preflight and what would move. Changes nothing."""
+         state_dir: StateDir = DEFAULT_STATE_DIR, url: Url = None, key: Key = None,
+         as_json: Json = False) -> None:  # fmt: skip
+    """Dry run: preflight and what would move. Changes nothing; exits 1 when infeasible."""
     api = api_for(state_dir, url, key)
     body = drill_body(kind, region, hold_s, reason, force, None, None, None, dry_run=True)
     result = api.call("POST", "/v1/drills", body)
-    typer.echo(json.dumps(result["plan"], indent=2))
-    raise typer.Exit(0 if result["plan"]["ok"] else 1)
+    plan = result["plan"]
+    if as_json:
+        echo_json(plan)
+    else:
+        typer.echo("\n".join(plan_lines(kind, region, plan)))
+    raise typer.Exit(EXIT_OK if plan["ok"] else EXIT_NEGATIVE)
+
+
+def plan_lines(kind: str, region: str, plan: dict[str, Any]) -> list[str]:
+    """A dry run's verdict, its failures and its numbers, for a terminal."""
+    lines = [f"{kind} of {region}: {'feasible' if plan.get('ok') else 'refused'}"]
+    lines += [f"  refused: {reason}" for reason in plan.get("failures", [])]
+    for name, value in sorted(plan.items()):
+        if name not in ("ok", "failures") and not isinstance(value, dict | list):
+            lines.append(f"  {name.replace('_', ' ')}: {value}")
+    return lines
 
 
 @drill_app.command("run")
 def run(region: RegionOpt, kind: KindOpt = "region-loss", hold_s: HoldOpt = 10.0,
-        reason: ReasonOpt = "drill", force: ForceOpt = False, max_rto_s: Guard = None,
-        max_error_ratio: Guard = None, max_ack_p99_ms: Guard = None,
-        state_dir: StateDir = Path(".state/plane"), url: Url = None, key: Key = None) -> None:  # fmt: skip
+        reason: ReasonOpt = "drill", force: ForceOpt = False, max_rto_s: MaxRto = None,
+        max_error_ratio: MaxErrorRatio = None, max_ack_p99_ms: MaxAckP99 = None,
+        state_dir: StateDir = DEFAULT_STATE_DIR, url: Url = None, key: Key = None) -> None:  # fmt: skip
     """Start a drill and follow it; exit 0 when it passed, 1 otherwise."""
     api = api_for(state_dir, url, key)
     body = drill_body(kind, region, hold_s, reason, force, max_rto_s, max_error_ratio,
@@ -191,21 +268,31 @@ def run(region: RegionOpt, kind: KindOpt = "region-loss", hold_s: HoldOpt = 10.0
     typer.echo(f"drill {drill['drill_id']}: {kind} of {region}, hold {hold_s:g}s")
     report = watch(api, drill["drill_id"], hold_s)
     typer.echo("\n".join(summary_lines(report)))
-    raise typer.Exit(0 if report["verdict"] == "passed" else 1)
+    raise typer.Exit(EXIT_OK if report["verdict"] == "passed" else EXIT_NEGATIVE)
+
+
+DrillId = Annotated[str, typer.Argument(help="the drill's id (`convplane drill list`)")]
 
 
 @drill_app.command("status")
-def status(drill_id: str, state_dir: StateDir = Path(".state/plane"), url: Url = None,
-           key: Key = None) -> None:  # fmt: skip
+def status(drill_id: DrillId, state_dir: StateDir = DEFAULT_STATE_DIR, url: Url = None,
+           key: Key = None, as_json: Json = False) -> None:  # fmt: skip
     """A drill's phase and timeline so far."""
-    typer.echo(
-        json.dumps(api_for(state_dir, url, key).call("GET", f"/v1/drills/{drill_id}"), indent=2)
-    )
+    drill = api_for(state_dir, url, key).call("GET", f"/v1/drills/{drill_id}")
+    if as_json:
+        echo_json(drill)
+        return
+    typer.echo(f"drill {drill['drill_id']}: {drill['kind']} of {drill['region']}, "
+               f"{drill['phase']} ({drill['verdict'] or 'no verdict yet'})")  # fmt: skip
+    typer.echo(f"  shards recovered {drill['shards_recovered']}/{drill['shards_moved']}, "
+               f"canary acked {drill['canary_acked']} errors {drill['canary_errors']}")  # fmt: skip
+    for step in drill.get("timeline", []):
+        typer.echo(f"  {step}")
 
 
 @drill_app.command("abort")
-def abort(drill_id: str, reason: ReasonOpt = "aborted from the CLI",
-          state_dir: StateDir = Path(".state/plane"), url: Url = None, key: Key = None) -> None:  # fmt: skip
+def abort(drill_id: DrillId, reason: ReasonOpt = "aborted from the CLI",
+          state_dir: StateDir = DEFAULT_STATE_DIR, url: Url = None, key: Key = None) -> None:  # fmt: skip
     """Abort a drill: restore its target now."""
     api = api_for(state_dir, url, key)
     d = api.call("POST", f"/v1/drills/{drill_id}/abort", {"reason": reason})
@@ -213,8 +300,9 @@ def abort(drill_id: str, reason: ReasonOpt = "aborted from the CLI",
 
 
 @drill_app.command("report")
-def report_cmd(drill_id: str, html: Annotated[Path | None, typer.Option(help="write the HTML report here")] = None,
-               state_dir: StateDir = Path(".state/plane"), url: Url = None, key: Key = None) -> None:  # fmt: skip
+def report_cmd(drill_id: DrillId, html: Annotated[Path | None, typer.Option(help="write the self-contained HTML report to this file")] = None,
+               state_dir: StateDir = DEFAULT_STATE_DIR, url: Url = None, key: Key = None,
+               as_json: Json = False) -> None:  # fmt: skip
     """Print a drill's summary, or write its self-contained HTML report."""
     api = api_for(state_dir, url, key)
     if html is not None:
@@ -222,32 +310,57 @@ def report_cmd(drill_id: str, html: Annotated[Path | None, typer.Option(help="wr
         html.write_text(page, encoding="utf-8")
         typer.echo(f"wrote {html}")
         return
-    typer.echo("\n".join(summary_lines(api.call("GET", f"/v1/drills/{drill_id}/report"))))
+    body = api.call("GET", f"/v1/drills/{drill_id}/report")
+    if as_json:
+        echo_json(body)
+    else:
+        typer.echo("\n".join(summary_lines(body)))
 
 
 @drill_app.command("list")
-def list_cmd(state_dir: StateDir = Path(".state/plane"), url: Url = None, key: Key = None) -> None:
+def list_cmd(state_dir: StateDir = DEFAULT_STATE_DIR, url: Url = None, key: Key = None,
+             as_json: Json = False) -> None:  # fmt: skip
     """Drills, newest first."""
-    for d in api_for(state_dir, url, key).call("GET", "/v1/drills")["drills"]:
+    drills = api_for(state_dir, url, key).call("GET", "/v1/drills")["drills"]
+    if as_json:
+        echo_json(drills)
+        return
+    for d in drills:
         typer.echo(f"{d['drill_id']}  {d['kind']:<12} {d['region']:<10} {d['phase']:<10} "
                    f"{d['verdict'] or '-'}")  # fmt: skip
 
 
 @halt_app.command("on")
-def halt_on(reason: ReasonOpt, state_dir: StateDir = Path(".state/plane"), url: Url = None,
-            key: Key = None) -> None:  # fmt: skip
+def halt_on(reason: Annotated[str, typer.Option(help="why (kept in the audit log)")],
+            state_dir: StateDir = DEFAULT_STATE_DIR, url: Url = None, key: Key = None,
+            as_json: Json = False) -> None:  # fmt: skip
     """Abort every active drill and refuse new ones."""
-    typer.echo(
-        json.dumps(api_for(state_dir, url, key).call("POST", "/v1/admin/halt", {"reason": reason}))
-    )
+    answer = api_for(state_dir, url, key).call("POST", "/v1/admin/halt", {"reason": reason})
+    _echo_halt(answer, as_json)
 
 
 @halt_app.command("off")
-def halt_off(reason: ReasonOpt = "halt lifted", state_dir: StateDir = Path(".state/plane"),
-             url: Url = None, key: Key = None) -> None:  # fmt: skip
+def halt_off(reason: ReasonOpt = "halt lifted", state_dir: StateDir = DEFAULT_STATE_DIR,
+             url: Url = None, key: Key = None, as_json: Json = False) -> None:  # fmt: skip
     """Lift the halt switch."""
     api = api_for(state_dir, url, key)
-    typer.echo(json.dumps(api.call("DELETE", "/v1/admin/halt", params={"reason": reason})))
+    _echo_halt(api.call("DELETE", "/v1/admin/halt", params={"reason": reason}), as_json)
+
+
+@halt_app.command("show")
+def halt_show(state_dir: StateDir = DEFAULT_STATE_DIR, url: Url = None, key: Key = None,
+              as_json: Json = False) -> None:  # fmt: skip
+    """Whether the halt switch is on, since when and why."""
+    _echo_halt(api_for(state_dir, url, key).call("GET", "/v1/admin/halt"), as_json)
+
+
+def _echo_halt(answer: dict[str, Any], as_json: bool) -> None:
+    if as_json:
+        echo_json(answer)
+    elif answer.get("on"):
+        typer.echo(f"halt on (by {answer.get('by')}: {answer.get('reason')})")
+    else:
+        typer.echo("halt off")
 
 
 @keys_app.command("create")

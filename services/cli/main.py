@@ -8,6 +8,7 @@ time of this module, so ``import services.cli.main`` stays cheap and side-effect
 from __future__ import annotations
 
 import importlib
+from typing import Annotated
 
 import typer
 
@@ -22,6 +23,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "services.cli.worker",
     "services.cli.replica",
     "services.cli.drill",
+    "services.cli.status",
 )
 
 
@@ -30,11 +32,34 @@ def build_app() -> typer.Typer:
         name="convplane",
         help="Multi-region conversation state and failover control plane for LLM chat serving.",
         no_args_is_help=True,
-        add_completion=False,
+        add_completion=True,  # --install-completion / --show-completion for bash, zsh, fish
     )
+    app.callback()(_global_options)
     for module_name in COMMAND_MODULES:
         importlib.import_module(module_name).register(app)
     return app
+
+
+def _show_version(value: bool) -> None:
+    if value:
+        from importlib.metadata import version
+
+        typer.echo(f"convplane {version('convplane')}")
+        raise typer.Exit(0)
+
+
+def _global_options(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=_show_version, is_eager=True, help="print the version and exit"
+        ),
+    ] = False,
+) -> None:
+    """Multi-region conversation state and failover control plane for LLM chat serving.
+
+    Exit codes: 0 done; 1 done, outcome negative (a failed drill, an infeasible plan);
+    2 usage; 3 the plane refused the request; 4 the plane could not answer."""
 
 
 def main() -> None:
