@@ -4,6 +4,7 @@ cluster file the secrets service generates from the template is valid."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -102,5 +103,9 @@ def test_prometheus_and_grafana_are_wired_to_the_shipped_files() -> None:
         (ROOT / "deploy/observability/grafana/provisioning/datasources/prometheus.yml").read_text()
     )["datasources"][0]
     assert datasource["url"] == "http://prometheus:9090"
-    dashboard = (ROOT / "deploy/observability/grafana/dashboards/convplane.json").read_text()
-    assert f'"uid": "{datasource["uid"]}"' in dashboard
+    dashboard = json.loads(
+        (ROOT / "deploy/observability/grafana/dashboards/convplane.json").read_text()
+    )
+    # the dashboard picks its datasource by variable, defaulting to the one provisioned here
+    (variable,) = [v for v in dashboard["templating"]["list"] if v["name"] == "datasource"]
+    assert variable["current"]["value"] == datasource["uid"]
