@@ -24,6 +24,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "services.cli.replica",
     "services.cli.drill",
     "services.cli.status",
+    "services.cli.config_ref",
 )
 
 
