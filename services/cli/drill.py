@@ -33,12 +33,12 @@ from services.cli.output import (
 )
 
 drill_app = typer.Typer(
-    help="regional drills: plan, run, watch, abort, report", no_args_is_help=True
+    help="Regional drills: plan, run, watch, abort, report.", no_args_is_help=True
 )
 halt_app = typer.Typer(
-    help="the halt switch: abort every drill and refuse new ones", no_args_is_help=True
+    help="The halt switch: abort every drill and refuse new ones.", no_args_is_help=True
 )
-keys_app = typer.Typer(help="API keys and their roles", no_args_is_help=True)  # fmt: skip
+keys_app = typer.Typer(help="API keys and their roles.", no_args_is_help=True)  # fmt: skip
 
 #: the deadline the CLI gives the plane (starting a drill writes a canary to every shard first),
 #: and its own timeout a little past it; a drill is polled this often
