@@ -2,8 +2,9 @@
 in spare prefill capacity.
 
 Public: ``config`` (``ReplayConfig``, part of the cluster file), ``service.ReplayService``,
-``wiring`` (``open_replay_service`` for bootstrap, ``install_replay`` for the app),
-``routes.replay_router`` and ``routes.affinity_body`` (the ``worker`` of ``/route``). This
+``routes.replay_router`` and ``routes.affinity_body`` (the ``worker`` of ``/route``). The
+service is wired by ``services.bootstrap.replay`` (``build_replay_service``,
+``install_replay``). This
 ``__init__`` imports only the config, so ``services.config`` stays cheap to import.
 """
 
