@@ -135,28 +135,36 @@ class Core:
                 self.routing.learn(cid, outcome.headers.get(SERVED_BY_HEADER))
                 if outcome.is_success:
                     return outcome
-                error = error_from_response(outcome)
-                if isinstance(error, NotLeader):
-                    self.routing.learn(cid, error.leader_region)
-                if not error.retryable:
-                    break
-                delay_s = self._backoff_s(attempts, error.retry_after_s)
-            elif isinstance(outcome, httpx.TransportError):
-                error = TransportFailed(
-                    f"{region}: {type(outcome).__name__} {outcome}".strip(), retryable=True
-                )
-                error.__cause__ = outcome
-                self.routing.unreachable(region, cid, now_s)
-                # another region can take it at once; when none answers, wait before the next
-                reachable = self.routing.any_reachable(now_s)
-                delay_s = 0.0 if reachable else self._backoff_s(attempts, None)
-            else:
-                raise TypeError(f"a Send is answered with a response or an error, not {outcome!r}")
-            if attempts >= attempts_max or now_s + delay_s >= deadline_s:
+            error, delay_s = self._failure(outcome, region, cid, attempts, now_s)
+            if not error.retryable or attempts >= attempts_max:
+                break
+            if now_s + delay_s >= deadline_s:
                 break  # the wait would pass the deadline: give up now, with the last error
             if delay_s > 0:
                 yield Sleep(delay_s)
         raise self._give_up(error, call, attempts, budget_s)
+
+    def _failure(
+        self, outcome: object, region: str, cid: str | None, attempts: int, now_s: float
+    ) -> tuple[ConvplaneError, float]:
+        """The error a failed try ends in, and how long to wait before the next."""
+        if isinstance(outcome, httpx.Response):
+            error = error_from_response(outcome)
+            if isinstance(error, NotLeader):
+                self.routing.learn(cid, error.leader_region)
+            return error, self._backoff_s(attempts, error.retry_after_s)
+        if not isinstance(outcome, httpx.TransportError):
+            raise TypeError(f"a Send is answered with a response or an error, not {outcome!r}")
+        # nothing answered: retryable, because every call the client makes is safe to repeat
+        failed = TransportFailed(
+            f"{region}: {type(outcome).__name__} {outcome}".strip(), retryable=True
+        )
+        failed.__cause__ = outcome
+        self.routing.unreachable(region, cid, now_s)
+        # another region can take it at once; only when none answers, wait before the next try
+        if self.routing.any_reachable(now_s):
+            return failed, 0.0
+        return failed, self._backoff_s(attempts, None)
 
     def _look_up_route(self, conversation_id: str, deadline_s: float) -> Plan[None]:
         """One try at ``GET .../route`` (teaches the table the serving region). Its failure is

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import socket
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -125,3 +126,14 @@ async def test_a_tool_conversation_through_the_asyncio_client(plane: Plane) -> N
     ]  # fmt: skip
     effect = transcript[3].payload
     assert effect == {"attempt_id": "call_1", "status": "committed", "result": run.result}
+
+
+def test_a_client_from_the_cluster_file_of_a_local_plane(plane: Plane) -> None:
+    """What ``convplane demo`` needs: a client from the ``cluster.json`` that ``up`` wrote."""
+    cluster_json = Path(plane.info["cluster_file"]).parent / "cluster.json"
+    with Client.from_cluster_file(cluster_json, config=CONFIG) as client:
+        created = client.create_conversation()
+        appended = client.append(created.conversation_id, "message.user", {"content": "hi"})
+        route = client.route(created.conversation_id)
+    assert dict(client.regions) == plane.urls
+    assert appended.seq == 1 and route.region == created.leader_region
