@@ -1,5 +1,6 @@
-"""Chaos: client writers (``convplane_client.AsyncClient``, nothing else between them and the
-plane) drive conversations while a whole region is killed with SIGKILL and restarted. Afterwards
+"""Chaos: client writers (``convplane_client``'s asyncio client for two conversations in three,
+its blocking client in worker threads for the third; nothing else between them and the plane)
+drive conversations while a whole region is killed with SIGKILL and restarted. Afterwards
 every append the client acknowledged is in its transcript exactly once, at the acknowledged seq;
 nothing the writers sent is there twice; and every tool's effect is recorded at most once, with
 the tool run again only after a call of ``run_tool_once`` for that attempt gave up.
@@ -11,14 +12,27 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 
-from convplane_client import AsyncClient, ClientConfig, ConvplaneError
+from convplane_client import (
+    Appended,
+    AsyncClient,
+    Client,
+    ClientConfig,
+    ConversationCreated,
+    ConvplaneError,
+    Event,
+    ToolRun,
+)
 from eventlog.sharding import shard_of
 from services.local.chaos import conversations_per_shard, full_placement, get_json, wait_until
 from tests.chaos.plane import chaos_plane
@@ -35,21 +49,49 @@ CONFIG = ClientConfig(
 )  # fmt: skip
 
 
-class CountingTransport(httpx.AsyncHTTPTransport):
-    """Counts what each request met (status, or the transport error): the faults the client
+@dataclass
+class Outcomes:
+    """What each request met (its status, or the transport error): the faults the clients
     absorbed."""
 
-    def __init__(self) -> None:
-        super().__init__(limits=httpx.Limits(max_connections=100))
-        self.outcomes: collections.Counter[str] = collections.Counter()
+    counts: collections.Counter[str] = field(default_factory=collections.Counter)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def note(self, outcome: str) -> None:
+        with self._lock:  # the blocking client sends from worker threads
+            self.counts[outcome] += 1
+
+    def faults(self) -> int:
+        return sum(n for outcome, n in self.counts.items() if outcome not in {"200", "201"})
+
+
+class CountingAsyncTransport(httpx.AsyncHTTPTransport):
+    def __init__(self, outcomes: Outcomes) -> None:
+        super().__init__()
+        self.outcomes = outcomes
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         try:
             response = await super().handle_async_request(request)
         except httpx.TransportError as exc:
-            self.outcomes[type(exc).__name__] += 1
+            self.outcomes.note(type(exc).__name__)
             raise
-        self.outcomes[str(response.status_code)] += 1
+        self.outcomes.note(str(response.status_code))
+        return response
+
+
+class CountingTransport(httpx.HTTPTransport):
+    def __init__(self, outcomes: Outcomes) -> None:
+        super().__init__()
+        self.outcomes = outcomes
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        try:
+            response = super().handle_request(request)
+        except httpx.TransportError as exc:
+            self.outcomes.note(type(exc).__name__)
+            raise
+        self.outcomes.note(str(response.status_code))
         return response
 
 
@@ -58,16 +100,43 @@ class ExternalSystem:
     """The tools' side of the world, deduplicating by idempotency key as a payment API does."""
 
     runs: collections.Counter[str] = field(default_factory=collections.Counter)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
 
-    async def charge(self, attempt_id: str) -> dict[str, str]:
-        self.runs[attempt_id] += 1
+    def charge(self, attempt_id: str) -> dict[str, str]:
+        with self._lock:  # the blocking client's writers run it in worker threads
+            self.runs[attempt_id] += 1
         return {"receipt": attempt_id}
+
+
+class InThreads:
+    """The blocking client, each call in a worker thread: awaitable like ``AsyncClient``."""
+
+    def __init__(self, client: Client) -> None:
+        self.client = client
+
+    async def create_conversation(self, conversation_id: str) -> ConversationCreated:
+        return await asyncio.to_thread(self.client.create_conversation, conversation_id)
+
+    async def append(
+        self, cid: str, event_type: str, payload: dict[str, Any], *, idempotency_key: str | None
+    ) -> Appended:
+        call = functools.partial(self.client.append, idempotency_key=idempotency_key)
+        return await asyncio.to_thread(call, cid, event_type, payload)
+
+    async def run_tool_once(
+        self, cid: str, attempt_id: str, tool: str, arguments: Any, fn: Callable[[str], Any]
+    ) -> ToolRun:
+        run = self.client.run_tool_once
+        return await asyncio.to_thread(run, cid, attempt_id, tool, arguments, fn)
+
+    async def transcript(self, cid: str) -> list[Event]:
+        return await asyncio.to_thread(self.client.transcript, cid)
 
 
 @dataclass
 class ClientWriters:
-    client: AsyncClient
-    conversations: list[str]
+    #: each conversation's writer drives it through one of the clients
+    clients: dict[str, AsyncClient | InThreads]
     external: ExternalSystem = field(default_factory=ExternalSystem)
     #: (conversation, marker) -> acked seq
     acked: dict[tuple[str, str], int] = field(default_factory=dict)
@@ -77,9 +146,13 @@ class ClientWriters:
     tool_runs_returned: dict[str, int] = field(default_factory=dict)
     stop: asyncio.Event = field(default_factory=asyncio.Event)
 
+    @property
+    def conversations(self) -> list[str]:
+        return list(self.clients)
+
     async def run(self) -> None:
-        for cid in self.conversations:
-            await self.client.create_conversation(cid)
+        for cid, client in self.clients.items():
+            await client.create_conversation(cid)
         await asyncio.gather(*(self._write(cid) for cid in self.conversations))
 
     async def _write(self, cid: str) -> None:
@@ -96,7 +169,7 @@ class ClientWriters:
         key = None
         while True:  # the writer's own loop: a call that gave up is sent again, same key
             try:
-                appended = await self.client.append(
+                appended = await self.clients[cid].append(
                     cid, "note", {"marker": marker}, idempotency_key=key
                 )
             except ConvplaneError as exc:
@@ -114,7 +187,7 @@ class ClientWriters:
     async def _run_tool(self, cid: str, attempt_id: str) -> None:
         while True:
             try:
-                run = await self.client.run_tool_once(
+                run = await self.clients[cid].run_tool_once(
                     cid, attempt_id, "charge", {"attempt": attempt_id}, self.external.charge
                 )
             except ConvplaneError as exc:
@@ -137,19 +210,25 @@ async def test_client_writers_lose_and_repeat_nothing_across_a_region_kill(
     info = await asyncio.to_thread(plane.start)
     urls = {r["name"]: r["url"] for r in info["regions"]}
     api_key = info["api_key"]
-    transport = CountingTransport()
-    http = httpx.AsyncClient(trust_env=False, transport=transport)
+    outcomes = Outcomes()
+    http = httpx.AsyncClient(trust_env=False, transport=CountingAsyncTransport(outcomes))
     client = AsyncClient(urls, api_key, config=CONFIG, http_client=http)
-    writers = ClientWriters(client, conversations_per_shard(SHARDS))
+    http_blocking = httpx.Client(trust_env=False, transport=CountingTransport(outcomes))
+    blocking = Client(urls, api_key, config=CONFIG, http_client=http_blocking)
+    placement = await get_json(urls["us-east"], "/v1/placement", api_key)
+    led_by: dict[str, list[str]] = collections.defaultdict(list)
+    for cid in conversations_per_shard(SHARDS, per_shard=2):
+        led_by[placement["assignment"][str(shard_of(cid, SHARDS))]].append(cid)
+    on_victim = led_by[VICTIM]
+    assert len(on_victim) >= 2, "the victim must lead a conversation of each client"
+    # every region's conversations alternate between the two clients
+    writers = ClientWriters(
+        {cid: InThreads(blocking) if j % 2 else client
+         for cids in led_by.values() for j, cid in enumerate(cids)}
+    )  # fmt: skip
     running = asyncio.create_task(writers.run())
     try:
         await asyncio.sleep(3.0)
-        placement = await get_json(urls["us-east"], "/v1/placement", api_key)
-        on_victim = [
-            cid for cid in writers.conversations
-            if placement["assignment"][str(shard_of(cid, SHARDS))] == VICTIM
-        ]  # fmt: skip
-        assert on_victim, "the victim leads no writer's conversation"
         fault_s = time.monotonic()
         await asyncio.to_thread(plane.kill_region, VICTIM)
 
@@ -176,13 +255,14 @@ async def test_client_writers_lose_and_repeat_nothing_across_a_region_kill(
         await asyncio.sleep(2.0)  # writes on the restored leaders
         writers.stop.set()
         await asyncio.wait_for(running, 90)
-        transcripts = {cid: await client.transcript(cid) for cid in writers.conversations}
+        transcripts = {cid: await c.transcript(cid) for cid, c in writers.clients.items()}
     finally:
         writers.stop.set()
         if not running.done():
             running.cancel()
         await asyncio.gather(running, return_exceptions=True)
         await client.aclose()
+        blocking.close()
         await asyncio.to_thread(plane.stop)
 
     markers: collections.Counter[tuple[str, str]] = collections.Counter()
@@ -206,11 +286,10 @@ async def test_client_writers_lose_and_repeat_nothing_across_a_region_kill(
         f" tool calls completed, {sum(writers.gave_up.values())} calls gave up and were sent"
         f" again; every writer acked again {recovered_s:.1f}s after the kill;"
         f" tool runs {sum(tools.values())} for {len(tools)} attempts;"
-        f" requests by outcome {dict(transport.outcomes)}"
+        f" requests by outcome {dict(outcomes.counts)}"
     )
-    faults = sum(n for outcome, n in transport.outcomes.items() if outcome not in {"200", "201"})
-    assert faults > 0, "the kill cost the client nothing: the test exercised no retry"
-    assert len(on_victim) >= 1 and len(writers.acked) > 100
+    assert outcomes.faults() > 0, "the kill cost the clients nothing: no retry was exercised"
+    assert len(writers.acked) > 100
     assert (duplicates, lost, moved) == ({}, [], [])
     assert all(n == 1 for n in effects.values()), effects
     assert set(writers.tool_runs_returned) <= set(effects)  # a completed call's effect is there
