@@ -11,6 +11,7 @@ from convplane_client import (
     DEADLINE_HEADER,
     IDEMPOTENCY_KEY_HEADER,
     ApiError,
+    ClientConfig,
     DeadlineExceeded,
     NotFound,
     OutcomeUnknown,
@@ -237,3 +238,23 @@ def test_transcript_reads_every_page() -> None:
         route = client.route("c1")
     assert [e.seq for e in events] == [1, 2, 3, 4, 5]
     assert events[0].payload == {"content": "0"} and route.region == "us-east"
+
+
+def test_an_expected_seq_append_whose_answer_was_lost_is_replayed_not_refused() -> None:
+    """The retry finds its key before its expected_seq is checked (as the plane's log does),
+    so a conditional append that landed is not reported as a seq_conflict."""
+    plane = FakePlane()
+    with plane.client(VirtualClock()) as client:
+        client.create_conversation("c1")
+        plane.faults.append(plane.lose_answer())
+        appended = client.append("c1", "note", {"n": 1}, expected_seq=0)
+    assert (appended.seq, appended.replayed) == (1, True)
+
+
+@pytest.mark.parametrize(
+    "limits",
+    [{"attempts_max": 0}, {"deadline_s": 0}, {"backoff_base_s": 3.0}, {"page_events_max": 1001}],
+)
+def test_a_config_that_cannot_work_is_refused(limits: dict[str, float]) -> None:
+    with pytest.raises(ValueError):
+        ClientConfig(**limits)  # type: ignore[arg-type]
