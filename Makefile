@@ -34,8 +34,8 @@ sim: install
 	$(BIN)/convplane sim --seeds 2000
 
 lint: install
-	$(BIN)/ruff check eventlog regions replay services tests bench
-	$(BIN)/ruff format --check eventlog regions replay services tests bench
+	$(BIN)/ruff check eventlog regions replay services convplane_client tests bench
+	$(BIN)/ruff format --check eventlog regions replay services convplane_client tests bench
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
