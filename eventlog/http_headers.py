@@ -8,7 +8,8 @@ hands them over lower-cased (the ``*_RAW`` forms)."""
 FORWARDED_HEADER = "X-Convplane-Forwarded"
 #: the peer secret on node-to-node calls
 PEER_AUTH_HEADER = "X-Convplane-Peer-Auth"
-#: the caller's absolute deadline, in Unix milliseconds
+#: the time the caller gives the request, in milliseconds from its arrival (a budget, not a
+#: clock time: no clock needs to agree); a forward passes on what is left of it
 DEADLINE_HEADER = "X-Convplane-Deadline-Ms"
 #: the tenant a replay service key reads a transcript on behalf of
 TENANT_HEADER = "X-Convplane-Tenant"
