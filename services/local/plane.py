@@ -257,7 +257,7 @@ class LocalPlane:
 
     def cluster_config(self) -> ClusterConfig:
         """The cluster file the plane writes: a subclass routes traffic differently by
-        overriding this (``services.local.chaos`` puts fault proxies between regions)."""
+        overriding this (``tests.harness.chaos`` puts fault proxies between regions)."""
         return ClusterConfig(
             regions=[
                 RegionConfig(

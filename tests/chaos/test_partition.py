@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from services.local.chaos import (
+from tests.harness.chaos import (
     Writers,
     conversations_per_shard,
     full_placement,
@@ -23,7 +23,7 @@ from services.local.chaos import (
     tear_down,
     wait_until,
 )
-from services.local.chaos_audit import audit_after_writers
+from tests.harness.chaos_audit import audit_after_writers
 from tests.chaos.plane import chaos_plane
 
 SHARDS = 24
