@@ -8,6 +8,7 @@ time of this module, so ``import services.cli.main`` stays cheap and side-effect
 from __future__ import annotations
 
 import importlib
+import sys
 
 import typer
 
@@ -38,4 +39,13 @@ def build_app() -> typer.Typer:
 
 
 def main() -> None:
+    from services.installation import installation_problems
+
+    if problems := installation_problems():
+        lines = "\n".join(f"  - {p}" for p in problems)
+        sys.exit(f"convplane cannot run with these packages:\n{lines}")
     build_app()()
+
+
+if __name__ == "__main__":  # ``python -m services.cli.main``: what the local plane spawns
+    main()

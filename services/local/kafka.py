@@ -32,12 +32,11 @@ import time
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from importlib.resources import files
 from pathlib import Path
 
 from services.local.host import HarnessError, docker_available, free_port
 
-#: the repository root is two levels above this package (services/local/)
-POM_PATH = Path(__file__).resolve().parents[2] / "replay" / "kafka" / "pom.xml"
 TEST_KAFKA_ENV = "CONVPLANE_TEST_KAFKA"
 _STAMP_FILE = ".pom-sha256"
 _LOG_TAIL_LINES = 60
@@ -50,6 +49,12 @@ class KafkaHarnessError(HarnessError):
 # --- jars -------------------------------------------------------------------------------------
 
 
+def broker_pom() -> Path:
+    """The Maven project that pins the broker's jars: package data of ``replay``, so an
+    installed wheel finds it as the source tree does."""
+    return Path(str(files("replay") / "kafka" / "pom.xml"))
+
+
 def _pom_digest(pom_path: Path) -> str:
     return hashlib.sha256(pom_path.read_bytes()).hexdigest()
 
@@ -57,12 +62,13 @@ def _pom_digest(pom_path: Path) -> str:
 def ensure_kafka_jars(
     cache_dir: str | Path = ".cache/kafka",
     *,
-    pom_path: Path = POM_PATH,
+    pom_path: Path | None = None,
     mvn_timeout_s: float = 600.0,
 ) -> Path:
     """Return ``<cache_dir>/lib`` holding the broker's jars, downloading them once per pom."""
     cache = Path(cache_dir).resolve()
     lib_dir = cache / "lib"
+    pom_path = pom_path or broker_pom()
     digest = _pom_digest(pom_path)
     stamp = lib_dir / _STAMP_FILE
     if stamp.is_file() and stamp.read_text(encoding="utf-8").strip() == digest:

@@ -33,6 +33,7 @@ from typing import Any, Literal
 from urllib.parse import urlsplit
 
 from services.local.host import HarnessError, docker_available, free_port
+from services.local.plane_state import SavedDatabase
 
 TEST_DSNS_ENV = "CONVPLANE_TEST_PG_DSNS"
 BINDIR_ENV = "CONVPLANE_PG_BINDIR"
@@ -265,6 +266,26 @@ def start_instances(
             instance.stop("immediate")
         raise
     return instances
+
+
+def restart_instance(
+    saved: SavedDatabase, base_dir: Path, *, bindir: Path | None = None
+) -> PgInstance:
+    """A cluster that ``start_instances`` created under ``base_dir`` earlier (``saved``: its
+    name, port, password, TLS), started again on its data: after a clean stop, or crash
+    recovery after a kill."""
+    bindir = bindir or find_bindir()
+    if bindir is None:
+        raise PgHarnessError("no PostgreSQL binaries under /usr/lib/postgresql/*/bin")
+    data_dir = base_dir / saved.name
+    if not (data_dir / "PG_VERSION").is_file():
+        raise PgHarnessError(f"{data_dir} holds no PostgreSQL cluster")
+    instance = PgInstance(
+        name=saved.name, port=saved.port, data_dir=data_dir, bindir=bindir,
+        password=saved.password, tls=saved.tls,
+    )  # fmt: skip
+    instance.start()
+    return instance
 
 
 @dataclass
