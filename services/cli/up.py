@@ -7,6 +7,7 @@ import json
 import signal
 import tempfile
 import threading
+import time
 import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -32,6 +33,10 @@ DEMO_SHARD_COUNT = 16
 #: the demo drill's error-ratio guard, looser than the default (0.2): three nodes sharing SQLite
 #: files on one laptop lose some writes on shards that do not move while a failover runs
 DEMO_MAX_ERROR_RATIO = 0.5
+#: the demo's drill is asked again while its preflight finds a shard not yet writable: a plane
+#: just started on a loaded machine may still be electing some shards' leaders
+DEMO_DRILL_START_TRIES = 20
+DEMO_DRILL_RETRY_S = 1.0
 
 
 def up(
@@ -272,7 +277,7 @@ def _run_demo_drill(console: Console, info: dict[str, Any]) -> None:
     api = Api([r["url"] for r in info["regions"]], info["operator_api_key"])
     body = drill_body("region-loss", region, DEMO_DRILL_HOLD_S, "demo", False, None,
                       DEMO_MAX_ERROR_RATIO, None, dry_run=False)  # fmt: skip
-    drill = api.call("POST", "/v1/drills", body)
+    drill = _start_demo_drill(info, body)
     console.print(
         f"\n[bold]region-loss drill[/bold] {drill['drill_id']}: {region} black-holed at every "
         f"node for {DEMO_DRILL_HOLD_S:g}s; its {drill['shards_moved']} shards fail over"
@@ -280,6 +285,25 @@ def _run_demo_drill(console: Console, info: dict[str, Any]) -> None:
     report = watch(api, drill["drill_id"], DEMO_DRILL_HOLD_S, echo=console.print)
     for line in summary_lines(report):
         console.print(line)
+
+
+def _start_demo_drill(info: dict[str, Any], body: dict[str, Any]) -> dict[str, Any]:
+    import httpx
+
+    from services.cli.drill import CALL_TIMEOUT_S
+
+    headers = {"Authorization": f"Bearer {info['operator_api_key']}"}
+    url = info["regions"][0]["url"] + "/v1/drills"
+    with httpx.Client(headers=headers, timeout=CALL_TIMEOUT_S, trust_env=False) as client:
+        for _ in range(DEMO_DRILL_START_TRIES):
+            reply = client.post(url, json=body)
+            if reply.status_code != 409 or "not writable" not in reply.text:
+                break
+            time.sleep(DEMO_DRILL_RETRY_S)
+    if reply.status_code >= 300:
+        raise typer.Exit(_fail(f"POST /v1/drills -> {reply.status_code} {reply.text[:500]}"))
+    started: dict[str, Any] = reply.json()
+    return started
 
 
 def _print_transcript(console: Console, client: httpx.Client, cid: str, attempt_id: str) -> None:
