@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.chaos.plane import chaos_plane
 from tests.harness.chaos import (
     Writers,
     conversations_per_shard,
@@ -23,7 +24,6 @@ from tests.harness.chaos import (
     wait_until,
 )
 from tests.harness.chaos_audit import audit_after_writers
-from tests.chaos.plane import chaos_plane
 
 SHARDS = 24
 RECOVERY_WAIT_S = 30.0
