@@ -9,14 +9,16 @@ passwords, pids and the tenants' API keys, in clear: it is a local development p
 A plane outlives its processes: ``start`` on a state directory that holds one
 (``<state-dir>/plane-state.json``, ``services.local.plane_state``) resumes it on its data, with
 the same keys, ports, certificates and databases, and refuses arguments that would make it
-another plane. ``restart_region`` brings one region's database and node back on their data. With ``tls`` (the default)
-it makes a CA for the plane and a certificate per node (``<state-dir>/tls``): the nodes' peer
-listeners speak mutual TLS only. Both files and the SQLite replicas are written 0600, the state
-directory and each region's directory 0700 (0711 for the state directory with ``--postgres``:
-the ``postgres`` user must traverse it to its data). Two tenants: ``demo`` (a large quota) and
-``demo-limited`` (a small one, to see 429s), and an operator key (``sre``,
-``operator_api_key``) for drills, and a viewer key (``sre-viewer``, ``viewer_api_key``). The cluster file gets a fresh
-``peer_secret`` each start (only forwards carrying it are trusted not to charge twice).
+another plane. ``restart_region`` brings one region's database and node back on their data.
+
+With ``tls`` (the default) it makes a CA for the plane and a certificate per node
+(``<state-dir>/tls``): the nodes' peer listeners speak mutual TLS only. Both files and the SQLite
+replicas are written 0600, the state directory and each region's directory 0700 (0711 for the
+state directory with ``--postgres``: the ``postgres`` user must traverse it to its data). Two
+tenants: ``demo`` (a large quota) and ``demo-limited`` (a small one, to see 429s), an operator
+key (``sre``, ``operator_api_key``) for drills, and a viewer key (``sre-viewer``,
+``viewer_api_key``). The cluster file gets a fresh ``peer_secret`` each start (only forwards
+carrying it are trusted not to charge twice).
 """
 
 from __future__ import annotations
