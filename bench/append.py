@@ -67,11 +67,10 @@ from eventlog.config import LogConfig
 from eventlog.node import LogNode
 from eventlog.stores import SqlReplicaStore, StoreConfig, open_replica_store
 from services.local.faultproxy import FaultProxy, ProxyRules, ProxySpec
-from services.local.postgres import (
-    PgInstance,
+from services.local.postgres import PgInstance, start_instances
+from tests.harness.postgres import (
     SyncReplicationCluster,
     dsn_via,
-    start_instances,
     start_sync_replication_cluster,
 )
 

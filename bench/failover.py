@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 from eventlog.sharding import shard_of
-from services.local.chaos import (
+from tests.harness.chaos import (
     FAST_ENV,
     ChaosPlane,
     Writers,
@@ -35,7 +35,7 @@ from services.local.chaos import (
     tear_down,
     wait_until,
 )
-from services.local.chaos_audit import audit_after_writers
+from tests.harness.chaos_audit import audit_after_writers
 
 RECOVERY_WAIT_S = 30.0
 #: a recovery slower than this is explained (the writers' failed attempts are printed)

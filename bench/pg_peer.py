@@ -1,6 +1,6 @@
 """The peer every log benchmark compares against: PostgreSQL's own quorum synchronous
 replication (a primary + 2 streaming standbys, ``synchronous_standby_names = 'ANY 1 (s1,
-s2)'``, started by ``services.local.postgres.start_sync_replication_cluster``), and the closed-loop
+s2)'``, started by ``tests.harness.postgres.start_sync_replication_cluster``), and the closed-loop
 driver and recorder the benchmarks share.
 
 The peer's writers insert 1 KiB rows, one transaction per event (autocommit ``INSERT``),

@@ -69,7 +69,7 @@ from bench.cpu import cpu_snapshot, cpu_used
 from bench.pg_peer import Recorder, payload_text, run_peer, run_peer_reads
 from bench.profiling import py_spy
 from services.local.plane import LocalPlane
-from services.local.postgres import start_sync_replication_cluster
+from tests.harness.postgres import start_sync_replication_cluster
 
 CALL_TIMEOUT_S = 10.0  # every setup call to the plane
 WRK_TIMEOUT_S = 15  # wrk counts a response slower than this as a timeout error

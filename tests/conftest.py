@@ -18,7 +18,7 @@ if TYPE_CHECKING:  # PostgreSQL block
 
 @pytest.fixture(scope="session")
 def kafka_bootstrap_servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    from services.local.kafka import kafka_for_tests
+    from tests.harness.kafka import kafka_for_tests
 
     with kafka_for_tests(tmp_path_factory.mktemp("kafka")) as bootstrap_servers:
         yield bootstrap_servers
@@ -44,7 +44,7 @@ def pg_instances() -> Iterator[list[PgInstance]]:
     import tempfile
     from pathlib import Path
 
-    from services.local.postgres import pg_instances_for_tests
+    from tests.harness.postgres import pg_instances_for_tests
 
     # under /tmp, not tmp_path_factory (0700 dirs): the postgres user must reach the data dirs
     base_dir = tempfile.mkdtemp(prefix="convplane-pg-")
@@ -132,7 +132,7 @@ class LogCluster:
 
         from eventlog.stores import open_replica_store
         from services.local.faultproxy import FaultProxy, ProxySpec
-        from services.local.postgres import dsn_via
+        from tests.harness.postgres import dsn_via
 
         dsn = self.dsns[region]
         if via_proxy is not None:

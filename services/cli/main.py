@@ -8,6 +8,7 @@ time of this module, so ``import services.cli.main`` stays cheap and side-effect
 from __future__ import annotations
 
 import importlib
+import sys
 from typing import Annotated
 
 import typer
@@ -64,4 +65,13 @@ def _global_options(
 
 
 def main() -> None:
+    from services.installation import installation_problems
+
+    if problems := installation_problems():
+        lines = "\n".join(f"  - {p}" for p in problems)
+        sys.exit(f"convplane cannot run with these packages:\n{lines}")
     build_app()()
+
+
+if __name__ == "__main__":  # ``python -m services.cli.main``: what the local plane spawns
+    main()

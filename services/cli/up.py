@@ -1,4 +1,5 @@
-"""``convplane up`` (a local plane), ``convplane down`` and ``convplane demo``."""
+"""``convplane up`` (a local plane), ``convplane down``, ``convplane restart-region`` and
+``convplane demo``."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import json
 import signal
 import tempfile
 import threading
+import time
 import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -31,6 +33,10 @@ DEMO_SHARD_COUNT = 16
 #: the demo drill's error-ratio guard, looser than the default (0.2): three nodes sharing SQLite
 #: files on one laptop lose some writes on shards that do not move while a failover runs
 DEMO_MAX_ERROR_RATIO = 0.5
+#: the demo's drill is asked again while its preflight finds a shard not yet writable: a plane
+#: just started on a loaded machine may still be electing some shards' leaders
+DEMO_DRILL_START_TRIES = 20
+DEMO_DRILL_RETRY_S = 1.0
 
 
 def up(
@@ -52,7 +58,8 @@ def up(
         bool, typer.Option(help="mutual TLS between the nodes, under a CA made for this plane")
     ] = True,
 ) -> None:
-    """Start a local plane: per region a database and a node process. Ctrl-C stops it."""
+    """Start a local plane: per region a database and a node process. Ctrl-C stops it. On a
+    state dir that holds a plane, start that plane again on its data (same arguments)."""
     from rich.console import Console
 
     from services.local.plane import LocalPlane, PlaneError, write_private_json
@@ -96,17 +103,30 @@ def up(
 def _supervise(
     console: Console, plane: LocalPlane, info: dict[str, Any], stop: threading.Event
 ) -> None:
-    """Report exited nodes and carry out kill drills until stopped."""
+    """Report exited nodes, carry out kill drills and ``restart-region`` requests until
+    stopped. A node that exits stays down until asked: its shards fail over meanwhile."""
     import httpx
 
     from services.drill_supervisor import KillDrills
     from services.local.plane import PlaneError
+    from services.local.region_restart import finish_request, restart_requests
 
     kill_drills = KillDrills(plane, [r["url"] for r in info["regions"]], info["operator_api_key"])
     with httpx.Client(trust_env=False) as client:
         while not stop.wait(SUPERVISE_POLL_S):
             for name, code in plane.exited_nodes():
-                console.print(f"[yellow]node {name} exited with code {code}[/yellow]")
+                console.print(
+                    f"[yellow]node {name} exited with code {code}[/yellow]; start it again on "
+                    f"its data: convplane restart-region {name} --state-dir {plane.state_dir}"
+                )
+            for name in restart_requests(plane.state_dir):
+                try:
+                    plane.restart_region(name)
+                    console.print(f"restarted region {name}")
+                except (PlaneError, OSError) as exc:
+                    console.print(f"[red]restart of {name}: {exc}[/red]")
+                finally:
+                    finish_request(plane.state_dir, name)
             try:
                 for line in kill_drills.poll(client):
                     console.print(line)
@@ -117,8 +137,9 @@ def _supervise(
 def down(
     state_dir: Annotated[Path, typer.Option(help="the plane's state dir")] = Path(".state/plane"),
 ) -> None:
-    """Stop a plane started with ``up --detach`` (SIGTERM to the pids in cluster.json)."""
-    from services.local.plane import stop_from_info
+    """Stop a plane (``up``'s supervisor, nodes and databases: the pids in cluster.json) and
+    wait until they exited. Its data stays: ``up`` with the same arguments resumes it."""
+    from services.local.plane_processes import stop_from_info
 
     info_file = state_dir / "cluster.json"
     if not info_file.exists():
@@ -126,6 +147,22 @@ def down(
         raise typer.Exit(1)
     for line in stop_from_info(info_file):
         typer.echo(f"stopped {line}")
+
+
+def restart_region(
+    region: Annotated[str, typer.Argument(help="the region's name, as cluster.json has it")],
+    state_dir: Annotated[Path, typer.Option(help="the plane's state dir")] = Path(".state/plane"),
+) -> None:
+    """Start one region's node again on its data (stopping it first if it runs), and its
+    database if that is down; wait until the node is healthy."""
+    from services.local.plane import PlaneError
+    from services.local.region_restart import restart_region as restart
+
+    try:
+        typer.echo(restart(state_dir, region))
+    except PlaneError as exc:
+        typer.echo(f"could not restart {region}: {exc}", err=True)
+        raise typer.Exit(1) from exc
 
 
 def demo(
@@ -175,9 +212,12 @@ def _stop_on_signals() -> threading.Event:
 
 
 def _print_plane(console: Console, info: dict[str, Any], info_file: Path) -> None:
+    from services.local.plane import without_password
+
     for region in info["regions"]:
         console.print(
-            f"  region [bold]{region['name']}[/bold]  {region['url']}  db {region['dsn']}"
+            f"  region [bold]{region['name']}[/bold]  {region['url']}  "
+            f"db {without_password(region['dsn'])}"
         )
     console.print(f"  API key (tenant {info['tenant_id']}): [bold]{info['api_key']}[/bold]")
     for engine in info.get("sim_engines", []):
@@ -185,7 +225,9 @@ def _print_plane(console: Console, info: dict[str, Any], info_file: Path) -> Non
                       f"{engine['url']}")  # fmt: skip
     if "service_api_key" in info:
         console.print(f"  replay service key: [bold]{info['service_api_key']}[/bold]")
-    console.print(f"  plane described in {info_file}")
+    console.print(
+        f"  plane described in {info_file} (mode 0600: the API keys and database passwords)"
+    )
 
 
 def _run_demo(console: Console, plane: LocalPlane, info: dict[str, Any]) -> None:
@@ -235,7 +277,7 @@ def _run_demo_drill(console: Console, info: dict[str, Any]) -> None:
     api = Api([r["url"] for r in info["regions"]], info["operator_api_key"])
     body = drill_body("region-loss", region, DEMO_DRILL_HOLD_S, "demo", False, None,
                       DEMO_MAX_ERROR_RATIO, None, dry_run=False)  # fmt: skip
-    drill = api.call("POST", "/v1/drills", body)
+    drill = _start_demo_drill(info, body)
     console.print(
         f"\n[bold]region-loss drill[/bold] {drill['drill_id']}: {region} black-holed at every "
         f"node for {DEMO_DRILL_HOLD_S:g}s; its {drill['shards_moved']} shards fail over"
@@ -243,6 +285,25 @@ def _run_demo_drill(console: Console, info: dict[str, Any]) -> None:
     report = watch(api, drill["drill_id"], DEMO_DRILL_HOLD_S, echo=console.print)
     for line in summary_lines(report):
         console.print(line)
+
+
+def _start_demo_drill(info: dict[str, Any], body: dict[str, Any]) -> dict[str, Any]:
+    import httpx
+
+    from services.cli.drill import CALL_TIMEOUT_S
+
+    headers = {"Authorization": f"Bearer {info['operator_api_key']}"}
+    url = info["regions"][0]["url"] + "/v1/drills"
+    with httpx.Client(headers=headers, timeout=CALL_TIMEOUT_S, trust_env=False) as client:
+        for _ in range(DEMO_DRILL_START_TRIES):
+            reply = client.post(url, json=body)
+            if reply.status_code != 409 or "not writable" not in reply.text:
+                break
+            time.sleep(DEMO_DRILL_RETRY_S)
+    if reply.status_code >= 300:
+        raise typer.Exit(_fail(f"POST /v1/drills -> {reply.status_code} {reply.text[:500]}"))
+    started: dict[str, Any] = reply.json()
+    return started
 
 
 def _print_transcript(console: Console, client: httpx.Client, cid: str, attempt_id: str) -> None:
@@ -284,4 +345,5 @@ def _fail(message: str) -> int:
 def register(app: typer.Typer) -> None:
     app.command("up")(up)
     app.command("down")(down)
+    app.command("restart-region")(restart_region)
     app.command("demo")(demo)

@@ -6,6 +6,11 @@ and ``convplane worker --sim``-style local commands.
   testcontainers where Docker runs), SCRAM and TLS set up;
 * ``kafka``: a KRaft broker from Maven-fetched jars on loopback (or yours, or testcontainers);
 * ``plane``: ``convplane up``'s supervisor of node processes (and databases) per region;
+  ``plane_state`` what makes it the same plane after a stop, ``plane_processes`` its processes
+  by pid (``convplane down``), ``region_restart`` ``convplane restart-region``;
 * ``engines``: simulated inference engines (``replay.engines.sim_server``) as processes;
-* ``host``: free ports and whether Docker is there.
+* ``host``: free ports, whether Docker is there, the ``convplane`` command a child runs.
+
+The chaos harness that puts fault proxies between a plane's regions is a test's, not the
+product's: ``tests/harness``.
 """

@@ -12,7 +12,6 @@ import os
 import secrets
 import signal
 import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,12 +20,11 @@ from typing import Any
 import httpx
 
 from services.config import api_key_sha256
-from services.local.host import HarnessError, free_port
+from services.local.host import HarnessError, convplane_command, free_port
 from services.replay.config import EngineConfig, ReplayConfig
 
 READY_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 10.0
-_REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 class SimEnginesError(HarnessError):
@@ -111,19 +109,15 @@ class SimEngines:
         log_path = self.state_dir / region / f"{engine_id}.log"
         log_path.parent.mkdir(parents=True, exist_ok=True)
         command = [
-            sys.executable, "-c", "from services.cli.main import main; main()",
+            *convplane_command(),
             "sim-engine", "serve", "--host", self.host, "--port", str(port),
             "--model", self.model_revision, "--engine-id", engine_id,
             "--prefill-tokens-per-s", str(self.prefill_tokens_per_s),
         ]  # fmt: skip
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(
-            p for p in (str(_REPO_ROOT), env.get("PYTHONPATH", "")) if p
-        )
         with log_path.open("ab") as log_file:
             process = subprocess.Popen(
                 command, stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
-                env=env, start_new_session=True,
+                start_new_session=True,
             )  # fmt: skip
         return SimEngineProcess(region, engine_id, f"http://{self.host}:{port}", log_path, process)
 

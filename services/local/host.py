@@ -5,12 +5,21 @@ from __future__ import annotations
 import os
 import random
 import socket
+import sys
 from pathlib import Path
 
 
 class HarnessError(RuntimeError):
     """A local harness could not provide what was asked (a database, a broker, a plane, an
     engine): the message says why, with the log tail where there is one. Not an API error."""
+
+
+def convplane_command(*args: str) -> list[str]:
+    """``convplane args...`` as a harness spawns it: this interpreter, so the child imports the
+    installation this process imported, from wherever it runs. ``-P`` keeps the working directory
+    off the child's ``sys.path``: a folder named ``replay`` or ``services`` there never shadows
+    the installed packages (and no ``PYTHONPATH`` is made up for it)."""
+    return [sys.executable, "-P", "-m", "services.cli.main", *args]
 
 
 def free_port(host: str = "127.0.0.1") -> int:

@@ -8,9 +8,8 @@ storage with a random cluster id, starts ``java -cp '<lib>/*' kafka.Kafka`` and 
 Metadata request names the broker. A broker that does not come up in time is killed and the error
 carries its log tail.
 
-``kafka_for_tests`` picks the broker a test session uses: ``CONVPLANE_TEST_KAFKA`` (bootstrap
-servers) when set; else this harness when Java and Maven exist; else testcontainers'
-``KafkaContainer`` when a Docker daemon exists; else ``KafkaHarnessError``. It never skips.
+The broker a test session uses (an external one, this one, or a container) is chosen in
+``tests/harness/kafka.py``.
 
 Nothing here runs at import time.
 """
@@ -18,27 +17,22 @@ Nothing here runs at import time.
 from __future__ import annotations
 
 import base64
-import contextlib
 import hashlib
-import os
 import shutil
 import signal
 import socket
 import struct
 import subprocess
-import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from importlib.resources import files
 from pathlib import Path
 
-from services.local.host import HarnessError, docker_available, free_port
+from services.local.host import HarnessError, free_port
 
-#: the repository root is two levels above this package (services/local/)
-POM_PATH = Path(__file__).resolve().parents[2] / "replay" / "kafka" / "pom.xml"
-TEST_KAFKA_ENV = "CONVPLANE_TEST_KAFKA"
 _STAMP_FILE = ".pom-sha256"
 _LOG_TAIL_LINES = 60
 
@@ -50,6 +44,12 @@ class KafkaHarnessError(HarnessError):
 # --- jars -------------------------------------------------------------------------------------
 
 
+def broker_pom() -> Path:
+    """The Maven project that pins the broker's jars: package data of ``replay``, so an
+    installed wheel finds it as the source tree does."""
+    return Path(str(files("replay") / "kafka" / "pom.xml"))
+
+
 def _pom_digest(pom_path: Path) -> str:
     return hashlib.sha256(pom_path.read_bytes()).hexdigest()
 
@@ -57,12 +57,13 @@ def _pom_digest(pom_path: Path) -> str:
 def ensure_kafka_jars(
     cache_dir: str | Path = ".cache/kafka",
     *,
-    pom_path: Path = POM_PATH,
+    pom_path: Path | None = None,
     mvn_timeout_s: float = 600.0,
 ) -> Path:
     """Return ``<cache_dir>/lib`` holding the broker's jars, downloading them once per pom."""
     cache = Path(cache_dir).resolve()
     lib_dir = cache / "lib"
+    pom_path = pom_path or broker_pom()
     digest = _pom_digest(pom_path)
     stamp = lib_dir / _STAMP_FILE
     if stamp.is_file() and stamp.read_text(encoding="utf-8").strip() == digest:
@@ -429,37 +430,3 @@ def _wait_until_serving(broker: KafkaBroker, port: int, started: float, timeout_
                 f"Kafka broker did not serve within {timeout_s}s; log tail:\n{tail}"
             )
         time.sleep(0.2)
-
-
-# --- what tests use ---------------------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def kafka_for_tests(base_dir: Path) -> Iterator[str]:
-    """Yield bootstrap servers of a broker for a test session (see the module docstring)."""
-    external = os.environ.get(TEST_KAFKA_ENV, "").strip()
-    if external:
-        yield external
-        return
-    if shutil.which("java") and shutil.which("mvn"):
-        broker = start_broker(base_dir)
-        print(
-            f"\nlocal Kafka broker up in {broker.start_duration_s:.1f}s at "
-            f"{broker.bootstrap_servers} (pid {broker.pid})",
-            file=sys.stderr,
-        )
-        try:
-            yield broker.bootstrap_servers
-        finally:
-            broker.stop()
-        return
-    if docker_available():
-        from testcontainers.kafka import KafkaContainer
-
-        with KafkaContainer().with_kraft() as container:
-            yield str(container.get_bootstrap_server())
-        return
-    raise KafkaHarnessError(
-        f"no Kafka for the tests: set {TEST_KAFKA_ENV}=host:port, or install Java 17 and Maven "
-        "(the harness downloads the broker), or run a Docker daemon for testcontainers"
-    )

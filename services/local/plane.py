@@ -3,15 +3,22 @@
 Each region's node is its own child process (its own session), so a test or an SRE drill can
 kill one region alone. Databases are SQLite files (default) or local PostgreSQL instances
 (``services.local.postgres``, each its own process). ``LocalPlane.start`` writes the cluster file the
-nodes read and ``<state-dir>/cluster.json`` describing the running plane (URLs, DSNs, pids and
-the tenants' API keys, in clear: it is a local development plane). With ``tls`` (the default)
-it makes a CA for the plane and a certificate per node (``<state-dir>/tls``): the nodes' peer
-listeners speak mutual TLS only. Both files and the SQLite replicas are written 0600, the state
-directory and each region's directory 0700 (0711 for the state directory with ``--postgres``:
-the ``postgres`` user must traverse it to its data). Two tenants: ``demo`` (a large quota) and
-``demo-limited`` (a small one, to see 429s), and an operator key (``sre``,
-``operator_api_key``) for drills, and a viewer key (``sre-viewer``, ``viewer_api_key``). The cluster file gets a fresh
-``peer_secret`` each start (only forwards carrying it are trusted not to charge twice).
+nodes read and ``<state-dir>/cluster.json`` describing the running plane (URLs, DSNs with their
+passwords, pids and the tenants' API keys, in clear: it is a local development plane).
+
+A plane outlives its processes: ``start`` on a state directory that holds one
+(``<state-dir>/plane-state.json``, ``services.local.plane_state``) resumes it on its data, with
+the same keys, ports, certificates and databases, and refuses arguments that would make it
+another plane. ``restart_region`` brings one region's database and node back on their data.
+
+With ``tls`` (the default) it makes a CA for the plane and a certificate per node
+(``<state-dir>/tls``): the nodes' peer listeners speak mutual TLS only. Both files and the SQLite
+replicas are written 0600, the state directory and each region's directory 0700 (0711 for the
+state directory with ``--postgres``: the ``postgres`` user must traverse it to its data). Two
+tenants: ``demo`` (a large quota) and ``demo-limited`` (a small one, to see 429s), an operator
+key (``sre``, ``operator_api_key``) for drills, and a viewer key (``sre-viewer``,
+``viewer_api_key``). The cluster file gets a fresh ``peer_secret`` each start (only forwards
+carrying it are trusted not to charge twice).
 """
 
 from __future__ import annotations
@@ -26,7 +33,6 @@ import secrets
 import signal
 import socket
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -45,7 +51,18 @@ from services.config import (
     write_cluster,
 )
 from services.db_roles import node_role, restrict_to_protocol
-from services.local.host import HarnessError, free_port
+from services.local.host import HarnessError, convplane_command, free_port
+from services.local.plane_processes import running_processes
+from services.local.plane_state import (
+    STATE_FILE_NAME,
+    PlaneState,
+    RequestedPlane,
+    SavedDatabase,
+    SavedRegion,
+    conflicts,
+    load_state,
+    state_json,
+)
 from services.local.postgres import asyncpg_dsn
 
 #: one region could never lead a shard: its own store cannot vouch for itself (a wiped store
@@ -65,7 +82,6 @@ STOP_TIMEOUT_S = 10.0
 HEALTH_POLL_S = 0.1
 #: a region's peer listener (services.listeners) is at its client port + this (with --base-port)
 PEER_PORT_OFFSET = 100
-_REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
 class PlaneError(HarnessError):
@@ -75,8 +91,11 @@ class PlaneError(HarnessError):
 class DbHandle(Protocol):
     """What ``services.local.postgres`` hands back per instance."""
 
-    dsn: str
-    pid: int
+    @property
+    def dsn(self) -> str: ...
+
+    @property
+    def pid(self) -> int: ...
 
     def stop(self, mode: Any = ...) -> Any: ...
 
@@ -99,6 +118,7 @@ class RegionProcess:
     #: the node's own database role's password (services.db_roles), in its pgpass file only
     db_password: str = field(default_factory=lambda: secrets.token_urlsafe(24), repr=False)
     db: DbHandle | None = None
+    database: SavedDatabase | None = None  # how to start its PostgreSQL again, when PostgreSQL
     node: subprocess.Popen[bytes] | None = None
     exit_reported: bool = False
 
@@ -135,6 +155,10 @@ class LocalPlane:
     def info_file(self) -> Path:
         return self.state_dir / "cluster.json"
 
+    @property
+    def state_file(self) -> Path:
+        return self.state_dir / STATE_FILE_NAME
+
     def start(self) -> dict[str, Any]:
         """Start databases and nodes, wait until every node is healthy; return the plane info."""
         if not MIN_REGIONS <= self.regions <= len(REGION_NAMES):
@@ -144,16 +168,17 @@ class LocalPlane:
                 "(eventlog/identity.py), so a lone region could never elect a leader"
             )
         self.state_dir = self.state_dir.resolve()
-        if self.postgres and (self.state_dir / "postgres").exists():
+        saved = self._saved_plane()  # before anything in the directory changes
+        if saved is None and self.postgres and (self.state_dir / "postgres").exists():
             raise PlaneError(
-                f"{self.state_dir} holds an earlier plane's databases: stop it (convplane down "
-                f"--state-dir {self.state_dir}) and remove the directory, or give another "
-                "--state-dir"
+                f"{self.state_dir} holds databases but no {STATE_FILE_NAME} (a first start "
+                "that failed, or an older version's plane): remove the directory, or give "
+                "another --state-dir"
             )
         _private_dir(self.state_dir, 0o711 if self.postgres else 0o700)
         try:
-            self._prepare_members()
-            self._start_databases()
+            self._prepare_members(saved)
+            self._start_databases(saved)
             if self.sim_engines > 0:
                 from services.local.engines import SimEngines
 
@@ -164,15 +189,59 @@ class LocalPlane:
                 asyncio.run(_migrate_all([m.dsn for m in self.members]))
             if self.postgres:
                 asyncio.run(self._restrict_databases())
+            if saved is None:
+                write_private_json(self.state_file, state_json(self._state()))
             for member in self.members:
-                member.node = self._spawn_node(member)
-            self._wait_healthy()
+                member.node = self.spawn_node(member)
+            self.wait_healthy()
         except BaseException:
             self.stop()
             raise
         info = self.info()
         write_private_json(self.info_file, info)
         return info
+
+    def _saved_plane(self) -> PlaneState | None:
+        """The plane saved in the state directory, its keys adopted; PlaneError when the
+        arguments would make it another plane or it is running now."""
+        try:
+            saved = load_state(self.state_file)
+        except ValueError as exc:
+            raise PlaneError(str(exc)) from exc
+        if saved is None:
+            return None
+        requested = RequestedPlane(
+            self.regions, self.postgres, self.tls, self.shard_count, self.host, self.base_port
+        )
+        if found := conflicts(saved, requested):
+            raise PlaneError(
+                f"{self.state_dir} holds another plane ({'; '.join(found)}): start it with "
+                "the arguments it was made with, or give another --state-dir"
+            )
+        if running := running_processes(self.info_file):
+            raise PlaneError(
+                f"the plane in {self.state_dir} is running ({', '.join(running)}): stop it "
+                f"first (convplane down --state-dir {self.state_dir})"
+            )
+        self.api_key, self.limited_api_key = saved.api_key, saved.limited_api_key
+        self.operator_api_key, self.viewer_api_key = saved.operator_api_key, saved.viewer_api_key
+        return saved
+
+    def _state(self) -> PlaneState:
+        return PlaneState(
+            postgres=self.postgres,
+            tls=self.tls,
+            shard_count=self.shard_count,
+            host=self.host,
+            api_key=self.api_key,
+            limited_api_key=self.limited_api_key,
+            operator_api_key=self.operator_api_key,
+            viewer_api_key=self.viewer_api_key,
+            regions=tuple(
+                SavedRegion(m.name, m.port, m.peer_port, m.db_password, m.database)
+                for m in self.members
+            ),
+        )
 
     def info(self) -> dict[str, Any]:
         return {
@@ -192,7 +261,9 @@ class LocalPlane:
             ],
             **(self.engines.info() if self.engines is not None else {}),
             "cluster_file": str(self.cluster_file),
+            "state_file": str(self.state_file),
             "supervisor_pid": os.getpid(),
+            "supervised": self.supervised,
             "regions": [
                 {
                     "name": m.name,
@@ -208,18 +279,23 @@ class LocalPlane:
             ],
         }
 
-    def _prepare_members(self) -> None:
-        ports = _choose_ports(self.host, self.base_port, self.regions)
-        peer_base_port = self.base_port + PEER_PORT_OFFSET if self.base_port else 0
-        peer_ports = _choose_ports(self.host, peer_base_port, self.regions)
+    def _prepare_members(self, saved: PlaneState | None, *, check_ports: bool = True) -> None:
+        """The regions: new ports and certificates, or the saved plane's (checked free)."""
         names = REGION_NAMES[: self.regions]
-        issued = (
-            issue_cluster_tls(self.state_dir / "tls", names, [self.host, "localhost"])
-            if self.tls
-            else {}
-        )
+        tls_dir = self.state_dir / "tls"
+        if saved is None:
+            ports = _choose_ports(self.host, self.base_port, self.regions)
+            peer_base_port = self.base_port + PEER_PORT_OFFSET if self.base_port else 0
+            peer_ports = _choose_ports(self.host, peer_base_port, self.regions)
+            issued = issue_cluster_tls(tls_dir, names, [self.host, "localhost"]) if self.tls else {}
+        else:
+            ports = [r.port for r in saved.regions]
+            peer_ports = [r.peer_port for r in saved.regions]
+            if check_ports:
+                _check_free(self.host, [*ports, *peer_ports])
+            issued = {n: _issued_tls(tls_dir, n) for n in names} if self.tls else {}
         peer_scheme = "https" if self.tls else "http"
-        for name, port, peer_port in zip(names, ports, peer_ports, strict=True):
+        for index, (name, port, peer_port) in enumerate(zip(names, ports, peer_ports, strict=True)):
             region_dir = self.state_dir / name
             _private_dir(region_dir, 0o700)
             db_path = region_dir / "replica.sqlite3"
@@ -238,11 +314,18 @@ class LocalPlane:
                     log_path=region_dir / "node.log",
                 )
             )
+            if saved is not None:
+                self.members[-1].db_password = saved.regions[index].db_password
+                self.members[-1].database = saved.regions[index].database
 
-    def _start_databases(self) -> None:
+    def _start_databases(self, saved: PlaneState | None) -> None:
         if not self.postgres:
             return
         localpg: Any = importlib.import_module("services.local.postgres")
+        if saved is not None:
+            for member in self.members:
+                self.start_saved_database(member)
+            return
         server_tls = None
         if self.tls:  # node -> database over TLS, verify-full, under the plane's CA
             issued = issue_certificate(self.state_dir / "tls", "database", [self.host, "localhost"])
@@ -254,10 +337,22 @@ class LocalPlane:
         for member, instance in zip(self.members, instances, strict=True):
             member.db = instance
             member.dsn = instance.dsn
+            member.database = SavedDatabase(
+                instance.name, instance.port, instance.password, instance.tls
+            )
+
+    def start_saved_database(self, member: RegionProcess) -> None:
+        """Start ``member``'s PostgreSQL again on its data directory and port."""
+        from services.local.postgres import restart_instance
+
+        assert member.database is not None
+        instance = restart_instance(member.database, self.state_dir / "postgres")
+        member.db = instance
+        member.dsn = instance.dsn
 
     def cluster_config(self) -> ClusterConfig:
         """The cluster file the plane writes: a subclass routes traffic differently by
-        overriding this (``services.local.chaos`` puts fault proxies between regions)."""
+        overriding this (``tests.harness.chaos`` puts fault proxies between regions)."""
         return ClusterConfig(
             regions=[
                 RegionConfig(
@@ -265,7 +360,7 @@ class LocalPlane:
                     url=m.url,
                     peer_url=m.peer_url,
                     # the owner's DSN without its password: every node has its own in dsn_from
-                    dsn=_without_password(m.dsn),
+                    dsn=without_password(m.dsn),
                     dsn_from={s.name: self.node_dsn(s, m) for s in self.members}
                     if self.postgres
                     else {},
@@ -330,16 +425,13 @@ class LocalPlane:
     def _database_ca_file(self) -> Path | None:
         return self.state_dir / "tls" / "ca.pem" if self.tls and self.postgres else None
 
-    def _spawn_node(self, member: RegionProcess) -> subprocess.Popen[bytes]:
-        command = [
-            sys.executable, "-m", "services.cli.node", "--cluster-file", str(self.cluster_file), "--region", member.name,
+    def spawn_node(self, member: RegionProcess) -> subprocess.Popen[bytes]:
+        command = convplane_command(
+            "node", "--cluster-file", str(self.cluster_file), "--region", member.name,
             "--host", self.host, "--port", str(member.port), "--peer-port", str(member.peer_port),
             "--log-level", "warning",
-        ]  # fmt: skip
+        )  # fmt: skip
         env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(
-            p for p in (str(_REPO_ROOT), env.get("PYTHONPATH", "")) if p
-        )
         if self.postgres:
             env["PGPASSFILE"] = str(member.log_path.parent / "pgpass")
         if (database_ca := self._database_ca_file()) is not None:
@@ -358,9 +450,9 @@ class LocalPlane:
                 start_new_session=True,  # signals reach it only through this supervisor
             )
 
-    def _wait_healthy(self) -> None:
+    def wait_healthy(self, members: list[RegionProcess] | None = None) -> None:
         deadline_s = time.monotonic() + self.ready_timeout_s
-        pending = list(self.members)
+        pending = list(self.members if members is None else members)
         with httpx.Client(timeout=1.0, trust_env=False) as client:
             while pending:
                 for member in list(pending):
@@ -384,7 +476,9 @@ class LocalPlane:
             raise PlaneError(f"node {member.name} exited with code {code}; log tail:\n{tail}")
 
     def exited_nodes(self) -> list[tuple[str, int]]:
-        """Nodes that exited since last asked (a supervisor reports them, never restarts)."""
+        """Nodes that exited since last asked. ``up``'s supervisor reports them and restarts
+        none by itself: a node that dies stays down (its shards fail over, as a region's loss
+        would) until ``convplane restart-region`` or a kill drill's end brings it back."""
         exited = []
         for m in self.members:
             code = m.node.poll() if m.node else None
@@ -405,14 +499,25 @@ class LocalPlane:
             member.db.stop("immediate")
 
     def restart_region(self, name: str) -> None:
-        """Start the region's database and node again (the end of a kill drill)."""
+        """Start the region's node again on its data (stopping it first if it runs), and its
+        database if that is down: the end of a kill drill, or ``convplane restart-region``."""
         member = self._member(name)
+        if member.node is not None:
+            _stop_processes([member.node])
         if member.db is not None:
             member.db.start()
-        if member.node is None or member.node.poll() is not None:
-            member.node = self._spawn_node(member)
-            member.exit_reported = False
+        member.node = self.spawn_node(member)
+        member.exit_reported = False
         write_private_json(self.info_file, self.info())
+
+    def adopt(self, saved: PlaneState) -> None:
+        """Take the saved plane's keys and regions without starting anything (a tool acting on
+        a detached plane: ``services.local.region_restart``)."""
+        self.state_dir = self.state_dir.resolve()
+        self.api_key, self.limited_api_key = saved.api_key, saved.limited_api_key
+        self.operator_api_key, self.viewer_api_key = saved.operator_api_key, saved.viewer_api_key
+        self.members.clear()
+        self._prepare_members(saved, check_ports=False)
 
     def _member(self, name: str) -> RegionProcess:
         for member in self.members:
@@ -429,16 +534,7 @@ class LocalPlane:
 
     def stop(self) -> None:
         """SIGTERM every node, SIGKILL those still running after STOP_TIMEOUT_S, stop DBs."""
-        nodes = [m.node for m in self.members if m.node and m.node.poll() is None]
-        for proc in nodes:
-            _signal(proc, signal.SIGTERM)
-        deadline_s = time.monotonic() + STOP_TIMEOUT_S
-        for proc in nodes:
-            try:
-                proc.wait(timeout=max(0.1, deadline_s - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                _signal(proc, signal.SIGKILL)
-                proc.wait(timeout=STOP_TIMEOUT_S)
+        _stop_processes([m.node for m in self.members if m.node is not None])
         if self.engines is not None:
             self.engines.stop()
         for m in self.members:
@@ -447,6 +543,20 @@ class LocalPlane:
                 if inspect.isawaitable(stopped):
                     asyncio.run(_awaited(stopped))
                 m.db = None
+
+
+def _stop_processes(processes: list[subprocess.Popen[bytes]]) -> None:
+    """SIGTERM each running one, SIGKILL those still running after STOP_TIMEOUT_S."""
+    running = [p for p in processes if p.poll() is None]
+    for proc in running:
+        _signal(proc, signal.SIGTERM)
+    deadline_s = time.monotonic() + STOP_TIMEOUT_S
+    for proc in running:
+        try:
+            proc.wait(timeout=max(0.1, deadline_s - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            _signal(proc, signal.SIGKILL)
+            proc.wait(timeout=STOP_TIMEOUT_S)
 
 
 @contextlib.contextmanager
@@ -490,6 +600,11 @@ def _choose_ports(host: str, base_port: int, count: int) -> list[int]:
     if base_port == 0:
         return [free_port(host) for _ in range(count)]
     ports = [base_port + i for i in range(count)]
+    _check_free(host, ports)
+    return ports
+
+
+def _check_free(host: str, ports: list[int]) -> None:
     for port in ports:
         with socket.socket() as sock:
             # as uvicorn binds: connections of a plane just stopped (TIME_WAIT) do not count
@@ -497,8 +612,20 @@ def _choose_ports(host: str, base_port: int, count: int) -> list[int]:
             try:
                 sock.bind((host, port))
             except OSError as exc:
-                raise PlaneError(f"port {port} is in use; pass another --base-port") from exc
-    return ports
+                raise PlaneError(
+                    f"port {port} is in use (by this plane still running, or another program)"
+                ) from exc
+
+
+def _issued_tls(directory: Path, region: str) -> NodeTls:
+    """The certificate ``issue_cluster_tls`` made for ``region`` at the plane's first start."""
+    tls = NodeTls(
+        directory / "ca.pem", directory / f"{region}.pem", directory / f"{region}-key.pem"
+    )
+    for path in (tls.ca_file, tls.cert_file, tls.key_file):
+        if not path.is_file():
+            raise PlaneError(f"{path} is missing: the plane's certificates are incomplete")
+    return tls
 
 
 def _tail(path: Path, max_bytes: int = 4000) -> str:
@@ -522,7 +649,7 @@ def _write_private(path: Path, text: str) -> None:
     tmp.replace(path)
 
 
-def _without_password(dsn: str) -> str:
+def without_password(dsn: str) -> str:
     parts = urlsplit(dsn)
     if parts.password is None:
         return dsn
@@ -538,21 +665,3 @@ def _private_file(path: Path) -> None:
 def _private_dir(path: Path, mode: int) -> None:
     path.mkdir(mode=mode, parents=True, exist_ok=True)
     path.chmod(mode)
-
-
-def stop_from_info(info_file: Path) -> list[str]:
-    """Stop a detached plane from its cluster.json: SIGTERM nodes and databases by pid."""
-    info = json.loads(info_file.read_text(encoding="utf-8"))
-    from services.local.engines import stop_engines_from_info
-
-    stopped = stop_engines_from_info(info)
-    for region in info["regions"]:
-        for key in ("node_pid", "db_pid"):
-            pid = region.get(key)
-            if isinstance(pid, int):
-                try:
-                    os.kill(pid, signal.SIGTERM)
-                    stopped.append(f"{region['name']} {key.removesuffix('_pid')} {pid}")
-                except ProcessLookupError:
-                    pass
-    return stopped

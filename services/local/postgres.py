@@ -5,13 +5,10 @@
 a free 127.0.0.1 port each, SCRAM password authentication for every connection, local socket
 included, with a password generated per cluster: no other local user can connect), starts each ``postgres`` binary as our own child (so its pid is the
 postmaster's, for kill -9 tests), waits until it accepts connections and creates the database
-``convplane``. ``start_sync_replication_cluster`` builds the peer a user would pick instead of
-convplane: a primary with streaming standbys and ``synchronous_standby_names = 'ANY 1 (...)'``.
-
-``pg_instances_for_tests`` picks what a test session uses: the DSNs in ``CONVPLANE_TEST_PG_DSNS``
-(comma separated) when set; else the binaries under /usr/lib/postgresql/*/bin (highest version);
-else testcontainers' ``PostgresContainer`` when a Docker daemon exists; else ``PgHarnessError``.
-It never skips. Every server started here is stopped at interpreter exit at the latest.
+``convplane``; ``restart_instance`` starts one again on its data (``convplane up`` on a stopped
+plane). What only tests and benchmarks use (servers chosen for a test session, PostgreSQL's own
+synchronous replication as a peer) is in ``tests/harness/postgres.py``. Every server started
+here is stopped at interpreter exit at the latest.
 
 Nothing here runs at import time.
 """
@@ -32,9 +29,9 @@ from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
-from services.local.host import HarnessError, docker_available, free_port
+from services.local.host import HarnessError, free_port
+from services.local.plane_state import SavedDatabase
 
-TEST_DSNS_ENV = "CONVPLANE_TEST_PG_DSNS"
 BINDIR_ENV = "CONVPLANE_PG_BINDIR"
 DATABASE = "convplane"
 READY_TIMEOUT_S = 60.0
@@ -187,8 +184,7 @@ class PgInstance:
     def _require_local(self, what: str) -> None:
         if self.external_dsn is not None or self.bindir is None:
             raise PgHarnessError(
-                f"{self.name} is an external server ({self.dsn}); it cannot {what} here. "
-                f"Unset {TEST_DSNS_ENV} to let the harness start local servers."
+                f"{self.name} is an external server ({self.dsn}); it cannot {what} here"
             )
 
     def _spawn(self) -> subprocess.Popen[bytes]:
@@ -267,79 +263,24 @@ def start_instances(
     return instances
 
 
-@dataclass
-class SyncReplicationCluster:
-    """PostgreSQL's own quorum replication: a commit waits for ANY 1 of the standbys."""
-
-    primary: PgInstance
-    standbys: list[PgInstance]
-
-    @property
-    def dsn(self) -> str:
-        return self.primary.dsn
-
-    def stop(self) -> None:
-        for server in [self.primary, *self.standbys]:
-            server.stop("fast")
-
-
-def start_sync_replication_cluster(
-    base_dir: Path | str, standbys: int = 2, *, bindir: Path | None = None
-) -> SyncReplicationCluster:
-    """A primary plus ``standbys`` streaming standbys (pg_basebackup -R), application names
-    s1..sN, ``synchronous_standby_names = 'ANY 1 (s1, ..., sN)'``, synchronous_commit on."""
+def restart_instance(
+    saved: SavedDatabase, base_dir: Path, *, bindir: Path | None = None
+) -> PgInstance:
+    """A cluster that ``start_instances`` created under ``base_dir`` earlier (``saved``: its
+    name, port, password, TLS), started again on its data: after a clean stop, or crash
+    recovery after a kill."""
     bindir = bindir or find_bindir()
     if bindir is None:
         raise PgHarnessError("no PostgreSQL binaries under /usr/lib/postgresql/*/bin")
-    base = _prepare_base_dir(Path(base_dir))
-    primary = _init_instance("primary", base, bindir)
-    started = [primary]
-    try:
-        primary.start()
-        primary.psql(f"CREATE DATABASE {DATABASE}")  # before sync names: nothing to wait for
-        names = [f"s{i}" for i in range(1, standbys + 1)]
-        for name in names:
-            standby = _clone_standby(primary, name, base, bindir)
-            started.append(standby)
-            standby.start()
-        primary.psql(f"ALTER SYSTEM SET synchronous_standby_names = 'ANY 1 ({', '.join(names)})'")
-        primary.psql("SELECT pg_reload_conf()")
-        _wait_for_quorum_standbys(primary, len(names))
-    except BaseException:
-        for server in started:
-            if server.running:
-                server.stop("immediate")
-        raise
-    return SyncReplicationCluster(primary, started[1:])
-
-
-def pg_instances_for_tests(
-    n: int, base_dir: Path | str, *, tls_dir: Path | None = None
-) -> list[PgInstance]:
-    """The servers a test session uses (see the module docstring); never skips. With
-    ``tls_dir``, servers this harness starts serve TCP over TLS only, as ``convplane up``'s do,
-    under a CA made there (``tls_dir/ca.pem``: the clients' ``PGSSLROOTCERT``), and their DSNs
-    ask for ``ssl=verify-full``."""
-    if configured := os.environ.get(TEST_DSNS_ENV):
-        dsns = [d.strip() for d in configured.split(",") if d.strip()]
-        if len(dsns) < n:
-            raise PgHarnessError(f"{TEST_DSNS_ENV} names {len(dsns)} servers, tests need {n}")
-        return [_external(f"env{i}", dsn) for i, dsn in enumerate(dsns[:n])]
-    if find_bindir() is not None:
-        server_tls = None
-        if tls_dir is not None:
-            from services.cluster_tls import issue_certificate, issue_cluster_tls
-
-            issue_cluster_tls(tls_dir, [], [])
-            issued = issue_certificate(tls_dir, "database", ["127.0.0.1", "localhost"])
-            server_tls = (issued.cert_file, issued.key_file)
-        return start_instances(n, base_dir, server_tls=server_tls)
-    if docker_available():
-        return [_container_instance(f"container{i}") for i in range(n)]
-    raise PgHarnessError(
-        "tests need PostgreSQL: install the server binaries (/usr/lib/postgresql/*/bin), run a "
-        f"Docker daemon, or set {TEST_DSNS_ENV}=postgresql+asyncpg://...,..."
-    )
+    data_dir = base_dir / saved.name
+    if not (data_dir / "PG_VERSION").is_file():
+        raise PgHarnessError(f"{data_dir} holds no PostgreSQL cluster")
+    instance = PgInstance(
+        name=saved.name, port=saved.port, data_dir=data_dir, bindir=bindir,
+        password=saved.password, tls=saved.tls,
+    )  # fmt: skip
+    instance.start()
+    return instance
 
 
 def stop_all() -> None:
@@ -365,14 +306,6 @@ def asyncpg_dsn(sqlalchemy_dsn: str, *, ca_file: Path | None = None) -> str:
     if ca_file is not None:
         query.append(f"sslrootcert={ca_file}")
     return parts._replace(query="&".join(query)).geturl()
-
-
-def dsn_via(dsn: str, host: str, port: int) -> str:
-    """``dsn`` pointed at ``host:port`` (a proxy), with its user and password kept."""
-    parts = urlsplit(dsn)
-    userinfo = parts.netloc.rpartition("@")[0]
-    netloc = f"{userinfo}@{host}:{port}" if userinfo else f"{host}:{port}"
-    return parts._replace(netloc=netloc).geturl()
 
 
 def _init_instance(name: str, base: Path, bindir: Path) -> PgInstance:
@@ -421,36 +354,6 @@ def _require_tls(instance: PgInstance, cert_file: Path, key_file: Path) -> None:
         + "\n"
     )
     instance.tls = True
-
-
-def _clone_standby(primary: PgInstance, name: str, base: Path, bindir: Path) -> PgInstance:
-    data_dir = base / name
-    data_dir.mkdir(mode=0o700)
-    _give_to_postgres(data_dir)
-    conninfo = (
-        f"host={primary.host} port={primary.port} user=postgres password={primary.password} "
-        f"application_name={name}"
-    )
-    _run_as_postgres(
-        [str(bindir / "pg_basebackup"), "-D", str(data_dir), "-d", conninfo, "-R",
-         "-X", "stream", "-c", "fast", "--no-sync"],
-        what=f"pg_basebackup {name}",
-    )  # fmt: skip
-    with (data_dir / "postgresql.auto.conf").open("a") as conf:
-        conf.write(f"primary_conninfo = '{conninfo}'\n")
-    return PgInstance(
-        name=name, port=free_port(), data_dir=data_dir, bindir=bindir, password=primary.password
-    )
-
-
-def _wait_for_quorum_standbys(primary: PgInstance, count: int) -> None:
-    deadline = time.monotonic() + READY_TIMEOUT_S
-    query = "SELECT count(*) FROM pg_stat_replication WHERE sync_state IN ('quorum', 'sync')"
-    while time.monotonic() < deadline:
-        if int(primary.psql(query)) >= count:
-            return
-        time.sleep(0.1)
-    raise PgHarnessError(f"standbys did not reach quorum state: {primary._log_tail()}")
 
 
 def _prepare_base_dir(base: Path) -> Path:
@@ -525,27 +428,3 @@ def _remember(instance: PgInstance) -> None:
 
 def _forget(instance: PgInstance) -> None:
     _running.pop(id(instance), None)
-
-
-def _external(name: str, dsn: str) -> PgInstance:
-    parts = urlsplit(dsn)
-    return PgInstance(
-        name=name,
-        port=parts.port or 5432,
-        data_dir=Path("/nonexistent"),
-        host=parts.hostname or "127.0.0.1",
-        database=parts.path.lstrip("/") or DATABASE,
-        external_dsn=dsn,
-    )
-
-
-def _container_instance(name: str) -> PgInstance:
-    from testcontainers.postgres import PostgresContainer  # only when Docker is the way
-
-    container = PostgresContainer("postgres:15", dbname=DATABASE, driver="asyncpg")
-    container.start()
-    dsn = container.get_connection_url()
-    instance = _external(name, dsn)
-    instance._container = container
-    _remember(instance)
-    return instance

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from services.local.chaos import FAST_ENV
+from tests.harness.chaos import FAST_ENV
 
 
 @pytest.fixture

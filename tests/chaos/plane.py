@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from services.local.chaos import ChaosPlane
+from tests.harness.chaos import ChaosPlane
 
 
 def chaos_plane(chaos_dir: Path, shard_count: int, *, proxied: bool = False) -> ChaosPlane:

@@ -19,10 +19,10 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from services.local.chaos import Writers, conversations_per_shard, tear_down
-from services.local.chaos_audit import audit_after_writers
 from services.local.faultproxy import HEALED
 from tests.chaos.plane import chaos_plane
+from tests.harness.chaos import Writers, conversations_per_shard, tear_down
+from tests.harness.chaos_audit import audit_after_writers
 
 SHARDS = 12
 RESETS_S = 30.0  # at most this long resetting links, waiting for the nodes to resend

@@ -20,8 +20,8 @@ import httpx
 import pytest
 
 from eventlog.sharding import shard_of
-from services.local.chaos import get_json
 from tests.chaos.plane import chaos_plane
+from tests.harness.chaos import get_json
 from tests.lincheck.checker import check_history
 from tests.lincheck.history import HistoryRecorder
 

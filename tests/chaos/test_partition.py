@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from services.local.chaos import (
+from tests.chaos.plane import chaos_plane
+from tests.harness.chaos import (
     Writers,
     conversations_per_shard,
     full_placement,
@@ -23,8 +24,7 @@ from services.local.chaos import (
     tear_down,
     wait_until,
 )
-from services.local.chaos_audit import audit_after_writers
-from tests.chaos.plane import chaos_plane
+from tests.harness.chaos_audit import audit_after_writers
 
 SHARDS = 24
 CUT_S = 6.0

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from services.local.chaos import (
+from tests.chaos.plane import chaos_plane
+from tests.harness.chaos import (
     Writers,
     conversations_per_shard,
     full_placement,
@@ -22,8 +23,7 @@ from services.local.chaos import (
     tear_down,
     wait_until,
 )
-from services.local.chaos_audit import audit_after_writers
-from tests.chaos.plane import chaos_plane
+from tests.harness.chaos_audit import audit_after_writers
 
 SHARDS = 24
 RECOVERY_WAIT_S = 30.0

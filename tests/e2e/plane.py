@@ -82,6 +82,7 @@ def start_plane(
     the environment: ``CONVPLANE_*`` node settings); fails the test if it exits or is not ready
     within ``ready_wait_s``."""
     ready_file = state_dir / "ready.json"
+    ready_file.unlink(missing_ok=True)  # an earlier start's, on a plane started again
     proc = subprocess.Popen(
         [*CONVPLANE, "up", "--regions", "3", "--state-dir", str(state_dir), "--base-port", "0",
          "--shard-count", "16", *extra_args, "--ready-file", str(ready_file)],

@@ -140,7 +140,7 @@ class ChaosPlane(LocalPlane):
         assert member.db is not None
         start = getattr(member.db, "start")  # noqa: B009 - PgInstance.start
         start()
-        member.node = self._spawn_node(member)
+        member.node = self.spawn_node(member)
         member.exit_reported = False
 
 

@@ -21,7 +21,7 @@ from typing import Any
 import asyncpg
 
 from eventlog.model import LEADER_BARRIER
-from services.local.chaos import Ack, ChaosPlane, Writers, pg_dsn
+from tests.harness.chaos import Ack, ChaosPlane, Writers, pg_dsn
 
 #: the conversation shards only (the control shard has no conversations but is audited too)
 
