@@ -137,8 +137,8 @@ def _supervise(
 def down(
     state_dir: Annotated[Path, typer.Option(help="the plane's state dir")] = Path(".state/plane"),
 ) -> None:
-    """Stop a plane (``up``'s supervisor, nodes and databases: the pids in cluster.json) and
-    wait until they exited. Its data stays: ``up`` with the same arguments resumes it."""
+    """Stop a plane (up's supervisor, nodes and databases: the pids in cluster.json) and
+    wait until they exited. Its data stays: `convplane up` with the same arguments resumes it."""
     from services.local.plane_processes import stop_from_info
 
     info_file = state_dir / "cluster.json"
