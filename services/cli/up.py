@@ -14,16 +14,10 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from eventlog.http_headers import (
-    IDEMPOTENCY_KEY_HEADER,
-    IDEMPOTENT_REPLAYED_HEADER,
-    SERVED_BY_HEADER,
-)
-
 if TYPE_CHECKING:
-    import httpx
     from rich.console import Console
 
+    from convplane_client import Client
     from services.local.plane import LocalPlane
 
 SUPERVISE_POLL_S = 0.5
@@ -231,41 +225,61 @@ def _print_plane(console: Console, info: dict[str, Any], info_file: Path) -> Non
 
 
 def _run_demo(console: Console, plane: LocalPlane, info: dict[str, Any]) -> None:
-    import httpx
+    """A conversation with a tool call, written the way a chat application should: through
+    ``convplane_client`` (route-following, safe retries, the tool run once)."""
     from rich.table import Table
 
-    entry = info["regions"][0]
-    headers = {"Authorization": f"Bearer {info['api_key']}"}
-    with httpx.Client(base_url=entry["url"], headers=headers, timeout=15.0) as client:
-        cid = f"demo-{uuid.uuid4().hex[:12]}"
-        created = _call(client, "POST", "/v1/conversations", {"conversation_id": cid})
-        console.print(
-            f"\nconversation [bold]{cid}[/bold] created via {entry['name']}; home region "
-            f"{created.json()['leader_region']} (served by {created.headers[SERVED_BY_HEADER]})"
-        )
-        attempt_id = f"att-{uuid.uuid4().hex[:8]}"
-        steps: list[tuple[str, dict[str, Any], str | None]] = [
-            ("message.user", {"content": "What's the weather in Lisbon?"}, "demo-1"),
-            ("tool.attempt", {"attempt_id": attempt_id, "tool": "weather.lookup",
-                              "argument_digest": "sha256:lisbon"}, "demo-2"),
-            ("tool.effect", {"attempt_id": attempt_id, "status": "committed",
-                             "result": {"celsius": 21}}, "demo-3"),
-            ("message.assistant", {"content": "It is 21 °C in Lisbon."}, "demo-4"),
-            ("message.assistant", {"content": "It is 21 °C in Lisbon."}, "demo-4"),  # a retry
-        ]  # fmt: skip
-        acks = Table(title="appends (each acknowledged by a quorum of regions)")
-        for column in ("seq", "type", "status", "acked_by", "served_by", "idempotent replay"):
-            acks.add_column(column)
-        for event_type, payload, key in steps:
-            r = _call(client, "POST", f"/v1/conversations/{cid}/events",
-                      {"type": event_type, "payload": payload}, idempotency_key=key)  # fmt: skip
-            body = r.json()
-            acks.add_row(
-                str(body["seq"]), event_type, str(r.status_code), ", ".join(body["acked_by"]),
-                r.headers[SERVED_BY_HEADER], r.headers.get(IDEMPOTENT_REPLAYED_HEADER, "-"),
-            )  # fmt: skip
-        console.print(acks)
-        _print_transcript(console, client, cid, attempt_id)
+    from convplane_client import Appended, Client, ConvplaneError
+
+    regions = {r["name"]: r["url"] for r in info["regions"]}
+    try:
+        with Client(regions, info["api_key"]) as plane_client:
+            cid = f"demo-{uuid.uuid4().hex[:12]}"
+            created = plane_client.create_conversation(cid)
+            console.print(
+                f"\nconversation [bold]{cid}[/bold] created; its leader region is "
+                f"{created.leader_region}"
+            )
+            attempt_id = f"att-{uuid.uuid4().hex[:8]}"
+            acks = Table(title="appends (each acknowledged by a quorum of regions)")
+            for column in ("seq", "type", "acked_by", "served_by", "idempotent replay"):
+                acks.add_column(column)
+
+            def row(event_type: str, a: Appended) -> None:
+                acks.add_row(str(a.seq), event_type, ", ".join(a.acked_by), a.served_by or "-",
+                             "true" if a.replayed else "-")  # fmt: skip
+
+            user = {"content": "What's the weather in Lisbon?"}
+            row("message.user", plane_client.append(cid, "message.user", user))
+            arguments = {"city": "Lisbon"}
+            first = plane_client.run_tool_once(
+                cid, attempt_id, "weather.lookup", arguments, _weather_lookup
+            )
+            answer = {"content": f"It is {first.result['celsius']} °C in Lisbon."}
+            for _ in range(2):  # the second is a retry with the same key: answered, not applied
+                row("message.assistant", plane_client.append(
+                    cid, "message.assistant", answer, idempotency_key="demo-answer"))  # fmt: skip
+            console.print(acks)
+            again = plane_client.run_tool_once(
+                cid, attempt_id, "weather.lookup", arguments, _tool_must_not_run
+            )
+            console.print(
+                f"tool attempt {attempt_id} (tool.attempt, then tool.effect): the tool ran "
+                f"{'once' if first.ran and not again.ran else 'TWICE'}; asked again, "
+                f"run_tool_once answered the recorded result {again.result}"
+            )
+            _print_transcript(console, plane_client, cid, attempt_id)
+    except ConvplaneError as exc:
+        raise typer.Exit(_fail(str(exc))) from exc
+
+
+def _weather_lookup(idempotency_key: str) -> dict[str, Any]:
+    """The demo's tool: an external call that takes the attempt id as its idempotency key."""
+    return {"celsius": 21, "idempotency_key": idempotency_key}
+
+
+def _tool_must_not_run(idempotency_key: str) -> Any:
+    raise AssertionError(f"the demo's tool ran twice ({idempotency_key})")
 
 
 def _run_demo_drill(console: Console, info: dict[str, Any]) -> None:
@@ -306,35 +320,18 @@ def _start_demo_drill(info: dict[str, Any], body: dict[str, Any]) -> dict[str, A
     return started
 
 
-def _print_transcript(console: Console, client: httpx.Client, cid: str, attempt_id: str) -> None:
+def _print_transcript(console: Console, plane_client: Client, cid: str, attempt_id: str) -> None:
     from rich.table import Table
 
-    page = _call(client, "GET", f"/v1/conversations/{cid}/events?limit=100").json()
     transcript = Table(title=f"transcript of {cid}")
     for column in ("seq", "type", "payload", "created_at"):
         transcript.add_column(column)
-    for e in page["events"]:
-        transcript.add_row(
-            str(e["seq"]), e["type"], json.dumps(e["payload"], ensure_ascii=False), e["created_at"]
-        )
+    for e in plane_client.transcript(cid):
+        transcript.add_row(str(e.seq), e.type, json.dumps(e.payload, ensure_ascii=False),
+                           e.created_at.isoformat())  # fmt: skip
     console.print(transcript)
-    status = _call(client, "GET", f"/v1/conversations/{cid}/tool-attempts/{attempt_id}").json()
-    console.print(f"tool attempt {attempt_id}: [bold]{status['state']}[/bold]")
-
-
-def _call(
-    client: httpx.Client,
-    method: str,
-    path: str,
-    body: dict[str, Any] | None = None,
-    *,
-    idempotency_key: str | None = None,
-) -> httpx.Response:
-    headers = {IDEMPOTENCY_KEY_HEADER: idempotency_key} if idempotency_key else {}
-    r = client.request(method, path, json=body, headers=headers)
-    if r.status_code >= 300:
-        raise typer.Exit(_fail(f"{method} {path} -> {r.status_code} {r.text[:500]}"))
-    return r
+    status = plane_client.tool_attempt(cid, attempt_id)
+    console.print(f"tool attempt {attempt_id}: [bold]{status.state}[/bold]")
 
 
 def _fail(message: str) -> int:
