@@ -8,6 +8,8 @@ is not charged again).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from eventlog.clock import Clock
 from eventlog.errors import Unauthorized
 from services.config import TenantConfig, api_key_sha256
@@ -20,24 +22,33 @@ KEY_DIGESTS_MAX = 4096
 
 class Tenants:
     def __init__(
-        self, tenants: list[TenantConfig], clock: Clock, service_key_sha256: str | None = None
+        self,
+        tenants: list[TenantConfig],
+        clock: Clock,
+        worker_key_regions: Mapping[str, str] | None = None,
     ) -> None:
         self._by_key_sha256 = {t.api_key_sha256: t for t in tenants}
         self._by_id = {t.tenant_id: t for t in tenants}
         self._clock = clock
-        #: the replay service key (cluster file ``replay.service_api_key_sha256``)
-        self._service_key_sha256 = service_key_sha256
+        #: replay worker key sha256 -> its region (``ReplayConfig.worker_key_regions``)
+        self._worker_key_regions = dict(worker_key_regions or {})
         #: key -> its SHA-256 (a pure function of the key, so it never goes stale)
         self._digests: dict[str, str] = {}
 
     def is_service_key(self, authorization: str | None) -> bool:
+        """Whether this is a replay worker key (of any region)."""
+        return self.worker_key_region(authorization) is not None
+
+    def worker_key_region(self, authorization: str | None) -> str | None:
+        """The region whose replay jobs this worker key reads for; None: not a worker key."""
         scheme, _, key = (authorization or "").partition(" ")
-        return (
-            self._service_key_sha256 is not None
-            and scheme.lower() == "bearer"
-            and 0 < len(authorization or "") <= API_KEY_LENGTH_MAX
-            and self._digest(key.strip()) == self._service_key_sha256
-        )
+        if (
+            not self._worker_key_regions
+            or scheme.lower() != "bearer"
+            or not 0 < len(authorization or "") <= API_KEY_LENGTH_MAX
+        ):
+            return None
+        return self._worker_key_regions.get(self._digest(key.strip()))
 
     def authenticate_read(
         self, authorization: str | None, on_behalf_of: str | None

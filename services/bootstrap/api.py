@@ -73,7 +73,7 @@ async def open_api(
         tenants=Tenants(
             runtime.cluster.tenants,
             runtime.clock,
-            runtime.cluster.replay.service_api_key_sha256,
+            runtime.cluster.replay.worker_key_regions(),
         ),
         forwarder=forwarder,
         metrics=metrics,
