@@ -1,6 +1,6 @@
-"""Operator state in the control shard: drills, the halt switch and the audit log. Pure.
+"""Operator state in the control shard: drills, the halt switch, API keys and the audit log. Pure.
 
-Three record kinds live beside ``control.placement`` in the control shard and are folded here in
+Four record kinds live beside ``control.placement`` in the control shard and are folded here in
 lsn order by every node (``services.controller`` hands each committed control entry to
 ``OpsState.apply``):
 
@@ -8,12 +8,14 @@ lsn order by every node (``services.controller`` hands each committed control en
   revision it names as its predecessor (``rev - 1``; ``rev == 1`` for a new drill), so a stale
   or duplicate record (a deposed control leader's, a retried append's) is a recorded no-op.
 * ``control.halt``: ``{"on": bool, "reason", "by", "at_ms"}``; the last one wins.
+* ``control.key``: an API key created, rotated or revoked (``regions.keys``), folded into
+  ``keys``, which every node's authentication reads.
 * ``control.audit``: ``{"at_ms", "by", "role", "action", "target", "reason", "detail"}``, one per
   operator action that changes no state record (``POST /v1/audit``, an abort of a drill that
   is already restoring); the entry's lsn is its cursor for paging.
 
 An operator action that changes state is audited *inside* the record that makes the change: a
-``control.drill``, ``control.halt`` or ``control.placement`` record may carry the action's audit
+``control.drill``, ``control.halt``, ``control.key`` or ``control.placement`` record may carry the action's audit
 entry under ``"audit"``. The change and its audit entry then commit together or not at all (as
 two appends, a failure between them left either a change nobody audited or an audit entry for a
 change that never happened), and the entry counts only when its record takes effect: a stale
@@ -35,11 +37,12 @@ from typing import Any
 from eventlog.model import LogEntry
 from regions.control import PLACEMENT_RECORD
 from regions.drills import Drill
+from regions.keys import KEY_RECORD, KeyTable
 
 DRILL_RECORD = "control.drill"
 HALT_RECORD = "control.halt"
 AUDIT_RECORD = "control.audit"
-OPS_RECORDS = frozenset({DRILL_RECORD, HALT_RECORD, AUDIT_RECORD})
+OPS_RECORDS = frozenset({DRILL_RECORD, HALT_RECORD, KEY_RECORD, AUDIT_RECORD})
 #: where a state record carries the audit entry of the operator action that wrote it
 AUDIT_KEY = "audit"
 
@@ -118,6 +121,7 @@ class OpsState:
     def __init__(self) -> None:
         self.drills: OrderedDict[str, Drill] = OrderedDict()
         self.halt = Halt(on=False, reason="", by="", at_ms=0)
+        self.keys = KeyTable()
         self.audit: deque[AuditEntry] = deque(maxlen=AUDIT_KEPT_MAX)
         self.applied_lsn = 0
         #: records that applied as no-ops (stale revision) or were malformed
@@ -161,6 +165,8 @@ class OpsState:
     def _apply_state(self, record_type: str, body: Mapping[str, Any]) -> bool:
         if record_type == DRILL_RECORD:
             return self._apply_drill(Drill.from_body(body))
+        if record_type == KEY_RECORD:
+            return self.keys.apply(body)
         if record_type == HALT_RECORD:
             self.halt = Halt(
                 bool(body["on"]), str(body["reason"]), str(body["by"]), int(body["at_ms"])
