@@ -22,6 +22,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "services.cli.worker",
     "services.cli.replica",
     "services.cli.drill",
+    "services.cli.keys",
 )
 
 

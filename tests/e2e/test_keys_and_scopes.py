@@ -5,14 +5,16 @@ region; names are checked before anything is written."""
 
 from __future__ import annotations
 
+import subprocess
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
 
 from services.api.auth import KEY_APPLIED_WITHIN_S
-from tests.e2e.plane import Plane, start_plane, stop_plane
+from tests.e2e.plane import CONVPLANE, Plane, convplane_env, start_plane, stop_plane
 
 #: a request well past the bound still fails the test rather than hanging it
 POLL_S = 0.05
@@ -129,3 +131,35 @@ def test_tenant_and_viewer_keys_cannot_make_keys(plane: Plane) -> None:
                        json={"tenant_id": "acme", "name": "sneaky", "reason": "x"},
                        headers={"Authorization": f"Bearer {key}"}, timeout=30.0)  # fmt: skip
         assert r.status_code == 403, r.text
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*CONVPLANE, "keys", *args], env=convplane_env(), capture_output=True,
+                          text=True, timeout=60)  # fmt: skip
+
+
+def test_the_cli_creates_lists_and_revokes_keys_on_the_running_plane(plane: Plane) -> None:
+    state_dir = str(Path(plane.info["cluster_file"]).parent)
+    made = _cli("create", "--tenant", "cli-app", "--state-dir", state_dir, "--reason", "e2e")
+    assert made.returncode == 0, made.stderr
+    key = made.stdout.strip()
+    _every_region_answers(plane, key, 404)
+    listed = _cli("list", "--state-dir", state_dir)
+    assert '"name": "cli-app"' in listed.stdout, listed.stderr
+    revoked = _cli("revoke", "cli-app", "--state-dir", state_dir, "--reason", "e2e")
+    assert revoked.returncode == 0, revoked.stderr
+    _every_region_answers(plane, key, 401)
+
+
+@pytest.mark.parametrize(
+    ("tenant", "says"),
+    [("_drill", "reserved"), ("a/b", "letters, digits"), ("demo", "two keys are named")],
+)
+def test_the_cli_writes_nothing_to_the_cluster_file_for_a_bad_name(
+    plane: Plane, tmp_path: Path, tenant: str, says: str
+) -> None:
+    cluster_file = tmp_path / "cluster-config.json"
+    cluster_file.write_bytes(Path(plane.info["cluster_file"]).read_bytes())
+    made = _cli("create", "--tenant", tenant, "--cluster-file", str(cluster_file), "--no-audit")
+    assert made.returncode == 1 and says in made.stderr, made.stderr
+    assert cluster_file.read_bytes() == Path(plane.info["cluster_file"]).read_bytes()
