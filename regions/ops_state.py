@@ -48,9 +48,12 @@ AUDIT_KEY = "audit"
 
 #: drills kept in memory (the oldest finished ones are forgotten first)
 DRILLS_KEPT_MAX = 200
-#: audit entries kept in memory for GET /v1/audit
+#: audit entries kept in memory, the newest; GET /v1/audit reads older pages from the control
+#: shard (``services.audit_log``)
 AUDIT_KEPT_MAX = 10_000
 AUDIT_FIELD_CHARS_MAX = 500
+#: an entry's ``detail`` as JSON, at most (a larger one is kept as ``{"truncated": true}``)
+AUDIT_DETAIL_BYTES_MAX = 2_000
 
 log = logging.getLogger("convplane.ops")
 #: what parsing a record from outside this process may raise (OverflowError: a number such as
@@ -104,6 +107,9 @@ def audit_body(
     detail: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     cut = AUDIT_FIELD_CHARS_MAX
+    detail = dict(detail or {})
+    if len(json.dumps(detail, separators=(",", ":"))) > AUDIT_DETAIL_BYTES_MAX:
+        detail = {"truncated": True}
     return {
         "at_ms": at_ms,
         "by": by[:cut],
@@ -111,18 +117,22 @@ def audit_body(
         "action": action[:cut],
         "target": target[:cut],
         "reason": reason[:cut],
-        "detail": dict(detail or {}),
+        "detail": detail,
     }
 
 
 class OpsState:
     """Drills, halt switch and audit log as committed in the control shard."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, audit_kept_max: int = AUDIT_KEPT_MAX, audit_after: int = 0) -> None:
+        """``audit_after``: keep only the audit entries past this cursor (a page's fold)."""
         self.drills: OrderedDict[str, Drill] = OrderedDict()
         self.halt = Halt(on=False, reason="", by="", at_ms=0)
         self.keys = KeyTable()
-        self.audit: deque[AuditEntry] = deque(maxlen=AUDIT_KEPT_MAX)
+        self.audit: deque[AuditEntry] = deque(maxlen=audit_kept_max)
+        self._audit_after = audit_after
+        #: the cursor of the newest entry pushed out of ``audit`` (0: none was)
+        self.audit_evicted_through = 0
         self.applied_lsn = 0
         #: records that applied as no-ops (stale revision) or were malformed
         self.stale_records = 0
@@ -180,6 +190,10 @@ class OpsState:
         return False
 
     def _apply_audit(self, lsn: int, body: Mapping[str, Any]) -> bool:
+        if lsn <= self._audit_after:
+            return True
+        if len(self.audit) == self.audit.maxlen:
+            self.audit_evicted_through = self.audit[0].lsn
         self.audit.append(
             AuditEntry(
                 lsn=lsn,
@@ -226,5 +240,9 @@ class OpsState:
         """Regions every node must treat as black-holed now (active region-loss drills)."""
         return frozenset(d.spec.region for d in self.drills.values() if d.fault_active(now_ms))
 
-    def audit_page(self, after: int, limit: int) -> list[AuditEntry]:
+    def audit_page(self, after: int, limit: int) -> list[AuditEntry] | None:
+        """The page from memory; None when entries past ``after`` were pushed out of it (read
+        the control shard, ``services.audit_log``)."""
+        if after < self.audit_evicted_through:
+            return None
         return [e for e in self.audit if e.lsn > after][:limit]

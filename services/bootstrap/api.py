@@ -16,6 +16,7 @@ from services.api.fast_lane import FastLane
 from services.api.forward_batch import BatchConfig
 from services.api.forwarding import Forwarder
 from services.api.metrics import Metrics
+from services.audit_log import AuditPostLimiter
 from services.bootstrap.node import NodeRuntime
 from services.bootstrap.replay import install_replay
 from services.config import NodeSettings
@@ -91,6 +92,7 @@ async def open_api(
         metrics.watch_replicas(runtime.controller.node.identity)
     metrics.watch_node(runtime)
     app.state.drills = runtime.drills
+    app.state.audit_limiter = AuditPostLimiter(runtime.clock, metrics.registry)
     app.state.key_admin = (
         None
         if runtime.drills is None
