@@ -14,6 +14,7 @@ import httpx
 import pytest
 
 from services.api.auth import KEY_APPLIED_WITHIN_S
+from services.audit_log import AUDIT_POSTS_BURST
 from tests.e2e.plane import CONVPLANE, Plane, convplane_env, start_plane, stop_plane
 
 #: a request well past the bound still fails the test rather than hanging it
@@ -163,3 +164,26 @@ def test_the_cli_writes_nothing_to_the_cluster_file_for_a_bad_name(
     made = _cli("create", "--tenant", tenant, "--cluster-file", str(cluster_file), "--no-audit")
     assert made.returncode == 1 and says in made.stderr, made.stderr
     assert cluster_file.read_bytes() == Path(plane.info["cluster_file"]).read_bytes()
+
+
+def test_a_burst_of_posted_audit_entries_is_refused_and_counted(plane: Plane) -> None:
+    statuses: list[int] = []
+    refused = None
+    for n in range(AUDIT_POSTS_BURST * 3):  # the bucket refills 0.5/s: this outruns it
+        r = httpx.post(plane.urls["eu-west"] + "/v1/audit", headers=_operator(plane),
+                       json={"action": "e2e.flood", "target": f"n{n}", "reason": "burst"},
+                       timeout=30.0)  # fmt: skip
+        statuses.append(r.status_code)
+        if r.status_code != 201:
+            refused = r
+            break
+    assert statuses[:AUDIT_POSTS_BURST] == [201] * AUDIT_POSTS_BURST, statuses
+    assert refused is not None and refused.status_code == 429, statuses
+    assert float(refused.headers["retry-after"]) > 0
+    counted = sum(
+        line.split()[-1] != "0.0"
+        for url in plane.urls.values()
+        for line in httpx.get(url + "/metrics", timeout=20.0).text.splitlines()
+        if line.startswith('convplane_audit_posts_total{outcome="rate_limited"}')
+    )
+    assert counted == 1  # at the control shard's leader, where entries commit
