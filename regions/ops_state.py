@@ -1,6 +1,6 @@
-"""Operator state in the control shard: drills, the halt switch and the audit log. Pure.
+"""Operator state in the control shard: drills, the halt switch, API keys and the audit log. Pure.
 
-Three record kinds live beside ``control.placement`` in the control shard and are folded here in
+Four record kinds live beside ``control.placement`` in the control shard and are folded here in
 lsn order by every node (``services.controller`` hands each committed control entry to
 ``OpsState.apply``):
 
@@ -8,12 +8,14 @@ lsn order by every node (``services.controller`` hands each committed control en
   revision it names as its predecessor (``rev - 1``; ``rev == 1`` for a new drill), so a stale
   or duplicate record (a deposed control leader's, a retried append's) is a recorded no-op.
 * ``control.halt``: ``{"on": bool, "reason", "by", "at_ms"}``; the last one wins.
+* ``control.key``: an API key created, rotated or revoked (``regions.keys``), folded into
+  ``keys``, which every node's authentication reads.
 * ``control.audit``: ``{"at_ms", "by", "role", "action", "target", "reason", "detail"}``, one per
   operator action that changes no state record (``POST /v1/audit``, an abort of a drill that
   is already restoring); the entry's lsn is its cursor for paging.
 
 An operator action that changes state is audited *inside* the record that makes the change: a
-``control.drill``, ``control.halt`` or ``control.placement`` record may carry the action's audit
+``control.drill``, ``control.halt``, ``control.key`` or ``control.placement`` record may carry the action's audit
 entry under ``"audit"``. The change and its audit entry then commit together or not at all (as
 two appends, a failure between them left either a change nobody audited or an audit entry for a
 change that never happened), and the entry counts only when its record takes effect: a stale
@@ -35,19 +37,23 @@ from typing import Any
 from eventlog.model import LogEntry
 from regions.control import PLACEMENT_RECORD
 from regions.drills import Drill
+from regions.keys import KEY_RECORD, KeyTable
 
 DRILL_RECORD = "control.drill"
 HALT_RECORD = "control.halt"
 AUDIT_RECORD = "control.audit"
-OPS_RECORDS = frozenset({DRILL_RECORD, HALT_RECORD, AUDIT_RECORD})
+OPS_RECORDS = frozenset({DRILL_RECORD, HALT_RECORD, KEY_RECORD, AUDIT_RECORD})
 #: where a state record carries the audit entry of the operator action that wrote it
 AUDIT_KEY = "audit"
 
 #: drills kept in memory (the oldest finished ones are forgotten first)
 DRILLS_KEPT_MAX = 200
-#: audit entries kept in memory for GET /v1/audit
+#: audit entries kept in memory, the newest; GET /v1/audit reads older pages from the control
+#: shard (``services.audit_log``)
 AUDIT_KEPT_MAX = 10_000
 AUDIT_FIELD_CHARS_MAX = 500
+#: an entry's ``detail`` as JSON, at most (a larger one is kept as ``{"truncated": true}``)
+AUDIT_DETAIL_BYTES_MAX = 2_000
 
 log = logging.getLogger("convplane.ops")
 #: what parsing a record from outside this process may raise (OverflowError: a number such as
@@ -101,6 +107,9 @@ def audit_body(
     detail: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     cut = AUDIT_FIELD_CHARS_MAX
+    detail = dict(detail or {})
+    if len(json.dumps(detail, separators=(",", ":"))) > AUDIT_DETAIL_BYTES_MAX:
+        detail = {"truncated": True}
     return {
         "at_ms": at_ms,
         "by": by[:cut],
@@ -108,17 +117,22 @@ def audit_body(
         "action": action[:cut],
         "target": target[:cut],
         "reason": reason[:cut],
-        "detail": dict(detail or {}),
+        "detail": detail,
     }
 
 
 class OpsState:
     """Drills, halt switch and audit log as committed in the control shard."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, audit_kept_max: int = AUDIT_KEPT_MAX, audit_after: int = 0) -> None:
+        """``audit_after``: keep only the audit entries past this cursor (a page's fold)."""
         self.drills: OrderedDict[str, Drill] = OrderedDict()
         self.halt = Halt(on=False, reason="", by="", at_ms=0)
-        self.audit: deque[AuditEntry] = deque(maxlen=AUDIT_KEPT_MAX)
+        self.keys = KeyTable()
+        self.audit: deque[AuditEntry] = deque(maxlen=audit_kept_max)
+        self._audit_after = audit_after
+        #: the cursor of the newest entry pushed out of ``audit`` (0: none was)
+        self.audit_evicted_through = 0
         self.applied_lsn = 0
         #: records that applied as no-ops (stale revision) or were malformed
         self.stale_records = 0
@@ -161,6 +175,8 @@ class OpsState:
     def _apply_state(self, record_type: str, body: Mapping[str, Any]) -> bool:
         if record_type == DRILL_RECORD:
             return self._apply_drill(Drill.from_body(body))
+        if record_type == KEY_RECORD:
+            return self.keys.apply(body)
         if record_type == HALT_RECORD:
             self.halt = Halt(
                 bool(body["on"]), str(body["reason"]), str(body["by"]), int(body["at_ms"])
@@ -174,6 +190,10 @@ class OpsState:
         return False
 
     def _apply_audit(self, lsn: int, body: Mapping[str, Any]) -> bool:
+        if lsn <= self._audit_after:
+            return True
+        if len(self.audit) == self.audit.maxlen:
+            self.audit_evicted_through = self.audit[0].lsn
         self.audit.append(
             AuditEntry(
                 lsn=lsn,
@@ -220,5 +240,9 @@ class OpsState:
         """Regions every node must treat as black-holed now (active region-loss drills)."""
         return frozenset(d.spec.region for d in self.drills.values() if d.fault_active(now_ms))
 
-    def audit_page(self, after: int, limit: int) -> list[AuditEntry]:
+    def audit_page(self, after: int, limit: int) -> list[AuditEntry] | None:
+        """The page from memory; None when entries past ``after`` were pushed out of it (read
+        the control shard, ``services.audit_log``)."""
+        if after < self.audit_evicted_through:
+            return None
         return [e for e in self.audit if e.lsn > after][:limit]

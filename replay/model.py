@@ -21,6 +21,9 @@ class ReplayJob:
     last_activity_ms: int
     deadline_ms: int  # wall clock; a worker drops the job after this
     through_seq: int  # replay the transcript up to and including this seq
+    #: lets a worker read this one transcript until ``deadline_ms`` (``replay.read_grant``);
+    #: signed by the node that dispatched the job
+    read_grant: str = ""
 
 
 def message_key(tenant_id: str, conversation_id: str) -> bytes:

@@ -24,9 +24,10 @@ class TranscriptEvent:
 class TranscriptSource(ABC):
     @abstractmethod
     async def fetch(
-        self, tenant_id: str, conversation_id: str, through_seq: int
+        self, tenant_id: str, conversation_id: str, through_seq: int, read_grant: str = ""
     ) -> list[TranscriptEvent]:
-        """The conversation's committed events with ``seq <= through_seq``, in seq order."""
+        """The conversation's committed events with ``seq <= through_seq``, in seq order.
+        ``read_grant``: the job's (``replay.read_grant``), for a source that must show it."""
 
 
 class PagedTranscriptSource(TranscriptSource):
@@ -39,18 +40,18 @@ class PagedTranscriptSource(TranscriptSource):
 
     @abstractmethod
     async def page(
-        self, tenant_id: str, conversation_id: str, after_seq: int
+        self, tenant_id: str, conversation_id: str, after_seq: int, read_grant: str
     ) -> list[TranscriptEvent]: ...
 
     async def fetch(
-        self, tenant_id: str, conversation_id: str, through_seq: int
+        self, tenant_id: str, conversation_id: str, through_seq: int, read_grant: str = ""
     ) -> list[TranscriptEvent]:
         events: list[TranscriptEvent] = []
         after_seq = 0
         while after_seq < through_seq:
             if len(events) >= self._events_max:
                 raise InvalidRequest(f"transcript over {self._events_max} events")
-            page = await self.page(tenant_id, conversation_id, after_seq)
+            page = await self.page(tenant_id, conversation_id, after_seq, read_grant)
             events.extend(e for e in page if e.seq <= through_seq)
             if len(page) < self._page_limit:
                 break

@@ -9,14 +9,16 @@ import httpx
 
 from eventlog.errors import InvalidRequest, NotFound
 from eventlog.http_headers import TENANT_HEADER
+from replay.read_grant import READ_GRANT_HEADER
 from replay.transcripts import PagedTranscriptSource, TranscriptEvent, TranscriptUnavailable
 
 
 class HttpTranscriptSource(PagedTranscriptSource):
     """Reads a transcript from the region's REST API, page by page.
 
-    ``GET {region_url}/v1/conversations/{id}/events?after_seq=&limit=`` with the service API key
-    as a bearer token and the tenant in ``X-Convplane-Tenant``. The answer is the API's
+    ``GET {region_url}/v1/conversations/{id}/events?after_seq=&limit=`` with the region's worker
+    key as a bearer token, the tenant in ``X-Convplane-Tenant`` and the job's read grant in
+    ``X-Convplane-Replay-Grant`` (``replay.read_grant``). The answer is the API's
     ``EventPage``: ``{"events": [...]}``, each event with ``seq``, ``type`` and ``payload``.
     """
 
@@ -33,7 +35,7 @@ class HttpTranscriptSource(PagedTranscriptSource):
         self._api_key = api_key
 
     async def page(
-        self, tenant_id: str, conversation_id: str, after_seq: int
+        self, tenant_id: str, conversation_id: str, after_seq: int, read_grant: str
     ) -> list[TranscriptEvent]:
         try:
             response = await self._client.get(
@@ -42,6 +44,7 @@ class HttpTranscriptSource(PagedTranscriptSource):
                 headers={
                     "Authorization": f"Bearer {self._api_key}",
                     TENANT_HEADER: tenant_id,
+                    READ_GRANT_HEADER: read_grant,
                 },
             )
         except httpx.HTTPError as exc:

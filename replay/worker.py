@@ -267,7 +267,7 @@ class ReplayWorker:
             events = await self._retrying(
                 job,
                 lambda: self._transcripts.fetch(
-                    job.tenant_id, job.conversation_id, job.through_seq
+                    job.tenant_id, job.conversation_id, job.through_seq, job.read_grant
                 ),
                 s.transcript_timeout_s,
             )

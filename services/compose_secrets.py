@@ -5,8 +5,9 @@ runs once per ``docker compose up`` (service ``secrets``, before anything else).
 run it generates, into ``DIR`` (a volume only the stack mounts), each file 0600:
 
 * ``api_key``: the demo tenant's API key (the cluster file holds only its sha256);
-* ``service_api_key``: the replay workers' key (they read it from the file into their
-  environment: a key on a command line is visible to every user in ``ps``);
+* ``worker-key-<region>``: each region's replay worker key (a worker reads only its own
+  region's, from the file into its environment: a key on a command line is visible to every
+  user in ``ps``); a region's key reads transcripts only for that region's jobs;
 * ``pg-<region>-password``: each region's database password (``POSTGRES_PASSWORD_FILE``);
 * ``cache_salt_key`` and ``bus-secret-<region>``: replay's cache-salt key and each region's
   job-signing secret (a worker reads only its own region's);
@@ -83,9 +84,6 @@ def ensure_secrets(
     out_dir.chmod(0o700)
     template = json.loads(template_path.read_text(encoding="utf-8"))
     api_key = _secret_file(out_dir / "api_key", lambda: "cp_" + secrets.token_urlsafe(24))
-    service_key = _secret_file(
-        out_dir / "service_api_key", lambda: "cps_" + secrets.token_urlsafe(24)
-    )
     peer_secret = _secret_file(out_dir / "peer_secret", lambda: secrets.token_urlsafe(32))
     for region in template["regions"]:
         password_file = out_dir / f"pg-{region['name']}-password"
@@ -102,7 +100,14 @@ def ensure_secrets(
     template["tenants"] = [{"tenant_id": DEMO_TENANT, "api_key_sha256": api_key_sha256(api_key)}]
     template["peer_secret"] = peer_secret
     replay = template.setdefault("replay", {})
-    replay["service_api_key_sha256"] = api_key_sha256(service_key)
+    replay["worker_keys_sha256"] = {
+        region["name"]: api_key_sha256(
+            _secret_file(
+                out_dir / f"worker-key-{region['name']}", lambda: "cps_" + secrets.token_urlsafe(24)
+            )
+        )
+        for region in template["regions"]
+    }
     replay["cache_salt_key"] = _secret_file(
         out_dir / "cache_salt_key", lambda: secrets.token_hex(32)
     )

@@ -12,18 +12,25 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from eventlog.errors import InvalidRequest
+from regions.keys import Role, check_name
 from services.replay.config import ReplayConfig
 
 RegionName = Annotated[str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9-]{0,62}$")]
 Sha256Hex = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]
-#: what a key may do: ``tenant`` (chat applications), ``operator`` (drills, evacuate/restore,
-#: halt, keys), ``viewer`` (read-only: regions, placement, drills, reports, audit)
-Role = Literal["tenant", "operator", "viewer"]
 
 
 def api_key_sha256(api_key: str) -> str:
@@ -53,13 +60,29 @@ class RegionConfig(BaseModel):
 
 
 class TenantConfig(BaseModel):
+    """One API key: its tenant, role and quota. ``key_name`` names it for revoke and rotate
+    (default: the tenant id); names and tenant ids follow ``regions.keys.check_name``."""
+
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    tenant_id: Annotated[str, StringConstraints(min_length=1, max_length=128)]
+    tenant_id: str
     api_key_sha256: Sha256Hex
     requests_per_s: float = Field(default=100.0, gt=0.0)
     burst: int = Field(default=200, ge=1)
     role: Role = "tenant"
+    key_name: str | None = None
+
+    @field_validator("tenant_id", "key_name")
+    @classmethod
+    def _named(cls, name: str | None, info: ValidationInfo) -> str | None:
+        try:
+            return None if name is None else check_name(info.field_name or "name", name)
+        except InvalidRequest as exc:
+            raise ValueError(exc.message) from exc
+
+    @property
+    def name(self) -> str:
+        return self.key_name or self.tenant_id
 
 
 class ClusterConfig(BaseModel):
@@ -89,6 +112,10 @@ class ClusterConfig(BaseModel):
         keys = [t.api_key_sha256 for t in self.tenants]
         if len(set(keys)) != len(keys):
             raise ValueError("two tenants share an API key")
+        key_names = [t.name for t in self.tenants]
+        taken = sorted({n for n in key_names if key_names.count(n) > 1})
+        if taken:
+            raise ValueError(f"two keys are named {taken} (give each a key_name of its own)")
         return self
 
     def region(self, name: str) -> RegionConfig:

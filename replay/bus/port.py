@@ -23,6 +23,7 @@ from typing import Any, Final, Self, get_args
 
 from eventlog.errors import InvalidRequest, Overloaded, Unavailable
 from replay.model import ReplayJob, ReplayResult, ReplayStatus
+from replay.read_grant import READ_GRANT_CHARS_MAX
 
 RESULTS_TOPIC: Final = "convplane.replay.results"
 JOBS_TOPIC_PREFIX: Final = "convplane.replay.jobs."
@@ -203,7 +204,12 @@ def _check(values: dict[str, Any], kind: str, ids: Sequence[str], names: Sequenc
 
 
 def job_from_body(obj: object) -> ReplayJob:
+    if isinstance(obj, dict):  # a job from before read grants has none (its reads are refused)
+        obj = {"read_grant": "", **obj}
     values = _fields_of(obj, ReplayJob)
+    grant = values["read_grant"]
+    if not isinstance(grant, str) or len(grant) > READ_GRANT_CHARS_MAX or not grant.isascii():
+        raise MalformedMessage("ReplayJob: bad read_grant")
     _check(values, "ReplayJob", _JOB_IDS, _JOB_NAMES, _JOB_INTS)
     if values["through_seq"] < 1:
         raise MalformedMessage("ReplayJob: through_seq must be >= 1")

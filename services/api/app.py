@@ -21,6 +21,7 @@ from services.api.errors import install_error_handlers
 from services.api.fast_append import AppendCheck, FastAppend
 from services.api.fast_lane import FastLane
 from services.api.forward_batch import forward_batch_router
+from services.api.key_routes import key_router
 from services.api.metrics import Metrics
 from services.api.middleware import EdgeMiddleware
 from services.api.openapi import install_openapi, operation_id
@@ -128,6 +129,7 @@ def create_app(
     app.include_router(forward_batch_router)
     app.include_router(replay_router)
     app.include_router(drill_router)
+    app.include_router(key_router)
     app.include_router(drill_peer_router)
     app.add_middleware(
         EdgeMiddleware,

@@ -29,7 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from eventlog.errors import InvalidRequest, NotFound, Unavailable
 from regions.drill_report import report
-from regions.drills import Drill, DrillSpec, Guards
+from regions.drills import REASON_CHARS_MAX, Drill, DrillSpec, Guards
 from services.api.context import RequestContext, api_state, request_context
 from services.api.control_routes import _require_peer
 from services.api.drill_report_html import render
@@ -37,6 +37,12 @@ from services.api.event_bodies import ID_PATTERN
 from services.api.openapi import errors
 from services.api.roles import OBSERVER_ROLES, OPERATOR_ROLES, require_role
 from services.api.routes import IDEMPOTENCY_KEY_PATTERN
+from services.audit_log import (
+    AUDIT_ACTION_CHARS_MAX,
+    AUDIT_TARGET_CHARS_MAX,
+    AuditPostLimiter,
+    audit_page,
+)
 from services.drill_canary import CANARY_TIMEOUT_S, DRILL_TENANT, append_canary, read_canary
 from services.drills import DrillDriver
 
@@ -90,6 +96,13 @@ def _driver(request: Request) -> DrillDriver:
     if not isinstance(driver, DrillDriver):
         raise Unavailable("drills are not running on this node")
     return driver
+
+
+def _audit_limiter(request: Request) -> AuditPostLimiter:
+    limiter = getattr(request.app.state, "audit_limiter", None)
+    if not isinstance(limiter, AuditPostLimiter):
+        raise Unavailable("the audit log is not kept on this node")
+    return limiter
 
 
 def _who(ctx: RequestContext) -> dict[str, str]:
@@ -281,7 +294,7 @@ async def audit(
 
     async def read() -> dict[str, Any]:
         await driver.read_barrier()
-        entries = driver.ops.audit_page(after, limit)
+        entries = await audit_page(driver.controller, driver.ops, after, limit)
         return {
             "entries": [e.to_body() for e in entries],
             "next_after": entries[-1].lsn if entries else after,
@@ -293,19 +306,25 @@ async def audit(
 class AuditRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    action: str = Field(min_length=1, max_length=100, pattern=r"^[a-z][a-z0-9._-]*$")
-    target: str = Field(min_length=1, max_length=200)
-    reason: str = Field(min_length=1, max_length=500)
+    action: str = Field(
+        min_length=1, max_length=AUDIT_ACTION_CHARS_MAX, pattern=r"^[a-z][a-z0-9._-]*$"
+    )
+    target: str = Field(min_length=1, max_length=AUDIT_TARGET_CHARS_MAX)
+    reason: str = Field(min_length=1, max_length=REASON_CHARS_MAX)
 
 
 @drill_router.post("/audit", status_code=201)
 async def record_audit(ctx: Context, body: AuditRequest) -> Any:
-    """An operator action taken outside the API (``convplane keys create`` edits the cluster
-    file) is recorded here; ``by`` and ``role`` are the caller's key's."""
+    """An operator action taken outside the API (``convplane keys create --cluster-file`` edits
+    the cluster file) is recorded here; ``by`` and ``role`` are the caller's key's. At most
+    ``AUDIT_POSTS_PER_S`` per operator key (bursts of ``AUDIT_POSTS_BURST``): 429 past it."""
     require_role(ctx.tenant, OPERATOR_ROLES)
     driver = _driver(ctx.request)
+    limiter = _audit_limiter(ctx.request)
 
     async def record() -> dict[str, Any]:
+        await driver.read_barrier()  # limited where it commits: at the control shard's leader
+        limiter.admit(ctx.tenant.name)
         await driver.audit(ctx.tenant.tenant_id, ctx.tenant.role, body.action, body.target,
                            body.reason, {"recorded_via": "POST /v1/audit"})  # fmt: skip
         return {"recorded": True}

@@ -101,10 +101,11 @@ _PAGE_QUERY = re.compile(
     rb"^(after_seq|limit)=" + _PAGE_VALUE + rb"(?:&(after_seq|limit)=" + _PAGE_VALUE + rb")?$"
 )
 #: what a read may not carry to take the lane: a body, or a header its route reads
-#: (``X-Convplane-Tenant``: a service key's reads on behalf of a tenant)
+#: (``X-Convplane-Tenant``, ``X-Convplane-Replay-Grant``: a worker key's reads for a tenant)
 _READ_DECLINED_HEADERS = frozenset(
-    {b"content-length", b"content-type", b"idempotency-key", b"x-convplane-tenant"}
-)
+    {b"content-length", b"content-type", b"idempotency-key", b"x-convplane-tenant",
+     b"x-convplane-replay-grant"}
+)  # fmt: skip
 #: request headers that some layer of the app treats specially: such a request takes the app
 _DECLINED_HEADERS = frozenset(
     {b"origin", b"transfer-encoding", b"expect", b"upgrade", b"x-convplane-forwarded",

@@ -1,6 +1,6 @@
 """Roles of API keys: who may do what.
 
-Every key in the cluster file has a role (``services.config.Role``; keys written before roles
+Every key in the cluster file has a role (``regions.keys.Role``; keys written before roles
 existed are ``tenant``): ``tenant`` keys are chat applications, ``operator`` keys run drills,
 evacuate/restore regions, flip the halt switch and create keys, ``viewer`` keys read regions,
 placement, drills, reports and the audit log and change nothing. A key without the role an
@@ -10,7 +10,8 @@ endpoint needs gets 403 ``forbidden``.
 from __future__ import annotations
 
 from eventlog.errors import Forbidden
-from services.config import Role, TenantConfig
+from regions.keys import Role
+from services.config import TenantConfig
 
 #: endpoints that change the plane's operation
 OPERATOR_ROLES: tuple[Role, ...] = ("operator",)

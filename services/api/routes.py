@@ -23,12 +23,15 @@ from eventlog.http_headers import (
     IDEMPOTENT_REPLAYED_HEADER,
     TENANT_HEADER,
 )
+from replay import read_grant
+from replay.read_grant import READ_GRANT_CHARS_MAX, READ_GRANT_HEADER
 from services.api import schemas
 from services.api.context import RequestContext, _deadline_s, api_state, request_context
 from services.api.event_bodies import AnyEvent, payload_of
 from services.api.forwarding import FORWARDED_HEADER
 from services.api.openapi import CHAT_APPS, OPERATORS, errors, event_body
 from services.api.paging import within_bytes
+from services.replay.config import ANY_REGION
 
 # Printable ASCII without surrounding spaces (HTTP strips those, so the server never sees them).
 IDEMPOTENCY_KEY_PATTERN = r"^[\x21-\x7e]([\x20-\x7e]{0,253}[\x21-\x7e])?$"
@@ -47,39 +50,51 @@ async def read_context(
         Header(
             alias=TENANT_HEADER,
             max_length=128,
-            description="replay service key only: the tenant it reads for (ignored otherwise)",
+            description="replay worker keys only: the tenant it reads for (ignored otherwise)",
+        ),
+    ] = None,
+    grant: Annotated[
+        str | None,
+        Header(
+            alias=READ_GRANT_HEADER,
+            max_length=READ_GRANT_CHARS_MAX,
+            description="replay worker keys only: the read grant of the replay job it reads for",
         ),
     ] = None,
 ) -> RequestContext:
-    """``request_context`` for reads, which the replay service key may also make on behalf of
+    """``request_context`` for reads, which a replay worker key may also make on behalf of
     the tenant named in ``X-Convplane-Tenant`` (not charged to the tenant's quota: replay reads
     are paced by the replay service's own limits)."""
     api = api_state(request)
     authorization = request.headers.get("authorization")
-    if not api.tenants.is_service_key(authorization):
+    key_region = api.tenants.worker_key_region(authorization)
+    if key_region is None:
         return await request_context(request)
     tenant = api.tenants.authenticate_read(authorization, on_behalf_of)
     forwarded = request.headers.get(FORWARDED_HEADER) is not None
-    if not forwarded:  # a forward was checked at its entry node, whose replay sent the job
-        _check_service_key_scope(request, tenant.tenant_id)
+    if not forwarded:  # a forward was checked at its entry node (admission drops an untrusted one)
+        _check_read_grant(request, key_region, tenant.tenant_id, grant)
     return RequestContext(api, request, tenant, _deadline_s(api, request), forwarded)
 
 
-def _check_service_key_scope(request: Request, tenant_id: str) -> None:
-    """The replay service key reads one thing: the transcript of a conversation this region's
-    replay service dispatched a job for and has not seen end. A leaked worker key therefore
-    reads no tenant's conversation at will."""
-    route = request.scope.get("route")
-    conversation_id = request.path_params.get("conversation_id", "")
-    replay = getattr(request.app.state, "replay", None)
-    if (
-        getattr(route, "name", None) != "list_events"
-        or replay is None
-        or not replay.job_outstanding(tenant_id, conversation_id)
-    ):
+def _check_read_grant(request: Request, key_region: str, tenant_id: str, grant: str | None) -> None:
+    """A worker key reads one thing: the transcript its replay job's read grant names
+    (``replay.read_grant``), for a job of its own region. The plane signs the grant when it
+    dispatches the job, so the key alone reads no tenant's conversation, and one region's
+    stolen key reads nothing of another region's jobs."""
+    api = api_state(request)
+    if getattr(request.scope.get("route"), "name", None) != "list_events":
+        raise Forbidden("a replay worker key reads transcripts only")
+    granted = read_grant.verify(
+        api.cluster.replay.read_grant_key(api.cluster.peer_secret),
+        grant,
+        tenant_id=tenant_id,
+        conversation_id=request.path_params.get("conversation_id", ""),
+        now_ms=api.clock.wall_ms(),
+    )
+    if key_region not in (ANY_REGION, granted.region):
         raise Forbidden(
-            "the replay service key reads only the transcripts of conversations with a replay "
-            "job outstanding in this region"
+            f"this worker key reads for {key_region}'s replay jobs, not {granted.region}'s"
         )
 
 

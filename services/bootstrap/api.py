@@ -16,11 +16,13 @@ from services.api.fast_lane import FastLane
 from services.api.forward_batch import BatchConfig
 from services.api.forwarding import Forwarder
 from services.api.metrics import Metrics
+from services.audit_log import AuditPostLimiter
 from services.bootstrap.node import NodeRuntime
 from services.bootstrap.replay import install_replay
 from services.config import NodeSettings
 from services.console.access import ConsoleAccess
 from services.console.outcomes import AppendOutcomes
+from services.key_admin import KeyAdmin
 from services.tracing import NodeTracing
 
 
@@ -73,7 +75,9 @@ async def open_api(
         tenants=Tenants(
             runtime.cluster.tenants,
             runtime.clock,
-            runtime.cluster.replay.service_api_key_sha256,
+            runtime.cluster.replay.worker_key_regions(),
+            # the control shard's keys, folded by the controller (none without a drill driver)
+            keys=None if runtime.drills is None else runtime.drills.ops.keys,
         ),
         forwarder=forwarder,
         metrics=metrics,
@@ -88,6 +92,12 @@ async def open_api(
         metrics.watch_replicas(runtime.controller.node.identity)
     metrics.watch_node(runtime)
     app.state.drills = runtime.drills
+    app.state.audit_limiter = AuditPostLimiter(runtime.clock, metrics.registry)
+    app.state.key_admin = (
+        None
+        if runtime.drills is None
+        else KeyAdmin(runtime.drills, runtime.cluster.tenants, runtime.clock)
+    )
     install_replay(app, metrics.registry, runtime.replay)
     console_access.open(runtime.cluster, settings)
     append_outcomes.open(runtime.clock)

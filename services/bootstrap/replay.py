@@ -113,6 +113,7 @@ def build_replay_service(
         engine_urls={i: configured[i].url for i in engines},
         mode=mode,
         limits=service_limits,
+        read_grant_key=config.read_grant_key(peer_secret),
     )
 
 

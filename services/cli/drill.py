@@ -1,5 +1,4 @@
-"""``convplane drill plan|run|status|abort|report|list``, ``convplane halt on|off`` and
-``convplane keys create``.
+"""``convplane drill plan|run|status|abort|report|list`` and ``convplane halt on|off``.
 
 Drill and halt commands talk to a plane's REST API with an operator key: ``--url`` and
 ``--key`` (or ``CONVPLANE_URL`` / ``CONVPLANE_API_KEY``), or a local plane's ``cluster.json``
@@ -11,8 +10,6 @@ drill does; with ``--url`` only that node is asked, never the local plane instea
 from __future__ import annotations
 
 import json
-import secrets
-import sys
 import time
 from pathlib import Path
 from typing import Annotated, Any
@@ -38,7 +35,6 @@ drill_app = typer.Typer(
 halt_app = typer.Typer(
     help="The halt switch: abort every drill and refuse new ones.", no_args_is_help=True
 )
-keys_app = typer.Typer(help="API keys and their roles.", no_args_is_help=True)  # fmt: skip
 
 #: the deadline the CLI gives the plane (starting a drill writes a canary to every shard first),
 #: and its own timeout a little past it; a drill is polled this often
@@ -125,11 +121,6 @@ def _retry_after_s(reply: Any) -> float:
         return min(max(float(reply.headers.get("retry-after", POLL_S)), POLL_S), READ_RETRY_S)
     except ValueError:
         return POLL_S
-
-
-def _fail(message: str) -> int:
-    typer.echo(message, err=True)
-    return 1
 
 
 def api_for(state_dir: Path, url: str | None, key: str | None) -> Api:
@@ -363,56 +354,6 @@ def _echo_halt(answer: dict[str, Any], as_json: bool) -> None:
         typer.echo("halt off")
 
 
-@keys_app.command("create")
-def keys_create(
-    tenant: Annotated[str, typer.Option(help="the key's tenant id")],
-    role: Annotated[str, typer.Option(help="tenant | operator | viewer")] = "tenant",
-    cluster_file: Annotated[Path, typer.Option(help="the cluster file the nodes read")] = Path(
-        ".state/plane/cluster-config.json"
-    ),
-    reason: ReasonOpt = "new key",
-    audit_url: Url = None,
-    audit_key: Key = None,
-    no_audit: Annotated[
-        bool, typer.Option("--no-audit", help="add the key without an audit entry (plane down)")
-    ] = False,
-) -> None:
-    """Add a key with a role to the cluster file and print it (once: only its sha256 is kept).
-    Nodes load keys when they start.
-
-    The creation is recorded in the plane's audit log *first*, at --audit-url with --audit-key
-    (an operator key), or else at the local plane whose cluster.json sits beside the cluster
-    file; when that fails nothing is written. --no-audit adds the key unrecorded."""
-    from pydantic import ValidationError
-
-    from services.config import TenantConfig, api_key_sha256, load_cluster, write_cluster
-
-    cluster = load_cluster(cluster_file)
-    key = "cp_" + secrets.token_urlsafe(24)
-    try:
-        added = TenantConfig(tenant_id=tenant, api_key_sha256=api_key_sha256(key), role=role)  # type: ignore[arg-type]
-        updated = cluster.model_copy(update={"tenants": [*cluster.tenants, added]})
-        updated = type(cluster).model_validate(updated.model_dump())
-    except ValidationError as exc:
-        raise typer.Exit(_fail(f"invalid key: {exc}")) from exc
-    if no_audit:
-        print("not recorded in the audit log (--no-audit)", file=sys.stderr)
-    else:
-        try:
-            api = api_for(cluster_file.parent, audit_url, audit_key)
-        except typer.Exit:
-            raise typer.Exit(_fail("no key added: nowhere to audit it (give --audit-url and "
-                                   "--audit-key, or --no-audit)")) from None  # fmt: skip
-        api.call("POST", "/v1/audit", {"action": "key.create", "target": f"{tenant} ({role})",
-                                       "reason": reason})  # fmt: skip
-        print("recorded in the audit log", file=sys.stderr)
-    write_cluster(cluster_file, updated)
-    typer.echo(key)
-    print(f"added a {role} key for tenant {tenant} to {cluster_file}; restart the nodes to load it",
-          file=sys.stderr)  # fmt: skip
-
-
 def register(app: typer.Typer) -> None:
     app.add_typer(drill_app, name="drill")
     app.add_typer(halt_app, name="halt")
-    app.add_typer(keys_app, name="keys")

@@ -26,6 +26,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "services.cli.drill",
     "services.cli.status",
     "services.cli.config_ref",
+    "services.cli.keys",
 )
 
 

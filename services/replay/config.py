@@ -14,6 +14,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
+#: the region of the legacy shared worker key (``service_api_key_sha256``): every region's jobs
+ANY_REGION = "*"
 Sha256Hex = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]
 
 
@@ -65,8 +67,12 @@ class ReplayConfig(BaseModel):
     bus_secrets: dict[str, Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]] = Field(
         default_factory=dict
     )
-    #: the key replay workers present to read transcripts on behalf of a tenant
-    #: (``X-Convplane-Tenant``); also the operator key for ``POST /v1/replays``
+    #: region -> the key that region's replay workers present to read transcripts on behalf
+    #: of a tenant (``X-Convplane-Tenant``), each read with the read grant of a job of that
+    #: region (``replay.read_grant``): a stolen worker key is one region's problem
+    worker_keys_sha256: dict[str, Sha256Hex] = Field(default_factory=dict)
+    #: legacy: one worker key for every region (prefer ``worker_keys_sha256``); it still reads
+    #: only with a read grant
     service_api_key_sha256: Sha256Hex | None = None
     #: 256-bit secret (64 hex) under which each tenant's ``cache_salt`` is derived
     #: (``replay.cache_salt``); nodes and workers must share it. Absent: derived from the
@@ -80,12 +86,23 @@ class ReplayConfig(BaseModel):
             raise ValueError("tenant weights must be > 0")
         if any(r <= 0 for r in self.tenant_tokens_per_s.values()):
             raise ValueError("tenant rates must be > 0")
+        worker_keys = [*self.worker_keys_sha256.values(), self.service_api_key_sha256]
+        if len(set(worker_keys)) != len(worker_keys):
+            raise ValueError("each region's workers need a key of their own")
         unsigned = sorted(set(self.engines) - set(self.bus_secrets))
         if self.kafka_bootstrap_servers and unsigned:
             raise ValueError(
                 f"bus_secrets needs a secret for every region with engines: {unsigned}"
             )
         return self
+
+    def worker_key_regions(self) -> dict[str, str]:
+        """Worker key sha256 -> the region whose jobs it reads for (``ANY_REGION``: the legacy
+        shared key)."""
+        regions = {sha: region for region, sha in self.worker_keys_sha256.items()}
+        if self.service_api_key_sha256 is not None:
+            regions[self.service_api_key_sha256] = ANY_REGION
+        return regions
 
     def bus_keys(self) -> dict[str, bytes]:
         return {region: bytes.fromhex(secret) for region, secret in self.bus_secrets.items()}
@@ -96,6 +113,12 @@ class ReplayConfig(BaseModel):
             return bytes.fromhex(self.cache_salt_key)
         secret = (peer_secret or "convplane development cache-salt key").encode()
         return hmac.new(secret, b"convplane/cache-salt-key/v1", hashlib.sha256).digest()
+
+    def read_grant_key(self, peer_secret: str | None) -> bytes:
+        """The key that signs replay jobs' read grants (``replay.read_grant``): nodes only,
+        never workers (a worker holding it could grant itself any transcript)."""
+        secret = (peer_secret or "convplane development read-grant key").encode()
+        return hmac.new(secret, b"convplane/read-grant-key/v1", hashlib.sha256).digest()
 
     def region_engines(self, region: str) -> list[tuple[str, EngineConfig]]:
         """The region's engines with their ids."""

@@ -1,8 +1,9 @@
 """Routes of the replay service.
 
-* ``GET /v1/replays``: this region's replay status (backlog, counters, spare, engines, workers);
-  any authenticated caller (tenant or service key).
-* ``POST /v1/replays``: operator (service key only): replay
+* ``GET /v1/replays``: this region's replay status (backlog, counters, spare, engines and their
+  URLs, workers): operator and viewer keys only (a tenant sees no other tenant's plumbing).
+* ``POST /v1/replays``: operator keys only (never a replay worker key: a job a worker key
+  could queue would grant it the transcript): replay
   ``{"tenant_id": ..., "conversation_ids": [...]}`` (ids are namespaced by tenant)
   (each must be led by this region; the answer says, per id) or ``{"shard": n}`` (must be led
   here: 503 ``not_led_here`` names the leader otherwise).
@@ -18,12 +19,13 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Path, Request
 
-from eventlog.errors import InvalidRequest, NotLeader, Unauthorized, Unavailable
+from eventlog.errors import InvalidRequest, NotLeader, Unavailable
 from replay.cache_salt import cache_salt_for
 from services.api import control_schemas as bodies
 from services.api import schemas
 from services.api.context import RequestContext, api_state, request_context
 from services.api.openapi import CHAT_APPS, OPERATORS, errors
+from services.api.roles import OBSERVER_ROLES, OPERATOR_ROLES, require_role
 from services.replay.service import ReplayService
 
 replay_router = APIRouter(prefix="/v1")
@@ -38,29 +40,22 @@ def _service(request: Request) -> ReplayService:
     return service
 
 
-def _operator(request: Request) -> None:
-    if not api_state(request).tenants.is_service_key(request.headers.get("authorization")):
-        raise Unauthorized("replay operations need the service API key")
-
-
 @replay_router.get("/replays", tags=[OPERATORS], response_model=bodies.ReplayStatus)
-async def replay_status(request: Request) -> dict[str, Any]:
-    """This region's replay: backlog, counters, spare prefill, engines, workers (any key)."""
-    tenants = api_state(request).tenants
-    authorization = request.headers.get("authorization")
-    if not tenants.is_service_key(authorization):
-        tenants.authenticate(authorization)
-    return _service(request).status()
+async def replay_status(ctx: Context) -> dict[str, Any]:
+    """This region's replay: backlog, counters, spare prefill, engines, workers (operator or
+    viewer keys)."""
+    require_role(ctx.tenant, OBSERVER_ROLES)
+    return _service(ctx.request).status()
 
 
 @replay_router.post(
     "/replays", status_code=202, tags=[OPERATORS], response_model=bodies.ReplayAccepted
 )
-async def request_replay(request: Request, body: bodies.ReplayRequest) -> dict[str, Any]:
-    """Replay conversations, or a whole shard, led by this region (the replay service key
-    only). 202: queued; the answer says what happened to each."""
-    _operator(request)
-    service = _service(request)
+async def request_replay(ctx: Context, body: bodies.ReplayRequest) -> dict[str, Any]:
+    """Replay conversations, or a whole shard, led by this region (operator keys only).
+    202: queued; the answer says what happened to each."""
+    require_role(ctx.tenant, OPERATOR_ROLES)
+    service = _service(ctx.request)
     if isinstance(body, bodies.ReplayShard):
         if body.shard >= service.shard_count:
             raise InvalidRequest(f"shard must be < {service.shard_count}")

@@ -23,12 +23,13 @@ import logging
 import random
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from eventlog.backoff import Backoff, jittered
 from eventlog.clock import Clock
 from eventlog.errors import ConvplaneError, NotFound, NotLeader
+from replay import read_grant
 from replay.affinity import Affinity, AffinityTable
 from replay.bus.port import JobBus, ResultStream
 from replay.model import ReplayJob, ReplayResult
@@ -74,8 +75,10 @@ class ReplayService:
         engine_urls: Mapping[str, str] | None = None,
         mode: str = "embedded",
         limits: ReplayServiceConfig | None = None,
+        read_grant_key: bytes,
     ) -> None:
         self.region = region
+        self._read_grant_key = read_grant_key
         self.shard_count = shard_count
         self.config = config
         self.mode = mode
@@ -102,8 +105,6 @@ class ReplayService:
         self._moved: asyncio.Queue[int] = asyncio.Queue(self.limits.moved_shards_max)
         self._moved_pending: set[int] = set()
         self._outstanding: dict[str, int] = {}  # dispatched job id -> its deadline (wall ms)
-        #: dispatched job id -> (tenant, conversation): what the service key may read now
-        self._outstanding_for: dict[str, tuple[str, str]] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self._worker_tasks: list[asyncio.Task[None]] = []
         self._stream: ResultStream | None = None
@@ -283,16 +284,26 @@ class ReplayService:
         for job_id, deadline_ms in list(self._outstanding.items()):
             if deadline_ms + self.limits.outstanding_grace_ms < now_ms:
                 del self._outstanding[job_id]
-                self._outstanding_for.pop(job_id, None)
                 self.capacity.release(None)
                 self.counts["outstanding_timed_out"] += 1
-        jobs = self.scheduler.dispatch(self.capacity.try_acquire, self.limits.dispatch_batch_max)
+        jobs = [
+            self._granted(job)
+            for job in self.scheduler.dispatch(
+                self.capacity.try_acquire, self.limits.dispatch_batch_max
+            )
+        ]
         for job in jobs:
             if job.job_id in self._outstanding:  # the same job again (a requeue): one grant
                 self.capacity.release(None)
             self._outstanding[job.job_id] = job.deadline_ms
-            self._outstanding_for[job.job_id] = (job.tenant_id, job.conversation_id)
         return jobs
+
+    def _granted(self, job: ReplayJob) -> ReplayJob:
+        """The job with the read grant its worker shows to read the transcript."""
+        grant = read_grant.sign(self._read_grant_key, job_id=job.job_id, tenant_id=job.tenant_id,
+                                conversation_id=job.conversation_id, region=job.region,
+                                expires_ms=job.deadline_ms)  # fmt: skip
+        return replace(job, read_grant=grant)
 
     async def _publish(self, jobs: list[ReplayJob]) -> None:
         try:
@@ -303,7 +314,6 @@ class ReplayService:
             log.warning("%s: publishing %d jobs failed: %s", self.region, len(jobs), exc)
             self.counts["publish_failures"] += 1
             for job in jobs:
-                self._outstanding_for.pop(job.job_id, None)
                 if self._outstanding.pop(job.job_id, None) is not None:
                     self.capacity.release(None)
             self.scheduler.add_moved(_moved_of(job) for job in jobs)
@@ -331,7 +341,6 @@ class ReplayService:
         # wrong_model is not terminal: the job went back on the bus and keeps its grant
         if result.status in TERMINAL_STATUSES and result.job_id in self._outstanding:
             del self._outstanding[result.job_id]
-            self._outstanding_for.pop(result.job_id, None)
             computed = result.prompt_tokens - result.cached_prompt_tokens
             self.capacity.release(computed if result.status == "replayed" else None)
             if result.status == "replayed":
@@ -339,11 +348,6 @@ class ReplayService:
                 self.last_replayed_at_ms = self._clock.wall_ms()
         self.scheduler.record_result(result)
         self.affinity.learn(result)
-
-    def job_outstanding(self, tenant_id: str, conversation_id: str) -> bool:
-        """Whether this region dispatched a replay job for the conversation that has not ended:
-        the only transcripts the replay service key may read (``services.api.routes``)."""
-        return (tenant_id, conversation_id) in self._outstanding_for.values()
 
     # --- views ----------------------------------------------------------------------------
 

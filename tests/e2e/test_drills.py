@@ -403,7 +403,7 @@ def test_keys_create_audits_at_the_local_plane_by_default_and_refuses_when_it_ca
         [*CONVPLANE, "keys", "create", "--tenant", "ghost", "--cluster-file", str(alone)],
         env=convplane_env(), capture_output=True, text=True, timeout=60,
     )  # fmt: skip
-    assert refused.returncode == 1 and "no key added" in refused.stderr, refused.stderr
+    assert refused.returncode == 2 and "no key added" in refused.stderr, refused.stderr
     assert alone.read_bytes() == cluster_file.read_bytes()
     # ... unless the operator says so
     unrecorded = subprocess.run(

@@ -115,9 +115,11 @@ def test_survivors_rebuild_moved_conversations_and_the_next_turn_hits_the_cache(
                 assert worker["engine_id"].startswith(worker["region"])
                 assert worker["prompt_tokens"] > 800  # ~840 words + chat framing + tools
             replayed = 0
+            # replay status shows engines and workers: operator and viewer keys only
+            operator = {"Authorization": f"Bearer {plane.info['operator_api_key']}"}
             for region in ("us-east", "eu-west"):
-                status = httpx.get(plane.urls[region] + "/v1/replays",
-                                   headers=plane.headers, timeout=10.0).json()  # fmt: skip
+                status = httpx.get(plane.urls[region] + "/v1/replays", headers=operator,
+                                   timeout=10.0).json()  # fmt: skip
                 assert status["mode"] == "embedded"
                 replayed += status["counts"].get("result_replayed", 0)
                 metrics = httpx.get(plane.urls[region] + "/metrics", timeout=10.0).text

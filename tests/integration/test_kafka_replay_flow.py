@@ -110,7 +110,7 @@ class DictTranscripts(TranscriptSource):
         self._words = words
 
     async def fetch(
-        self, tenant_id: str, conversation_id: str, through_seq: int
+        self, tenant_id: str, conversation_id: str, through_seq: int, read_grant: str = ""
     ) -> list[TranscriptEvent]:
         text = " ".join(f"{conversation_id}-w{i}" for i in range(self._words))
         events = [

@@ -76,7 +76,7 @@ class FakeTranscripts(TranscriptSource):
         self.calls = 0
 
     async def fetch(
-        self, tenant_id: str, conversation_id: str, through_seq: int
+        self, tenant_id: str, conversation_id: str, through_seq: int, read_grant: str = ""
     ) -> list[TranscriptEvent]:
         self.calls += 1
         if conversation_id == "missing":

@@ -34,7 +34,11 @@ SHARDS = 4
 SHARD = 1
 REVISION = "sim-rev1"
 TENANT_KEY = "tenant-key-0123456789"
+#: the legacy worker key of every region (``replay_config``), and region a's own key
 SERVICE_KEY = "service-key-0123456789"
+A_WORKER_KEY = "a-worker-key-0123456789"
+OPERATOR_KEY = "operator-key-0123456789"
+VIEWER_KEY = "viewer-key-0123456789"
 
 
 class SteppedClock(LoopClock):
@@ -148,13 +152,17 @@ def result_of(job_id: str, cid: str, status: str = "replayed", tokens: int = 900
 
 
 @asynccontextmanager
-async def api(w: World) -> AsyncIterator[httpx.AsyncClient]:
+async def api(w: World, replay: ReplayConfig | None = None) -> AsyncIterator[httpx.AsyncClient]:
     cluster = ClusterConfig(
         regions=[RegionConfig(name=r, url=f"http://{r}.test", dsn="memory") for r in REGIONS],
         shard_count=SHARDS,
         tenants=[TenantConfig(tenant_id="t1", api_key_sha256=api_key_sha256(TENANT_KEY)),
-                 TenantConfig(tenant_id="t2", api_key_sha256=api_key_sha256("other-key-0000"))],
-        replay=replay_config(),
+                 TenantConfig(tenant_id="t2", api_key_sha256=api_key_sha256("other-key-0000")),
+                 TenantConfig(tenant_id="sre", api_key_sha256=api_key_sha256(OPERATOR_KEY),
+                              role="operator"),
+                 TenantConfig(tenant_id="sre-viewer", api_key_sha256=api_key_sha256(VIEWER_KEY),
+                              role="viewer")],
+        replay=replay or replay_config(),
     )  # fmt: skip
     async with AsyncExitStack() as stack:
         peers = await stack.enter_async_context(httpx.AsyncClient())

@@ -47,9 +47,15 @@ def test_secrets_are_generated_once_private_and_consistent(tmp_path: Path) -> No
     assert _mode(out / "tls") == 0o700 and _mode(out / "tls" / "us-east-key.pem") == 0o600
     assert load_cluster(out / "cluster.json") == cluster
     api_key = (out / "api_key").read_text().strip()
-    service_key = (out / "service_api_key").read_text().strip()
+    worker_keys = {r.name: (out / f"worker-key-{r.name}").read_text().strip()
+                   for r in cluster.regions}  # fmt: skip
+    service_key = worker_keys["us-east"]
     assert [t.api_key_sha256 for t in cluster.tenants] == [api_key_sha256(api_key)]
-    assert cluster.replay.service_api_key_sha256 == api_key_sha256(service_key)
+    assert cluster.replay.service_api_key_sha256 is None  # no key shared by every region
+    assert cluster.replay.worker_keys_sha256 == {
+        r: api_key_sha256(k) for r, k in worker_keys.items()
+    }
+    assert len(set(worker_keys.values())) == len(cluster.regions)
     passwords = {r.name: urlsplit(r.dsn).password for r in cluster.regions}
     for name, password in passwords.items():
         assert password == (out / f"pg-{name}-password").read_text().strip()

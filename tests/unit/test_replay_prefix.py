@@ -38,7 +38,9 @@ class Transcripts(TranscriptSource):
     def __init__(self, events: list[TranscriptEvent]) -> None:
         self.events = events
 
-    async def fetch(self, tenant_id: str, conversation_id: str, through_seq: int) -> list[Any]:
+    async def fetch(
+        self, tenant_id: str, conversation_id: str, through_seq: int, read_grant: str = ""
+    ) -> list[Any]:
         return [e for e in self.events if e.seq <= through_seq]
 
 

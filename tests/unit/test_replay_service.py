@@ -21,11 +21,13 @@ from services.drill_canary import DRILL_TENANT
 from services.replay.config import ReplayConfig
 from services.replay.transcripts import LogTranscriptSource
 from tests.unit.replay_world import (
+    OPERATOR_KEY,
     REVISION,
     SERVICE_KEY,
     SHARD,
     SHARDS,
     TENANT_KEY,
+    VIEWER_KEY,
     SteppedClock,
     api,
     bearer,
@@ -239,16 +241,22 @@ async def test_api_status_operator_affinity_service_reads_and_metrics() -> None:
         await write_conversations(w.home, ids, words=10)
         await move_shard(w)
         assert (await client.get("/v1/replays")).status_code == 401
-        assert (await client.get("/v1/replays", headers=bearer(TENANT_KEY))).status_code == 200
+        # engine URLs and worker ids are the plane's plumbing: operators and viewers only
+        assert (await client.get("/v1/replays", headers=bearer(TENANT_KEY))).status_code == 403
+        assert (await client.get("/v1/replays", headers=bearer(VIEWER_KEY))).status_code == 200
         body = {"shard": SHARD}
         r = await client.post("/v1/replays", json=body, headers=bearer(TENANT_KEY))
-        assert r.status_code == 401
+        assert r.status_code == 403
+        r = await client.post("/v1/replays", json=body, headers=bearer(VIEWER_KEY))
+        assert r.status_code == 403
         r = await client.post("/v1/replays", json=body, headers=bearer(SERVICE_KEY))
+        assert r.status_code == 401  # a worker key queues nothing (it would grant itself reads)
+        r = await client.post("/v1/replays", json=body, headers=bearer(OPERATOR_KEY))
         assert r.status_code == 202 and r.json()["accepted"] == 1, r.text
         r = await client.post("/v1/replays", json={"shard": SHARD, "conversation_ids": ids},
-                              headers=bearer(SERVICE_KEY))  # fmt: skip
+                              headers=bearer(OPERATOR_KEY))  # fmt: skip
         assert r.status_code == 400
-        status = (await client.get("/v1/replays", headers=bearer(SERVICE_KEY))).json()
+        status = (await client.get("/v1/replays", headers=bearer(OPERATOR_KEY))).json()
         assert status["scheduler"]["backlog_sessions"] == 1
 
         url = f"/v1/conversations/{ids[0]}/affinity"
@@ -261,20 +269,22 @@ async def test_api_status_operator_affinity_service_reads_and_metrics() -> None:
         events = f"/v1/conversations/{ids[0]}/events"
         as_t1 = bearer(SERVICE_KEY, **{"X-Convplane-Tenant": "t1"})
         r = await client.get(events, headers=as_t1)
-        assert r.status_code == 403, r.text  # no replay job for it is outstanding: no read
+        assert r.status_code == 403, r.text  # no read grant: no read
         assert await w.service.capacity.poll_once() == 1
         clock.now_s += 1.0  # the spare bucket fills at the measured spare rate
         jobs = w.service.dispatch_once()
         assert [j.conversation_id for j in jobs] == [ids[0]]
+        granted = {**as_t1, "X-Convplane-Replay-Grant": jobs[0].read_grant}
         r = await client.get(events, headers=as_t1)
+        assert r.status_code == 403, r.text  # a job is outstanding, but the key alone reads none
+        r = await client.get(events, headers=granted)
         assert r.status_code == 200 and len(r.json()["events"]) == 3
         assert (await client.get(events, headers=bearer(SERVICE_KEY))).status_code == 401
-        r = await client.get(events, headers=bearer(SERVICE_KEY, **{"X-Convplane-Tenant": "t2"}))
+        r = await client.get(events, headers={**granted, "X-Convplane-Tenant": "t2"})
         assert r.status_code == 403  # on behalf of another tenant: not the job's conversation
-        r = await client.get(f"/v1/conversations/{ids[0]}", headers=as_t1)
+        r = await client.get(f"/v1/conversations/{ids[0]}", headers=granted)
         assert r.status_code == 403  # only transcripts, nothing else
         w.service.on_result(result_of(jobs[0].job_id, ids[0]))
-        assert (await client.get(events, headers=as_t1)).status_code == 403  # job ended
 
         text = (await client.get("/metrics")).text
         assert "convplane_replay_backlog_sessions 0.0" in text  # dispatched above

@@ -127,10 +127,17 @@ async def test_replay_keeps_one_id_of_two_tenants_apart() -> None:
         assert sorted((j.tenant_id, j.through_seq) for j in jobs) == [("t1", 1), ("t2", 2)]
         assert len({j.job_id for j in jobs}) == 2
         url = f"/v1/conversations/{cid}/events"
+        grants = {j.tenant_id: j.read_grant for j in jobs}
         for tenant, said in (("t1", ["t1 says 0"]), ("t2", ["t2 says 0", "t2 says 1"])):
-            r = await client.get(url, headers=bearer(SERVICE_KEY, **{"X-Convplane-Tenant": tenant}))
+            as_tenant = {"X-Convplane-Tenant": tenant, "X-Convplane-Replay-Grant": grants[tenant]}
+            r = await client.get(url, headers=bearer(SERVICE_KEY, **as_tenant))
             assert r.status_code == 200, r.text
             assert [e["payload"]["content"] for e in r.json()["events"]] == said
+            other = "t2" if tenant == "t1" else "t1"  # the other tenant's job grants nothing here
+            crossed = {**as_tenant, "X-Convplane-Replay-Grant": grants[other]}
+            assert (
+                await client.get(url, headers=bearer(SERVICE_KEY, **crossed))
+            ).status_code == 403
         t1_job = next(j for j in jobs if j.tenant_id == "t1")
         w.service.on_result(result_of(t1_job.job_id, cid))  # t1's replay finished on b-e0
         worker_1 = (await client.get(f"/v1/conversations/{cid}/affinity", headers=T1)).json()

@@ -345,11 +345,12 @@ async def test_http_transcript_source_pages_through_the_region_api() -> None:
         base_url="http://region", transport=httpx.MockTransport(handler)
     ) as client:
         source = HttpTranscriptSource(client, "svc-key", page_limit=2)
-        events = await source.fetch("t1", "c1", through_seq=5)
+        events = await source.fetch("t1", "c1", through_seq=5, read_grant="v1.grant")
     assert [e.seq for e in events] == [1, 2, 3, 4, 5]
     assert [r.url.params["after_seq"] for r in seen] == ["0", "2", "4"]
     assert seen[0].headers["authorization"] == "Bearer svc-key"
     assert seen[0].headers["x-convplane-tenant"] == "t1"
+    assert all(r.headers["x-convplane-replay-grant"] == "v1.grant" for r in seen)
 
 
 @pytest.mark.parametrize(("status", "error"), [(404, NotFound), (503, TranscriptUnavailable)])
