@@ -41,13 +41,17 @@ def api_key_sha256(api_key: str) -> str:
 class RegionConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
+    #: the region's name: lower-case letters, digits and dashes, at most 63
     name: RegionName
     url: str = Field(description="base URL of the region's node, e.g. http://127.0.0.1:8700")
     dsn: str = Field(description="the region's replica database, as seen from any node")
+    #: the region's share of shards in placement (rendezvous hashing weighted by it) and of
+    #: capacity in the planner's arithmetic; 0 places no shard there
     capacity_weight: float = Field(default=1.0, ge=0.0)
     #: per-source overrides: the DSN / URL a node of region ``source`` uses to reach this
     #: region (e.g. through a fault proxy in chaos tests); absent: ``dsn`` / ``url``
     dsn_from: dict[str, str] = Field(default_factory=dict)
+    #: per-source overrides of ``url`` (see ``dsn_from``)
     url_from: dict[str, str] = Field(default_factory=dict)
     #: the node's peer listener (probes, placement, forwards; ``services.listeners``): its own
     #: connection limits, so client connections cannot starve it. Absent: peers use ``url``.
@@ -65,11 +69,18 @@ class TenantConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
+    #: the tenant the key acts for: every read and write is scoped to it
     tenant_id: str
+    #: the key's SHA-256 (hex); the key itself is never stored
     api_key_sha256: Sha256Hex
+    #: the key's quota: a token bucket of requests_per_s with room for burst
     requests_per_s: float = Field(default=100.0, gt=0.0)
+    #: the token bucket's size (see requests_per_s)
     burst: int = Field(default=200, ge=1)
+    #: tenant (chat applications), operator (drills, evacuate/restore, halt, keys) or viewer
+    #: (reads only)
     role: Role = "tenant"
+    #: names the key for ``convplane keys rotate|revoke`` (default: the tenant id)
     key_name: str | None = None
 
     @field_validator("tenant_id", "key_name")
@@ -88,10 +99,16 @@ class TenantConfig(BaseModel):
 class ClusterConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
+    #: every region of the plane, each with its node and its replica database
     regions: list[RegionConfig] = Field(min_length=1)
+    #: shards of the log, fixed when the plane is created: leadership, epochs and failover
+    #: are per shard
     shard_count: int = Field(default=64, ge=1, le=65_536)
+    #: replicas that must hold an event before it is acknowledged (absent: a majority)
     write_quorum: int | None = Field(default=None, ge=1)
+    #: the API keys in the file (more are created on a running plane: ``convplane keys``)
     tenants: list[TenantConfig] = Field(default_factory=list)
+    #: the model revision of a conversation created without one
     default_model_revision: str = "default"
     #: shared by the nodes: a forward carries it (X-Convplane-Peer-Auth) so the leader knows the
     #: entry node charged the tenant. Absent: no forward is trusted (each hop is charged).

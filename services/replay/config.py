@@ -26,6 +26,7 @@ class EngineConfig(BaseModel):
 
     url: str = Field(description="base URL of the engine's OpenAI-compatible server")
     model_revision: str = Field(min_length=1, description="the revision it serves (= model id)")
+    #: its prefill capacity, until its own metrics measure it
     capacity_tokens_per_s: float = Field(default=20_000.0, gt=0.0)
     #: names the engine in results and affinity; default ``<region>-e<index>``
     engine_id: str | None = None
@@ -34,32 +35,45 @@ class EngineConfig(BaseModel):
 class ReplayConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    engines: dict[str, list[EngineConfig]] = Field(default_factory=dict)  # region -> engines
+    #: region -> its inference engines (each with a replay worker)
+    engines: dict[str, list[EngineConfig]] = Field(default_factory=dict)
     #: conversations active within this window are replayed when their shard moves
     replay_window_s: float = Field(default=3600.0, gt=0.0)
+    #: a replay job not done within this is dropped (its conversation's next turn prefills)
     job_ttl_s: float = Field(default=1800.0, gt=0.0)
     #: fraction of each engine's capacity never given to replay
     headroom: float = Field(default=0.1, ge=0.0, lt=1.0)
     #: operator caps (tokens/s): the whole region, one tenant (default and per tenant)
     region_tokens_per_s: float | None = Field(default=None, gt=0.0)
+    #: a tenant's replay cap (tokens/s) when tenant_tokens_per_s names none
     tenant_default_tokens_per_s: float | None = Field(default=None, gt=0.0)
+    #: tenant -> its replay cap (tokens/s)
     tenant_tokens_per_s: dict[str, float] = Field(default_factory=dict)
+    #: tenant -> its weight when replay orders the moved conversations (default 1)
     tenant_weights: dict[str, float] = Field(default_factory=dict)
     #: replays in flight per worker (= per engine)
     worker_concurrency: int = Field(default=2, ge=1, le=64)
+    #: conversations waiting for replay in a region; more are not queued
     backlog_max: int = Field(default=200_000, ge=1)
     #: conversations listed per moved shard (the replica lists most recent first)
     conversations_per_shard_max: int = Field(default=5_000, ge=1)
     #: KV affinities remembered by a node (LRU)
     affinity_max: int = Field(default=100_000, ge=1)
+    #: Kafka brokers (host:port,...) for replay jobs; absent: in-process workers
     kafka_bootstrap_servers: str | None = None
     #: how nodes connect to Kafka (aiokafka's options; workers take the same as CLI options)
     kafka_security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
+    #: the CA that signs the brokers' certificates (PEM; SSL, SASL_SSL)
     kafka_ssl_cafile: str | None = None
+    #: the node's client certificate and key for the brokers (PEM; mutual TLS)
     kafka_ssl_certfile: str | None = None
+    #: (see kafka_ssl_certfile)
     kafka_ssl_keyfile: str | None = None
+    #: how a SASL client proves itself (SASL_PLAINTEXT, SASL_SSL)
     kafka_sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] = "PLAIN"
+    #: the node's SASL user
     kafka_sasl_username: str | None = None
+    #: the node's SASL password
     kafka_sasl_password: str | None = None
     #: region -> 256-bit secret (64 hex) that signs the region's replay jobs and results on
     #: Kafka (``replay.bus.codec``); a region's workers get only their region's. Required for
