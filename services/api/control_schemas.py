@@ -129,6 +129,15 @@ class ReplayStatus(BaseModel):
 
     region: str
     mode: str
+    served_model_revisions: list[str] = Field(
+        default_factory=list,
+        description="the model revisions this region's engines serve; none: no replay here",
+    )
+    not_replayed: dict[str, Any] = Field(
+        default_factory=dict,
+        description="moved conversations no engine here can replay, by reason (no_engine, "
+        "model_unserved) and by unserved model revision: counted, never queued",
+    )
 
 
 class _Closed(BaseModel):

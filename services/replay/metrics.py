@@ -53,6 +53,14 @@ class ReplayCollector(Collector):
         }
         for name, (doc, value) in counters.items():
             yield CounterMetricFamily(f"convplane_replay_{name}", doc, value=value)
+        not_replayed = CounterMetricFamily(
+            "convplane_replay_not_replayed",
+            "moved conversations no engine of the region can replay, by reason",
+            labels=["reason"],
+        )
+        for reason in ("no_engine", "model_unserved"):
+            not_replayed.add_metric([reason], service.counts[f"not_replayed_{reason}"])
+        yield not_replayed
         yield from self._per_engine(service)
         results = CounterMetricFamily(
             "convplane_replay_results", "replay results by status", labels=["status"]

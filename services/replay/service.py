@@ -42,6 +42,8 @@ from services.replay.region_capacity import RegionCapacity
 log = logging.getLogger("convplane.replay")
 
 #: results that end a job (``wrong_model`` does not: the job went back on the bus)
+#: model revisions named in status as unserved (the rest are counted only)
+UNSERVED_REVISIONS_SHOWN_MAX = 20
 TERMINAL_STATUSES = frozenset({"replayed", "skipped_live", "expired", "failed"})
 
 
@@ -113,6 +115,9 @@ class ReplayService:
         self.result_listeners: list[Callable[[ReplayResult], None]] = []
         #: wall-clock ms of the last conversation replayed here (a drill's replay makespan)
         self.last_replayed_at_ms: int | None = None
+        #: model revisions of moved conversations that no engine here serves, with counts
+        #: (at most UNSERVED_REVISIONS_SHOWN_MAX revisions)
+        self.unserved_model_revisions: Counter[str] = Counter()
 
     # --- LogListener ----------------------------------------------------------------------
 
@@ -159,6 +164,10 @@ class ReplayService:
             except NotFound:
                 outcome[conversation_id] = "not_found"
                 continue
+            unservable = self._unservable(moved)
+            if unservable is not None:
+                outcome[conversation_id] = unservable
+                continue
             report = self._add([moved])
             outcome[conversation_id] = (
                 "queued" if report.accepted or report.superseded else
@@ -170,9 +179,34 @@ class ReplayService:
         return self.affinity.get(tenant_id, conversation_id)
 
     def _add(self, moved: Sequence[MovedConversation]) -> AddReport:
-        report = self.scheduler.add_moved(moved)
-        self.counts["conversations_planned"] += len(moved)
+        """Queue what an engine of this region can replay. A conversation no engine here can
+        serve (the region has none, or none serves its pinned model revision: KV is reusable
+        only for that exact revision) is counted and named in ``status``, never queued to
+        wait forever."""
+        servable = [m for m in moved if self._unservable(m) is None]
+        report = self.scheduler.add_moved(servable)
+        self.counts["conversations_planned"] += len(servable)
         return report
+
+    @property
+    def served_model_revisions(self) -> frozenset[str]:
+        return frozenset(e.model_revision for e in self.config.engines.get(self.region, ()))
+
+    def _unservable(self, moved: MovedConversation) -> str | None:
+        """Why no engine of this region can replay ``moved`` (and count it), or None."""
+        served = self.served_model_revisions
+        if not served:
+            self.counts["not_replayed_no_engine"] += 1
+            return "no_engine"
+        if moved.model_revision not in served:
+            self.counts["not_replayed_model_unserved"] += 1
+            if (
+                moved.model_revision in self.unserved_model_revisions
+                or len(self.unserved_model_revisions) < UNSERVED_REVISIONS_SHOWN_MAX
+            ):
+                self.unserved_model_revisions[moved.model_revision] += 1
+            return "model_unserved"
+        return None
 
     # --- lifecycle ------------------------------------------------------------------------
 
@@ -411,6 +445,13 @@ class ReplayService:
             ),
             "affinity_entries": len(self.affinity),
             "moved_shards_queued": self._moved.qsize(),
+            # what cannot be replayed here, and why, instead of a backlog that never drains
+            "served_model_revisions": sorted(self.served_model_revisions),
+            "not_replayed": {
+                "no_engine": self.counts["not_replayed_no_engine"],
+                "model_unserved": self.counts["not_replayed_model_unserved"],
+                "unserved_model_revisions": dict(self.unserved_model_revisions.most_common()),
+            },
         }
 
 
