@@ -212,6 +212,17 @@ class SimEngineConfig:
     scheduling_policy: SchedulingPolicy = "priority"
     #: ``--enable-prompt-tokens-details``: only then is ``cached_tokens`` reported in usage
     prompt_tokens_details: bool = True
+    #: ``--max-model-len``: a prompt that leaves no room for one output token is refused
+    max_model_len: int = 131_072
+    #: ``--trust-request-chat-template``: without it a request's own template is refused
+    trust_request_chat_template: bool = True
+    #: ``--enable-auto-tool-choice --tool-call-parser``: without them the HTTP face refuses
+    #: ``tools`` under ``tool_choice`` "auto" (the default when tools are sent)
+    enable_auto_tool_choice: bool = True
+    #: ``--exclude-tools-when-tool-choice-none``: under "none" the tools leave the prompt
+    exclude_tools_when_tool_choice_none: bool = False
+    #: False = ``--disable-log-stats``: ``/metrics`` exports no ``vllm:`` series
+    log_stats: bool = True
 
 
 @dataclass(frozen=True, slots=True)
