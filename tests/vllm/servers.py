@@ -41,6 +41,15 @@ WELL_CONFIGURED = (
 BADLY_CONFIGURED = ("--no-enable-prefix-caching", "--disable-log-stats", "--max-model-len", "2048")
 
 
+#: words the tiny model's tokenizer learned whole (``build_model.corpus``): about one token each
+COMMON_WORDS = ("the", "weather", "tool", "call", "function", "arguments", "city", "result")
+
+
+def common_words(count: int, offset: int = 0) -> str:
+    """``count`` words of about one token each: prompts of a known size under max_model_len."""
+    return " ".join(COMMON_WORDS[(offset + i) % len(COMMON_WORDS)] for i in range(count))
+
+
 @dataclass
 class VllmServer:
     url: str
