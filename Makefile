@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo up test test-fast sim kafka-jars lint clean
+.PHONY: install demo up test test-fast sim kafka-jars vllm-env lint clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -23,6 +23,11 @@ up: install
 
 kafka-jars: install
 	$(BIN)/python -c "from services.local.kafka import ensure_kafka_jars; print(ensure_kafka_jars())"
+
+# the real-vLLM tier (tests/vllm): vLLM's CPU build in .cache/vllm/venv and a tiny model built
+# offline; reused when present (tests.vllm.environment says how and why)
+vllm-env: install
+	$(BIN)/python -m tests.vllm.environment
 
 test: install
 	$(BIN)/pytest -q -p no:cacheprovider tests

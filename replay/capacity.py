@@ -104,6 +104,11 @@ class CapacityConfig:
     #: seeing a waiting request is ordinary at any load (a third of scrapes at 60% in
     #: bench/replay.py); a queue that outlives a scrape interval is not
     waiting_scrapes_to_stop: int = 3
+    #: the fraction of the spare replay takes on an engine whose priority scheduling is
+    #: unverified (the self-check cannot see it from outside: vLLM takes a priority under
+    #: FCFS and ignores it). There replay queues level with live requests, so it leaves
+    #: room for the live requests that arrive while it prefills.
+    unverified_priority_share: float = 0.5
 
     def __post_init__(self) -> None:
         if self.capacity_tokens_per_s <= 0 or not 0 <= self.headroom < 1:
@@ -113,6 +118,8 @@ class CapacityConfig:
             raise InvariantViolation("bad capacity config")
         if self.rise_deadband < 0 or self.waiting_scrapes_to_stop < 1:
             raise InvariantViolation("rise_deadband must be >= 0, waiting_scrapes_to_stop >= 1")
+        if not 0 < self.unverified_priority_share <= 1:
+            raise InvariantViolation("unverified_priority_share must be in (0, 1]")
 
 
 class TokenBucket:
@@ -167,6 +174,9 @@ class SpareEstimator:
         self._samples: deque[tuple[float, float]] = deque(maxlen=self.SAMPLES_MAX)
         self._surge_tokens_per_s = 0.0  # excess of a detected rise, at ``_surge_at_s``
         self._surge_at_s = 0.0
+        #: the fraction of the spare replay may take (``unverified_priority_share`` on an
+        #: engine whose priority scheduling the worker's self-check could not verify)
+        self.spare_share = 1.0
 
     def note_replay_computed(self, computed_tokens: float) -> None:
         self._replay_computed_since += computed_tokens
@@ -252,7 +262,7 @@ class SpareEstimator:
         if self._stale(now_s):
             return 0.0
         usable = self.config.capacity_tokens_per_s * (1.0 - self.config.headroom)
-        return max(0.0, usable - self.live_tokens_per_s)
+        return max(0.0, usable - self.live_tokens_per_s) * self.spare_share
 
     def spare_tokens_per_s(self, now_s: float) -> float:
         if self.waiting_scrapes >= self.config.waiting_scrapes_to_stop:
@@ -374,6 +384,15 @@ class CapacityController:
         self.in_flight -= 1
         if computed_tokens is not None:
             self.estimator.note_replay_computed(computed_tokens)
+
+    def set_priority_verified(self, verified: bool) -> None:
+        """Replay's share of the spare: all of it, or ``unverified_priority_share`` on an
+        engine whose priority scheduling is unverified."""
+        now_s = self._clock.monotonic()
+        self._bucket.refill(now_s)
+        share = 1.0 if verified else self.config.unverified_priority_share
+        self.estimator.spare_share = share
+        self._bucket.set_rate(self.estimator.rate_spare_tokens_per_s(now_s), now_s)
 
     def snapshot(self) -> CapacitySnapshot:
         now_s = self._clock.monotonic()
@@ -502,3 +521,6 @@ class CapacityGate:
 
     def release(self, computed_tokens: int | None) -> None:
         self._controller.release(computed_tokens)
+
+    def set_priority_verified(self, verified: bool) -> None:
+        self._controller.set_priority_verified(verified)

@@ -72,11 +72,53 @@ class PrefillOutcome:
 
 @dataclass(frozen=True, slots=True)
 class EngineProblem:
-    """Why an engine fails the replay self-check (``InferenceEngine.self_check``)."""
+    """A self-check that failed (``EngineFitness.problems``): its check name and why."""
 
-    code: str  # model_revision_mismatch | priority_scheduling_off | prompt_tokens_details_off
-    #          | prefix_caching_off | engine_unavailable
+    code: str  # the failed check's name (``replay.engines.vllm_check.CHECKS``)
     message: str
+
+
+CheckVerdict = Literal["passed", "failed", "unverified"]
+
+
+@dataclass(frozen=True, slots=True)
+class EngineCheck:
+    """One finding of the replay self-check. ``unverified``: the engine cannot be asked from
+    outside and the operator did not declare it; it does not make the engine unfit."""
+
+    name: str
+    verdict: CheckVerdict
+    reason: str = ""  # why, for every verdict but ``passed``
+
+
+@dataclass(frozen=True, slots=True)
+class EngineFitness:
+    """The replay self-check of one engine (``InferenceEngine.self_check``): fit when no check
+    failed."""
+
+    checks: tuple[EngineCheck, ...]
+
+    @property
+    def fit(self) -> bool:
+        return all(check.verdict != "failed" for check in self.checks)
+
+    @property
+    def problems(self) -> list[EngineProblem]:
+        return [EngineProblem(c.name, c.reason) for c in self.checks if c.verdict == "failed"]
+
+    def verdict(self, name: str) -> CheckVerdict | None:
+        return next((c.verdict for c in self.checks if c.name == name), None)
+
+    def verdicts(self) -> dict[str, CheckVerdict]:
+        return {c.name: c.verdict for c in self.checks}
+
+    def reasons(self) -> dict[str, str]:
+        """Why, for each check not passed."""
+        return {c.name: c.reason for c in self.checks if c.verdict != "passed"}
+
+    def as_json(self) -> dict[str, object]:
+        """``convplane worker --check --json``: fit, each check's verdict, the reasons."""
+        return {"fit": self.fit, "checks": self.verdicts(), "reasons": self.reasons()}
 
 
 @dataclass(frozen=True, slots=True)

@@ -45,7 +45,10 @@ from replay.bus.trace_context import job_span
 from replay.cache_salt import cache_salt_for
 from replay.chat import render_prompt, replay_pieces
 from replay.engines.base import InferenceEngine, ModelRevisionMismatch
+from replay.engines.vllm_check import PRIORITY_SCHEDULING
 from replay.model import (
+    EngineCheck,
+    EngineFitness,
     EngineProblem,
     PrefillOutcome,
     PrefillRequest,
@@ -73,6 +76,10 @@ class SpareGate(Protocol):
     def release(self, computed_tokens: int | None) -> None:
         """A granted replay ended; ``computed_tokens`` = prompt - cached, None if unknown."""
 
+    def set_priority_verified(self, verified: bool) -> None:
+        """Whether the engine is known to schedule replay behind live requests; when not,
+        replay takes a smaller share of the spare (``CapacityConfig``)."""
+
 
 @dataclass(frozen=True, slots=True)
 class WorkerConfig:
@@ -86,6 +93,9 @@ class WorkerConfig:
     backoff_base_s: float = 0.2
     backoff_max_s: float = 5.0
     replay_priority: int = 100  # larger = lower priority in vLLM's priority scheduler
+    #: the operator declares the engine runs ``--scheduling-policy priority``: vLLM takes a
+    #: priority under FCFS too, so the self-check cannot verify it (``vllm_check``)
+    priority_declared: bool = False
     drain_timeout_s: float = 30.0
     reroute_pause_s: float = 1.0  # before re-publishing a wrong_model job: bounds bouncing
     check_timeout_s: float = 60.0  # the engine self-check, all probes
@@ -128,11 +138,16 @@ class ReplayWorker:
         self._stopping = asyncio.Event()
         self.counts: Counter[str] = Counter()  # pulled and per-status totals
         self.consumer: JobConsumer | None = None  # while running (tests and metrics look at it)
-        self.engine_problems: list[EngineProblem] | None = None  # None: not checked yet
+        self.engine_fitness: EngineFitness | None = None  # None: not checked yet
 
     @property
     def engine_id(self) -> str:
         return self._engine.engine_id
+
+    @property
+    def engine_problems(self) -> list[EngineProblem] | None:
+        """The self-check's failed checks ([] = fit; None: not checked yet)."""
+        return None if self.engine_fitness is None else self.engine_fitness.problems
 
     def request_stop(self) -> None:
         """Stop pulling; running jobs get ``drain_timeout_s`` to finish."""
@@ -172,22 +187,32 @@ class ReplayWorker:
     async def engine_fit(self) -> bool:
         """Run the engine's self-check (``InferenceEngine.self_check``) until it passes (True)
         or the worker is stopped (False). While it fails the worker takes no job (it does not
-        even join the group, so no partition waits on it); ``engine_problems`` says why, and
-        the reason is logged each time it changes."""
+        even join the group, so no partition waits on it); ``engine_fitness`` says why, and
+        the reason is logged each time it changes. A fit engine whose priority scheduling is
+        unverified gets a smaller share of its spare (``SpareGate.set_priority_verified``)."""
         s = self.settings
         while not self._stopping.is_set():
             try:
-                problems = await asyncio.wait_for(
-                    self._engine.self_check(s.replay_priority), s.check_timeout_s
+                fitness = await asyncio.wait_for(
+                    self._engine.self_check(
+                        s.replay_priority, priority_declared=s.priority_declared
+                    ),
+                    s.check_timeout_s,
                 )
             except TimeoutError:
-                problems = [EngineProblem("engine_unavailable", "self-check timed out")]
-            if problems != self.engine_problems:
-                for problem in problems:
-                    log.error("%s: engine %s unfit for replay (%s): %s", self.worker_id,
-                              self._engine.engine_id, problem.code, problem.message)  # fmt: skip
-            self.engine_problems = problems
-            if not problems:
+                timed_out = EngineCheck("self_check", "failed", "self-check timed out")
+                fitness = EngineFitness((timed_out,))
+            if fitness != self.engine_fitness:
+                for check in fitness.checks:
+                    if check.verdict != "passed":
+                        log.log(logging.ERROR if check.verdict == "failed" else logging.WARNING,
+                                "%s: engine %s check %s %s: %s", self.worker_id,
+                                self._engine.engine_id, check.name, check.verdict, check.reason)  # fmt: skip
+            self.engine_fitness = fitness
+            if fitness.fit:
+                self._gate.set_priority_verified(
+                    fitness.verdict(PRIORITY_SCHEDULING) in (None, "passed")
+                )
                 return True
             self.counts["engine_check_failed"] += 1
             pause = asyncio.create_task(self._clock.sleep(s.recheck_s))

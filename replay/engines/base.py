@@ -17,7 +17,14 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 
 from eventlog.errors import Conflict, InvalidRequest, Unavailable
-from replay.model import EngineMetrics, EngineProblem, PrefillOutcome, PrefillRequest
+from replay.model import EngineFitness, EngineMetrics, PrefillOutcome, PrefillRequest
+
+#: the ``tool_choice`` replay sends with a conversation's ``tools``: a prefill never calls a
+#: tool, and vLLM refuses the default (``"auto"``) unless started with
+#: ``--enable-auto-tool-choice --tool-call-parser ...``. vLLM still hands the tools to the chat
+#: template under ``"none"`` (unless ``--exclude-tools-when-tool-choice-none``, which the
+#: self-check catches), so the prompt renders as the live turn's does.
+REPLAY_TOOL_CHOICE = "none"
 
 
 class EngineUnavailable(Unavailable):
@@ -54,12 +61,16 @@ class InferenceEngine(ABC):
     async def metrics(self) -> EngineMetrics:
         """A snapshot of the engine's own counters (vLLM's Prometheus names)."""
 
-    async def self_check(self, replay_priority: int) -> list[EngineProblem]:
-        """What keeps replay on this engine from paying off (empty: fit for replay): it must
-        serve the pinned revision, schedule by priority (replay runs at ``replay_priority``),
-        cache prefixes and report cached tokens. Engines that cannot be probed (test fakes)
-        report nothing."""
-        return []
+    async def self_check(
+        self, replay_priority: int, *, priority_declared: bool = False
+    ) -> EngineFitness:
+        """Whether replay on this engine pays off (``replay.engines.vllm_check``: one verdict
+        per check; fit when none failed): it must serve the pinned revision, export its
+        metrics, take replay's tool-using and stored-template requests, cache prefixes and
+        report cached tokens; priority scheduling (replay runs at ``replay_priority``) is
+        ``passed`` only when ``priority_declared``. Engines that cannot be probed (test
+        fakes) report no checks."""
+        return EngineFitness(())
 
     @abstractmethod
     async def aclose(self) -> None:

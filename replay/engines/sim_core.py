@@ -20,8 +20,10 @@ Prefix cache (``PrefixCache``)
     ``hash(parent key, cache-salt key, block tokens)`` (a chain, so a block matches only with the
     same whole prefix and the same salt: tenants never share entries). Only full blocks are
     cached. Lookup returns the longest cached prefix; capacity is in tokens (whole blocks), and
-    the least recently used block is evicted first. As in vLLM, at least the last prompt token
-    is always computed, so ``cached_tokens <= prompt_tokens - 1``.
+    the least recently used block is evicted first. As in vLLM, the last prompt token is always
+    computed, and a hit counts whole blocks only, so ``cached_tokens`` is at most
+    ``(prompt_tokens - 1) // BLOCK_TOKENS * BLOCK_TOKENS``: a prompt of whole blocks computes
+    its last block again.
 
 Prefill server (``PrefillServerModel``), scheduled like vLLM V1's scheduler
     One prefill pipeline with ``prefill_tokens_per_s`` capacity, run in scheduler steps with
@@ -212,6 +214,17 @@ class SimEngineConfig:
     scheduling_policy: SchedulingPolicy = "priority"
     #: ``--enable-prompt-tokens-details``: only then is ``cached_tokens`` reported in usage
     prompt_tokens_details: bool = True
+    #: ``--max-model-len``: a prompt that leaves no room for one output token is refused
+    max_model_len: int = 131_072
+    #: ``--trust-request-chat-template``: without it a request's own template is refused
+    trust_request_chat_template: bool = True
+    #: ``--enable-auto-tool-choice --tool-call-parser``: without them the HTTP face refuses
+    #: ``tools`` under ``tool_choice`` "auto" (the default when tools are sent)
+    enable_auto_tool_choice: bool = True
+    #: ``--exclude-tools-when-tool-choice-none``: under "none" the tools leave the prompt
+    exclude_tools_when_tool_choice_none: bool = False
+    #: False = ``--disable-log-stats``: ``/metrics`` exports no ``vllm:`` series
+    log_stats: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -361,7 +374,9 @@ class PrefillServerModel:
 
     def _first_schedule(self, pending: _Pending, start_s: float) -> None:
         hit_blocks = self.cache.lookup(pending.keys)
-        pending.cached_tokens = min(hit_blocks * BLOCK_TOKENS, pending.prompt_tokens - 1)
+        # at most the whole blocks before the last token, which vLLM always computes
+        usable_blocks = min(hit_blocks, (pending.prompt_tokens - 1) // BLOCK_TOKENS)
+        pending.cached_tokens = usable_blocks * BLOCK_TOKENS
         pending.remaining_tokens = pending.prompt_tokens - pending.cached_tokens
         pending.first_chunk_s = start_s
         self._running.append(pending)

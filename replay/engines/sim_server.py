@@ -2,15 +2,21 @@
 uses, so ``VllmHttpEngine`` talks to the simulator unchanged.
 
     POST /v1/chat/completions   model, messages (OpenAI chat messages: tool calls, tool results,
-                                content parts), tools, chat_template, chat_template_kwargs,
-                                max_completion_tokens / max_tokens (only 1 token is simulated),
-                                priority, cache_salt (non-empty when given, as in vLLM); answers
-                                OpenAI-shaped JSON with usage.prompt_tokens and
-                                usage.prompt_tokens_details.cached_tokens
-    GET  /v1/models             the one served model (id = the engine's model revision)
+                                content parts), tools, tool_choice, chat_template,
+                                chat_template_kwargs, max_completion_tokens / max_tokens (only
+                                1 token is simulated), priority, cache_salt (non-empty when
+                                given, as in vLLM); answers OpenAI-shaped JSON with
+                                usage.prompt_tokens and usage.prompt_tokens_details.cached_tokens
+    GET  /v1/models             the one served model (id = the engine's model revision) and its
+                                max_model_len
+
     GET  /metrics               vLLM-shaped Prometheus text
     GET  /health                200 when up
 
+It refuses what vLLM 0.32 refuses, per the server flags in ``SimEngineConfig``: ``tools``
+under ``tool_choice`` "auto" (the default) without ``--enable-auto-tool-choice``, a request's
+own ``chat_template`` without ``--trust-request-chat-template``, a prompt over
+``--max-model-len``; and like vLLM it takes ``priority`` under FCFS with a 200 and ignores it.
 Errors use vLLM's shape ``{"error": {"message", "type", "param", "code"}}``. The app owns the
 engine it is given and closes it on shutdown. A simulator: no model runs behind it.
 """
@@ -20,7 +26,7 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
@@ -43,7 +49,9 @@ from replay.engines.simulated import SimulatedEngine
 from replay.model import PrefillRequest
 
 MESSAGES_MAX = 10_000
-MAX_MODEL_LEN = 131_072
+AUTO_TOOLS_REFUSED = (  # vLLM's words
+    '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set'
+)
 
 
 _Message = Annotated[
@@ -55,6 +63,7 @@ class _ChatCompletionBody(BaseModel):
     model: str
     messages: list[_Message] = Field(min_length=1, max_length=MESSAGES_MAX)
     tools: list[ToolDefinition] | None = Field(default=None, max_length=TOOLS_MAX)
+    tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None = None
     chat_template: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None
     max_tokens: int | None = Field(default=None, ge=1)
@@ -80,7 +89,8 @@ def create_app(engine: SimulatedEngine) -> FastAPI:
     app = FastAPI(title="convplane simulated inference engine", lifespan=lifespan)
     request_counter = iter(range(1 << 62))
     started_at = int(time.time())
-    details = engine.core.config.prompt_tokens_details
+    config = engine.core.config
+    details = config.prompt_tokens_details
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
@@ -89,10 +99,16 @@ def create_app(engine: SimulatedEngine) -> FastAPI:
             body = _ChatCompletionBody.model_validate(raw)
         except (ValidationError, ValueError) as exc:
             return _error(400, str(exc)[:500], "BadRequestError")
+        tools = tuple(raw.get("tools") or ())
+        tool_choice = body.tool_choice if body.tool_choice is not None else "auto"
+        if tools and tool_choice == "auto" and not config.enable_auto_tool_choice:
+            return _error(400, AUTO_TOOLS_REFUSED, "BadRequestError")
+        if tool_choice == "none" and config.exclude_tools_when_tool_choice_none:
+            tools = ()
         # the prompt is rendered from the messages as sent (verbatim JSON), like a chat template
         prompt = ChatPrompt(
             messages=tuple(raw["messages"]),
-            tools=tuple(raw.get("tools") or ()),
+            tools=tools,
             chat_template=body.chat_template,
             chat_template_kwargs=dict(body.chat_template_kwargs or {}),
         )
@@ -103,10 +119,6 @@ def create_app(engine: SimulatedEngine) -> FastAPI:
             priority=body.priority,
             request_id=request.headers.get(REQUEST_ID_HEADER) or f"sim-{next(request_counter)}",
         )
-        if body.priority != 0 and engine.core.config.scheduling_policy != "priority":
-            # vLLM's request validation (``add_request``): priorities need the priority policy
-            return _error(400, f"Got priority {body.priority} but Priority scheduling is not "
-                          "enabled.", "BadRequestError")  # fmt: skip
         try:
             outcome = await engine.prefill(prefill)
         except ModelRevisionMismatch as exc:
@@ -145,7 +157,7 @@ def create_app(engine: SimulatedEngine) -> FastAPI:
         # vLLM's ModelCard: id = --served-model-name, root = the --model path
         revision = engine.model_revision
         entry = {"id": revision, "object": "model", "created": started_at, "owned_by": "vllm",
-                 "root": revision, "parent": None, "max_model_len": MAX_MODEL_LEN,
+                 "root": revision, "parent": None, "max_model_len": config.max_model_len,
                  "permission": []}  # fmt: skip
         return {"object": "list", "data": [entry]}
 
@@ -153,6 +165,8 @@ def create_app(engine: SimulatedEngine) -> FastAPI:
     async def metrics() -> PlainTextResponse:
         await engine.metrics()  # advances the simulation to now
         text = render_sim_exposition(engine.core, engine.model_revision, started_at)
+        if not config.log_stats:  # --disable-log-stats: no vllm: series at all
+            text = ""
         return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
 
     @app.get("/health")

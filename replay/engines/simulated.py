@@ -17,14 +17,31 @@ import contextlib
 
 from eventlog.clock import Clock
 from eventlog.errors import InvariantViolation
-from replay.engines.base import EngineUnavailable, InferenceEngine, ModelRevisionMismatch
+from replay.engines import vllm_check as checks
+from replay.engines.base import (
+    EngineRejectedRequest,
+    EngineUnavailable,
+    InferenceEngine,
+    ModelRevisionMismatch,
+)
 from replay.engines.sim_core import (
     PrefillServerModel,
     SimCompletion,
     SimEngineConfig,
     sim_tokenize,
 )
-from replay.model import EngineMetrics, EngineProblem, PrefillOutcome, PrefillRequest
+from replay.model import (
+    EngineCheck,
+    EngineFitness,
+    EngineMetrics,
+    PrefillOutcome,
+    PrefillRequest,
+)
+
+UNTRUSTED_TEMPLATE = (
+    "Chat template is passed with request, but --trust-request-chat-template is not set. "
+    "Refused request with untrusted chat template."
+)
 
 
 class SimulatedEngine(InferenceEngine):
@@ -55,7 +72,15 @@ class SimulatedEngine(InferenceEngine):
             raise ModelRevisionMismatch(
                 f"engine {self._engine_id} serves {self._model_revision!r}, not {request.model!r}"
             )
+        config = self.core.config
+        if request.prompt.chat_template is not None and not config.trust_request_chat_template:
+            raise EngineRejectedRequest(UNTRUSTED_TEMPLATE)  # vLLM's words
         tokens = sim_tokenize(request.prompt)
+        if len(tokens) + 1 > config.max_model_len:
+            raise EngineRejectedRequest(
+                f"This model's maximum context length is {config.max_model_len} tokens. "
+                f"However, your request has {len(tokens)} input tokens."
+            )
         was_idle = self.core.next_event_s() is None
         ticket = self.core.submit(
             tokens, request.cache_salt, request.priority, self._clock.monotonic()
@@ -78,15 +103,27 @@ class SimulatedEngine(InferenceEngine):
             cached_reported=details,
         )
 
-    async def self_check(self, replay_priority: int) -> list[EngineProblem]:
-        """The simulator knows its own configuration (the HTTP face is probed like vLLM)."""
-        problems = []
-        if self.core.config.scheduling_policy != "priority":
-            problems.append(EngineProblem("priority_scheduling_off", "simulated engine is fcfs"))
-        if not self.core.config.prompt_tokens_details:
-            problems.append(EngineProblem("prompt_tokens_details_off",
-                                          "simulated engine does not report cached tokens"))  # fmt: skip
-        return problems
+    async def self_check(
+        self, replay_priority: int, *, priority_declared: bool = False
+    ) -> EngineFitness:
+        """The simulator knows its own configuration, priority included (its HTTP face is
+        probed like vLLM, ``replay.engines.vllm_check``)."""
+        config = self.core.config
+        known = {
+            checks.SERVES_REVISION: True,
+            checks.EXPORTS_METRICS: config.log_stats,
+            checks.ACCEPTS_TOOLS: not config.exclude_tools_when_tool_choice_none,
+            checks.ACCEPTS_CHAT_TEMPLATE: config.trust_request_chat_template,
+            checks.CACHES_PREFIXES: config.cache_tokens > 0,
+            checks.REPORTS_CACHED_TOKENS: config.prompt_tokens_details,
+            checks.PRIORITY_SCHEDULING: config.scheduling_policy == "priority",
+        }
+        return EngineFitness(tuple(
+            EngineCheck(name, "passed") if ok
+            else EngineCheck(name, "failed", f"simulated engine {self._engine_id} is "
+                             "configured without it")
+            for name, ok in known.items()
+        ))  # fmt: skip
 
     async def metrics(self) -> EngineMetrics:
         self.core.advance(self._clock.monotonic())

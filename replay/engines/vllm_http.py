@@ -2,7 +2,8 @@
 
 Prefill = ``POST /v1/chat/completions`` with the conversation's prompt exactly as the live path
 sends it (messages with tool calls, ``tools``, ``chat_template`` and ``chat_template_kwargs``:
-``replay.chat``), ``max_completion_tokens=1`` (``max_tokens`` is deprecated) and
+``replay.chat``) and ``tool_choice: "none"`` when it has tools (``REPLAY_TOOL_CHOICE``: a
+correctly started server never refuses it), ``max_completion_tokens=1`` (``max_tokens`` is deprecated) and
 ``temperature=0``, plus two vLLM extensions of the request body: ``priority`` (honoured when the server runs
 ``--scheduling-policy priority``; lower value = scheduled first, so replay sends a high number)
 and ``cache_salt`` (prefix-cache entries are only shared between requests with the same salt:
@@ -13,8 +14,7 @@ caching must be on (the default in vLLM V1). A 404 means the server does not ser
 ``ModelRevisionMismatch``.
 
 Metrics = ``GET /metrics`` (Prometheus text, see ``prometheus_text``). ``self_check`` (see
-``vllm_check``) is what a worker runs before it takes jobs: the pinned revision among
-``GET /v1/models``, priorities accepted, prefix caching on and cached tokens reported.
+``vllm_check``) is what a worker runs before it takes jobs.
 
 The ``httpx.AsyncClient`` is pooled and owned here (or injected: tests pass one with an ASGI
 transport); every call has its own timeout. HTTP and transport errors are translated once, here.
@@ -30,6 +30,7 @@ import httpx
 
 from eventlog.http_headers import REQUEST_ID_HEADER
 from replay.engines.base import (
+    REPLAY_TOOL_CHOICE,
     EngineRejectedRequest,
     EngineUnavailable,
     InferenceEngine,
@@ -37,7 +38,7 @@ from replay.engines.base import (
 )
 from replay.engines.prometheus_text import parse_engine_metrics
 from replay.engines.vllm_check import run_self_check
-from replay.model import EngineMetrics, EngineProblem, PrefillOutcome, PrefillRequest
+from replay.model import EngineFitness, EngineMetrics, PrefillOutcome, PrefillRequest
 
 
 class VllmHttpEngine(InferenceEngine):
@@ -72,6 +73,11 @@ class VllmHttpEngine(InferenceEngine):
         return self._model_revision
 
     async def prefill(self, request: PrefillRequest) -> PrefillOutcome:
+        return await self._prefill(request, REPLAY_TOOL_CHOICE)
+
+    async def _prefill(self, request: PrefillRequest, tool_choice: str) -> PrefillOutcome:
+        """``prefill`` with the ``tool_choice`` to send when the prompt has tools (the
+        self-check also asks for the live path's ``"auto"``)."""
         if request.model != self._model_revision:
             raise ModelRevisionMismatch(
                 f"engine {self._engine_id} serves {self._model_revision!r}, not {request.model!r}"
@@ -79,6 +85,7 @@ class VllmHttpEngine(InferenceEngine):
         body = {
             "model": request.model,
             **request.prompt.request_fields(),
+            **({"tool_choice": tool_choice} if request.prompt.tools else {}),
             "max_completion_tokens": 1,
             "temperature": 0,
             "priority": request.priority,
@@ -104,18 +111,28 @@ class VllmHttpEngine(InferenceEngine):
         response = await self._call("GET", "/metrics", self._metrics_timeout_s)
         return parse_engine_metrics(response.text)
 
-    async def served_models(self) -> list[str]:
+    async def served_models(self) -> dict[str, int | None]:
+        """Served model names and each one's ``max_model_len`` (None when not reported)."""
         response = await self._call("GET", "/v1/models", self._metrics_timeout_s)
         data = _json_object(response).get("data")
         if not isinstance(data, list):
             raise EngineUnavailable(f"engine {self._engine_id}: /v1/models without data")
-        return [str(item["id"]) for item in data if isinstance(item, Mapping) and "id" in item]
+        served: dict[str, int | None] = {}
+        for card in data:
+            if isinstance(card, Mapping) and "id" in card:
+                length = card.get("max_model_len")
+                valid = isinstance(length, int) and not isinstance(length, bool) and length > 0
+                served[str(card["id"])] = length if valid else None
+        return served
 
-    async def self_check(self, replay_priority: int) -> list[EngineProblem]:
-        """``replay.engines.vllm_check``: revision, priority scheduling, prefix caching."""
+    async def self_check(
+        self, replay_priority: int, *, priority_declared: bool = False
+    ) -> EngineFitness:
+        """``replay.engines.vllm_check``."""
         return await run_self_check(
-            self._model_revision, self.served_models, self.prefill, replay_priority
-        )
+            self._model_revision, self.served_models, self._prefill, self.metrics,
+            replay_priority=replay_priority, priority_declared=priority_declared,
+        )  # fmt: skip
 
     async def aclose(self) -> None:
         if self._owns_client:

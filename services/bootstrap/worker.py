@@ -35,6 +35,7 @@ async def run_worker(
     bus_secret: bytes,
     security: KafkaSecurity,
     session_timeout_s: float = 10.0,
+    priority_declared: bool = False,
 ) -> dict[str, int]:
     """Wire a worker (its graph is the module docstring's), run it until SIGINT or SIGTERM,
     and return its counts."""
@@ -66,7 +67,7 @@ async def run_worker(
             CapacityGate(controller),
             clock,
             rng,
-            WorkerConfig(concurrency=concurrency),
+            WorkerConfig(concurrency=concurrency, priority_declared=priority_declared),
             cache_salt_key=cache_salt_key,
         )
         loop = asyncio.get_running_loop()

@@ -27,6 +27,19 @@ def register(app: typer.Typer) -> None:
         prompt_tokens_details: bool = typer.Option(
             True, help="Report usage.prompt_tokens_details (vLLM --enable-prompt-tokens-details)."
         ),
+        max_model_len: int = typer.Option(131_072, min=2, help="vLLM --max-model-len."),
+        trust_request_chat_template: bool = typer.Option(
+            True, help="Take a request's own chat_template (vLLM --trust-request-chat-template)."
+        ),
+        enable_auto_tool_choice: bool = typer.Option(
+            True, help="Take tools under tool_choice auto (vLLM --enable-auto-tool-choice)."
+        ),
+        exclude_tools_when_tool_choice_none: bool = typer.Option(
+            False, help="Drop tools under tool_choice none (the vLLM flag of that name)."
+        ),
+        log_stats: bool = typer.Option(
+            True, help="Export vllm: series on /metrics (--no-log-stats: --disable-log-stats)."
+        ),
     ) -> None:
         """Serve /v1/chat/completions, /v1/models, /metrics and /health."""
         import uvicorn
@@ -42,6 +55,11 @@ def register(app: typer.Typer) -> None:
             chunk_tokens=chunk_tokens,
             scheduling_policy="fcfs" if scheduling_policy == "fcfs" else "priority",
             prompt_tokens_details=prompt_tokens_details,
+            max_model_len=max_model_len,
+            trust_request_chat_template=trust_request_chat_template,
+            enable_auto_tool_choice=enable_auto_tool_choice,
+            exclude_tools_when_tool_choice_none=exclude_tools_when_tool_choice_none,
+            log_stats=log_stats,
         )
         if scheduling_policy not in ("priority", "fcfs"):
             raise typer.BadParameter("priority or fcfs", param_hint="--scheduling-policy")

@@ -7,30 +7,37 @@ Nothing happens at import time; the worker's graph is wired in ``services.bootst
 from __future__ import annotations
 
 import asyncio
+import json
 import socket
-from typing import TYPE_CHECKING
 
 import typer
 
-if TYPE_CHECKING:
-    pass
 
-
-async def _check_engine(engine_url: str, model_revision: str, replay_priority: int) -> int:
+async def _check_engine(
+    engine_url: str,
+    model_revision: str,
+    replay_priority: int,
+    priority_declared: bool,
+    as_json: bool,
+) -> int:
     """``convplane worker --check``: the engine's replay self-check, printed; 0 when fit."""
     from replay.engines.vllm_http import VllmHttpEngine
 
     engine = VllmHttpEngine("check", engine_url, model_revision)
     try:
-        problems = await engine.self_check(replay_priority)
+        fitness = await engine.self_check(replay_priority, priority_declared=priority_declared)
     finally:
         await engine.aclose()
-    for problem in problems:
-        typer.echo(f"UNFIT {problem.code}: {problem.message}", err=True)
-    if not problems:
-        typer.echo(f"engine {engine_url} is fit for replay of {model_revision!r}: serves it, "
-                   "takes priorities, caches prefixes and reports cached tokens")  # fmt: skip
-    return 1 if problems else 0
+    if as_json:
+        typer.echo(json.dumps(fitness.as_json(), indent=2, sort_keys=False))
+    else:
+        for check in fitness.checks:
+            reason = f": {check.reason}" if check.reason else ""
+            typer.echo(f"{check.verdict.upper():10} {check.name}{reason}",
+                       err=check.verdict == "failed")  # fmt: skip
+        verdict = "fit" if fitness.fit else "UNFIT"
+        typer.echo(f"engine {engine_url} is {verdict} for replay of {model_revision!r}")
+    return 0 if fitness.fit else 1
 
 
 def register(app: typer.Typer) -> None:
@@ -43,6 +50,15 @@ def register(app: typer.Typer) -> None:
         api_key: str = typer.Option("", envvar="CONVPLANE_WORKER_API_KEY", help="Service key."),
         check: bool = typer.Option(
             False, "--check", help="Only run the engine self-check, print it, exit 0 if fit."
+        ),
+        as_json: bool = typer.Option(
+            False, "--json", help="With --check: print {fit, checks, reasons} as JSON."
+        ),
+        declare_priority_scheduling: bool = typer.Option(
+            False,
+            "--declare-priority-scheduling",
+            help="The engine runs --scheduling-policy priority (it cannot be verified from "
+            "outside); otherwise replay takes a smaller share of its spare.",
         ),
         model_revision: str = typer.Option("default", help="Model revision the engine serves."),
         worker_id: str = typer.Option("", help="Worker id (default: host-pid)."),
@@ -89,7 +105,9 @@ def register(app: typer.Typer) -> None:
 
         if check:
             priority = WorkerConfig().replay_priority
-            raise typer.Exit(asyncio.run(_check_engine(engine_url, model_revision, priority)))
+            raise typer.Exit(asyncio.run(_check_engine(
+                engine_url, model_revision, priority, declare_priority_scheduling, as_json
+            )))  # fmt: skip
         for name, value in (("--bootstrap-servers", bootstrap_servers),
                             ("--region-url", region_url), ("--api-key", api_key)):  # fmt: skip
             if not value:
@@ -133,6 +151,7 @@ def register(app: typer.Typer) -> None:
                 bus_secret=bytes.fromhex(bus_secret),
                 security=security,
                 session_timeout_s=session_timeout_s,
+                priority_declared=declare_priority_scheduling,
             )
         )
         typer.echo(f"worker {worker_id} stopped: {counts}")

@@ -58,9 +58,11 @@ async def base_url() -> AsyncIterator[str]:
 async def test_adapter_prefills_and_reads_metrics_over_loopback(base_url: str) -> None:
     engine = VllmHttpEngine("sim-0", base_url, MODEL)
     try:
-        assert await engine.self_check(replay_priority=100) == []
-        before = await engine.metrics()  # the self-check's two probe requests
-        assert before.generation_tokens_total == 2
+        fitness = await engine.self_check(replay_priority=100, priority_declared=True)
+        assert fitness.fit and {c.verdict for c in fitness.checks} == {"passed"}, fitness
+        before = await engine.metrics()  # counts the self-check's probe requests
+        probes = before.generation_tokens_total
+        assert probes >= 2
         first = await engine.prefill(PrefillRequest(MODEL, MESSAGES, "tenant-a", 100, "r1"))
         second = await engine.prefill(PrefillRequest(MODEL, MESSAGES, "tenant-a", 0, "r2"))
         other = await engine.prefill(PrefillRequest(MODEL, MESSAGES, "tenant-b", 0, "r3"))
@@ -76,7 +78,7 @@ async def test_adapter_prefills_and_reads_metrics_over_loopback(base_url: str) -
             hits is not None
             and hits - before.prefix_cache_hits_total == second.cached_prompt_tokens
         )
-        assert metrics.generation_tokens_total == 2 + 3
+        assert metrics.generation_tokens_total == probes + 3
         assert metrics.num_requests_running == metrics.num_requests_waiting == 0
         async with httpx.AsyncClient(base_url=base_url) as raw:
             assert (await raw.get("/health")).status_code == 200
@@ -89,8 +91,8 @@ async def test_wrong_revision_is_detected() -> None:
     transport = httpx.ASGITransport(app=create_app(simulated))
     async with httpx.AsyncClient(transport=transport, base_url="http://sim") as client:
         engine = VllmHttpEngine("sim-0", "http://sim", "other@rev9", client=client)
-        problems = await engine.self_check(replay_priority=100)
-        assert [p.code for p in problems] == ["model_revision_mismatch"]
+        fitness = await engine.self_check(replay_priority=100)
+        assert [p.code for p in fitness.problems] == ["serves_revision"]
         # the adapter refuses locally; the server refuses too (vLLM answers 404 for a model
         # it does not serve): the adapter translates it to a typed rejection
         response = await client.post(

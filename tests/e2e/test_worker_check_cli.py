@@ -3,6 +3,7 @@ exit 0 for an engine started as replay needs it, exit 1 naming what is missing o
 
 from __future__ import annotations
 
+import json
 import subprocess
 import time
 from collections.abc import Iterator
@@ -43,10 +44,10 @@ def sim_engine(*flags: str) -> Iterator[str]:
         proc.wait(timeout=10)
 
 
-def check(url: str, revision: str = MODEL) -> subprocess.CompletedProcess[str]:
+def check(url: str, revision: str = MODEL, *flags: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [*CONVPLANE, "worker", "--check", "--region", "r1", "--engine-url", url,
-         "--model-revision", revision],
+         "--model-revision", revision, *flags],
         env=convplane_env(), capture_output=True, text=True, timeout=60,
     )  # fmt: skip
 
@@ -55,10 +56,27 @@ def test_worker_check_passes_a_fit_engine_and_names_what_an_unfit_one_lacks() ->
     with sim_engine() as url:
         fit = check(url)
         assert fit.returncode == 0, fit.stderr
-        assert "fit for replay" in fit.stdout
+        assert "is fit for replay" in fit.stdout
+        assert "UNVERIFIED priority_scheduling" in fit.stdout
         wrong = check(url, "sim-llama@2")
-        assert wrong.returncode == 1 and "model_revision_mismatch" in wrong.stderr
-    with sim_engine("--scheduling-policy", "fcfs", "--no-prompt-tokens-details") as url:
+        assert wrong.returncode == 1 and "FAILED     serves_revision" in wrong.stderr
+    with sim_engine("--no-prompt-tokens-details", "--no-trust-request-chat-template") as url:
         unfit = check(url)
         assert unfit.returncode == 1
-        assert "priority_scheduling_off" in unfit.stderr
+        assert "accepts_chat_template" in unfit.stderr
+        assert "reports_cached_tokens" in unfit.stderr
+
+
+def test_worker_check_json_reports_every_check_with_a_reason_for_each_not_passed() -> None:
+    with sim_engine("--scheduling-policy", "fcfs", "--no-log-stats") as url:
+        unfit = check(url, MODEL, "--json")
+        declared = check(url, MODEL, "--json", "--declare-priority-scheduling")
+    assert unfit.returncode == 1, unfit.stderr
+    report = json.loads(unfit.stdout)
+    assert report["fit"] is False
+    assert report["checks"]["exports_metrics"] == "failed"
+    assert report["checks"]["priority_scheduling"] == "unverified"  # FCFS takes priorities
+    assert report["checks"]["accepts_tools"] == "passed"
+    assert set(report["reasons"]) == {"exports_metrics", "priority_scheduling"}
+    assert all(report["reasons"].values())
+    assert json.loads(declared.stdout)["checks"]["priority_scheduling"] == "passed"

@@ -54,6 +54,7 @@ class FakeGate:
         self.asked: list[int] = []
         self.granted = 0
         self.released: list[int | None] = []
+        self.priority_verified: bool | None = None  # None: the worker has not said
         self.asked_often = asyncio.Event()  # set once the worker asked asked_signal_at times
         self._asked_signal_at = asked_signal_at
 
@@ -69,6 +70,9 @@ class FakeGate:
 
     def release(self, computed_tokens: int | None) -> None:
         self.released.append(computed_tokens)
+
+    def set_priority_verified(self, verified: bool) -> None:
+        self.priority_verified = verified
 
 
 class FakeTranscripts(TranscriptSource):

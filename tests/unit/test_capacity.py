@@ -248,3 +248,17 @@ def test_bucket_debt_lets_large_jobs_through_at_the_exact_rate() -> None:
     assert bucket.seconds_until(1_000) == pytest.approx(10.0)
     with pytest.raises(InvariantViolation):
         TokenBucket(rate_per_s=-1, depth=1, now_s=0.0)
+
+
+def test_an_engine_with_unverified_priority_gives_replay_a_smaller_share_of_its_spare() -> None:
+    """Under FCFS (which vLLM cannot be asked about) a replay queues level with live requests:
+    replay takes ``unverified_priority_share`` of the spare, and all of it once verified."""
+    clock, engine = ManualClock(100.0), FakeEngineCounters()
+    controller = _controller(clock, unverified_priority_share=0.25)
+    _feed(clock, controller, engine, 2_000, seconds=10)
+    controller.set_priority_verified(False)
+    assert controller.snapshot().spare_tokens_per_s == pytest.approx(7_000 * 0.25, rel=0.02)
+    controller.set_priority_verified(True)
+    assert controller.snapshot().spare_tokens_per_s == pytest.approx(7_000, rel=0.02)
+    with pytest.raises(InvariantViolation):
+        CapacityConfig(CAPACITY, unverified_priority_share=0.0)

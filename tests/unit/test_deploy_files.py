@@ -56,8 +56,10 @@ def test_vllm_is_pinned_and_started_as_the_worker_self_check_requires() -> None:
     vllm = compose["services"]["vllm-us-east"]
     assert not vllm["image"].endswith(":latest") and ":" in vllm["image"]
     flags = vllm["command"]
-    for flag in ("--enable-prefix-caching", "--enable-prompt-tokens-details"):
+    for flag in ("--enable-prefix-caching", "--enable-prompt-tokens-details",
+                 "--trust-request-chat-template", "--enable-auto-tool-choice"):  # fmt: skip
         assert flag in flags
+    assert "--tool-call-parser" in flags and "--disable-log-stats" not in flags
     assert flags[flags.index("--scheduling-policy") + 1] == "priority"
     served = flags[flags.index("--served-model-name") + 1]
     assert served.endswith("@" + flags[flags.index("--revision") + 1])

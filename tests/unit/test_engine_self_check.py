@@ -1,6 +1,9 @@
 """The worker's engine self-check against the simulated engine's vLLM-shaped HTTP face (ASGI,
-no network): revision, priority scheduling, prefix caching, cached tokens reported; a worker
-whose engine fails it takes no job and says why."""
+no network). Each server flag replay depends on is a named check; the simulator refuses what
+vLLM 0.32 refuses (tools under "auto" without auto tool choice, an untrusted request template,
+a prompt over max_model_len) and, like vLLM, takes a priority under FCFS and ignores it, so
+priority scheduling is ``unverified`` unless the operator declares it. A worker whose engine
+fails takes no job and says why."""
 
 from __future__ import annotations
 
@@ -8,6 +11,7 @@ import asyncio
 import random
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 import httpx
 import pytest
@@ -16,29 +20,23 @@ from eventlog.clock import LoopClock
 from replay.bus import InProcessJobBus
 from replay.chat import ChatPrompt
 from replay.engines.base import ModelRevisionMismatch
-from replay.engines.sim_core import SchedulingPolicy, SimEngineConfig
+from replay.engines.sim_core import SimEngineConfig
 from replay.engines.sim_server import create_app
 from replay.engines.simulated import SimulatedEngine
 from replay.engines.vllm_http import VllmHttpEngine
 from replay.model import PrefillRequest
 from replay.worker import ReplayWorker, WorkerConfig
+from tests import tool_conversation
 from tests.unit.fakes_replay import FakeGate, FakeTranscripts
 
 MODEL = "llama@r1"
+PASSED_UNLESS_DECLARED = {"priority_scheduling": "unverified"}
 
 
 @asynccontextmanager
-async def engine_over_http(
-    *,
-    policy: SchedulingPolicy = "priority",
-    details: bool = True,
-    cache_tokens: int = 100_000,
-    revision: str = MODEL,
-) -> AsyncIterator[VllmHttpEngine]:
-    config = SimEngineConfig(
-        prefill_tokens_per_s=5_000_000.0, cache_tokens=cache_tokens,
-        scheduling_policy=policy, prompt_tokens_details=details,
-    )  # fmt: skip
+async def engine_over_http(revision: str = MODEL, **settings: Any) -> AsyncIterator[VllmHttpEngine]:
+    config = SimEngineConfig(**{"prefill_tokens_per_s": 5_000_000.0, "cache_tokens": 100_000,
+                                **settings})  # fmt: skip
     simulated = SimulatedEngine("sim-0", MODEL, config, LoopClock())
     app = create_app(simulated)
     async with (
@@ -48,45 +46,84 @@ async def engine_over_http(
         yield VllmHttpEngine("sim-0", "http://sim", revision, client=client)
 
 
-async def test_a_properly_started_engine_passes() -> None:
+async def test_a_properly_started_engine_passes_all_but_the_undeclared_priority() -> None:
     async with engine_over_http() as engine:
-        assert await engine.self_check(replay_priority=100) == []
+        fitness = await engine.self_check(replay_priority=100)
+        declared = await engine.self_check(replay_priority=100, priority_declared=True)
+    assert fitness.fit
+    verdicts = fitness.verdicts()
+    assert {n: v for n, v in verdicts.items() if v != "passed"} == PASSED_UNLESS_DECLARED
+    assert set(fitness.reasons()) == {"priority_scheduling"}
+    assert declared.fit and {c.verdict for c in declared.checks} == {"passed"}
 
 
 @pytest.mark.parametrize(
-    ("settings", "code"),
+    ("settings", "failed"),
     [
-        ({"policy": "fcfs"}, "priority_scheduling_off"),
-        ({"details": False}, "prompt_tokens_details_off"),
-        ({"cache_tokens": 0}, "prefix_caching_off"),
-        ({"revision": "llama@r2"}, "model_revision_mismatch"),
+        ({"prompt_tokens_details": False}, "reports_cached_tokens"),
+        ({"cache_tokens": 0}, "caches_prefixes"),
+        ({"revision": "llama@r2"}, "serves_revision"),
+        ({"trust_request_chat_template": False}, "accepts_chat_template"),
+        ({"log_stats": False}, "exports_metrics"),
+        ({"exclude_tools_when_tool_choice_none": True}, "accepts_tools"),
     ],
 )
-async def test_each_missing_flag_is_named(settings: dict[str, object], code: str) -> None:
-    async with engine_over_http(**settings) as engine:  # type: ignore[arg-type]
-        problems = await engine.self_check(replay_priority=100)
-    assert [p.code for p in problems] == [code]
-    assert problems[0].message
+async def test_each_missing_flag_is_named(settings: dict[str, Any], failed: str) -> None:
+    async with engine_over_http(**settings) as engine:
+        fitness = await engine.self_check(replay_priority=100)
+    assert not fitness.fit
+    assert [p.code for p in fitness.problems] == [failed]
+    assert fitness.problems[0].message
 
 
-async def test_the_simulator_refuses_an_empty_salt_with_vllms_error_body() -> None:
-    async with engine_over_http() as engine:
-        client = engine._client  # the ASGI client the adapter was given
-        body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "cache_salt": ""}
-        response = await client.post("/v1/chat/completions", json=body)
-        assert response.status_code == 400
-        error = response.json()["error"]
-        assert set(error) == {"message", "type", "param", "code"} and error["code"] == 400
-        unknown = await client.post("/v1/chat/completions", json={**body, "model": "x@1",
-                                                                   "cache_salt": "s"})  # fmt: skip
-        assert unknown.status_code == 404
-        card = (await client.get("/v1/models")).json()["data"][0]
-        assert card["id"] == MODEL and card["object"] == "model" and "max_model_len" in card
+async def test_an_engine_without_auto_tool_choice_is_fit_and_takes_replays_tool_requests() -> None:
+    """vLLM refuses ``tools`` under the default tool_choice ("auto") unless started with
+    --enable-auto-tool-choice; replay sends "none", which every server takes."""
+    async with engine_over_http(enable_auto_tool_choice=False) as engine:
+        fitness = await engine.self_check(replay_priority=100)
+        assert fitness.fit and fitness.verdict("accepts_tools") == "passed"
+        prompt = ChatPrompt.of_messages(tool_conversation.messages("a"), tools=tuple(
+            tool_conversation.TOOLS))  # fmt: skip
+        outcome = await engine.prefill(PrefillRequest(MODEL, prompt, "salt", 100, "r1"))
+        assert outcome.prompt_tokens > 0
+        body = {"model": MODEL, **prompt.request_fields(), "max_completion_tokens": 1}
+        refused = await engine._client.post("/v1/chat/completions", json=body)
+    assert refused.status_code == 400
+    assert "--enable-auto-tool-choice" in refused.json()["error"]["message"]
+
+
+async def test_the_probe_is_sized_to_the_engines_max_model_len() -> None:
+    async with engine_over_http(max_model_len=300) as engine:
+        fitness = await engine.self_check(replay_priority=100)
+    assert fitness.fit, fitness
+
+
+async def test_an_fcfs_engine_takes_priorities_so_priority_stays_unverified() -> None:
+    async with engine_over_http(scheduling_policy="fcfs") as engine:
+        fitness = await engine.self_check(replay_priority=100)
+        request = PrefillRequest(MODEL, ChatPrompt(({"role": "user", "content": "hi"},)), "s",
+                                 100, "r1")  # fmt: skip
+        assert (await engine.prefill(request)).prompt_tokens > 0  # a 200, as vLLM 0.32 answers
+    assert fitness.fit
+    assert fitness.verdict("priority_scheduling") == "unverified"
+
+
+async def test_an_unreachable_engine_fails_and_leaves_the_rest_unverified() -> None:
+    def refuse(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("connection refused", request=request)
+
+    async with httpx.AsyncClient(transport=httpx.MockTransport(refuse), base_url="http://x") as c:
+        engine = VllmHttpEngine("x", "http://x", MODEL, client=c)
+        fitness = await engine.self_check(replay_priority=100)
+    assert not fitness.fit
+    checks = fitness.verdicts()
+    assert checks["serves_revision"] == "failed"
+    assert {v for n, v in checks.items() if n != "serves_revision"} == {"unverified"}
 
 
 async def test_a_worker_on_an_unfit_engine_takes_no_job_and_says_why() -> None:
     async with (
-        engine_over_http(policy="fcfs") as engine,
+        engine_over_http(trust_request_chat_template=False) as engine,
         InProcessJobBus(jobs_max_per_region=10) as bus,
     ):
         settings = WorkerConfig(recheck_s=0.01, idle_poll_s=0.01)
@@ -102,9 +139,47 @@ async def test_a_worker_on_an_unfit_engine_takes_no_job_and_says_why() -> None:
         assert worker.counts["engine_check_failed"] >= 2
         assert worker.consumer is None  # never joined the group
         assert worker.engine_problems is not None
-        assert [p.code for p in worker.engine_problems] == ["priority_scheduling_off"]
+        assert [p.code for p in worker.engine_problems] == ["accepts_chat_template"]
         worker.request_stop()
         await asyncio.wait_for(task, 5.0)
+
+
+@pytest.mark.parametrize(("declared", "verified"), [(False, False), (True, True)])
+async def test_a_worker_tells_its_gate_whether_priority_is_verified(
+    declared: bool, verified: bool
+) -> None:
+    async with (
+        engine_over_http(scheduling_policy="fcfs") as engine,
+        InProcessJobBus(jobs_max_per_region=10) as bus,
+    ):
+        gate = FakeGate()
+        settings = WorkerConfig(idle_poll_s=0.01, priority_declared=declared)
+        worker = ReplayWorker(
+            "w1", "eu", bus, engine, FakeTranscripts(), gate, LoopClock(),
+            random.Random(1), settings, cache_salt_key=bytes(32),
+        )  # fmt: skip
+        assert await worker.engine_fit()
+    assert gate.priority_verified is verified
+    assert worker.engine_problems == []
+
+
+async def test_the_simulator_refuses_an_untrusted_template_and_an_empty_salt_like_vllm() -> None:
+    async with engine_over_http(trust_request_chat_template=False) as engine:
+        client = engine._client  # the ASGI client the adapter was given
+        body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "cache_salt": ""}
+        response = await client.post("/v1/chat/completions", json=body)
+        assert response.status_code == 400
+        error = response.json()["error"]
+        assert set(error) == {"message", "type", "param", "code"} and error["code"] == 400
+        templated = await client.post("/v1/chat/completions", json={
+            **body, "cache_salt": "s", "chat_template": "{{ messages[0].content }}"})  # fmt: skip
+        assert templated.status_code == 400
+        assert "--trust-request-chat-template" in templated.json()["error"]["message"]
+        unknown = await client.post("/v1/chat/completions", json={**body, "model": "x@1",
+                                                                   "cache_salt": "s"})  # fmt: skip
+        assert unknown.status_code == 404
+        card = (await client.get("/v1/models")).json()["data"][0]
+        assert card["id"] == MODEL and card["object"] == "model" and "max_model_len" in card
 
 
 async def test_a_404_from_the_server_is_a_model_revision_mismatch() -> None:

@@ -63,6 +63,18 @@ def test_second_prefill_of_same_prefix_hits_the_cache() -> None:
     assert second.ttft_s == pytest.approx((1100 - second.cached_tokens) / RATE)
 
 
+def test_a_repeat_of_whole_blocks_recomputes_the_last_block_as_vllm_does() -> None:
+    """vLLM caps a hit at ``prompt - 1`` tokens in *whole blocks*: the block holding the last
+    token is computed again, not just the last token (tests/vllm/test_conformance.py holds
+    both engines to ``(prompt - 1) // block * block``)."""
+    model = _model()
+    prompt = _tokens(0, 2 * BLOCK_TOKENS)
+    for at_s in (0.0, 10.0):
+        model.submit(prompt, "tenant-a", 0, at_s)
+        _run_all(model)
+    assert [done.cached_tokens for done in model.pop_completed()] == [0, BLOCK_TOKENS]
+
+
 def test_cache_salt_isolates_tenants() -> None:
     model = _model()
     prompt = _tokens(0, 640)
@@ -72,15 +84,6 @@ def test_cache_salt_isolates_tenants() -> None:
     _run_all(model)
     _, other = model.pop_completed()
     assert other.cached_tokens == 0
-
-
-def test_fully_cached_prompt_still_computes_last_token() -> None:
-    model = _model()
-    prompt = _tokens(0, 64)
-    for at_s in (0.0, 1.0):
-        model.submit(prompt, "t", 0, at_s)
-        _run_all(model)
-    assert model.pop_completed()[1].cached_tokens == 63
 
 
 def test_lru_evicts_least_recently_used_blocks() -> None:

@@ -54,6 +54,9 @@ class OpenGate:
     def release(self, computed_tokens: int | None) -> None:
         return None
 
+    def set_priority_verified(self, verified: bool) -> None:
+        return None
+
 
 def transcript(tag: str) -> list[TranscriptEvent]:
     """The events as the API stores them: every body validated by the API's request model."""

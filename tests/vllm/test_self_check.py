@@ -1,0 +1,57 @@
+"""The replay self-check (``convplane worker --check``) against real vLLM servers: a server
+started as replay needs it is fit; one started with vLLM's defaults and --disable-log-stats
+is unfit, with each missing flag named."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+from replay.engines.vllm_http import VllmHttpEngine
+from tests.e2e.plane import CONVPLANE, convplane_env
+from tests.vllm.servers import MODEL_REVISION, VllmServer
+
+
+def check_cli(url: str, *flags: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*CONVPLANE, "worker", "--check", "--json", "--region", "r1", "--engine-url", url,
+         "--model-revision", MODEL_REVISION, *flags],
+        env=convplane_env(), capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+
+
+async def test_a_well_configured_server_is_fit_with_priority_unverified_until_declared(
+    well_configured: VllmServer,
+) -> None:
+    engine = VllmHttpEngine("well", well_configured.url, MODEL_REVISION)
+    try:
+        fitness = await engine.self_check(replay_priority=100)
+    finally:
+        await engine.aclose()
+    assert fitness.fit, fitness.reasons()
+    not_passed = {n: v for n, v in fitness.verdicts().items() if v != "passed"}
+    assert not_passed == {"priority_scheduling": "unverified"}, fitness.reasons()
+    declared = check_cli(well_configured.url, "--declare-priority-scheduling")
+    assert declared.returncode == 0, declared.stdout + declared.stderr
+    report = json.loads(declared.stdout)
+    assert report["fit"] is True and set(report["checks"].values()) == {"passed"}, report
+
+
+def test_a_badly_configured_server_is_unfit_and_each_missing_flag_is_named(
+    badly_configured: VllmServer,
+) -> None:
+    result = check_cli(badly_configured.url)
+    assert result.returncode == 1, result.stdout + result.stderr
+    report = json.loads(result.stdout)
+    assert report["fit"] is False
+    assert report["checks"] == {
+        "serves_revision": "passed",
+        "exports_metrics": "failed",  # --disable-log-stats
+        "accepts_tools": "passed",  # tool_choice none needs no --enable-auto-tool-choice
+        "accepts_chat_template": "failed",  # no --trust-request-chat-template
+        "caches_prefixes": "unverified",  # cached tokens are not reported ...
+        "reports_cached_tokens": "failed",  # ... without --enable-prompt-tokens-details
+        "priority_scheduling": "unverified",  # FCFS takes priorities with a 200
+    }, report
+    assert "--trust-request-chat-template" in report["reasons"]["accepts_chat_template"]
+    assert set(report["reasons"]) == {n for n, v in report["checks"].items() if v != "passed"}
