@@ -34,8 +34,8 @@ from convplane_client import (
     ToolRun,
 )
 from eventlog.sharding import shard_of
-from services.local.chaos import conversations_per_shard, full_placement, get_json, wait_until
 from tests.chaos.plane import chaos_plane
+from tests.harness.chaos import conversations_per_shard, full_placement, get_json, wait_until
 
 SHARDS = 12
 VICTIM = "ap-south"  # the lowest name: it also leads the control shard
