@@ -372,7 +372,7 @@ async def test_an_append_whose_deadline_passes_during_the_handshake_was_not_appl
 
     batcher = AppendBatcher(
         exchange=StreamBatchExchange(ssl_context=client_ssl_context(tls["a"])), clock=clock,
-        rng=random.Random(1), limits=limits, peer_secret=SECRET,
+        rng=random.Random(1), limits=limits, peer_secret=SECRET, source_region="a",
         while_reachable=while_reachable, count=lambda region, outcome: None,
     )  # fmt: skip
 
