@@ -31,6 +31,8 @@ from tests.unit.clocks import WALL_ORIGIN_MS
 
 REGIONS = ("a", "b", "c")
 SHARDS = 4
+#: the cluster's peer secret (``api``): what a client might have stolen
+PEER_SECRET = "p" * 40
 SHARD = 1
 REVISION = "sim-rev1"
 TENANT_KEY = "tenant-key-0123456789"
@@ -155,6 +157,7 @@ async def api(w: World) -> AsyncIterator[httpx.AsyncClient]:
         tenants=[TenantConfig(tenant_id="t1", api_key_sha256=api_key_sha256(TENANT_KEY)),
                  TenantConfig(tenant_id="t2", api_key_sha256=api_key_sha256("other-key-0000"))],
         replay=replay_config(),
+        peer_secret=PEER_SECRET,
     )  # fmt: skip
     async with AsyncExitStack() as stack:
         peers = await stack.enter_async_context(httpx.AsyncClient())
