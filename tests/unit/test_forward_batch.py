@@ -18,7 +18,7 @@ from fastapi import FastAPI
 
 from eventlog.clock import LoopClock
 from services.api import create_app
-from services.api.forward_batch import BATCH_PATH
+from services.api.forward_batch import BATCH_BODY_BYTES_MAX, BATCH_PATH
 from services.api.forward_exchange import NDJSON
 from services.bootstrap import NodeRuntime
 from services.config import ClusterConfig, NodeSettings
@@ -587,3 +587,18 @@ async def test_a_resent_items_answer_stands_only_if_it_settles_the_lost_attempt(
             assert (r.status_code, r.json()["error"]["code"]) == answer, r.text
         assert _batch_items(carried) == [[cid]] * calls
         assert await _seqs(nodes, cid) == [1]
+
+
+async def test_a_batch_body_past_its_limit_is_refused_before_its_handler(nodes: Nodes) -> None:
+    """Every route has a body limit, the peer endpoints included (issue 39): an authenticated
+    peer's oversized batch is a 413, never parsed."""
+    peer = {
+        "X-Convplane-Peer-Auth": PEER_SECRET,
+        "X-Convplane-Source-Region": "east",
+        "content-type": "application/json",
+    }
+    async with httpx.AsyncClient(transport=nodes.routing) as through_the_peer_listener:
+        r = await through_the_peer_listener.post(
+            "http://west.test" + BATCH_PATH, content=b" " * (BATCH_BODY_BYTES_MAX + 1), headers=peer
+        )
+    assert (r.status_code, r.json()["error"]["code"]) == (413, "payload_too_large")
