@@ -97,6 +97,8 @@ async def test_probes_share_one_kept_alive_connection_and_carry_the_secret() -> 
         await probe.close()
     assert peer.connections == 1
     assert all(f"x-convplane-peer-auth: {SECRET}".encode() in r for r in peer.requests)
+    # and name their own region, which the peer listener checks against the certificate
+    assert all(b"x-convplane-source-region: a\r\n" in r for r in peer.requests)
     assert all(r.startswith(b"GET /peer/health HTTP/1.1\r\n") for r in peer.requests)
 
 
