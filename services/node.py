@@ -103,9 +103,8 @@ def run_node(
         client.run()
         return
     tls = node_tls(settings)
-    peer_host = host
+    peer_host = peer_listener_host(host, tls=tls is not None)
     if tls is None:
-        peer_host = PLAIN_PEER_HOST if not _is_loopback(host) else host
         log.warning(
             "NO TLS FILES: the peer listener trusts the peer secret alone and carries bearer "
             "keys and the secret in clear; it listens on %s:%d only (loopback), so peers on "
@@ -147,11 +146,16 @@ def run_node(
         runner.run(_serve_both(client, peer))
 
 
-def _is_loopback(host: str) -> bool:
+def peer_listener_host(host: str, *, tls: bool) -> str:
+    """Where the peer listener listens: ``host``, except that without TLS (the secret alone is
+    trusted) anything but a loopback address becomes ``PLAIN_PEER_HOST``."""
+    if tls:
+        return host
     try:
-        return ipaddress.ip_address(host).is_loopback
+        loopback = ipaddress.ip_address(host).is_loopback
     except ValueError:
-        return host == "localhost"
+        loopback = host == "localhost"
+    return host if loopback else PLAIN_PEER_HOST
 
 
 async def _serve_both(client: uvicorn.Server, peer: uvicorn.Server) -> None:

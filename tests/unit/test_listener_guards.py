@@ -15,6 +15,7 @@ from starlette.types import Receive, Scope, Send
 from services.api.peer_trust import CERT_REGION_SCOPE_KEY, PEER_REGION_SCOPE_KEY
 from services.listener_gates import ClientListenerGate, PeerListenerGate
 from services.listeners import ListenerConfig
+from services.node import peer_listener_host
 from tests.unit.wire_client import WireConnection, raw_request
 
 HEAD_BYTES_MAX = 8 * 1024
@@ -177,3 +178,12 @@ def _with_scope(app: Any, extra: dict[str, Any]) -> Any:
         await app({**scope, **extra}, receive, send)
 
     return wrapped
+
+
+def test_a_peer_listener_without_tls_listens_on_loopback_only() -> None:
+    assert peer_listener_host("0.0.0.0", tls=False) == "127.0.0.1"
+    assert peer_listener_host("10.1.2.3", tls=False) == "127.0.0.1"
+    assert peer_listener_host("node-us-east", tls=False) == "127.0.0.1"
+    for loopback in ("127.0.0.1", "::1", "localhost"):
+        assert peer_listener_host(loopback, tls=False) == loopback
+    assert peer_listener_host("0.0.0.0", tls=True) == "0.0.0.0"  # certificates: any address
