@@ -3,14 +3,19 @@
 ``issue_cluster_tls(directory, regions, hosts)`` makes a CA (``ca.pem``, ``ca-key.pem``) and,
 per region, a certificate and key (``<region>.pem``, ``<region>-key.pem``) signed by it, valid
 for server and client authentication, with the region's name and ``hosts`` (names and IP
-addresses) as subject alternative names. Keys are written 0600, the directory 0700.
+addresses) as subject alternative names, and the region's identity as a URI subject alternative
+name (``urn:convplane:region:<region>``, ``region_of_certificate``). Keys are written 0600, the
+directory 0700.
 
 A node given ``tls_ca_file``, ``tls_cert_file`` and ``tls_key_file`` (``NodeSettings``) serves its
 peer listener over TLS and requires a client certificate signed by the CA
 (``server_ssl_options``), and presents its own certificate on every peer call, verifying the
 peer's against the CA and its address (``client_ssl_context``): a process without a certificate
 from the cluster's CA can neither probe, answer probes nor forward, and nothing between regions
-(bearer keys, the peer secret) crosses in clear.
+(bearer keys, the peer secret) crosses in clear. A certificate speaks for one region only: the
+peer listener (``services.listener_gates.PeerListenerGate``) takes a caller for the region its
+certificate's identity names, and refuses a request that claims another; a certificate without
+a region identity (``issue_certificate``'s, a database server's) speaks for none.
 
 EC P-256 keys; the CA's validity is ``CA_VALIDITY_DAYS``, a node's ``NODE_VALIDITY_DAYS``.
 """
@@ -35,6 +40,8 @@ if TYPE_CHECKING:
     from services.config import NodeSettings
 
 CA_VALIDITY_DAYS = 3650
+#: a region certificate's identity: this prefix and the region's name, as a URI SAN
+REGION_URI_PREFIX = "urn:convplane:region:"
 NODE_VALIDITY_DAYS = 825
 #: tolerated clock skew between the machine that issues and those that verify
 NOT_BEFORE_SKEW = datetime.timedelta(minutes=5)
@@ -71,7 +78,7 @@ def issue_cluster_tls(
     for region in regions:
         key = ec.generate_private_key(ec.SECP256R1())
         names = [region, *host_list, *(hosts_of or {}).get(region, ())]
-        cert = node_certificate(ca_key, ca_cert, region, names, key.public_key())
+        cert = node_certificate(ca_key, ca_cert, region, names, key.public_key(), region=region)
         cert_file, key_file = directory / f"{region}.pem", directory / f"{region}-key.pem"
         _write(cert_file, cert.public_bytes(serialization.Encoding.PEM), mode=0o644)
         _write(key_file, _key_pem(key), mode=0o600)
@@ -100,8 +107,11 @@ def node_certificate(
     common_name: str,
     names: Iterable[str],
     public_key: ec.EllipticCurvePublicKey,
+    *,
+    region: str | None = None,
 ) -> x509.Certificate:
-    """A certificate for a node: server and client auth, ``names`` as DNS names or IPs."""
+    """A certificate for a node: server and client auth, ``names`` as DNS names or IPs;
+    ``region``: the region it speaks for (``region_of_certificate``), none if None."""
     now = datetime.datetime.now(datetime.UTC)
     alt_names: list[x509.GeneralName] = []
     for name in dict.fromkeys(names):
@@ -109,6 +119,8 @@ def node_certificate(
             alt_names.append(x509.IPAddress(ipaddress.ip_address(name)))
         except ValueError:
             alt_names.append(x509.DNSName(name))
+    if region is not None:
+        alt_names.append(x509.UniformResourceIdentifier(REGION_URI_PREFIX + region))
     return (
         x509.CertificateBuilder()
         .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)]))
@@ -150,6 +162,18 @@ def server_ssl_options(tls: NodeTls) -> dict[str, Any]:
         "ssl_ca_certs": str(tls.ca_file),
         "ssl_cert_reqs": ssl.CERT_REQUIRED,
     }
+
+
+def region_of_certificate(peer_certificate: Mapping[str, Any] | None) -> str | None:
+    """The region a verified peer certificate (``SSLObject.getpeercert()``) speaks for: its one
+    ``urn:convplane:region:`` URI name; None without exactly one."""
+    alt_names = (peer_certificate or {}).get("subjectAltName", ())
+    regions = [
+        value.removeprefix(REGION_URI_PREFIX)
+        for kind, value in alt_names
+        if kind == "URI" and value.startswith(REGION_URI_PREFIX)
+    ]
+    return regions[0] if len(regions) == 1 and regions[0] else None
 
 
 def client_ssl_context(tls: NodeTls) -> ssl.SSLContext:

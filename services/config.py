@@ -199,6 +199,9 @@ class NodeSettings(BaseSettings):
     client_connections_max: int = Field(default=2048, ge=1)
     peer_connections_max: int = Field(default=256, ge=1)
     header_timeout_s: float = Field(default=5.0, gt=0.0)
+    #: a request head (request line and headers) longer than this is answered 431 and its
+    #: connection closed: the HTTP parser's cost grows with the square of a header's length
+    header_bytes_max: int = Field(default=64 * 1024, ge=4096)
     #: a request body must arrive within this (and the request's deadline), before admission
     body_read_timeout_s: float = Field(default=5.0, gt=0.0)
     #: a client must take each response message within this, else its connection is closed

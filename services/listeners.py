@@ -3,10 +3,11 @@
 A region node serves one app on two sockets:
 
 * the **client listener** (``--port``): chat applications, operators, anyone;
-* the **peer listener** (``--peer-port``): other nodes only (probes, placement, forwards). Every
-  request on it must carry the cluster's peer secret (401 otherwise), and it has its own
-  connection bound, so no number of client connections can keep a probe from being answered
-  (a region whose probes go unanswered is suspected and failed over).
+* the **peer listener** (``--peer-port``): other nodes only (probes, placement, forwards). What
+  it lets through, and what the client listener keeps out (every ``/peer/`` path), is
+  ``services.listener_gates``'s. It has its own connection bound, so no number of client
+  connections can keep a probe from being answered (a region whose probes go unanswered is
+  suspected and failed over).
 
 Both listeners run ``guarded_protocol``: uvicorn's httptools protocol (the HTTP parser in C:
 h11, in Python, cost a node ~8 % of its CPU under load) with these guards.
@@ -15,6 +16,13 @@ h11, in Python, cost a node ~8 % of its CPU under load) with these guards.
   ``header_timeout_s`` of connecting, and again of its previous response (the keep-alive idle
   time), else it is closed. uvicorn alone never times out a connection that sends nothing, and
   any single byte cancels its keep-alive timer (slowloris).
+* **Head size.** A request head (request line and headers) longer than ``header_bytes_max``
+  is answered 431 and its connection closed, before the parser has seen more than that: the
+  HTTP parser joins a header's pieces as they arrive, which costs time quadratic in its length
+  (a 64 MiB header held the event loop for seconds) and memory for all of it.
+* **Peer certificate.** On a TLS listener the region the client's certificate speaks for
+  (``services.cluster_tls.region_of_certificate``) goes in every request's scope under
+  ``CERT_REGION_SCOPE_KEY``, for the peer listener's gate to check.
 * **One send per response.** A response's head and body leave in one write
   (``CoalescedWrites``).
 * **The fast lane.** On the client listener, an append whose head and body arrive together,
@@ -38,21 +46,18 @@ count passes the limit, idle connections included) is not used: admission
 from __future__ import annotations
 
 import asyncio
-import hmac
 import json
 import logging
 from dataclasses import dataclass
 from typing import Any
 
-from starlette.types import ASGIApp, Receive, Scope, Send
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 from services.api.fast_lane import FastLane, LaneRequest, LaneResponse, Respond
-from services.api.forwarding import PEER_AUTH_HEADER
+from services.api.peer_trust import CERT_REGION_SCOPE_KEY
+from services.cluster_tls import region_of_certificate
 
 log = logging.getLogger("convplane.listeners")
-
-_PEER_AUTH = PEER_AUTH_HEADER.lower().encode()
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +65,8 @@ class ListenerConfig:
     name: str  # "client" or "peer", for logs
     connections_max: int
     header_timeout_s: float
+    #: a request head (request line and headers) longer than this is refused 431
+    header_bytes_max: int = 64 * 1024
     #: a response the client does not take within this long loses the connection (the
     #: edge's ``send_timeout_s``; here for what the fast lane writes)
     send_timeout_s: float = 10.0
@@ -79,9 +86,17 @@ def guarded_protocol(
         _cycle_when_idle: Any = None
         #: a request the lane may take, its head parsed, its body (if any) arriving
         _lane_pending: LaneRequest | None = None
+        #: what the request head under way may still take, in bytes; None: its body is
+        #: arriving (a head is only counted until it completes)
+        _head_bytes_left: int | None = limits.header_bytes_max
+        #: the region the client's TLS certificate speaks for (None: none, or no TLS)
+        _cert_region: str | None = None
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
+            ssl_object = transport.get_extra_info("ssl_object")
+            if ssl_object is not None:
+                self._cert_region = region_of_certificate(ssl_object.getpeercert())
             self.transport = CoalescedWrites(transport, self.loop)  # type: ignore[assignment]
             if len(self.connections) > limits.connections_max and not _evict_oldest_idle():
                 log.warning("%s listener: %d connections, none idle: refusing one",
@@ -95,6 +110,39 @@ def guarded_protocol(
             super().connection_lost(exc)
 
         def data_received(self, data: bytes) -> None:
+            """Parse ``data``, but no more of a request head than ``header_bytes_max``."""
+            while data:
+                left = self._head_bytes_left
+                if left is None or len(data) <= left:
+                    if left is not None:
+                        self._head_bytes_left = left - len(data)
+                    self._parse(data)
+                    return
+                self._head_bytes_left = 0
+                self._parse(data[:left])
+                if self._head_bytes_left == 0 or self.transport.is_closing():
+                    self._refuse_head()  # the head went on past its bound
+                    return
+                data = data[left:]  # the head ended within the bound: parse on
+
+        def _refuse_head(self) -> None:
+            if not self.transport.is_closing() and (
+                self.cycle is None or self.cycle.response_complete
+            ):
+                message = f"request head over {limits.header_bytes_max} bytes"
+                body = _error_body("request_header_fields_too_large", message)
+                self.transport.write(
+                    b"HTTP/1.1 431 Request Header Fields Too Large\r\n"
+                    b"content-type: application/json\r\nconnection: close\r\n"
+                    b"content-length: %d\r\n\r\n%s" % (len(body), body)
+                )
+            self.transport.close()
+
+        def on_message_begin(self) -> None:
+            super().on_message_begin()
+            self.scope[CERT_REGION_SCOPE_KEY] = self._cert_region  # type: ignore[literal-required]
+
+        def _parse(self, data: bytes) -> None:
             super().data_received(data)
             pending, self._lane_pending = self._lane_pending, None
             if pending is not None:  # its body did not come with its head: the app takes it
@@ -114,6 +162,7 @@ def guarded_protocol(
         # --- the fast lane (services.api.fast_lane) --------------------------------------
 
         def on_headers_complete(self) -> None:
+            self._head_bytes_left = None
             if lane is not None and (self.cycle is None or self.cycle.response_complete):
                 parser = self.parser
                 try:
@@ -139,6 +188,7 @@ def guarded_protocol(
             super().on_body(body)
 
         def on_message_complete(self) -> None:
+            self._head_bytes_left = limits.header_bytes_max  # the next request's head
             pending, self._lane_pending = self._lane_pending, None
             if pending is None:
                 super().on_message_complete()
@@ -293,28 +343,3 @@ class CoalescedWrites:
 
 def _error_body(code: str, message: str) -> bytes:
     return json.dumps({"error": {"code": code, "message": message, "retryable": False}}).encode()
-
-
-class PeerListenerGate:
-    """The peer listener's app: the node's app, for callers with the peer secret only."""
-
-    def __init__(self, app: ASGIApp, peer_secret: str) -> None:
-        self.app = app
-        self._secret = peer_secret.encode()
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and not self._authentic(scope):
-            body = _error_body("unauthorized", "the peer listener serves nodes of the cluster only")
-            headers = [
-                (b"content-type", b"application/json"),
-                (b"content-length", str(len(body)).encode()),
-                (b"connection", b"close"),
-            ]
-            await send({"type": "http.response.start", "status": 401, "headers": headers})
-            await send({"type": "http.response.body", "body": body})
-            return
-        await self.app(scope, receive, send)
-
-    def _authentic(self, scope: Scope) -> bool:
-        sent = [bytes(v) for k, v in scope.get("headers", ()) if bytes(k) == _PEER_AUTH]
-        return len(sent) == 1 and hmac.compare_digest(sent[0], self._secret)

@@ -2,7 +2,9 @@
 
 The client listener (``port``) runs the app's lifespan; the peer listener (``peer_port``, when
 given and the cluster has a peer secret) serves the same app to other nodes only, with limits of
-its own (``services.listeners``). uvicorn handles SIGTERM/SIGINT on the client listener by
+its own (``services.listeners``); what each lets through is ``services.listener_gates``'s. A
+peer listener without TLS trusts the peer secret alone, so it is bound to loopback only
+(``PLAIN_PEER_HOST``), whatever ``host`` says, and the node says so loudly at start. uvicorn handles SIGTERM/SIGINT on the client listener by
 finishing in-flight requests and running the lifespan's shutdown (leaders resign, stores close);
 the peer listener stops with it. So ``convplane up`` can stop a node with SIGTERM.
 """
@@ -13,6 +15,7 @@ import asyncio
 import contextlib
 import gc
 import io
+import ipaddress
 import logging
 import resource
 import signal
@@ -23,7 +26,8 @@ import uvicorn
 from services.api import create_app
 from services.cluster_tls import node_tls, server_ssl_options
 from services.config import NodeSettings
-from services.listeners import ListenerConfig, PeerListenerGate, guarded_protocol
+from services.listener_gates import ClientListenerGate, PeerListenerGate
+from services.listeners import ListenerConfig, guarded_protocol
 from services.logs import configure_logging
 
 log = logging.getLogger("convplane.node")
@@ -38,6 +42,9 @@ FDS_RESERVED = 256
 GC_YOUNG_THRESHOLD = 10_000
 #: frames of each task's stack that SIGUSR1 logs
 TASK_STACK_FRAMES = 16
+#: where a peer listener without TLS listens: it trusts the peer secret alone, so only
+#: processes of this machine may reach it (docs/security.md)
+PLAIN_PEER_HOST = "127.0.0.1"
 
 
 class _PeerServer(uvicorn.Server):
@@ -66,7 +73,7 @@ def run_node(
     _settle_heap()
     client = uvicorn.Server(
         uvicorn.Config(
-            app,
+            ClientListenerGate(app),
             host=host,
             port=port,
             log_config=None,  # uvicorn's loggers propagate to the JSON handler
@@ -82,26 +89,39 @@ def run_node(
                     "client",
                     settings.client_connections_max,
                     settings.header_timeout_s,
+                    settings.header_bytes_max,
                     settings.send_timeout_s,
                 ),
                 lane=app.state.fast_lane,
             ),
         )
     )
-    if peer_port is None:
-        client.run()
-        return
-    if cluster.peer_secret is None:
-        log.warning("no peer_secret in the cluster file: no peer listener; peers use --port")
+    if peer_port is None or cluster.peer_secret is None:
+        if len(cluster.regions) > 1:  # the client listener serves no peer endpoint
+            raise SystemExit("a node of a cluster of several regions needs --peer-port and a "
+                             "peer_secret in the cluster file")  # fmt: skip
         client.run()
         return
     tls = node_tls(settings)
+    peer_host = peer_listener_host(host, tls=tls is not None)
     if tls is None:
-        log.warning("no TLS files: the peer listener (bearer keys, the peer secret) is in clear")
+        log.warning(
+            "NO TLS FILES: the peer listener trusts the peer secret alone and carries bearer "
+            "keys and the secret in clear; it listens on %s:%d only (loopback), so peers on "
+            "other machines cannot reach it. Give every node tls_ca_file, tls_cert_file and "
+            "tls_key_file for a cluster across machines (docs/security.md).",
+            peer_host, peer_port,
+        )  # fmt: skip
+    gate = PeerListenerGate(
+        app,
+        peer_secret=cluster.peer_secret,
+        regions=[r.name for r in cluster.regions],
+        tls=tls is not None,
+    )
     peer = _PeerServer(
         uvicorn.Config(
-            PeerListenerGate(app, cluster.peer_secret),
-            host=host,
+            gate,
+            host=peer_host,
             port=peer_port,
             log_config=None,
             log_level=log_level,
@@ -112,13 +132,30 @@ def run_node(
             timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
             timeout_keep_alive=int(settings.header_timeout_s) or 1,
             http=guarded_protocol(
-                ListenerConfig("peer", settings.peer_connections_max, settings.header_timeout_s)
+                ListenerConfig(
+                    "peer",
+                    settings.peer_connections_max,
+                    settings.header_timeout_s,
+                    settings.header_bytes_max,
+                )
             ),
             **(server_ssl_options(tls) if tls is not None else {}),
         )
     )
     with asyncio.Runner(loop_factory=client.config.get_loop_factory()) as runner:
         runner.run(_serve_both(client, peer))
+
+
+def peer_listener_host(host: str, *, tls: bool) -> str:
+    """Where the peer listener listens: ``host``, except that without TLS (the secret alone is
+    trusted) anything but a loopback address becomes ``PLAIN_PEER_HOST``."""
+    if tls:
+        return host
+    try:
+        loopback = ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = host == "localhost"
+    return host if loopback else PLAIN_PEER_HOST
 
 
 async def _serve_both(client: uvicorn.Server, peer: uvicorn.Server) -> None:

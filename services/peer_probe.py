@@ -29,6 +29,7 @@ from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 from eventlog.http_headers import PEER_AUTH_HEADER
+from services.api.peer_trust import SOURCE_REGION_HEADER
 
 #: the most bytes of an answer's head and of its body a probe reads
 HEAD_BYTES_MAX = 16 * 1024
@@ -69,10 +70,12 @@ class HttpPeerProber:
         timeout_s: float,
         peer_secret: str | None,
         ssl_context: ssl.SSLContext | None,
+        source_region: str,
         blocked: Callable[[str], bool] = lambda region: False,
     ) -> None:
-        """``urls``: each region's peer listener; ``blocked(region)``: whether a drill's
-        black-hole drops probes to it now."""
+        """``urls``: each region's peer listener; ``source_region``: this node's region (the
+        peer listener checks it against our certificate); ``blocked(region)``: whether a
+        drill's black-hole drops probes to it now."""
         self._addresses = {region: _address(url) for region, url in urls.items()}
         self._tls = {region: urlsplit(url).scheme == "https" for region, url in urls.items()}
         self._timeout_s = timeout_s
@@ -80,7 +83,7 @@ class HttpPeerProber:
         self._blocked = blocked
         self._idle: dict[str, _Connection] = {}  # kept alive between probes, one per peer
         self._requests = {
-            region: _request_bytes(host, port, peer_secret)
+            region: _request_bytes(host, port, peer_secret, source_region)
             for region, (host, port) in self._addresses.items()
         }
 
@@ -147,9 +150,10 @@ def _address(url: str) -> tuple[str, int]:
     return host, parts.port or (443 if parts.scheme == "https" else 80)
 
 
-def _request_bytes(host: str, port: int, peer_secret: str | None) -> bytes:
+def _request_bytes(host: str, port: int, peer_secret: str | None, source_region: str) -> bytes:
     authority = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"  # an IPv6 address
     lines = [f"GET {PROBE_PATH} HTTP/1.1", f"host: {authority}", "accept: application/json"]
+    lines.append(f"{SOURCE_REGION_HEADER.lower()}: {source_region}")
     if peer_secret:
         lines.append(f"{PEER_AUTH_HEADER.lower()}: {peer_secret}")
     return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")

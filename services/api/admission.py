@@ -16,27 +16,28 @@ is still arriving (``enter`` is ``arrive`` then ``admit``):
   ``overloaded``. Both carry ``Retry-After``. The limit's latency sample runs from admission
   (after any queueing) to the response; a 504, or a 503 that came after the deadline passed,
   counts as a drop (a congestion signal).
-* ``/peer/...`` (probes, placement): not admitted as a tenant; at most ``peer_in_flight_max`` at
-  once, beyond it 503.
+* ``/peer/...`` (placement, drills, forward batches): not admitted as a tenant; at most
+  ``peer_in_flight_max`` at once, beyond it 503. Only the peer listener serves these, and only
+  to callers its gate authenticated (``services.listener_gates``), so no stranger holds one of
+  these slots. ``/peer/health`` (the probe) takes none: a region's health answer waits for
+  nothing, so it is down only when it is (a probe costs the node a dictionary's worth).
 * Anything else (health, metrics, docs) passes untouched.
 
-Node-to-node trust. A forward carries ``X-Convplane-Forwarded`` and ``X-Convplane-Peer-Auth``
-(the cluster file's ``peer_secret``), compared in constant time. A trusted forward was charged
-at the entry node, so here it takes no tenant quota: it is admitted under ``UNMETERED_TENANT``,
-whose bucket never binds, and shares the concurrency limit and queue with everything else (the
-leader's log is the resource being protected). A forwarded header *without* a valid peer secret
-is removed before the app sees it: the request is a normal client request (charged, admitted,
-forwardable once). No error is returned, so a client cannot probe the secret, and it gains
-nothing; ``convplane_peer_auth_failures`` counts these. The peer-auth header itself never
-reaches the app. Without a ``peer_secret`` in the cluster file no forward is trusted: every hop
-is charged (``convplane up`` always writes one).
+Node-to-node trust. A forward carries ``X-Convplane-Forwarded`` and is trusted only when the peer
+listener's gate authenticated its sender as a node of the cluster (``services.api.peer_trust``:
+its certificate's region, with TLS); no header grants it, the peer secret included. A trusted
+forward was charged at the entry node, so here it takes no tenant quota: it is admitted under
+``UNMETERED_TENANT``, whose bucket never binds, and shares the concurrency limit and queue with
+everything else (the leader's log is the resource being protected). A forwarded header on any
+other request is removed before the app sees it: the request is a normal client request
+(charged, admitted, forwardable once). No error is returned, and it gains nothing;
+``convplane_peer_auth_failures`` counts these. The peer-auth header never reaches the app.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
 import logging
 import re
 from collections.abc import MutableMapping
@@ -70,6 +71,7 @@ from services.api.admission_control import (
 from services.api.auth import Tenants
 from services.api.forwarding import DEADLINE_HEADER, FORWARDED_HEADER, PEER_AUTH_HEADER
 from services.api.metrics import Metrics
+from services.api.peer_trust import peer_region
 from services.config import ClusterConfig, NodeSettings
 
 log = logging.getLogger("convplane.admission")
@@ -91,6 +93,8 @@ Scope = MutableMapping[str, Any]
 
 #: the scope key under which ``arrive`` leaves the request's deadline (on the node's clock)
 DEADLINE_SCOPE_KEY = "convplane.deadline_s"
+#: the probe: answered from memory, on no slot (module docstring)
+PROBE_PATH = "/peer/health"
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,13 +118,11 @@ class _Open:
     """What exists between ``open`` and ``close``."""
 
     def __init__(
-        self, controller: AdmissionController, tenants: Tenants, settings: NodeSettings,
-        peer_secret: bytes | None,
-    ) -> None:  # fmt: skip
+        self, controller: AdmissionController, tenants: Tenants, settings: NodeSettings
+    ) -> None:
         self.controller = controller
         self.tenants = tenants
         self.settings = settings
-        self.peer_secret = peer_secret
         self.sweeper: asyncio.Task[None] | None = None
 
 
@@ -140,7 +142,7 @@ class NodeAdmission:
         )
         self.peer_auth_failures = Counter(
             "convplane_peer_auth_failures",
-            "forwarded requests without a valid peer secret (served as client requests)",
+            "forwarded requests from no authenticated peer (served as client requests)",
             registry=metrics.registry,
         )
         gauges = {
@@ -160,11 +162,10 @@ class NodeAdmission:
         if self._open is not None:
             raise InvariantViolation("admission opened twice")
         controller = build_controller(settings, cluster, clock)
-        secret = cluster.peer_secret.encode() if cluster.peer_secret else None
-        if secret is None and len(cluster.regions) > 1:
+        if cluster.peer_secret is None and len(cluster.regions) > 1:
             log.warning("cluster file has no peer_secret: forwards are charged at every hop")
         self._clock = clock
-        self._open = _Open(controller, tenants, settings, secret)
+        self._open = _Open(controller, tenants, settings)
         self._open.sweeper = asyncio.create_task(self._sweep(), name="admission-sweeper")
 
     async def close(self) -> None:
@@ -201,7 +202,7 @@ class NodeAdmission:
         opened, clock = self._open, self._clock
         if opened is None or clock is None:
             raise Unavailable("the node is starting or stopping", retry_after_s=1.0)
-        trusted = self._trusted_forward(scope, opened)
+        trusted = self._trusted_forward(scope)
         tenant_key = self._tenant_key(_header(scope, b"authorization"), trusted, opened)
         now_s = clock.monotonic()
         deadline_s = now_s + _budget_ms(scope, opened.settings) / 1000
@@ -221,7 +222,7 @@ class NodeAdmission:
         """Admit an arrived request or raise the ``ConvplaneError`` to answer; ``None``: not
         gated (neither /v1 nor /peer)."""
         if scope["path"].startswith("/peer/"):
-            return self._enter_peer()
+            return None if scope["path"] == PROBE_PATH else self._enter_peer()
         if arrival is None:
             return None
         clock = self._clock
@@ -267,17 +268,12 @@ class NodeAdmission:
         tenant = opened.tenants.authenticate(authorization)
         return UNMETERED_TENANT if trusted else tenant.tenant_id
 
-    def _trusted_forward(self, scope: Scope, opened: _Open) -> bool:
-        """True for a forward with the right peer secret; strips what the app must not see."""
+    def _trusted_forward(self, scope: Scope) -> bool:
+        """True for a forward from a peer the peer listener authenticated; strips what the
+        app must not see."""
         headers = list(scope.get("headers", ()))
         forwarded = any(bytes(k) == _FORWARDED for k, _ in headers)
-        sent = [bytes(v) for k, v in headers if bytes(k) == _PEER_AUTH]
-        trusted = (
-            forwarded
-            and opened.peer_secret is not None
-            and len(sent) == 1
-            and hmac.compare_digest(sent[0], opened.peer_secret)
-        )
+        trusted = forwarded and peer_region(scope) is not None
         if forwarded and not trusted:
             self.peer_auth_failures.inc()
         drop = {_PEER_AUTH} if trusted else {_PEER_AUTH, _FORWARDED}

@@ -20,7 +20,7 @@ from services.api.drill_routes import drill_peer_router, drill_router
 from services.api.errors import install_error_handlers
 from services.api.fast_append import AppendCheck, FastAppend
 from services.api.fast_lane import FastLane
-from services.api.forward_batch import forward_batch_router
+from services.api.forward_batch import BATCH_BODY_BYTES_MAX, forward_batch_router
 from services.api.key_routes import key_router
 from services.api.metrics import Metrics
 from services.api.middleware import EdgeMiddleware
@@ -141,6 +141,7 @@ def create_app(
         body_read_timeout_s=settings.body_read_timeout_s,
         discard_body_max_bytes=settings.discard_body_max_bytes,
         send_timeout_s=settings.send_timeout_s,
+        peer_body_bytes_max=BATCH_BODY_BYTES_MAX,
         fast_path=FastAppend(settings.retry_after_default_s, metrics.count_error, append_check),
     )
     install_console(app, console_access, append_outcomes)

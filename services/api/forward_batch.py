@@ -50,7 +50,6 @@ and a repeatable one whose later attempts failed too.
 from __future__ import annotations
 
 import asyncio
-import hmac
 import json
 import logging
 import random
@@ -77,11 +76,14 @@ from eventlog.http_headers import (
 from services.api.errors import ForwardFailed, OutcomeUnknown
 from services.api.event_bodies import integral
 from services.api.forward_exchange import NDJSON, BatchExchange, BatchLost, BatchNotSent
+from services.api.peer_trust import PEER_REGION_SCOPE_KEY, SOURCE_REGION_HEADER, peer_region
 from services.api.schemas import ConversationId
 
 #: the largest batch body a leader takes (route limit); an append bigger than half of it is
 #: forwarded on its own
 FORWARD_BATCH_BYTES_MAX = 1024 * 1024
+#: a batch's whole body, at most: its items and their JSON envelope (the edge's limit on it)
+BATCH_BODY_BYTES_MAX = FORWARD_BATCH_BYTES_MAX + 64 * 1024
 #: items in one batch, at most (the leader refuses more with 400)
 FORWARD_BATCH_ITEMS_MAX = 256
 #: the longest deadline an item may carry (a node's own max_deadline_ms is far below)
@@ -136,20 +138,17 @@ def _answer_line(index: int, status: int, headers: dict[str, str], body: bytes) 
 async def forwarded_appends(request: Request, batch: ForwardedAppends) -> StreamingResponse:
     """Internal: appends forwarded by an entry node in one call; each runs as if forwarded
     alone and its answer is one NDJSON line `{index, status, headers, body}`, in the order the
-    items finish."""
-    secret = request.app.state.api.cluster.peer_secret
-    sent = request.headers.get(PEER_AUTH_HEADER, "")
-    if secret is not None and not hmac.compare_digest(sent.encode(), secret.encode()):
-        raise Unauthorized("peer endpoints need the cluster's peer secret")
-    return StreamingResponse(_run_items(request, batch, secret), media_type=NDJSON)
+    items finish. Only from a peer the peer listener authenticated (``services.listener_gates``):
+    each item is then a trusted forward from that peer's region."""
+    if peer_region(request.scope) is None:
+        raise Unauthorized("forward batches come from the cluster's nodes only")
+    return StreamingResponse(_run_items(request, batch), media_type=NDJSON)
 
 
-async def _run_items(
-    request: Request, batch: ForwardedAppends, secret: str | None
-) -> AsyncIterator[bytes]:
+async def _run_items(request: Request, batch: ForwardedAppends) -> AsyncIterator[bytes]:
     answers: asyncio.Queue[bytes] = asyncio.Queue(maxsize=len(batch.items))
     tasks = [
-        asyncio.create_task(_run_item(request, i, item, secret, answers))
+        asyncio.create_task(_run_item(request, i, item, answers))
         for i, item in enumerate(batch.items)
     ]
     try:
@@ -169,7 +168,6 @@ async def _run_item(
     request: Request,
     index: int,
     item: ForwardedAppend,
-    secret: str | None,
     answers: asyncio.Queue[bytes],
 ) -> None:
     # a body that is no JSON text (lone surrogates included) gets the app's own 400
@@ -187,8 +185,6 @@ async def _run_item(
     ]
     if idempotency_key is not None:
         headers.append((IDEMPOTENCY_KEY_HEADER_RAW, idempotency_key))
-    if secret is not None:
-        headers.append((PEER_AUTH_HEADER.lower().encode(), secret.encode()))
     path = f"/v1/conversations/{item.conversation_id}/events"
     scope = {
         **{k: v for k, v in request.scope.items() if k in ("asgi", "client", "server", "state")},
@@ -201,6 +197,7 @@ async def _run_item(
         "root_path": "",
         "query_string": b"",
         "headers": headers,
+        PEER_REGION_SCOPE_KEY: request.scope[PEER_REGION_SCOPE_KEY],  # a trusted forward
     }
     lane = getattr(request.app.state, "fast_lane", None)
     if lane is not None:
@@ -300,6 +297,7 @@ class AppendBatcher:
         rng: random.Random,
         limits: BatchConfig,
         peer_secret: str | None,
+        source_region: str,
         while_reachable: Callable[[str, Coroutine[Any, Any, None]], Awaitable[None]],
         count: Callable[[str, str], None],
     ) -> None:
@@ -308,6 +306,7 @@ class AppendBatcher:
         self._rng = rng
         self._limits = limits
         self._peer_secret = peer_secret
+        self._source_region = source_region
         self._while_reachable = while_reachable
         self._count = count  # (target region, outcome): the forward counter
         self._lanes: dict[str, _Lane] = {}
@@ -446,7 +445,7 @@ class AppendBatcher:
     async def _exchange(self, target_region: str, base_url: str, items: list[_Item]) -> None:
         limits = self._limits
         backoff = Backoff(limits.backoff_s, limits.backoff_s * 2**limits.retries_max, self._rng)
-        headers = {"content-type": "application/json"}
+        headers = {"content-type": "application/json", SOURCE_REGION_HEADER: self._source_region}
         if self._peer_secret is not None:
             headers[PEER_AUTH_HEADER] = self._peer_secret
         for attempt in range(limits.retries_max + 1):

@@ -10,8 +10,10 @@ or a tool event) whose connection broke after it was sent (not a timeout, not a 
 answering probes) is sent again under the same budget (an answer that does not settle the
 outcome, ``forward_batch.settles_outcome``, is ``outcome_unknown``).
 
-Every forward carries ``X-Convplane-Peer-Auth`` (the cluster's ``peer_secret``, when it has one):
-only with it does the leader trust ``X-Convplane-Forwarded`` (``services.api.admission``).
+Every forward goes to the leader's peer listener and carries ``X-Convplane-Peer-Auth`` (the
+cluster's ``peer_secret``) and ``X-Convplane-Source-Region`` (this node's region): only a
+request that listener's gate authenticated (``services.listener_gates``) has its
+``X-Convplane-Forwarded`` trusted (``services.api.admission``).
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ from services.api.forward_batch import (
 )
 from services.api.forward_exchange import BatchExchange, HttpxBatchExchange
 from services.api.metrics import Metrics
+from services.api.peer_trust import SOURCE_REGION_HEADER
 
 __all__ = ["DEADLINE_HEADER", "FORWARDED_HEADER", "PEER_AUTH_HEADER", "Forwarder"]
 _REQUEST_HEADERS = (
@@ -86,6 +89,7 @@ class Forwarder:
         metrics: Metrics,
         retries_max: int,
         backoff_s: float,
+        source_region: str,
         peer_secret: str | None = None,
         peer_reachable: Callable[[str], bool] | None = None,
         inject_trace: Callable[[dict[str, str]], None] | None = None,
@@ -103,6 +107,7 @@ class Forwarder:
                 rng=rng,
                 limits=batch_limits,
                 peer_secret=peer_secret,
+                source_region=source_region,
                 while_reachable=self._while_reachable,
                 count=lambda region, outcome: metrics.forwarded.labels(region, outcome).inc(),
             )
@@ -114,6 +119,7 @@ class Forwarder:
         #: black-holed link, so the client retries through another region at once
         self._peer_reachable = peer_reachable
         self._peer_secret = peer_secret
+        self._source_region = source_region
         self._peer_urls = dict(peer_urls)
         self._clock = clock
         self._rng = rng
@@ -167,6 +173,7 @@ class Forwarder:
             headers = {**self._headers(request), "content-type": "application/json"}
         if self._peer_secret is not None:
             headers[PEER_AUTH_HEADER] = self._peer_secret
+        headers[SOURCE_REGION_HEADER] = self._source_region
         if self._inject_trace is not None:
             self._inject_trace(headers)
         started_s = self._clock.monotonic()

@@ -6,7 +6,10 @@ deadline_exceeded if it already passed), read the body under its limit and a dea
 or on the bytes actually streamed), check the media type (415) and that the JSON is well formed,
 finite and shallow (400), and only then admission (429 quota_exceeded, 503 overloaded): a client
 that sends its body slowly holds a connection, never one of the node's admission permits. The
-buffered body goes to the app. An over-limit body is read and discarded up to
+buffered body goes to the app. Every other route's body is read the same way, under its limit
+(``max_body_bytes``; ``/peer/`` routes, which only authenticated peers reach,
+``peer_body_bytes_max``: a forward batch) and ``body_read_timeout_s``, before its handler runs
+or it takes a peer slot; the handler parses it. An over-limit body is read and discarded up to
 ``discard_body_max_bytes`` before the 413 is sent, so that an ordinary HTTP client, which writes
 the whole body before it reads, gets the 413 rather than a reset connection.
 
@@ -179,6 +182,7 @@ class EdgeMiddleware:
         body_read_timeout_s: float,
         discard_body_max_bytes: int,
         send_timeout_s: float,
+        peer_body_bytes_max: int,
         fast_path: Callable[[Scope, Receive, Send], Awaitable[bool]] | None = None,
     ) -> None:
         self.app = app
@@ -187,6 +191,7 @@ class EdgeMiddleware:
         self.region = region.encode()
         self.metrics = metrics
         self.max_body_bytes = max_body_bytes
+        self.peer_body_bytes_max = peer_body_bytes_max
         self.body_read_timeout_s = body_read_timeout_s
         self.discard_body_max_bytes = discard_body_max_bytes
         self.send_timeout_s = send_timeout_s
@@ -219,6 +224,8 @@ class EdgeMiddleware:
             arrival = self.admission.arrive(scope)
             if arrival is not None:
                 receive = await self._checked_body(scope, receive, arrival)
+            elif scope["method"] in _BODY_METHODS:
+                receive = await self._bounded_body(scope, receive)
             entry = await self.admission.admit(scope, arrival)
         except ConvplaneError as exc:
             rej = _Reject(exc.http_status, exc.code, exc.message, exc.retryable)
@@ -254,6 +261,19 @@ class EdgeMiddleware:
         if body.strip():
             _check_media_type(scope)
             scope[PARSED_BODY_SCOPE_KEY] = check_json_body(body)
+        return _replaying(body, receive)
+
+    async def _bounded_body(self, scope: Scope, receive: Receive) -> Receive:
+        """The whole body of a request outside /v1, read within its limit (413) and
+        ``body_read_timeout_s`` (408); its handler parses it."""
+        peer = scope["path"].startswith("/peer/")
+        limit_bytes = self.peer_body_bytes_max if peer else self.max_body_bytes
+        try:
+            async with asyncio.timeout(self.body_read_timeout_s):
+                body = await _read_body(scope, receive, limit_bytes, self.discard_body_max_bytes)
+        except TimeoutError:
+            raise _Reject(408, "request_timeout", f"the request body did not arrive within "
+                          f"{self.body_read_timeout_s:g} s", retryable=True) from None  # fmt: skip
         return _replaying(body, receive)
 
     def _stamping(self, send: Send, status_seen: list[int]) -> Send:

@@ -48,6 +48,7 @@ async def open_api(
         retries_max=settings.forward_retries_max,
         backoff_s=settings.forward_backoff_s,
         peer_secret=runtime.cluster.peer_secret,
+        source_region=settings.region,
         peer_reachable=_peer_reachable(runtime),
         batch_exchange=runtime.forward_exchange,
         inject_trace=tracing.inject if tracing is not None else None,

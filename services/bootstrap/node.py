@@ -28,6 +28,7 @@ from eventlog.replica import ReplicaStore
 from eventlog.stores import open_replica_store
 from regions.ops_state import OpsState
 from services.api.forward_exchange import BatchExchange, StreamBatchExchange, idle_reuse_s
+from services.api.peer_trust import SOURCE_REGION_HEADER
 from services.bootstrap.replay import open_replay_service
 from services.cluster_tls import client_ssl_context, node_tls
 from services.config import ClusterConfig, NodeSettings
@@ -153,7 +154,12 @@ def peer_client(
     )
     if wrap is not None:  # a drill's black-hole (services.drill_faults)
         transport = wrap(transport)
-    return httpx.AsyncClient(transport=transport, timeout=timeout_s, trust_env=False)
+    return httpx.AsyncClient(
+        transport=transport,
+        timeout=timeout_s,
+        trust_env=False,
+        headers={SOURCE_REGION_HEADER: settings.region},  # checked against our certificate
+    )
 
 
 def peer_prober(settings: NodeSettings, cluster: ClusterConfig, hole: BlackHole) -> OwnedPeerProber:
@@ -167,6 +173,7 @@ def peer_prober(settings: NodeSettings, cluster: ClusterConfig, hole: BlackHole)
         timeout_s=settings.probe_timeout_s,
         peer_secret=cluster.peer_secret,
         ssl_context=client_ssl_context(tls) if tls is not None else None,
+        source_region=settings.region,
         blocked=lambda region: hole.blocks(region, read_only=True),
     )
 
@@ -261,7 +268,7 @@ async def open_runtime(
             ops=ops,
             replicas=replicas,
             peers=peers,
-            peer_urls=peer_urls,
+            peer_urls=peer_listener_urls,
             peer_secret=cluster.peer_secret,
             load=load,
             clock=clock,

@@ -11,6 +11,7 @@ import socket
 import ssl
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -221,10 +222,16 @@ def test_the_peer_listener_serves_nodes_of_the_cluster_only(plane: Plane, tmp_pa
     health = target["peer_url"] + "/peer/health"
     assert health.startswith("https://")  # TLS is on by default in convplane up
     node = client_ssl_context(_node_tls(plane, OBSERVER))
-    answered = _peer_get(health, node, **{"X-Convplane-Peer-Auth": secret})
+    as_observer = {"X-Convplane-Peer-Auth": secret, "X-Convplane-Source-Region": OBSERVER}
+    answered = _peer_get(health, node, **as_observer)
     assert answered.status_code == 200 and answered.json()["region"] == TARGET
     # a node of the cluster still needs the peer secret; a tenant's key is not enough
     assert _peer_get(health, node).status_code == 401
+    assert _peer_get(health, node, **{"X-Convplane-Source-Region": OBSERVER}).status_code == 401
+    # a certificate speaks for its own region only: the observer's cannot pass for another
+    third = next(r["name"] for r in plane.info["regions"] if r["name"] not in (TARGET, OBSERVER))
+    posing = {**as_observer, "X-Convplane-Source-Region": third}
+    assert _peer_get(health, node, **posing).status_code == 401
     tenant = _peer_get(target["peer_url"] + "/v1/regions", node, **plane.headers)
     assert tenant.status_code == 401 and tenant.json()["error"]["code"] == "unauthorized"
     # without a certificate of the cluster's CA nothing gets through, secret or not
@@ -318,3 +325,228 @@ def test_secrets_and_replicas_are_readable_by_their_owner_only(plane: Plane) -> 
         assert _mode(replica.parent) == 0o700
         for file in replica.parent.glob(replica.name + "*"):  # the database, -wal, -shm
             assert _mode(file) == 0o600, file
+
+
+# --- issue 39: the peer surface and request heads -------------------------------------------
+
+PEER_SLOW_BODIES = 70  # past the node's 64 peer slots
+HEAD_ATTACKS = 8
+HEAD_ATTACK_BYTES = 24 * 1024 * 1024
+#: what the node's resident memory may grow by while eight 24 MiB heads are refused (it grew
+#: by 284 MB when heads were parsed whole)
+HEAD_ATTACK_RSS_GROWTH_MAX = 32 * 1024 * 1024
+#: the node's own bound on a request head (NodeSettings.header_bytes_max's default)
+HEADER_BYTES_MAX = 64 * 1024
+#: the plane's demo-limited tenant (services.local.plane)
+LIMITED_BURST, LIMITED_PER_S = 20, 10.0
+SPOOFED_SENDERS = 20
+
+
+def _rss_bytes(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError(f"no VmRSS for {pid}")
+
+
+def _node_pid(plane: Plane, region: str) -> int:
+    pid = next(r["node_pid"] for r in plane.info["regions"] if r["name"] == region)
+    assert isinstance(pid, int)
+    return pid
+
+
+def test_slow_peer_bodies_on_the_client_port_take_no_slot_and_fail_nothing_over(
+    plane: Plane,
+) -> None:
+    """Finding 1: 70 slow forward batches to the client port once held every peer slot, so the
+    region's probe answered 503 and its shards moved. The client port serves no /peer/ path."""
+    head = (
+        b"POST /peer/forwarded-appends HTTP/1.1\r\nHost: x\r\nX-Convplane-Peer-Auth: guess\r\n"
+        b"Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n{"
+    )
+    with _sockets(plane.urls[TARGET], PEER_SLOW_BODIES) as slow:
+        for sock in slow:
+            sock.sendall(head)
+        suspicions = _watch_target(plane, HOLD_S)
+        replies = [_reply_until_closed(sock, wait_s=5.0) for sock in slow]
+    assert suspicions == []
+    assert all(r.startswith("HTTP/1.1 404 ") for r in replies), replies[:3]
+
+
+def _oversized_head(url: str, size_bytes: int) -> tuple[str, float]:
+    """Send a request head of ``size_bytes`` (one endless header); the reply, if any could be
+    read, and how long the node took to end the connection."""
+    with _sockets(url, 1) as (sock,):
+        started_s = time.monotonic()
+        sent = 0
+        try:
+            sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: ")
+            while sent < size_bytes:
+                chunk = min(256 * 1024, size_bytes - sent)
+                sock.sendall(b"a" * chunk)
+                sent += chunk
+        except OSError:
+            pass  # the node closed the connection once the head passed its bound
+        try:
+            reply = _reply_until_closed(sock, wait_s=10.0)
+        except OSError:
+            reply = ""  # reset: the node closed with what we kept sending unread
+        return reply, time.monotonic() - started_s
+
+
+def test_an_oversized_request_head_is_refused_431_at_once(plane: Plane) -> None:
+    """Finding 2: a head has a byte bound as well as a time bound. Sent just past the bound
+    (and no further, so the node reads all of it and closes in order), it gets its 431."""
+    reply, _ = _oversized_head(plane.urls[TARGET], HEADER_BYTES_MAX + 8 * 1024)
+    head, _, body = reply.partition("\r\n\r\n")
+    assert head.startswith("HTTP/1.1 431 "), reply[:200]
+    assert json.loads(body)["error"]["code"] == "request_header_fields_too_large"
+
+
+def test_oversized_heads_neither_stall_the_node_nor_grow_its_memory(plane: Plane) -> None:
+    """Finding 2: eight 24 MiB heads at once used to hold the event loop for seconds and leave
+    ~280 MB resident. Now each connection ends after the bound, the region stays up."""
+    pid = _node_pid(plane, TARGET)
+    before = _rss_bytes(pid)
+    url = plane.urls[TARGET]
+    with ThreadPoolExecutor(HEAD_ATTACKS) as pool:
+        attacks = [pool.submit(_oversized_head, url, HEAD_ATTACK_BYTES) for _ in range(8)]
+        suspicions = _watch_target(plane, HOLD_S / 2)
+        ended = [attack.result() for attack in attacks]
+    growth = _rss_bytes(pid) - before
+    assert suspicions == []
+    assert growth < HEAD_ATTACK_RSS_GROWTH_MAX, growth
+    assert all(seconds < 10.0 for _, seconds in ended), ended
+    assert _target_suspected(plane) == []
+
+
+def test_an_unauthenticated_body_is_refused_before_it_is_read(plane: Plane) -> None:
+    """Finding 4: 300 MiB to /peer/drills/canary was read whole before its 401. On the client
+    port it is a 404 answered before the body; on the peer listener a caller without the
+    secret gets its 401 before the body too (here with a node's own certificate)."""
+    head = (
+        "POST /peer/drills/canary HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {300 * 1024 * 1024}\r\n\r\n"
+    ).encode()
+    with _sockets(plane.urls[TARGET], 1) as (sock,):
+        sock.sendall(head + b"{" + b" " * 1024)
+        reply = _reply_until_closed(sock, wait_s=5.0)  # without the other 300 MiB
+    assert reply.startswith("HTTP/1.1 404 "), reply[:200]
+    target = next(r for r in plane.info["regions"] if r["name"] == TARGET)
+    host, port = _address(target["peer_url"].replace("https://", "http://"))
+    context = client_ssl_context(_node_tls(plane, OBSERVER))
+    with socket.create_connection((host, port), timeout=5.0) as raw:
+        with context.wrap_socket(raw, server_hostname=host) as sock:
+            sock.sendall(head + b"{" + b" " * 1024)
+            reply = _reply_until_closed(sock, wait_s=5.0)
+    assert reply.startswith("HTTP/1.1 401 "), reply[:200]
+
+
+def test_the_peer_secret_on_the_client_port_grants_no_peer_trust(plane: Plane) -> None:
+    """Finding 5: with X-Convplane-Forwarded and the peer secret, a tenant limited to 10
+    requests/s had 60 of 60 through (no quota on a trusted forward). On the client port the
+    secret is nothing: the tenant is charged as anyone is."""
+    secret = json.loads(Path(plane.info["cluster_file"]).read_text())["peer_secret"]
+    keys = {t["tenant_id"]: t["api_key"] for t in plane.info["tenants"]}
+    spoofed = {
+        "Authorization": f"Bearer {keys['demo-limited']}",
+        "X-Convplane-Forwarded": "1",
+        "X-Convplane-Peer-Auth": secret,
+        "X-Convplane-Source-Region": OBSERVER,
+    }
+    cid = plane.conversation_led_by(TARGET, "spoofed-forward")
+    with httpx.Client(base_url=plane.urls[TARGET], timeout=20.0) as client:
+        started_s = time.monotonic()
+        with ThreadPoolExecutor(SPOOFED_SENDERS) as pool:
+            replies = pool.map(
+                lambda _: client.get(f"/v1/conversations/{cid}", headers=spoofed), range(60)
+            )
+            statuses = [r.status_code for r in replies]
+        elapsed_s = time.monotonic() - started_s
+        canary = client.post("/peer/drills/canary", json={}, headers=spoofed)
+    through = statuses.count(404)  # served (no such conversation): each one charged
+    assert through + statuses.count(429) == 60 and 429 in statuses, statuses
+    assert through <= LIMITED_BURST + LIMITED_PER_S * elapsed_s + 1, (statuses, elapsed_s)
+    assert canary.status_code == 404
+
+
+# --- soak: the attacks above, together, while a tenant writes ---------------------------------
+
+SOAK_S = 60.0
+#: the target node's resident memory may grow by at most this over the soak (docs/security.md)
+SOAK_RSS_GROWTH_MAX = 64 * 1024 * 1024
+
+
+def _attack_once(plane: Plane, round_number: int) -> None:
+    """One round of every attack of issue 39, each bounded; errors (resets) are the point."""
+    url = plane.urls[TARGET]
+    slow_peer = (
+        b"POST /peer/forwarded-appends HTTP/1.1\r\nHost: x\r\n"
+        b"Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n{"
+    )
+    unauthenticated = (
+        "POST /peer/drills/canary HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {300 * 1024 * 1024}\r\n\r\n{{"
+    ).encode()
+    with contextlib.suppress(OSError), _sockets(url, 10) as slow:
+        for sock in slow:
+            sock.sendall(slow_peer)
+        with _sockets(url, 1) as (big,):
+            big.sendall(unauthenticated + b" " * (256 * 1024))
+        _oversized_head(url, 4 * 1024 * 1024)
+    secret = json.loads(Path(plane.info["cluster_file"]).read_text())["peer_secret"]
+    spoofed = {**plane.headers, "X-Convplane-Forwarded": "1", "X-Convplane-Peer-Auth": secret}
+    with contextlib.suppress(httpx.HTTPError):
+        httpx.get(f"{url}/v1/conversations/soak-{round_number}", headers=spoofed, timeout=5.0)
+
+
+def test_soak_attacks_while_a_tenant_writes_fail_nothing_over_and_lose_no_acked_event(
+    plane: Plane,
+) -> None:
+    pid = _node_pid(plane, TARGET)
+    rss_before = _rss_bytes(pid)
+    rss_peak = rss_before
+    cid = plane.conversation_led_by(TARGET, "soak")
+    acked: list[int] = []
+    suspicions: list[str] = []
+    with plane.client(TARGET) as client, ThreadPoolExecutor(1) as attackers:
+        created = client.post("/v1/conversations", json={"conversation_id": cid})
+        assert created.status_code == 201, created.text
+        until = time.monotonic() + SOAK_S
+        attacks = None
+        rounds = written = 0
+        while time.monotonic() < until:
+            if attacks is None or attacks.done():
+                if attacks is not None:
+                    attacks.result()
+                attacks = attackers.submit(_attack_once, plane, rounds)
+                rounds += 1
+            written += 1
+            r = client.post(
+                f"/v1/conversations/{cid}/events",
+                json={"type": "note", "payload": {"i": written}},
+                headers={"Idempotency-Key": f"soak-{written}"},
+            )
+            if r.status_code == 201:
+                acked.append(written)
+            if written % 20 == 0:
+                suspicions += _target_suspected(plane)
+                rss_peak = max(rss_peak, _rss_bytes(pid))
+        if attacks is not None:
+            attacks.result()
+        stored: list[int] = []
+        after_seq = 0
+        while True:
+            page = client.get(
+                f"/v1/conversations/{cid}/events", params={"after_seq": after_seq, "limit": 500}
+            ).json()
+            stored += [e["payload"]["i"] for e in page["events"]]
+            if not page["events"]:
+                break
+            after_seq = page["events"][-1]["seq"]
+    print(f"soak: {rounds} attack rounds, {len(acked)}/{written} appends acked, node RSS "
+          f"{rss_before / 2**20:.0f} MiB -> peak {rss_peak / 2**20:.0f} MiB")  # fmt: skip
+    assert suspicions == []
+    assert rounds >= 2 and len(acked) >= written * 0.9, (rounds, len(acked), written)
+    assert set(acked) <= set(stored)  # no acknowledged event lost
+    assert rss_peak - rss_before < SOAK_RSS_GROWTH_MAX, (rss_before, rss_peak)

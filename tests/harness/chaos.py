@@ -4,8 +4,9 @@ writers over HTTP with idempotent retries, recovery-time measurement, and an aud
 every PostgreSQL directly. Used by ``tests/chaos`` and ``bench/failover.py``.
 
 Proxies: with ``proxied=True`` every node reaches every *other* region's database and node
-through its own TCP proxy (``<source>-><target>:db`` / ``:http``), set through the cluster file's
-``dsn_from`` / ``url_from``; cutting a region's links partitions it. A node reaches its own
+through its own TCP proxy (``<source>-><target>:db`` / ``:http``, the latter to the target's peer
+listener: TLS passes through it), set through the cluster file's ``dsn_from`` / ``url_from``;
+cutting a region's links partitions it. A node reaches its own
 database directly; test clients reach every node directly.
 """
 
@@ -71,7 +72,9 @@ class ChaosPlane(LocalPlane):
                           **{s.name: _with_port(r.dsn_from.get(s.name, r.dsn),
                                                 self.proxies[f"{s.name}->{r.name}:db"].port)
                              for s in self.members if s.name != r.name}},
-                url_from={s.name: _with_port(r.url, self.proxies[f"{s.name}->{r.name}:http"].port)
+                peer_url=r.peer_url,
+                url_from={s.name: _with_port(r.peer_url or r.url,
+                                             self.proxies[f"{s.name}->{r.name}:http"].port)
                           for s in self.members if s.name != r.name},
             )
             for r in base.regions
@@ -83,7 +86,7 @@ class ChaosPlane(LocalPlane):
             for target in self.members:
                 if source.name == target.name:
                     continue
-                for kind, url in (("db", target.dsn), ("http", target.url)):
+                for kind, url in (("db", target.dsn), ("http", target.peer_url)):
                     parts = urlsplit(url)
                     assert parts.hostname and parts.port
                     name = f"{source.name}->{target.name}:{kind}"

@@ -39,11 +39,17 @@ from services.api.forward_exchange import (
     StreamBatchExchange,
 )
 from services.cluster_tls import client_ssl_context, issue_cluster_tls
+from services.listener_gates import PeerListenerGate
 from services.listeners import ListenerConfig, guarded_protocol
 from tests.unit.admission_nodes import SECRET, SlowLog, build_node, cluster, node_clock
 from tests.unit.api_fakes import KEY_A, conversation_led_by
 
-HEADERS = {"content-type": "application/json", PEER_AUTH_HEADER: SECRET}
+#: what a node of region east sends to a peer listener (``services.listener_gates``)
+HEADERS = {
+    "content-type": "application/json",
+    PEER_AUTH_HEADER: SECRET,
+    "X-Convplane-Source-Region": "east",
+}
 TIMEOUT_S = 2.0
 LINES = [{"index": i, "status": 201, "headers": {}, "body": "{}"} for i in range(3)]
 
@@ -372,7 +378,7 @@ async def test_an_append_whose_deadline_passes_during_the_handshake_was_not_appl
 
     batcher = AppendBatcher(
         exchange=StreamBatchExchange(ssl_context=client_ssl_context(tls["a"])), clock=clock,
-        rng=random.Random(1), limits=limits, peer_secret=SECRET,
+        rng=random.Random(1), limits=limits, peer_secret=SECRET, source_region="a",
         while_reachable=while_reachable, count=lambda region, outcome: None,
     )  # fmt: skip
 
@@ -419,14 +425,23 @@ async def test_mutual_tls_with_the_clusters_certificates_only(tmp_path: Path) ->
 
 @asynccontextmanager
 async def peer_listener() -> AsyncIterator[str]:
-    """A node (fake log) served by uvicorn with the node's own protocol, on loopback."""
+    """A node (fake log) served by uvicorn with the node's own protocol and peer listener gate
+    (without TLS), on loopback."""
     clock = node_clock()
     async with AsyncExitStack() as stack:
         peers = await stack.enter_async_context(httpx.AsyncClient())
-        app = build_node("west", SlowLog("west", clock), peers, clock, cluster(SECRET))
+        config_of_cluster = cluster(SECRET)
+        app = build_node("west", SlowLog("west", clock), peers, clock, config_of_cluster)
+        gate = PeerListenerGate(
+            app, peer_secret=SECRET, regions=[r.name for r in config_of_cluster.regions], tls=False
+        )
         limits = ListenerConfig("peer", connections_max=100, header_timeout_s=5.0)
         config = uvicorn.Config(
-            app, host="127.0.0.1", port=0, http=guarded_protocol(limits), log_config=None
+            gate,
+            host="127.0.0.1",
+            port=0,
+            http=guarded_protocol(limits),
+            log_config=None,
         )
         server = uvicorn.Server(config)
         serving = asyncio.create_task(server.serve())
@@ -465,7 +480,7 @@ async def test_both_exchanges_get_the_same_answers_from_a_real_listener() -> Non
             created = await client.post(
                 base + "/v1/conversations",
                 json={"conversation_id": west},
-                headers={"authorization": f"Bearer {KEY_A}"},
+                headers={**HEADERS, "authorization": f"Bearer {KEY_A}"},
             )
             assert created.status_code == 201, created.text
             exchange: BatchExchange = (

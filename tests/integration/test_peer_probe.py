@@ -76,7 +76,11 @@ async def listening(peer: Peer, server_ssl: ssl.SSLContext | None = None) -> Asy
 
 def prober(url: str, client_ssl: ssl.SSLContext | None = None) -> HttpPeerProber:
     return HttpPeerProber(
-        {"b": url}, timeout_s=TIMEOUT_S, peer_secret=SECRET, ssl_context=client_ssl
+        {"b": url},
+        timeout_s=TIMEOUT_S,
+        peer_secret=SECRET,
+        ssl_context=client_ssl,
+        source_region="a",
     )
 
 
@@ -93,6 +97,8 @@ async def test_probes_share_one_kept_alive_connection_and_carry_the_secret() -> 
         await probe.close()
     assert peer.connections == 1
     assert all(f"x-convplane-peer-auth: {SECRET}".encode() in r for r in peer.requests)
+    # and name their own region, which the peer listener checks against the certificate
+    assert all(b"x-convplane-source-region: a\r\n" in r for r in peer.requests)
     assert all(r.startswith(b"GET /peer/health HTTP/1.1\r\n") for r in peer.requests)
 
 
@@ -147,7 +153,9 @@ async def test_a_peer_that_never_answers_costs_one_timeout() -> None:
 
     peer = Peer(silent)
     async with listening(peer) as url:
-        probe = HttpPeerProber({"b": url}, timeout_s=0.2, peer_secret=None, ssl_context=None)
+        probe = HttpPeerProber(
+            {"b": url}, timeout_s=0.2, peer_secret=None, ssl_context=None, source_region="a"
+        )
         assert await probe.health("b") is None
         await probe.close()
 

@@ -23,6 +23,7 @@ from tests.unit.api_fakes import (
     FakeLog,
     HostRouting,
     cluster_config,
+    peer_listener,
 )
 from tests.unit.api_fakes import leaders as fake_leaders
 from tests.unit.clocks import WALL_ORIGIN_MS, ManualClock
@@ -81,6 +82,8 @@ class Nodes:
     east_log: SlowLog
     west_log: SlowLog
     clock: ManualClock
+    #: what the nodes send each other: to each node's peer listener (``peer_listener``)
+    peers: httpx.AsyncClient
 
 
 @asynccontextmanager
@@ -94,14 +97,14 @@ async def two_nodes(peer_secret: str | None = SECRET, **limits: Any) -> AsyncIte
         clients = {}
         for region, log in logs.items():
             app = build_node(region, log, peers, clock, config, **limits)
-            routing.apps[f"{region}.test"] = httpx.ASGITransport(app=app)
+            routing.apps[f"{region}.test"] = peer_listener(app, config)
             await stack.enter_async_context(app.router.lifespan_context(app))
             clients[region] = await stack.enter_async_context(
                 httpx.AsyncClient(
                     transport=httpx.ASGITransport(app=app), base_url=f"http://{region}.test"
                 )
             )
-        yield Nodes(clients["east"], clients["west"], logs["east"], logs["west"], clock)
+        yield Nodes(clients["east"], clients["west"], logs["east"], logs["west"], clock, peers)
 
 
 def assert_error(r: httpx.Response, status: int, code: str) -> None:

@@ -19,6 +19,7 @@ from typing import Any
 
 import httpx
 from fastapi import FastAPI
+from starlette.types import ASGIApp
 
 from eventlog.clock import LoopClock
 from eventlog.conversations import (
@@ -42,6 +43,7 @@ from eventlog.sharding import shard_of
 from services.api import create_app
 from services.bootstrap import NodeRuntime
 from services.config import ClusterConfig, NodeSettings, RegionConfig, TenantConfig, api_key_sha256
+from services.listener_gates import PeerListenerGate
 
 SHARDS = 8
 KEY_A = "key-tenant-a"
@@ -223,6 +225,26 @@ class HostRouting(httpx.AsyncBaseTransport):
         return await transport.handle_async_request(request)
 
 
+def peer_listener(app: ASGIApp, cluster: ClusterConfig) -> httpx.ASGITransport:
+    """``app`` as a node's peer listener serves it, for ``HostRouting`` (without TLS: the
+    peer secret and the claimed region; ``services.listener_gates``)."""
+    if cluster.peer_secret is None:
+        return httpx.ASGITransport(app=app)
+    regions = [r.name for r in cluster.regions]
+    gate = PeerListenerGate(app, peer_secret=cluster.peer_secret, regions=regions, tls=False)
+    return httpx.ASGITransport(app=gate)
+
+
+#: the peer secret of ``cluster_with_peer_secret``
+PEER_SECRET = "p" * 40
+
+
+def cluster_with_peer_secret() -> ClusterConfig:
+    """``cluster_config`` with a peer secret: nodes whose peer listeners (``peer_listener``)
+    take each other's forwards, as every cluster of several regions does."""
+    return cluster_config().model_copy(update={"peer_secret": PEER_SECRET})
+
+
 def cluster_config() -> ClusterConfig:
     return ClusterConfig(
         regions=[
@@ -284,8 +306,14 @@ class Plane:
     west_log: FakeLog
 
 
-def build_app(region: str, log: FakeLog, peers: httpx.AsyncClient, **limits: Any) -> FastAPI:
-    settings = NodeSettings(region=region, cluster=cluster_config(), **limits)
+def build_app(
+    region: str,
+    log: FakeLog,
+    peers: httpx.AsyncClient,
+    cluster: ClusterConfig | None = None,
+    **limits: Any,
+) -> FastAPI:
+    settings = NodeSettings(region=region, cluster=cluster or cluster_config(), **limits)
 
     @asynccontextmanager
     async def runtime(s: NodeSettings) -> AsyncIterator[NodeRuntime]:

@@ -31,6 +31,8 @@ from tests.unit.clocks import WALL_ORIGIN_MS
 
 REGIONS = ("a", "b", "c")
 SHARDS = 4
+#: the cluster's peer secret (``api``): what a client might have stolen
+PEER_SECRET = "p" * 40
 SHARD = 1
 REVISION = "sim-rev1"
 TENANT_KEY = "tenant-key-0123456789"
@@ -163,6 +165,7 @@ async def api(w: World, replay: ReplayConfig | None = None) -> AsyncIterator[htt
                  TenantConfig(tenant_id="sre-viewer", api_key_sha256=api_key_sha256(VIEWER_KEY),
                               role="viewer")],
         replay=replay or replay_config(),
+        peer_secret=PEER_SECRET,
     )  # fmt: skip
     async with AsyncExitStack() as stack:
         peers = await stack.enter_async_context(httpx.AsyncClient())

@@ -16,8 +16,10 @@ from tests.unit.api_fakes import (
     FakeLog,
     HostRouting,
     build_app,
+    cluster_with_peer_secret,
     conversation_led_by,
     leaders,
+    peer_listener,
 )
 
 AUTH_A = {"Authorization": f"Bearer {KEY_A}"}
@@ -47,11 +49,13 @@ async def nodes() -> AsyncIterator[Nodes]:
     async with AsyncExitStack() as stack:
         peers = await stack.enter_async_context(httpx.AsyncClient(transport=routing))
         east_log, west_log = FakeLog("east", leaders()), FakeLog("west", leaders())
-        east_app = build_app("east", east_log, peers, max_body_bytes=4096, max_metadata_bytes=1024)
-        west_app = build_app("west", west_log, peers, max_body_bytes=4096, max_metadata_bytes=1024)
+        cluster = cluster_with_peer_secret()
+        limits = {"max_body_bytes": 4096, "max_metadata_bytes": 1024}
+        east_app = build_app("east", east_log, peers, cluster, **limits)
+        west_app = build_app("west", west_log, peers, cluster, **limits)
         routing.apps = {
-            "east.test": httpx.ASGITransport(app=east_app),
-            "west.test": httpx.ASGITransport(app=west_app),
+            "east.test": peer_listener(east_app, cluster),
+            "west.test": peer_listener(west_app, cluster),
         }
         east = await _start(stack, east_app, "east.test")
         west = await _start(stack, west_app, "west.test")

@@ -39,6 +39,7 @@ from tests.unit.api_fakes import (
 
 AUTH_B = {"Authorization": f"Bearer {KEY_B}"}  # tenant b: 1 request/s, burst 3
 PEER = {"X-Convplane-Forwarded": "1", "X-Convplane-Peer-Auth": SECRET}
+FROM_EAST = {"X-Convplane-Source-Region": "east"}
 
 
 @pytest.fixture
@@ -192,15 +193,29 @@ async def test_forwarded_header_without_the_peer_secret_is_a_client_request(
     assert (r.status_code, r.headers["x-convplane-served-by"]) == (404, "west")
 
 
-async def test_forward_with_the_peer_secret_is_not_charged_nor_forwarded_again(
+async def test_the_peer_secret_on_the_client_side_grants_nothing(nodes: Nodes) -> None:
+    """Finding 5 of issue 39: the secret alone, sent where clients send, was full peer trust
+    (no quota, no second hop)."""
+    url = f"/v1/conversations/{conversation_led_by('west')}"
+    statuses = [
+        (await nodes.west.get(url, headers={**AUTH_B, **PEER, **FROM_EAST})).status_code
+        for _ in range(6)
+    ]
+    assert statuses == [404, 404, 404, 429, 429, 429]  # charged like anyone else
+    assert await metric_value(nodes.west, "convplane_peer_auth_failures_total") == 6
+
+
+async def test_a_forward_through_the_peer_listener_is_not_charged_nor_forwarded_again(
     nodes: Nodes,
 ) -> None:
     url = f"/v1/conversations/{conversation_led_by('west')}"
+    headers = {**AUTH_B, **PEER, **FROM_EAST}
     statuses = [
-        (await nodes.west.get(url, headers={**AUTH_B, **PEER})).status_code for _ in range(6)
+        (await nodes.peers.get("http://west.test" + url, headers=headers)).status_code
+        for _ in range(6)
     ]
     assert statuses == [404] * 6
-    r = await nodes.east.get(url, headers={**AUTH_A, **PEER})  # east does not lead it
+    r = await nodes.peers.get("http://east.test" + url, headers=headers)  # east does not lead
     assert_error(r, 503, "forward_failed")
     assert await metric_value(nodes.west, "convplane_peer_auth_failures_total") == 0
 
@@ -223,10 +238,12 @@ async def test_peer_endpoints_have_their_own_small_bound() -> None:
     settings = NodeSettings(region="east", cluster=cluster(), peer_in_flight_max=2)
     gate.open(settings=settings, cluster=cluster(), tenants=Tenants([], clock), clock=clock)
     try:
-        scope: dict[str, Any] = {"path": "/peer/health", "headers": []}
+        scope: dict[str, Any] = {"path": "/peer/placement", "headers": []}
         held = [await gate.enter(scope), await gate.enter(scope)]
         with pytest.raises(Overloaded):
             await gate.enter(scope)
+        # the probe takes no slot: a region's health answer never waits for one
+        assert await gate.enter({"path": "/peer/health", "headers": []}) is None
         gate.exit(held.pop(), 200)
         held.append(await gate.enter(scope))
         assert await gate.enter({"path": "/healthz", "headers": []}) is None

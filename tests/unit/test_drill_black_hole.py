@@ -108,6 +108,7 @@ async def test_probes_keep_the_targets_channel_and_drop_the_survivors() -> None:
         timeout_s=1.0,
         peer_secret=None,
         ssl_context=None,
+        source_region="eu-west",
         blocked=partial(survivor.blocks, read_only=True),
     )
     assert await prober.health("us-east") is None  # dropped: no socket was opened (pure tier)

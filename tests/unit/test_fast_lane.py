@@ -40,7 +40,7 @@ from tests.unit.admission_nodes import (
     until,
     until_metric,
 )
-from tests.unit.api_fakes import KEY_A, KEY_B, HostRouting, conversation_led_by
+from tests.unit.api_fakes import KEY_A, KEY_B, HostRouting, conversation_led_by, peer_listener
 from tests.unit.clocks import ManualClock
 from tests.unit.wire_client import WireConnection, WireResponse, raw_request
 
@@ -69,7 +69,7 @@ async def plane(**limits: Any) -> AsyncIterator[Plane]:
         for region in ("east", "west"):
             logs[region] = SlowLog(region, clock)
             app = build_node(region, logs[region], peers, clock, config, **limits)
-            routing.apps[f"{region}.test"] = httpx.ASGITransport(app=app)
+            routing.apps[f"{region}.test"] = peer_listener(app, config)
             await stack.enter_async_context(app.router.lifespan_context(app))
             apps[region] = app
         yield Plane(apps["east"], apps["west"], logs["west"], clock)
@@ -527,6 +527,15 @@ FORWARDED_SCRIPT: list[tuple[str, dict[str, Any]]] = [
 ]  # fmt: skip
 
 
+async def peer_call(app: FastAPI, path: str, body: Any) -> httpx.Response:
+    """A POST from east through ``app``'s peer listener."""
+    async with httpx.AsyncClient(
+        transport=peer_listener(app, cluster(SECRET)), base_url="http://west.test"
+    ) as client:
+        headers = {PEER_AUTH_HEADER: SECRET, "X-Convplane-Source-Region": "east"}
+        return await client.post(path, json=body, headers=headers)
+
+
 async def play_forwarded(app: FastAPI) -> list[Any]:
     """Each item in a batch of its own; the answer line of each (or the batch's refusal)."""
     answers: list[Any] = []
@@ -542,9 +551,7 @@ async def play_forwarded(app: FastAPI) -> list[Any]:
         )
         assert created.status_code == 201, created.text
         for _, item in FORWARDED_SCRIPT:
-            reply = await client.post(
-                BATCH_PATH, json={"items": [item]}, headers={PEER_AUTH_HEADER: SECRET}
-            )
+            reply = await peer_call(app, BATCH_PATH, {"items": [item]})
             if reply.status_code != 200:
                 answers.append((reply.status_code, reply.json()))
                 continue
@@ -590,9 +597,7 @@ async def play_shedding(p: Plane) -> list[Any]:
     ) as client:
 
         async def batch(*items: dict[str, Any]) -> list[dict[str, Any]]:
-            reply = await client.post(
-                BATCH_PATH, json={"items": list(items)}, headers={PEER_AUTH_HEADER: SECRET}
-            )
+            reply = await peer_call(p.west, BATCH_PATH, {"items": list(items)})
             assert reply.status_code == 200, reply.text
             lines = sorted((json.loads(x) for x in reply.text.splitlines()), key=_index)
             for line in lines:

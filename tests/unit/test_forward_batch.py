@@ -18,10 +18,10 @@ from fastapi import FastAPI
 
 from eventlog.clock import LoopClock
 from services.api import create_app
-from services.api.forward_batch import BATCH_PATH
+from services.api.forward_batch import BATCH_BODY_BYTES_MAX, BATCH_PATH
 from services.api.forward_exchange import NDJSON
 from services.bootstrap import NodeRuntime
-from services.config import NodeSettings
+from services.config import ClusterConfig, NodeSettings
 from tests.unit.api_fakes import (
     KEY_A,
     FakeLog,
@@ -29,6 +29,7 @@ from tests.unit.api_fakes import (
     cluster_config,
     conversation_led_by,
     leaders,
+    peer_listener,
 )
 
 AUTH_A = {"Authorization": f"Bearer {KEY_A}"}
@@ -55,8 +56,12 @@ class Nodes:
     routing: CountingRouting
 
 
+def _cluster() -> ClusterConfig:
+    return cluster_config().model_copy(update={"peer_secret": PEER_SECRET})
+
+
 def _app(region: str, log: FakeLog, peers: httpx.AsyncClient, **limits: object) -> FastAPI:
-    cluster = cluster_config().model_copy(update={"peer_secret": PEER_SECRET})
+    cluster = _cluster()
     settings = NodeSettings(region=region, cluster=cluster, **limits)  # type: ignore[arg-type]
 
     @asynccontextmanager
@@ -85,7 +90,7 @@ async def two_nodes(**settings: object) -> AsyncIterator[Nodes]:
             "east.test": _app("east", FakeLog("east", leaders()), peers, **limits),
             "west.test": _app("west", west_log, peers, **limits),
         }
-        routing.apps = {host: httpx.ASGITransport(app=app) for host, app in apps.items()}
+        routing.apps = {host: peer_listener(app, _cluster()) for host, app in apps.items()}
         clients = []
         for host, app in apps.items():
             await stack.enter_async_context(app.router.lifespan_context(app))
@@ -180,18 +185,24 @@ async def test_an_item_past_its_deadline_is_outcome_unknown(nodes: Nodes) -> Non
     assert r.headers["retry-after"]
 
 
-async def test_the_batch_endpoint_needs_the_peer_secret(nodes: Nodes) -> None:
+async def test_the_batch_endpoint_serves_peers_the_peer_listener_authenticated_only(
+    nodes: Nodes,
+) -> None:
     item = {
         "conversation_id": conversation_led_by("west"),
         "authorization": f"Bearer {KEY_A}",
         "deadline_ms": 1000,
         "body": '{"type": "note"}',
     }
-    r = await nodes.west.post(BATCH_PATH, json={"items": [item]})
-    assert (r.status_code, r.json()["error"]["code"]) == (401, "unauthorized")
-    r = await nodes.west.post(
-        BATCH_PATH, json={"items": []}, headers={"X-Convplane-Peer-Auth": PEER_SECRET}
-    )
+    peer = {"X-Convplane-Peer-Auth": PEER_SECRET, "X-Convplane-Source-Region": "east"}
+    # straight to the app (as the client listener would pass it), the secret grants nothing
+    for headers in ({}, peer):
+        r = await nodes.west.post(BATCH_PATH, json={"items": [item]}, headers=headers)
+        assert (r.status_code, r.json()["error"]["code"]) == (401, "unauthorized")
+    async with httpx.AsyncClient(transport=nodes.routing) as through_the_peer_listener:
+        r = await through_the_peer_listener.post(
+            "http://west.test" + BATCH_PATH, json={"items": []}, headers=peer
+        )
     assert (r.status_code, r.json()["error"]["code"]) == (400, "invalid_request")
 
 
@@ -576,3 +587,18 @@ async def test_a_resent_items_answer_stands_only_if_it_settles_the_lost_attempt(
             assert (r.status_code, r.json()["error"]["code"]) == answer, r.text
         assert _batch_items(carried) == [[cid]] * calls
         assert await _seqs(nodes, cid) == [1]
+
+
+async def test_a_batch_body_past_its_limit_is_refused_before_its_handler(nodes: Nodes) -> None:
+    """Every route has a body limit, the peer endpoints included (issue 39): an authenticated
+    peer's oversized batch is a 413, never parsed."""
+    peer = {
+        "X-Convplane-Peer-Auth": PEER_SECRET,
+        "X-Convplane-Source-Region": "east",
+        "content-type": "application/json",
+    }
+    async with httpx.AsyncClient(transport=nodes.routing) as through_the_peer_listener:
+        r = await through_the_peer_listener.post(
+            "http://west.test" + BATCH_PATH, content=b" " * (BATCH_BODY_BYTES_MAX + 1), headers=peer
+        )
+    assert (r.status_code, r.json()["error"]["code"]) == (413, "payload_too_large")

@@ -36,6 +36,7 @@ def forwarder(client: httpx.AsyncClient, reachable: dict[str, bool]) -> Forwarde
     return Forwarder(
         client=client,
         peer_urls={"west": "http://west.test"},
+        source_region="us-east",
         clock=LoopClock(),
         rng=random.Random(1),
         metrics=Metrics("us-east"),
@@ -106,6 +107,7 @@ async def test_a_batch_whose_target_stops_answering_probes_is_outcome_unknown() 
         batched = Forwarder(
             client=client,
             peer_urls={"west": "http://west.test"},
+            source_region="us-east",
             clock=LoopClock(),
             rng=random.Random(1),
             metrics=Metrics("us-east"),

@@ -17,6 +17,7 @@ from eventlog.memory_replica import MemoryReplica
 from eventlog.node import LogNode
 from services.drill_canary import DRILL_TENANT, append_canary, read_canary
 from tests.unit.replay_world import (
+    PEER_SECRET,
     REVISION,
     SERVICE_KEY,
     SHARD,
@@ -163,3 +164,24 @@ async def test_a_tenant_cannot_squat_a_drill_canary_id() -> None:
         assert DRILL_TENANT != "t1"
     finally:
         await node.close()
+
+
+async def test_the_peer_secret_does_not_lift_the_service_keys_scope() -> None:
+    """Issue 39, finding 5: the service key with the peer secret and a forwarded header read
+    any tenant's transcript (a trusted forward skipped the scope check). Sent where clients
+    send, the forward is no peer's: the key reads only what replay dispatched."""
+    async with world() as w, api(w) as client:
+        [cid] = ids_on_shard("not-dispatched", 1)
+        await w.home.create_conversation("t1", cid, REVISION, {})
+        await w.home.append_event("t1", cid, "message.user", {"content": "private"})
+        spoofed = bearer(
+            SERVICE_KEY,
+            **{
+                "X-Convplane-Tenant": "t1",
+                "X-Convplane-Forwarded": "1",
+                "X-Convplane-Peer-Auth": PEER_SECRET,
+                "X-Convplane-Source-Region": "a",
+            },
+        )
+        r = await client.get(f"/v1/conversations/{cid}/events", headers=spoofed)
+        assert r.status_code == 403, r.text

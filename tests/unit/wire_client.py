@@ -71,10 +71,12 @@ class WireConnection:
     transport: MemoryTransport
     protocol: Any
 
-    def __init__(self, app: FastAPI, *, lane: bool = True) -> None:
+    def __init__(
+        self, app: FastAPI, *, lane: bool = True, limits: ListenerConfig | None = None
+    ) -> None:
         config = uvicorn.Config(app, lifespan="off", proxy_headers=False, log_config=None)
         config.load()
-        limits = ListenerConfig("client", connections_max=100, header_timeout_s=5.0)
+        limits = limits or ListenerConfig("client", connections_max=100, header_timeout_s=5.0)
         protocol_class = guarded_protocol(limits, lane=app.state.fast_lane if lane else None)
         state = ServerState()
         state.default_headers = list(DEFAULT_HEADERS)
