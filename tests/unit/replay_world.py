@@ -117,6 +117,7 @@ async def world(
         clock=clock or LoopClock(), rng=random.Random(3),
         engines={"b-e0": engine},
         bus=bus, mode="embedded", limits=ReplayServiceConfig(dispatch_interval_s=0.01),
+        peer_secret=PEER_SECRET,  # the API's nodes (``api``) check the grants it signs
     )  # fmt: skip
     survivor.add_listener(service)
     try:

@@ -22,6 +22,7 @@ from services.replay.config import ReplayConfig
 from services.replay.transcripts import LogTranscriptSource
 from tests.unit.replay_world import (
     OPERATOR_KEY,
+    PEER_SECRET,
     REVISION,
     SERVICE_KEY,
     SHARD,
@@ -212,7 +213,7 @@ async def test_moved_conversations_are_rebuilt_and_a_later_prompt_hits_the_cache
         events = await LogTranscriptSource(w.survivor).fetch("t1", ids[0], 3)
         live = await w.engine.prefill(PrefillRequest(
             model=REVISION, prompt=render_prompt(events),
-            cache_salt=cache_salt_for(w.service.config.salt_key(None), "t1"),
+            cache_salt=cache_salt_for(w.service.config.salt_key(PEER_SECRET), "t1"),
             priority=0, request_id="live-1",
         ))  # fmt: skip
         assert live.cached_prompt_tokens >= 0.9 * live.prompt_tokens
