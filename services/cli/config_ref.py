@@ -10,7 +10,7 @@ import typer
 
 def config_reference(
     write: Annotated[
-        Path | None, typer.Option(help="write it to this file instead of printing it")
+        Path | None, typer.Option(help="Write it to this file instead of printing it.")
     ] = None,
 ) -> None:
     """Every setting of the cluster file and of a node, with its type, default and meaning."""

@@ -47,20 +47,20 @@ READ_RETRY_S = 30.0
 RUN_SLACK_S = 90.0
 
 StateDir = Annotated[
-    Path, typer.Option(help="a local plane's state dir (its cluster.json); not used with --url")
+    Path, typer.Option(help="A local plane's state dir (its cluster.json); not used with --url.")
 ]
 Url = Annotated[
     str | None,
     typer.Option(
         envvar="CONVPLANE_URL",
-        help="a region node's URL; only it is asked (default: the local plane's regions)",
+        help="A region node's URL; only it is asked (default: the local plane's regions).",
     ),
 ]
 Key = Annotated[
     str | None,
-    typer.Option(envvar="CONVPLANE_API_KEY", help="an operator key (default: the local plane's)"),
+    typer.Option(envvar="CONVPLANE_API_KEY", help="An operator key (default: the local plane's)."),
 ]
-Json = Annotated[bool, typer.Option("--json", help="print the plane's answer as JSON")]
+Json = Annotated[bool, typer.Option("--json", help="Print the plane's answer as JSON.")]
 DEFAULT_STATE_DIR = Path(".state/plane")
 
 
@@ -191,30 +191,30 @@ def watch(api: Api, drill_id: str, hold_s: float, echo: Any = typer.echo) -> dic
 
 
 _GUARDS = Guards()
-KindOpt = Annotated[str, typer.Option(help="evacuate | region-loss | kill")]
-RegionOpt = Annotated[str, typer.Option(help="the target region")]
-HoldOpt = Annotated[float, typer.Option(help="seconds to hold the fault")]
-ReasonOpt = Annotated[str, typer.Option(help="why (kept in the audit log)")]
-ForceOpt = Annotated[bool, typer.Option(help="override the capacity check (only)")]
+KindOpt = Annotated[str, typer.Option(help="One of evacuate, region-loss, kill.")]
+RegionOpt = Annotated[str, typer.Option(help="The target region.")]
+HoldOpt = Annotated[float, typer.Option(help="Seconds to hold the fault.")]
+ReasonOpt = Annotated[str, typer.Option(help="Why (kept in the audit log).")]
+ForceOpt = Annotated[bool, typer.Option(help="Override the capacity check (only).")]
 MaxRto = Annotated[
     float | None,
     typer.Option(
-        help=f"abort when a moved shard takes no write this many seconds after the fault, "
-        f"in (0, 3600] [default: {_GUARDS.max_rto_s:g}]"
+        help=f"Abort when a moved shard takes no write this many seconds after the fault, "
+        f"in (0, 3600]. Default: {_GUARDS.max_rto_s:g}."
     ),
 ]
 MaxErrorRatio = Annotated[
     float | None,
     typer.Option(
-        help=f"abort when this share of canary writes fails, in [0, 1] "
-        f"[default: {_GUARDS.max_error_ratio:g}]"
+        help=f"Abort when this share of canary writes fails, in [0, 1]. "
+        f"Default: {_GUARDS.max_error_ratio:g}."
     ),
 ]
 MaxAckP99 = Annotated[
     float | None,
     typer.Option(
-        help=f"abort when the canary writes' p99 ack latency passes this many ms "
-        f"[default: {_GUARDS.max_ack_p99_ms:g}]"
+        help=f"Abort when the canary writes' p99 ack latency passes this many ms. "
+        f"Default: {_GUARDS.max_ack_p99_ms:g}."
     ),
 ]
 
@@ -262,7 +262,7 @@ def run(region: RegionOpt, kind: KindOpt = "region-loss", hold_s: HoldOpt = 10.0
     raise typer.Exit(EXIT_OK if report["verdict"] == "passed" else EXIT_NEGATIVE)
 
 
-DrillId = Annotated[str, typer.Argument(help="the drill's id (`convplane drill list`)")]
+DrillId = Annotated[str, typer.Argument(help="The drill's id (`convplane drill list`).")]
 
 
 @drill_app.command("status")
@@ -291,7 +291,7 @@ def abort(drill_id: DrillId, reason: ReasonOpt = "aborted from the CLI",
 
 
 @drill_app.command("report")
-def report_cmd(drill_id: DrillId, html: Annotated[Path | None, typer.Option(help="write the self-contained HTML report to this file")] = None,
+def report_cmd(drill_id: DrillId, html: Annotated[Path | None, typer.Option(help="Write the self-contained HTML report to this file.")] = None,
                state_dir: StateDir = DEFAULT_STATE_DIR, url: Url = None, key: Key = None,
                as_json: Json = False) -> None:  # fmt: skip
     """Print a drill's summary, or write its self-contained HTML report."""
@@ -322,7 +322,7 @@ def list_cmd(state_dir: StateDir = DEFAULT_STATE_DIR, url: Url = None, key: Key 
 
 
 @halt_app.command("on")
-def halt_on(reason: Annotated[str, typer.Option(help="why (kept in the audit log)")],
+def halt_on(reason: Annotated[str, typer.Option(help="Why (kept in the audit log).")],
             state_dir: StateDir = DEFAULT_STATE_DIR, url: Url = None, key: Key = None,
             as_json: Json = False) -> None:  # fmt: skip
     """Abort every active drill and refuse new ones."""

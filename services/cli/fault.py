@@ -196,8 +196,8 @@ def set_command(
     name: Annotated[str, typer.Argument(help="Proxy name, e.g. eu->us.")],
     admin: AdminUrl = ADMIN_URL_DEFAULT,
     delay_ms: Annotated[float | None, typer.Option(help="Added latency, each direction.")] = None,
-    up: Annotated[str | None, typer.Option(help="client->target: pass, drop or cut.")] = None,
-    down: Annotated[str | None, typer.Option(help="target->client: pass, drop or cut.")] = None,
+    up: Annotated[str | None, typer.Option(help="Client->target: pass, drop or cut.")] = None,
+    down: Annotated[str | None, typer.Option(help="Target->client: pass, drop or cut.")] = None,
 ) -> None:
     """Change one proxy's rules (options not given keep their value)."""
     fields = {"delay_ms": delay_ms, "up": up, "down": down}
@@ -212,7 +212,7 @@ def partition_command(
     peer: Annotated[
         list[str] | None, typer.Option(help="Peer to cut off from (repeat); default all.")
     ] = None,
-    direction: Annotated[str, typer.Option(help="both, in or out.")] = "both",
+    direction: Annotated[str, typer.Option(help="One of both, in, out.")] = "both",
 ) -> None:
     """Black-hole the links between REGION and its peers (links named <from>-><to>)."""
     body = {"region": region, "peers": peer or None, "direction": direction}

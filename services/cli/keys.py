@@ -24,9 +24,9 @@ from services.cli.output import EXIT_REFUSED, EXIT_USAGE, echo_json, fail
 
 keys_app = typer.Typer(help="API keys and their roles.", no_args_is_help=True)
 
-NameArg = Annotated[str, typer.Argument(help="the key's name")]
+NameArg = Annotated[str, typer.Argument(help="The key's name.")]
 ExpiresOpt = Annotated[
-    float | None, typer.Option(help="the key stops working this many seconds from now")
+    float | None, typer.Option(help="The key stops working this many seconds from now.")
 ]
 
 
@@ -40,23 +40,23 @@ def _print_key(answer: Any) -> None:
 
 @keys_app.command("create")
 def keys_create(
-    tenant: Annotated[str, typer.Option(help="the key's tenant id")],
+    tenant: Annotated[str, typer.Option(help="The key's tenant id.")],
     name: Annotated[
-        str | None, typer.Option(help="the key's name (default: the tenant id)")
+        str | None, typer.Option(help="The key's name (default: the tenant id).")
     ] = None,
-    role: Annotated[str, typer.Option(help="tenant | operator | viewer")] = "tenant",
+    role: Annotated[str, typer.Option(help="One of tenant, operator, viewer.")] = "tenant",
     expires_in_s: ExpiresOpt = None,
     reason: ReasonOpt = "new key",
     state_dir: StateDir = Path(".state/plane"),
     url: Url = None,
     key: Key = None,
     cluster_file: Annotated[
-        Path | None, typer.Option(help="add the key to this cluster file instead (plane down)")
+        Path | None, typer.Option(help="Add the key to this cluster file instead (plane down).")
     ] = None,
     audit_url: Url = None,
     audit_key: Key = None,
     no_audit: Annotated[
-        bool, typer.Option("--no-audit", help="with --cluster-file: add the key unrecorded")
+        bool, typer.Option("--no-audit", help="With --cluster-file: add the key unrecorded.")
     ] = False,
 ) -> None:
     """Create a key and print it (once: only its SHA-256 is kept)."""
@@ -71,8 +71,8 @@ def keys_create(
 @keys_app.command("rotate")
 def keys_rotate(
     name: NameArg,
-    new_name: Annotated[str | None, typer.Option(help="the new key's name")] = None,
-    grace_s: Annotated[float, typer.Option(help="how long the old key keeps working")] = 3600.0,
+    new_name: Annotated[str | None, typer.Option(help="The new key's name.")] = None,
+    grace_s: Annotated[float, typer.Option(help="How long the old key keeps working.")] = 3600.0,
     expires_in_s: ExpiresOpt = None,
     reason: ReasonOpt = "rotation",
     state_dir: StateDir = Path(".state/plane"),

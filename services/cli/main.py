@@ -55,7 +55,7 @@ def _global_options(
     version: Annotated[
         bool,
         typer.Option(
-            "--version", callback=_show_version, is_eager=True, help="print the version and exit"
+            "--version", callback=_show_version, is_eager=True, help="Print the version and exit."
         ),
     ] = False,
 ) -> None:

@@ -9,14 +9,14 @@ import typer
 
 
 def node(
-    cluster_file: Annotated[Path, typer.Option(help="the cluster file (JSON)", exists=True)],
-    region: Annotated[str, typer.Option(help="this node's region, as named in the file")],
-    host: Annotated[str, typer.Option(help="address to listen on")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="port of the client listener")] = 8700,
+    cluster_file: Annotated[Path, typer.Option(help="The cluster file (JSON).", exists=True)],
+    region: Annotated[str, typer.Option(help="This node's region, as named in the file.")],
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port of the client listener.")] = 8700,
     peer_port: Annotated[
-        int | None, typer.Option(help="port of the peer listener (other nodes only)")
+        int | None, typer.Option(help="Port of the peer listener (other nodes only).")
     ] = None,
-    log_level: Annotated[str, typer.Option(help="debug, info, warning, error")] = "info",
+    log_level: Annotated[str, typer.Option(help="One of debug, info, warning, error.")] = "info",
 ) -> None:
     """Run one region node: public API, forwarding, leadership of its shards."""
     from services.compose_secrets import refuse_demo_secrets

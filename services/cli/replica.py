@@ -14,7 +14,7 @@ from typing import Annotated, Any
 
 import typer
 
-ClusterFile = Annotated[Path, typer.Option(help="the cluster file (JSON)", exists=True)]
+ClusterFile = Annotated[Path, typer.Option(help="The cluster file (JSON).", exists=True)]
 
 
 def register(app: typer.Typer) -> None:
@@ -35,7 +35,7 @@ def status(cluster_file: ClusterFile) -> None:
 
 def rebuild(
     cluster_file: ClusterFile,
-    region: Annotated[str, typer.Option(help="the quarantined region to rebuild")],
+    region: Annotated[str, typer.Option(help="The quarantined region to rebuild.")],
 ) -> None:
     """Copy every shard's log into REGION's replica from a quorum of the others, then re-admit
     it (a new registry generation): nodes count its votes and acks again after their next

@@ -15,13 +15,13 @@ def register(app: typer.Typer) -> None:
 
 
 def sim(
-    seeds: Annotated[int, typer.Option(help="how many seeds to run")] = 100,
-    start: Annotated[int, typer.Option(help="first seed")] = 0,
-    regions: Annotated[int, typer.Option(help="regions: 3 or 5", min=3, max=5)] = 3,
-    clients: Annotated[int, typer.Option(help="concurrent clients per seed")] = 3,
-    ops: Annotated[int, typer.Option(help="operations per client")] = 25,
+    seeds: Annotated[int, typer.Option(help="How many seeds to run.")] = 100,
+    start: Annotated[int, typer.Option(help="First seed.")] = 0,
+    regions: Annotated[int, typer.Option(help="Regions: 3 or 5.", min=3, max=5)] = 3,
+    clients: Annotated[int, typer.Option(help="Concurrent clients per seed.")] = 3,
+    ops: Annotated[int, typer.Option(help="Operations per client.")] = 25,
     log_only: Annotated[
-        bool, typer.Option("--log-only", help="the log core alone (no controllers), 3 regions")
+        bool, typer.Option("--log-only", help="The log core alone (no controllers), 3 regions.")
     ] = False,
 ) -> None:
     """Run seeded simulations on virtual time and check every invariant.

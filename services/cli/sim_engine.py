@@ -22,7 +22,7 @@ def register(app: typer.Typer) -> None:
         chunk_tokens: int = typer.Option(512, help="Chunked-prefill chunk size in tokens."),
         engine_id: str = typer.Option("sim-0", help="Engine id reported in results."),
         scheduling_policy: str = typer.Option(
-            "priority", help="priority (vLLM --scheduling-policy priority) or fcfs (ignores it)."
+            "priority", help="Priority (vLLM --scheduling-policy priority) or fcfs (ignores it)."
         ),
         prompt_tokens_details: bool = typer.Option(
             True, help="Report usage.prompt_tokens_details (vLLM --enable-prompt-tokens-details)."

@@ -34,22 +34,22 @@ DEMO_DRILL_RETRY_S = 1.0
 
 
 def up(
-    regions: Annotated[int, typer.Option(help="number of regions (2..7)")] = 3,
-    postgres: Annotated[bool, typer.Option(help="one local PostgreSQL per region")] = False,
-    state_dir: Annotated[Path, typer.Option(help="databases, logs, cluster.json")] = Path(
+    regions: Annotated[int, typer.Option(help="Number of regions (2..7).")] = 3,
+    postgres: Annotated[bool, typer.Option(help="One local PostgreSQL per region.")] = False,
+    state_dir: Annotated[Path, typer.Option(help="Databases, logs, cluster.json.")] = Path(
         ".state/plane"
     ),
-    base_port: Annotated[int, typer.Option(help="first region's port (0: any free)")] = 8700,
-    shard_count: Annotated[int, typer.Option(help="shards of the log")] = 64,
-    detach: Annotated[bool, typer.Option(help="leave the plane running and exit")] = False,
+    base_port: Annotated[int, typer.Option(help="First region's port (0: any free).")] = 8700,
+    shard_count: Annotated[int, typer.Option(help="Shards of the log.")] = 64,
+    detach: Annotated[bool, typer.Option(help="Leave the plane running and exit.")] = False,
     ready_file: Annotated[
-        Path | None, typer.Option(help="write cluster.json's content here once ready")
+        Path | None, typer.Option(help="Write cluster.json's content here once ready.")
     ] = None,
     sim_engines: Annotated[
-        int, typer.Option(help="simulated inference engines per region (no GPU), for replay")
+        int, typer.Option(help="Simulated inference engines per region (no GPU), for replay.")
     ] = 0,
     tls: Annotated[
-        bool, typer.Option(help="mutual TLS between the nodes, under a CA made for this plane")
+        bool, typer.Option(help="Mutual TLS between the nodes, under a CA made for this plane.")
     ] = True,
 ) -> None:
     """Start a local plane: per region a database and a node process. Ctrl-C stops it. On a
@@ -129,7 +129,7 @@ def _supervise(
 
 
 def down(
-    state_dir: Annotated[Path, typer.Option(help="the plane's state dir")] = Path(".state/plane"),
+    state_dir: Annotated[Path, typer.Option(help="The plane's state dir.")] = Path(".state/plane"),
 ) -> None:
     """Stop a plane (up's supervisor, nodes and databases: the pids in cluster.json) and
     wait until they exited. Its data stays: `convplane up` with the same arguments resumes it."""
@@ -144,8 +144,8 @@ def down(
 
 
 def restart_region(
-    region: Annotated[str, typer.Argument(help="the region's name, as cluster.json has it")],
-    state_dir: Annotated[Path, typer.Option(help="the plane's state dir")] = Path(".state/plane"),
+    region: Annotated[str, typer.Argument(help="The region's name, as cluster.json has it.")],
+    state_dir: Annotated[Path, typer.Option(help="The plane's state dir.")] = Path(".state/plane"),
 ) -> None:
     """Start one region's node again on its data (stopping it first if it runs), and its
     database if that is down; wait until the node is healthy."""
@@ -160,9 +160,9 @@ def restart_region(
 
 
 def demo(
-    regions: Annotated[int, typer.Option(help="number of regions (2..7)")] = 3,
+    regions: Annotated[int, typer.Option(help="Number of regions (2..7).")] = 3,
     state_dir: Annotated[
-        Path | None, typer.Option(help="keep the plane's files here (default: a temp dir)")
+        Path | None, typer.Option(help="Keep the plane's files here (default: a temp dir).")
     ] = None,
 ) -> None:
     """Start a plane, write a conversation with a tool call, show acks and transcript, run a

@@ -97,7 +97,7 @@ def register(app: typer.Typer) -> None:
         ),
     ) -> None:
         """Run one replay worker until SIGINT/SIGTERM. It joins the region's worker group only
-        once its engine passes the self-check (``--check`` runs just that)."""
+        once its engine passes the self-check (--check runs just that)."""
         import os
         import re
 
