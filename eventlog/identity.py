@@ -23,7 +23,12 @@ hold for ``r`` (a wiped store has lost its own registry, so it cannot vouch for 
   rebuilt from a quorum and re-admitted (``eventlog.rebuild``, ``convplane replica rebuild``).
 
 A leader also re-reads a voter's identity *after* its promise: ids are random and never reused,
-so a store wiped between the sweep and the prepare cannot slip a vote in.
+so a store wiped between the sweep and the prepare cannot slip a vote in. And every append names
+the identity the sweep vouched for (``expected_store``); the store checks it in the transaction
+that writes and otherwise writes nothing (``IdentityMismatch``), which quarantines the replica on
+this node at once (``refused``). So a store wiped between two sweeps never adopts a deposed
+leader's epoch, is never refilled by it and never counts toward its acks; and a leader counts a
+replica's acks only while they were made under the identity vouched for now (``ShardLeader``).
 
 Not covered: a *physical* restore of the same database files (same ``store_id``, older log).
 Detecting that needs history the store cannot forge (e.g. PostgreSQL's timeline); an operator
@@ -133,6 +138,22 @@ class IdentityGuard:
             self.verdicts[region] = verdict
         self.swept = True
         return newly
+
+    def expected_store(self, region: str) -> str | None:
+        """The identity ``region``'s replica must have for an append to it to count (None: no
+        sweep has named one, e.g. a unit test's node that does not verify)."""
+        verdict = self.verdicts.get(region)
+        return None if verdict is None or verdict.expected is None else verdict.expected.store_id
+
+    def refused(self, region: str) -> bool:
+        """A store refused an append that named ``expected_store(region)``: it is another
+        store now (wiped, replaced). Quarantine it until a sweep finds it re-admitted; returns
+        whether it was newly quarantined."""
+        previous = self.verdicts.get(region)
+        if previous is None or previous.state == "quarantined":
+            return False
+        self.verdicts[region] = Verdict("quarantined", previous.expected, None)
+        return True
 
     def counts(self, region: str) -> bool:
         """Whether ``region``'s replica may vote and count toward acks. Before the first sweep

@@ -40,10 +40,12 @@ from eventlog.errors import (
     InvariantViolation,
     NoQuorum,
     Overloaded,
+    ReplicaUnavailable,
 )
 from eventlog.identity import IdentityGuard
 from eventlog.model import (
     Accepted,
+    IdentityMismatch,
     LogEntry,
     Mismatch,
     Rejected,
@@ -85,6 +87,9 @@ class _Follower:
     #: when match_lsn last rose (the accepting reply arrived)
     matched_at: float = 0.0
     mismatch_step: int = 1
+    #: the identity its store was sent under with the appends that ``match_lsn`` counts (the
+    #: one the node's sweep vouched for then; None: the node does not verify identities)
+    store_id: str | None = None
     wakeup: asyncio.Event = field(default_factory=asyncio.Event)
 
 
@@ -166,6 +171,8 @@ class ShardLeader:
         self.crash: BaseException | None = None
         #: times a replica answered with less than it had accepted (see note_replica_status)
         self.replicas_gone_backwards = 0
+        #: appends a store refused because it is not the one the node vouched for
+        self.identity_refusals = 0
         #: when lead() began (a replica's lag is counted from then at the earliest)
         self._lead_started_s = 0.0
 
@@ -283,8 +290,11 @@ class ShardLeader:
         self.commit_lsn = recovered.commit_lsn
         self._recovery_source = recovered.source
         self._recovery_commit_lsn = recovered.commit_lsn
+        expected = self._identity.expected_store
         self._followers = {
-            region: _Follower(region, store, next_lsn=recovered.commit_lsn + 1)
+            region: _Follower(
+                region, store, next_lsn=recovered.commit_lsn + 1, store_id=expected(region)
+            )
             for region, store in self._replicas.items()
         }
 
@@ -378,8 +388,12 @@ class ShardLeader:
 
     def _counts(self, region: str) -> bool:
         """Whether a replica's acks and confirmations count: not while it is quarantined
-        (``eventlog.identity``)."""
-        return self._identity.counts(region)
+        (``eventlog.identity``), and only once what it accepted was sent under the identity
+        the node vouches for now (a store re-admitted under a new identity starts over)."""
+        if not self._identity.counts(region):
+            return False
+        follower = self._followers.get(region)
+        return follower is None or follower.store_id == self._identity.expected_store(region)
 
     def _counted(self) -> list[_Follower]:
         return [f for f in self._followers.values() if self._counts(f.region)]
@@ -388,7 +402,7 @@ class ShardLeader:
         """Counted replicas not suspected now, counted up to W at most (asked on every
         proposal: whether W are reachable, not how many; short of W it is the whole count)."""
         now = self._clock.monotonic()
-        counts = self._identity.counts
+        counts = self._counts
         found = 0
         for follower in self._followers.values():
             if counts(follower.region) and not self._suspect(follower, now):
@@ -607,11 +621,17 @@ class ShardLeader:
         last = min(self.last_lsn, prev_lsn + self._config.batch_events_max)
         prev_epoch, batch = await self._entries_after(follower.region, prev_lsn, last)
         commit_lsn = self.commit_lsn
+        expected = self._identity.expected_store(follower.region)
+        if expected != follower.store_id:
+            # another identity is vouched for now (first sweep, a re-admitted store): nothing
+            # the replica accepted before is known to be in the store that now has the name
+            follower.store_id = expected
+            follower.match_lsn = follower.sent_commit_lsn = 0
         follower.inflight_since = follower.last_call_at = self._clock.monotonic()
         try:
             reply = await bounded(
                 follower.store.append(
-                    self.shard, self.epoch, prev_lsn, prev_epoch, batch, commit_lsn
+                    self.shard, self.epoch, prev_lsn, prev_epoch, batch, commit_lsn, expected
                 ),
                 self._config.replica_call_timeout_s,
             )
@@ -646,6 +666,15 @@ class ShardLeader:
             follower.mismatch_step = min(follower.mismatch_step * 2, self._config.batch_events_max)
         elif isinstance(reply, Rejected):
             self.stop(fenced_by=reply.promised_epoch)
+        elif isinstance(reply, IdentityMismatch):
+            # Not the store the sweep vouched for (wiped, replaced): it wrote nothing, and it
+            # neither votes nor acks on this node until a sweep finds it rebuilt and re-admitted.
+            self.identity_refusals += 1
+            follower.match_lsn = follower.sent_commit_lsn = 0
+            self._identity.refused(follower.region)
+            raise ReplicaUnavailable(
+                f"shard {self.shard}: replica {follower.region} is not store {expected}"
+            )
 
     async def _entries_after(
         self, target: str, prev_lsn: int, last_lsn: int

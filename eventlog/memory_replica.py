@@ -15,6 +15,7 @@ from eventlog.model import (
     Accepted,
     AppendReply,
     ConversationSummary,
+    IdentityMismatch,
     LogEntry,
     Mismatch,
     PageSnapshot,
@@ -102,8 +103,11 @@ class MemoryReplica(ReplicaStore):
         prev_epoch: int,
         entries: Sequence[LogEntry],
         leader_commit_lsn: int,
+        expected_store_id: str | None = None,
     ) -> AppendReply:
         check_append_batch(epoch, prev_lsn, entries)
+        if expected_store_id is not None and expected_store_id != self.store_id:
+            return IdentityMismatch()
         log = self._shard(shard)
         if epoch < log.promised_epoch:
             return Rejected(log.promised_epoch)

@@ -103,8 +103,15 @@ class Mismatch:
     last_lsn: int
 
 
+@dataclass(frozen=True, slots=True)
+class IdentityMismatch:
+    """The store is not the one the caller named (``expected_store_id``): it was wiped,
+    re-provisioned or replaced since the caller's identity sweep vouched for it. Nothing was
+    written, not even the promise: an empty store must never adopt a deposed leader's epoch."""
+
+
 PrepareReply = Promised | Rejected
-AppendReply = Accepted | Rejected | Mismatch
+AppendReply = Accepted | Rejected | Mismatch | IdentityMismatch
 
 
 @dataclass(frozen=True, slots=True)

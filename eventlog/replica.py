@@ -10,7 +10,12 @@ prepare(shard, epoch, tail_max)
     return ``Promised(status, tail, tail_complete)`` where ``tail`` is the replica's entries with
     ``lsn > status.commit_lsn`` (lsn order, at most ``tail_max``).
 
-append(shard, epoch, prev_lsn, prev_epoch, entries, leader_commit_lsn)
+append(shard, epoch, prev_lsn, prev_epoch, entries, leader_commit_lsn, expected_store_id)
+    0. If ``expected_store_id`` is set and is not ``identity()``: ``IdentityMismatch``, nothing
+       written, checked in the same transaction (statement) as the write, so that no moment
+       remains between the check and the write in which the store could be swapped. A leader
+       names the identity its node's sweep vouched for (``eventlog.identity``): a wiped store
+       must not adopt a deposed leader's epoch, be refilled and count toward its acks.
     ``entries`` are contiguous from ``prev_lsn + 1`` with non-decreasing epochs, none above
     ``epoch`` (a new leader re-sends the recovered tail with its original stamps, followed by its
     own barrier entry); anything else is a caller bug: ``InvariantViolation``.
@@ -80,6 +85,7 @@ class ReplicaStore(ABC):
         prev_epoch: int,
         entries: Sequence[LogEntry],
         leader_commit_lsn: int,
+        expected_store_id: str | None = None,
     ) -> AppendReply: ...
 
     @abstractmethod
@@ -168,12 +174,13 @@ class ReplicaStoreWrapper(ReplicaStore):
         prev_epoch: int,
         entries: Sequence[LogEntry],
         leader_commit_lsn: int,
+        expected_store_id: str | None = None,
     ) -> AppendReply:
         return await self.around(
             "append",
             False,
             lambda: self._inner.append(
-                shard, epoch, prev_lsn, prev_epoch, entries, leader_commit_lsn
+                shard, epoch, prev_lsn, prev_epoch, entries, leader_commit_lsn, expected_store_id
             ),
         )
 

@@ -89,15 +89,16 @@ class TimedReplica(ReplicaStoreWrapper):
         prev_epoch: int,
         entries: Sequence[LogEntry],
         leader_commit_lsn: int,
+        expected_store_id: str | None = None,
     ) -> AppendReply:
         tracing = self._instruments.tracing
         if tracing is None:
             return await super().append(
-                shard, epoch, prev_lsn, prev_epoch, entries, leader_commit_lsn
+                shard, epoch, prev_lsn, prev_epoch, entries, leader_commit_lsn, expected_store_id
             )
         with tracing.replica_span("append", self.region, shard, entries):
             return await super().append(
-                shard, epoch, prev_lsn, prev_epoch, entries, leader_commit_lsn
+                shard, epoch, prev_lsn, prev_epoch, entries, leader_commit_lsn, expected_store_id
             )
 
 

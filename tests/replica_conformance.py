@@ -22,6 +22,7 @@ from eventlog.identity import IdentityRecord
 from eventlog.memory_replica import MemoryReplica
 from eventlog.model import (
     Accepted,
+    IdentityMismatch,
     LogEntry,
     Mismatch,
     Promised,
@@ -368,6 +369,38 @@ class ReplicaConformance:
             "a": IdentityRecord("a-2", 2),
             "b": IdentityRecord("b-1", 0),
         }
+
+    async def test_an_append_naming_another_store_writes_nothing(
+        self, replica: ReplicaStore
+    ) -> None:
+        """``expected_store_id``: an append meant for another store (the one this store's
+        region had before it was wiped) is refused with nothing written, not even the promise;
+        one naming this store, or none, is applied."""
+        store_id = await replica.identity()
+        assert isinstance(await replica.prepare(0, 1, 0), Promised)
+        refused = await replica.append(0, 2, 0, 0, run(1, 2, 2), 1, "another-store")
+        assert refused == IdentityMismatch()
+        assert await replica.status(0) == ShardStatus(1, 0, 0, 0)
+        assert await replica.read_log(0, 0, 10) == []
+        assert await replica.append(0, 2, 0, 0, run(1, 2, 2), 1, store_id) == Accepted(2)
+        assert await replica.append(0, 2, 2, 2, run(3, 3, 2), 2) == Accepted(3)
+        assert await replica.status(0) == ShardStatus(2, 3, 2, 2)
+
+    async def test_a_group_with_both_names_refuses_only_the_other_stores(
+        self, replica: ReplicaStore
+    ) -> None:
+        """Sub-batches of one group commit that name different stores (a sweep re-admitted
+        a store between two leaders' sends): each is judged by its own name."""
+        store_id = await replica.identity()
+        replies = await asyncio.gather(
+            replica.append(0, 1, 0, 0, run(1, 1, 1), 0, store_id),
+            replica.append(1, 1, 0, 0, run(1, 1, 1), 0, "another-store"),
+            replica.append(2, 1, 0, 0, run(1, 1, 1), 0),
+            replica.append(0, 1, 1, 1, run(2, 2, 1), 1, store_id),
+        )
+        assert list(replies) == [Accepted(1), IdentityMismatch(), Accepted(1), Accepted(2)]
+        assert await replica.status(1) == ShardStatus(0, 0, 0, 0)
+        assert await replica.status(0) == ShardStatus(1, 2, 1, 1)
 
     # --- the same replies as the reference, for random operation sequences ---------------
 

@@ -27,6 +27,8 @@ class AppendRequest:
     prev_epoch: int
     entries: tuple[LogEntry, ...]
     leader_commit_lsn: int
+    #: the identity the caller expects the store to have (None: not checked)
+    expected_store_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

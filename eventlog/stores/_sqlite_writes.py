@@ -7,24 +7,41 @@ with two leader processes sharing one database). The commit is the group's only 
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from sqlalchemy import delete, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from eventlog.errors import InvariantViolation
-from eventlog.model import PrepareReply, Promised, Rejected, ShardStatus
+from eventlog.model import IdentityMismatch, PrepareReply, Promised, Rejected, ShardStatus
 from eventlog.stores._plan import AppendRequest, plan_append
 from eventlog.stores._schema import entries, entry_from_row, entry_to_row, shards, status_from_row
 from eventlog.stores.group_commit import AppendOutcome
 
+#: reads the store's identity on the given connection (``SqlReplicaStore.identity``)
+IdentityOf = Callable[[AsyncConnection], Awaitable[str]]
+
 
 async def append_group(
-    conn: AsyncConnection, region: str, requests: Sequence[AppendRequest]
+    conn: AsyncConnection,
+    region: str,
+    requests: Sequence[AppendRequest],
+    identity_of: IdentityOf,
 ) -> list[AppendOutcome]:
+    """The group in one transaction; the store's identity, when a request names the one it
+    expects, read inside it (under the write lock, so nothing replaces the store between the
+    check and the writes)."""
     async with conn.begin():
-        return [await _append_one(conn, region, request) for request in requests]
+        found = None
+        if any(r.expected_store_id is not None for r in requests):
+            found = await identity_of(conn)
+        return [
+            IdentityMismatch()
+            if request.expected_store_id not in (None, found)
+            else await _append_one(conn, region, request)
+            for request in requests
+        ]
 
 
 async def prepare(conn: AsyncConnection, shard: int, epoch: int, tail_max: int) -> PrepareReply:

@@ -63,10 +63,6 @@ class _WritePath(Protocol):
         self, conn: AsyncConnection, shard: int, epoch: int, tail_max: int
     ) -> PrepareReply: ...
 
-    async def append_group(
-        self, conn: AsyncConnection, region: str, requests: Sequence[AppendRequest]
-    ) -> list[AppendOutcome]: ...
-
 
 class SqlReplicaStore(ReplicaStore):
     """One region's replica in a SQL database. Build it with ``open_replica_store``."""
@@ -111,9 +107,16 @@ class SqlReplicaStore(ReplicaStore):
         prev_epoch: int,
         entries: Sequence[LogEntry],
         leader_commit_lsn: int,
+        expected_store_id: str | None = None,
     ) -> AppendReply:
         request = AppendRequest(
-            shard, epoch, prev_lsn, prev_epoch, tuple(entries), leader_commit_lsn
+            shard,
+            epoch,
+            prev_lsn,
+            prev_epoch,
+            tuple(entries),
+            leader_commit_lsn,
+            expected_store_id,
         )
         check_append_request(request)
         check_storable(request, nul_in_columns=not self._postgres)
@@ -131,7 +134,11 @@ class SqlReplicaStore(ReplicaStore):
             async with asyncio.timeout(self.limits.statement_timeout_s):
                 conn = await self._writer.get()
                 try:
-                    return await self._writes.append_group(conn, self.region, requests)
+                    if self._postgres:  # the identity check is in the statement
+                        return await _pg_writes.append_group(conn, self.region, requests)
+                    return await _sqlite_writes.append_group(
+                        conn, self.region, requests, self._sqlite_identity
+                    )
                 except BaseException:
                     await self._writer.drop(invalidate=True)
                     raise

@@ -74,8 +74,11 @@ def test_checker_catches_a_replica_that_acks_without_storing(
         prev_epoch: int,
         entries: list[LogEntry],
         leader_commit_lsn: int,
+        expected_store_id: str | None = None,
     ) -> AppendReply:
-        reply = await original(self, shard, epoch, prev_lsn, prev_epoch, entries, leader_commit_lsn)
+        reply = await original(
+            self, shard, epoch, prev_lsn, prev_epoch, entries, leader_commit_lsn, expected_store_id
+        )
         if self.region == "b" and isinstance(reply, Accepted) and entries:
             log = self._shard(shard)
             del log.entries[prev_lsn:]  # pretend durable, keep nothing
