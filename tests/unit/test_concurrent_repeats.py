@@ -96,9 +96,12 @@ class _GatedReplica(MemoryReplica):
         prev_epoch: int,
         entries: Sequence[LogEntry],
         leader_commit_lsn: int,
+        expected_store_id: str | None = None,
     ) -> AppendReply:
         await self.released.wait()
-        return await super().append(shard, epoch, prev_lsn, prev_epoch, entries, leader_commit_lsn)
+        return await super().append(
+            shard, epoch, prev_lsn, prev_epoch, entries, leader_commit_lsn, expected_store_id
+        )
 
 
 @pytest.mark.parametrize("append_of", list(_APPENDS))

@@ -36,10 +36,13 @@ class BlackHole(MemoryReplica):
         prev_epoch: int,
         entries: Sequence[LogEntry],
         leader_commit_lsn: int,
+        expected_store_id: str | None = None,
     ) -> AppendReply:
         if self.cut:
             await asyncio.sleep(3600)
-        return await super().append(shard, epoch, prev_lsn, prev_epoch, entries, leader_commit_lsn)
+        return await super().append(
+            shard, epoch, prev_lsn, prev_epoch, entries, leader_commit_lsn, expected_store_id
+        )
 
 
 T = TypeVar("T")
