@@ -30,9 +30,16 @@ this node at once (``refused``). So a store wiped between two sweeps never adopt
 leader's epoch, is never refilled by it and never counts toward its acks; and a leader counts a
 replica's acks only while they were made under the identity vouched for now (``ShardLeader``).
 
-Not covered: a *physical* restore of the same database files (same ``store_id``, older log).
-Detecting that needs history the store cannot forge (e.g. PostgreSQL's timeline); an operator
-restoring a replica's files must rebuild it with ``convplane replica rebuild`` instead.
+A *physical* restore of the same database files keeps ``store_id`` and brings back an older log
+(issue 32, bug 4). What the restored store cannot bring back is what the *other* stores learnt
+about it since: every append leaves there the ``HeldPosition`` the leader knows each replica to
+hold (``ReplicaStore.positions``). A new leader compares each voter's log with the positions
+the other reachable stores keep for it (``eventlog.recovery.rolled_back_voters``); a voter below
+its position is **rolled back**: its vote does not count, it is quarantined on this node at once
+(``rolled_back``) and in the registry of every other store (a record at a higher generation
+naming ``ROLLED_BACK_PREFIX + store_id``, so every node's next sweep quarantines it too) until
+it is rebuilt and re-admitted, which writes its own identity at a higher generation still.
+See docs/replica-identity.md.
 """
 
 from __future__ import annotations
@@ -42,6 +49,9 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 ReplicaState = Literal["admitted", "quarantined", "unknown"]
+#: a registry record naming this (no store's identity starts with it) quarantines the store
+#: whose identity follows: it was found rolled back to an older copy of itself
+ROLLED_BACK_PREFIX = "rolled-back:"
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,6 +165,17 @@ class IdentityGuard:
         self.verdicts[region] = Verdict("quarantined", previous.expected, None)
         return True
 
+    def rolled_back(self, region: str) -> IdentityRecord | None:
+        """A leader found ``region``'s store below a position it had held (an older physical
+        copy, same identity): quarantine it here, and return the record that quarantines it
+        in the registries (None: no sweep named its identity, nothing to write)."""
+        previous = self.verdicts.get(region)
+        expected = None if previous is None else previous.expected
+        self.verdicts[region] = Verdict("quarantined", expected, None)
+        if expected is None:
+            return None
+        return IdentityRecord(ROLLED_BACK_PREFIX + expected.store_id, expected.generation + 1)
+
     def counts(self, region: str) -> bool:
         """Whether ``region``'s replica may vote and count toward acks. Before the first sweep
         (a node that does not verify, e.g. a unit test's) every replica counts."""
@@ -168,6 +189,8 @@ class IdentityGuard:
         after a restart reached only that store) does not vote: it may be a wiped store.
         Before the first sweep (a node that does not verify, e.g. a unit test's) all count."""
         verdict = self.verdicts.get(region)
+        if verdict is not None and verdict.state == "quarantined":
+            return False
         if verdict is None or verdict.expected is None:
             return not self.swept
         return verdict.state != "quarantined" and verdict.expected.store_id == store_id

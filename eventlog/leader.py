@@ -42,12 +42,14 @@ from eventlog.errors import (
     Overloaded,
     ReplicaUnavailable,
 )
-from eventlog.identity import IdentityGuard
+from eventlog.identity import IdentityGuard, IdentityRecord
 from eventlog.model import (
     Accepted,
+    HeldPosition,
     IdentityMismatch,
     LogEntry,
     Mismatch,
+    Promised,
     Rejected,
     ShardStatus,
     entry_size_bytes,
@@ -56,9 +58,12 @@ from eventlog.model import (
 from eventlog.read_index import QuorumChoice, ReadIndex
 from eventlog.recovery import (
     RecoveredLog,
+    highest_positions,
+    known_positions,
     prepare_round,
     read_range,
     recover_log,
+    rolled_back_voters,
     vouched_promises,
 )
 from eventlog.replica import ReplicaStore
@@ -90,6 +95,8 @@ class _Follower:
     #: the identity its store was sent under with the appends that ``match_lsn`` counts (the
     #: one the node's sweep vouched for then; None: the node does not verify identities)
     store_id: str | None = None
+    #: the positions (``HeldPosition``) this replica's store accepted from this leader
+    positions_sent: dict[str, HeldPosition] = field(default_factory=dict)
     wakeup: asyncio.Event = field(default_factory=asyncio.Event)
 
 
@@ -173,6 +180,13 @@ class ShardLeader:
         self.replicas_gone_backwards = 0
         #: appends a store refused because it is not the one the node vouched for
         self.identity_refusals = 0
+        #: region -> the committed prefix its replica is known to hold (``HeldPosition``):
+        #: read from the stores at lead, raised as replicas accept, left at every store with
+        #: the appends (``eventlog.identity``: how a store rolled back to an older copy of
+        #: itself is found)
+        self._positions: dict[str, HeldPosition] = {}
+        #: voters found rolled back at lead (``rolled_back_voters``)
+        self.rolled_back: list[str] = []
         #: when lead() began (a replica's lag is counted from then at the earliest)
         self._lead_started_s = 0.0
 
@@ -195,12 +209,20 @@ class ShardLeader:
                 0.0, min(self._config.replica_call_timeout_s, deadline - self._clock.monotonic())
             )
             round_ = await prepare_round(
-                self.shard, self.epoch, self._replicas, self._config, timeout_s
+                self.shard,
+                self.epoch,
+                self._replicas,
+                self._config,
+                timeout_s,
+                self._identity.counts,
+                self._reachable_regions(),
             )
             self.highest_seen_epoch = max(self.highest_seen_epoch, round_.highest_seen_epoch)
             promises = await vouched_promises(
                 round_.promises, self._replicas, self._identity, self._config, timeout_s
             )
+            if promises is not None:
+                promises = await self._without_rolled_back(promises, timeout_s)
             if promises is not None:
                 break
             if self._clock.monotonic() >= deadline:
@@ -234,6 +256,53 @@ class ShardLeader:
         )
         self._serving = True
         return self.epoch
+
+    async def _without_rolled_back(
+        self, promises: dict[str, Promised], timeout_s: float
+    ) -> dict[str, Promised] | None:
+        """The promises of voters whose logs hold every position the other stores keep for
+        them (positions of older epochs only: a newer leader's are about acceptances after the
+        promise); None when fewer than a prepare quorum remain. Every store this node can
+        reach is asked, not only the voters: in the lagging case the only store that knows
+        what the rolled-back voter had acknowledged is the old leader's, outside the quorum.
+        A rolled-back voter is quarantined here and in the other stores' registries."""
+        kept = await known_positions(
+            self.shard, self._replicas, self._reachable_regions(), timeout_s
+        )
+        older = {
+            store: {r: p for r, p in positions.items() if p.epoch < self.epoch}
+            for store, positions in kept.items()
+        }
+        self._positions = highest_positions(older, about_others_only=False)
+        rolled_back = rolled_back_voters(promises, highest_positions(older, about_others_only=True))
+        for region in rolled_back:
+            record = self._identity.rolled_back(region)
+            if record is not None:
+                await self._record_identity_elsewhere(region, record, timeout_s)
+        self.rolled_back += rolled_back
+        vouched = {r: p for r, p in promises.items() if r not in rolled_back}
+        if len(vouched) < self._config.prepare_quorum(len(self._replicas)):
+            return None
+        return vouched
+
+    def _reachable_regions(self) -> list[str]:
+        """The regions the failure detector does not report unreachable (all without one)."""
+        unreachable = self._region_unreachable
+        return [r for r in self._replicas if unreachable is None or not unreachable(r)]
+
+    async def _record_identity_elsewhere(
+        self, region: str, record: IdentityRecord, timeout_s: float
+    ) -> None:
+        """Write ``record`` for ``region`` to every other store that answers in time (the
+        sweeps spread it to the rest)."""
+        await asyncio.gather(
+            *(
+                bounded(store.record_identity(region, record), timeout_s)
+                for other, store in self._replicas.items()
+                if other != region
+            ),
+            return_exceptions=True,
+        )
 
     async def confirm_leadership(self) -> None:
         """Before answering a read: confirm at a quorum that no newer leader exists
@@ -595,7 +664,9 @@ class ShardLeader:
         while not self._stopped:
             follower.wakeup.clear()  # before looking, so no wake-up between look and wait is lost
             if follower.next_lsn > self.last_lsn:
-                if follower.sent_commit_lsn >= min(self.commit_lsn, follower.match_lsn):
+                if follower.sent_commit_lsn >= min(
+                    self.commit_lsn, follower.match_lsn
+                ) and not self._positions_unsent(follower):
                     await follower.wakeup.wait()
                     continue
                 # Idle but the replica's commit hint is stale: push it after a short linger,
@@ -627,11 +698,19 @@ class ShardLeader:
             # the replica accepted before is known to be in the store that now has the name
             follower.store_id = expected
             follower.match_lsn = follower.sent_commit_lsn = 0
+        positions = self._positions_unsent(follower)
         follower.inflight_since = follower.last_call_at = self._clock.monotonic()
         try:
             reply = await bounded(
                 follower.store.append(
-                    self.shard, self.epoch, prev_lsn, prev_epoch, batch, commit_lsn, expected
+                    self.shard,
+                    self.epoch,
+                    prev_lsn,
+                    prev_epoch,
+                    batch,
+                    commit_lsn,
+                    expected,
+                    positions,
                 ),
                 self._config.replica_call_timeout_s,
             )
@@ -644,9 +723,12 @@ class ShardLeader:
             if reply.match_lsn != prev_lsn + len(batch):
                 raise InvariantViolation(f"shard {self.shard}: bad match from {follower.region}")
             follower.mismatch_step = 1
+            if positions:
+                follower.positions_sent.update(positions)
             if reply.match_lsn > follower.match_lsn:
                 follower.match_lsn = reply.match_lsn
                 follower.matched_at = self._clock.monotonic()
+                self._note_position(follower)
             follower.next_lsn = max(follower.next_lsn, reply.match_lsn + 1)
             follower.sent_commit_lsn = max(
                 follower.sent_commit_lsn, min(commit_lsn, reply.match_lsn)
@@ -720,6 +802,8 @@ class ShardLeader:
         newly = self._buffer[self.commit_lsn - self._buffer_base : quorum_lsn - self._buffer_base]
         self._inflight_bytes -= sum(entry_size_bytes(e) for e in newly)
         self.commit_lsn = quorum_lsn
+        for follower in self._followers.values():
+            self._note_position(follower)
         if self._observer is not None:
             self._observer(self.shard, self.epoch, newly)
         for lsn in sorted(lsn for lsn in self._waiters if lsn <= quorum_lsn):
@@ -728,6 +812,26 @@ class ShardLeader:
                     waiter.future.set_result(None)
         self._trim_buffer()
         self._wake_followers()  # followers may now push the new commit position
+
+    def _note_position(self, follower: _Follower) -> None:
+        """Raise the replica's ``HeldPosition`` to the committed prefix it holds, once that
+        reaches this leader's barrier (every entry from there on is stamped with this epoch,
+        so the position names its entry's stamp)."""
+        held = min(follower.match_lsn, self.commit_lsn)
+        if held < self._barrier_lsn or not self._counts(follower.region):
+            return
+        position = HeldPosition(self.epoch, held)
+        known = self._positions.get(follower.region)
+        if known is None or known < position:
+            self._positions[follower.region] = position
+            self._wake_followers()  # their stores learn it with a push
+
+    def _positions_unsent(self, follower: _Follower) -> dict[str, HeldPosition] | None:
+        """The positions the replica's store does not have from this leader yet (None: it
+        has them all)."""
+        sent = follower.positions_sent
+        unsent = {r: p for r, p in self._positions.items() if sent.get(r) != p}
+        return unsent or None
 
     def _trim_buffer(self) -> None:
         """Drop the oldest committed entries past ``buffer_entries_max`` or

@@ -8,7 +8,7 @@ the whole protocol and why the recovered tail keeps its stamps.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,7 +16,7 @@ from eventlog.aio import abandon, bounded
 from eventlog.config import LogConfig
 from eventlog.errors import ConvplaneError, InvariantViolation, NoQuorum
 from eventlog.identity import IdentityGuard
-from eventlog.model import LogEntry, Promised, Rejected
+from eventlog.model import HeldPosition, LogEntry, Promised, Rejected, holds
 from eventlog.replica import ReplicaStore
 
 
@@ -50,11 +50,19 @@ async def prepare_round(
     replicas: Mapping[str, ReplicaStore],
     config: LogConfig,
     timeout_s: float,
+    counts: Callable[[str], bool] = lambda region: True,
+    awaited: Collection[str] = (),
 ) -> PrepareRound:
-    """Send ``prepare(epoch)`` to every replica; return as soon as a prepare quorum promised,
-    one replica rejected, or every call ended. Stragglers are abandoned, not awaited (a cut-off
-    replica may take long to cancel), and late promises are harmless: a promise only makes a
-    replica reject lower epochs."""
+    """Send ``prepare(epoch)`` to every replica; return once a prepare quorum of replicas
+    that ``counts`` promised and every ``awaited`` replica answered (or its call ended), as
+    soon as one replica rejected, or when every call ended. Stragglers are abandoned, not
+    awaited (a cut-off replica may take long to cancel), and late promises are harmless: a
+    promise only makes a replica reject lower epochs.
+
+    ``awaited``: the replicas the node can reach. A leader recovers from every promise it
+    gets, not only the first quorum's: the old leader's own store holds what it acked last,
+    and a quorum of two others may not (one lagging, one restored from an older copy of
+    itself, whose loss the other stores may not have learnt yet)."""
     needed = config.prepare_quorum(len(replicas))
     calls = {
         asyncio.ensure_future(
@@ -67,11 +75,15 @@ async def prepare_round(
     rejected = False
     pending = set(calls)
     try:
-        while pending and len(promises) < needed and not rejected:
+        while (
+            pending
+            and not rejected
+            and (len(promises) < needed or any(calls[c] in awaited for c in pending))
+        ):
             done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
             for call in [c for c in calls if c in done]:  # deterministic order
                 reply = _result_or_none(call)
-                if isinstance(reply, Promised):
+                if isinstance(reply, Promised) and counts(calls[call]):
                     promises[calls[call]] = reply
                 elif isinstance(reply, Rejected):
                     highest_seen = max(highest_seen, reply.promised_epoch)
@@ -193,3 +205,52 @@ async def vouched_promises(
     if len(vouched) < config.prepare_quorum(len(replicas)):
         return None
     return vouched
+
+
+async def known_positions(
+    shard: int,
+    replicas: Mapping[str, ReplicaStore],
+    asked: list[str],
+    timeout_s: float,
+) -> dict[str, dict[str, HeldPosition]]:
+    """Store region -> the positions it keeps for ``shard`` (``ReplicaStore.positions``), from
+    the ``asked`` stores that answer within ``timeout_s``."""
+    found = await asyncio.gather(
+        *(bounded(replicas[r].positions(shard), timeout_s) for r in asked),
+        return_exceptions=True,
+    )
+    kept: dict[str, dict[str, HeldPosition]] = {}
+    for region, reply in zip(asked, found, strict=True):
+        if isinstance(reply, BaseException):
+            if not isinstance(reply, ConvplaneError | TimeoutError | OSError):
+                raise reply  # a bug below us
+            continue
+        kept[region] = reply
+    return kept
+
+
+def highest_positions(
+    kept: Mapping[str, Mapping[str, HeldPosition]], *, about_others_only: bool
+) -> dict[str, HeldPosition]:
+    """Region -> the highest position any store keeps for it; ``about_others_only``: not
+    counting what a store keeps about its own region (restored with it, it proves nothing)."""
+    best: dict[str, HeldPosition] = {}
+    for store, positions in kept.items():
+        for region, position in positions.items():
+            if about_others_only and region == store:
+                continue
+            if region not in best or best[region] < position:
+                best[region] = position
+    return best
+
+
+def rolled_back_voters(
+    promises: Mapping[str, Promised], known: Mapping[str, HeldPosition]
+) -> list[str]:
+    """The voters whose logs end below a position other stores keep for them: each lost
+    entries it had acknowledged (a store restored from an older copy of itself)."""
+    return sorted(
+        region
+        for region, promise in promises.items()
+        if region in known and not holds(promise.status, known[region])
+    )

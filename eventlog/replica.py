@@ -10,7 +10,8 @@ prepare(shard, epoch, tail_max)
     return ``Promised(status, tail, tail_complete)`` where ``tail`` is the replica's entries with
     ``lsn > status.commit_lsn`` (lsn order, at most ``tail_max``).
 
-append(shard, epoch, prev_lsn, prev_epoch, entries, leader_commit_lsn, expected_store_id)
+append(shard, epoch, prev_lsn, prev_epoch, entries, leader_commit_lsn, expected_store_id,
+       positions)
     0. If ``expected_store_id`` is set and is not ``identity()``: ``IdentityMismatch``, nothing
        written, checked in the same transaction (statement) as the write, so that no moment
        remains between the check and the write in which the store could be swapped. A leader
@@ -27,6 +28,13 @@ append(shard, epoch, prev_lsn, prev_epoch, entries, leader_commit_lsn, expected_
        the entry is written. Entries after the batch that did not conflict are kept.
     4. ``match = prev_lsn + len(entries)``; ``commit_lsn = max(commit_lsn,
        min(leader_commit_lsn, match))``. All of it durable before replying ``Accepted(match)``.
+    5. On ``Accepted`` only: each of ``positions`` (region -> ``HeldPosition``) is kept for the
+       shard unless the store holds a higher one for that region, in the same transaction.
+
+positions(shard)
+    Region -> the highest ``HeldPosition`` any append left here for the shard: what the
+    leaders knew each *other* replica to hold. A new leader compares a voter's log with the
+    positions the other stores keep for it (``eventlog.recovery.rolled_back_voters``).
 
 read_page_snapshot(shard, tenant_id, conversation_id, after_seq, limit, max_lsn)
     ``read_conversation``'s page together with ``identity()`` and ``status(shard)`` *as of the
@@ -51,13 +59,14 @@ exception at the adapter); the core treats it like a lost message and retries un
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TypeVar
 
 from eventlog.identity import IdentityRecord
 from eventlog.model import (
     AppendReply,
     ConversationSummary,
+    HeldPosition,
     LogEntry,
     PageSnapshot,
     PrepareReply,
@@ -86,7 +95,12 @@ class ReplicaStore(ABC):
         entries: Sequence[LogEntry],
         leader_commit_lsn: int,
         expected_store_id: str | None = None,
+        positions: Mapping[str, HeldPosition] | None = None,
     ) -> AppendReply: ...
+
+    @abstractmethod
+    async def positions(self, shard: int) -> dict[str, HeldPosition]:
+        """Region -> the highest position appends left here for ``shard``."""
 
     @abstractmethod
     async def status(self, shard: int) -> ShardStatus: ...
@@ -175,14 +189,25 @@ class ReplicaStoreWrapper(ReplicaStore):
         entries: Sequence[LogEntry],
         leader_commit_lsn: int,
         expected_store_id: str | None = None,
+        positions: Mapping[str, HeldPosition] | None = None,
     ) -> AppendReply:
         return await self.around(
             "append",
             False,
             lambda: self._inner.append(
-                shard, epoch, prev_lsn, prev_epoch, entries, leader_commit_lsn, expected_store_id
+                shard,
+                epoch,
+                prev_lsn,
+                prev_epoch,
+                entries,
+                leader_commit_lsn,
+                expected_store_id,
+                positions,
             ),
         )
+
+    async def positions(self, shard: int) -> dict[str, HeldPosition]:
+        return await self.around("positions", True, lambda: self._inner.positions(shard))
 
     async def status(self, shard: int) -> ShardStatus:
         return await self.around("status", True, lambda: self._inner.status(shard))

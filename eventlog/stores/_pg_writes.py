@@ -48,10 +48,12 @@ _APPEND = (
     "SELECT o_index, o_kind, o_value FROM convplane_append("
     "$1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17)"
 )
-#: the same with the identity the caller expects the store to have (migration 0007)
+#: the same with the identity the caller expects the store to have and the positions to keep
+#: (migration 0007)
 _APPEND_AS = (
     "SELECT o_index, o_kind, o_value FROM convplane_append_as($18, "
-    "$1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17)"
+    "$1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, "
+    "$19, $20, $21, $22)"
 )
 _PREPARE = text("SELECT * FROM convplane_prepare(:shard, :epoch, :tail_max)")
 _STATUSES = (
@@ -140,10 +142,16 @@ async def _append_part(
     expected_store_id: str | None,
 ) -> list[AppendOutcome]:
     arrays = append_arrays(requests)
-    if expected_store_id is None:
+    positions = [
+        (r.shard, held_region, p.epoch, p.lsn) for r in requests for held_region, p in r.positions
+    ]
+    if expected_store_id is None and not positions:
         result = await _fetch(conn, region, "append", _APPEND, *arrays)
     else:
-        result = await _fetch(conn, region, "append", _APPEND_AS, *arrays, expected_store_id)
+        columns = [list(column) for column in zip(*positions, strict=True)] or [[], [], [], []]
+        result = await _fetch(
+            conn, region, "append", _APPEND_AS, *arrays, expected_store_id, *columns
+        )
     rows = sorted((int(i), int(k), int(v)) for i, k, v in result)
     if [index for index, _, _ in rows] != list(range(len(requests))):
         raise InvariantViolation(f"convplane_append answered {len(rows)} of {len(requests)}")

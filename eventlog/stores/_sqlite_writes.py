@@ -10,13 +10,21 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
-from sqlalchemy import delete, insert, select, update
+from sqlalchemy import delete, insert, select, tuple_, update
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from eventlog.errors import InvariantViolation
-from eventlog.model import IdentityMismatch, PrepareReply, Promised, Rejected, ShardStatus
+from eventlog.model import Accepted, IdentityMismatch, PrepareReply, Promised, Rejected, ShardStatus
 from eventlog.stores._plan import AppendRequest, plan_append
-from eventlog.stores._schema import entries, entry_from_row, entry_to_row, shards, status_from_row
+from eventlog.stores._schema import (
+    entries,
+    entry_from_row,
+    entry_to_row,
+    replica_positions,
+    shards,
+    status_from_row,
+)
 from eventlog.stores.group_commit import AppendOutcome
 
 #: reads the store's identity on the given connection (``SqlReplicaStore.identity``)
@@ -84,7 +92,26 @@ async def _append_one(conn: AsyncConnection, region: str, request: AppendRequest
         await _write_status(conn, request.shard, plan.status, exists=row is not None)
     if plan.violation is not None:
         return InvariantViolation(f"{region}: {plan.violation}")
+    if isinstance(plan.reply, Accepted):
+        await _keep_positions(conn, request)
     return plan.reply
+
+
+async def _keep_positions(conn: AsyncConnection, request: AppendRequest) -> None:
+    """Raise the shard's kept positions to the request's, region by region."""
+    for region, position in request.positions:
+        statement = sqlite_insert(replica_positions).values(
+            shard=request.shard, region=region, epoch=position.epoch, lsn=position.lsn
+        )
+        excluded = statement.excluded
+        await conn.execute(
+            statement.on_conflict_do_update(
+                index_elements=[replica_positions.c.shard, replica_positions.c.region],
+                set_={"epoch": excluded.epoch, "lsn": excluded.lsn},
+                where=tuple_(excluded.epoch, excluded.lsn)
+                > tuple_(replica_positions.c.epoch, replica_positions.c.lsn),
+            )
+        )
 
 
 async def _shard_row(conn: AsyncConnection, shard: int) -> Mapping[Any, Any] | None:

@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import itertools
 import os
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any, Protocol
 
 from sqlalchemy import BigInteger, ColumnElement, cast, collate, func, select
@@ -26,6 +26,7 @@ from eventlog.identity import IdentityRecord
 from eventlog.model import (
     AppendReply,
     ConversationSummary,
+    HeldPosition,
     LogEntry,
     PageSnapshot,
     PrepareReply,
@@ -45,6 +46,7 @@ from eventlog.stores._schema import (
     entries,
     entry_from_row,
     replica_identity,
+    replica_positions,
     replica_registry,
     shards,
     status_from_row,
@@ -108,6 +110,7 @@ class SqlReplicaStore(ReplicaStore):
         entries: Sequence[LogEntry],
         leader_commit_lsn: int,
         expected_store_id: str | None = None,
+        positions: Mapping[str, HeldPosition] | None = None,
     ) -> AppendReply:
         request = AppendRequest(
             shard,
@@ -117,6 +120,7 @@ class SqlReplicaStore(ReplicaStore):
             tuple(entries),
             leader_commit_lsn,
             expected_store_id,
+            tuple(sorted((positions or {}).items())),
         )
         check_append_request(request)
         check_storable(request, nul_in_columns=not self._postgres)
@@ -347,6 +351,12 @@ class SqlReplicaStore(ReplicaStore):
         store_id = (await conn.execute(select(replica_identity.c.store_id))).scalar_one()
         path = self._engine.url.database or ""
         return f"{store_id}/ino{os.stat(path).st_ino}"
+
+    async def positions(self, shard: int) -> dict[str, HeldPosition]:
+        query = select(replica_positions).where(replica_positions.c.shard == shard)
+        async with self._connection("positions") as conn:
+            rows = (await conn.execute(query)).mappings().all()
+        return {r["region"]: HeldPosition(int(r["epoch"]), int(r["lsn"])) for r in rows}
 
     async def registry(self) -> dict[str, IdentityRecord]:
         async with self._connection("registry") as conn:

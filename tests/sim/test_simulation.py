@@ -7,13 +7,14 @@ test in REGRESSION_SEEDS.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from concurrent.futures import ProcessPoolExecutor
 
 import pytest
 
 from eventlog.memory_replica import MemoryReplica
-from eventlog.model import Accepted, AppendReply, LogEntry
-from eventlog.sim import run_seed
+from eventlog.model import Accepted, AppendReply, HeldPosition, LogEntry
+from eventlog.sim import SIM_VERSION, run_seed
 
 SEEDS = int(os.environ.get("CONVPLANE_SIM_SEEDS", "2000"))
 CHUNK = 100
@@ -22,6 +23,17 @@ CHUNK = 100
 #: 384, 393 — two overlapping lead_shard calls on one node installed the second leader over
 #: the first one's conversation state: a seq gap after failover (fixed in eventlog/node.py)
 REGRESSION_SEEDS = (384, 393)
+#: seeds that reproduce a bug on this SIM_VERSION with its fix taken out, by bug:
+#: 17 (version 2; the first of 150 seeds) — issue 32 bug 1: under an asymmetric link cut a
+#: new leader acked through {b, c}, c's disk was lost, and the deposed leader re-promised
+#: its old epoch at the empty store, refilled it and counted its acks before the next
+#: identity sweep: "would truncate committed lsn" (fixed: every append names the vouched
+#: store, eventlog.leader / eventlog.replica)
+#: 41, 294 (version 2; 2 of 300 seeds) — issue 32 bug 4: a replica rolled back to an older
+#: physical copy of itself (same identity) voted a new leader in through a quorum that held
+#: none of what it had acknowledged: "would truncate committed lsn" (fixed: held positions
+#: and recovery from every reachable promise, eventlog.leader / eventlog.recovery)
+VERSION_REGRESSION_SEEDS = {2: (17, 41, 294)}.get(SIM_VERSION, ())
 
 
 def _chunk(first: int) -> dict[int, list[str]]:
@@ -43,7 +55,7 @@ def test_every_seed_keeps_the_log_invariants() -> None:
     )
 
 
-@pytest.mark.parametrize("seed", REGRESSION_SEEDS)
+@pytest.mark.parametrize("seed", REGRESSION_SEEDS + VERSION_REGRESSION_SEEDS)
 def test_regression_seed(seed: int) -> None:
     assert run_seed(seed).ok
 
@@ -75,9 +87,18 @@ def test_checker_catches_a_replica_that_acks_without_storing(
         entries: list[LogEntry],
         leader_commit_lsn: int,
         expected_store_id: str | None = None,
+        positions: Mapping[str, HeldPosition] | None = None,
     ) -> AppendReply:
         reply = await original(
-            self, shard, epoch, prev_lsn, prev_epoch, entries, leader_commit_lsn, expected_store_id
+            self,
+            shard,
+            epoch,
+            prev_lsn,
+            prev_epoch,
+            entries,
+            leader_commit_lsn,
+            expected_store_id,
+            positions,
         )
         if self.region == "b" and isinstance(reply, Accepted) and entries:
             log = self._shard(shard)
