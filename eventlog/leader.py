@@ -3,7 +3,10 @@
 The leader of epoch ``e`` is the only one that creates entries ``(e, lsn)``. Protocol:
 
 1. **Prepare.** Send ``prepare(e)`` to every replica; wait for a prepare quorum of promises
-   (``LogConfig.prepare_quorum``). A rejection names a higher promise: retry with a higher epoch.
+   (``LogConfig.prepare_quorum``) and for every replica the failure detector can reach. A
+   rejection names a higher promise: retry with a higher epoch. A voter counts only if its
+   identity is the one vouched for and its log holds the positions the other stores keep for
+   it (``eventlog.identity``: wiped and rolled-back stores).
 2. **Recover.** ``C`` = highest commit hint among the promises (entries up to ``C`` are committed).
    Of the promising replicas choose the one whose log is most up to date (highest last epoch,
    then longest): by log matching it holds every committed entry. Its entries after ``C`` are the
