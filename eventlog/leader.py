@@ -45,14 +45,13 @@ from eventlog.errors import (
     Overloaded,
     ReplicaUnavailable,
 )
-from eventlog.identity import IdentityGuard, IdentityRecord
+from eventlog.identity import IdentityGuard
 from eventlog.model import (
     Accepted,
     HeldPosition,
     IdentityMismatch,
     LogEntry,
     Mismatch,
-    Promised,
     Rejected,
     ShardStatus,
     entry_size_bytes,
@@ -61,12 +60,10 @@ from eventlog.model import (
 from eventlog.read_index import QuorumChoice, ReadIndex
 from eventlog.recovery import (
     RecoveredLog,
-    highest_positions,
-    known_positions,
+    drop_rolled_back,
     prepare_round,
     read_range,
     recover_log,
-    rolled_back_voters,
     vouched_promises,
 )
 from eventlog.replica import ReplicaStore
@@ -225,7 +222,18 @@ class ShardLeader:
                 round_.promises, self._replicas, self._identity, self._config, timeout_s
             )
             if promises is not None:
-                promises = await self._without_rolled_back(promises, timeout_s)
+                found = await drop_rolled_back(
+                    self.shard,
+                    self.epoch,
+                    promises,
+                    self._replicas,
+                    self._identity,
+                    self._config,
+                    self._reachable_regions(),
+                    timeout_s,
+                )
+                promises, self._positions = found.promises, found.positions
+                self.rolled_back += found.rolled_back
             if promises is not None:
                 break
             if self._clock.monotonic() >= deadline:
@@ -260,52 +268,10 @@ class ShardLeader:
         self._serving = True
         return self.epoch
 
-    async def _without_rolled_back(
-        self, promises: dict[str, Promised], timeout_s: float
-    ) -> dict[str, Promised] | None:
-        """The promises of voters whose logs hold every position the other stores keep for
-        them (positions of older epochs only: a newer leader's are about acceptances after the
-        promise); None when fewer than a prepare quorum remain. Every store this node can
-        reach is asked, not only the voters: in the lagging case the only store that knows
-        what the rolled-back voter had acknowledged is the old leader's, outside the quorum.
-        A rolled-back voter is quarantined here and in the other stores' registries."""
-        kept = await known_positions(
-            self.shard, self._replicas, self._reachable_regions(), timeout_s
-        )
-        older = {
-            store: {r: p for r, p in positions.items() if p.epoch < self.epoch}
-            for store, positions in kept.items()
-        }
-        self._positions = highest_positions(older, about_others_only=False)
-        rolled_back = rolled_back_voters(promises, highest_positions(older, about_others_only=True))
-        for region in rolled_back:
-            record = self._identity.rolled_back(region)
-            if record is not None:
-                await self._record_identity_elsewhere(region, record, timeout_s)
-        self.rolled_back += rolled_back
-        vouched = {r: p for r, p in promises.items() if r not in rolled_back}
-        if len(vouched) < self._config.prepare_quorum(len(self._replicas)):
-            return None
-        return vouched
-
     def _reachable_regions(self) -> list[str]:
         """The regions the failure detector does not report unreachable (all without one)."""
         unreachable = self._region_unreachable
         return [r for r in self._replicas if unreachable is None or not unreachable(r)]
-
-    async def _record_identity_elsewhere(
-        self, region: str, record: IdentityRecord, timeout_s: float
-    ) -> None:
-        """Write ``record`` for ``region`` to every other store that answers in time (the
-        sweeps spread it to the rest)."""
-        await asyncio.gather(
-            *(
-                bounded(store.record_identity(region, record), timeout_s)
-                for other, store in self._replicas.items()
-                if other != region
-            ),
-            return_exceptions=True,
-        )
 
     async def confirm_leadership(self) -> None:
         """Before answering a read: confirm at a quorum that no newer leader exists

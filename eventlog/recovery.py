@@ -15,7 +15,7 @@ from typing import Any
 from eventlog.aio import abandon, bounded
 from eventlog.config import LogConfig
 from eventlog.errors import ConvplaneError, InvariantViolation, NoQuorum
-from eventlog.identity import IdentityGuard
+from eventlog.identity import IdentityGuard, IdentityRecord
 from eventlog.model import HeldPosition, LogEntry, Promised, Rejected, holds
 from eventlog.replica import ReplicaStore
 
@@ -254,3 +254,65 @@ def rolled_back_voters(
         for region, promise in promises.items()
         if region in known and not holds(promise.status, known[region])
     )
+
+
+@dataclass(frozen=True, slots=True)
+class RolledBackCheck:
+    """The promises that may count (None: fewer than a prepare quorum), the highest
+    positions known per region (the new leader's to keep raising), the voters dropped."""
+
+    promises: dict[str, Promised] | None
+    positions: dict[str, HeldPosition]
+    rolled_back: list[str]
+
+
+async def drop_rolled_back(
+    shard: int,
+    epoch: int,
+    promises: dict[str, Promised],
+    replicas: Mapping[str, ReplicaStore],
+    identity: IdentityGuard,
+    config: LogConfig,
+    reachable: list[str],
+    timeout_s: float,
+) -> RolledBackCheck:
+    """Drop the voters whose logs end below a position the other stores keep for them
+    (``eventlog.identity``: a store rolled back to an older copy of itself), quarantine each
+    on this node and in the other stores' registries. Every ``reachable`` store is asked, not
+    only the voters: in the lagging case the only store that knows what the rolled-back voter
+    had acknowledged is the old leader's, outside the quorum. Positions of ``epoch`` or later
+    are left out: a newer leader's are about acceptances made after these promises."""
+    kept = await known_positions(shard, replicas, reachable, timeout_s)
+    older = {
+        store: {r: p for r, p in positions.items() if p.epoch < epoch}
+        for store, positions in kept.items()
+    }
+    rolled_back = rolled_back_voters(promises, highest_positions(older, about_others_only=True))
+    for region in rolled_back:
+        record = identity.rolled_back(region)
+        if record is not None:
+            await _record_identity_elsewhere(replicas, region, record, timeout_s)
+    vouched = {r: p for r, p in promises.items() if r not in rolled_back}
+    enough = len(vouched) >= config.prepare_quorum(len(replicas))
+    return RolledBackCheck(
+        vouched if enough else None,
+        highest_positions(older, about_others_only=False),
+        rolled_back,
+    )
+
+
+async def _record_identity_elsewhere(
+    replicas: Mapping[str, ReplicaStore], region: str, record: IdentityRecord, timeout_s: float
+) -> None:
+    """Write ``region``'s ``record`` to every other store that answers in time (the sweeps
+    spread it to the rest)."""
+    others = [store for other, store in replicas.items() if other != region]
+    found = await asyncio.gather(
+        *(bounded(store.record_identity(region, record), timeout_s) for store in others),
+        return_exceptions=True,
+    )
+    for reply in found:
+        if isinstance(reply, BaseException) and not isinstance(
+            reply, ConvplaneError | TimeoutError | OSError
+        ):
+            raise reply  # a bug below us
