@@ -97,6 +97,8 @@ class _Follower:
     store_id: str | None = None
     #: the positions (``HeldPosition``) this replica's store accepted from this leader
     positions_sent: dict[str, HeldPosition] = field(default_factory=dict)
+    #: when positions last went out to it (``LogConfig.positions_push_every_s``)
+    positions_sent_at: float = float("-inf")
     wakeup: asyncio.Event = field(default_factory=asyncio.Event)
 
 
@@ -667,8 +669,11 @@ class ShardLeader:
             # the replica accepted before is known to be in the store that now has the name
             follower.store_id = expected
             follower.match_lsn = follower.sent_commit_lsn = 0
+        now = self._clock.monotonic()
         positions = self._positions_unsent(follower)
-        follower.inflight_since = follower.last_call_at = self._clock.monotonic()
+        if batch and now - follower.positions_sent_at < self._config.positions_push_every_s:
+            positions = None  # a busy shard leaves them a few times a second, not per append
+        follower.inflight_since = follower.last_call_at = now
         try:
             reply = await bounded(
                 follower.store.append(
@@ -694,6 +699,7 @@ class ShardLeader:
             follower.mismatch_step = 1
             if positions:
                 follower.positions_sent.update(positions)
+                follower.positions_sent_at = follower.last_call_at
             if reply.match_lsn > follower.match_lsn:
                 follower.match_lsn = reply.match_lsn
                 follower.matched_at = self._clock.monotonic()
