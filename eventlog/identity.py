@@ -23,11 +23,23 @@ hold for ``r`` (a wiped store has lost its own registry, so it cannot vouch for 
   rebuilt from a quorum and re-admitted (``eventlog.rebuild``, ``convplane replica rebuild``).
 
 A leader also re-reads a voter's identity *after* its promise: ids are random and never reused,
-so a store wiped between the sweep and the prepare cannot slip a vote in.
+so a store wiped between the sweep and the prepare cannot slip a vote in. And every append names
+the identity the sweep vouched for (``expected_store``); the store checks it in the transaction
+that writes and otherwise writes nothing (``IdentityMismatch``), which quarantines the replica on
+this node at once (``refused``). So a store wiped between two sweeps never adopts a deposed
+leader's epoch, is never refilled by it and never counts toward its acks; and a leader counts a
+replica's acks only while they were made under the identity vouched for now (``ShardLeader``).
 
-Not covered: a *physical* restore of the same database files (same ``store_id``, older log).
-Detecting that needs history the store cannot forge (e.g. PostgreSQL's timeline); an operator
-restoring a replica's files must rebuild it with ``convplane replica rebuild`` instead.
+A *physical* restore of the same database files keeps ``store_id`` and brings back an older log
+(issue 32, bug 4). What the restored store cannot bring back is what the *other* stores learnt
+about it since: every append leaves there the ``HeldPosition`` the leader knows each replica to
+hold (``ReplicaStore.positions``). A new leader compares each voter's log with the positions
+the other reachable stores keep for it (``eventlog.recovery.rolled_back_voters``); a voter below
+its position is **rolled back**: its vote does not count, it is quarantined on this node at once
+(``rolled_back``) and in the registry of every other store (a record at a higher generation
+naming ``ROLLED_BACK_PREFIX + store_id``, so every node's next sweep quarantines it too) until
+it is rebuilt and re-admitted, which writes its own identity at a higher generation still.
+See docs/replica-identity.md.
 """
 
 from __future__ import annotations
@@ -37,6 +49,9 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 ReplicaState = Literal["admitted", "quarantined", "unknown"]
+#: a registry record naming this (no store's identity starts with it) quarantines the store
+#: whose identity follows: it was found rolled back to an older copy of itself
+ROLLED_BACK_PREFIX = "rolled-back:"
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,6 +149,33 @@ class IdentityGuard:
         self.swept = True
         return newly
 
+    def expected_store(self, region: str) -> str | None:
+        """The identity ``region``'s replica must have for an append to it to count (None: no
+        sweep has named one, e.g. a unit test's node that does not verify)."""
+        verdict = self.verdicts.get(region)
+        return None if verdict is None or verdict.expected is None else verdict.expected.store_id
+
+    def refused(self, region: str) -> bool:
+        """A store refused an append that named ``expected_store(region)``: it is another
+        store now (wiped, replaced). Quarantine it until a sweep finds it re-admitted; returns
+        whether it was newly quarantined."""
+        previous = self.verdicts.get(region)
+        if previous is None or previous.state == "quarantined":
+            return False
+        self.verdicts[region] = Verdict("quarantined", previous.expected, None)
+        return True
+
+    def rolled_back(self, region: str) -> IdentityRecord | None:
+        """A leader found ``region``'s store below a position it had held (an older physical
+        copy, same identity): quarantine it here, and return the record that quarantines it
+        in the registries (None: no sweep named its identity, nothing to write)."""
+        previous = self.verdicts.get(region)
+        expected = None if previous is None else previous.expected
+        self.verdicts[region] = Verdict("quarantined", expected, None)
+        if expected is None:
+            return None
+        return IdentityRecord(ROLLED_BACK_PREFIX + expected.store_id, expected.generation + 1)
+
     def counts(self, region: str) -> bool:
         """Whether ``region``'s replica may vote and count toward acks. Before the first sweep
         (a node that does not verify, e.g. a unit test's) every replica counts."""
@@ -147,6 +189,8 @@ class IdentityGuard:
         after a restart reached only that store) does not vote: it may be a wiped store.
         Before the first sweep (a node that does not verify, e.g. a unit test's) all count."""
         verdict = self.verdicts.get(region)
+        if verdict is not None and verdict.state == "quarantined":
+            return False
         if verdict is None or verdict.expected is None:
             return not self.swept
         return verdict.state != "quarantined" and verdict.expected.store_id == store_id

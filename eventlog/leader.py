@@ -3,7 +3,10 @@
 The leader of epoch ``e`` is the only one that creates entries ``(e, lsn)``. Protocol:
 
 1. **Prepare.** Send ``prepare(e)`` to every replica; wait for a prepare quorum of promises
-   (``LogConfig.prepare_quorum``). A rejection names a higher promise: retry with a higher epoch.
+   (``LogConfig.prepare_quorum``) and for every replica the failure detector can reach. A
+   rejection names a higher promise: retry with a higher epoch. A voter counts only if its
+   identity is the one vouched for and its log holds the positions the other stores keep for
+   it (``eventlog.identity``: wiped and rolled-back stores).
 2. **Recover.** ``C`` = highest commit hint among the promises (entries up to ``C`` are committed).
    Of the promising replicas choose the one whose log is most up to date (highest last epoch,
    then longest): by log matching it holds every committed entry. Its entries after ``C`` are the
@@ -40,10 +43,13 @@ from eventlog.errors import (
     InvariantViolation,
     NoQuorum,
     Overloaded,
+    ReplicaUnavailable,
 )
 from eventlog.identity import IdentityGuard
 from eventlog.model import (
     Accepted,
+    HeldPosition,
+    IdentityMismatch,
     LogEntry,
     Mismatch,
     Rejected,
@@ -54,6 +60,7 @@ from eventlog.model import (
 from eventlog.read_index import QuorumChoice, ReadIndex
 from eventlog.recovery import (
     RecoveredLog,
+    drop_rolled_back,
     prepare_round,
     read_range,
     recover_log,
@@ -85,6 +92,13 @@ class _Follower:
     #: when match_lsn last rose (the accepting reply arrived)
     matched_at: float = 0.0
     mismatch_step: int = 1
+    #: the identity its store was sent under with the appends that ``match_lsn`` counts (the
+    #: one the node's sweep vouched for then; None: the node does not verify identities)
+    store_id: str | None = None
+    #: the positions (``HeldPosition``) this replica's store accepted from this leader
+    positions_sent: dict[str, HeldPosition] = field(default_factory=dict)
+    #: when positions last went out to it (``LogConfig.positions_push_every_s``)
+    positions_sent_at: float = float("-inf")
     wakeup: asyncio.Event = field(default_factory=asyncio.Event)
 
 
@@ -166,6 +180,15 @@ class ShardLeader:
         self.crash: BaseException | None = None
         #: times a replica answered with less than it had accepted (see note_replica_status)
         self.replicas_gone_backwards = 0
+        #: appends a store refused because it is not the one the node vouched for
+        self.identity_refusals = 0
+        #: region -> the committed prefix its replica is known to hold (``HeldPosition``):
+        #: read from the stores at lead, raised as replicas accept, left at every store with
+        #: the appends (``eventlog.identity``: how a store rolled back to an older copy of
+        #: itself is found)
+        self._positions: dict[str, HeldPosition] = {}
+        #: voters found rolled back at lead (``rolled_back_voters``)
+        self.rolled_back: list[str] = []
         #: when lead() began (a replica's lag is counted from then at the earliest)
         self._lead_started_s = 0.0
 
@@ -188,12 +211,31 @@ class ShardLeader:
                 0.0, min(self._config.replica_call_timeout_s, deadline - self._clock.monotonic())
             )
             round_ = await prepare_round(
-                self.shard, self.epoch, self._replicas, self._config, timeout_s
+                self.shard,
+                self.epoch,
+                self._replicas,
+                self._config,
+                timeout_s,
+                self._identity.counts,
+                self._reachable_regions(),
             )
             self.highest_seen_epoch = max(self.highest_seen_epoch, round_.highest_seen_epoch)
             promises = await vouched_promises(
                 round_.promises, self._replicas, self._identity, self._config, timeout_s
             )
+            if promises is not None:
+                found = await drop_rolled_back(
+                    self.shard,
+                    self.epoch,
+                    promises,
+                    self._replicas,
+                    self._identity,
+                    self._config,
+                    self._reachable_regions(),
+                    timeout_s,
+                )
+                promises, self._positions = found.promises, found.positions
+                self.rolled_back += found.rolled_back
             if promises is not None:
                 break
             if self._clock.monotonic() >= deadline:
@@ -227,6 +269,11 @@ class ShardLeader:
         )
         self._serving = True
         return self.epoch
+
+    def _reachable_regions(self) -> list[str]:
+        """The regions the failure detector does not report unreachable (all without one)."""
+        unreachable = self._region_unreachable
+        return [r for r in self._replicas if unreachable is None or not unreachable(r)]
 
     async def confirm_leadership(self) -> None:
         """Before answering a read: confirm at a quorum that no newer leader exists
@@ -283,8 +330,11 @@ class ShardLeader:
         self.commit_lsn = recovered.commit_lsn
         self._recovery_source = recovered.source
         self._recovery_commit_lsn = recovered.commit_lsn
+        expected = self._identity.expected_store
         self._followers = {
-            region: _Follower(region, store, next_lsn=recovered.commit_lsn + 1)
+            region: _Follower(
+                region, store, next_lsn=recovered.commit_lsn + 1, store_id=expected(region)
+            )
             for region, store in self._replicas.items()
         }
 
@@ -378,8 +428,12 @@ class ShardLeader:
 
     def _counts(self, region: str) -> bool:
         """Whether a replica's acks and confirmations count: not while it is quarantined
-        (``eventlog.identity``)."""
-        return self._identity.counts(region)
+        (``eventlog.identity``), and only once what it accepted was sent under the identity
+        the node vouches for now (a store re-admitted under a new identity starts over)."""
+        if not self._identity.counts(region):
+            return False
+        follower = self._followers.get(region)
+        return follower is None or follower.store_id == self._identity.expected_store(region)
 
     def _counted(self) -> list[_Follower]:
         return [f for f in self._followers.values() if self._counts(f.region)]
@@ -388,7 +442,7 @@ class ShardLeader:
         """Counted replicas not suspected now, counted up to W at most (asked on every
         proposal: whether W are reachable, not how many; short of W it is the whole count)."""
         now = self._clock.monotonic()
-        counts = self._identity.counts
+        counts = self._counts
         found = 0
         for follower in self._followers.values():
             if counts(follower.region) and not self._suspect(follower, now):
@@ -581,7 +635,9 @@ class ShardLeader:
         while not self._stopped:
             follower.wakeup.clear()  # before looking, so no wake-up between look and wait is lost
             if follower.next_lsn > self.last_lsn:
-                if follower.sent_commit_lsn >= min(self.commit_lsn, follower.match_lsn):
+                if follower.sent_commit_lsn >= min(
+                    self.commit_lsn, follower.match_lsn
+                ) and not self._positions_unsent(follower):
                     await follower.wakeup.wait()
                     continue
                 # Idle but the replica's commit hint is stale: push it after a short linger,
@@ -607,11 +663,28 @@ class ShardLeader:
         last = min(self.last_lsn, prev_lsn + self._config.batch_events_max)
         prev_epoch, batch = await self._entries_after(follower.region, prev_lsn, last)
         commit_lsn = self.commit_lsn
-        follower.inflight_since = follower.last_call_at = self._clock.monotonic()
+        expected = self._identity.expected_store(follower.region)
+        if expected != follower.store_id:
+            # another identity is vouched for now (first sweep, a re-admitted store): nothing
+            # the replica accepted before is known to be in the store that now has the name
+            follower.store_id = expected
+            follower.match_lsn = follower.sent_commit_lsn = 0
+        now = self._clock.monotonic()
+        positions = self._positions_unsent(follower)
+        if batch and now - follower.positions_sent_at < self._config.positions_push_every_s:
+            positions = None  # a busy shard leaves them a few times a second, not per append
+        follower.inflight_since = follower.last_call_at = now
         try:
             reply = await bounded(
                 follower.store.append(
-                    self.shard, self.epoch, prev_lsn, prev_epoch, batch, commit_lsn
+                    self.shard,
+                    self.epoch,
+                    prev_lsn,
+                    prev_epoch,
+                    batch,
+                    commit_lsn,
+                    expected,
+                    positions,
                 ),
                 self._config.replica_call_timeout_s,
             )
@@ -624,9 +697,13 @@ class ShardLeader:
             if reply.match_lsn != prev_lsn + len(batch):
                 raise InvariantViolation(f"shard {self.shard}: bad match from {follower.region}")
             follower.mismatch_step = 1
+            if positions:
+                follower.positions_sent.update(positions)
+                follower.positions_sent_at = follower.last_call_at
             if reply.match_lsn > follower.match_lsn:
                 follower.match_lsn = reply.match_lsn
                 follower.matched_at = self._clock.monotonic()
+                self._note_position(follower)
             follower.next_lsn = max(follower.next_lsn, reply.match_lsn + 1)
             follower.sent_commit_lsn = max(
                 follower.sent_commit_lsn, min(commit_lsn, reply.match_lsn)
@@ -646,6 +723,15 @@ class ShardLeader:
             follower.mismatch_step = min(follower.mismatch_step * 2, self._config.batch_events_max)
         elif isinstance(reply, Rejected):
             self.stop(fenced_by=reply.promised_epoch)
+        elif isinstance(reply, IdentityMismatch):
+            # Not the store the sweep vouched for (wiped, replaced): it wrote nothing, and it
+            # neither votes nor acks on this node until a sweep finds it rebuilt and re-admitted.
+            self.identity_refusals += 1
+            follower.match_lsn = follower.sent_commit_lsn = 0
+            self._identity.refused(follower.region)
+            raise ReplicaUnavailable(
+                f"shard {self.shard}: replica {follower.region} is not store {expected}"
+            )
 
     async def _entries_after(
         self, target: str, prev_lsn: int, last_lsn: int
@@ -691,6 +777,8 @@ class ShardLeader:
         newly = self._buffer[self.commit_lsn - self._buffer_base : quorum_lsn - self._buffer_base]
         self._inflight_bytes -= sum(entry_size_bytes(e) for e in newly)
         self.commit_lsn = quorum_lsn
+        for follower in self._followers.values():
+            self._note_position(follower)
         if self._observer is not None:
             self._observer(self.shard, self.epoch, newly)
         for lsn in sorted(lsn for lsn in self._waiters if lsn <= quorum_lsn):
@@ -699,6 +787,26 @@ class ShardLeader:
                     waiter.future.set_result(None)
         self._trim_buffer()
         self._wake_followers()  # followers may now push the new commit position
+
+    def _note_position(self, follower: _Follower) -> None:
+        """Raise the replica's ``HeldPosition`` to the committed prefix it holds, once that
+        reaches this leader's barrier (every entry from there on is stamped with this epoch,
+        so the position names its entry's stamp)."""
+        held = min(follower.match_lsn, self.commit_lsn)
+        if held < self._barrier_lsn or not self._counts(follower.region):
+            return
+        position = HeldPosition(self.epoch, held)
+        known = self._positions.get(follower.region)
+        if known is None or known < position:
+            self._positions[follower.region] = position
+            self._wake_followers()  # their stores learn it with a push
+
+    def _positions_unsent(self, follower: _Follower) -> dict[str, HeldPosition] | None:
+        """The positions the replica's store does not have from this leader yet (None: it
+        has them all)."""
+        sent = follower.positions_sent
+        unsent = {r: p for r, p in self._positions.items() if sent.get(r) != p}
+        return unsent or None
 
     def _trim_buffer(self) -> None:
         """Drop the oldest committed entries past ``buffer_entries_max`` or

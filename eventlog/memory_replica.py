@@ -6,7 +6,8 @@ crash in the simulator makes the replica unreachable, it never loses what it ack
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import copy
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from eventlog.errors import InvariantViolation
@@ -15,6 +16,8 @@ from eventlog.model import (
     Accepted,
     AppendReply,
     ConversationSummary,
+    HeldPosition,
+    IdentityMismatch,
     LogEntry,
     Mismatch,
     PageSnapshot,
@@ -31,6 +34,7 @@ class _ShardLog:
     promised_epoch: int = 0
     commit_lsn: int = 0
     entries: list[LogEntry] = field(default_factory=list)  # entries[i].lsn == i + 1
+    positions: dict[str, HeldPosition] = field(default_factory=dict)
 
     @property
     def last_lsn(self) -> int:
@@ -42,6 +46,12 @@ class _ShardLog:
 
     def status(self) -> ShardStatus:
         return ShardStatus(self.promised_epoch, self.last_lsn, self.last_epoch, self.commit_lsn)
+
+
+@dataclass(frozen=True)
+class PhysicalCopy:
+    shards: dict[int, _ShardLog]
+    registry: dict[str, IdentityRecord]
 
 
 def check_append_batch(epoch: int, prev_lsn: int, entries: Sequence[LogEntry]) -> None:
@@ -63,6 +73,18 @@ class MemoryReplica(ReplicaStore):
         self._incarnation = 1
         self.store_id = f"{region}#1"
         self._registry: dict[str, IdentityRecord] = {}
+
+    def physical_copy(self) -> PhysicalCopy:
+        """A copy of the store's files (for tests and the simulator's rollback fault): every
+        shard and the registry, as ``restore_physical_copy`` puts them back."""
+        return PhysicalCopy(copy.deepcopy(self._shards), dict(self._registry))
+
+    def restore_physical_copy(self, backup: PhysicalCopy) -> None:
+        """Put back an older ``physical_copy``: the same identity (the files carry it), an
+        older log, older promises and an older registry (a database restored from its own
+        backup files)."""
+        self._shards = copy.deepcopy(backup.shards)
+        self._registry = dict(backup.registry)
 
     def wipe(self) -> None:
         """Lose everything, as a re-provisioned database does: a new identity, no promises, no
@@ -102,8 +124,12 @@ class MemoryReplica(ReplicaStore):
         prev_epoch: int,
         entries: Sequence[LogEntry],
         leader_commit_lsn: int,
+        expected_store_id: str | None = None,
+        positions: Mapping[str, HeldPosition] | None = None,
     ) -> AppendReply:
         check_append_batch(epoch, prev_lsn, entries)
+        if expected_store_id is not None and expected_store_id != self.store_id:
+            return IdentityMismatch()
         log = self._shard(shard)
         if epoch < log.promised_epoch:
             return Rejected(log.promised_epoch)
@@ -125,7 +151,14 @@ class MemoryReplica(ReplicaStore):
             log.entries.append(entry)
         match_lsn = prev_lsn + len(entries)
         log.commit_lsn = max(log.commit_lsn, min(leader_commit_lsn, match_lsn))
+        for region, position in (positions or {}).items():
+            held = log.positions.get(region)
+            if held is None or held < position:
+                log.positions[region] = position
         return Accepted(match_lsn)
+
+    async def positions(self, shard: int) -> dict[str, HeldPosition]:
+        return dict(self._shard(shard).positions)
 
     async def status(self, shard: int) -> ShardStatus:
         return self._shard(shard).status()

@@ -66,6 +66,24 @@ class PageSnapshot:
     status: ShardStatus
 
 
+@dataclass(frozen=True, slots=True, order=True)
+class HeldPosition:
+    """A region's replica is known to hold a shard's committed log through ``lsn``, whose
+    entry is stamped ``epoch`` (a leader of ``epoch`` saw it accept that far, and that far
+    was committed). Such a log never shrinks: a later log holds the entry and only entries of
+    ``epoch`` or later after it, so an honest replica's ``(last_epoch, last_lsn)`` stays at or
+    above the position for good. A store that answers below it lost what it acknowledged:
+    restored from an older physical copy (``eventlog.identity``). Ordered by (epoch, lsn)."""
+
+    epoch: int
+    lsn: int
+
+
+def holds(status: ShardStatus, position: HeldPosition) -> bool:
+    """Whether a replica whose log ends as ``status`` says can still hold ``position``."""
+    return (status.last_epoch, status.last_lsn) >= (position.epoch, position.lsn)
+
+
 # --- replies of a replica -------------------------------------------------------------------
 
 
@@ -103,8 +121,15 @@ class Mismatch:
     last_lsn: int
 
 
+@dataclass(frozen=True, slots=True)
+class IdentityMismatch:
+    """The store is not the one the caller named (``expected_store_id``): it was wiped,
+    re-provisioned or replaced since the caller's identity sweep vouched for it. Nothing was
+    written, not even the promise: an empty store must never adopt a deposed leader's epoch."""
+
+
 PrepareReply = Promised | Rejected
-AppendReply = Accepted | Rejected | Mismatch
+AppendReply = Accepted | Rejected | Mismatch | IdentityMismatch
 
 
 @dataclass(frozen=True, slots=True)

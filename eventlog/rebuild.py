@@ -81,7 +81,11 @@ async def _rebuild_shard(
                 retry_after_s=1.0,
             )
         source = max(statuses, key=lambda r: (statuses[r].last_epoch, statuses[r].last_lsn, r))
-        epoch = max(s.promised_epoch for s in statuses.values())
+        # at or above the target's own promise too: a new leader's prepare may have reached
+        # the quarantined store (its vote did not count) and been refused elsewhere, and an
+        # append below that promise would be rejected on every attempt
+        target_promise = await bounded(target.status(shard), timeout_s)
+        epoch = max(target_promise.promised_epoch, *(s.promised_epoch for s in statuses.values()))
         commit_lsn = max(s.commit_lsn for s in statuses.values())
         copied = await _copy_log(others[source], target, shard, epoch, commit_lsn, config)
         if copied is not None:

@@ -8,15 +8,15 @@ the whole protocol and why the recovered tail keeps its stamps.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from eventlog.aio import abandon, bounded
 from eventlog.config import LogConfig
 from eventlog.errors import ConvplaneError, InvariantViolation, NoQuorum
-from eventlog.identity import IdentityGuard
-from eventlog.model import LogEntry, Promised, Rejected
+from eventlog.identity import IdentityGuard, IdentityRecord
+from eventlog.model import HeldPosition, LogEntry, Promised, Rejected, holds
 from eventlog.replica import ReplicaStore
 
 
@@ -50,11 +50,19 @@ async def prepare_round(
     replicas: Mapping[str, ReplicaStore],
     config: LogConfig,
     timeout_s: float,
+    counts: Callable[[str], bool] = lambda region: True,
+    awaited: Collection[str] = (),
 ) -> PrepareRound:
-    """Send ``prepare(epoch)`` to every replica; return as soon as a prepare quorum promised,
-    one replica rejected, or every call ended. Stragglers are abandoned, not awaited (a cut-off
-    replica may take long to cancel), and late promises are harmless: a promise only makes a
-    replica reject lower epochs."""
+    """Send ``prepare(epoch)`` to every replica; return once a prepare quorum of replicas
+    that ``counts`` promised and every ``awaited`` replica answered (or its call ended), as
+    soon as one replica rejected, or when every call ended. Stragglers are abandoned, not
+    awaited (a cut-off replica may take long to cancel), and late promises are harmless: a
+    promise only makes a replica reject lower epochs.
+
+    ``awaited``: the replicas the node can reach. A leader recovers from every promise it
+    gets, not only the first quorum's: the old leader's own store holds what it acked last,
+    and a quorum of two others may not (one lagging, one restored from an older copy of
+    itself, whose loss the other stores may not have learnt yet)."""
     needed = config.prepare_quorum(len(replicas))
     calls = {
         asyncio.ensure_future(
@@ -67,11 +75,15 @@ async def prepare_round(
     rejected = False
     pending = set(calls)
     try:
-        while pending and len(promises) < needed and not rejected:
+        while (
+            pending
+            and not rejected
+            and (len(promises) < needed or any(calls[c] in awaited for c in pending))
+        ):
             done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
             for call in [c for c in calls if c in done]:  # deterministic order
                 reply = _result_or_none(call)
-                if isinstance(reply, Promised):
+                if isinstance(reply, Promised) and counts(calls[call]):
                     promises[calls[call]] = reply
                 elif isinstance(reply, Rejected):
                     highest_seen = max(highest_seen, reply.promised_epoch)
@@ -193,3 +205,114 @@ async def vouched_promises(
     if len(vouched) < config.prepare_quorum(len(replicas)):
         return None
     return vouched
+
+
+async def known_positions(
+    shard: int,
+    replicas: Mapping[str, ReplicaStore],
+    asked: list[str],
+    timeout_s: float,
+) -> dict[str, dict[str, HeldPosition]]:
+    """Store region -> the positions it keeps for ``shard`` (``ReplicaStore.positions``), from
+    the ``asked`` stores that answer within ``timeout_s``."""
+    found = await asyncio.gather(
+        *(bounded(replicas[r].positions(shard), timeout_s) for r in asked),
+        return_exceptions=True,
+    )
+    kept: dict[str, dict[str, HeldPosition]] = {}
+    for region, reply in zip(asked, found, strict=True):
+        if isinstance(reply, BaseException):
+            if not isinstance(reply, ConvplaneError | TimeoutError | OSError):
+                raise reply  # a bug below us
+            continue
+        kept[region] = reply
+    return kept
+
+
+def highest_positions(
+    kept: Mapping[str, Mapping[str, HeldPosition]], *, about_others_only: bool
+) -> dict[str, HeldPosition]:
+    """Region -> the highest position any store keeps for it; ``about_others_only``: not
+    counting what a store keeps about its own region (restored with it, it proves nothing)."""
+    best: dict[str, HeldPosition] = {}
+    for store, positions in kept.items():
+        for region, position in positions.items():
+            if about_others_only and region == store:
+                continue
+            if region not in best or best[region] < position:
+                best[region] = position
+    return best
+
+
+def rolled_back_voters(
+    promises: Mapping[str, Promised], known: Mapping[str, HeldPosition]
+) -> list[str]:
+    """The voters whose logs end below a position other stores keep for them: each lost
+    entries it had acknowledged (a store restored from an older copy of itself)."""
+    return sorted(
+        region
+        for region, promise in promises.items()
+        if region in known and not holds(promise.status, known[region])
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class RolledBackCheck:
+    """The promises that may count (None: fewer than a prepare quorum), the highest
+    positions known per region (the new leader's to keep raising), the voters dropped."""
+
+    promises: dict[str, Promised] | None
+    positions: dict[str, HeldPosition]
+    rolled_back: list[str]
+
+
+async def drop_rolled_back(
+    shard: int,
+    epoch: int,
+    promises: dict[str, Promised],
+    replicas: Mapping[str, ReplicaStore],
+    identity: IdentityGuard,
+    config: LogConfig,
+    reachable: list[str],
+    timeout_s: float,
+) -> RolledBackCheck:
+    """Drop the voters whose logs end below a position the other stores keep for them
+    (``eventlog.identity``: a store rolled back to an older copy of itself), quarantine each
+    on this node and in the other stores' registries. Every ``reachable`` store is asked, not
+    only the voters: in the lagging case the only store that knows what the rolled-back voter
+    had acknowledged is the old leader's, outside the quorum. Positions of ``epoch`` or later
+    are left out: a newer leader's are about acceptances made after these promises."""
+    kept = await known_positions(shard, replicas, reachable, timeout_s)
+    older = {
+        store: {r: p for r, p in positions.items() if p.epoch < epoch}
+        for store, positions in kept.items()
+    }
+    rolled_back = rolled_back_voters(promises, highest_positions(older, about_others_only=True))
+    for region in rolled_back:
+        record = identity.rolled_back(region)
+        if record is not None:
+            await _record_identity_elsewhere(replicas, region, record, timeout_s)
+    vouched = {r: p for r, p in promises.items() if r not in rolled_back}
+    enough = len(vouched) >= config.prepare_quorum(len(replicas))
+    return RolledBackCheck(
+        vouched if enough else None,
+        highest_positions(older, about_others_only=False),
+        rolled_back,
+    )
+
+
+async def _record_identity_elsewhere(
+    replicas: Mapping[str, ReplicaStore], region: str, record: IdentityRecord, timeout_s: float
+) -> None:
+    """Write ``region``'s ``record`` to every other store that answers in time (the sweeps
+    spread it to the rest)."""
+    others = [store for other, store in replicas.items() if other != region]
+    found = await asyncio.gather(
+        *(bounded(store.record_identity(region, record), timeout_s) for store in others),
+        return_exceptions=True,
+    )
+    for reply in found:
+        if isinstance(reply, BaseException) and not isinstance(
+            reply, ConvplaneError | TimeoutError | OSError
+        ):
+            raise reply  # a bug below us

@@ -10,7 +10,13 @@ prepare(shard, epoch, tail_max)
     return ``Promised(status, tail, tail_complete)`` where ``tail`` is the replica's entries with
     ``lsn > status.commit_lsn`` (lsn order, at most ``tail_max``).
 
-append(shard, epoch, prev_lsn, prev_epoch, entries, leader_commit_lsn)
+append(shard, epoch, prev_lsn, prev_epoch, entries, leader_commit_lsn, expected_store_id,
+       positions)
+    0. If ``expected_store_id`` is set and is not ``identity()``: ``IdentityMismatch``, nothing
+       written, checked in the same transaction (statement) as the write, so that no moment
+       remains between the check and the write in which the store could be swapped. A leader
+       names the identity its node's sweep vouched for (``eventlog.identity``): a wiped store
+       must not adopt a deposed leader's epoch, be refilled and count toward its acks.
     ``entries`` are contiguous from ``prev_lsn + 1`` with non-decreasing epochs, none above
     ``epoch`` (a new leader re-sends the recovered tail with its original stamps, followed by its
     own barrier entry); anything else is a caller bug: ``InvariantViolation``.
@@ -22,6 +28,13 @@ append(shard, epoch, prev_lsn, prev_epoch, entries, leader_commit_lsn)
        the entry is written. Entries after the batch that did not conflict are kept.
     4. ``match = prev_lsn + len(entries)``; ``commit_lsn = max(commit_lsn,
        min(leader_commit_lsn, match))``. All of it durable before replying ``Accepted(match)``.
+    5. On ``Accepted`` only: each of ``positions`` (region -> ``HeldPosition``) is kept for the
+       shard unless the store holds a higher one for that region, in the same transaction.
+
+positions(shard)
+    Region -> the highest ``HeldPosition`` any append left here for the shard: what the
+    leaders knew each *other* replica to hold. A new leader compares a voter's log with the
+    positions the other stores keep for it (``eventlog.recovery.rolled_back_voters``).
 
 read_page_snapshot(shard, tenant_id, conversation_id, after_seq, limit, max_lsn)
     ``read_conversation``'s page together with ``identity()`` and ``status(shard)`` *as of the
@@ -46,13 +59,14 @@ exception at the adapter); the core treats it like a lost message and retries un
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TypeVar
 
 from eventlog.identity import IdentityRecord
 from eventlog.model import (
     AppendReply,
     ConversationSummary,
+    HeldPosition,
     LogEntry,
     PageSnapshot,
     PrepareReply,
@@ -80,7 +94,13 @@ class ReplicaStore(ABC):
         prev_epoch: int,
         entries: Sequence[LogEntry],
         leader_commit_lsn: int,
+        expected_store_id: str | None = None,
+        positions: Mapping[str, HeldPosition] | None = None,
     ) -> AppendReply: ...
+
+    @abstractmethod
+    async def positions(self, shard: int) -> dict[str, HeldPosition]:
+        """Region -> the highest position appends left here for ``shard``."""
 
     @abstractmethod
     async def status(self, shard: int) -> ShardStatus: ...
@@ -168,14 +188,26 @@ class ReplicaStoreWrapper(ReplicaStore):
         prev_epoch: int,
         entries: Sequence[LogEntry],
         leader_commit_lsn: int,
+        expected_store_id: str | None = None,
+        positions: Mapping[str, HeldPosition] | None = None,
     ) -> AppendReply:
         return await self.around(
             "append",
             False,
             lambda: self._inner.append(
-                shard, epoch, prev_lsn, prev_epoch, entries, leader_commit_lsn
+                shard,
+                epoch,
+                prev_lsn,
+                prev_epoch,
+                entries,
+                leader_commit_lsn,
+                expected_store_id,
+                positions,
             ),
         )
+
+    async def positions(self, shard: int) -> dict[str, HeldPosition]:
+        return await self.around("positions", True, lambda: self._inner.positions(shard))
 
     async def status(self, shard: int) -> ShardStatus:
         return await self.around("status", True, lambda: self._inner.status(shard))

@@ -5,9 +5,10 @@ fenced, log-matching group append) and ``convplane_prepare`` (the fenced promise
 ``restrict_to_protocol`` makes them ``SECURITY DEFINER`` (they run as the schema's owner, with a
 fixed ``search_path``) and gives each node's role only:
 
-* ``EXECUTE`` on those two functions;
-* ``SELECT`` on ``shards``, ``entries``, ``replica_identity``, ``replica_registry`` and
-  ``alembic_version`` (reads, recovery, identity sweeps, the schema check every node makes
+* ``EXECUTE`` on those two functions and on ``convplane_append_as`` (migration 0007: the
+  append with the store's identity checked and the replicas' held positions kept);
+* ``SELECT`` on ``shards``, ``entries``, ``replica_identity``, ``replica_registry``,
+  ``replica_positions`` and ``alembic_version`` (reads, recovery, identity sweeps, the schema check every node makes
   when it opens a store);
 * ``INSERT`` and ``UPDATE`` on ``replica_registry`` (the identity sweep's upsert: the one write
   outside the two functions; it should become a function too);
@@ -33,8 +34,15 @@ from collections.abc import Mapping
 
 import asyncpg
 
-PROTOCOL_FUNCTIONS = ("convplane_append", "convplane_prepare")
-READABLE_TABLES = ("shards", "entries", "replica_identity", "replica_registry", "alembic_version")
+PROTOCOL_FUNCTIONS = ("convplane_append", "convplane_append_as", "convplane_prepare")
+READABLE_TABLES = (
+    "shards",
+    "entries",
+    "replica_identity",
+    "replica_registry",
+    "replica_positions",
+    "alembic_version",
+)
 #: tables a node writes directly (table -> privileges), when the schema has them
 WRITABLE_TABLES = {"replica_registry": "INSERT, UPDATE"}
 _ROLE_RE = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
@@ -67,9 +75,19 @@ async def restrict_to_protocol(
                 )
             }
             readable = ", ".join(t for t in READABLE_TABLES if t in existing)
+            # a database at an older revision lacks the newer functions (migration 0007
+            # restricts its own where it finds the others restricted)
+            defined = {
+                r["proname"]
+                for r in await conn.fetch(
+                    "SELECT proname FROM pg_proc WHERE proname = ANY($1::text[])",
+                    list(PROTOCOL_FUNCTIONS),
+                )
+            }
+            functions = [f for f in PROTOCOL_FUNCTIONS if f in defined]
             await conn.execute(f'REVOKE ALL ON DATABASE "{database}" FROM PUBLIC')
             await conn.execute("REVOKE ALL ON SCHEMA public FROM PUBLIC")
-            for function in PROTOCOL_FUNCTIONS:
+            for function in functions:
                 await conn.execute(
                     f"ALTER FUNCTION {function} SECURITY DEFINER SET search_path = public, pg_temp"
                 )
@@ -84,7 +102,7 @@ async def restrict_to_protocol(
                 for table, privileges in WRITABLE_TABLES.items():
                     if table in existing:
                         await conn.execute(f"GRANT {privileges} ON {table} TO {role}")
-                for function in PROTOCOL_FUNCTIONS:
+                for function in functions:
                     await conn.execute(f"GRANT EXECUTE ON FUNCTION {function} TO {role}")
     finally:
         await conn.close(timeout=timeout_s)

@@ -16,7 +16,7 @@ from typing import TypeVar
 from prometheus_client import Histogram
 
 from eventlog.clock import Clock
-from eventlog.model import AppendReply, LogEntry
+from eventlog.model import AppendReply, HeldPosition, LogEntry
 from eventlog.replica import ReplicaStore, ReplicaStoreWrapper
 from services.tracing import NodeTracing
 
@@ -89,16 +89,24 @@ class TimedReplica(ReplicaStoreWrapper):
         prev_epoch: int,
         entries: Sequence[LogEntry],
         leader_commit_lsn: int,
+        expected_store_id: str | None = None,
+        positions: Mapping[str, HeldPosition] | None = None,
     ) -> AppendReply:
         tracing = self._instruments.tracing
+        call = super().append(
+            shard,
+            epoch,
+            prev_lsn,
+            prev_epoch,
+            entries,
+            leader_commit_lsn,
+            expected_store_id,
+            positions,
+        )
         if tracing is None:
-            return await super().append(
-                shard, epoch, prev_lsn, prev_epoch, entries, leader_commit_lsn
-            )
+            return await call
         with tracing.replica_span("append", self.region, shard, entries):
-            return await super().append(
-                shard, epoch, prev_lsn, prev_epoch, entries, leader_commit_lsn
-            )
+            return await call
 
 
 def timed_replicas(

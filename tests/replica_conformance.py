@@ -22,6 +22,8 @@ from eventlog.identity import IdentityRecord
 from eventlog.memory_replica import MemoryReplica
 from eventlog.model import (
     Accepted,
+    HeldPosition,
+    IdentityMismatch,
     LogEntry,
     Mismatch,
     Promised,
@@ -368,6 +370,76 @@ class ReplicaConformance:
             "a": IdentityRecord("a-2", 2),
             "b": IdentityRecord("b-1", 0),
         }
+
+    async def test_an_append_naming_another_store_writes_nothing(
+        self, replica: ReplicaStore
+    ) -> None:
+        """``expected_store_id``: an append meant for another store (the one this store's
+        region had before it was wiped) is refused with nothing written, not even the promise;
+        one naming this store, or none, is applied."""
+        store_id = await replica.identity()
+        assert isinstance(await replica.prepare(0, 1, 0), Promised)
+        refused = await replica.append(0, 2, 0, 0, run(1, 2, 2), 1, "another-store")
+        assert refused == IdentityMismatch()
+        assert await replica.status(0) == ShardStatus(1, 0, 0, 0)
+        assert await replica.read_log(0, 0, 10) == []
+        assert await replica.append(0, 2, 0, 0, run(1, 2, 2), 1, store_id) == Accepted(2)
+        assert await replica.append(0, 2, 2, 2, run(3, 3, 2), 2) == Accepted(3)
+        assert await replica.status(0) == ShardStatus(2, 3, 2, 2)
+
+    async def test_a_group_with_both_names_refuses_only_the_other_stores(
+        self, replica: ReplicaStore
+    ) -> None:
+        """Sub-batches of one group commit that name different stores (a sweep re-admitted
+        a store between two leaders' sends): each is judged by its own name."""
+        store_id = await replica.identity()
+        replies = await asyncio.gather(
+            replica.append(0, 1, 0, 0, run(1, 1, 1), 0, store_id),
+            replica.append(1, 1, 0, 0, run(1, 1, 1), 0, "another-store"),
+            replica.append(2, 1, 0, 0, run(1, 1, 1), 0),
+            replica.append(0, 1, 1, 1, run(2, 2, 1), 1, store_id),
+        )
+        assert list(replies) == [Accepted(1), IdentityMismatch(), Accepted(1), Accepted(2)]
+        assert await replica.status(1) == ShardStatus(0, 0, 0, 0)
+        assert await replica.status(0) == ShardStatus(1, 2, 1, 1)
+
+    async def test_an_accepted_append_keeps_the_highest_positions(
+        self, replica: ReplicaStore, replica_opener: ReplicaOpener
+    ) -> None:
+        """``positions``: kept per shard and region, only ever raised, only by an accepted
+        append, durable, and shards are independent."""
+        assert await replica.positions(0) == {}
+        assert isinstance(await replica.prepare(0, 2, 0), Promised)
+        high, low = HeldPosition(2, 5), HeldPosition(2, 3)
+        assert await replica.append(0, 1, 0, 0, run(1, 1, 1), 0, None, {"a": high}) == Rejected(2)
+        assert await replica.append(0, 2, 4, 2, run(5, 5, 2), 0, None, {"a": high}) == Mismatch(0)
+        assert await replica.positions(0) == {}
+        reply = await replica.append(0, 2, 0, 0, run(1, 1, 2), 0, None, {"a": low, "b": high})
+        assert reply == Accepted(1)
+        reply = await replica.append(0, 2, 1, 2, run(2, 2, 2), 0, None, {"a": high, "b": low})
+        assert reply == Accepted(2)
+        older_epoch_longer = HeldPosition(1, 9)
+        assert await replica.append(0, 2, 2, 2, [], 0, None, {"c": older_epoch_longer}) == (
+            Accepted(2)
+        )
+        assert await replica.append(0, 2, 2, 2, [], 0, None, {"c": HeldPosition(2, 1)}) == (
+            Accepted(2)
+        )
+        await replica.close()
+        reopened = await replica_opener()
+        assert await reopened.positions(0) == {"a": high, "b": high, "c": HeldPosition(2, 1)}
+        assert await reopened.positions(1) == {}
+
+    async def test_positions_of_one_shard_in_one_group(self, replica: ReplicaStore) -> None:
+        """Several sub-batches of one shard in a group commit, each with positions: the
+        highest per region is kept."""
+        replies = await asyncio.gather(
+            replica.append(0, 1, 0, 0, run(1, 1, 1), 0, None, {"a": HeldPosition(1, 1)}),
+            replica.append(0, 1, 1, 1, run(2, 2, 1), 1, None, {"a": HeldPosition(1, 2)}),
+            replica.append(0, 1, 2, 1, run(3, 3, 1), 2, None, {"a": HeldPosition(1, 1)}),
+        )
+        assert list(replies) == [Accepted(1), Accepted(2), Accepted(3)]
+        assert await replica.positions(0) == {"a": HeldPosition(1, 2)}
 
     # --- the same replies as the reference, for random operation sequences ---------------
 

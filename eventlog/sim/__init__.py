@@ -5,6 +5,6 @@ simulated network driven by ``random.Random(seed)``, injects faults, then checks
 invariants. The same seed always replays the same run.
 """
 
-from eventlog.sim.runner import SeedResult, run_seed
+from eventlog.sim.runner import SIM_VERSION, SeedResult, run_seed
 
-__all__ = ["SeedResult", "run_seed"]
+__all__ = ["SIM_VERSION", "SeedResult", "run_seed"]

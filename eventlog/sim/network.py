@@ -33,6 +33,9 @@ class SimNetwork:
         self.replicas = replicas
         self.faults = NetworkFaults()
         self.cut: set[tuple[str, str]] = set()  # (from region, to region) pairs cut off
+        #: (node region, database region) links black-holed both ways, the others untouched:
+        #: an asymmetric partition (node a cannot reach database b while node b reaches a)
+        self.link_cut: set[tuple[str, str]] = set()
         self.crashed: set[str] = set()
         #: extra delay of every call to a region's database (a stalled or slow database)
         self.stalled_s: dict[str, float] = {}
@@ -51,6 +54,7 @@ class SimNetwork:
 
     def heal(self) -> None:
         self.cut.clear()
+        self.link_cut.clear()
 
     def reachable(self, src: str, dst: str) -> bool:
         return (src, dst) not in self.cut and dst not in self.crashed
@@ -58,7 +62,7 @@ class SimNetwork:
     async def deliver(self, src: str, dst: str, op: Callable[[], Awaitable[T]]) -> T:
         faults = self.faults
         await asyncio.sleep(self.rng.uniform(faults.delay_min_s, faults.delay_max_s))
-        if src in self.frozen:
+        if src in self.frozen or (src, dst) in self.link_cut:
             await asyncio.sleep(_HANG_S)
         if not self.reachable(src, dst):
             raise ReplicaUnavailable(f"{dst} unreachable from {src}")
@@ -71,7 +75,12 @@ class SimNetwork:
             await asyncio.sleep(self.rng.uniform(0.0, self.stalled_s[dst]))
         result = await op()
         await asyncio.sleep(self.rng.uniform(faults.delay_min_s, faults.delay_max_s))
-        if not self.reachable(dst, src) or src in self.frozen or self.rng.random() < faults.drop_p:
+        if (
+            not self.reachable(dst, src)
+            or src in self.frozen
+            or (src, dst) in self.link_cut
+            or self.rng.random() < faults.drop_p
+        ):
             await asyncio.sleep(_HANG_S)
         return result
 

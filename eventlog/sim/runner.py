@@ -15,8 +15,9 @@ from eventlog.clock import LoopClock
 from eventlog.config import LogConfig
 from eventlog.conversations import AppendedEvent
 from eventlog.errors import ConvplaneError, InvariantViolation
-from eventlog.memory_replica import MemoryReplica
+from eventlog.memory_replica import MemoryReplica, PhysicalCopy
 from eventlog.node import LogNode
+from eventlog.rebuild import rebuild_replica
 from eventlog.sim.checker import (
     History,
     check_acknowledged,
@@ -27,6 +28,14 @@ from eventlog.sim.loop import run_on_virtual_time
 from eventlog.sim.network import NetworkFaults, SimNetwork
 
 REGIONS = ("a", "b", "c")
+#: changes whenever the schedules a seed produces change, so that a regression seed is pinned
+#: to the version it reproduces on (``tests/sim/test_simulation.py``). 2: identity sweeps,
+#: asymmetric link cuts, a disk loss and a rollback to an older copy joined the fault mix,
+#: and the operator rebuilds the replica that suffered it (issue 32)
+SIM_VERSION = 2
+#: how often each node sweeps the stores' identities (the Controller's 2 s, scaled to the
+#: simulation's seconds-long runs)
+SWEEP_EVERY_S = 0.5
 
 
 @dataclass
@@ -86,6 +95,12 @@ class _Simulation:
             for region in REGIONS
         }
         self.workload_done = False
+        #: at most one data loss (a wiped disk or a rollback) per run, and the operator
+        #: rebuilds that replica before the next could happen: two without a rebuild between
+        #: may legitimately lose an entry acknowledged by exactly those two replicas
+        self.lost_data: str | None = None
+        #: physical copies of the replicas' files, taken now and then (the rollback's source)
+        self.backups: dict[str, PhysicalCopy] = {}
 
     async def run(self) -> SeedResult:
         try:
@@ -94,6 +109,7 @@ class _Simulation:
             background = [
                 asyncio.ensure_future(self._inject_faults()),
                 asyncio.ensure_future(self._keep_shards_led()),
+                *(asyncio.ensure_future(self._sweep(node)) for node in self.nodes.values()),
             ]
             await asyncio.gather(*(self._client(i) for i in range(self.clients)))
             self.workload_done = True
@@ -125,6 +141,13 @@ class _Simulation:
                     self.net.crashed.add(rng.choice(REGIONS))
             elif choice < 0.6:
                 self.net.crashed.clear()
+            elif choice < 0.66:
+                self._cut_links(rng)
+            elif choice < 0.68:
+                region = rng.choice(REGIONS)
+                self.backups[region] = self.replicas[region].physical_copy()
+            elif choice < 0.7:
+                await self._lose_data(rng)
             elif choice < 0.8:
                 self.net.faults = NetworkFaults(
                     delay_min_s=0.001,
@@ -134,6 +157,42 @@ class _Simulation:
                 )
             else:
                 await self._change_leader(rng.randrange(self.shards), rng.choice(REGIONS))
+
+    async def _lose_data(self, rng: random.Random) -> None:
+        """A disk loss (the store comes back empty, a new identity) or a rollback to an older
+        physical copy (the same identity, an older log, promises and registry). A rollback is
+        an operator's restore from backup: it happens with the cluster healthy, and the
+        shards are then handed over (planned moves), whose leads find the rolled-back store
+        by the positions the other stores keep for it. (With the old leader's region cut off
+        right after the restore, an entry acknowledged by it and the restored replica alone
+        would be lost whatever the protocol: nothing the quorum can reach knows of it.)"""
+        if self.lost_data is not None:
+            return
+        region = rng.choice(REGIONS)
+        self.lost_data = region
+        backup = self.backups.get(region)
+        if backup is None or rng.random() < 0.5:
+            self.replicas[region].wipe()
+            return
+        self.net.heal()
+        self.net.crashed.clear()
+        self.replicas[region].restore_physical_copy(backup)
+        for shard in range(self.shards):
+            await self._change_leader(shard, rng.choice(REGIONS))
+
+    def _cut_links(self, rng: random.Random) -> None:
+        """An asymmetric partition: one or two (node, database) links black-holed, each in
+        both directions, while the reverse links work (node a cannot reach database b, node b
+        still reaches database a): a new leader can take over without fencing the old one."""
+        for _ in range(rng.choice([1, 2])):
+            node, database = rng.sample(REGIONS, 2)
+            self.net.link_cut.add((node, database))
+
+    async def _sweep(self, node: LogNode) -> None:
+        """The Controller's identity sweep (``LogNode.verify_replicas``)."""
+        while not self.workload_done:
+            await asyncio.sleep(SWEEP_EVERY_S)
+            await node.verify_replicas()
 
     async def _change_leader(self, shard: int, region: str) -> None:
         self.result.leader_changes += 1
@@ -249,21 +308,43 @@ class _Simulation:
 
     # --- the end --------------------------------------------------------------------------
 
+    async def _rebuild_lost(self) -> None:
+        """The operator rebuilds the replica that lost data from a quorum and re-admits it
+        (``eventlog.rebuild``); every node's next sweep counts it again."""
+        if self.lost_data is None:
+            return
+        links = {r: self.net.link("a", r) for r in REGIONS}
+        for attempt in range(5):  # a live leader's newer epoch may overtake a copy
+            try:
+                await rebuild_replica(links, self.lost_data, range(self.shards), self.config)
+                break
+            except ConvplaneError as exc:
+                if attempt == 4:
+                    self.result.violations.append(f"rebuild of {self.lost_data}: {exc!r}")
+                    return
+                await asyncio.sleep(0.2)
+        for node in self.nodes.values():
+            await node.verify_replicas()
+
     async def _recover_and_check(self) -> None:
         self.net.heal()
         self.net.crashed.clear()
         self.net.faults = NetworkFaults()
         rng = random.Random(self.rng.getrandbits(64))
         logs = {}
+        await self._rebuild_lost()
         for shard in range(self.shards):
             node = self.nodes[rng.choice(REGIONS)]
             for attempt in range(20):  # a stale promise elsewhere may fence the first tries
                 try:
                     await node.lead_shard(shard)
                     break
-                except ConvplaneError:
+                except ConvplaneError as exc:
                     if attempt == 19:
-                        raise
+                        self.result.violations.append(
+                            f"shard {shard}: no leader after the heal: {exc!r}"
+                        )
+                        return
             await asyncio.sleep(0.5)  # let replication and commit pushes settle
             leader = node.leader(shard)
             assert leader is not None

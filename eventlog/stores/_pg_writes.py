@@ -26,6 +26,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from eventlog.errors import InvariantViolation, ReplicaUnavailable
 from eventlog.model import (
     Accepted,
+    IdentityMismatch,
     Mismatch,
     PageSnapshot,
     PrepareReply,
@@ -46,6 +47,13 @@ from eventlog.stores.group_commit import AppendOutcome
 _APPEND = (
     "SELECT o_index, o_kind, o_value FROM convplane_append("
     "$1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17)"
+)
+#: the same with the identity the caller expects the store to have and the positions to keep
+#: (migration 0007)
+_APPEND_AS = (
+    "SELECT o_index, o_kind, o_value FROM convplane_append_as($18, "
+    "$1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, "
+    "$19, $20, $21, $22)"
 )
 _PREPARE = text("SELECT * FROM convplane_prepare(:shard, :epoch, :tail_max)")
 _STATUSES = (
@@ -79,7 +87,7 @@ _CONVERSATION_PAGE = (
 #: the migration's store id and the database's oid, in one round trip
 _IDENTITY = f"SELECT {_IDENTITY_COLUMNS}"
 
-_ACCEPTED, _REJECTED, _MISMATCH, _VIOLATION = 0, 1, 2, 3
+_ACCEPTED, _REJECTED, _MISMATCH, _VIOLATION, _IDENTITY_MISMATCH = 0, 1, 2, 3, 4
 #: SQLSTATE classes that mean our statement or its values are wrong (a bug, not an outage):
 #: data exception, integrity constraint violation, syntax error or access rule violation
 _BUG_CLASSES = frozenset({"22", "23", "42"})
@@ -117,7 +125,33 @@ def append_arrays(requests: Sequence[AppendRequest]) -> list[list[Any]]:
 async def append_group(
     conn: AsyncConnection, region: str, requests: Sequence[AppendRequest]
 ) -> list[AppendOutcome]:
-    result = await _fetch(conn, region, "append", _APPEND, *append_arrays(requests))
+    """One statement per expected identity in the group (a node's leaders all name the one
+    its sweep vouched for, so nearly always one), in the group's order otherwise."""
+    outcomes: dict[int, AppendOutcome] = {}
+    for expected in dict.fromkeys(r.expected_store_id for r in requests):
+        part = [i for i, r in enumerate(requests) if r.expected_store_id == expected]
+        replies = await _append_part(conn, region, [requests[i] for i in part], expected)
+        outcomes.update(zip(part, replies, strict=True))
+    return [outcomes[i] for i in range(len(requests))]
+
+
+async def _append_part(
+    conn: AsyncConnection,
+    region: str,
+    requests: Sequence[AppendRequest],
+    expected_store_id: str | None,
+) -> list[AppendOutcome]:
+    arrays = append_arrays(requests)
+    positions = [
+        (r.shard, held_region, p.epoch, p.lsn) for r in requests for held_region, p in r.positions
+    ]
+    if expected_store_id is None and not positions:
+        result = await _fetch(conn, region, "append", _APPEND, *arrays)
+    else:
+        columns = [list(column) for column in zip(*positions, strict=True)] or [[], [], [], []]
+        result = await _fetch(
+            conn, region, "append", _APPEND_AS, *arrays, expected_store_id, *columns
+        )
     rows = sorted((int(i), int(k), int(v)) for i, k, v in result)
     if [index for index, _, _ in rows] != list(range(len(requests))):
         raise InvariantViolation(f"convplane_append answered {len(rows)} of {len(requests)}")
@@ -129,6 +163,8 @@ async def append_group(
             outcomes.append(Rejected(value))
         elif kind == _MISMATCH:
             outcomes.append(Mismatch(value))
+        elif kind == _IDENTITY_MISMATCH:
+            outcomes.append(IdentityMismatch())
         elif kind == _VIOLATION:
             outcomes.append(
                 InvariantViolation(

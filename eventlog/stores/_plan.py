@@ -14,7 +14,15 @@ from dataclasses import dataclass
 
 from eventlog.errors import InvariantViolation
 from eventlog.memory_replica import check_append_batch
-from eventlog.model import Accepted, AppendReply, LogEntry, Mismatch, Rejected, ShardStatus
+from eventlog.model import (
+    Accepted,
+    AppendReply,
+    HeldPosition,
+    LogEntry,
+    Mismatch,
+    Rejected,
+    ShardStatus,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,6 +35,10 @@ class AppendRequest:
     prev_epoch: int
     entries: tuple[LogEntry, ...]
     leader_commit_lsn: int
+    #: the identity the caller expects the store to have (None: not checked)
+    expected_store_id: str | None = None
+    #: (region, position) pairs to keep for the shard if the append is accepted
+    positions: tuple[tuple[str, HeldPosition], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -61,6 +61,16 @@ replica_registry = Table(
     Column("generation", BigInteger, nullable=False),
 )
 
+#: per shard and region, the highest ``HeldPosition`` an append left here (migration 0007)
+replica_positions = Table(
+    "replica_positions",
+    metadata,
+    Column("shard", Integer, primary_key=True, autoincrement=False),
+    Column("region", Text, primary_key=True),
+    Column("epoch", BigInteger, nullable=False),
+    Column("lsn", BigInteger, nullable=False),
+)
+
 #: entry columns in LogEntry field order (without the shard)
 ENTRY_COLUMNS = (
     "lsn",

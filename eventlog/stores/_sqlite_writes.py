@@ -7,24 +7,49 @@ with two leader processes sharing one database). The commit is the group's only 
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
-from sqlalchemy import delete, insert, select, update
+from sqlalchemy import delete, insert, select, tuple_, update
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from eventlog.errors import InvariantViolation
-from eventlog.model import PrepareReply, Promised, Rejected, ShardStatus
+from eventlog.model import Accepted, IdentityMismatch, PrepareReply, Promised, Rejected, ShardStatus
 from eventlog.stores._plan import AppendRequest, plan_append
-from eventlog.stores._schema import entries, entry_from_row, entry_to_row, shards, status_from_row
+from eventlog.stores._schema import (
+    entries,
+    entry_from_row,
+    entry_to_row,
+    replica_positions,
+    shards,
+    status_from_row,
+)
 from eventlog.stores.group_commit import AppendOutcome
+
+#: reads the store's identity on the given connection (``SqlReplicaStore.identity``)
+IdentityOf = Callable[[AsyncConnection], Awaitable[str]]
 
 
 async def append_group(
-    conn: AsyncConnection, region: str, requests: Sequence[AppendRequest]
+    conn: AsyncConnection,
+    region: str,
+    requests: Sequence[AppendRequest],
+    identity_of: IdentityOf,
 ) -> list[AppendOutcome]:
+    """The group in one transaction; the store's identity, when a request names the one it
+    expects, read inside it (under the write lock, so nothing replaces the store between the
+    check and the writes)."""
     async with conn.begin():
-        return [await _append_one(conn, region, request) for request in requests]
+        found = None
+        if any(r.expected_store_id is not None for r in requests):
+            found = await identity_of(conn)
+        return [
+            IdentityMismatch()
+            if request.expected_store_id not in (None, found)
+            else await _append_one(conn, region, request)
+            for request in requests
+        ]
 
 
 async def prepare(conn: AsyncConnection, shard: int, epoch: int, tail_max: int) -> PrepareReply:
@@ -67,7 +92,26 @@ async def _append_one(conn: AsyncConnection, region: str, request: AppendRequest
         await _write_status(conn, request.shard, plan.status, exists=row is not None)
     if plan.violation is not None:
         return InvariantViolation(f"{region}: {plan.violation}")
+    if isinstance(plan.reply, Accepted):
+        await _keep_positions(conn, request)
     return plan.reply
+
+
+async def _keep_positions(conn: AsyncConnection, request: AppendRequest) -> None:
+    """Raise the shard's kept positions to the request's, region by region."""
+    for region, position in request.positions:
+        statement = sqlite_insert(replica_positions).values(
+            shard=request.shard, region=region, epoch=position.epoch, lsn=position.lsn
+        )
+        excluded = statement.excluded
+        await conn.execute(
+            statement.on_conflict_do_update(
+                index_elements=[replica_positions.c.shard, replica_positions.c.region],
+                set_={"epoch": excluded.epoch, "lsn": excluded.lsn},
+                where=tuple_(excluded.epoch, excluded.lsn)
+                > tuple_(replica_positions.c.epoch, replica_positions.c.lsn),
+            )
+        )
 
 
 async def _shard_row(conn: AsyncConnection, shard: int) -> Mapping[Any, Any] | None:

@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import itertools
 import os
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any, Protocol
 
 from sqlalchemy import BigInteger, ColumnElement, cast, collate, func, select
@@ -26,6 +26,7 @@ from eventlog.identity import IdentityRecord
 from eventlog.model import (
     AppendReply,
     ConversationSummary,
+    HeldPosition,
     LogEntry,
     PageSnapshot,
     PrepareReply,
@@ -45,6 +46,7 @@ from eventlog.stores._schema import (
     entries,
     entry_from_row,
     replica_identity,
+    replica_positions,
     replica_registry,
     shards,
     status_from_row,
@@ -62,10 +64,6 @@ class _WritePath(Protocol):
     async def prepare(
         self, conn: AsyncConnection, shard: int, epoch: int, tail_max: int
     ) -> PrepareReply: ...
-
-    async def append_group(
-        self, conn: AsyncConnection, region: str, requests: Sequence[AppendRequest]
-    ) -> list[AppendOutcome]: ...
 
 
 class SqlReplicaStore(ReplicaStore):
@@ -111,9 +109,18 @@ class SqlReplicaStore(ReplicaStore):
         prev_epoch: int,
         entries: Sequence[LogEntry],
         leader_commit_lsn: int,
+        expected_store_id: str | None = None,
+        positions: Mapping[str, HeldPosition] | None = None,
     ) -> AppendReply:
         request = AppendRequest(
-            shard, epoch, prev_lsn, prev_epoch, tuple(entries), leader_commit_lsn
+            shard,
+            epoch,
+            prev_lsn,
+            prev_epoch,
+            tuple(entries),
+            leader_commit_lsn,
+            expected_store_id,
+            tuple(sorted((positions or {}).items())),
         )
         check_append_request(request)
         check_storable(request, nul_in_columns=not self._postgres)
@@ -131,7 +138,11 @@ class SqlReplicaStore(ReplicaStore):
             async with asyncio.timeout(self.limits.statement_timeout_s):
                 conn = await self._writer.get()
                 try:
-                    return await self._writes.append_group(conn, self.region, requests)
+                    if self._postgres:  # the identity check is in the statement
+                        return await _pg_writes.append_group(conn, self.region, requests)
+                    return await _sqlite_writes.append_group(
+                        conn, self.region, requests, self._sqlite_identity
+                    )
                 except BaseException:
                     await self._writer.drop(invalidate=True)
                     raise
@@ -340,6 +351,12 @@ class SqlReplicaStore(ReplicaStore):
         store_id = (await conn.execute(select(replica_identity.c.store_id))).scalar_one()
         path = self._engine.url.database or ""
         return f"{store_id}/ino{os.stat(path).st_ino}"
+
+    async def positions(self, shard: int) -> dict[str, HeldPosition]:
+        query = select(replica_positions).where(replica_positions.c.shard == shard)
+        async with self._connection("positions") as conn:
+            rows = (await conn.execute(query)).mappings().all()
+        return {r["region"]: HeldPosition(int(r["epoch"]), int(r["lsn"])) for r in rows}
 
     async def registry(self) -> dict[str, IdentityRecord]:
         async with self._connection("registry") as conn:

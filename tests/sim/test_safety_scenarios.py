@@ -71,6 +71,7 @@ PORT_CALLS = (
     "identity",
     "registry",
     "record_identity",
+    "positions",
 )
 
 
@@ -587,7 +588,8 @@ async def reads_after_the_leaders_own_replica_is_wiped() -> dict[str, Any]:
         "acked": acked,
         "read": [e.event_id for e in events],
         "last_seq": info.last_seq,
-        "noticed": leader.replicas_gone_backwards,
+        # the wiped store refuses the appends that name its old identity (issue 32)
+        "noticed": leader.replicas_gone_backwards + leader.identity_refusals,
     }
     for node in nodes.values():
         await node.close()
@@ -666,3 +668,157 @@ def test_a_replica_restored_under_a_read_and_refilled_serves_no_short_read() -> 
     assert outcome["restores"] == 1  # the read did go to the restored replica first
     assert outcome["read"] == outcome["acked"]
     assert outcome["noticed"] >= 1
+
+
+# --- issue 32: a wiped or rolled-back replica neither acks nor confirms reads -----------------
+
+
+async def sweep_forever(node: LogNode, period_s: float) -> None:
+    """The Controller's identity sweep, every ``period_s``."""
+    while True:
+        await node.verify_replicas()
+        await asyncio.sleep(period_s)
+
+
+async def deposed_leader_writes_through_a_wiped_replica(effect: bool) -> dict[str, Any]:
+    """``shared/repro/turn3/wiped_ack.py``: A leads at epoch 1; under a partial partition
+    (node a cannot reach database b, node c cannot reach database a) C takes over through
+    {b, c} and acks seq 2; database c loses its disk; within the sweep period A appends its
+    own seq 2 and reads. ``effect``: the two seq 2 are two ``tool.effect`` of one attempt."""
+    replicas = {r: MemoryReplica(r) for r in "abc"}
+    net = SimNetwork(random.Random(1), replicas)
+    nodes = nodes_on(net, "abc")
+    sweeps = [asyncio.ensure_future(sweep_forever(n, 2.0)) for n in nodes.values()]
+    await asyncio.sleep(0.1)
+    a, b, c = nodes["a"], nodes["b"], nodes["c"]
+    shard = a.shard_of("X")
+    await a.lead_shard(shard)
+    await a.create_conversation("t", "X", "m@1", {})
+    await a.append_event("t", "X", "message.user", {"content": "m1"})
+    if effect:
+        attempt = {"attempt_id": "att1", "tool": "pay", "argument_digest": "d"}
+        await a.append_event("t", "X", "tool.attempt", attempt)
+    await asyncio.sleep(2.05)  # just after every node's sweep
+    net.link_cut |= {("a", "b"), ("c", "a")}
+    await c.lead_shard(shard)
+    kind, payload = (
+        ("tool.effect", {"attempt_id": "att1", "status": "committed"})
+        if effect
+        else ("message.user", {"content": "m2 by C"})
+    )
+    by_c = await c.append_event("t", "X", kind, payload)
+    replicas["c"].wipe()  # database c loses its disk
+    outcome: dict[str, Any] = {"by_c": by_c.event_id, "a_still_leads": a.leads(shard)}
+    payload = {"attempt_id": "att1", "status": "failed"} if effect else {"content": "m2' by A"}
+    reads: list[Callable[[], Awaitable[Any]]] = [
+        lambda: a.append_event("t", "X", kind, payload),
+        lambda: a.get_conversation("t", "X"),
+    ]
+    if effect:
+        reads.append(lambda: a.tool_attempt("t", "X", "att1"))
+    outcome["at_a"] = []
+    for call in reads:
+        try:
+            await call()
+            outcome["at_a"].append("answered")
+        except ConvplaneError as exc:
+            outcome["at_a"].append(exc.code)
+    outcome["c_counts_at_a"] = a.identity.counts("c")
+    await asyncio.sleep(6)
+    net.heal()
+    await asyncio.sleep(1)
+    await b.lead_shard(shard)
+    events = await b.list_events("t", "X", 0, 100)
+    outcome["final"] = [e.event_id for e in events]
+    for task in sweeps:
+        task.cancel()
+    for node in nodes.values():
+        await node.close()
+    await net.close()
+    return outcome
+
+
+@pytest.mark.parametrize("effect", [False, True], ids=["message", "tool_effect"])
+def test_a_wiped_replica_never_counts_toward_a_deposed_leaders_acks_or_reads(
+    effect: bool,
+) -> None:
+    """Before the fix the wiped store adopted A's epoch 1 on its first append, was refilled
+    and acked A's seq 2 (with ``effect``: a second effect for a committed attempt), A's read
+    confirmed through it, and the next leader stopped on ``would truncate committed lsn``.
+    Every append now names the store the sweep vouched for; the wiped one refuses it."""
+    outcome = run(lambda: deposed_leader_writes_through_a_wiped_replica(effect))
+    assert outcome["a_still_leads"]  # A was never fenced: only the identity check stops it
+    assert all(answer == "no_quorum" for answer in outcome["at_a"]), outcome["at_a"]
+    assert outcome["c_counts_at_a"] is False  # quarantined by the refusal, before any sweep
+    assert outcome["by_c"] in outcome["final"]
+
+
+async def handoff_to_a_region_restored_from_its_own_backup(lagging: bool) -> dict[str, Any]:
+    """``shared/repro/turn3/physical_restore.py``: A acks 5 events; database b is restored from
+    a physical copy taken before them (same identity); A resigns and B (near c, far from a)
+    takes the shard over. ``lagging``: node a could not reach database c while it acked, so
+    the events were on {a, b} alone, and B's fastest prepare quorum {b, c} holds none."""
+    replicas = {r: MemoryReplica(r) for r in "abc"}
+    net = SimNetwork(random.Random(2), replicas)
+    nodes = nodes_on(net, "abc")
+    for node in nodes.values():
+        await node.verify_replicas()
+    net.stalled_s = {"a": 0.08}  # region a is far: B's promises from b and c come first
+    a, b = nodes["a"], nodes["b"]
+    shard = a.shard_of("X")
+    await a.lead_shard(shard)
+    await a.create_conversation("t", "X", "m@1", {})
+    await asyncio.sleep(1.5)  # every replica holds the creation and the commit hint
+    backup = replicas["b"].physical_copy()
+    if lagging:
+        net.link_cut.add(("a", "c"))
+    acked = [
+        (await a.append_event("t", "X", "message.user", {"content": f"m{i}"})).event_id
+        for i in range(5)
+    ]
+    await asyncio.sleep(0.5)
+    replicas["b"].restore_physical_copy(backup)
+    net.heal()
+    await a.resign_shard(shard)  # planned handoff: placement moves the shard to b
+    await b.lead_shard(shard)
+    got = {e.event_id for e in await b.list_events("t", "X", 0, 100)}
+    leader = b.leader(shard)
+    assert leader is not None
+    outcome: dict[str, Any] = {
+        "lost": sum(1 for e in acked if e not in got),
+        "rolled_back": leader.rolled_back,
+        "b_counts_at_b": b.identity.counts("b"),
+    }
+    quarantined = {r: n.identity.counts("b") for r, n in nodes.items()}
+    for node in nodes.values():
+        await node.verify_replicas()  # every node's next sweep reads the registries
+    outcome["b_counts_after_sweeps"] = {r: n.identity.counts("b") for r, n in nodes.items()}
+    outcome["b_counts_before_sweeps"] = quarantined
+    links = {r: net.link("c", r) for r in "abc"}
+    await rebuild_replica(links, "b", range(b.config.shard_count + 1), b.config)
+    for node in nodes.values():
+        await node.verify_replicas()
+    outcome["b_counts_after_rebuild"] = all(n.identity.counts("b") for n in nodes.values())
+    b_log = await replicas["b"].read_log(shard, 0, 100)
+    outcome["b_holds_acked"] = sum(
+        1 for e in b_log if json.loads(e.body).get("event_id") in set(acked)
+    )
+    for node in nodes.values():
+        await node.close()
+    await net.close()
+    return outcome
+
+
+@pytest.mark.parametrize("lagging", [False, True], ids=["caught_up", "lagging"])
+def test_a_replica_restored_from_its_own_backup_loses_no_acked_event(lagging: bool) -> None:
+    """Before the fix the lagging case lost 5 of 5 acked events: B recovered from {b, c},
+    neither holding them, and b's restored copy passed every identity check. The other stores
+    keep the position b had acknowledged; B finds b below it, leads through a's promise
+    instead, and quarantines b everywhere until it is rebuilt and re-admitted."""
+    outcome = run(lambda: handoff_to_a_region_restored_from_its_own_backup(lagging))
+    assert outcome["lost"] == 0
+    assert outcome["rolled_back"] == ["b"]
+    assert outcome["b_counts_at_b"] is False
+    assert outcome["b_counts_after_sweeps"] == {"a": False, "b": False, "c": False}
+    assert outcome["b_counts_after_rebuild"] is True
+    assert outcome["b_holds_acked"] == 5

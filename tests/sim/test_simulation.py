@@ -7,13 +7,14 @@ test in REGRESSION_SEEDS.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from concurrent.futures import ProcessPoolExecutor
 
 import pytest
 
 from eventlog.memory_replica import MemoryReplica
-from eventlog.model import Accepted, AppendReply, LogEntry
-from eventlog.sim import run_seed
+from eventlog.model import Accepted, AppendReply, HeldPosition, LogEntry
+from eventlog.sim import SIM_VERSION, run_seed
 
 SEEDS = int(os.environ.get("CONVPLANE_SIM_SEEDS", "2000"))
 CHUNK = 100
@@ -22,6 +23,18 @@ CHUNK = 100
 #: 384, 393 — two overlapping lead_shard calls on one node installed the second leader over
 #: the first one's conversation state: a seq gap after failover (fixed in eventlog/node.py)
 REGRESSION_SEEDS = (384, 393)
+#: seeds that reproduce a bug on this SIM_VERSION with its fix taken out, by bug:
+#: 225 (the first of 300) — issue 32 bug 4: a replica rolled back to an older physical copy
+#: of itself (same identity) voted a new leader in through a quorum that held none of what it
+#: had acknowledged: "most up-to-date log ends before the commit point" (fixed: held positions
+#: and recovery from every reachable promise, eventlog.recovery / eventlog.leader).
+#: Issue 32 bug 1 (a wiped store adopting a deposed leader's epoch and counting toward its
+#: acks; fixed: every append names the vouched store) was caught by seed 17, the first of 150,
+#: before bug 4's fix; with that fix in place no seed of 0-899 catches bug 1 alone (recovery
+#: from every reachable promise and the positions mask it), so its guard is the named scenario
+#: in tests/sim/test_safety_scenarios.py. 17, 41 and 294 (bug 4 on an earlier schedule of this
+#: version) stay as named runs.
+VERSION_REGRESSION_SEEDS = {2: (225, 17, 41, 294)}.get(SIM_VERSION, ())
 
 
 def _chunk(first: int) -> dict[int, list[str]]:
@@ -43,7 +56,7 @@ def test_every_seed_keeps_the_log_invariants() -> None:
     )
 
 
-@pytest.mark.parametrize("seed", REGRESSION_SEEDS)
+@pytest.mark.parametrize("seed", REGRESSION_SEEDS + VERSION_REGRESSION_SEEDS)
 def test_regression_seed(seed: int) -> None:
     assert run_seed(seed).ok
 
@@ -74,8 +87,20 @@ def test_checker_catches_a_replica_that_acks_without_storing(
         prev_epoch: int,
         entries: list[LogEntry],
         leader_commit_lsn: int,
+        expected_store_id: str | None = None,
+        positions: Mapping[str, HeldPosition] | None = None,
     ) -> AppendReply:
-        reply = await original(self, shard, epoch, prev_lsn, prev_epoch, entries, leader_commit_lsn)
+        reply = await original(
+            self,
+            shard,
+            epoch,
+            prev_lsn,
+            prev_epoch,
+            entries,
+            leader_commit_lsn,
+            expected_store_id,
+            positions,
+        )
         if self.region == "b" and isinstance(reply, Accepted) and entries:
             log = self._shard(shard)
             del log.entries[prev_lsn:]  # pretend durable, keep nothing

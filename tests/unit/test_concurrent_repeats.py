@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Sequence
 from typing import Any
 
 import pytest
@@ -17,7 +16,7 @@ from eventlog.clock import LoopClock
 from eventlog.config import LogConfig
 from eventlog.conversations import AppendedEvent
 from eventlog.memory_replica import MemoryReplica
-from eventlog.model import AppendReply, LogEntry
+from eventlog.model import AppendReply
 from eventlog.node import LogNode
 
 
@@ -88,17 +87,9 @@ class _GatedReplica(MemoryReplica):
         self.released = asyncio.Event()
         self.released.set()
 
-    async def append(
-        self,
-        shard: int,
-        epoch: int,
-        prev_lsn: int,
-        prev_epoch: int,
-        entries: Sequence[LogEntry],
-        leader_commit_lsn: int,
-    ) -> AppendReply:
+    async def append(self, *args: Any) -> AppendReply:
         await self.released.wait()
-        return await super().append(shard, epoch, prev_lsn, prev_epoch, entries, leader_commit_lsn)
+        return await super().append(*args)
 
 
 @pytest.mark.parametrize("append_of", list(_APPENDS))
