@@ -218,6 +218,12 @@ class NodeSettings(BaseSettings):
     failback_step_interval_s: float = Field(default=1.0, ge=0.0)
     #: a planned handoff waits at most this long for the old leader to stop first
     handoff_wait_s: float = Field(default=2.0, ge=0.0)
+    #: the control shard: a node that has deferred it to another region for this long without
+    #: hearing that region lead it passes that region over (regions.control_succession) until
+    #: it leads or its own choice changes: two nodes that name each other (a standoff) or a
+    #: successor that cannot lead end within this bound. Far above a lead's prepare and
+    #: recovery (``LogConfig.lead_timeout_s``) and detection, so a healthy handoff never hits it
+    control_handoff_wait_s: float = Field(default=10.0, gt=0.0)
     #: acknowledged appends per second one region sustains: a drill's preflight refuses when
     #: the survivors of a region loss would need more (regions.drill_plan)
     region_append_capacity_per_s: float = Field(default=2000.0, gt=0.0)
