@@ -428,9 +428,16 @@ class Controller:
     async def _control(self) -> None:
         shard = self.control_shard
         now_s = self._clock.monotonic()
+        passed_over = set(self.succession.passed_over)
         self.succession.observe(
             now_s, self.membership.alive(now_s), self.control_excluded(), self._heard_of
         )
+        for region in sorted(self.succession.passed_over.keys() - passed_over):
+            log.error(
+                "control shard: %s was chosen but has not led it for %.0fs; passed over",
+                region,
+                self.succession.wait_s,
+            )
         leader = self.control_leader()
         if leader != self.region:
             self.node.set_leader_hint(shard, leader)
