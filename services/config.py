@@ -162,8 +162,11 @@ class NodeSettings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="CONVPLANE_", extra="forbid")
 
+    #: this node's region, as the cluster file names it
     region: str
+    #: the cluster file (JSON) every node of the plane shares
     cluster_file: Path | None = None
+    #: the cluster given directly instead of a file (tests, embedding)
     cluster: ClusterConfig | None = None
 
     #: largest request body accepted (Content-Length and streamed bytes)
@@ -213,7 +216,9 @@ class NodeSettings(BaseSettings):
     #: mutual TLS on the peer listener and on every peer call (services.cluster_tls): the
     #: cluster CA, this node's certificate and key (PEM). All three or none.
     tls_ca_file: Path | None = None
+    #: this node's certificate (PEM), naming its region (see tls_ca_file)
     tls_cert_file: Path | None = None
+    #: the certificate's private key (PEM; see tls_ca_file)
     tls_key_file: Path | None = None
     #: a node refuses a cluster file with secrets published in the repository unless this is
     #: set (a throwaway demo): services.compose_secrets.refuse_demo_secrets
@@ -226,6 +231,7 @@ class NodeSettings(BaseSettings):
     max_deadline_ms: int = Field(default=60_000, ge=1)
     #: a forwarded request is retried this often when the peer could not be reached at all
     forward_retries_max: int = Field(default=1, ge=0, le=5)
+    #: the pause before a forward is retried (see forward_retries_max)
     forward_backoff_s: float = Field(default=0.05, gt=0.0)
     #: connections kept to each peer region
     forward_connections_max: int = Field(default=64, ge=1)
@@ -234,13 +240,17 @@ class NodeSettings(BaseSettings):
     #: unanswered after forward_batch_straggler_s no longer counts, but stays among the
     #: forward_batches_open_max open ones), and this many appends waiting (else 503 overloaded)
     forward_batch_max: int = Field(default=64, ge=1, le=256)
+    #: forward batches under way at once to one peer region (see forward_batch_max)
     forward_batches_in_flight_max: int = Field(default=1, ge=1)
     forward_batch_straggler_s: float = Field(default=0.1, gt=0.0)
     forward_batches_open_max: int = Field(default=16, ge=1)
+    #: forwarded appends waiting for a batch; past it 503 overloaded (see forward_batch_max)
     forward_queue_max: int = Field(default=1024, ge=1)
     #: leading the shards placed on this region: attempts and backoff (jittered, doubling)
     lead_attempts_max: int = Field(default=1_000, ge=1)
+    #: the first pause between attempts to lead a shard (see lead_attempts_max)
     lead_backoff_min_s: float = Field(default=0.05, gt=0.0)
+    #: the longest pause between attempts to lead a shard
     lead_backoff_max_s: float = Field(default=2.0, gt=0.0)
     #: shards this node prepares (and recovers) concurrently, at startup and when a failover
     #: hands it a failed region's shards: a survivor of a 3-region plane of 64 shards takes
@@ -252,6 +262,7 @@ class NodeSettings(BaseSettings):
     #: each probe under this timeout; a peer without a successful probe for detection_s is
     #: suspected (a peer never heard from: not before never_seen_grace_s after start)
     probe_interval_s: float = Field(default=0.2, gt=0.0)
+    #: one probe's timeout (see probe_interval_s)
     probe_timeout_s: float = Field(default=0.5, gt=0.0)
     detection_s: float = Field(default=1.0, gt=0.0)
     never_seen_grace_s: float = Field(default=5.0, ge=0.0)
@@ -261,10 +272,18 @@ class NodeSettings(BaseSettings):
     control_read_timeout_s: float = Field(default=1.0, gt=0.0)
     #: failback: a region must be up this long; then at most N shards move per step
     failback_hysteresis_s: float = Field(default=60.0, ge=0.0)
+    #: shards moved back per failback step
     failback_shards_per_step: int = Field(default=4, ge=1)
+    #: the pause between failback steps
     failback_step_interval_s: float = Field(default=1.0, ge=0.0)
     #: a planned handoff waits at most this long for the old leader to stop first
     handoff_wait_s: float = Field(default=2.0, ge=0.0)
+    #: the control shard: a node that has deferred it to another region for this long without
+    #: hearing that region lead it passes that region over (regions.control_succession) until
+    #: it leads or its own choice changes: two nodes that name each other (a standoff) or a
+    #: successor that cannot lead end within this bound. Far above a lead's prepare and
+    #: recovery (``LogConfig.lead_timeout_s``) and detection, so a healthy handoff never hits it
+    control_handoff_wait_s: float = Field(default=10.0, gt=0.0)
     #: acknowledged appends per second one region sustains: a drill's preflight refuses when
     #: the survivors of a region loss would need more (regions.drill_plan)
     region_append_capacity_per_s: float = Field(default=2000.0, gt=0.0)

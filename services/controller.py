@@ -10,13 +10,24 @@ Four loops, all bounded and under timeouts, around the pure cores in ``regions``
   the ones assigned elsewhere, and point leader hints at the new owners so forwarding follows.
 * **control** (same period): the alive region with the lowest name (by this node's view), a
   region-loss drill's target excepted until its drill ends (``control_excluded``), leads the
-  control shard; while it does, it commits what ``PlacementDecider`` decides.
+  control shard; while it does, it commits what ``PlacementDecider`` decides. A region deferred
+  to that is not heard leading within ``control_handoff_wait_s`` is passed over
+  (``regions.control_succession``).
 
 Learning reads the control shard's committed entries straight from the replicas (the one with
 the highest commit hint among those reachable, up to that hint), not from the control leader over
 HTTP: entries at or below a replica's commit hint are committed, the read needs no particular
 node to be up, and a node that can reach no replica learns nothing new, which is right because
-it can commit nothing either. The control leader itself reads through its own leader.
+it can commit nothing either. The control leader itself reads through its own leader, and
+applies a record only once a write quorum of replicas' commit hints covers it (it pushes them
+first): what the leader acts on, every node that reaches a majority of replicas can learn. A
+region-loss drill of the leader's own region cuts the leader off as soon as its fold applies
+the drill's record, and the next leader is chosen by exactly what the nodes have learned; a
+record the leader applied but nobody else could learn left the control shard with no leader.
+
+Handing the control shard over obeys the same rule: the leader pushes its commit position and
+resigns only once a write quorum's hints hold all of it; otherwise it keeps leading and tries
+again at the next tick (a push lost to a network blip must not hand over what nobody learned).
 
 A planned handoff lets the old leader stop first: before leading a shard that moved from a region
 that is up, this node waits (at most ``handoff_wait_s``) until that region's health reply no
@@ -36,6 +47,7 @@ from eventlog.aio import bounded
 from eventlog.backoff import Backoff, jittered
 from eventlog.clock import Clock
 from eventlog.errors import ConvplaneError, LeadershipChanged, NotLeader
+from eventlog.leader import ShardLeader
 from eventlog.model import LogEntry
 from eventlog.node import LogNode
 from eventlog.replica import ReplicaStore
@@ -47,6 +59,7 @@ from regions.control import (
     Placement,
     PlacementDecider,
 )
+from regions.control_succession import ControlSuccession
 from regions.membership import Membership, MembershipConfig, statuses
 from regions.ops_state import AUDIT_KEY
 from services.config import ClusterConfig, NodeSettings
@@ -114,6 +127,9 @@ class Controller:
         self.supervisor = Supervisor(clock=clock, rng=rng)
         #: what each peer's last health reply said of its own background loops
         self._peer_unhealthy_loops: dict[str, list[str]] = {}
+        #: the control leader each peer's last health reply named
+        self._peer_control_leader: dict[str, str] = {}
+        self.succession = ControlSuccession(self.region, settings.control_handoff_wait_s)
         #: called with every committed control entry, in lsn order, after the placement saw it,
         #: and whether the entry took effect as the new placement (services.drills folds
         #: drill, halt and audit records, and the audit entries placement records carry, so)
@@ -155,11 +171,15 @@ class Controller:
 
     def control_leader(self) -> str:
         """Who should lead the control shard, by this node's view: the alive region with the
-        lowest name that is not excluded (``control_excluded``)."""
-        now_s = self._clock.monotonic()
-        alive = self.membership.alive(now_s)
-        excluded = self.control_excluded()
-        return next((r for r in alive if r not in excluded), alive[0])
+        lowest name that is neither excluded (``control_excluded``) nor passed over
+        (``regions.control_succession``)."""
+        alive = self.membership.alive(self._clock.monotonic())
+        return self.succession.choose(alive, self.control_excluded())
+
+    def _heard_of(self, region: str) -> tuple[bool, str | None]:
+        """Whether ``region`` last said it leads the control shard, and whom it named."""
+        leads = self.control_shard in self.membership.led_shards_of(region)
+        return leads, self._peer_control_leader.get(region)
 
     def health_reply(self) -> dict[str, Any]:
         now_s = self._clock.monotonic()
@@ -240,6 +260,9 @@ class Controller:
         self.membership.probe_ok(
             region, now_s, suspects=body.get("suspects", ()), led_shards=body.get("led_shards", ())
         )
+        named = body.get("control_leader")
+        if isinstance(named, str) and named in self.membership.regions:
+            self._peer_control_leader[region] = named
         loops = body.get("unhealthy_loops", [])
         if isinstance(loops, list):
             self._peer_unhealthy_loops[region] = [str(x)[:64] for x in loops[:16]]
@@ -286,7 +309,14 @@ class Controller:
     async def _read_control(self) -> list[LogEntry]:
         shard = self.control_shard
         if self.node.leads(shard):
-            return await self.node.read_committed(shard, self.state.applied_lsn, CONTROL_READ_MAX)
+            entries = await self.node.read_committed(
+                shard, self.state.applied_lsn, CONTROL_READ_MAX
+            )
+            leader = self.node.leader(shard)
+            if not entries or leader is None:
+                return []
+            published_lsn = await self._publish_control(leader, entries[-1].lsn)
+            return [e for e in entries if e.lsn <= published_lsn]
         suspects = self.membership.suspects(self._clock.monotonic())
         sources = [r for r in self.replicas if r not in suspects]
         timeout_s = self.settings.control_read_timeout_s
@@ -310,6 +340,28 @@ class Controller:
             timeout_s,
         )
         return [e for e in entries if e.lsn <= commit_lsn]
+
+    async def _publish_control(self, leader: ShardLeader, lsn: int) -> int:
+        """Push the control leader's commit position (``ShardLeader.publish_commit``) and
+        return the highest lsn that a write quorum of counted replicas' commit hints holds now,
+        asking them if the push alone does not show ``lsn`` there."""
+        shard = self.control_shard
+        if leader.serving:
+            await leader.publish_commit(self.node.config.replica_call_timeout_s)
+        counted = [r for r in self.replicas if self.node.identity.counts(r)]
+        timeout_s = self.settings.control_read_timeout_s
+        replies = await asyncio.gather(
+            *(bounded(self.replicas[r].status(shard), timeout_s) for r in counted),
+            return_exceptions=True,
+        )
+        hints = sorted(
+            (s.commit_lsn for s in replies if not isinstance(s, BaseException)), reverse=True
+        )
+        quorum = self.node.config.quorum(len(self.replicas))
+        published_lsn = hints[quorum - 1] if len(hints) >= quorum else 0
+        if published_lsn < lsn:
+            log.warning("control shard: lsn %d not yet at a quorum of commit hints", lsn)
+        return published_lsn
 
     def _reconcile_hints(self) -> None:
         for shard, owner in self.placement().assignment.items():
@@ -376,14 +428,20 @@ class Controller:
     async def _control(self) -> None:
         shard = self.control_shard
         now_s = self._clock.monotonic()
+        passed_over = set(self.succession.passed_over)
+        self.succession.observe(
+            now_s, self.membership.alive(now_s), self.control_excluded(), self._heard_of
+        )
+        for region in sorted(self.succession.passed_over.keys() - passed_over):
+            log.error(
+                "control shard: %s was chosen but has not led it for %.0fs; passed over",
+                region,
+                self.succession.wait_s,
+            )
         leader = self.control_leader()
         if leader != self.region:
             self.node.set_leader_hint(shard, leader)
-            if self.node.leader(shard) is not None:
-                log.warning("control shard: resigning in favour of %s", leader)
-                # the successor learns from replica commit hints: publish the records that
-                # made it the successor first, or it may still defer to this region
-                await self.node.resign_shard(shard, publish_commit=True)
+            await self._hand_over_control(leader)
             return
         if not self.node.leads(shard):
             if self._control_leading is None or self._control_leading.done():
@@ -399,6 +457,26 @@ class Controller:
             placement = self.decider.next_placement(self.state, now_s, views)
             if placement is not None:
                 await self._commit(placement)
+
+    async def _hand_over_control(self, successor: str) -> None:
+        """Resign the control shard in favour of ``successor``, once a write quorum's commit
+        hints hold everything this leader committed: the successor learns from those hints,
+        and one that has not learned the records that made it the successor defers back to
+        this region. A push that does not land keeps this node leading until the next tick.
+        A leader that no longer serves (fenced, stopped) has nothing left to publish."""
+        shard = self.control_shard
+        leader = self.node.leader(shard)
+        if leader is None:
+            return
+        if leader.serving:
+            published_lsn = await self._publish_control(leader, leader.commit_lsn)
+            if published_lsn < leader.commit_lsn:
+                log.warning("control shard: not handed to %s yet: commit not published", successor)
+                return
+            if self.node.leader(shard) is not leader:
+                return  # re-led or resigned meanwhile: not this call's to stop
+        log.warning("control shard: resigning in favour of %s", successor)
+        await self.node.resign_shard(shard)
 
     async def _lead_control(self) -> None:
         try:

@@ -22,7 +22,7 @@ import asyncio
 import logging
 import random
 import secrets
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
@@ -113,7 +113,10 @@ class DrillDriver:
         clock: Clock,
         region_append_capacity_per_s: float,
         replay_view: ReplayView | None = None,
+        drill_token: Callable[[], str] = lambda: secrets.token_hex(4),
     ) -> None:
+        """``drill_token``: the random part of a new drill's id (the simulator seeds it: canary
+        conversations are named after the drill, so their shards follow from it)."""
         self.region = controller.region
         self.controller = controller
         self.node = node
@@ -126,6 +129,7 @@ class DrillDriver:
         self._clock = clock
         self._capacity_per_s = region_append_capacity_per_s
         self._replay_view = replay_view
+        self._drill_token = drill_token
         self._model_revision = controller.cluster.default_model_revision
         self._shard_count = controller.cluster.shard_count
         self._write_lock = asyncio.Lock()
@@ -477,7 +481,7 @@ class DrillDriver:
                 raise PreflightFailed("preflight refused the drill: " + "; ".join(plan.failures))
             now_ms = self._clock.wall_ms()
             day = datetime.fromtimestamp(now_ms / 1000, tz=UTC).strftime("%Y%m%d")
-            drill_id = f"d{day}-{secrets.token_hex(4)}"
+            drill_id = f"d{day}-{self._drill_token()}"
             placement = self.controller.placement()
             measured = Measurements(
                 shards_moved=tuple(placement.shards_of(spec.region)),

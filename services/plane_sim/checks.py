@@ -12,6 +12,15 @@ region per (shard, epoch)), this checks every read a client saw:
 
 and of control: poison inputs got ``InvalidRequest`` and nothing else, no leader crashed, and
 failback after healing took a bounded number of placement changes (no flapping).
+
+Liveness of the control shard and of drills (the run states each bound, ``plane_sim.run``):
+
+* ``control_problems``: after healing, exactly one serving region leads the control shard and
+  every serving node names it as the control leader;
+* ``drill_problems``: every drill any node knows has reached a terminal state;
+* ``StandoffWatch``: no two serving nodes name each other as the control leader, neither of
+  them leading it, for longer than a bound (the standoff that leaves nobody to commit the
+  record that would end it).
 """
 
 from __future__ import annotations
@@ -99,3 +108,58 @@ def failback_moves_problem(
     if moves > bound:
         return [f"failback flapped: {moves} placement changes after healing (bound {bound})"]
     return []
+
+
+def control_problems(plane: SimPlane) -> list[str]:
+    shard = plane.cluster.shard_count
+    leaders = plane.leaders_of(shard)
+    if len(leaders) != 1:
+        return [f"control shard led by {leaders}"]
+    views = {p.name: p.controller.control_leader() for p in plane.serving() if p.controller}
+    if set(views.values()) != set(leaders):
+        return [f"control shard led by {leaders[0]}, nodes name {views}"]
+    return []
+
+
+def drill_problems(plane: SimPlane) -> list[str]:
+    problems = []
+    for process in plane.serving():
+        for drill in process.ops.active_drills() if process.ops is not None else ():
+            problems.append(
+                f"{process.name}: drill {drill.drill_id} ({drill.spec.kind} of "
+                f"{drill.spec.region}) still {drill.phase}"
+            )
+    return problems
+
+
+class StandoffWatch:
+    """Looks, every few hundred ms of the run, for two serving nodes that name each other as the
+    control leader while neither leads it; a pair that stays so longer than ``bound_s`` is a
+    violation (once per pair and episode)."""
+
+    def __init__(self, bound_s: float, control_shard: int) -> None:
+        self._bound_s = bound_s
+        self._shard = control_shard
+        self._since: dict[tuple[str, str], float] = {}
+        self._reported: set[tuple[str, str]] = set()
+        self.violations: list[str] = []
+
+    def look(self, now_s: float, plane: SimPlane) -> None:
+        serving = [p for p in plane.serving() if p.controller is not None and p.node is not None]
+        views = {p.name: p.controller.control_leader() for p in serving if p.controller}
+        leading = {p.name for p in serving if p.node is not None and p.node.leads(self._shard)}
+        pairs = {
+            (x, y) for x, y in views.items() if x < y and views.get(y) == x and not {x, y} & leading
+        }
+        for pair in list(self._since):
+            if pair not in pairs:
+                del self._since[pair]
+                self._reported.discard(pair)
+        for pair in pairs:
+            since_s = self._since.setdefault(pair, now_s)
+            if now_s - since_s > self._bound_s and pair not in self._reported:
+                self._reported.add(pair)
+                self.violations.append(
+                    f"control standoff: {pair[0]} and {pair[1]} named each other, neither "
+                    f"leading, for over {self._bound_s:.0f}s (since t={since_s:.1f}s)"
+                )

@@ -3,7 +3,8 @@
 Replica calls go through ``eventlog.sim.network.SimNetwork`` (delay, loss, duplication, cuts,
 crashed databases). A node's health probe of a peer goes through the same cuts (a directed pair
 ``(src, dst)`` in ``SimNetwork.cut`` drops traffic from ``src`` to ``dst``, so a one-way
-partition is one pair) and fails while the peer's node process is down or paused.
+partition is one pair) and fails while the peer's node process is down or paused, or either
+end's network is frozen (``SimNetwork.frozen``: a paused node, or a blip of its network).
 """
 
 from __future__ import annotations
@@ -26,16 +27,23 @@ class SimProber:
         net: SimNetwork,
         src: str,
         health_of: Callable[[str], Mapping[str, Any] | None],
+        *,
+        blocked: Callable[[str], bool] = lambda region: False,
     ) -> None:
         self._net = net
         self._src = src
         self._health_of = health_of  # None while that region's node is down or paused
+        #: a drill's black-hole drops the probe at once (as ``HttpPeerProber``'s ``blocked``)
+        self._blocked = blocked
 
     async def health(self, region: str) -> Mapping[str, Any] | None:
         net = self._net
+        if self._blocked(region):
+            return None
         await asyncio.sleep(net.rng.uniform(net.faults.delay_min_s, net.faults.delay_max_s))
         if (
             self._src in net.frozen
+            or region in net.frozen
             or (self._src, region) in net.cut
             or net.rng.random() < net.faults.drop_p
         ):
@@ -44,6 +52,6 @@ class SimProber:
         if reply is None:
             await asyncio.sleep(_LOST_S)
         await asyncio.sleep(net.rng.uniform(net.faults.delay_min_s, net.faults.delay_max_s))
-        if (region, self._src) in net.cut or self._src in net.frozen:
+        if (region, self._src) in net.cut or self._src in net.frozen or region in net.frozen:
             await asyncio.sleep(_LOST_S)
         return reply

@@ -1,14 +1,17 @@
 """The simulated plane: every region's real ``LogNode`` and real ``Controller`` on virtual time.
 
-Each region has an in-memory replica, a log node and a controller running its supervised loops
-(probe, learn + reconcile, control, verify replicas), wired as ``services.bootstrap`` wires them
-but with the simulated network behind the replica ports and the ``PeerProber`` port. What the
-simulation can do to a region (each counted as a fault by kind in ``PlaneRun.faults``):
+Each region has an in-memory replica, a log node, a controller running its supervised loops
+(probe, learn + reconcile, control, verify replicas) and a drill driver (``services.drills``,
+with the drills' black-hole around its replica ports, its probes and its peer calls), wired as
+``services.bootstrap`` wires them but with the simulated network behind the replica ports, the
+``PeerProber`` port and the drill driver's peer HTTP transport (``services.plane_sim.peers``).
+What the simulation can do to a region (each counted as a fault by kind in ``PlaneRun.faults``):
 
 * ``crash_node`` / ``restart_node``: the node process dies (its memory is gone) and later a new
   one starts with a fresh controller and log node;
 * ``pause_node`` / ``resume_node``: the node stops answering and sending (a GC pause, a stopped
   VM) and later wakes up with its old memory, leaders and all;
+* ``blip``: the node's network loses every packet for a moment while its process runs on;
 * ``wipe_replica``: the region's database comes back empty (disk loss, re-provisioning);
   ``rebuild_replica`` is the operator's ``convplane replica rebuild``.
 
@@ -24,6 +27,8 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
+import httpx
+
 from eventlog.clock import LoopClock
 from eventlog.config import LogConfig
 from eventlog.memory_replica import MemoryReplica
@@ -31,10 +36,20 @@ from eventlog.node import LogNode
 from eventlog.rebuild import rebuild_replica
 from eventlog.sim.checker import History
 from eventlog.sim.network import SimNetwork
+from regions.ops_state import OpsState
 from services.bootstrap.node import build_controller
 from services.config import ClusterConfig, NodeSettings, RegionConfig
 from services.controller import Controller
+from services.drill_faults import (
+    BlackHole,
+    BlackHoleTransport,
+    black_holed_replicas,
+    region_by_address,
+)
+from services.drill_load import LoadMeter
+from services.drills import DrillDriver
 from services.plane_sim.network import SimProber
+from services.plane_sim.peers import SimPeerTransport
 
 REGION_NAMES = "abcde"
 
@@ -58,6 +73,9 @@ class RegionProcess:
     node: LogNode | None = None
     controller: Controller | None = None
     paused: bool = False
+    ops: OpsState | None = None
+    drills: DrillDriver | None = None
+    peers: httpx.AsyncClient | None = None
 
     @property
     def serving(self) -> bool:
@@ -77,8 +95,43 @@ class _LeaderChanges:
         return None
 
 
+#: the control shard's commit push linger, one drawn per seed
+RECORDS_PUSH_DELAYS_S = (0.01, 0.05, 0.25)
+#: the simulator's node settings: short timings, so a seed covers many faults in little time
+SIM_SETTINGS: Mapping[str, Any] = {
+    "probe_interval_s": 0.2,
+    "probe_timeout_s": 0.3,
+    "detection_s": 1.0,
+    "never_seen_grace_s": 2.0,
+    "placement_poll_s": 0.25,
+    "control_read_timeout_s": 0.5,
+    "failback_hysteresis_s": 4.0,
+    "failback_shards_per_step": 2,
+    "failback_step_interval_s": 0.5,
+    "handoff_wait_s": 1.0,
+    "control_handoff_wait_s": 3.0,
+    "lead_backoff_max_s": 0.5,
+    "lead_concurrency_max": 8,  # what every seed ran with (PLANE_SIM_VERSION pins schedules)
+}
+
+
 class SimPlane:
-    def __init__(self, rng: random.Random, regions: int, shard_count: int) -> None:
+    """``config`` and ``settings``: the log's and the nodes' settings when not the simulator's
+    own short ones (a scenario on production timings passes ``LogConfig(shard_count=...)`` and
+    ``{}``); ``settings`` are ``NodeSettings`` fields over the defaults. ``drive_drills``: each
+    node's drill driver runs its loop (a scenario that writes drill records itself turns it
+    off and calls ``DrillDriver.step`` where it wants one)."""
+
+    def __init__(
+        self,
+        rng: random.Random,
+        regions: int,
+        shard_count: int,
+        *,
+        config: LogConfig | None = None,
+        settings: Mapping[str, Any] | None = None,
+        drive_drills: bool = True,
+    ) -> None:
         self.rng = rng
         self.names = list(REGION_NAMES[:regions])
         self.replicas = {r: MemoryReplica(r) for r in self.names}
@@ -91,8 +144,11 @@ class SimPlane:
                 RegionConfig(name=r, url=f"http://{r}.sim", dsn=f"sqlite+aiosqlite:///{r}.sim")
                 for r in self.names
             ],
+            local_supervisor=True,  # kill drills: the run kills and restarts their targets
         )
-        self.config = LogConfig(
+        self._settings = SIM_SETTINGS if settings is None else dict(settings)
+        self._drive_drills = drive_drills
+        self.config = config or LogConfig(
             shard_count=shard_count,
             replica_call_timeout_s=0.3,
             append_timeout_s=1.0,
@@ -100,7 +156,10 @@ class SimPlane:
             replica_suspect_after_s=0.5,
             retry_backoff_max_s=0.1,
             commit_push_delay_s=0.01,
-            records_commit_push_delay_s=0.01,
+            # the control shard's push linger against the fold's poll (placement_poll_s 0.25 s):
+            # as in production (0.02 s against 0.1 s) or longer, so that the leader's fold (and
+            # a drill's fence after it) often acts on a record before any replica's hint has it
+            records_commit_push_delay_s=rng.choice(RECORDS_PUSH_DELAYS_S),
         )
         self.skews_ms = {r: rng.choice([0, 0, -1500, 2500]) for r in self.names}
         self.processes = {r: RegionProcess(r) for r in self.names}
@@ -109,28 +168,15 @@ class SimPlane:
     # --- processes ------------------------------------------------------------------------
 
     def settings(self, region: str) -> NodeSettings:
-        return NodeSettings(
-            region=region,
-            cluster=self.cluster,
-            probe_interval_s=0.2,
-            probe_timeout_s=0.3,
-            detection_s=1.0,
-            never_seen_grace_s=2.0,
-            placement_poll_s=0.25,
-            control_read_timeout_s=0.5,
-            failback_hysteresis_s=4.0,
-            failback_shards_per_step=2,
-            failback_step_interval_s=0.5,
-            handoff_wait_s=1.0,
-            lead_backoff_max_s=0.5,
-            lead_concurrency_max=8,  # what every seed ran with (PLANE_SIM_VERSION pins schedules)
-        )
+        return NodeSettings(region=region, cluster=self.cluster, **self._settings)
 
     async def start_node(self, region: str) -> None:
         process = self.processes[region]
         assert process.node is None
         clock = SkewedClock(self.skews_ms[region])
-        links = {dst: self.net.link(region, dst) for dst in self.names}
+        ops = OpsState()  # drills, halt, audit: folded from the control shard
+        hole = BlackHole(region=region, ops=ops, clock=clock)
+        links = black_holed_replicas({dst: self.net.link(region, dst) for dst in self.names}, hole)
         node = LogNode(
             region=region,
             replicas=links,
@@ -145,20 +191,57 @@ class SimPlane:
             self.cluster,
             node,
             links,
-            SimProber(self.net, region, self._health_of),
+            SimProber(
+                self.net,
+                region,
+                self._health_of,
+                blocked=lambda peer: hole.blocks(peer, read_only=True),
+            ),
             clock,
             random.Random(self.rng.getrandbits(64)),
         )
+        controller.record_listeners.append(ops.apply_entry)
+        controller.control_excluded = ops.region_loss_targets
+        urls = {r.name: r.url for r in self.cluster.regions}
+        peers = httpx.AsyncClient(
+            transport=BlackHoleTransport(
+                SimPeerTransport(self.net, region, self.node, self.cluster.default_model_revision),
+                hole,
+                region_by_address(urls),
+            )
+        )
+        load = LoadMeter(clock)
+        node.add_listener(load)
+        drills = DrillDriver(
+            controller=controller,
+            node=node,
+            ops=ops,
+            replicas=links,
+            peers=peers,
+            peer_urls=urls,
+            peer_secret=None,
+            load=load,
+            clock=clock,
+            region_append_capacity_per_s=1e6,
+            drill_token=partial(_token, random.Random(self.rng.getrandbits(64))),
+        )
         process.node, process.controller = node, controller
+        process.ops, process.drills, process.peers = ops, drills, peers
         await controller.start()
+        if self._drive_drills:
+            drills.start()
 
     async def stop_node(self, region: str) -> None:
         process = self.processes[region]
+        if process.drills is not None:
+            await process.drills.close()
+        if process.peers is not None:
+            await process.peers.aclose()
         if process.controller is not None:
             await process.controller.close()
         if process.node is not None:
             await process.node.close()
-        process.node = process.controller = None
+        process.node = process.controller = process.ops = process.drills = process.peers = None
         self.pause_node(region, False)
 
     def pause_node(self, region: str, paused: bool) -> None:
@@ -168,6 +251,14 @@ class SimPlane:
         if paused:
             self.net.frozen.add(region)
         else:
+            self.net.frozen.discard(region)
+
+    def blip(self, region: str, on: bool) -> None:
+        """A network blip at ``region``'s node: every packet it sends or is sent is lost (its
+        calls hang until their deadlines), while its process runs on with all its memory."""
+        if on:
+            self.net.frozen.add(region)
+        elif not self.processes[region].paused:
             self.net.frozen.discard(region)
 
     def _health_of(self, region: str) -> Mapping[str, Any] | None:
@@ -211,3 +302,7 @@ class SimPlane:
 
 
 Action = Callable[[], Any]
+
+
+def _token(rng: random.Random) -> str:
+    return f"{rng.getrandbits(32):08x}"

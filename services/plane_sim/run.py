@@ -1,10 +1,20 @@
 """One seeded run of the whole plane: start, load and fault it, heal it, then check it.
 
-Timeline on virtual time: the regions start; clients run while a fault injector acts; then every
-fault heals (network, databases, paused and crashed nodes; wiped replicas are rebuilt by the
-"operator"), and the plane must become live again within ``LIVENESS_BOUND_S``: every node up
-with no dead or crash-looping loop, every node on the same placement, every shard led by the
-region the placement assigns and writable. Then the checker reads every shard's final log.
+Timeline on virtual time: the regions start; clients run while a fault injector acts (network,
+databases, nodes, an SRE's evacuations and restores, and drills: region-loss, evacuate and kill,
+started at the control leader as ``POST /v1/drills`` starts them, the run killing and restarting
+a kill drill's target as ``convplane up``'s supervisor does); then every fault heals (network,
+databases, paused and crashed nodes; wiped replicas are rebuilt by the "operator"). After
+healing (``services.plane_sim.checks`` states each bound):
+
+* some region leads the control shard and every node names it, within ``CONTROL_LED_BOUND_S``;
+* every drill reaches a terminal state by its own deadline plus ``DRILL_END_SLACK_S``;
+* the plane becomes live again within ``LIVENESS_BOUND_S``: every node up with no dead or
+  crash-looping loop, every node on the same placement, every shard led by the region the
+  placement assigns and writable.
+
+Throughout the run, no two nodes may defer the control shard to each other for longer than
+``STANDOFF_BOUND_S`` (``StandoffWatch``). Then the checker reads every shard's final log.
 """
 
 from __future__ import annotations
@@ -14,12 +24,22 @@ import random
 from collections import Counter
 from dataclasses import dataclass, field
 
+import httpx
+
 from eventlog.conversations import AppendedEvent
 from eventlog.errors import ConvplaneError, InvariantViolation
 from eventlog.sim.loop import VirtualTimeLoop
 from eventlog.sim.network import NetworkFaults
 from regions.control import OperatorAction
-from services.plane_sim.checks import check_plane, failback_moves_problem
+from regions.drills import KINDS, Drill, DrillSpec, deadline_s
+from services.drill_supervisor import FAULT_PHASES
+from services.plane_sim.checks import (
+    StandoffWatch,
+    check_plane,
+    control_problems,
+    drill_problems,
+    failback_moves_problem,
+)
 from services.plane_sim.plane import SimPlane
 from services.plane_sim.workload import Client, Observed
 
@@ -35,7 +55,32 @@ STABLE_S = 2.0
 #: leader that hands the shard over publishes its commit position first (publish_commit), a
 #: read-index round's done callback fails its waiters, and the control fold's read has a
 #: deadline (LEARN_READ_DEADLINE_S)
-PLANE_SIM_VERSION = 5
+#: 6: drills (region-loss, evacuate, kill) run in every seed, with the drills' black-hole wired
+#: as production wires it; control handoffs publish at a write quorum and a node passes over a
+#: control successor that does not lead (regions.control_succession)
+PLANE_SIM_VERSION = 6
+#: after healing, some region leads the control shard and every node names it within this:
+#: detection (1 s) + two successors passed over (control_handoff_wait_s, 3 s each) + leads
+CONTROL_LED_BOUND_S = 12.0
+#: a drill ends (done, aborted or failed) at its deadline (hold + restore grace) at the latest;
+#: after healing, this much more for a control leader to be found and to commit the end
+DRILL_END_SLACK_S = 15.0
+#: no two nodes name each other as the control leader, neither leading it, for longer than
+#: this: a node passes over a successor that does not lead after control_handoff_wait_s (3 s)
+STANDOFF_BOUND_S = 9.0
+#: how often the standoff watch and the control check look
+WATCH_EVERY_S = 0.25
+#: an SRE starts a drill after a pause drawn from this range (seconds)
+DRILL_EVERY_S = (0.3, 2.0)
+#: how often the SRE's turn is a blip of the control leader's network instead, and how long
+CONTROL_BLIP_P = 0.3
+CONTROL_BLIPS_S = (0.3, 0.6, 0.9, 1.5)
+#: half of those blips wait (up to this long, looking this often) for the control leader to
+#: apply a drill's end, and blip it then: as it hands the control shard back
+BLIP_WAIT_S = 5.0
+BLIP_LOOK_EVERY_S = 0.05
+#: drill holds the injector picks from
+DRILL_HOLDS_S = (1.0, 2.0, 4.0)
 
 
 @dataclass
@@ -76,6 +121,11 @@ class _PlaneRun:
         self.ops = ops
         self.workload_done = False
         self.crashed_nodes: set[str] = set()
+        #: kill drill id -> the region the run killed for it and has not restarted yet
+        self.drill_killed: dict[str, str] = {}
+        self.blipped: set[str] = set()
+        self.drill_kills_done: set[str] = set()
+        self.standoffs = StandoffWatch(STANDOFF_BOUND_S, self.plane.cluster.shard_count)
 
     async def run(self) -> PlaneResult:
         plane = self.plane
@@ -83,13 +133,19 @@ class _PlaneRun:
             for region in plane.names:
                 await plane.start_node(region)
             await asyncio.sleep(3.0)  # the regions find each other and lead their shards
+            watch = asyncio.ensure_future(self._watch())
             injector = asyncio.ensure_future(self._inject_faults())
+            drills = asyncio.ensure_future(self._start_drills())
             await asyncio.gather(*(c.run(self.ops) for c in self.clients))
             self.workload_done = True
-            await injector
+            await asyncio.gather(injector, drills)
             healed_at = await self._heal()
+            await self._await_control_leader(healed_at)
+            await self._await_drills_end()
             version_at_heal = max(c.state.version for c in plane.controllers())
-            await self._await_liveness(healed_at)
+            await self._await_liveness(asyncio.get_running_loop().time())
+            watch.cancel()
+            self.result.violations += self.standoffs.violations
             final_version = max(c.state.version for c in plane.controllers())
             self.result.counts["placement_changes"] = final_version
             settings = plane.settings(plane.names[0])
@@ -176,9 +232,129 @@ class _PlaneRun:
         plane, net = self.plane, self.plane.net
         cut = {src for src, _ in net.cut} | {dst for _, dst in net.cut}
         paused = {p.name for p in plane.processes.values() if p.paused}
+        drilled = {d.spec.region for d in self._active_drills()}
         return (
-            cut | set(net.crashed) | set(net.stalled_s) | self.crashed_nodes | paused | plane.wiped
+            cut
+            | set(net.crashed)
+            | set(net.stalled_s)
+            | self.crashed_nodes
+            | paused
+            | plane.wiped
+            | drilled
+            | set(self.drill_killed.values())
+            | self.blipped
         )
+
+    def _active_drills(self) -> list[Drill]:
+        return [d for d in self._drills_seen() if d.active]
+
+    async def _start_drills(self) -> None:
+        """An SRE starts a drill every few seconds while the workload runs; now and then the
+        control leader's network blips instead (shorter than detection, or a little longer),
+        which catches it committing, learning and handing over drill records."""
+        rng = random.Random(self.rng.getrandbits(64))
+        blips: list[asyncio.Task[None]] = []
+        while not self.workload_done:
+            await asyncio.sleep(rng.uniform(*DRILL_EVERY_S))
+            if rng.random() < CONTROL_BLIP_P:
+                at_drill_end = rng.random() < 0.5
+                region = await (self._drill_end_leader() if at_drill_end else self._leader())
+                if region is not None and region not in self._faulted():
+                    blips.append(asyncio.ensure_future(self._blip(region, rng)))
+                continue
+            await self._drill(rng, self._faulted())
+        await asyncio.gather(*blips)
+
+    async def _leader(self) -> str | None:
+        leaders = self.plane.leaders_of(self.plane.cluster.shard_count)
+        return leaders[0] if leaders else None
+
+    async def _drill_end_leader(self) -> str | None:
+        """The control leader whose fold has just applied a drill's end (it is about to hand
+        the control shard back to the drill's target), watched for up to ``BLIP_WAIT_S``."""
+        ended = {d.drill_id for d in self._drills_seen() if not d.active}
+        loop = asyncio.get_running_loop()
+        until = loop.time() + BLIP_WAIT_S
+        while loop.time() < until and not self.workload_done:
+            await asyncio.sleep(BLIP_LOOK_EVERY_S)
+            for process in self.plane.serving():
+                node, ops = process.node, process.ops
+                if node is None or ops is None or not node.leads(self.plane.cluster.shard_count):
+                    continue
+                if {d.drill_id for d in ops.drills.values() if not d.active} - ended:
+                    return process.name
+        return None
+
+    async def _blip(self, region: str, rng: random.Random) -> None:
+        """``region``'s node loses every packet for a moment (its process runs on)."""
+        self.blipped.add(region)
+        self.plane.blip(region, True)
+        self._fault("control_leader_blip")
+        await asyncio.sleep(rng.choice(CONTROL_BLIPS_S))
+        self.plane.blip(region, False)
+        self.blipped.discard(region)
+
+    async def _drill(self, rng: random.Random, faulted: set[str]) -> None:
+        """A drill (``POST /v1/drills``) at whichever node leads control; half of them target
+        the control leader's own region (its fence and the control handoffs)."""
+        for process in self.plane.serving():
+            controller, drills = process.controller, process.drills
+            if controller is None or drills is None:
+                continue
+            if controller.node.leads(controller.control_shard):
+                region = process.name if rng.random() < 0.5 else rng.choice(self.plane.names)
+                if region in faulted:
+                    return
+                spec = DrillSpec(
+                    kind=rng.choice(KINDS),
+                    region=region,
+                    hold_s=rng.choice(DRILL_HOLDS_S),
+                    reason="simulated drill",
+                    force=True,
+                )
+                try:
+                    await asyncio.wait_for(drills.create(spec, by="sre", role="operator"), 5.0)
+                    self._fault(f"drill_{spec.kind}")
+                except (ConvplaneError, TimeoutError, httpx.HTTPError):
+                    self._fault("drill_refused")
+                return
+
+    async def _kill_drills(self) -> None:
+        """What ``convplane up``'s supervisor does for kill drills (``services.drill_supervisor``):
+        a kill drill injecting or holding gets its target's node killed once; once the drill has
+        moved on, the node starts again."""
+        for drill in self._drills_seen():
+            drill_id, region = drill.drill_id, drill.spec.region
+            if drill.spec.kind != "kill":
+                continue
+            if drill.phase in FAULT_PHASES:
+                if drill_id not in self.drill_killed and drill_id not in self.drill_kills_done:
+                    if self.plane.processes[region].node is not None:
+                        await self.plane.stop_node(region)
+                        self.crashed_nodes.discard(region)
+                    self.drill_killed[drill_id] = region
+            elif drill_id in self.drill_killed:
+                back = self.drill_killed.pop(drill_id)
+                self.drill_kills_done.add(drill_id)
+                if self.plane.processes[back].node is None and back not in self.crashed_nodes:
+                    await self.plane.start_node(back)
+
+    def _drills_seen(self) -> list[Drill]:
+        """The newest revision of every drill, over every node's fold."""
+        found: dict[str, Drill] = {}
+        for process in self.plane.processes.values():
+            for drill in process.ops.drills.values() if process.ops is not None else ():
+                known = found.get(drill.drill_id)
+                if known is None or drill.rev > known.rev:
+                    found[drill.drill_id] = drill
+        return list(found.values())
+
+    async def _watch(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            await self._kill_drills()
+            self.standoffs.look(loop.time(), self.plane)
+            await asyncio.sleep(WATCH_EVERY_S)
 
     async def _operator(self, rng: random.Random) -> None:
         """An SRE evacuates a region, or restores one, at whichever node leads control."""
@@ -219,6 +395,39 @@ class _PlaneRun:
                 except ConvplaneError:
                     await asyncio.sleep(0.5)
         return asyncio.get_running_loop().time()
+
+    async def _await_control_leader(self, healed_at: float) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            problems = control_problems(self.plane)
+            if not problems:
+                self.result.counts["control_led_in_ms"] = int((loop.time() - healed_at) * 1000)
+                return
+            if loop.time() - healed_at >= CONTROL_LED_BOUND_S:
+                self.result.violations += [
+                    f"control shard not led {CONTROL_LED_BOUND_S:.0f}s after healing: {p}"
+                    for p in problems[:3]
+                ]
+                return
+            await asyncio.sleep(WATCH_EVERY_S)
+
+    async def _await_drills_end(self) -> None:
+        """Every drill ends by its own deadline (from its creation) plus ``DRILL_END_SLACK_S``."""
+        loop = asyncio.get_running_loop()
+        active = self._active_drills()
+        if not active:
+            return
+        bound_s = max(deadline_s(d.spec) for d in active) + DRILL_END_SLACK_S
+        until = loop.time() + bound_s
+        while loop.time() < until:
+            await asyncio.sleep(WATCH_EVERY_S)
+            if not drill_problems(self.plane):
+                self.result.counts["drills_ended"] += len(active)
+                return
+        self.result.violations += [
+            f"drill not ended {bound_s:.0f}s after healing: {p}"
+            for p in drill_problems(self.plane)[:3]
+        ]
 
     async def _await_liveness(self, healed_at: float) -> None:
         """Live = no problem at two checks ``STABLE_S`` apart on the same placement version

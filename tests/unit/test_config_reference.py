@@ -24,10 +24,10 @@ def test_every_node_setting_is_listed_with_its_environment_variable() -> None:
         assert f"| `{name}` | `CONVPLANE_{name.upper()}` |" in page, name
 
 
-def test_every_cluster_file_setting_says_what_it_does() -> None:
+def test_every_setting_says_what_it_does() -> None:
     from services.config_reference import _cluster_models, _field_comments
 
-    for _, model in _cluster_models():
+    for _, model in [*_cluster_models(), ("node", NodeSettings)]:
         comments = _field_comments(model)
         for name, field in model.model_fields.items():
             assert field.description or comments.get(name), f"{model.__name__}.{name}"

@@ -10,12 +10,14 @@ control shard had no leader (no restore, no placement change) until the drill's 
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 from eventlog.memory_replica import MemoryReplica
 from regions.drills import DrillSpec, start
-from regions.ops_state import DRILL_RECORD, OpsState
+from regions.ops_state import AUDIT_RECORD, DRILL_RECORD, OpsState
 from tests.unit.control_nodes import REGIONS, controller
+from tests.unit.test_leader_fail_fast import BlackHole
 
 
 def drill_body(kind: str, region: str, phase: str, rev: int = 1) -> dict[str, object]:
@@ -93,4 +95,39 @@ async def test_a_survivor_that_hands_the_control_shard_back_publishes_the_drills
     assert ops_a.region_loss_targets() == set()
     assert a.control_leader() == "a"
     await a.node.close()
+    await b.node.close()
+
+
+async def test_a_control_leader_hands_the_shard_over_only_once_a_quorum_holds_its_commit() -> None:
+    """Bug 3's rule (issue 32): the survivor leading the control shard hands it back only once
+    a write quorum of replicas' commit hints holds everything it committed. Here its push to
+    ``a`` and ``c`` is lost (their appends hang): ``publish_commit`` ends at its bound, or sees
+    both suspected and returns, and the old resign went ahead anyway, leaving a record only
+    ``b`` knew. ``b`` keeps the shard instead, and hands it over once the push lands (the
+    leader's own push, lingering 0.02 s, is the one cut off: nothing waits in between)."""
+    replicas: dict[str, MemoryReplica] = {"a": BlackHole("a"), "b": MemoryReplica("b"),
+                                          "c": BlackHole("c")}  # fmt: skip
+    b, _ = controller("b", replicas)
+    await b.node.lead_shard(b.control_shard)
+    await b.node.append_record(
+        b.control_shard, DRILL_RECORD, drill_body("region-loss", "a", "done")
+    )
+    await b.read_barrier()
+    assert b.control_leader() == "a"
+    last = await b.node.append_record(b.control_shard, AUDIT_RECORD, {"note": "after the end"})
+    for store in (replicas["a"], replicas["c"]):
+        assert isinstance(store, BlackHole)
+        store.cut = True
+    await b._control()  # the push is lost: b keeps leading
+    assert b.node.leads(b.control_shard)
+    for store in (replicas["a"], replicas["c"]):
+        assert isinstance(store, BlackHole)
+        store.cut = False
+    await asyncio.sleep(3)  # the lost calls time out; the leader's next push lands
+    await b._control()  # b hands the shard over
+    assert not b.node.leads(b.control_shard)
+    assert [(await replicas[r].status(b.control_shard)).commit_lsn >= last for r in "ac"] == [
+        True,
+        True,
+    ]
     await b.node.close()
