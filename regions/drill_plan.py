@@ -125,7 +125,11 @@ def preflight(
     if halt.on:
         failures.append(f"the halt switch is on ({halt.reason})")
     if spec.kind == "kill" and not kill_supported:
-        failures.append("kill drills need a plane started by `convplane up` (its supervisor)")
+        failures.append(
+            "kill drills need a supervisor that restarts the killed region's processes: a "
+            "plane run by `convplane up` in the foreground (`--detach` and other deployments "
+            "have none); a region-loss drill takes a region away without killing it"
+        )
     capacity, capacity_ok = _capacity(len(weights), load)
     if not capacity_ok and not spec.force:
         failures.append(f"capacity: {capacity['verdict']} (force overrides this check)")

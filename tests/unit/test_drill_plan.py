@@ -81,6 +81,13 @@ def test_preflight_refuses_with_every_reason_named() -> None:
         assert expected in text
 
 
+def test_a_kill_drill_without_a_supervisor_says_what_is_missing() -> None:
+    """A `convplane up --detach` plane was refused with "needs a plane started by `convplane
+    up`", which it was: the reason names the missing supervisor and the alternative."""
+    (reason,) = check(spec(kind="kill")).failures
+    assert "--detach" in reason and "supervisor" in reason and "region-loss" in reason
+
+
 def test_capacity_uses_the_region_loss_arithmetic_and_force_overrides_only_it() -> None:
     # 3 regions at 1,500 appends/s each: a survivor would carry 1,500 * 3/2 = 2,250 > 2,000
     busy = LiveLoad(append_rate_per_s=4500.0, region_append_capacity_per_s=2000.0)
