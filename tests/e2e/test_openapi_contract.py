@@ -4,7 +4,7 @@ pages the transcript and reads a tool attempt; schemathesis (every check, every 
 links from ``POST /v1/conversations`` into the conversation's operations) finds 0 failures with
 each kind of key the plane has.
 
-Declared choices (``CONFIG`` below): 503 and 504 are documented, retryable answers, so
+Declared choices (``CONFIG`` in ``tests/e2e/openapi_contract_run.py``): 503 and 504 are documented, retryable answers, so
 ``not_a_server_error`` accepts them and still fails on any 500; unknown headers are no error.
 ``CONVPLANE_SCHEMATHESIS_EXAMPLES`` raises the examples per operation (15: ~1,200 cases, under
 a minute on 2 cores), ``CONVPLANE_SCHEMATHESIS_SEED`` changes the seed.
@@ -12,7 +12,6 @@ a minute on 2 cores), ``CONVPLANE_SCHEMATHESIS_SEED`` changes the seed.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import subprocess
@@ -24,31 +23,13 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.e2e.openapi_contract_run import assert_all_passed, run_schemathesis
 from tests.e2e.plane import Plane, convplane_env, start_plane, stop_plane
 
-MAX_EXAMPLES = int(os.environ.get("CONVPLANE_SCHEMATHESIS_EXAMPLES", "15"))
-SEED = int(os.environ.get("CONVPLANE_SCHEMATHESIS_SEED", "20261201"))
 RUN_TIMEOUT_S = 600
 GENERATE_CLIENT = [
     sys.executable, "-c", "from openapi_python_client.cli import app; app()",
 ]  # fmt: skip
-SCHEMATHESIS = [sys.executable, "-c", "from schemathesis.cli import schemathesis; schemathesis()"]
-CONFIG = """\
-[auth.openapi.apiKey]
-bearer = "${CONVPLANE_TEST_KEY}"
-
-[auth.openapi.peerSecret]
-api_key = "${CONVPLANE_TEST_PEER_SECRET}"
-
-[checks.not_a_server_error]
-# 503 and 504 are documented retryable answers (with Retry-After); a 500 is a bug.
-expected-statuses = ["2xx", "3xx", "4xx", "503", "504"]
-
-[generation]
-# A header the API does not know is no error (clients and proxies add their own); the flag
-# also covers extra body properties, which tests/unit/test_openapi_document.py checks instead.
-allow-extra-parameters = false
-"""
 
 
 @pytest.fixture(scope="module")
@@ -179,46 +160,13 @@ def _create_append_page_read(client: Any) -> None:
     assert [e.type_.value for e in status.events] == ["tool.attempt", "tool.effect"]
 
 
-def _run_schemathesis(plane: Plane, key: str, tmp: Path, *filters: str) -> str:
-    cluster = json.loads(Path(plane.info["cluster_file"]).read_text())
-    config = tmp / "schemathesis.toml"
-    config.write_text(CONFIG)
-    env = {
-        **convplane_env(),
-        "CONVPLANE_TEST_KEY": key,
-        "CONVPLANE_TEST_PEER_SECRET": cluster["peer_secret"],
-    }
-    # One worker: schemathesis's worker threads compile code concurrently, and CPython before
-    # 3.13 shares the AST builder's recursion counter between threads (python/cpython#106905):
-    # two workers failed CI once with "SystemError: AST constructor recursion depth mismatch".
-    command = [
-        *SCHEMATHESIS, "--config-file", str(config), "--no-color", "run",
-        plane.urls["us-east"] + "/openapi.json", "--checks", "all",
-        "--max-examples", str(MAX_EXAMPLES), "--seed", str(SEED), "--workers", "1",
-        "--generation-database", "none", "--request-timeout", "30", *filters,
-    ]  # fmt: skip
-    done = subprocess.run(
-        command, cwd=tmp, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S
-    )
-    output = done.stdout + done.stderr
-    assert done.returncode == 0, output[-20_000:]
-    return output
-
-
-def _assert_all_passed(output: str, *phases: str) -> None:
-    counts = re.search(r"(\d+) generated, (\d+) passed", output)
-    assert counts is not None and counts[1] == counts[2] and int(counts[1]) > 0, output[-5000:]
-    for phase in phases:
-        assert f"✅ {phase}" in output, output[-5000:]
-
-
 def test_schemathesis_finds_no_failure_with_a_tenant_key(plane: Plane, tmp_path: Path) -> None:
     # Operator moves have their own run, last (below): they change the placement under the
     # other operations, and one of them can hit a controller bug that this run should not hide.
-    output = _run_schemathesis(
+    output = run_schemathesis(
         plane, plane.info["api_key"], tmp_path, "--exclude-operation-id", "region_action"
     )
-    _assert_all_passed(output, "Examples", "Coverage", "Fuzzing", "Stateful")
+    assert_all_passed(output, "Examples", "Coverage", "Fuzzing", "Stateful")
     links = re.search(r"API Links:\s+(\d+) covered", output)
     assert links is not None and int(links[1]) >= 5, output[-5000:]  # create -> its operations
 
@@ -227,7 +175,7 @@ def test_schemathesis_finds_no_failure_in_replays_with_an_operator_key(
     plane: Plane, tmp_path: Path
 ) -> None:
     """Queuing replays is an operator's act (a replay worker key may not: security issue 39)."""
-    output = _run_schemathesis(
+    output = run_schemathesis(
         plane,
         plane.info["operator_api_key"],
         tmp_path,
@@ -236,7 +184,7 @@ def test_schemathesis_finds_no_failure_in_replays_with_an_operator_key(
         "--phases",
         "examples,coverage,fuzzing",
     )
-    _assert_all_passed(output, "Examples", "Coverage", "Fuzzing")
+    assert_all_passed(output, "Examples", "Coverage", "Fuzzing")
 
 
 def test_schemathesis_finds_no_failure_in_operator_region_moves(
@@ -247,21 +195,21 @@ def test_schemathesis_finds_no_failure_in_operator_region_moves(
     answered 500 (``InvariantViolation: placement version N follows N``): two placement records
     of one version had committed (a move cancelled mid-append by a short deadline, then the
     next one). Placement records are conditional now (issue 7, bug 1): the second is a no-op."""
-    output = _run_schemathesis(
+    output = run_schemathesis(
         plane,
         plane.info["operator_api_key"],
         tmp_path,
         "--include-path-regex",
         "^/v1/(admin/regions|regions)",
     )
-    _assert_all_passed(output, "Examples", "Coverage", "Fuzzing", "Stateful")
+    assert_all_passed(output, "Examples", "Coverage", "Fuzzing", "Stateful")
 
 
 def test_schemathesis_finds_no_failure_in_what_operators_read(plane: Plane, tmp_path: Path) -> None:
     """Drills, their reports, the halt switch, the audit log and the console's node view, read
     with an operator key (starting drills and halting are left to tests/e2e/test_drills.py:
     they change the plane under every other operation)."""
-    output = _run_schemathesis(
+    output = run_schemathesis(
         plane,
         plane.info["operator_api_key"],
         tmp_path,
@@ -280,14 +228,14 @@ def test_schemathesis_finds_no_failure_in_what_operators_read(plane: Plane, tmp_
         "--phases",
         "examples,coverage,fuzzing",
     )
-    _assert_all_passed(output, "Examples", "Coverage", "Fuzzing")
+    assert_all_passed(output, "Examples", "Coverage", "Fuzzing")
 
 
 def test_schemathesis_finds_no_failure_with_a_viewer_key(plane: Plane, tmp_path: Path) -> None:
     """A viewer key on every operator-facing operation: it reads regions, placement, drills,
     reports, halt, audit and the console's node view, and every change it tries is a
     documented 403."""
-    output = _run_schemathesis(
+    output = run_schemathesis(
         plane,
         plane.info["viewer_api_key"],
         tmp_path,
@@ -296,4 +244,4 @@ def test_schemathesis_finds_no_failure_with_a_viewer_key(plane: Plane, tmp_path:
         "--phases",
         "examples,coverage,fuzzing",
     )
-    _assert_all_passed(output, "Examples", "Coverage", "Fuzzing")
+    assert_all_passed(output, "Examples", "Coverage", "Fuzzing")
