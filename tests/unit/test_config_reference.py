@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from pydantic import BaseModel
+
 from services.config import NodeSettings
 from services.config_reference import render
 
@@ -27,7 +29,8 @@ def test_every_node_setting_is_listed_with_its_environment_variable() -> None:
 def test_every_setting_says_what_it_does() -> None:
     from services.config_reference import _cluster_models, _field_comments
 
-    for _, model in [*_cluster_models(), ("node", NodeSettings)]:
+    models: list[type[BaseModel]] = [m for _, m in _cluster_models()] + [NodeSettings]
+    for model in models:
         comments = _field_comments(model)
         for name, field in model.model_fields.items():
             assert field.description or comments.get(name), f"{model.__name__}.{name}"
