@@ -291,6 +291,9 @@ class NodeSettings(BaseSettings):
     #: (services.console.access), when not at the cluster file's ``url`` (docker compose
     #: publishes nodes on host ports); JSON in CONVPLANE_CONSOLE_URLS, region -> URL
     console_urls: dict[str, str] = Field(default_factory=dict)
+    #: the operators' Grafana dashboard (deploy/observability/grafana), linked from the console's
+    #: top bar when set (http or https URL); CONVPLANE_DASHBOARD_URL
+    dashboard_url: str | None = Field(default=None, max_length=2048, pattern=r"^https?://\S+$")
 
     @model_validator(mode="after")
     def _tls_all_or_none(self) -> NodeSettings:

@@ -48,9 +48,12 @@ class ConsoleAccess:
     def __init__(self) -> None:
         self.urls: dict[str, str] = {}
         self.origins: tuple[str, ...] = ()
+        #: the operators' dashboard, linked from the page when configured
+        self.dashboard_url: str | None = None
 
     def open(self, cluster: ClusterConfig, settings: NodeSettings) -> None:
         self.urls = browser_urls(cluster, settings)
+        self.dashboard_url = settings.dashboard_url
         cluster_origins = {origin_of(r.url) for r in cluster.regions}
         self.origins = tuple(sorted(cluster_origins | {origin_of(u) for u in self.urls.values()}))
 

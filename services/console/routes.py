@@ -58,6 +58,9 @@ class ConsoleNode(BaseModel):
     region: str
     you: dict[str, str] = Field(description="the caller's key: tenant_id and role")
     browser_urls: dict[str, str] = Field(description="where a browser reaches each region")
+    dashboard_url: str | None = Field(
+        default=None, description="the operators' Grafana dashboard, when one is configured"
+    )
     control_leader: str | None
     placement_version: int | None
     led_shards: dict[str, int] = Field(description="shard -> epoch, of shards led here now")
@@ -127,6 +130,7 @@ async def console_node(ctx: Context) -> dict[str, Any]:
         "region": ctx.api.region,
         "you": {"tenant_id": ctx.tenant.tenant_id, "role": ctx.tenant.role},
         "browser_urls": access.urls,
+        "dashboard_url": access.dashboard_url,
         "control_leader": None,
         "placement_version": None,
         "led_shards": {},
@@ -166,4 +170,7 @@ def _replay_summary(service: ReplayService) -> dict[str, Any]:
         "live_tokens_per_s": status["live_tokens_per_s"],
         "engines": len(status["engines"]),
         "engines_unknown": sum(1 for e in status["engines"].values() if e["unknown"]),
+        # moved conversations no engine here can replay (no engine; a model revision none
+        # serves), by reason and revision: counted, never queued
+        "not_replayed": status["not_replayed"],
     }

@@ -30,6 +30,8 @@ from tests.e2e.conftest import CALL_FAILED
 from tests.e2e.plane import REPO_ROOT, Plane, start_plane, stop_plane
 
 ARTIFACTS = REPO_ROOT / "tests" / "artifacts" / "console"
+#: the operators' dashboard the plane's nodes are configured with: the page links it
+DASHBOARD_URL = "https://grafana.example.test/d/convplane"
 #: how long the page may take to show a state (drills detect, fail over and restore in seconds;
 #: the bound is for a loaded CI machine)
 PAGE_WAIT_S = 120.0
@@ -41,7 +43,9 @@ TERMINAL = {"done", "aborted", "failed"}
 
 @pytest.fixture(scope="module")
 def plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Plane]:
-    proc, plane = start_plane(tmp_path_factory.mktemp("console-plane"))
+    proc, plane = start_plane(
+        tmp_path_factory.mktemp("console-plane"), env={"CONVPLANE_DASHBOARD_URL": DASHBOARD_URL}
+    )
     try:
         yield plane
     finally:
@@ -262,6 +266,8 @@ def test_a_viewer_sees_the_drill_and_the_server_refuses_its_abort_and_halt(
         page = Console(browser, plane, served_by="us-east")
         page.sign_in(plane.info["viewer_api_key"])
         assert "viewer" in page.text("who")
+        link = browser.find_element(By.ID, "dashboard-link")
+        assert link.is_displayed() and link.get_attribute("href") == DASHBOARD_URL
         wait_for("the drill shown as running", lambda: page.active_drill() is not None)
         assert page.active_drill() in {(drill_id, "injecting"), (drill_id, "holding")}
         wait_for(f"{target} shown down", lambda: page.region_statuses()[target] == "down")

@@ -59,6 +59,15 @@ def test_a_bucket_reused_for_a_later_second_starts_from_zero() -> None:
 
 # --- the app ---------------------------------------------------------------------------------
 
+DASHBOARD_URL = "https://grafana.example.test/d/convplane"
+
+
+def test_a_dashboard_url_must_be_a_plain_http_url() -> None:
+    """The console turns it into a link: a javascript: URL or anything with spaces is refused."""
+    for bad in ("javascript:alert(1)", "https://a b", "ftp://x"):
+        with pytest.raises(ValueError):
+            NodeSettings(region="east", cluster=cluster_with_roles(), dashboard_url=bad)
+
 
 @pytest.fixture
 async def east_log() -> FakeLog:
@@ -74,7 +83,10 @@ def clock() -> ManualClock:
 @pytest.fixture
 async def east(east_log: FakeLog, clock: ManualClock) -> AsyncGenerator[httpx.AsyncClient]:
     settings = NodeSettings(
-        region="east", cluster=cluster_with_roles(), console_urls={"east": BROWSER_EAST}
+        region="east",
+        cluster=cluster_with_roles(),
+        console_urls={"east": BROWSER_EAST},
+        dashboard_url=DASHBOARD_URL,
     )
 
     @asynccontextmanager
@@ -116,6 +128,7 @@ async def test_the_node_view_answers_operator_and_viewer_keys_only(
         body: dict[str, Any] = r.json()
         assert body["region"] == "east" and body["you"]["role"] == role
         assert body["browser_urls"] == {"east": BROWSER_EAST, "west": "http://west.test"}
+        assert body["dashboard_url"] == DASHBOARD_URL  # the page links it in its top bar
         assert body["appends"]["error_ratio"] is None  # nothing appended yet
     tenant = await east.get("/v1/console/node", headers=auth(KEY_A))
     assert tenant.status_code == 403 and tenant.json()["error"]["code"] == "forbidden"

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry
 
+from services.console.routes import _replay_summary
 from services.replay.metrics import ReplayCollector
 from tests.unit.replay_world import (
     REVISION,
@@ -34,6 +35,8 @@ async def test_a_region_without_engines_queues_nothing_and_says_why() -> None:
         assert status["not_replayed"]["no_engine"] == 3
         outcome = await w.service.replay_conversations("t1", ids[:1])
         assert outcome == {ids[0]: "no_engine"}
+        # the console's replay row shows it (GET /v1/console/node)
+        assert _replay_summary(w.service)["not_replayed"]["no_engine"] == 4
 
 
 async def test_a_revision_no_engine_serves_is_named_not_queued() -> None:

@@ -546,8 +546,8 @@
       const node = state.nodes[region] || {};
       const r = node.body ? node.body.replay : null;
       const name = h("td", {}, h("span", { class: "swatch", style: { background: regionColor(region) } }), region);
-      if (!node.body || node.error) return h("tr", {}, name, h("td", { colspan: 9, class: node.error ? "bad" : "muted" }, node.error ? `no answer from ${region}: ${node.error}` : "…"));
-      if (!r) return h("tr", {}, name, h("td", { colspan: 9, class: "muted" }, "replay does not run on this node"));
+      if (!node.body || node.error) return h("tr", {}, name, h("td", { colspan: 10, class: node.error ? "bad" : "muted" }, node.error ? `no answer from ${region}: ${node.error}` : "…"));
+      if (!r) return h("tr", {}, name, h("td", { colspan: 10, class: "muted" }, "replay does not run on this node"));
       return h("tr", { "data-region": region },
         name,
         h("td", { class: "num" }, fmt.num(r.queued, 0)),
@@ -560,8 +560,19 @@
           ? h("td", { class: "muted", title: "no inference engine is attached to this region's replay" }, "no engine")
           : h("td", { class: `num${r.spare_tokens_per_s <= 0 && r.queued > 0 ? " bad" : ""}` }, fmt.num(r.spare_tokens_per_s, 0)),
         h("td", { class: "num" }, fmt.num(r.live_tokens_per_s, 0)),
-        h("td", { class: r.engines_unknown ? "bad" : "num" }, `${r.engines}${r.engines_unknown ? ` (${r.engines_unknown} unknown)` : ""}`));
+        h("td", { class: r.engines_unknown ? "bad" : "num" }, `${r.engines}${r.engines_unknown ? ` (${r.engines_unknown} unknown)` : ""}`),
+        notReplayable(r.not_replayed));
     }));
+  }
+
+  function notReplayable(n) {
+    if (!n) return h("td", { class: "muted" }, "-");
+    const total = (n.no_engine || 0) + (n.model_unserved || 0);
+    const revisions = Object.entries(n.unserved_model_revisions || {}).map(([rev, count]) => `${rev}: ${count}`);
+    const why = [n.no_engine ? `${n.no_engine} with no engine in the region` : null,
+                 n.model_unserved ? `${n.model_unserved} pinned to a revision no engine serves (${revisions.join(", ")})` : null]
+      .filter(Boolean).join("; ");
+    return h("td", { class: total > 0 ? "num bad" : "num", title: why || "every moved conversation can be replayed here" }, fmt.num(total, 0));
   }
 
   function seriesChart(series) {
@@ -714,6 +725,15 @@
       return signOut(why);
     }
     startWith(node.region, node.browser_urls, node.you);
+    showDashboardLink(node.dashboard_url);
+  }
+
+  function showDashboardLink(url) {
+    const link = $("dashboard-link");
+    // only a plain http(s) URL from the node's own settings becomes a link
+    const ok = typeof url === "string" && /^https?:\/\/\S+$/.test(url);
+    link.hidden = !ok;
+    if (ok) link.href = url; else link.removeAttribute("href");
   }
 
   function startWith(home, urls, you) {
@@ -731,6 +751,7 @@
 
   function signOut(why) {
     sessionStorage.removeItem(KEY_ITEM);
+    showDashboardLink(null);
     clearTimeout(state.timer);
     Object.assign(state, { key: null, you: null, regions: null, placement: null, drills: null, halt: null, nodes: {}, audit: [], auditAfter: 0, sharedAt: 0, source: null });
     for (const name of Object.keys(built)) delete built[name];
