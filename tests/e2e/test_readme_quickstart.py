@@ -19,7 +19,7 @@ QUICKSTART_TIMEOUT_S = 420
 def quickstart_block() -> str:
     readme = (REPO_ROOT / "README.md").read_text(encoding="utf-8")
     section = readme.split("## Quickstart", 1)[1]
-    match = re.search(r"```sh\n(.*?)```", section, flags=re.DOTALL)
+    match = re.search(r"```sh\n(.*?)\n```", section, flags=re.DOTALL)
     assert match, "the README's quickstart has no sh block"
     return match.group(1)
 
@@ -59,3 +59,5 @@ def test_the_quickstart_runs_as_written(tmp_path: Path) -> None:
     assert done.returncode == 0, output[-6000:]
     assert '"seq":1' in done.stdout and '"acked_by"' in done.stdout, output[-3000:]
     assert "-> passed" in done.stdout and "lost 0" in done.stdout, output[-3000:]
+    assert "tool ran: True" in done.stdout and "state: committed" in done.stdout, output[-3000:]
+    assert (tmp_path / "drill-report.html").read_text().startswith("<!doctype html>")
