@@ -5,7 +5,8 @@ answer as JSON instead (one document on stdout). A failure is one line on stderr
 
     error: <code>: <message> (hint: <what to do>)
 
-Exit codes, the same for every command:
+Exit codes of the commands that talk to a plane's API (status, regions, drill, halt, keys); the
+local plane's own commands (up, down, restart-region, demo, fault, replica) exit 1 on any failure:
 
 ====  =========================================================================================
 0     done (a drill that passed, a plan that is feasible, a read)
