@@ -12,8 +12,17 @@ run it generates, into ``DIR`` (a volume only the stack mounts), each file 0600:
 * ``cache_salt_key`` and ``bus-secret-<region>``: replay's cache-salt key and each region's
   job-signing secret (a worker reads only its own region's);
 * ``cluster.json``: the template with the peer secret, the key hashes and each DSN's password;
+* ``kafka-password-<user>`` and ``kafka-cluster-id``: a SASL/PLAIN password per Kafka user
+  (``node-<region>``, ``worker-<region>``) and the broker's KRaft cluster id;
+* ``db-role-<region>-password``: the password of each node's database role
+  (``services.db_roles``: the protocol's functions and reads, nothing else);
 * ``tls/``: a cluster CA and a certificate per node (``services.cluster_tls``, host name
-  ``node-<region>``) for the mutual TLS of the peer listeners.
+  ``node-<region>``) for the mutual TLS of the peer listeners, and one per database server
+  (``pg-<region>``) and the broker's (``kafka``): nodes reach their databases, nodes and workers
+  the broker, over TLS only, verifying those names.
+
+``main`` then writes one directory per service, holding only what that service needs
+(``services.compose_bundles``); the stack mounts each service's alone.
 
 Later runs keep what exists, so restarts keep their keys and databases. Operators who bring
 their own secrets write ``DIR`` themselves (or mount it from an env-specific store).
@@ -26,14 +35,25 @@ of the fixed secrets convplane once shipped in its repository (anyone could read
 from __future__ import annotations
 
 import argparse
+import base64
 import json
-import os
 import secrets
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from services.cluster_tls import issue_cluster_tls
+from services.cluster_tls import issue_certificate, issue_cluster_tls
+from services.compose_bundles import (
+    KAFKA_CLUSTER_ID,
+    KAFKA_HOST,
+    kafka_password_file,
+    kafka_users,
+    node_role_password_file,
+    pg_server_name,
+    write_bundles,
+    write_private,
+)
 from services.config import ClusterConfig, api_key_sha256
 
 #: what the repository used to ship in docker-compose.yml and deploy/: public, so never secret
@@ -75,11 +95,8 @@ def refuse_demo_secrets(cluster: ClusterConfig) -> None:
         )
 
 
-def ensure_secrets(
-    template_path: Path, out_dir: Path, *, pg_uid: int | None = None
-) -> ClusterConfig:
-    """Generate what ``out_dir`` lacks (module docstring); return the cluster it describes.
-    ``pg_uid``: the database containers' user, which must read its password file (0600)."""
+def ensure_secrets(template_path: Path, out_dir: Path) -> ClusterConfig:
+    """Generate what ``out_dir`` lacks (module docstring); return the cluster it describes."""
     out_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     out_dir.chmod(0o700)
     template = json.loads(template_path.read_text(encoding="utf-8"))
@@ -88,15 +105,14 @@ def ensure_secrets(
     for region in template["regions"]:
         password_file = out_dir / f"pg-{region['name']}-password"
         password = _secret_file(password_file, lambda: secrets.token_urlsafe(24))
-        if pg_uid is not None:
-            os.chown(password_file, pg_uid, pg_uid)
         parts = urlsplit(region["dsn"])
         netloc = f"{parts.username}:{password}@{parts.hostname}:{parts.port}"
         region["dsn"] = parts._replace(netloc=netloc).geturl()
-    tls_dir = out_dir / "tls"
-    if not (tls_dir / "ca.pem").exists():
-        names = [r["name"] for r in template["regions"]]
-        issue_cluster_tls(tls_dir, names, [], hosts_of={n: [f"node-{n}"] for n in names})
+        _secret_file(out_dir / node_role_password_file(region["name"]), _role_password)
+        for user in kafka_users(region["name"]):
+            _secret_file(out_dir / kafka_password_file(user), _role_password)
+    _secret_file(out_dir / KAFKA_CLUSTER_ID, _kafka_cluster_id)
+    _ensure_tls(out_dir / "tls", [r["name"] for r in template["regions"]])
     template["tenants"] = [{"tenant_id": DEMO_TENANT, "api_key_sha256": api_key_sha256(api_key)}]
     template["peer_secret"] = peer_secret
     replay = template.setdefault("replay", {})
@@ -119,34 +135,44 @@ def ensure_secrets(
     }
     cluster = ClusterConfig.model_validate(template)
     cluster_file = out_dir / "cluster.json"
-    _write_private(cluster_file, cluster.model_dump_json(indent=2))
+    write_private(cluster_file, cluster.model_dump_json(indent=2))
     return cluster
+
+
+def _role_password() -> str:
+    return secrets.token_urlsafe(24)  # what services.db_roles takes: [A-Za-z0-9_-]{16,128}
+
+
+def _kafka_cluster_id() -> str:
+    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode("ascii").rstrip("=")
+
+
+def _ensure_tls(tls_dir: Path, regions: list[str]) -> None:
+    if not (tls_dir / "ca.pem").exists():
+        issue_cluster_tls(tls_dir, regions, [], hosts_of={n: [f"node-{n}"] for n in regions})
+    for region in regions:
+        server = pg_server_name(region)
+        if not (tls_dir / f"{server}.pem").exists():
+            issue_certificate(tls_dir, server, [server])
+    if not (tls_dir / f"{KAFKA_HOST}.pem").exists():
+        issue_certificate(tls_dir, KAFKA_HOST, [KAFKA_HOST])
 
 
 def _secret_file(path: Path, generate: Callable[[], str]) -> str:
     if path.exists():
         return path.read_text(encoding="utf-8").strip()
     value = generate()
-    _write_private(path, value + "\n")
+    write_private(path, value + "\n")
     return value
-
-
-def _write_private(path: Path, text: str) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.unlink(missing_ok=True)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as file:
-        file.write(text)
-    tmp.replace(path)
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--template", type=Path, required=True)
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--pg-uid", type=int, default=None, help="owner of the pg-* files")
     args = parser.parse_args(argv)
-    cluster = ensure_secrets(args.template, args.out, pg_uid=args.pg_uid)
+    cluster = ensure_secrets(args.template, args.out)
+    write_bundles(args.out, cluster)
     print(
         f"secrets for {len(cluster.regions)} regions in {args.out} (demo key: {args.out}/api_key)"
     )

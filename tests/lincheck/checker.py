@@ -1,23 +1,16 @@
-"""Build and run the Porcupine checker (``main.go``): Go from PATH or /usr/local/go, modules
-from the Go module proxy (pinned by ``go.sum``), the binary cached under ``.cache/``.
-
-No Go toolchain is a loud failure, never a skip.
-"""
+"""Build (``tests.go_programs``) and run the Porcupine checker (``main.go``)."""
 
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tests.go_programs import build_go_program
+
 SOURCE_DIR = Path(__file__).resolve().parent
-REPO_ROOT = SOURCE_DIR.parents[1]
-BINARY = REPO_ROOT / ".cache" / "lincheck" / "lincheck"
-BUILD_TIMEOUT_S = 600
 CHECK_TIMEOUT_S = 300
 
 
@@ -32,31 +25,9 @@ class Verdict:
         return self.exit_code == 0
 
 
-def go_binary() -> str:
-    found = shutil.which("go") or (
-        "/usr/local/go/bin/go" if os.access("/usr/local/go/bin/go", os.X_OK) else None
-    )
-    if found is None:
-        raise RuntimeError(
-            "the linearizability checker needs a Go toolchain (go on PATH or /usr/local/go): "
-            "apt-get install golang-go"
-        )
-    return found
-
-
 def build_checker() -> Path:
-    """Build the checker once per source change (``go build`` is incremental and fast when
-    nothing changed); return the binary's path."""
-    BINARY.parent.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "GOFLAGS": "-mod=mod", "CGO_ENABLED": "0"}
-    subprocess.run(
-        [go_binary(), "build", "-o", str(BINARY), "."],
-        cwd=SOURCE_DIR,
-        env=env,
-        check=True,
-        timeout=BUILD_TIMEOUT_S,
-    )
-    return BINARY
+    """Build the checker (when its source changed); return the binary's path."""
+    return build_go_program(SOURCE_DIR, "lincheck")
 
 
 def check_history(binary: Path, history_file: Path, html_file: Path | None = None) -> Verdict:

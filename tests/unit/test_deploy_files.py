@@ -46,7 +46,7 @@ def test_the_console_urls_name_every_region_at_its_published_port(
         # parsed the way the node parses it: from its environment
         monkeypatch.setenv("CONVPLANE_CONSOLE_URLS", node["environment"]["CONVPLANE_CONSOLE_URLS"])
         urls = NodeSettings(region=region.name)
-        published = {int(p.split(":")[0]) for p in node["ports"]}
+        published = {int(p.split(":")[-2]) for p in node["ports"]}  # [IP:]HOST:CONTAINER
         assert set(urls.console_urls) == {r.name for r in cluster.regions}
         assert int(urls.console_urls[region.name].rsplit(":", 1)[1]) in published
 
