@@ -48,7 +48,8 @@ The document is the contract: what it calls valid the server accepts, what it ca
 the server refuses with 400, and every status an operation can answer is listed with its body.
 
 * Auth: `Authorization: Bearer <api key>`; a key's role (`tenant`, `operator`, `viewer`) says
-  what it may call. Peer endpoints (tag `peers`, `x-internal`) take the cluster's peer secret.
+  what it may call. Node-to-node endpoints (`/peer`) are not part of this document: this port
+  answers them 404; other nodes reach them on the peer listener.
 * Deadline: `X-Convplane-Deadline-Ms` (default 10000). A read past it gets 504; an append whose
   outcome is unknown at the deadline gets 503 `outcome_unknown` — retry with the same
   `Idempotency-Key`, which is always safe.

@@ -28,7 +28,7 @@ from services.api import control_schemas as bodies
 from services.api import schemas
 from services.api.context import RequestContext, request_context
 from services.api.forwarding import PEER_AUTH_HEADER
-from services.api.openapi import CHAT_APPS, OPERATORS, PEERS, errors
+from services.api.openapi import CHAT_APPS, OPERATORS, errors
 from services.api.roles import OPERATOR_ROLES, require_role
 from services.controller import Controller
 from services.replay.routes import affinity_body, live_request_fields
@@ -156,14 +156,14 @@ def _require_peer(request: Request) -> None:
         raise Unauthorized("peer endpoints need the cluster's peer secret")
 
 
-@peer_router.get("/health", tags=[PEERS], response_model=bodies.PeerHealth)
+@peer_router.get("/health", response_model=bodies.PeerHealth)
 async def peer_health(request: Request) -> dict[str, Any]:
     """Internal: a node's probe reply (its suspects and led shards) for failure detection."""
     _require_peer(request)
     return _controller(request).health_reply()
 
 
-@peer_router.get("/placement", tags=[PEERS], response_model=bodies.Placement)
+@peer_router.get("/placement", response_model=bodies.Placement)
 async def peer_placement(request: Request) -> dict[str, Any]:
     """Internal: the placement this node holds."""
     _require_peer(request)

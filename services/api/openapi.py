@@ -8,8 +8,10 @@ Routes declare their bodies, answers and the errors only they give (``errors(404
 * validation failures are **400** with the project's error body, everywhere (FastAPI's 422
   is never sent, so it is never documented);
 * 429 and 503 always carry ``Retry-After``, 504 may;
-* security: ``/v1`` takes a bearer API key, ``/peer`` the cluster's peer secret (and is marked
-  ``x-internal``), ``/healthz`` and ``/metrics`` nothing;
+* security: ``/v1`` takes a bearer API key, ``/healthz`` and ``/metrics`` nothing;
+* ``/peer`` is left out: the client listener, which serves this document, answers every
+  ``/peer`` path 404 (other nodes reach them on the peer listener, behind its own gate:
+  ``services.listener_gates``), so listing them would document operations it never serves;
 * links from a created conversation to its operations (and from a tool attempt to its status),
   so generators and stateful testers follow real data.
 """
@@ -23,19 +25,17 @@ from fastapi import Body, FastAPI
 from fastapi.openapi.utils import get_openapi
 from fastapi.routing import APIRoute
 
-from eventlog.http_headers import PEER_AUTH_HEADER
 from services.api.errors import ERROR_CODES
 from services.api.event_bodies import examples_by_type
 from services.api.forwarding import DEADLINE_HEADER
 from services.api.schemas import ErrorBody
 
-CHAT_APPS, OPERATORS, PEERS = "chat applications", "operators", "peers"
+CHAT_APPS, OPERATORS = "chat applications", "operators"
 TAGS = [
     {"name": CHAT_APPS, "description": "conversations, events, transcripts, tool attempts, "
      "routing: what a chat application (a `tenant` key) calls"},
     {"name": OPERATORS, "description": "regions, placement, evacuate/restore, replay, health "
      "and metrics: what SREs and their tools call"},
-    {"name": PEERS, "description": "internal: what region nodes ask each other (peer secret)"},
 ]  # fmt: skip
 SECURITY_SCHEMES = {
     "apiKey": {
@@ -46,12 +46,6 @@ SECURITY_SCHEMES = {
         "(drills, evacuate/restore, replay, keys) or `viewer` (read-only), and an operation "
         "refuses a key whose role it does not take. The replay service key reads transcripts "
         "on behalf of the tenant named in `X-Convplane-Tenant`.",
-    },
-    "peerSecret": {
-        "type": "apiKey",
-        "in": "header",
-        "name": PEER_AUTH_HEADER,
-        "description": "the cluster's peer secret: only region nodes call `/peer`",
     },
 }
 _STATUS_TEXT = {
@@ -72,7 +66,6 @@ _RETRY_AFTER = {
 }
 _EDGE_STATUSES = (400, 401, 403, 429, 503, 504)
 _BODY_STATUSES = (413, 415)
-_PEER_STATUSES = (400, 401, 503)
 _DEADLINE_PARAMETER = {
     "name": DEADLINE_HEADER,
     "in": "header",
@@ -138,6 +131,7 @@ def build_openapi(app: FastAPI, shard_count: int | None) -> dict[str, Any]:
     schemas = components.setdefault("schemas", {})
     for unused in ("HTTPValidationError", "ValidationError"):
         schemas.pop(unused, None)
+    doc["paths"] = {p: item for p, item in doc["paths"].items() if not p.startswith("/peer/")}
     for path, item in doc["paths"].items():
         for method, operation in item.items():
             _complete(path, method, operation)
@@ -169,11 +163,6 @@ def _complete(path: str, method: str, operation: dict[str, Any]) -> None:
         operation["security"] = [{"apiKey": []}]
         operation.setdefault("parameters", []).append(_DEADLINE_PARAMETER)
         operation.setdefault("tags", [OPERATORS])
-    elif path.startswith("/peer/"):
-        statuses = _PEER_STATUSES
-        operation["security"] = [{"peerSecret": []}]
-        operation["x-internal"] = True
-        operation["tags"] = [PEERS]
     else:
         operation["security"] = []
     for shared in statuses:

@@ -6,7 +6,6 @@ operation."""
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import subprocess
@@ -23,9 +22,6 @@ CONFIG = """\
 [auth.openapi.apiKey]
 bearer = "${CONVPLANE_TEST_KEY}"
 
-[auth.openapi.peerSecret]
-api_key = "${CONVPLANE_TEST_PEER_SECRET}"
-
 [checks.not_a_server_error]
 # 503 and 504 are documented retryable answers (with Retry-After); a 500 is a bug.
 expected-statuses = ["2xx", "3xx", "4xx", "503", "504"]
@@ -38,13 +34,11 @@ allow-extra-parameters = false
 
 
 def run_schemathesis(plane: Plane, key: str, tmp: Path, *filters: str) -> str:
-    cluster = json.loads(Path(plane.info["cluster_file"]).read_text())
     config = tmp / "schemathesis.toml"
     config.write_text(CONFIG)
     env = {
         **convplane_env(),
         "CONVPLANE_TEST_KEY": key,
-        "CONVPLANE_TEST_PEER_SECRET": cluster["peer_secret"],
     }
     # One worker: schemathesis's worker threads compile code concurrently, and CPython before
     # 3.13 shares the AST builder's recursion counter between threads (python/cpython#106905):

@@ -162,7 +162,7 @@ def test_the_cli_writes_nothing_to_the_cluster_file_for_a_bad_name(
     cluster_file = tmp_path / "cluster-config.json"
     cluster_file.write_bytes(Path(plane.info["cluster_file"]).read_bytes())
     made = _cli("create", "--tenant", tenant, "--cluster-file", str(cluster_file), "--no-audit")
-    assert made.returncode == 1 and says in made.stderr, made.stderr
+    assert made.returncode == 3 and says in made.stderr, made.stderr  # refused: exit code 3
     assert cluster_file.read_bytes() == Path(plane.info["cluster_file"]).read_bytes()
 
 
