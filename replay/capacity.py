@@ -91,7 +91,6 @@ class ReplayCapacityTimeout(DeadlineExceeded):
 class CapacityConfig:
     capacity_tokens_per_s: float  # measured prefill capacity of the engine
     headroom: float = 0.1  # fraction of capacity never given to replay
-    rise_tau_s: float = 0.3  # unused since the windowed estimate; kept so callers still work
     fall_tau_s: float = 3.0  # a detected surge's excess decays with this time constant
     burst_s: float = 1.0  # spare bucket depth, in seconds of capacity x headroom
     max_concurrent_replays: int = 2
