@@ -10,7 +10,6 @@ import copy
 import json
 import random
 from collections.abc import Awaitable, Callable, Coroutine
-from functools import partial
 from typing import Any, TypeVar
 
 import pytest
@@ -201,21 +200,18 @@ async def control_leader_dies_while_a_database_stalls(seed: int) -> dict[str, An
 def test_a_retried_placement_that_commits_twice_is_a_no_op_and_every_loop_lives(
     seed: int,
 ) -> None:
+    """Until issue 32 some of these seeds committed one placement version twice (a proposal
+    retried after NoQuorum that had also committed), which killed the learners before bug 1's
+    fix. Since the control leader acts only on records a write quorum's commit hints hold
+    (issue 32, bugs 2 and 3), none of seeds 0-59 proposes a version twice any more, so the
+    learners' handling of a duplicate is held by
+    ``tests/unit/test_control.py::test_stale_duplicate_and_malformed_records_apply_as_recorded_no_ops``;
+    this scenario still holds the failover under a stalled database to its outcome."""
     result = run(lambda: control_leader_dies_while_a_database_stalls(seed))
     assert result["unhealthy"] == []
     assert result["a_down"], result
     assert result["fresh_version"] == result["b_version"] == max(result["versions"])
     assert result["assigned_to_b"] > 0 and result["led_by_b"] == result["assigned_to_b"]
-
-
-def test_the_stalled_database_scenario_does_propose_one_version_twice() -> None:
-    """The scenario above is worth something only if it produces the duplicate that killed
-    the learners before: some seed commits one version twice."""
-    duplicates = 0
-    for seed in range(6):
-        versions = run(partial(control_leader_dies_while_a_database_stalls, seed))["versions"]
-        duplicates += len(versions) - len(set(versions))
-    assert duplicates > 0
 
 
 # --- bug 2: a load that straddles a re-lead never re-creates a conversation -----------------
