@@ -210,9 +210,10 @@ async def test_a_sigkilled_worker_leaves_its_job_to_the_group_and_nothing_is_com
             return await group_state(settings, worker_group(region)) == ("Stable", 2)
 
         await until("both workers joined one stable group", group_stable, everyone)
-        # each worker's engine self-check (two probe requests) ran before it joined
+        # each worker's engine self-check (its probe requests: replay.engines.vllm_check) ran
+        # before it joined: the same number at both engines, the baseline of what follows
         probes = {n: (await engines[n].metrics(http)).generation_tokens_total for n in workers}
-        assert probes == {"wa": 2, "wb": 2}
+        assert probes["wa"] == probes["wb"] > 0, probes
 
         # J0 (offset 0) is held at the transcript API; J1 (offset 1) finishes first.
         j0 = make_job(region, "j0", long_cid, 1200)
