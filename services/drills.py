@@ -228,7 +228,18 @@ class DrillDriver:
         region = drill.spec.region
         if drill.phase == "injecting" and drill.spec.kind == "evacuate":
             if region not in placement.evacuated:
-                await self.controller.operator("evacuate", region)
+                try:
+                    await self.controller.operator("evacuate", region)
+                except Conflict as exc:
+                    # the plane changed since preflight (other regions evacuated or down): the
+                    # evacuation would leave no region to lead, now and on every retry. End the
+                    # drill, as an abort does, instead of injecting forever.
+                    aborted = request_abort(
+                        drill, f"cannot inject: {exc.message}", self._clock.wall_ms()
+                    )
+                    if aborted is not None:
+                        await self.commit_drill(aborted)
+                    return
                 placement = self.controller.placement()
         restored = False
         canary_lost = None
