@@ -13,7 +13,7 @@ import asyncio
 import json
 import random
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -322,3 +322,18 @@ def build_app(
         )
 
     return create_app(settings, runtime_factory=runtime)
+
+
+@asynccontextmanager
+async def lone_node_client() -> AsyncIterator[httpx.AsyncClient]:
+    """A client of region east's app in process, over a ``FakeLog`` that leads every shard and
+    peers that answer 503: for tests of what one node's API says, not of forwarding."""
+    async with AsyncExitStack() as stack:
+        peers = await stack.enter_async_context(
+            httpx.AsyncClient(transport=httpx.MockTransport(lambda r: httpx.Response(503)))
+        )
+        app = build_app("east", FakeLog("east", leaders()), peers, forward_retries_max=0)
+        await stack.enter_async_context(app.router.lifespan_context(app))
+        yield await stack.enter_async_context(
+            httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://east.test")
+        )

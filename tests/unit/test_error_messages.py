@@ -4,28 +4,20 @@ names every accepted type (it was cut off mid-list), and echoes the client's val
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from contextlib import AsyncExitStack
 
 import httpx
 import pytest
 
 from eventlog.model import EVENT_TYPES
-from tests.unit.api_fakes import KEY_A, FakeLog, build_app, leaders
+from tests.unit.api_fakes import KEY_A, lone_node_client
 
 AUTH = {"Authorization": f"Bearer {KEY_A}"}
 
 
 @pytest.fixture
 async def east() -> AsyncIterator[httpx.AsyncClient]:
-    async with AsyncExitStack() as stack:
-        peers = await stack.enter_async_context(
-            httpx.AsyncClient(transport=httpx.MockTransport(lambda r: httpx.Response(503)))
-        )
-        app = build_app("east", FakeLog("east", leaders()), peers, forward_retries_max=0)
-        await stack.enter_async_context(app.router.lifespan_context(app))
-        yield await stack.enter_async_context(
-            httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://east.test")
-        )
+    async with lone_node_client() as client:
+        yield client
 
 
 async def _append(east: httpx.AsyncClient, body: object) -> dict[str, object]:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
-from contextlib import AsyncExitStack
 from typing import Any
 
 import httpx
@@ -13,7 +12,11 @@ import pytest
 from eventlog.errors import ConvplaneError
 from eventlog.model import EVENT_TYPES
 from services.api.errors import ERROR_CODES
-from tests.unit.api_fakes import KEY_A, FakeLog, build_app, conversation_led_by, leaders
+from tests.unit.api_fakes import (
+    KEY_A,
+    conversation_led_by,
+    lone_node_client,
+)
 
 AUTH = {"Authorization": f"Bearer {KEY_A}"}
 API_FACING_MODULES = ("eventlog.", "services.api.", "services.drills")
@@ -22,15 +25,8 @@ MIDDLEWARE_CODES = {"invalid_request", "payload_too_large", "unsupported_media_t
 
 @pytest.fixture
 async def east() -> AsyncIterator[httpx.AsyncClient]:
-    async with AsyncExitStack() as stack:
-        peers = await stack.enter_async_context(
-            httpx.AsyncClient(transport=httpx.MockTransport(lambda r: httpx.Response(503)))
-        )
-        app = build_app("east", FakeLog("east", leaders()), peers, forward_retries_max=0)
-        await stack.enter_async_context(app.router.lifespan_context(app))
-        yield await stack.enter_async_context(
-            httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://east.test")
-        )
+    async with lone_node_client() as client:
+        yield client
 
 
 def _subclasses(cls: type[ConvplaneError]) -> set[type[ConvplaneError]]:
