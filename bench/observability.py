@@ -25,7 +25,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from services.api.app import create_app
+from services.bootstrap.app import create_app
 from services.config import (
     ClusterConfig,
     NodeSettings,

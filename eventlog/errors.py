@@ -24,7 +24,7 @@ once, at the adapter boundary, with ``raise ... from exc``.
     │   ├── ConversationExists        the id is taken (eventlog.conversation_state)
     │   ├── UnknownAttempt            an effect for an attempt never started (idem)
     │   ├── ModelRevisionMismatch     the engine serves another model (replay.engines.base)
-    │   └── PreflightFailed           a drill's preflight refused it (services.drills)
+    │   └── PreflightFailed           a drill's preflight refused it (services.drills.driver)
     ├── PayloadTooLarge          413
     ├── QuotaExceeded            429  tenant over its rate (retryable)
     ├── Unavailable              503  retryable; outcome of a write may be unknown
@@ -67,7 +67,7 @@ underscore are private control flow and not listed):
     │   ├── AdmissionConfigError      admission limits that cannot work: the node refuses to start
     │   │                             (services.api.admission_control)
     │   └── DemoSecretRefused         the cluster file carries a secret published in the repository
-    │                                 (services.compose_secrets)
+    │                                 (services.deploy.compose_secrets)
     └── RuntimeError
         ├── SimulationDeadlock        nothing runnable, nothing scheduled: the simulated system
         │                             hangs (eventlog.sim.loop)

@@ -22,7 +22,7 @@ so whichever node leads the control shard can pick it up where the last one left
   ``aborted``. At that deadline it ends whatever the target's state: a target that does not
   answer again, or a read-back that cannot finish, fails the drill instead of holding it open.
 
-``advance`` is the whole state machine: the driver (``services.drills``) observes the world,
+``advance`` is the whole state machine: the driver (``services.drills.driver``) observes the world,
 calls it, commits what it returns and carries out the phase's action.
 """
 

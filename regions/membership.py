@@ -1,7 +1,7 @@
 """Failure detection: who is suspected, and who is declared down by a majority. Pure, no I/O.
 
 Every node probes every peer (``GET /peer/health``) every ``probe_interval_s``; the adapter
-(``services.controller``) feeds each result in here with the injected clock's time. A peer with
+(``services.control.controller``) feeds each result in here with the injected clock's time. A peer with
 no successful probe for ``detection_s`` is *suspected* by this node. Each health reply carries
 the responder's own suspect set, so every node knows who suspects whom (as of its last reply).
 

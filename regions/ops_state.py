@@ -1,7 +1,7 @@
 """Operator state in the control shard: drills, the halt switch, API keys and the audit log. Pure.
 
 Four record kinds live beside ``control.placement`` in the control shard and are folded here in
-lsn order by every node (``services.controller`` hands each committed control entry to
+lsn order by every node (``services.control.controller`` hands each committed control entry to
 ``OpsState.apply``):
 
 * ``control.drill``: a whole drill (``regions.drills.Drill``). It applies only on top of the
@@ -49,7 +49,7 @@ AUDIT_KEY = "audit"
 #: drills kept in memory (the oldest finished ones are forgotten first)
 DRILLS_KEPT_MAX = 200
 #: audit entries kept in memory, the newest; GET /v1/audit reads older pages from the control
-#: shard (``services.audit_log``)
+#: shard (``services.control.audit_log``)
 AUDIT_KEPT_MAX = 10_000
 AUDIT_FIELD_CHARS_MAX = 500
 #: an entry's ``detail`` as JSON, at most (a larger one is kept as ``{"truncated": true}``)
@@ -242,7 +242,7 @@ class OpsState:
 
     def audit_page(self, after: int, limit: int) -> list[AuditEntry] | None:
         """The page from memory; None when entries past ``after`` were pushed out of it (read
-        the control shard, ``services.audit_log``)."""
+        the control shard, ``services.control.audit_log``)."""
         if after < self.audit_evicted_through:
             return None
         return [e for e in self.audit if e.lsn > after][:limit]

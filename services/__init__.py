@@ -1,15 +1,24 @@
-"""The processes: a region node (``node``, wired in ``bootstrap``: log node, controller, replay
-service, drill driver, FastAPI app in ``api``), the controller that carries out placement
-(``controller``), the drill driver (``drills`` and its ``drill_*`` helpers), the replay service
-(``replay``), the operators' console (``console``: its page, static files and read endpoint),
-the ``convplane`` CLI (``cli``), and the whole-plane simulation (``plane_sim``).
-``local`` is the local plane (harnesses for PostgreSQL, Kafka, engines, the up supervisor, the
-fault proxy, chaos): not the service. Nothing imports ``services``.
+"""The processes: a region node, the ``convplane`` CLI, the local plane and the simulator.
 
-Where a change goes: a new endpoint in ``api`` (its schema in ``api.schemas``, its errors in
-the OpenAPI document: ``tests/e2e/test_openapi_contract.py`` checks both); a new node setting
-in ``config.NodeSettings`` (``CONVPLANE_*`` environment variables); what the console shows in
-``console/static/`` (plain files, no build step; ``tests/e2e/test_console.py`` drives them in
-Chromium); a new background loop runs
-under ``supervisor`` so a crash shows.
+Packages by capability, each depending only on those below it (``lint-imports`` checks it):
+
+* ``cli``: the ``convplane`` command;
+* ``local``: a whole plane on one machine (``convplane up``'s supervisor, its databases,
+  broker, simulated engines, the fault proxy); ``plane_sim``: the whole plane simulated
+  deterministically (``convplane sim``);
+* ``bootstrap``: a node's runtime: the wiring, the app and the process serving it;
+* ``console``: the operators' console (page and read endpoint), on the edge;
+* ``api``: the HTTP edge (routes, schemas, admission, auth, forwarding, OpenAPI);
+* ``control``: the controller and what the control shard keeps (keys, audit);
+  ``drills``: failover drills; ``replay``: the replay service;
+* ``deploy``: the compose stack's secrets and databases, database roles, the installation check,
+  the configuration reference;
+* the node-wide basics at this root: ``config``, ``logs``, ``tracing``, ``cluster_tls``,
+  ``supervisor`` (and ``listeners``, served by ``bootstrap.serve``).
+
+Nothing imports ``services``. Where a change goes: a new endpoint in ``api`` (see its
+docstring); a new node setting in ``config.NodeSettings`` (``CONVPLANE_*`` environment
+variables); what the console shows in ``console/static/`` (plain files, no build step;
+``tests/e2e/test_console.py`` drives them in Chromium); a new background loop runs under
+``supervisor`` so a crash shows; a new drill kind in ``drills`` (see its docstring).
 """

@@ -13,7 +13,7 @@ peer listener over TLS and requires a client certificate signed by the CA
 peer's against the CA and its address (``client_ssl_context``): a process without a certificate
 from the cluster's CA can neither probe, answer probes nor forward, and nothing between regions
 (bearer keys, the peer secret) crosses in clear. A certificate speaks for one region only: the
-peer listener (``services.listener_gates.PeerListenerGate``) takes a caller for the region its
+peer listener (``services.bootstrap.listener_gates.PeerListenerGate``) takes a caller for the region its
 certificate's identity names, and refuses a request that claims another; a certificate without
 a region identity (``issue_certificate``'s, a database server's) speaks for none.
 

@@ -114,7 +114,7 @@ class ClusterConfig(BaseModel):
     #: entry node charged the tenant. Absent: no forward is trusted (each hop is charged).
     peer_secret: str | None = Field(default=None, min_length=32, max_length=256)
     #: the plane was started by ``convplane up``, whose supervisor kills and restarts a region's
-    #: processes for ``kill`` drills (services.drill_supervisor); nothing else can
+    #: processes for ``kill`` drills (services.drills.local_kill); nothing else can
     local_supervisor: bool = False
     #: engines per region, replay window, limits, Kafka, service key (services.replay.config)
     replay: ReplayConfig = Field(default_factory=ReplayConfig)
@@ -221,7 +221,7 @@ class NodeSettings(BaseSettings):
     #: the certificate's private key (PEM; see tls_ca_file)
     tls_key_file: Path | None = None
     #: a node refuses a cluster file with secrets published in the repository unless this is
-    #: set (a throwaway demo): services.compose_secrets.refuse_demo_secrets
+    #: set (a throwaway demo): services.deploy.compose_secrets.refuse_demo_secrets
     allow_demo_secrets: bool = False
     #: /peer requests (probes, placement) under way at once; beyond it 503
     peer_in_flight_max: int = Field(default=64, ge=1)
@@ -258,7 +258,7 @@ class NodeSettings(BaseSettings):
     lead_concurrency_max: int = Field(default=32, ge=1)
     #: the retry hint sent with 503s that carry none of their own
     retry_after_default_s: float = Field(default=1.0, gt=0.0)
-    #: failure detection (services.controller, regions.membership): probe every peer this often,
+    #: failure detection (services.control.controller, regions.membership): probe every peer this often,
     #: each probe under this timeout; a peer without a successful probe for detection_s is
     #: suspected (a peer never heard from: not before never_seen_grace_s after start)
     probe_interval_s: float = Field(default=0.2, gt=0.0)

@@ -1,21 +1,11 @@
-"""The region node's public REST API: ``create_app(settings)`` is the one public entry point.
+"""The HTTP edge of a region node: the REST routes, their schemas and errors, admission,
+authentication and roles, forwarding to the leader's region, and the OpenAPI document.
 
-It is imported on first use (module ``__getattr__``), so importing a submodule (the schemas, the
-forwarder) does not build the whole app module, which imports ``services.bootstrap``."""
+The edge is built on the core (``services.control``, ``services.drills``, ``services.replay``)
+and never the reverse; the app itself is assembled in ``services.bootstrap.app``
+(``create_app(settings)``).
 
-from __future__ import annotations
-
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from services.api.app import create_app
-
-__all__ = ["create_app"]
-
-
-def __getattr__(name: str) -> Any:
-    if name == "create_app":
-        from services.api.app import create_app
-
-        return create_app
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+Where a change goes: a new endpoint in a ``*_routes`` module here (its schema in ``schemas`` or
+``control_schemas``, its errors in the OpenAPI document: ``tests/e2e/test_openapi_contract.py``
+checks both), included by ``services.bootstrap.app``.
+"""

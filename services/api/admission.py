@@ -18,7 +18,7 @@ is still arriving (``enter`` is ``arrive`` then ``admit``):
   counts as a drop (a congestion signal).
 * ``/peer/...`` (placement, drills, forward batches): not admitted as a tenant; at most
   ``peer_in_flight_max`` at once, beyond it 503. Only the peer listener serves these, and only
-  to callers its gate authenticated (``services.listener_gates``), so no stranger holds one of
+  to callers its gate authenticated (``services.bootstrap.listener_gates``), so no stranger holds one of
   these slots. ``/peer/health`` (the probe) takes none: a region's health answer waits for
   nothing, so it is down only when it is (a probe costs the node a dictionary's worth).
 * Anything else (health, metrics, docs) passes untouched.

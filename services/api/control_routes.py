@@ -5,7 +5,7 @@
 * ``GET /v1/placement``: the committed placement (version, shard -> region, down, evacuated).
 * ``GET /v1/conversations/{id}/route``: the region serving the conversation's shard and the
   shard's epoch (answered by that region: a non-leader forwards); ``worker``: the engine replay
-  last warmed for it (``services.replay.routes.affinity_body``), null when none is known;
+  last warmed for it (``services.api.replay_routes.affinity_body``), null when none is known;
   ``model_revision`` and ``cache_salt``: what the next turn must send to hit replay's KV.
 * ``POST /v1/admin/regions/{name}/evacuate|restore``: operator moves, committed by the control
   leader (other nodes forward there); operator keys only (``services.api.roles``), each one
@@ -29,9 +29,9 @@ from services.api import schemas
 from services.api.context import RequestContext, request_context
 from services.api.forwarding import PEER_AUTH_HEADER
 from services.api.openapi import CHAT_APPS, OPERATORS, errors
+from services.api.replay_routes import affinity_body, live_request_fields
 from services.api.roles import OPERATOR_ROLES, require_role
-from services.controller import Controller
-from services.replay.routes import affinity_body, live_request_fields
+from services.control.controller import Controller
 
 control_router = APIRouter(prefix="/v1")
 peer_router = APIRouter(prefix="/peer")

@@ -37,14 +37,14 @@ from services.api.event_bodies import ID_PATTERN
 from services.api.openapi import errors
 from services.api.roles import OBSERVER_ROLES, OPERATOR_ROLES, require_role
 from services.api.routes import IDEMPOTENCY_KEY_PATTERN
-from services.audit_log import (
+from services.control.audit_log import (
     AUDIT_ACTION_CHARS_MAX,
     AUDIT_TARGET_CHARS_MAX,
     AuditPostLimiter,
     audit_page,
 )
-from services.drill_canary import CANARY_TIMEOUT_S, DRILL_TENANT, append_canary, read_canary
-from services.drills import DrillDriver
+from services.drills.canary import CANARY_TIMEOUT_S, DRILL_TENANT, append_canary, read_canary
+from services.drills.driver import DrillDriver
 
 drill_router = APIRouter(prefix="/v1")
 drill_peer_router = APIRouter(prefix="/peer/drills")

@@ -12,7 +12,7 @@ outcome, ``forward_batch.settles_outcome``, is ``outcome_unknown``).
 
 Every forward goes to the leader's peer listener and carries ``X-Convplane-Peer-Auth`` (the
 cluster's ``peer_secret``) and ``X-Convplane-Source-Region`` (this node's region): only a
-request that listener's gate authenticated (``services.listener_gates``) has its
+request that listener's gate authenticated (``services.bootstrap.listener_gates``) has its
 ``X-Convplane-Forwarded`` trusted (``services.api.admission``).
 """
 

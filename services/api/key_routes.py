@@ -7,7 +7,7 @@
 * ``DELETE /v1/admin/keys/{name}?reason=``: revoke (control-shard and cluster-file keys).
 * ``GET /v1/admin/keys``: every key's name, tenant, role, expiry and state (never a hash).
 
-Each change commits one ``control.key`` record with its audit entry (``services.key_admin``),
+Each change commits one ``control.key`` record with its audit entry (``services.control.key_admin``),
 committed by the control shard's leader (other nodes forward there); every node applies it
 within ``services.api.auth.KEY_APPLIED_WITHIN_S``.
 """
@@ -26,7 +26,7 @@ from regions.keys import NAME_CHARS_MAX, KeyRecord, Role
 from services.api.context import RequestContext, request_context
 from services.api.openapi import OPERATORS, errors
 from services.api.roles import OBSERVER_ROLES, OPERATOR_ROLES, require_role
-from services.key_admin import KEY_LIFETIME_MAX_S, ROTATION_GRACE_MAX_S, KeyAdmin, Operator
+from services.control.key_admin import KEY_LIFETIME_MAX_S, ROTATION_GRACE_MAX_S, KeyAdmin, Operator
 
 key_router = APIRouter(prefix="/v1/admin/keys", tags=[OPERATORS])
 Context = Annotated[RequestContext, Depends(request_context)]

@@ -11,7 +11,7 @@ from prometheus_client.registry import Collector
 
 from eventlog.identity import IdentityGuard
 from services.api.errors import ERROR_CODES
-from services.node_metrics import (
+from services.control.node_metrics import (
     DrillVerdictRecorder,
     FailoverRecorder,
     NodeStateCollector,
@@ -88,7 +88,7 @@ class Metrics:
 
     def watch_node(self, runtime: NodeRuntime) -> None:
         """Export the node's leadership, regions, replicas, placement, failovers, drills, replica
-        call times and replay job times (``services.node_metrics``)."""
+        call times and replay job times (``services.control.node_metrics``)."""
         if runtime.replica_instruments is not None:
             self.registry.register(runtime.replica_instruments.histogram)
         if runtime.replay is not None:

@@ -11,7 +11,7 @@ Routes declare their bodies, answers and the errors only they give (``errors(404
 * security: ``/v1`` takes a bearer API key, ``/healthz`` and ``/metrics`` nothing;
 * ``/peer`` is left out: the client listener, which serves this document, answers every
   ``/peer`` path 404 (other nodes reach them on the peer listener, behind its own gate:
-  ``services.listener_gates``), so listing them would document operations it never serves;
+  ``services.bootstrap.listener_gates``), so listing them would document operations it never serves;
 * links from a created conversation to its operations (and from a tool attempt to its status),
   so generators and stateful testers follow real data.
 """

@@ -1,4 +1,4 @@
-"""Who a request comes from, as the listeners established it (``services.listener_gates``).
+"""Who a request comes from, as the listeners established it (``services.bootstrap.listener_gates``).
 
 The app trusts a request as a peer node's only when the peer listener's gate says so: the gate
 sets ``PEER_REGION_SCOPE_KEY`` to the region the caller proved it is (its certificate, with the

@@ -1,6 +1,6 @@
 """The REST app's state on top of a node runtime: the forwarder, the tenants, metrics watches,
 admission, the console's origins and counters, and the replay routes' state. The app's lifespan
-(``services.api.app``) opens it after the runtime and closes it before."""
+(``services.bootstrap.app``) opens it after the runtime and closes it before."""
 
 from __future__ import annotations
 
@@ -16,13 +16,13 @@ from services.api.fast_lane import FastLane
 from services.api.forward_batch import BatchConfig
 from services.api.forwarding import Forwarder
 from services.api.metrics import Metrics
-from services.audit_log import AuditPostLimiter
 from services.bootstrap.node import NodeRuntime
 from services.bootstrap.replay import install_replay
 from services.config import NodeSettings
 from services.console.access import ConsoleAccess
 from services.console.outcomes import AppendOutcomes
-from services.key_admin import KeyAdmin
+from services.control.audit_log import AuditPostLimiter
+from services.control.key_admin import KeyAdmin
 from services.tracing import NodeTracing
 
 

@@ -2,7 +2,7 @@
 
 ``open_runtime(settings, adapters)`` opens a replica store per region (the leader writes to every region's
 database directly), builds the ``LogNode``, opens the pooled HTTP client used for forwarding and
-probing, starts the ``services.controller.Controller`` (failure detection, the control shard,
+probing, starts the ``services.control.controller.Controller`` (failure detection, the control shard,
 leading the shards the committed placement assigns here, leader hints for the rest), and closes
 it all in reverse order on exit. ``NodeAdapters`` are what it takes from the world (the clock,
 how a replica store is opened, the peer HTTP client): production's by default, in-memory ones in
@@ -30,20 +30,24 @@ from regions.ops_state import OpsState
 from services.api.forward_exchange import BatchExchange, StreamBatchExchange, idle_reuse_s
 from services.api.peer_trust import SOURCE_REGION_HEADER
 from services.bootstrap.replay import open_replay_service
+from services.bootstrap.replica_timing import (
+    ReplicaInstruments,
+    replica_call_histogram,
+    timed_replicas,
+)
 from services.cluster_tls import client_ssl_context, node_tls
 from services.config import ClusterConfig, NodeSettings
-from services.controller import Controller
-from services.drill_faults import (
+from services.control.controller import Controller
+from services.control.peer_probe import HttpPeerProber, OwnedPeerProber, PeerProber
+from services.drills.driver import DrillDriver
+from services.drills.faults import (
     BlackHole,
     BlackHoleTransport,
     black_holed_replicas,
     region_by_address,
 )
-from services.drill_load import LoadMeter
-from services.drills import DrillDriver
-from services.peer_probe import HttpPeerProber, OwnedPeerProber, PeerProber
+from services.drills.load import LoadMeter
 from services.replay.service import ReplayService
-from services.replica_timing import ReplicaInstruments, replica_call_histogram, timed_replicas
 
 
 @dataclass
@@ -59,8 +63,8 @@ class NodeRuntime:
     readiness: Callable[[], tuple[int, int]]  # (shards placed here, shards led now)
     controller: Controller | None = None  # failure detection, placement, failover
     replay: ReplayService | None = None  # KV replay of conversations whose shards moved here
-    drills: DrillDriver | None = None  # drills, halt switch, audit log (services.drills)
-    #: replica call timing and tracing, set by the app (services.replica_timing)
+    drills: DrillDriver | None = None  # drills, halt switch, audit log (services.drills.driver)
+    #: replica call timing and tracing, set by the app (services.bootstrap.replica_timing)
     replica_instruments: ReplicaInstruments | None = None
     #: how forward batches travel (None: through ``peers``, services.api.forward_exchange)
     forward_exchange: BatchExchange | None = None
@@ -135,7 +139,7 @@ def peer_client(
     wrap: TransportWrap | None = None,
 ) -> httpx.AsyncClient:
     """The pooled client of probes, forwards and drill calls; ``wrap`` puts the drills'
-    black-hole (``services.drill_faults``) around its transport.
+    black-hole (``services.drills.faults``) around its transport.
 
     A kept connection is reused only well inside a peer listener's idle time
     (``forward_exchange.idle_reuse_s``): httpx's default, 5 s, equals the listener's default,
@@ -152,7 +156,7 @@ def peer_client(
     transport: httpx.AsyncBaseTransport = httpx.AsyncHTTPTransport(
         limits=limits, trust_env=False, verify=verify
     )
-    if wrap is not None:  # a drill's black-hole (services.drill_faults)
+    if wrap is not None:  # a drill's black-hole (services.drills.faults)
         transport = wrap(transport)
     return httpx.AsyncClient(
         transport=transport,
@@ -164,8 +168,8 @@ def peer_client(
 
 def peer_prober(settings: NodeSettings, cluster: ClusterConfig, hole: BlackHole) -> OwnedPeerProber:
     """How the controller asks peers for their health: over connections of its own
-    (``services.peer_probe``), to each region's peer listener, with mutual TLS where the node
-    has certificates; a drill's black-hole is asked before each probe (``services.drill_faults``:
+    (``services.control.peer_probe``), to each region's peer listener, with mutual TLS where the node
+    has certificates; a drill's black-hole is asked before each probe (``services.drills.faults``:
     the probe is the one call a drill's target still makes)."""
     tls = node_tls(settings)
     return HttpPeerProber(

@@ -14,7 +14,7 @@ def config_reference(
     ] = None,
 ) -> None:
     """Every setting of the cluster file and of a node, with its type, default and meaning."""
-    from services.config_reference import render
+    from services.deploy.config_reference import render
 
     text = render()
     if write is None:

@@ -66,7 +66,7 @@ def _global_options(
 
 
 def main() -> None:
-    from services.installation import installation_problems
+    from services.deploy.installation import installation_problems
 
     if problems := installation_problems():
         lines = "\n".join(f"  - {p}" for p in problems)

@@ -19,9 +19,9 @@ def node(
     log_level: Annotated[str, typer.Option(help="One of debug, info, warning, error.")] = "info",
 ) -> None:
     """Run one region node: public API, forwarding, leadership of its shards."""
-    from services.compose_secrets import refuse_demo_secrets
+    from services.bootstrap.serve import run_node
     from services.config import NodeSettings
-    from services.node import run_node
+    from services.deploy.compose_secrets import refuse_demo_secrets
 
     settings = NodeSettings(region=region, cluster_file=cluster_file)
     try:

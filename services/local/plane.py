@@ -50,7 +50,7 @@ from services.config import (
     api_key_sha256,
     write_cluster,
 )
-from services.db_roles import node_role, restrict_to_protocol
+from services.deploy.db_roles import node_role, restrict_to_protocol
 from services.local.host import HarnessError, convplane_command, free_port
 from services.local.plane_processes import running_processes
 from services.local.plane_state import (
@@ -115,7 +115,7 @@ class RegionProcess:
     path: str | None  # the SQLite file, when SQLite
     log_path: Path
     tls: NodeTls | None = None  # the node's certificate under the plane's CA
-    #: the node's own database role's password (services.db_roles), in its pgpass file only
+    #: the node's own database role's password (services.deploy.db_roles), in its pgpass file only
     db_password: str = field(default_factory=lambda: secrets.token_urlsafe(24), repr=False)
     db: DbHandle | None = None
     database: SavedDatabase | None = None  # how to start its PostgreSQL again, when PostgreSQL

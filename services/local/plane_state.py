@@ -36,7 +36,7 @@ class SavedRegion:
     name: str
     port: int
     peer_port: int
-    db_password: str  # its node's role (services.db_roles), also in the region's pgpass file
+    db_password: str  # its node's role (services.deploy.db_roles), also in the region's pgpass file
     database: SavedDatabase | None  # None: a SQLite replica in the region's directory
 
 

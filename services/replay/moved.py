@@ -27,7 +27,7 @@ from eventlog.errors import NotFound, ReplicaUnavailable
 from eventlog.model import CONVERSATION_CREATED, ConversationSummary, LogEntry
 from eventlog.node import LogNode
 from replay.scheduler import MovedConversation
-from services.drill_canary import DRILL_TENANT
+from services.drills.canary import DRILL_TENANT
 
 log = logging.getLogger("convplane.replay.moved")
 T = TypeVar("T")

@@ -111,7 +111,7 @@ class ReplayService:
         self._worker_tasks: list[asyncio.Task[None]] = []
         self._stream: ResultStream | None = None
         self._bus_started = False
-        #: called with every result of this region's jobs (metrics: services.node_metrics)
+        #: called with every result of this region's jobs (metrics: services.control.node_metrics)
         self.result_listeners: list[Callable[[ReplayResult], None]] = []
         #: wall-clock ms of the last conversation replayed here (a drill's replay makespan)
         self.last_replayed_at_ms: int | None = None

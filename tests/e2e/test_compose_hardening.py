@@ -15,9 +15,9 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
-from services.compose_secrets import main as generate_secrets
 from services.config import load_cluster
-from services.db_roles import node_role
+from services.deploy.compose_secrets import main as generate_secrets
+from services.deploy.db_roles import node_role
 from tests.compose_spec.loader import build_loader, load_project
 
 ROOT = Path(__file__).resolve().parents[2]

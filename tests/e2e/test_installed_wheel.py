@@ -1,7 +1,7 @@
 """convplane as a user installs it: the wheel built from a clean copy of the tree, installed in a
 fresh virtualenv, run from a directory that is not the repository (one that even holds folders
 named ``replay`` and ``services``), with no ``PYTHONPATH``. And a clashing package fails
-loudly, naming what clashes (``services.installation``).
+loudly, naming what clashes (``services.deploy.installation``).
 
 Slow (the virtualenv installs every dependency: pip's cache and ``PIP_FIND_LINKS`` help), so
 one virtualenv serves the whole module, and the test that breaks it runs last."""

@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from services.api.auth import KEY_APPLIED_WITHIN_S
-from services.audit_log import AUDIT_POSTS_BURST
+from services.control.audit_log import AUDIT_POSTS_BURST
 from tests.e2e.plane import CONVPLANE, Plane, convplane_env, start_plane, stop_plane
 
 #: a request well past the bound still fails the test rather than hanging it

@@ -2,7 +2,7 @@
 (3 regions, SQLite, one simulated inference engine per region: real HTTP, vLLM-shaped API,
 simulated prefill and prefix cache), conversations homed in ap-south, ap-south's node killed.
 
-The survivors take its shards (automatic failover: ``services.controller``), their replay
+The survivors take its shards (automatic failover: ``services.control.controller``), their replay
 services list the moved conversations, their in-process workers prefill them on the survivors'
 simulated engines, and ``/affinity`` names the warm engine. The conversations are agent
 conversations with a tool call (``tests.tool_conversation``); the chat application then sends its

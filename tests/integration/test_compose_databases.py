@@ -16,11 +16,11 @@ import asyncpg
 import pytest
 
 from eventlog.stores import open_replica_store
-from services.compose_bundles import write_bundles
-from services.compose_databases import prepare_databases
-from services.compose_secrets import ensure_secrets
 from services.config import load_cluster
-from services.db_roles import node_role
+from services.deploy.compose_bundles import write_bundles
+from services.deploy.compose_databases import prepare_databases
+from services.deploy.compose_secrets import ensure_secrets
+from services.deploy.db_roles import node_role
 from services.local.postgres import asyncpg_dsn
 
 pytestmark = pytest.mark.postgres

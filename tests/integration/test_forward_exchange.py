@@ -38,13 +38,13 @@ from services.api.forward_exchange import (
     HttpxBatchExchange,
     StreamBatchExchange,
 )
+from services.bootstrap.listener_gates import PeerListenerGate
 from services.cluster_tls import client_ssl_context, issue_cluster_tls
-from services.listener_gates import PeerListenerGate
 from services.listeners import ListenerConfig, guarded_protocol
 from tests.unit.admission_nodes import SECRET, SlowLog, build_node, cluster, node_clock
 from tests.unit.api_fakes import KEY_A, conversation_led_by
 
-#: what a node of region east sends to a peer listener (``services.listener_gates``)
+#: what a node of region east sends to a peer listener (``services.bootstrap.listener_gates``)
 HEADERS = {
     "content-type": "application/json",
     PEER_AUTH_HEADER: SECRET,

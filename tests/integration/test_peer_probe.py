@@ -1,4 +1,4 @@
-"""The peer prober's own HTTP/1.1 (``services.peer_probe``) against a real listener on loopback
+"""The peer prober's own HTTP/1.1 (``services.control.peer_probe``) against a real listener on loopback
 that answers the way a node's peer listener may, well and badly: kept-alive connections, a
 connection the peer closed while idle, ``Connection: close``, other statuses, bodies that are
 not a health object, answers too long or chunked, a peer that never answers, and mutual TLS with
@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from services.cluster_tls import client_ssl_context, issue_cluster_tls
-from services.peer_probe import BODY_BYTES_MAX, HttpPeerProber
+from services.control.peer_probe import BODY_BYTES_MAX, HttpPeerProber
 
 HEALTH = {"region": "b", "suspects": [], "led_shards": [1, 2]}
 SECRET = "peer-secret-for-the-probe-test"

@@ -27,7 +27,7 @@ from eventlog.model import LogEntry
 from eventlog.stores._pg_writes import _APPEND, append_arrays
 from eventlog.stores._plan import AppendRequest
 from eventlog.stores.migrate import migrate, migration_module
-from services.db_roles import restrict_to_protocol
+from services.deploy.db_roles import restrict_to_protocol
 from services.local.postgres import asyncpg_dsn
 from tests.migrations import alembic_downgrade
 
@@ -141,7 +141,7 @@ FUNCTION_SETTINGS = "SELECT prosecdef, proconfig FROM pg_proc WHERE proname = 'c
 
 @asynccontextmanager
 async def restricted_then_upgraded(dsn: str) -> AsyncIterator[asyncpg.Connection]:
-    """A database at 0003 restricted to the protocol (``services.db_roles``, with a node role)
+    """A database at 0003 restricted to the protocol (``services.deploy.db_roles``, with a node role)
     and then upgraded to the newest migration; its owner's connection. The role is dropped
     after."""
     await migrate(dsn, "0003")
@@ -173,7 +173,7 @@ async def _node_appends_only_through_the_function(dsn: str, lsn: int) -> None:
 
 
 async def test_upgrade_keeps_the_node_roles_restrictions(pg_databases: list[str]) -> None:
-    """A database restricted to the protocol (``services.db_roles``) at 0003 and upgraded to the
+    """A database restricted to the protocol (``services.deploy.db_roles``) at 0003 and upgraded to the
     set-based function still runs it as its owner, with the pinned search_path, and a node's
     role can still append through it (and only through it)."""
     async with restricted_then_upgraded(pg_databases[0]) as owner:
@@ -224,7 +224,7 @@ async def test_concurrent_groups_on_new_and_shared_shards(pg_databases: list[str
 async def test_downgrade_restores_the_loop_and_keeps_the_restrictions(
     pg_databases: list[str],
 ) -> None:
-    """0004's downgrade puts 0001's loop back, keeps what ``services.db_roles`` set on the
+    """0004's downgrade puts 0001's loop back, keeps what ``services.deploy.db_roles`` set on the
     function (the node role still appends through it, and only through it), and the upgrade
     after it works again."""
     dsn = pg_databases[0]

@@ -36,7 +36,7 @@ from eventlog.sim.loop import run_on_virtual_time
 from eventlog.sim.network import NetworkFaults
 from regions.drills import Drill, DrillSpec, Phase, start
 from regions.ops_state import DRILL_RECORD
-from services.controller import Controller
+from services.control.controller import Controller
 from services.plane_sim.plane import SimPlane
 
 SHARDS = 4

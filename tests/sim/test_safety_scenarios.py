@@ -33,7 +33,7 @@ from eventlog.sim.loop import run_on_virtual_time
 from eventlog.sim.network import SimNetwork
 from regions.control import PLACEMENT_RECORD, ControlState
 from services.config import ClusterConfig, NodeSettings, RegionConfig
-from services.controller import Controller
+from services.control.controller import Controller
 
 T = TypeVar("T")
 

@@ -15,8 +15,8 @@ import httpx
 from fastapi import FastAPI
 
 from eventlog.clock import Clock
-from services.api import create_app
 from services.bootstrap import NodeRuntime
+from services.bootstrap.app import create_app
 from services.config import ClusterConfig, NodeSettings
 from tests.unit.api_fakes import (
     KEY_A,

@@ -40,10 +40,10 @@ from eventlog.errors import (
     SeqConflict,
 )
 from eventlog.sharding import shard_of
-from services.api import create_app
 from services.bootstrap import NodeRuntime
+from services.bootstrap.app import create_app
+from services.bootstrap.listener_gates import PeerListenerGate
 from services.config import ClusterConfig, NodeSettings, RegionConfig, TenantConfig, api_key_sha256
-from services.listener_gates import PeerListenerGate
 
 SHARDS = 8
 KEY_A = "key-tenant-a"
@@ -227,7 +227,7 @@ class HostRouting(httpx.AsyncBaseTransport):
 
 def peer_listener(app: ASGIApp, cluster: ClusterConfig) -> httpx.ASGITransport:
     """``app`` as a node's peer listener serves it, for ``HostRouting`` (without TLS: the
-    peer secret and the claimed region; ``services.listener_gates``)."""
+    peer secret and the claimed region; ``services.bootstrap.listener_gates``)."""
     if cluster.peer_secret is None:
         return httpx.ASGITransport(app=app)
     regions = [r.name for r in cluster.regions]

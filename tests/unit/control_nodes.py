@@ -11,7 +11,7 @@ from eventlog.memory_replica import MemoryReplica
 from eventlog.node import LogNode
 from regions.ops_state import OpsState
 from services.config import ClusterConfig, NodeSettings, RegionConfig
-from services.controller import Controller
+from services.control.controller import Controller
 
 REGIONS = ("a", "b", "c")
 SHARDS = 4

@@ -1,7 +1,7 @@
 """A real node's wiring (``services.bootstrap.open_runtime``) on in-memory adapters: the virtual
 loop's clock, a ``MemoryReplica`` per region, and peers reached only through the given transport
 (by default none: every peer call fails as unreachable), probes included (``ClientPeerProber``:
-production probes open connections of their own, ``services.peer_probe``)."""
+production probes open connections of their own, ``services.control.peer_probe``)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from services.api.forward_exchange import BatchExchange, HttpxBatchExchange
 from services.bootstrap import NodeAdapters, RuntimeFactory, open_runtime
 from services.bootstrap.node import TransportWrap
 from services.config import ClusterConfig, NodeSettings
-from services.drill_faults import BlackHole
+from services.drills.faults import BlackHole
 
 
 class Unreachable(httpx.AsyncBaseTransport):

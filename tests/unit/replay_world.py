@@ -21,8 +21,8 @@ from replay.bus.memory import InProcessJobBus
 from replay.engines.sim_core import SimEngineConfig
 from replay.engines.simulated import SimulatedEngine
 from replay.model import ReplayResult
-from services.api import create_app
 from services.bootstrap import NodeRuntime
+from services.bootstrap.app import create_app
 from services.bootstrap.replay import build_replay_service
 from services.config import ClusterConfig, NodeSettings, RegionConfig, TenantConfig, api_key_sha256
 from services.replay.config import EngineConfig, ReplayConfig

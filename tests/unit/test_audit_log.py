@@ -1,7 +1,7 @@
 """Security issue 39, finding 6: an operator could push earlier actions out of the audit log by
 posting entries (only the newest 10,000 were readable, and nothing limited ``POST /v1/audit``).
 Now a page older than a node's memory window is read from the control shard, and posted
-entries are rate limited per operator key (``services.audit_log``)."""
+entries are rate limited per operator key (``services.control.audit_log``)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,12 @@ from regions.ops_state import (
     OpsState,
     audit_body,
 )
-from services.audit_log import AUDIT_POSTS_BURST, AUDIT_POSTS_PER_S, AuditPostLimiter, audit_page
+from services.control.audit_log import (
+    AUDIT_POSTS_BURST,
+    AUDIT_POSTS_PER_S,
+    AuditPostLimiter,
+    audit_page,
+)
 from tests.unit.clocks import ManualClock
 from tests.unit.control_nodes import REGIONS, controller
 

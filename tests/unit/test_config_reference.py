@@ -8,7 +8,7 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from services.config import NodeSettings
-from services.config_reference import render
+from services.deploy.config_reference import render
 
 PAGE = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
 
@@ -27,7 +27,7 @@ def test_every_node_setting_is_listed_with_its_environment_variable() -> None:
 
 
 def test_every_setting_says_what_it_does() -> None:
-    from services.config_reference import _cluster_models, _field_comments
+    from services.deploy.config_reference import _cluster_models, _field_comments
 
     models: list[type[BaseModel]] = [m for _, m in _cluster_models()] + [NodeSettings]
     for model in models:

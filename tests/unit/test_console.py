@@ -12,8 +12,8 @@ from typing import Any
 import httpx
 import pytest
 
-from services.api.app import create_app
 from services.bootstrap import NodeRuntime
+from services.bootstrap.app import create_app
 from services.config import NodeSettings
 from services.console.outcomes import OutcomeWindow
 from tests.unit.api_fakes import (

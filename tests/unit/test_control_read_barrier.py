@@ -15,7 +15,7 @@ from eventlog.errors import NoQuorum, NotLeader
 from eventlog.memory_replica import MemoryReplica
 from eventlog.model import LogEntry
 from regions.ops_state import AUDIT_RECORD, audit_body
-from services.controller import LEARN_READ_DEADLINE_S
+from services.control.controller import LEARN_READ_DEADLINE_S
 from tests.unit.control_nodes import REGIONS, controller
 
 

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from services.compose_secrets import ensure_secrets
 from services.config import NodeSettings
+from services.deploy.compose_secrets import ensure_secrets
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -13,13 +13,13 @@ from urllib.parse import urlsplit
 import pytest
 import yaml
 
-from services.compose_secrets import (
+from services.config import ClusterConfig, NodeSettings, api_key_sha256, load_cluster
+from services.deploy.compose_secrets import (
     KNOWN_DEMO_SECRETS,
     DemoSecretRefused,
     ensure_secrets,
     refuse_demo_secrets,
 )
-from services.config import ClusterConfig, NodeSettings, api_key_sha256, load_cluster
 
 ROOT = Path(__file__).resolve().parents[2]
 TEMPLATE = ROOT / "deploy" / "compose-cluster.template.json"

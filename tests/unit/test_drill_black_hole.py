@@ -1,4 +1,4 @@
-"""The software black-hole of a region-loss drill (services.drill_faults): who drops what."""
+"""The software black-hole of a region-loss drill (services.drills.faults): who drops what."""
 
 from __future__ import annotations
 
@@ -12,13 +12,13 @@ from eventlog.errors import ReplicaUnavailable
 from eventlog.memory_replica import MemoryReplica
 from regions.drills import DrillSpec, request_abort, start
 from regions.ops_state import DRILL_RECORD, OpsState
-from services.drill_faults import (
+from services.control.peer_probe import HttpPeerProber
+from services.drills.faults import (
     BlackHole,
     BlackHoleReplica,
     BlackHoleTransport,
     region_by_address,
 )
-from services.peer_probe import HttpPeerProber
 from tests.unit.clocks import WALL_ORIGIN_MS, ManualClock
 
 URLS = {"us-east": "http://127.0.0.1:8700", "eu-west": "http://127.0.0.1:8701"}
@@ -98,7 +98,7 @@ async def test_the_transport_refuses_requests_to_black_holed_regions() -> None:
 
 
 async def test_probes_keep_the_targets_channel_and_drop_the_survivors() -> None:
-    """Probes ask the black-hole themselves (``services.peer_probe``): a survivor's probe of
+    """Probes ask the black-hole themselves (``services.control.peer_probe``): a survivor's probe of
     the target is dropped without a connection, the target still probes everyone."""
     clock = ManualClock(wall_base_ms=WALL_ORIGIN_MS)
     ops = ops_with_drill()

@@ -1,11 +1,11 @@
-"""The local supervisor's side of kill drills (services.drill_supervisor): kill once while the
+"""The local supervisor's side of kill drills (services.drills.local_kill): kill once while the
 drill injects or holds, restart once it restores."""
 
 from __future__ import annotations
 
 import httpx
 
-from services.drill_supervisor import KillDrills
+from services.drills.local_kill import KillDrills
 
 
 class FakePlane:

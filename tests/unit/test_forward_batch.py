@@ -17,10 +17,10 @@ import pytest
 from fastapi import FastAPI
 
 from eventlog.clock import LoopClock
-from services.api import create_app
 from services.api.forward_batch import BATCH_BODY_BYTES_MAX, BATCH_PATH
 from services.api.forward_exchange import NDJSON
 from services.bootstrap import NodeRuntime
+from services.bootstrap.app import create_app
 from services.config import ClusterConfig, NodeSettings
 from tests.unit.api_fakes import (
     KEY_A,

@@ -1,11 +1,11 @@
 """convplane's four generic top-level packages must come from its own installation
-(``services.installation``): a shadowing directory or a clashing distribution is named."""
+(``services.deploy.installation``): a shadowing directory or a clashing distribution is named."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from services.installation import claim_problems, installation_problems, origin_problems
+from services.deploy.installation import claim_problems, installation_problems, origin_problems
 
 SITE = Path("/venv/lib/python3.11/site-packages")
 OWN = {name: SITE / name / "__init__.py" for name in ("eventlog", "regions", "replay", "services")}

@@ -11,8 +11,8 @@ import httpx
 import pytest
 
 from eventlog.clock import LoopClock
-from services.api.app import create_app
 from services.bootstrap import NodeRuntime
+from services.bootstrap.app import create_app
 from services.config import ClusterConfig, NodeSettings, TenantConfig
 from tests.unit.api_fakes import (
     KEY_A,

@@ -1,5 +1,5 @@
 """What a listener refuses before the app is asked (``services.listeners``,
-``services.listener_gates``): a request head past its byte bound, a peer endpoint on the client
+``services.bootstrap.listener_gates``): a request head past its byte bound, a peer endpoint on the client
 listener, a caller of the peer listener that is not a node of the cluster (no body read, no
 slot taken), and a certificate's region standing in for another."""
 
@@ -13,9 +13,9 @@ from fastapi import FastAPI
 from starlette.types import Receive, Scope, Send
 
 from services.api.peer_trust import CERT_REGION_SCOPE_KEY, PEER_REGION_SCOPE_KEY
-from services.listener_gates import ClientListenerGate, PeerListenerGate
+from services.bootstrap.listener_gates import ClientListenerGate, PeerListenerGate
+from services.bootstrap.serve import peer_listener_host
 from services.listeners import ListenerConfig
-from services.node import peer_listener_host
 from tests.unit.wire_client import WireConnection, raw_request
 
 HEAD_BYTES_MAX = 8 * 1024

@@ -19,7 +19,7 @@ from opentelemetry.sdk.trace import TracerProvider
 
 from eventlog.sharding import shard_of
 from regions.placement import place_shards
-from services.api.app import create_app
+from services.bootstrap.app import create_app
 from services.config import (
     ClusterConfig,
     NodeSettings,

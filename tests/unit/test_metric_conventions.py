@@ -24,9 +24,9 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
-from services.api.app import create_app
 from services.api.errors import ERROR_CODES
 from services.api.metrics import HTTP_METHODS
+from services.bootstrap.app import create_app
 from services.config import (
     ClusterConfig,
     NodeSettings,

@@ -1,4 +1,4 @@
-"""The node metrics that count events once (``services.node_metrics``) and the leader's replica
+"""The node metrics that count events once (``services.control.node_metrics``) and the leader's replica
 lag they export (``ShardLeader.replica_lag``)."""
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from eventlog.node import LogNode
 from regions.drills import DrillSpec, request_abort, start
 from regions.ops_state import DRILL_RECORD, OpsState
 from services.config import ClusterConfig, NodeSettings, RegionConfig
-from services.controller import Controller
-from services.node_metrics import DrillVerdictRecorder, FailoverRecorder
+from services.control.controller import Controller
+from services.control.node_metrics import DrillVerdictRecorder, FailoverRecorder
 from tests.unit.clocks import ManualClock
 
 T0 = 1_767_225_600_000

@@ -15,7 +15,7 @@ from services.api.control_routes import peer_router
 from services.api.errors import install_error_handlers
 from services.api.metrics import Metrics
 from services.config import NodeSettings
-from services.controller import Controller
+from services.control.controller import Controller
 from tests.unit.api_fakes import cluster_config
 
 SECRET = "s" * 40

@@ -17,7 +17,7 @@ from replay.capacity import Grant
 from replay.chat import render_prompt
 from replay.model import PrefillRequest
 from services.bootstrap.replay import install_replay
-from services.drill_canary import DRILL_TENANT
+from services.drills.canary import DRILL_TENANT
 from services.replay.config import ReplayConfig
 from services.replay.transcripts import LogTranscriptSource
 from tests.unit.replay_world import (

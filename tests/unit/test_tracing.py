@@ -19,7 +19,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from eventlog.sharding import shard_of
 from regions.placement import place_shards
-from services.api.app import create_app
+from services.bootstrap.app import create_app
 from services.config import (
     ClusterConfig,
     NodeSettings,

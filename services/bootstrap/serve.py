@@ -2,7 +2,7 @@
 
 The client listener (``port``) runs the app's lifespan; the peer listener (``peer_port``, when
 given and the cluster has a peer secret) serves the same app to other nodes only, with limits of
-its own (``services.listeners``); what each lets through is ``services.listener_gates``'s. A
+its own (``services.listeners``); what each lets through is ``services.bootstrap.listener_gates``'s. A
 peer listener without TLS trusts the peer secret alone, so it is bound to loopback only
 (``PLAIN_PEER_HOST``), whatever ``host`` says, and the node says so loudly at start. uvicorn handles SIGTERM/SIGINT on the client listener by
 finishing in-flight requests and running the lifespan's shutdown (leaders resign, stores close);
@@ -23,10 +23,10 @@ from collections.abc import Iterator
 
 import uvicorn
 
-from services.api import create_app
+from services.bootstrap.app import create_app
+from services.bootstrap.listener_gates import ClientListenerGate, PeerListenerGate
 from services.cluster_tls import node_tls, server_ssl_options
 from services.config import NodeSettings
-from services.listener_gates import ClientListenerGate, PeerListenerGate
 from services.listeners import ListenerConfig, guarded_protocol
 from services.logs import configure_logging
 

@@ -13,7 +13,7 @@ Only the control leader writes ``control.drill`` records, and on it one lock ser
 deposed leader names a stale revision and applies as a no-op (``OpsState``).
 
 On every node the driver also fences the node when it is itself a region-loss target: it resigns
-the shards it leads (its appends could not reach a quorum anyway, ``services.drill_faults``).
+the shards it leads (its appends could not reach a quorum anyway, ``services.drills.faults``).
 """
 
 from __future__ import annotations
@@ -66,14 +66,14 @@ from regions.ops_state import (
     OpsState,
     audit_body,
 )
-from services.controller import Controller
-from services.drill_canary import (
+from services.control.controller import Controller
+from services.drills.canary import (
     CANARY_TIMEOUT_S,
     CanaryRunner,
     append_canary,
     read_canary,
 )
-from services.drill_load import LoadMeter, PlaneLoad, ReplayView, moved_load, plane_load
+from services.drills.load import LoadMeter, PlaneLoad, ReplayView, moved_load, plane_load
 
 log = logging.getLogger("convplane.drills")
 

@@ -11,7 +11,7 @@
   claimed. An authenticated request carries the peer's region in the scope
   (``services.api.peer_trust``): the only thing the app trusts as a peer's.
 
-Without TLS (a development plane) the peer listener trusts the secret alone; ``services.node``
+Without TLS (a development plane) the peer listener trusts the secret alone; ``services.bootstrap.serve``
 then binds it to loopback only and says so loudly at start (``docs/security.md``).
 """
 

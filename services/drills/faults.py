@@ -9,7 +9,7 @@ two places a node talks to other regions:
   itself), exactly what an unreachable database looks like to the log.
 * ``BlackHoleTransport`` wraps the pooled HTTP transport of forwards and drill canaries: a
   request to or from a black-holed region fails as ``httpx.ConnectError``. Probes have their
-  own connections (``services.peer_probe``) and ask ``BlackHole.blocks`` before each one, so the
+  own connections (``services.control.peer_probe``) and ask ``BlackHole.blocks`` before each one, so the
   survivors stop hearing the target, suspect it, declare it down by majority and take its
   shards over; detection, takeover and fencing run exactly as for a real loss.
 

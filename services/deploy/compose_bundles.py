@@ -1,11 +1,11 @@
 """What each service of the docker compose stack may read: its own secrets, nothing else.
 
-``write_bundles(out_dir, cluster)`` copies, from what ``services.compose_secrets`` generated in
+``write_bundles(out_dir, cluster)`` copies, from what ``services.deploy.compose_secrets`` generated in
 ``out_dir``, one directory per service into ``out_dir/bundles/``; docker-compose.yml mounts each
 service's directory alone (a volume ``subpath``) at ``/run/convplane-secrets``:
 
 * ``node-<region>``: ``cluster.json`` with no database password in it (every region's DSN
-  names the node's own role, ``services.db_roles``, and asks for TLS, verify-full),
+  names the node's own role, ``services.deploy.db_roles``, and asks for TLS, verify-full),
   ``pgpass`` (its role's password, ``PGPASSFILE``), ``tls/ca.pem``, ``tls/<region>.pem``,
   ``tls/<region>-key.pem``;
 * ``worker-<region>``: ``worker-key-<region>``, ``bus-secret-<region>``, ``cache_salt_key``,
@@ -16,7 +16,7 @@ service's directory alone (a volume ``subpath``) at ``/run/convplane-secrets``:
   TLS) and the server's ``tls/pg-<region>.pem`` and key;
 * ``db-init``: ``databases.json`` (each region's owner DSN and every node role's password) and
   ``tls/ca.pem``, for the one-shot that migrates the databases and creates the roles
-  (``services.compose_databases``).
+  (``services.deploy.compose_databases``).
 
 Engines and the observability services mount none. The CA's key, the demo API key and
 every other region's secrets stay in ``out_dir``, which only the generator mounts. A node's
@@ -34,7 +34,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from services.config import ClusterConfig
-from services.db_roles import node_role
+from services.deploy.db_roles import node_role
 
 BUNDLES_DIR = "bundles"
 DB_INIT = "db-init"

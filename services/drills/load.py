@@ -17,7 +17,7 @@ from eventlog.errors import ConvplaneError
 from eventlog.replica import ReplicaStore
 from regions.drill_plan import MovedLoad
 from regions.drills import ReplayTally
-from services.drill_canary import DRILL_TENANT
+from services.drills.canary import DRILL_TENANT
 
 #: the load meter's window, and the most appends it remembers
 LOAD_WINDOW_S = 10.0

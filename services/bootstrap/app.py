@@ -25,6 +25,7 @@ from services.api.key_routes import key_router
 from services.api.metrics import Metrics
 from services.api.middleware import EdgeMiddleware
 from services.api.openapi import install_openapi, operation_id
+from services.api.replay_routes import replay_router
 from services.api.routes import ops_router, router
 from services.bootstrap.api import open_api
 from services.bootstrap.node import RuntimeFactory, open_runtime
@@ -32,7 +33,6 @@ from services.config import NodeSettings
 from services.console.access import ConsoleAccess
 from services.console.outcomes import AppendOutcomes
 from services.console.routes import install_console
-from services.replay.routes import replay_router
 from services.tracing import (
     TRACE_EXCLUDED_URLS,
     TRACE_FLUSH_TIMEOUT_MS,

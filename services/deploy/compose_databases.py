@@ -1,10 +1,10 @@
 """The compose stack's databases, made ready before any node starts (service ``db-init``).
 
-``python -m services.compose_databases --secrets DIR`` reads ``DIR/databases.json`` (each
-region's owner DSN and every node role's password, ``services.compose_bundles``) and, as the
+``python -m services.deploy.compose_databases --secrets DIR`` reads ``DIR/databases.json`` (each
+region's owner DSN and every node role's password, ``services.deploy.compose_bundles``) and, as the
 owner of each region's database over TLS (``DIR/tls/ca.pem`` verifies the server): migrates
 it to the newest schema, then restricts every node's role to the protocol
-(``services.db_roles.restrict_to_protocol``). Idempotent: it runs at every ``docker compose
+(``services.deploy.db_roles.restrict_to_protocol``). Idempotent: it runs at every ``docker compose
 up``, and a restart re-keys the roles from the same passwords.
 
 So no node ever connects as the owner: each holds only its own role's password.
@@ -19,7 +19,7 @@ import os
 from pathlib import Path
 
 from eventlog.stores import migrate
-from services.db_roles import restrict_to_protocol
+from services.deploy.db_roles import restrict_to_protocol
 from services.local.postgres import asyncpg_dsn
 
 #: one region's migration and role set-up, at most

@@ -23,7 +23,7 @@ from eventlog.errors import QuotaExceeded
 from regions.control import ControlState
 from regions.ops_state import AuditEntry, OpsState
 from replay.capacity import TokenBucket
-from services.controller import CONTROL_READ_MAX, Controller
+from services.control.controller import CONTROL_READ_MAX, Controller
 
 #: a posted entry's fields, at most (its reason: ``regions.drills.REASON_CHARS_MAX``)
 AUDIT_ACTION_CHARS_MAX = 100

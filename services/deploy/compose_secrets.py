@@ -1,6 +1,6 @@
 """Secrets of the docker compose stack, generated at its first start, never in the repository.
 
-``python -m services.compose_secrets --template deploy/compose-cluster.template.json --out DIR``
+``python -m services.deploy.compose_secrets --template deploy/compose-cluster.template.json --out DIR``
 runs once per ``docker compose up`` (service ``secrets``, before anything else). On the first
 run it generates, into ``DIR`` (a volume only the stack mounts), each file 0600:
 
@@ -15,14 +15,14 @@ run it generates, into ``DIR`` (a volume only the stack mounts), each file 0600:
 * ``kafka-password-<user>`` and ``kafka-cluster-id``: a SASL/PLAIN password per Kafka user
   (``node-<region>``, ``worker-<region>``) and the broker's KRaft cluster id;
 * ``db-role-<region>-password``: the password of each node's database role
-  (``services.db_roles``: the protocol's functions and reads, nothing else);
+  (``services.deploy.db_roles``: the protocol's functions and reads, nothing else);
 * ``tls/``: a cluster CA and a certificate per node (``services.cluster_tls``, host name
   ``node-<region>``) for the mutual TLS of the peer listeners, and one per database server
   (``pg-<region>``) and the broker's (``kafka``): nodes reach their databases, nodes and workers
   the broker, over TLS only, verifying those names.
 
 ``main`` then writes one directory per service, holding only what that service needs
-(``services.compose_bundles``); the stack mounts each service's alone.
+(``services.deploy.compose_bundles``); the stack mounts each service's alone.
 
 Later runs keep what exists, so restarts keep their keys and databases. Operators who bring
 their own secrets write ``DIR`` themselves (or mount it from an env-specific store).
@@ -44,7 +44,8 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from services.cluster_tls import issue_certificate, issue_cluster_tls
-from services.compose_bundles import (
+from services.config import ClusterConfig, api_key_sha256
+from services.deploy.compose_bundles import (
     KAFKA_CLUSTER_ID,
     KAFKA_HOST,
     kafka_password_file,
@@ -54,7 +55,6 @@ from services.compose_bundles import (
     write_bundles,
     write_private,
 )
-from services.config import ClusterConfig, api_key_sha256
 
 #: what the repository used to ship in docker-compose.yml and deploy/: public, so never secret
 KNOWN_DEMO_SECRETS = frozenset(
@@ -90,7 +90,7 @@ def refuse_demo_secrets(cluster: ClusterConfig) -> None:
         raise DemoSecretRefused(
             "the cluster file uses secrets published in convplane's repository ("
             + ", ".join(found)
-            + "): generate your own (python -m services.compose_secrets), or set "
+            + "): generate your own (python -m services.deploy.compose_secrets), or set "
             "CONVPLANE_ALLOW_DEMO_SECRETS=1 for a throwaway demo"
         )
 
@@ -140,7 +140,7 @@ def ensure_secrets(template_path: Path, out_dir: Path) -> ClusterConfig:
 
 
 def _role_password() -> str:
-    return secrets.token_urlsafe(24)  # what services.db_roles takes: [A-Za-z0-9_-]{16,128}
+    return secrets.token_urlsafe(24)  # what services.deploy.db_roles takes: [A-Za-z0-9_-]{16,128}
 
 
 def _kafka_cluster_id() -> str:

@@ -26,7 +26,7 @@ from regions.drills import KINDS, Verdict
 from regions.membership import RegionStatus
 from regions.ops_state import DRILL_RECORD, OpsState
 from replay.model import ReplayResult, ReplayStatus
-from services.controller import Controller
+from services.control.controller import Controller
 
 #: RTO of one failed-over shard: from a few hundred ms (fast detection) to minutes
 RTO_BUCKETS_S = (0.5, 1.0, 2.0, 3.0, 5.0, 7.5, 10.0, 15.0, 20.0, 30.0, 60.0, 120.0, 300.0)
