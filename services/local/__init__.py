@@ -9,7 +9,7 @@ and ``convplane worker --sim``-style local commands.
   ``plane_state`` what makes it the same plane after a stop, ``plane_processes`` its processes
   by pid (``convplane down``), ``region_restart`` ``convplane restart-region``;
 * ``engines``: simulated inference engines (``replay.engines.sim_server``) as processes;
-* ``host``: free ports, whether Docker is there, the ``convplane`` command a child runs.
+* ``host``: free ports and the ``convplane`` command a child runs.
 
 The chaos harness that puts fault proxies between a plane's regions is a test's, not the
 product's: ``tests/harness``.

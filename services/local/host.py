@@ -1,8 +1,8 @@
-"""What the local harnesses ask of the machine: a free port, and whether Docker runs here."""
+"""What the local harnesses ask of the machine: a free port, and the ``convplane`` command a child
+runs."""
 
 from __future__ import annotations
 
-import os
 import random
 import socket
 import sys
@@ -58,9 +58,3 @@ def _ephemeral_range() -> tuple[int, int]:
         return int(low), int(high)
     except (OSError, ValueError):
         return 49_152, 65_535
-
-
-def docker_available() -> bool:
-    """A Docker engine testcontainers can reach: its socket, or ``DOCKER_HOST`` (a client binary
-    alone, as on machines where no engine runs, is not enough)."""
-    return Path("/var/run/docker.sock").exists() or bool(os.environ.get("DOCKER_HOST"))

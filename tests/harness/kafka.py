@@ -12,8 +12,8 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-from services.local.host import docker_available
 from services.local.kafka import KafkaHarnessError, start_broker
+from tests.harness.docker import docker_available
 
 TEST_KAFKA_ENV = "CONVPLANE_TEST_KAFKA"
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from services.local.host import docker_available, free_port
+from services.local.host import free_port
 from services.local.postgres import (
     DATABASE,
     READY_TIMEOUT_S,
@@ -29,6 +29,7 @@ from services.local.postgres import (
     find_bindir,
     start_instances,
 )
+from tests.harness.docker import docker_available
 
 TEST_DSNS_ENV = "CONVPLANE_TEST_PG_DSNS"
 
