@@ -43,7 +43,7 @@ from eventlog.stores._pg_writes import _ACCEPTED as ACCEPTED
 from eventlog.stores._pg_writes import _APPEND, append_arrays
 from eventlog.stores._plan import AppendRequest
 from eventlog.stores.migrate import migration_module
-from services.local.postgres import asyncpg_dsn
+from services.deploy.db_roles import asyncpg_dsn
 
 SHAPES = (
     (1, 1),

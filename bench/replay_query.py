@@ -34,7 +34,7 @@ import asyncpg
 from bench.cpu import cpu_s
 from bench.local_pg import one_postgres
 from eventlog.stores import open_replica_store
-from services.local.postgres import asyncpg_dsn
+from services.deploy.db_roles import asyncpg_dsn
 
 SHARDS = 64
 SHARD = 3

@@ -24,7 +24,7 @@ once, at the adapter boundary, with ``raise ... from exc``.
     │   ├── ConversationExists        the id is taken (eventlog.conversation_state)
     │   ├── UnknownAttempt            an effect for an attempt never started (idem)
     │   ├── ModelRevisionMismatch     the engine serves another model (replay.engines.base)
-    │   └── PreflightFailed           a drill's preflight refused it (services.drills.driver)
+    │   └── PreflightFailed           a drill's preflight refused it (services.control.drills.driver)
     ├── PayloadTooLarge          413
     ├── QuotaExceeded            429  tenant over its rate (retryable)
     ├── Unavailable              503  retryable; outcome of a write may be unknown

@@ -8,6 +8,8 @@ hands them over lower-cased (the ``*_RAW`` forms)."""
 FORWARDED_HEADER = "X-Convplane-Forwarded"
 #: the peer secret on node-to-node calls
 PEER_AUTH_HEADER = "X-Convplane-Peer-Auth"
+#: the region a peer call comes from (the caller's own), checked against its certificate
+SOURCE_REGION_HEADER = "X-Convplane-Source-Region"
 #: the time the caller gives the request, in milliseconds from its arrival (a budget, not a
 #: clock time: no clock needs to agree); a forward passes on what is left of it
 DEADLINE_HEADER = "X-Convplane-Deadline-Ms"

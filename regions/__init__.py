@@ -6,7 +6,7 @@ decisions of its leader), the capacity arithmetic of a region loss and a replay
 audit folded from the control shard). ``services`` carries the decisions out.
 
 Where a change goes: a new drill kind is a ``drills.DrillKind`` and its preflight rule in
-``drill_plan``, then its fault in ``services.drills.faults`` and its action in
-``services.drills.driver``; a new placement rule goes in ``control``, tested on virtual time by the
+``drill_plan``, then its fault in ``services.control.drills.faults`` and its action in
+``services.control.drills.driver``; a new placement rule goes in ``control``, tested on virtual time by the
 whole-plane simulation (``services.plane_sim``).
 """

@@ -22,7 +22,7 @@ so whichever node leads the control shard can pick it up where the last one left
   ``aborted``. At that deadline it ends whatever the target's state: a target that does not
   answer again, or a read-back that cannot finish, fails the drill instead of holding it open.
 
-``advance`` is the whole state machine: the driver (``services.drills.driver``) observes the world,
+``advance`` is the whole state machine: the driver (``services.control.drills.driver``) observes the world,
 calls it, commits what it returns and carries out the phase's action.
 """
 
@@ -41,6 +41,8 @@ Phase = Literal[
 Verdict = Literal["passed", "failed", "aborted"]
 KINDS: tuple[DrillKind, ...] = get_args(DrillKind)
 TERMINAL: frozenset[Phase] = frozenset({"done", "aborted", "failed"})
+#: the reserved tenant of canary conversations
+DRILL_TENANT = "_drill"
 #: phases during which a region-loss drill black-holes its target at every node
 FAULT_PHASES: frozenset[Phase] = frozenset({"injecting", "holding"})
 

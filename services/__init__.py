@@ -9,8 +9,8 @@ Packages by capability, each depending only on those below it (``lint-imports`` 
 * ``bootstrap``: a node's runtime: the wiring, the app and the process serving it;
 * ``console``: the operators' console (page and read endpoint), on the edge;
 * ``api``: the HTTP edge (routes, schemas, admission, auth, forwarding, OpenAPI);
-* ``control``: the controller and what the control shard keeps (keys, audit);
-  ``drills``: failover drills; ``replay``: the replay service;
+* ``control``: the controller, what the control shard keeps (keys, audit) and the failover
+  drills it drives (``control.drills``); ``replay``: the replay service;
 * ``deploy``: the compose stack's secrets and databases, database roles, the installation check,
   the configuration reference;
 * the node-wide basics at this root: ``config``, ``logs``, ``tracing``, ``cluster_tls``,
@@ -20,5 +20,5 @@ Nothing imports ``services``. Where a change goes: a new endpoint in ``api`` (se
 docstring); a new node setting in ``config.NodeSettings`` (``CONVPLANE_*`` environment
 variables); what the console shows in ``console/static/`` (plain files, no build step;
 ``tests/e2e/test_console.py`` drives them in Chromium); a new background loop runs under
-``supervisor`` so a crash shows; a new drill kind in ``drills`` (see its docstring).
+``supervisor`` so a crash shows; a new drill kind in ``control.drills`` (see its docstring).
 """

@@ -114,7 +114,7 @@ class ClusterConfig(BaseModel):
     #: entry node charged the tenant. Absent: no forward is trusted (each hop is charged).
     peer_secret: str | None = Field(default=None, min_length=32, max_length=256)
     #: the plane was started by ``convplane up``, whose supervisor kills and restarts a region's
-    #: processes for ``kill`` drills (services.drills.local_kill); nothing else can
+    #: processes for ``kill`` drills (services.control.drills.local_kill); nothing else can
     local_supervisor: bool = False
     #: engines per region, replay window, limits, Kafka, service key (services.replay.config)
     replay: ReplayConfig = Field(default_factory=ReplayConfig)

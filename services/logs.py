@@ -19,21 +19,41 @@ import contextvars
 import logging
 import re
 import secrets
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import structlog
 from opentelemetry import trace
+from starlette.requests import Request
 from structlog.typing import EventDict
 
 from eventlog.http_headers import REQUEST_ID_HEADER
 from eventlog.sharding import shard_of
+from services.config import ClusterConfig, TenantConfig
 
-if TYPE_CHECKING:
-    from services.api.context import RequestContext
+
+class LoggedNode(Protocol):
+    """What a request's log fields read of the node serving it."""
+
+    @property
+    def cluster(self) -> ClusterConfig: ...
+    @property
+    def log(self) -> object: ...
+
+
+class LoggedRequest(Protocol):
+    """What a request's log fields read of it (``services.api.context.RequestContext``)."""
+
+    @property
+    def api(self) -> LoggedNode: ...
+    @property
+    def request(self) -> Request: ...
+    @property
+    def tenant(self) -> TenantConfig: ...
+
 
 REQUEST_ID_MAX = 64
 REQUEST_ID_SCOPE_KEY = "convplane.request_id"
-_current: contextvars.ContextVar[RequestContext | None] = contextvars.ContextVar(
+_current: contextvars.ContextVar[LoggedRequest | None] = contextvars.ContextVar(
     "convplane_request", default=None
 )
 _SECRETS = re.compile(
@@ -42,7 +62,7 @@ _SECRETS = re.compile(
 )
 
 
-def bind_request(ctx: RequestContext) -> None:
+def bind_request(ctx: LoggedRequest) -> None:
     """Make ``ctx`` the request the current task's log lines are about."""
     _current.set(ctx)
 

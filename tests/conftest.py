@@ -92,7 +92,7 @@ def _ensure_pg_running(instance: PgInstance) -> None:
 async def _pg_admin(instance: PgInstance, sql: str) -> None:
     import asyncpg
 
-    from services.local.postgres import asyncpg_dsn
+    from services.deploy.db_roles import asyncpg_dsn
 
     conn = await asyncpg.connect(asyncpg_dsn(instance.dsn), timeout=30)
     try:

@@ -1,7 +1,7 @@
 """The HTTP edge of a region node: the REST routes, their schemas and errors, admission,
 authentication and roles, forwarding to the leader's region, and the OpenAPI document.
 
-The edge is built on the core (``services.control``, ``services.drills``, ``services.replay``)
+The edge is built on the core (``services.control``, ``services.replay``)
 and never the reverse; the app itself is assembled in ``services.bootstrap.app``
 (``create_app(settings)``).
 

@@ -29,7 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from eventlog.errors import InvalidRequest, NotFound, Unavailable
 from regions.drill_report import report
-from regions.drills import REASON_CHARS_MAX, Drill, DrillSpec, Guards
+from regions.drills import DRILL_TENANT, REASON_CHARS_MAX, Drill, DrillSpec, Guards
 from services.api.context import RequestContext, api_state, request_context
 from services.api.control_routes import _require_peer
 from services.api.drill_report_html import render
@@ -43,8 +43,8 @@ from services.control.audit_log import (
     AuditPostLimiter,
     audit_page,
 )
-from services.drills.canary import CANARY_TIMEOUT_S, DRILL_TENANT, append_canary, read_canary
-from services.drills.driver import DrillDriver
+from services.control.drills.canary import CANARY_TIMEOUT_S, append_canary, read_canary
+from services.control.drills.driver import DrillDriver
 
 drill_router = APIRouter(prefix="/v1")
 drill_peer_router = APIRouter(prefix="/peer/drills")

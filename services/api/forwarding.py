@@ -38,6 +38,7 @@ from eventlog.http_headers import (
     IDEMPOTENT_REPLAYED_HEADER,
     PEER_AUTH_HEADER,
     SERVED_BY_HEADER,
+    SOURCE_REGION_HEADER,
     TENANT_HEADER,
 )
 from services.api.errors import ForwardFailed
@@ -49,7 +50,6 @@ from services.api.forward_batch import (
 )
 from services.api.forward_exchange import BatchExchange, HttpxBatchExchange
 from services.api.metrics import Metrics
-from services.api.peer_trust import SOURCE_REGION_HEADER
 
 __all__ = ["DEADLINE_HEADER", "FORWARDED_HEADER", "PEER_AUTH_HEADER", "Forwarder"]
 _REQUEST_HEADERS = (

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -11,16 +10,7 @@ from prometheus_client.registry import Collector
 
 from eventlog.identity import IdentityGuard
 from services.api.errors import ERROR_CODES
-from services.control.node_metrics import (
-    DrillVerdictRecorder,
-    FailoverRecorder,
-    NodeStateCollector,
-    ReplayJobRecorder,
-)
 from services.supervisor import Supervisor
-
-if TYPE_CHECKING:  # bootstrap imports the whole node; metrics needs only the runtime's shape
-    from services.bootstrap import NodeRuntime
 
 #: the methods that get a label of their own; any other token is counted as "other"
 HTTP_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
@@ -85,23 +75,6 @@ class Metrics:
     def watch_loops(self, supervisor: Supervisor) -> None:
         """Export the supervised loops' crash counts and crash-looping state at each scrape."""
         self.registry.register(_LoopCollector(supervisor))
-
-    def watch_node(self, runtime: NodeRuntime) -> None:
-        """Export the node's leadership, regions, replicas, placement, failovers, drills, replica
-        call times and replay job times (``services.control.node_metrics``)."""
-        if runtime.replica_instruments is not None:
-            self.registry.register(runtime.replica_instruments.histogram)
-        if runtime.replay is not None:
-            runtime.replay.result_listeners.append(ReplayJobRecorder(self.registry))
-        controller = runtime.controller
-        if controller is None:
-            return
-        ops = runtime.drills.ops if runtime.drills is not None else None
-        self.registry.register(NodeStateCollector(controller, ops, runtime.clock))
-        controller.node.add_listener(FailoverRecorder(controller, runtime.clock, self.registry))
-        if ops is not None:
-            recorder = DrillVerdictRecorder(ops, self.registry, runtime.clock.wall_ms())
-            controller.record_listeners.append(recorder)
 
     def watch_replicas(self, identity: IdentityGuard) -> None:
         """Export which replicas are quarantined (``eventlog.identity``) at each scrape."""

@@ -13,8 +13,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-#: the region a peer call comes from (the caller's own), checked against its certificate
-SOURCE_REGION_HEADER = "X-Convplane-Source-Region"
+# spelled with the other header names; named here too for the peer-call modules that import
+# it with the scope keys below
+from eventlog.http_headers import SOURCE_REGION_HEADER as SOURCE_REGION_HEADER
+
 #: the scope key under which the peer listener's gate leaves the authenticated peer's region
 PEER_REGION_SCOPE_KEY = "convplane.peer_region"
 #: the scope key under which a TLS listener leaves the region its client's certificate names

@@ -23,6 +23,12 @@ from services.console.access import ConsoleAccess
 from services.console.outcomes import AppendOutcomes
 from services.control.audit_log import AuditPostLimiter
 from services.control.key_admin import KeyAdmin
+from services.control.node_metrics import (
+    DrillVerdictRecorder,
+    FailoverRecorder,
+    NodeStateCollector,
+    ReplayJobRecorder,
+)
 from services.tracing import NodeTracing
 
 
@@ -91,7 +97,7 @@ async def open_api(
     if runtime.controller is not None:
         metrics.watch_loops(runtime.controller.supervisor)
         metrics.watch_replicas(runtime.controller.node.identity)
-    metrics.watch_node(runtime)
+    _watch_node(metrics, runtime)
     app.state.drills = runtime.drills
     app.state.audit_limiter = AuditPostLimiter(runtime.clock, metrics.registry)
     app.state.key_admin = (
@@ -128,3 +134,21 @@ def _peer_reachable(runtime: NodeRuntime) -> Callable[[str], bool] | None:
     return lambda region: (
         not controller.membership.suspects_region(region, runtime.clock.monotonic())
     )
+
+
+def _watch_node(metrics: Metrics, runtime: NodeRuntime) -> None:
+    """Export the node's leadership, regions, replicas, placement, failovers, drills, replica
+    call times and replay job times (``services.control.node_metrics``) in the app's registry."""
+    if runtime.replica_instruments is not None:
+        metrics.registry.register(runtime.replica_instruments.histogram)
+    if runtime.replay is not None:
+        runtime.replay.result_listeners.append(ReplayJobRecorder(metrics.registry))
+    controller = runtime.controller
+    if controller is None:
+        return
+    ops = runtime.drills.ops if runtime.drills is not None else None
+    metrics.registry.register(NodeStateCollector(controller, ops, runtime.clock))
+    controller.node.add_listener(FailoverRecorder(controller, runtime.clock, metrics.registry))
+    if ops is not None:
+        recorder = DrillVerdictRecorder(ops, metrics.registry, runtime.clock.wall_ms())
+        controller.record_listeners.append(recorder)

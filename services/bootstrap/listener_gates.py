@@ -23,12 +23,8 @@ from collections.abc import Iterable
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from eventlog.http_headers import PEER_AUTH_HEADER
-from services.api.peer_trust import (
-    CERT_REGION_SCOPE_KEY,
-    PEER_REGION_SCOPE_KEY,
-    SOURCE_REGION_HEADER,
-)
+from eventlog.http_headers import PEER_AUTH_HEADER, SOURCE_REGION_HEADER
+from services.api.peer_trust import CERT_REGION_SCOPE_KEY, PEER_REGION_SCOPE_KEY
 
 _PEER_AUTH = PEER_AUTH_HEADER.lower().encode()
 _SOURCE_REGION = SOURCE_REGION_HEADER.lower().encode()

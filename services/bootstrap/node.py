@@ -23,12 +23,12 @@ import httpx
 from eventlog.clock import Clock, SystemClock
 from eventlog.config import LogConfig
 from eventlog.conversations import ConversationLog
+from eventlog.http_headers import SOURCE_REGION_HEADER
 from eventlog.node import LogNode
 from eventlog.replica import ReplicaStore
 from eventlog.stores import open_replica_store
 from regions.ops_state import OpsState
 from services.api.forward_exchange import BatchExchange, StreamBatchExchange, idle_reuse_s
-from services.api.peer_trust import SOURCE_REGION_HEADER
 from services.bootstrap.replay import open_replay_service
 from services.bootstrap.replica_timing import (
     ReplicaInstruments,
@@ -38,15 +38,15 @@ from services.bootstrap.replica_timing import (
 from services.cluster_tls import client_ssl_context, node_tls
 from services.config import ClusterConfig, NodeSettings
 from services.control.controller import Controller
-from services.control.peer_probe import HttpPeerProber, OwnedPeerProber, PeerProber
-from services.drills.driver import DrillDriver
-from services.drills.faults import (
+from services.control.drills.driver import DrillDriver
+from services.control.drills.faults import (
     BlackHole,
     BlackHoleTransport,
     black_holed_replicas,
     region_by_address,
 )
-from services.drills.load import LoadMeter
+from services.control.drills.load import LoadMeter
+from services.control.peer_probe import HttpPeerProber, OwnedPeerProber, PeerProber
 from services.replay.service import ReplayService
 
 
@@ -63,7 +63,9 @@ class NodeRuntime:
     readiness: Callable[[], tuple[int, int]]  # (shards placed here, shards led now)
     controller: Controller | None = None  # failure detection, placement, failover
     replay: ReplayService | None = None  # KV replay of conversations whose shards moved here
-    drills: DrillDriver | None = None  # drills, halt switch, audit log (services.drills.driver)
+    drills: DrillDriver | None = (
+        None  # drills, halt switch, audit log (services.control.drills.driver)
+    )
     #: replica call timing and tracing, set by the app (services.bootstrap.replica_timing)
     replica_instruments: ReplicaInstruments | None = None
     #: how forward batches travel (None: through ``peers``, services.api.forward_exchange)
@@ -139,7 +141,7 @@ def peer_client(
     wrap: TransportWrap | None = None,
 ) -> httpx.AsyncClient:
     """The pooled client of probes, forwards and drill calls; ``wrap`` puts the drills'
-    black-hole (``services.drills.faults``) around its transport.
+    black-hole (``services.control.drills.faults``) around its transport.
 
     A kept connection is reused only well inside a peer listener's idle time
     (``forward_exchange.idle_reuse_s``): httpx's default, 5 s, equals the listener's default,
@@ -156,7 +158,7 @@ def peer_client(
     transport: httpx.AsyncBaseTransport = httpx.AsyncHTTPTransport(
         limits=limits, trust_env=False, verify=verify
     )
-    if wrap is not None:  # a drill's black-hole (services.drills.faults)
+    if wrap is not None:  # a drill's black-hole (services.control.drills.faults)
         transport = wrap(transport)
     return httpx.AsyncClient(
         transport=transport,
@@ -169,7 +171,7 @@ def peer_client(
 def peer_prober(settings: NodeSettings, cluster: ClusterConfig, hole: BlackHole) -> OwnedPeerProber:
     """How the controller asks peers for their health: over connections of its own
     (``services.control.peer_probe``), to each region's peer listener, with mutual TLS where the node
-    has certificates; a drill's black-hole is asked before each probe (``services.drills.faults``:
+    has certificates; a drill's black-hole is asked before each probe (``services.control.drills.faults``:
     the probe is the one call a drill's target still makes)."""
     tls = node_tls(settings)
     return HttpPeerProber(

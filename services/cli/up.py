@@ -101,7 +101,7 @@ def _supervise(
     stopped. A node that exits stays down until asked: its shards fail over meanwhile."""
     import httpx
 
-    from services.drills.local_kill import KillDrills
+    from services.control.drills.local_kill import KillDrills
     from services.local.plane import PlaneError
     from services.local.region_restart import finish_request, restart_requests
 

@@ -11,7 +11,7 @@
 
 Why the page reads each region directly, from the browser, instead of asking the node that
 served it to gather everything: a drill's target is cut off from its peers
-(``services.drills.faults``: its calls to other nodes are dropped) or killed outright, and then
+(``services.control.drills.faults``: its calls to other nodes are dropped) or killed outright, and then
 no aggregate it served would be current, or it would serve nothing. Each region is the only
 authority on its own figures anyway, so the page asks each one itself (a region that does not
 answer shows as such, with the age of its last answer), and reads the plane's shared state
@@ -35,7 +35,7 @@ from services.api.roles import OBSERVER_ROLES, require_role
 from services.console.access import ConsoleAccess, ConsoleCorsMiddleware
 from services.console.outcomes import AppendOutcomeMiddleware, AppendOutcomes
 from services.control.controller import Controller
-from services.drills.driver import DrillDriver
+from services.control.drills.driver import DrillDriver
 from services.replay.service import ReplayService
 
 console_router = APIRouter()

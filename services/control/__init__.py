@@ -5,7 +5,8 @@
 * ``peer_probe``: how a node asks a peer for its health (a one-method port and its HTTP adapter);
 * ``node_metrics``: the controller's state as Prometheus series;
 * ``audit_log``: the audit log's rate limit and complete pages;
-* ``key_admin``: API keys created, rotated and revoked through the control shard.
+* ``key_admin``: API keys created, rotated and revoked through the control shard;
+* ``drills``: failover drills, driven from the control shard (see its docstring).
 
 Imports the node-wide basics (``services.config``, ``services.supervisor``) and the cores;
 nothing from the HTTP edge (``services.api``). Where a change goes: a new control decision

@@ -20,7 +20,7 @@ from eventlog.errors import Conflict, InvalidRequest, NotFound, Unavailable
 from regions.keys import KEY_RECORD, KeyRecord, KeyTable, Role, check_name
 from regions.ops_state import AUDIT_KEY, audit_body
 from services.config import TenantConfig, api_key_sha256
-from services.drills.driver import APPLY_WAIT_S, DrillDriver
+from services.control.drills.driver import APPLY_WAIT_S, DrillDriver
 
 #: the longest a key may live (an expiry further out is refused)
 KEY_LIFETIME_MAX_S = 400 * 86_400.0

@@ -14,7 +14,7 @@ probes every peer five times a second, under load and idle alike (``bench/rest.p
 node's calls per append). Everything is bounded: the answer's head and body in bytes, each
 probe in time (a connection in an unknown state, after any failure, is closed, never reused).
 A connection the peer closed while idle is retried once on a fresh one, as HTTP clients do for
-idempotent requests. A drill's black-hole (``services.drills.faults``) is asked before each
+idempotent requests. A drill's black-hole (``services.control.drills.faults``) is asked before each
 probe, as its transport is for the node's other peer calls.
 """
 
@@ -28,8 +28,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 from urllib.parse import urlsplit
 
-from eventlog.http_headers import PEER_AUTH_HEADER
-from services.api.peer_trust import SOURCE_REGION_HEADER
+from eventlog.http_headers import PEER_AUTH_HEADER, SOURCE_REGION_HEADER
 
 #: the most bytes of an answer's head and of its body a probe reads
 HEAD_BYTES_MAX = 16 * 1024

@@ -19,8 +19,7 @@ import os
 from pathlib import Path
 
 from eventlog.stores import migrate
-from services.deploy.db_roles import restrict_to_protocol
-from services.local.postgres import asyncpg_dsn
+from services.deploy.db_roles import asyncpg_dsn, restrict_to_protocol
 
 #: one region's migration and role set-up, at most
 DATABASE_SETUP_TIMEOUT_S = 120.0

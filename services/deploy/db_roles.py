@@ -25,12 +25,17 @@ password (``convplane up``: a pgpass file per node, ``PGPASSFILE``), never anoth
 owner's.
 
 SQLite replicas have no roles: they are for one machine, where the file mode is the boundary.
+
+``asyncpg_dsn`` turns a node's SQLAlchemy URL into the DSN asyncpg connects with, for whatever
+sets roles up over asyncpg (``compose_databases``, ``convplane up``).
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from pathlib import Path
+from urllib.parse import urlsplit
 
 import asyncpg
 
@@ -106,3 +111,18 @@ async def restrict_to_protocol(
                     await conn.execute(f"GRANT EXECUTE ON FUNCTION {function} TO {role}")
     finally:
         await conn.close(timeout=timeout_s)
+
+
+def asyncpg_dsn(sqlalchemy_dsn: str, *, ca_file: Path | None = None) -> str:
+    """A SQLAlchemy asyncpg URL as asyncpg's own DSN: SQLAlchemy hands ``?ssl=`` to
+    ``asyncpg.connect(ssl=...)``, a DSN names the same thing ``sslmode``; ``ca_file`` becomes
+    its ``sslrootcert`` (else asyncpg reads ``PGSSLROOTCERT``)."""
+    parts = urlsplit(sqlalchemy_dsn.replace("postgresql+asyncpg://", "postgresql://", 1))
+    query = [
+        "sslmode=" + q.removeprefix("ssl=") if q.startswith("ssl=") else q
+        for q in parts.query.split("&")
+        if q
+    ]
+    if ca_file is not None:
+        query.append(f"sslrootcert={ca_file}")
+    return parts._replace(query="&".join(query)).geturl()

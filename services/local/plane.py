@@ -50,7 +50,7 @@ from services.config import (
     api_key_sha256,
     write_cluster,
 )
-from services.deploy.db_roles import node_role, restrict_to_protocol
+from services.deploy.db_roles import asyncpg_dsn, node_role, restrict_to_protocol
 from services.local.host import HarnessError, convplane_command, free_port
 from services.local.plane_processes import running_processes
 from services.local.plane_state import (
@@ -63,7 +63,6 @@ from services.local.plane_state import (
     load_state,
     state_json,
 )
-from services.local.postgres import asyncpg_dsn
 
 #: one region could never lead a shard: its own store cannot vouch for itself (a wiped store
 #: must not vote), and no other region's store is there to

@@ -293,21 +293,6 @@ def stop_all() -> None:
 # --- helpers ---------------------------------------------------------------------------------
 
 
-def asyncpg_dsn(sqlalchemy_dsn: str, *, ca_file: Path | None = None) -> str:
-    """A SQLAlchemy asyncpg URL as asyncpg's own DSN: SQLAlchemy hands ``?ssl=`` to
-    ``asyncpg.connect(ssl=...)``, a DSN names the same thing ``sslmode``; ``ca_file`` becomes
-    its ``sslrootcert`` (else asyncpg reads ``PGSSLROOTCERT``)."""
-    parts = urlsplit(sqlalchemy_dsn.replace("postgresql+asyncpg://", "postgresql://", 1))
-    query = [
-        "sslmode=" + q.removeprefix("ssl=") if q.startswith("ssl=") else q
-        for q in parts.query.split("&")
-        if q
-    ]
-    if ca_file is not None:
-        query.append(f"sslrootcert={ca_file}")
-    return parts._replace(query="&".join(query)).geturl()
-
-
 def _init_instance(name: str, base: Path, bindir: Path) -> PgInstance:
     data_dir = base / name
     data_dir.mkdir(mode=0o700)

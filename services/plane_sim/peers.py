@@ -20,8 +20,8 @@ import httpx
 from eventlog.errors import ConvplaneError
 from eventlog.node import LogNode
 from eventlog.sim.network import SimNetwork
-from services.drills.canary import append_canary, read_canary
-from services.drills.load import LOAD_PATH
+from services.control.drills.canary import append_canary, read_canary
+from services.control.drills.load import LOAD_PATH
 
 CANARY_PATH = "/peer/drills/canary"
 #: a call without a timeout of its own (the driver always passes one)

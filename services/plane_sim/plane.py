@@ -1,7 +1,7 @@
 """The simulated plane: every region's real ``LogNode`` and real ``Controller`` on virtual time.
 
 Each region has an in-memory replica, a log node, a controller running its supervised loops
-(probe, learn + reconcile, control, verify replicas) and a drill driver (``services.drills.driver``,
+(probe, learn + reconcile, control, verify replicas) and a drill driver (``services.control.drills.driver``,
 with the drills' black-hole around its replica ports, its probes and its peer calls), wired as
 ``services.bootstrap`` wires them but with the simulated network behind the replica ports, the
 ``PeerProber`` port and the drill driver's peer HTTP transport (``services.plane_sim.peers``).
@@ -40,14 +40,14 @@ from regions.ops_state import OpsState
 from services.bootstrap.node import build_controller
 from services.config import ClusterConfig, NodeSettings, RegionConfig
 from services.control.controller import Controller
-from services.drills.driver import DrillDriver
-from services.drills.faults import (
+from services.control.drills.driver import DrillDriver
+from services.control.drills.faults import (
     BlackHole,
     BlackHoleTransport,
     black_holed_replicas,
     region_by_address,
 )
-from services.drills.load import LoadMeter
+from services.control.drills.load import LoadMeter
 from services.plane_sim.network import SimProber
 from services.plane_sim.peers import SimPeerTransport
 

@@ -32,7 +32,7 @@ from eventlog.sim.loop import VirtualTimeLoop
 from eventlog.sim.network import NetworkFaults
 from regions.control import OperatorAction
 from regions.drills import KINDS, Drill, DrillSpec, deadline_s
-from services.drills.local_kill import FAULT_PHASES
+from services.control.drills.local_kill import FAULT_PHASES
 from services.plane_sim.checks import (
     StandoffWatch,
     check_plane,
@@ -320,7 +320,7 @@ class _PlaneRun:
                 return
 
     async def _kill_drills(self) -> None:
-        """What ``convplane up``'s supervisor does for kill drills (``services.drills.local_kill``):
+        """What ``convplane up``'s supervisor does for kill drills (``services.control.drills.local_kill``):
         a kill drill injecting or holding gets its target's node killed once; once the drill has
         moved on, the node starts again."""
         for drill in self._drills_seen():

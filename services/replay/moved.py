@@ -26,8 +26,8 @@ from eventlog.committed_view import CommittedView
 from eventlog.errors import NotFound, ReplicaUnavailable
 from eventlog.model import CONVERSATION_CREATED, ConversationSummary, LogEntry
 from eventlog.node import LogNode
+from regions.drills import DRILL_TENANT
 from replay.scheduler import MovedConversation
-from services.drills.canary import DRILL_TENANT
 
 log = logging.getLogger("convplane.replay.moved")
 T = TypeVar("T")

@@ -31,9 +31,9 @@ from eventlog.http_headers import DEADLINE_HEADER, IDEMPOTENCY_KEY_HEADER, SERVE
 from eventlog.sharding import shard_of
 from regions.placement import place_shards
 from services.config import ClusterConfig, RegionConfig
+from services.deploy.db_roles import asyncpg_dsn
 from services.local.faultproxy import HEALED, FaultProxy, ProxySpec
 from services.local.plane import LocalPlane, RegionProcess
-from services.local.postgres import asyncpg_dsn
 
 #: node settings for chaos runs: 1 s detection (the production default), a short failback
 FAST_ENV = {

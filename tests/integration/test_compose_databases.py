@@ -20,8 +20,7 @@ from services.config import load_cluster
 from services.deploy.compose_bundles import write_bundles
 from services.deploy.compose_databases import prepare_databases
 from services.deploy.compose_secrets import ensure_secrets
-from services.deploy.db_roles import node_role
-from services.local.postgres import asyncpg_dsn
+from services.deploy.db_roles import asyncpg_dsn, node_role
 
 pytestmark = pytest.mark.postgres
 

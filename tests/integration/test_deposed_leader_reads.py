@@ -25,8 +25,8 @@ from typing import Any, Literal
 import pytest
 
 from eventlog.errors import Fenced, NoQuorum
+from services.deploy.db_roles import asyncpg_dsn
 from services.local.faultproxy import HEALED, ProxyRules
-from services.local.postgres import asyncpg_dsn
 from tests.conftest import LogCluster
 from tests.integration.pg_log import TENANT, append_round, create, lead_all, wait_caught_up
 

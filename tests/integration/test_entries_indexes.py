@@ -13,7 +13,7 @@ import aiosqlite
 import asyncpg
 
 from eventlog.stores import migrate
-from services.local.postgres import asyncpg_dsn
+from services.deploy.db_roles import asyncpg_dsn
 from tests.migrations import alembic_downgrade
 
 PG_INDEXES = "SELECT indexname FROM pg_indexes WHERE tablename = 'entries'"

@@ -27,8 +27,7 @@ from eventlog.model import LogEntry
 from eventlog.stores._pg_writes import _APPEND, append_arrays
 from eventlog.stores._plan import AppendRequest
 from eventlog.stores.migrate import migrate, migration_module
-from services.deploy.db_roles import restrict_to_protocol
-from services.local.postgres import asyncpg_dsn
+from services.deploy.db_roles import asyncpg_dsn, restrict_to_protocol
 from tests.migrations import alembic_downgrade
 
 GROUPS = 400

@@ -10,7 +10,8 @@ from urllib.parse import urlsplit
 import asyncpg
 import pytest
 
-from services.local.postgres import PgInstance, _as_postgres, _server_env, asyncpg_dsn
+from services.deploy.db_roles import asyncpg_dsn
+from services.local.postgres import PgInstance, _as_postgres, _server_env
 
 pytestmark = pytest.mark.postgres
 

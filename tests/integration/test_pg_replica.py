@@ -14,7 +14,8 @@ import pytest
 from eventlog.errors import InvariantViolation, ReplicaUnavailable
 from eventlog.model import Accepted, AppendReply, LogEntry, Promised, Rejected
 from eventlog.stores import SqlReplicaStore, open_replica_store
-from services.local.postgres import PgInstance, asyncpg_dsn
+from services.deploy.db_roles import asyncpg_dsn
+from services.local.postgres import PgInstance
 from tests.replica_conformance import ReplicaConformance, ReplicaOpener, entry, run
 
 pytestmark = pytest.mark.postgres

@@ -54,7 +54,7 @@ CHUNK = 50
 #: (3, 345) (version 6, with issue 32's identity-naming appends) — an evacuate drill of a started
 #: while b and c were then evacuated by an operator: evacuating a would leave no region to lead,
 #: the driver retried the injection forever and the drill never ended (fixed: a drill whose
-#: evacuation can never be made is aborted, services.drills.driver.DrillDriver._drive).
+#: evacuation can never be made is aborted, services.control.drills.driver.DrillDriver._drive).
 REGRESSION_SEEDS = {5: [(3, 12), (3, 64)], 6: [(3, 40), (3, 58), (3, 345)]}.get(
     PLANE_SIM_VERSION, []
 )

@@ -18,7 +18,7 @@ from services.api.forward_exchange import BatchExchange, HttpxBatchExchange
 from services.bootstrap import NodeAdapters, RuntimeFactory, open_runtime
 from services.bootstrap.node import TransportWrap
 from services.config import ClusterConfig, NodeSettings
-from services.drills.faults import BlackHole
+from services.control.drills.faults import BlackHole
 
 
 class Unreachable(httpx.AsyncBaseTransport):

@@ -12,11 +12,11 @@ import pytest
 from pydantic import ValidationError
 
 from eventlog.errors import InvalidRequest, Unauthorized
+from regions.drills import DRILL_TENANT
 from regions.keys import KEY_RECORD, KeyTable, check_name
 from regions.ops_state import OpsState
 from services.api.auth import Tenants
 from services.config import ClusterConfig, RegionConfig, TenantConfig, api_key_sha256
-from services.drills.canary import DRILL_TENANT
 from tests.unit.clocks import ManualClock
 
 NOW_MS = 1_000_000

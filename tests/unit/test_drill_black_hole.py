@@ -1,4 +1,4 @@
-"""The software black-hole of a region-loss drill (services.drills.faults): who drops what."""
+"""The software black-hole of a region-loss drill (services.control.drills.faults): who drops what."""
 
 from __future__ import annotations
 
@@ -12,13 +12,13 @@ from eventlog.errors import ReplicaUnavailable
 from eventlog.memory_replica import MemoryReplica
 from regions.drills import DrillSpec, request_abort, start
 from regions.ops_state import DRILL_RECORD, OpsState
-from services.control.peer_probe import HttpPeerProber
-from services.drills.faults import (
+from services.control.drills.faults import (
     BlackHole,
     BlackHoleReplica,
     BlackHoleTransport,
     region_by_address,
 )
+from services.control.peer_probe import HttpPeerProber
 from tests.unit.clocks import WALL_ORIGIN_MS, ManualClock
 
 URLS = {"us-east": "http://127.0.0.1:8700", "eu-west": "http://127.0.0.1:8701"}

@@ -19,8 +19,8 @@ from regions.membership import Membership, MembershipConfig
 from regions.ops_state import AUDIT_KEY, AUDIT_RECORD, DRILL_RECORD, HALT_RECORD, OpsState
 from regions.placement import place_shards
 from services.config import ClusterConfig, RegionConfig
-from services.drills.driver import DrillDriver, PreflightFailed
-from services.drills.load import LoadMeter
+from services.control.drills.driver import DrillDriver, PreflightFailed
+from services.control.drills.load import LoadMeter
 from tests.unit.clocks import WALL_ORIGIN_MS, ManualClock
 
 REGIONS = ("ap-south", "eu-west", "us-east")

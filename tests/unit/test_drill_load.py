@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import httpx
 
-from services.drills.load import LOAD_PATH, LoadMeter, plane_load
+from services.control.drills.load import LOAD_PATH, LoadMeter, plane_load
 from tests.unit.clocks import ManualClock
 
 

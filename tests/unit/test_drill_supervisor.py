@@ -1,11 +1,11 @@
-"""The local supervisor's side of kill drills (services.drills.local_kill): kill once while the
+"""The local supervisor's side of kill drills (services.control.drills.local_kill): kill once while the
 drill injects or holds, restart once it restores."""
 
 from __future__ import annotations
 
 import httpx
 
-from services.drills.local_kill import KillDrills
+from services.control.drills.local_kill import KillDrills
 
 
 class FakePlane:

@@ -1,5 +1,5 @@
 """A whole drill on virtual time: the state machine (regions.drills) driven step by step with the
-real canary runner (services.drills.canary) against a simulated plane, on the simulator's
+real canary runner (services.control.drills.canary) against a simulated plane, on the simulator's
 virtual-time loop (eventlog.sim.loop): seconds of drill cost no real time, and a run is exact.
 
 The simulated plane: 8 shards, the target ``us-east`` leads shards 1, 4 and 7. From injection
@@ -16,7 +16,7 @@ from eventlog.clock import LoopClock
 from eventlog.errors import Unavailable
 from eventlog.sim.loop import run_on_virtual_time as run_virtual
 from regions.drills import Drill, DrillSpec, Guards, Observation, advance, start
-from services.drills.canary import CANARY_TIMEOUT_S, CanaryRunner
+from services.control.drills.canary import CANARY_TIMEOUT_S, CanaryRunner
 
 SHARDS = 8
 MOVED = (1, 4, 7)

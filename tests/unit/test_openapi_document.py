@@ -19,7 +19,7 @@ from tests.unit.api_fakes import (
 )
 
 AUTH = {"Authorization": f"Bearer {KEY_A}"}
-API_FACING_MODULES = ("eventlog.", "services.api.", "services.drills.driver")
+API_FACING_MODULES = ("eventlog.", "services.api.", "services.control.drills.driver")
 MIDDLEWARE_CODES = {"invalid_request", "payload_too_large", "unsupported_media_type"}
 
 

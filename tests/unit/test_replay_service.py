@@ -11,13 +11,13 @@ import pytest
 
 from eventlog.clock import LoopClock
 from eventlog.sharding import shard_of
+from regions.drills import DRILL_TENANT
 from replay.affinity import AffinityTable
 from replay.cache_salt import cache_salt_for
 from replay.capacity import Grant
 from replay.chat import render_prompt
 from replay.model import PrefillRequest
 from services.bootstrap.replay import install_replay
-from services.drills.canary import DRILL_TENANT
 from services.replay.config import ReplayConfig
 from services.replay.transcripts import LogTranscriptSource
 from tests.unit.replay_world import (

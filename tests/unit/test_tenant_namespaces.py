@@ -15,7 +15,8 @@ from eventlog.clock import LoopClock
 from eventlog.config import LogConfig
 from eventlog.memory_replica import MemoryReplica
 from eventlog.node import LogNode
-from services.drills.canary import DRILL_TENANT, append_canary, read_canary
+from regions.drills import DRILL_TENANT
+from services.control.drills.canary import append_canary, read_canary
 from tests.unit.replay_world import (
     PEER_SECRET,
     REVISION,

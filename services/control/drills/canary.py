@@ -34,12 +34,10 @@ from eventlog.conversations import ConversationLog
 from eventlog.errors import InvariantViolation, NotFound
 from eventlog.sharding import shard_of
 from regions.drill_report import percentile
-from regions.drills import SERIES_POINTS_MAX, Drill, Measurements
+from regions.drills import DRILL_TENANT, SERIES_POINTS_MAX, Drill, Measurements
 
 log = logging.getLogger("convplane.drills")
 
-#: the reserved tenant of canary conversations
-DRILL_TENANT = "_drill"
 CANARY_EVENT = "note"
 #: one canary write (in-process or to a peer), and one read-back page. A slow ack is not an
 #: error (the ack p99 guard judges latency); one this late is

@@ -1,6 +1,6 @@
 """Kill drills on a local plane: the ``convplane up`` supervisor carries them out.
 
-A ``kill`` drill is a record in the control shard like any other (``services.drills.driver``); only the
+A ``kill`` drill is a record in the control shard like any other (``services.control.drills.driver``); only the
 process that started the plane can SIGKILL a region's node and database and start them again,
 so the supervisor polls the plane's drills (with the operator key ``up`` created) every
 ``SUPERVISE_POLL_S``: a kill drill injecting or holding gets its target killed once; once the

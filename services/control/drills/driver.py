@@ -13,7 +13,7 @@ Only the control leader writes ``control.drill`` records, and on it one lock ser
 deposed leader names a stale revision and applies as a no-op (``OpsState``).
 
 On every node the driver also fences the node when it is itself a region-loss target: it resigns
-the shards it leads (its appends could not reach a quorum anyway, ``services.drills.faults``).
+the shards it leads (its appends could not reach a quorum anyway, ``services.control.drills.faults``).
 """
 
 from __future__ import annotations
@@ -67,13 +67,13 @@ from regions.ops_state import (
     audit_body,
 )
 from services.control.controller import Controller
-from services.drills.canary import (
+from services.control.drills.canary import (
     CANARY_TIMEOUT_S,
     CanaryRunner,
     append_canary,
     read_canary,
 )
-from services.drills.load import LoadMeter, PlaneLoad, ReplayView, moved_load, plane_load
+from services.control.drills.load import LoadMeter, PlaneLoad, ReplayView, moved_load, plane_load
 
 log = logging.getLogger("convplane.drills")
 

@@ -16,8 +16,7 @@ from eventlog.clock import Clock
 from eventlog.errors import ConvplaneError
 from eventlog.replica import ReplicaStore
 from regions.drill_plan import MovedLoad
-from regions.drills import ReplayTally
-from services.drills.canary import DRILL_TENANT
+from regions.drills import DRILL_TENANT, ReplayTally
 
 #: the load meter's window, and the most appends it remembers
 LOAD_WINDOW_S = 10.0

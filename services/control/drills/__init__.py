@@ -7,5 +7,5 @@
 * ``faults``: the software black-hole of a ``region-loss`` drill, at every node;
 * ``local_kill``: ``kill`` drills carried out by ``convplane up``'s supervisor.
 
-Imports ``services.control`` and the cores; nothing from the HTTP edge (``services.api``).
+Imports ``services.control.controller`` and the cores; nothing from the HTTP edge (``services.api``).
 """
