@@ -1,6 +1,10 @@
-"""What a request handler needs: the node's services (``ApiState``) and the request's own
-tenant and deadline (``RequestContext``), with the one place that runs a log call under the
-deadline and turns ``NotLeader`` into a forward.
+"""What a request handler needs: the node's services (``AppServices``, with the request path's
+own ``ApiState``) and the request's own tenant and deadline (``RequestContext``), with the one
+place that runs a log call under the deadline and turns ``NotLeader`` into a forward.
+
+The app's lifespan (``services.bootstrap.api.open_api``) stores one ``AppServices`` on the app
+(``set_app_services``); handlers read it through ``app_services`` only, typed, never by
+attribute name from ``app.state``.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from fastapi import Request, Response
+from starlette.applications import Starlette
 
 from eventlog.clock import Clock
 from eventlog.conversations import ConversationLog
@@ -23,7 +28,12 @@ from services.api.forwarding import FORWARDED_HEADER, Forwarder
 from services.api.metrics import Metrics
 from services.api.roles import require_read_only_viewer
 from services.config import ClusterConfig, NodeSettings, TenantConfig
+from services.control.audit_log import AuditPostLimiter
+from services.control.controller import Controller
+from services.control.drills.driver import DrillDriver
+from services.control.key_admin import KeyAdmin
 from services.logs import bind_request
+from services.replay.service import ReplayService
 from services.tracing import NodeTracing
 
 T = TypeVar("T")
@@ -44,10 +54,36 @@ class ApiState:
     tracing: NodeTracing | None = None  # None: tracing off (services.tracing)
 
 
+@dataclass
+class AppServices:
+    """Everything the app's handlers reach on this node, opened once by the app's lifespan.
+    None: this node runs without it (a lone node without a controller, no drill driver, no
+    replay engines)."""
+
+    api: ApiState
+    controller: Controller | None = None
+    drills: DrillDriver | None = None
+    key_admin: KeyAdmin | None = None
+    audit_limiter: AuditPostLimiter | None = None
+    replay: ReplayService | None = None
+
+
+_SERVICES = "convplane_services"
+
+
+def set_app_services(app: Starlette, services: AppServices) -> None:
+    setattr(app.state, _SERVICES, services)
+
+
+def app_services(app: Starlette) -> AppServices:
+    services = getattr(app.state, _SERVICES, None)
+    if not isinstance(services, AppServices):
+        raise InvariantViolation("the app was used before its lifespan opened its services")
+    return services
+
+
 def api_state(request: Request) -> ApiState:
-    state = request.app.state.api
-    assert isinstance(state, ApiState)
-    return state
+    return app_services(request.app).api
 
 
 @dataclass

@@ -26,7 +26,7 @@ from eventlog.errors import NotFound, NotLeader, Unauthorized, Unavailable
 from regions.drills import REASON_CHARS_MAX
 from services.api import control_schemas as bodies
 from services.api import schemas
-from services.api.context import RequestContext, request_context
+from services.api.context import RequestContext, app_services, request_context
 from services.api.forwarding import PEER_AUTH_HEADER
 from services.api.openapi import CHAT_APPS, OPERATORS, errors
 from services.api.replay_routes import affinity_body, live_request_fields
@@ -49,8 +49,8 @@ RegionPath = Annotated[
 
 
 def _controller(request: Request) -> Controller:
-    controller = getattr(request.app.state, "controller", None)
-    if not isinstance(controller, Controller):
+    controller = app_services(request.app).controller
+    if controller is None:
         raise Unavailable("failure detection and placement are not running on this node")
     return controller
 
@@ -133,7 +133,7 @@ async def region_action(
     controller = _controller(ctx.request)
     if name not in {r.name for r in controller.cluster.regions}:
         raise NotFound(f"no region {name!r}")
-    drills = getattr(ctx.request.app.state, "drills", None)
+    drills = app_services(ctx.request.app).drills
 
     async def act() -> dict[str, Any]:
         if drills is None:  # a plane without a drill driver keeps no audit log

@@ -30,7 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from eventlog.errors import InvalidRequest, NotFound, Unavailable
 from regions.drill_report import report
 from regions.drills import DRILL_TENANT, REASON_CHARS_MAX, Drill, DrillSpec, Guards
-from services.api.context import RequestContext, api_state, request_context
+from services.api.context import RequestContext, api_state, app_services, request_context
 from services.api.control_routes import _require_peer
 from services.api.drill_report_html import render
 from services.api.event_bodies import ID_PATTERN
@@ -92,15 +92,15 @@ class CanaryWrite(BaseModel):
 
 
 def _driver(request: Request) -> DrillDriver:
-    driver = getattr(request.app.state, "drills", None)
-    if not isinstance(driver, DrillDriver):
+    driver = app_services(request.app).drills
+    if driver is None:
         raise Unavailable("drills are not running on this node")
     return driver
 
 
 def _audit_limiter(request: Request) -> AuditPostLimiter:
-    limiter = getattr(request.app.state, "audit_limiter", None)
-    if not isinstance(limiter, AuditPostLimiter):
+    limiter = app_services(request.app).audit_limiter
+    if limiter is None:
         raise Unavailable("the audit log is not kept on this node")
     return limiter
 
@@ -370,7 +370,7 @@ async def peer_load(request: Request) -> dict[str, Any]:
     """Internal: this node's measured append rate, how the live appends that entered it
     ended, and its replay's prefill numbers, for a drill's capacity preflight and its report."""
     _require_peer(request)
-    replay = getattr(request.app.state, "replay", None)
+    replay = app_services(request.app).replay
     load = _driver(request).load
     succeeded, errors = load.entry_rates()
     return {

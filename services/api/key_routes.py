@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from eventlog.errors import Unavailable
 from regions.drills import REASON_CHARS_MAX
 from regions.keys import NAME_CHARS_MAX, KeyRecord, Role
-from services.api.context import RequestContext, request_context
+from services.api.context import RequestContext, app_services, request_context
 from services.api.openapi import OPERATORS, errors
 from services.api.roles import OBSERVER_ROLES, OPERATOR_ROLES, require_role
 from services.control.key_admin import KEY_LIFETIME_MAX_S, ROTATION_GRACE_MAX_S, KeyAdmin, Operator
@@ -56,8 +56,8 @@ class RotateKey(BaseModel):
 
 
 def _admin(request: Request) -> KeyAdmin:
-    admin = getattr(request.app.state, "key_admin", None)
-    if not isinstance(admin, KeyAdmin):
+    admin = app_services(request.app).key_admin
+    if admin is None:
         raise Unavailable("key administration needs the control plane, not running on this node")
     return admin
 

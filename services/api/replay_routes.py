@@ -23,7 +23,7 @@ from eventlog.errors import InvalidRequest, NotLeader, Unavailable
 from replay.cache_salt import cache_salt_for
 from services.api import control_schemas as bodies
 from services.api import schemas
-from services.api.context import RequestContext, api_state, request_context
+from services.api.context import RequestContext, api_state, app_services, request_context
 from services.api.openapi import CHAT_APPS, OPERATORS, errors
 from services.api.roles import OBSERVER_ROLES, OPERATOR_ROLES, require_role
 from services.replay.service import ReplayService
@@ -34,8 +34,8 @@ ConversationIdPath = Annotated[str, Path(min_length=1, max_length=128, pattern=s
 
 
 def _service(request: Request) -> ReplayService:
-    service = getattr(request.app.state, "replay", None)
-    if not isinstance(service, ReplayService):
+    service = app_services(request.app).replay
+    if service is None:
         raise Unavailable("replay is not running on this node")
     return service
 
@@ -78,8 +78,8 @@ def live_request_fields(request: Request, tenant_id: str, model_revision: str) -
 
 def affinity_body(request: Request, tenant_id: str, conversation_id: str) -> dict[str, Any] | None:
     """The ``worker`` object of ``/route`` and ``/affinity`` (None: no warm engine known)."""
-    service = getattr(request.app.state, "replay", None)
-    if not isinstance(service, ReplayService):
+    service = app_services(request.app).replay
+    if service is None:
         return None
     affinity = service.affinity_of(tenant_id, conversation_id)
     if affinity is None:
@@ -109,7 +109,7 @@ async def get_affinity(ctx: Context, conversation_id: ConversationIdPath) -> Any
 
     async def locate() -> dict[str, Any]:
         if not node.leads(shard):
-            controller = getattr(ctx.request.app.state, "controller", None)
+            controller = app_services(ctx.request.app).controller
             owner = None if controller is None else controller.placement().assignment.get(shard)
             raise NotLeader(
                 f"{service.region} does not lead shard {shard}", shard=shard,

@@ -26,7 +26,13 @@ from eventlog.http_headers import (
 from replay import read_grant
 from replay.read_grant import READ_GRANT_CHARS_MAX, READ_GRANT_HEADER
 from services.api import schemas
-from services.api.context import RequestContext, _deadline_s, api_state, request_context
+from services.api.context import (
+    RequestContext,
+    _deadline_s,
+    api_state,
+    app_services,
+    request_context,
+)
 from services.api.event_bodies import AnyEvent, payload_of
 from services.api.forwarding import FORWARDED_HEADER
 from services.api.openapi import CHAT_APPS, OPERATORS, errors, event_body
@@ -286,9 +292,10 @@ ops_router = APIRouter(tags=[OPERATORS])
 async def healthz(request: Request) -> Any:
     """Readiness, no key needed: 200 once the region leads every shard placed on it, 503
     (with `Retry-After`) until then."""
-    api = api_state(request)
+    services = app_services(request.app)
+    api = services.api
     placed, led = api.readiness()
-    controller = getattr(request.app.state, "controller", None)
+    controller = services.controller
     unhealthy = controller.supervisor.unhealthy() if controller is not None else []
     ready = led >= placed and not unhealthy
     health = schemas.Health(

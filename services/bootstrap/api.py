@@ -11,13 +11,13 @@ from fastapi import FastAPI
 
 from services.api.admission import NodeAdmission
 from services.api.auth import Tenants
-from services.api.context import ApiState
+from services.api.context import ApiState, AppServices, set_app_services
 from services.api.fast_lane import FastLane
 from services.api.forward_batch import BatchConfig
 from services.api.forwarding import Forwarder
 from services.api.metrics import Metrics
 from services.bootstrap.node import NodeRuntime
-from services.bootstrap.replay import install_replay
+from services.bootstrap.replay import watch_replay
 from services.config import NodeSettings
 from services.console.access import ConsoleAccess
 from services.console.outcomes import AppendOutcomes
@@ -44,7 +44,7 @@ async def open_api(
     console_access: ConsoleAccess,
     append_outcomes: AppendOutcomes,
     fast_lane: FastLane | None = None,
-) -> AsyncIterator[None]:
+) -> AsyncIterator[AppServices]:
     forwarder = Forwarder(
         client=runtime.peers,
         peer_urls={r.name: r.peer_url_for(settings.region) for r in runtime.cluster.regions},
@@ -74,7 +74,7 @@ async def open_api(
     )
     if runtime.replica_instruments is not None:
         runtime.replica_instruments.tracing = tracing
-    app.state.api = ApiState(
+    api = ApiState(
         region=settings.region,
         settings=settings,
         cluster=runtime.cluster,
@@ -93,19 +93,22 @@ async def open_api(
         readiness=runtime.readiness,
         tracing=tracing,
     )
-    app.state.controller = runtime.controller
     if runtime.controller is not None:
         metrics.watch_loops(runtime.controller.supervisor)
         metrics.watch_replicas(runtime.controller.node.identity)
     _watch_node(metrics, runtime)
-    app.state.drills = runtime.drills
-    app.state.audit_limiter = AuditPostLimiter(runtime.clock, metrics.registry)
-    app.state.key_admin = (
-        None
+    services = AppServices(
+        api=api,
+        controller=runtime.controller,
+        drills=runtime.drills,
+        key_admin=None
         if runtime.drills is None
-        else KeyAdmin(runtime.drills, runtime.cluster.tenants, runtime.clock)
+        else KeyAdmin(runtime.drills, runtime.cluster.tenants, runtime.clock),
+        audit_limiter=AuditPostLimiter(runtime.clock, metrics.registry),
+        replay=runtime.replay,
     )
-    install_replay(app, metrics.registry, runtime.replay)
+    set_app_services(app, services)
+    watch_replay(metrics.registry, runtime.replay)
     console_access.open(runtime.cluster, settings)
     append_outcomes.open(runtime.clock)
     if runtime.drills is not None:
@@ -113,13 +116,13 @@ async def open_api(
     admission.open(
         settings=settings,
         cluster=runtime.cluster,
-        tenants=app.state.api.tenants,
+        tenants=api.tenants,
         clock=runtime.clock,
     )
     if fast_lane is not None:
-        fast_lane.open(app.state.api)
+        fast_lane.open(api)
     try:
-        yield
+        yield services
     finally:
         if fast_lane is not None:
             fast_lane.close()

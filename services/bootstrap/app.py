@@ -13,7 +13,7 @@ from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
 from opentelemetry.sdk.trace import TracerProvider
 
 from services.api.admission import NodeAdmission
-from services.api.context import ApiState
+from services.api.context import AppServices
 from services.api.control_routes import control_router, peer_router
 from services.api.docs_ui import install_docs
 from services.api.drill_routes import drill_peer_router, drill_router
@@ -91,6 +91,8 @@ def create_app(
         check=append_check,
     )
 
+    opened: list[AppServices] = []  # the services the lifespan opened last (the shard count)
+
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         async with factory(settings) as runtime:
@@ -105,7 +107,8 @@ def create_app(
                     console_access=console_access,
                     append_outcomes=append_outcomes,
                     fast_lane=fast_lane,
-                ):
+                ) as services:
+                    opened[:] = [services]
                     yield
             finally:
                 if provider is not None:  # spans still queued go out before the process ends
@@ -121,7 +124,7 @@ def create_app(
         redoc_url=None,
     )
     app.state.fast_lane = fast_lane
-    install_openapi(app, lambda: _shard_count(app))
+    install_openapi(app, lambda: opened[0].api.cluster.shard_count if opened else None)
     install_error_handlers(app, settings.retry_after_default_s, metrics.count_error)
     app.include_router(router)
     app.include_router(ops_router)
@@ -155,8 +158,3 @@ def create_app(
             exclude_spans=["receive", "send"],  # one span per request, not one per ASGI message
         )
     return app
-
-
-def _shard_count(app: FastAPI) -> int | None:
-    api = getattr(app.state, "api", None)
-    return api.cluster.shard_count if isinstance(api, ApiState) else None

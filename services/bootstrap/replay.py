@@ -1,5 +1,5 @@
 """Building the replay service of one node (called from ``services.bootstrap.node``) and
-installing its routes' state and metrics on the API app (from ``services.bootstrap.api``)."""
+exporting its metrics in the API app's registry (from ``services.bootstrap.api``)."""
 
 from __future__ import annotations
 
@@ -23,7 +23,6 @@ from services.replay.service import ReplayService, ReplayServiceConfig
 from services.replay.transcripts import LogTranscriptSource
 
 if TYPE_CHECKING:
-    from fastapi import FastAPI
     from prometheus_client import CollectorRegistry
 
 
@@ -147,12 +146,9 @@ async def open_replay_service(
         yield service
 
 
-def install_replay(
-    app: FastAPI, registry: CollectorRegistry, service: ReplayService | None
-) -> None:
-    """Make the service reachable from the replay routes and export its metrics."""
+def watch_replay(registry: CollectorRegistry, service: ReplayService | None) -> None:
+    """Export the replay service's metrics in the app's registry."""
     from services.replay.metrics import ReplayCollector
 
-    app.state.replay = service
     if service is not None:
         registry.register(ReplayCollector(service))

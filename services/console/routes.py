@@ -24,21 +24,18 @@ from __future__ import annotations
 from importlib.resources import files
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi import APIRouter, Depends, FastAPI
 from fastapi.responses import HTMLResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.staticfiles import StaticFiles
 
-from services.api.context import RequestContext, request_context
+from services.api.context import RequestContext, app_services, request_context
 from services.api.openapi import OPERATORS
 from services.api.roles import OBSERVER_ROLES, require_role
 from services.console.access import ConsoleAccess, ConsoleCorsMiddleware
 from services.console.outcomes import AppendOutcomeMiddleware, AppendOutcomes
-from services.control.controller import Controller
-from services.control.drills.driver import DrillDriver
 from services.replay.service import ReplayService
 
-console_router = APIRouter()
 Context = Annotated[RequestContext, Depends(request_context)]
 STATIC_PACKAGE = ("services.console", "static")
 
@@ -80,9 +77,20 @@ def install_console(app: FastAPI, access: ConsoleAccess, outcomes: AppendOutcome
     """Routes, static files and the two middlewares, outside the edge (``create_app`` calls it
     after adding ``EdgeMiddleware``): CORS preflights carry no key and must be answered before
     admission would refuse them, and appends refused by admission must still be counted."""
-    app.state.console_access = access
-    app.state.console_outcomes = outcomes
-    app.include_router(console_router)
+    router = APIRouter()
+
+    @router.get("/console", include_in_schema=False)
+    async def console_page() -> HTMLResponse:
+        return _page(access)
+
+    @router.get("/v1/console/node", tags=[OPERATORS], response_model=ConsoleNode)
+    async def console_node(ctx: Context) -> dict[str, Any]:
+        """What only this node knows, for the console (operator or viewer keys): shards led here
+        and their epochs, appends that entered here (rate, error ratio), replay progress, and where
+        a browser reaches every region. Answered by this node itself, never forwarded."""
+        return _node(ctx, access, outcomes)
+
+    app.include_router(router)
     app.mount("/console/static", StaticFiles(packages=[STATIC_PACKAGE]), name="console-static")
     app.add_middleware(AppendOutcomeMiddleware, outcomes=outcomes)
     app.add_middleware(ConsoleCorsMiddleware, access=access)
@@ -96,9 +104,7 @@ def _content_security_policy(access: ConsoleAccess) -> str:
     )
 
 
-@console_router.get("/console", include_in_schema=False)
-async def console_page(request: Request) -> HTMLResponse:
-    access: ConsoleAccess = request.app.state.console_access
+def _page(access: ConsoleAccess) -> HTMLResponse:
     page = files(STATIC_PACKAGE[0]).joinpath(STATIC_PACKAGE[1], "index.html").read_text("utf-8")
     return HTMLResponse(
         page,
@@ -111,20 +117,12 @@ async def console_page(request: Request) -> HTMLResponse:
     )
 
 
-@console_router.get("/v1/console/node", tags=[OPERATORS], response_model=ConsoleNode)
-async def console_node(ctx: Context) -> dict[str, Any]:
-    """What only this node knows, for the console (operator or viewer keys): shards led here
-    and their epochs, appends that entered here (rate, error ratio), replay progress, and where
-    a browser reaches every region. Answered by this node itself, never forwarded."""
+def _node(ctx: RequestContext, access: ConsoleAccess, outcomes: AppendOutcomes) -> dict[str, Any]:
     require_role(ctx.tenant, OBSERVER_ROLES)
-    state = ctx.request.app.state
-    access: ConsoleAccess = state.console_access
-    controller = getattr(state, "controller", None)
-    drills = getattr(state, "drills", None)
-    replay = getattr(state, "replay", None)
-    outcomes: AppendOutcomes = state.console_outcomes
+    services = app_services(ctx.request.app)
+    controller, drills, replay = services.controller, services.drills, services.replay
     appends = outcomes.rates().to_body()
-    if isinstance(drills, DrillDriver):
+    if drills is not None:
         appends["acked_led_per_s"] = round(drills.load.append_rate_per_s(), 2)
     body: dict[str, Any] = {
         "region": ctx.api.region,
@@ -135,10 +133,10 @@ async def console_node(ctx: Context) -> dict[str, Any]:
         "placement_version": None,
         "led_shards": {},
         "appends": appends,
-        "replay": _replay_summary(replay) if isinstance(replay, ReplayService) else None,
+        "replay": _replay_summary(replay) if replay is not None else None,
         "unhealthy_loops": [],
     }
-    if isinstance(controller, Controller):
+    if controller is not None:
         node = controller.node
         led = {}
         for shard in node.led_shards():

@@ -30,6 +30,7 @@ from fastapi import FastAPI
 from eventlog.http_headers import PEER_AUTH_HEADER
 from services.api import fast_lane
 from services.api.forward_batch import BATCH_PATH
+from services.console.outcomes import AppendOutcomes
 from tests.unit.admission_nodes import (
     SECRET,
     SlowLog,
@@ -179,8 +180,8 @@ async def test_the_lane_answers_every_request_as_the_app_does(served: list[str])
         lane_metrics = await _request_metrics(by_lane.east)
         app_metrics = await _request_metrics(by_app.east)
         # the console's count of appends that entered the node, by outcome
-        lane_outcomes = by_lane.east.state.console_outcomes.rates().to_body()
-        app_outcomes = by_app.east.state.console_outcomes.rates().to_body()
+        lane_outcomes = _console_outcomes(by_lane.east).rates().to_body()
+        app_outcomes = _console_outcomes(by_app.east).rates().to_body()
     # the lane took the appends it may take (and only from the one-write connection)
     assert lane_count >= 10, served
     statuses = {what: answer.status for (what, _), answer in zip(SCRIPT, laned, strict=True)}
@@ -307,8 +308,8 @@ async def test_the_lane_answers_reads_of_a_conversation_as_the_app_does(
             ), what
         lane_metrics = await _request_metrics(by_lane.east)
         app_metrics = await _request_metrics(by_app.east)
-        lane_outcomes = by_lane.east.state.console_outcomes.rates().to_body()
-        app_outcomes = by_app.east.state.console_outcomes.rates().to_body()
+        lane_outcomes = _console_outcomes(by_lane.east).rates().to_body()
+        app_outcomes = _console_outcomes(by_app.east).rates().to_body()
     statuses = {what: answer.status for (what, _), answer in zip(READS, laned, strict=True)}
     assert statuses["read"] == 200 and json.loads(laned[0].body)["last_seq"] == 2
     pages = {what: answer for (what, _), answer in zip(READS, laned, strict=True)}
@@ -372,6 +373,15 @@ async def test_connection_close_is_honoured() -> None:
         assert connection.transport.closed
 
 
+def _console_outcomes(app: FastAPI) -> AppendOutcomes:
+    """The console's window of appends that entered ``app`` (what its middleware counts)."""
+    for middleware in app.user_middleware:
+        outcomes = middleware.kwargs.get("outcomes")
+        if isinstance(outcomes, AppendOutcomes):
+            return outcomes
+    raise AssertionError("the app counts no append outcomes")
+
+
 async def _request_metrics(app: FastAPI) -> list[str]:
     async with httpx.AsyncClient(
         transport=httpx.ASGITransport(app=app), base_url="http://node.test"
@@ -425,7 +435,7 @@ async def test_a_client_gone_before_its_answer_gets_none_and_leaks_nothing() -> 
         (retry,) = await again.exchange(append(EAST_CONV, USER, extra={"idempotency-key": "g"}))
         assert retry.status == 200 and retry.headers["idempotent-replayed"] == "true"
         assert json.loads(retry.body)["seq"] == 1
-        outcomes = p.east.state.console_outcomes.rates().to_body()
+        outcomes = _console_outcomes(p.east).rates().to_body()
     assert outcomes["received_per_s"] > 0
 
 
@@ -573,8 +583,8 @@ async def test_the_leaders_lane_answers_forwarded_appends_as_its_app_does(
         for (what, _), one, other in zip(FORWARDED_SCRIPT, laned, apped, strict=True):
             assert one == other, what
         assert await _request_metrics(by_lane.west) == await _request_metrics(by_app.west)
-        lane_outcomes = by_lane.west.state.console_outcomes.rates().to_body()
-        assert lane_outcomes == by_app.west.state.console_outcomes.rates().to_body()
+        lane_outcomes = _console_outcomes(by_lane.west).rates().to_body()
+        assert lane_outcomes == _console_outcomes(by_app.west).rates().to_body()
     statuses = {
         what: answer["status"] if isinstance(answer, dict) else answer[0]
         for (what, _), answer in zip(FORWARDED_SCRIPT, laned, strict=True)

@@ -11,8 +11,11 @@ from eventlog.clock import LoopClock
 from eventlog.config import LogConfig
 from eventlog.memory_replica import MemoryReplica
 from eventlog.node import LogNode
+from services.api.auth import Tenants
+from services.api.context import ApiState, AppServices, set_app_services
 from services.api.control_routes import peer_router
 from services.api.errors import install_error_handlers
+from services.api.forwarding import Forwarder
 from services.api.metrics import Metrics
 from services.config import NodeSettings
 from services.control.controller import Controller
@@ -35,11 +38,35 @@ def peer_app(peer_secret: str | None) -> FastAPI:
     node = LogNode(
         region="east", replicas=replicas, config=LogConfig(shard_count=4), clock=clock, rng=rng
     )
+    settings = NodeSettings(region="east", cluster=cluster)
+    metrics = Metrics("east")
     app = FastAPI()
-    install_error_handlers(app, 1.0, Metrics("east").count_error)
+    install_error_handlers(app, 1.0, metrics.count_error)
     app.include_router(peer_router)
-    app.state.controller = Controller(
-        settings=NodeSettings(region="east", cluster=cluster),
+    forwarder = Forwarder(
+        client=PEERS,
+        peer_urls={},
+        clock=clock,
+        rng=rng,
+        metrics=metrics,
+        retries_max=0,
+        backoff_s=0.1,
+        source_region="east",
+    )
+    api = ApiState(
+        region="east",
+        settings=settings,
+        cluster=cluster,
+        log=node,
+        tenants=Tenants(cluster.tenants, clock),
+        forwarder=forwarder,
+        metrics=metrics,
+        clock=clock,
+        rng=rng,
+        readiness=lambda: (0, 0),
+    )
+    controller = Controller(
+        settings=settings,
         cluster=cluster,
         node=node,
         replicas=replicas,
@@ -47,6 +74,7 @@ def peer_app(peer_secret: str | None) -> FastAPI:
         clock=clock,
         rng=rng,
     )
+    set_app_services(app, AppServices(api=api, controller=controller))
     return app
 
 

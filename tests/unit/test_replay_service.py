@@ -17,7 +17,7 @@ from replay.cache_salt import cache_salt_for
 from replay.capacity import Grant
 from replay.chat import render_prompt
 from replay.model import PrefillRequest
-from services.bootstrap.replay import install_replay
+from services.bootstrap.replay import watch_replay
 from services.replay.config import ReplayConfig
 from services.replay.transcripts import LogTranscriptSource
 from tests.unit.replay_world import (
@@ -293,13 +293,12 @@ async def test_api_status_operator_affinity_service_reads_and_metrics() -> None:
         assert 'convplane_replay_engine_spare_tokens_per_second{engine="b-e0"}' in text
 
 
-def test_install_replay_without_a_service_sets_none() -> None:
-    from fastapi import FastAPI
+def test_watch_replay_without_a_service_exports_nothing() -> None:
     from prometheus_client import CollectorRegistry
 
-    app = FastAPI()
-    install_replay(app, CollectorRegistry(), None)
-    assert app.state.replay is None
+    registry = CollectorRegistry()
+    watch_replay(registry, None)
+    assert list(registry.collect()) == []
 
 
 @pytest.mark.parametrize("bad", [{"tenant_weights": {"t": 0}}, {"tenant_tokens_per_s": {"t": -1}}])
