@@ -161,7 +161,7 @@ class NodeAdmission:
     ) -> None:
         if self._open is not None:
             raise InvariantViolation("admission opened twice")
-        controller = build_controller(settings, cluster, clock)
+        controller = build_admission_controller(settings, cluster, clock)
         if cluster.peer_secret is None and len(cluster.regions) > 1:
             log.warning("cluster file has no peer_secret: forwards are charged at every hop")
         self._clock = clock
@@ -372,10 +372,10 @@ class NodeAdmission:
         return float(self._peer_in_flight)
 
 
-def build_controller(
+def build_admission_controller(
     settings: NodeSettings, cluster: ClusterConfig, clock: Clock
 ) -> AdmissionController:
-    """The node's controller: limits from ``settings`` (initial and min capped at
+    """The node's admission controller: limits from ``settings`` (initial and min capped at
     ``max_in_flight``), one quota per listed tenant, plus the unmetered bucket of forwards."""
     limit_max = float(settings.max_in_flight)
     limit_initial = min(float(settings.admission_limit_initial), limit_max)

@@ -155,11 +155,13 @@ class DrillDriver:
 
     async def _forever(self) -> None:
         # a step every tick; after failures twice the last wait, doubling up to the cap. Not
-        # jittered (low=1, width=0): one driver per node, nothing to spread
+        # jittered (low=1, width=0): one driver per node, nothing to spread. Its draws never
+        # change a wait; a rng of its own, seeded, keeps them out of every shared stream (the
+        # simulator's seeds replay the same) and deterministic themselves
         backoff = Backoff(
             min(DRIVER_TICK_S * 2, STEP_BACKOFF_MAX_S),
             STEP_BACKOFF_MAX_S,
-            random.Random(),
+            random.Random(0),
             1.0,
             0.0,
         )
