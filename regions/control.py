@@ -188,9 +188,10 @@ class PlacementDecider:
         current = state.effective()
         newly_down = {r for r, s in statuses.items() if s == "down" and r in self.weights}
         back = {
-            r for r in current.down
+            r
+            for r in current.down
             if self.healthy_for_s(r, now_s) >= self.config.failback_hysteresis_s
-        }  # fmt: skip
+        }
         down = (set(current.down) | newly_down) - (back - newly_down)
         return self._plan(current, frozenset(down), current.evacuated, now_s, state.version)
 

@@ -488,8 +488,9 @@ class CapacityPoller:
             self.failures_total += 1
             reason = str(exc) or "metrics scrape timed out"
             if reason != self.unknown_reason:  # loudly, but once per reason
-                log.warning("engine %s: capacity unknown, no replay: %s",
-                            self._engine.engine_id, reason)  # fmt: skip
+                log.warning(
+                    "engine %s: capacity unknown, no replay: %s", self._engine.engine_id, reason
+                )
             self.unknown_reason = reason
             return False
         self.unknown_reason = None

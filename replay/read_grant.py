@@ -35,23 +35,26 @@ class ReadGrant:
     expires_ms: int
 
 
-def _mac(key: bytes, job_id: str, tenant_id: str, conversation_id: str, region: str,
-         expires_ms: int) -> str:  # fmt: skip
+def _mac(
+    key: bytes, job_id: str, tenant_id: str, conversation_id: str, region: str, expires_ms: int
+) -> str:
     # length-prefixed fields: no two field lists sign the same bytes
     fields = (job_id, tenant_id, conversation_id, region, str(expires_ms))
     message = b"".join(len(f.encode()).to_bytes(4, "big") + f.encode() for f in fields)
     return hmac.new(key, b"convplane/read-grant/v1" + message, hashlib.sha256).hexdigest()
 
 
-def sign(key: bytes, *, job_id: str, tenant_id: str, conversation_id: str, region: str,
-         expires_ms: int) -> str:  # fmt: skip
+def sign(
+    key: bytes, *, job_id: str, tenant_id: str, conversation_id: str, region: str, expires_ms: int
+) -> str:
     encoded_id = base64.urlsafe_b64encode(job_id.encode()).decode().rstrip("=")
     mac = _mac(key, job_id, tenant_id, conversation_id, region, expires_ms)
     return f"{_VERSION}.{encoded_id}.{region}.{expires_ms}.{mac}"
 
 
-def verify(key: bytes, grant: str | None, *, tenant_id: str, conversation_id: str,
-           now_ms: int) -> ReadGrant:  # fmt: skip
+def verify(
+    key: bytes, grant: str | None, *, tenant_id: str, conversation_id: str, now_ms: int
+) -> ReadGrant:
     """The grant, if it is valid for reading this conversation now; ``Forbidden``
     (403) otherwise."""
     if not grant:

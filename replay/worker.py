@@ -307,16 +307,19 @@ class ReplayWorker:
                     request_id=f"replay-{job.job_id}-{self._rng.getrandbits(32):08x}",
                 )
                 outcome = await self._retrying(
-                    job, lambda request=request: self._engine.prefill(request),  # type: ignore[misc]
+                    job,
+                    lambda request=request: self._engine.prefill(request),  # type: ignore[misc]
                     s.prefill_timeout_s,
-                )  # fmt: skip
+                )
                 computed += outcome.prompt_tokens - outcome.cached_prompt_tokens
             computed_tokens = computed
             # the whole prompt; cached = what was there before this replay computed the rest
             return PrefillOutcome(
-                outcome.prompt_tokens, max(outcome.prompt_tokens - computed, 0),
-                outcome.duration_ms, outcome.cached_reported,
-            )  # fmt: skip
+                outcome.prompt_tokens,
+                max(outcome.prompt_tokens - computed, 0),
+                outcome.duration_ms,
+                outcome.cached_reported,
+            )
         finally:
             self._gate.release(computed_tokens)
 

@@ -167,8 +167,11 @@ _JOB_INTS = {"estimated_prompt_tokens": TOKENS_MAX, "last_activity_ms": _INT_MAX
              "deadline_ms": _INT_MAX, "through_seq": _INT_MAX}  # fmt: skip
 _RESULT_IDS = ("tenant_id", "conversation_id")
 _RESULT_NAMES = ("job_id", "region", "model_revision", "worker_id", "engine_id")
-_RESULT_INTS = {"prompt_tokens": TOKENS_MAX, "cached_prompt_tokens": TOKENS_MAX,
-                "finished_at_ms": _INT_MAX}  # fmt: skip
+_RESULT_INTS = {
+    "prompt_tokens": TOKENS_MAX,
+    "cached_prompt_tokens": TOKENS_MAX,
+    "finished_at_ms": _INT_MAX,
+}
 
 
 def job_body(job: ReplayJob) -> dict[str, Any]:

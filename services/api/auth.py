@@ -76,10 +76,13 @@ class Tenants:
         tenant = self._by_id.get(on_behalf_of or "")
         if tenant is None and self.keys is not None:
             tenant = next(
-                (self._config_of(r) for r in self.keys.by_name.values()
-                 if r.tenant_id == on_behalf_of and r.role == "tenant"),
+                (
+                    self._config_of(r)
+                    for r in self.keys.by_name.values()
+                    if r.tenant_id == on_behalf_of and r.role == "tenant"
+                ),
                 None,
-            )  # fmt: skip
+            )
         if tenant is None:
             raise Unauthorized("the service key reads on behalf of a known X-Convplane-Tenant")
         return tenant

@@ -140,8 +140,9 @@ async def region_action(
             await controller.operator(action, name)
         else:
             why = reason.strip() or "operator request"
-            await drills.move_region(action, name, by=ctx.tenant.tenant_id,
-                                     role=ctx.tenant.role, reason=why)  # fmt: skip
+            await drills.move_region(
+                action, name, by=ctx.tenant.tenant_id, role=ctx.tenant.role, reason=why
+            )
         return _placement_body(controller)
 
     return await ctx.run(act, is_write=True)

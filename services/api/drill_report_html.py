@@ -44,14 +44,17 @@ def render(body: dict[str, Any]) -> str:
             ("replay tokens", str(replay["tokens_replayed"])),
             ("replay makespan / planner's bound (s)", f"{_num(replay['makespan_s'])} / {_num(replay['planner_bound_s'])}"),
         ]  # fmt: skip
-    guards = "".join(
-        f"<tr><td>{escape(g['guard'])}</td><td>{g['measured']:.3g}</td><td>{g['limit']:.3g}</td></tr>"
-        for g in body["guards_tripped"]
-    ) or "<tr><td colspan=3>none</td></tr>"  # fmt: skip
+    guards = (
+        "".join(
+            f"<tr><td>{escape(g['guard'])}</td><td>{g['measured']:.3g}</td><td>{g['limit']:.3g}</td></tr>"
+            for g in body["guards_tripped"]
+        )
+        or "<tr><td colspan=3>none</td></tr>"
+    )
     timeline = "".join(
         f"<tr><td>{escape(t['phase'])}</td><td>{escape(str(t['at']))}</td><td>{escape(t['note'])}</td></tr>"
         for t in body["timeline"]
-    )  # fmt: skip
+    )
     facts = "".join(f"<tr><th>{escape(k)}</th><td>{escape(str(v))}</td></tr>" for k, v in rows)
     return (
         "<!doctype html><html lang=en><head><meta charset=utf-8>"

@@ -81,8 +81,9 @@ async def create_key(ctx: Context, body: CreateKey) -> Any:
     admin = _admin(ctx.request)
 
     async def create() -> Any:
-        key, record = await admin.create(body.tenant_id, body.name or body.tenant_id,
-                                         body.role, body.expires_in_s, who)  # fmt: skip
+        key, record = await admin.create(
+            body.tenant_id, body.name or body.tenant_id, body.role, body.expires_in_s, who
+        )
         return _created(key, record)
 
     return await ctx.run(create, is_write=True)

@@ -112,9 +112,11 @@ async def get_affinity(ctx: Context, conversation_id: ConversationIdPath) -> Any
             controller = app_services(ctx.request.app).controller
             owner = None if controller is None else controller.placement().assignment.get(shard)
             raise NotLeader(
-                f"{service.region} does not lead shard {shard}", shard=shard,
-                leader_region=owner, retry_after_s=0.5,
-            )  # fmt: skip
+                f"{service.region} does not lead shard {shard}",
+                shard=shard,
+                leader_region=owner,
+                retry_after_s=0.5,
+            )
         # another tenant's conversation is a 404, like every other read (no existence oracle)
         await ctx.api.log.get_conversation(ctx.tenant.tenant_id, conversation_id)
         return {

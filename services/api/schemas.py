@@ -58,10 +58,13 @@ class CreateConversationRequest(_Strict):
     (idempotent); with others it is 409 ``conversation_exists``."""
 
     model_config = _examples(
-        {"conversation_id": "c-support-42", "model_revision": "llama-3.1-8b@2024-07",
-         "metadata": {"channel": "web"}},
+        {
+            "conversation_id": "c-support-42",
+            "model_revision": "llama-3.1-8b@2024-07",
+            "metadata": {"channel": "web"},
+        },
         {},
-    )  # fmt: skip
+    )
 
     conversation_id: ConversationId | None = Field(
         default=None, description="client-chosen id; a random one is generated when absent"

@@ -70,15 +70,17 @@ class AuditPostLimiter:
         self.posts.labels("recorded").inc()
 
 
-async def audit_page(controller: Controller, ops: OpsState, after: int,
-                     limit: int) -> list[AuditEntry]:  # fmt: skip
+async def audit_page(
+    controller: Controller, ops: OpsState, after: int, limit: int
+) -> list[AuditEntry]:
     """Up to ``limit`` entries past the cursor ``after``, oldest first. Call on the control
     shard's leader after its read barrier (``DrillDriver.read_barrier``)."""
     page = ops.audit_page(after, limit)
     if page is not None:
         return page
-    control = ControlState(shard_count=controller.state.shard_count,
-                           regions=controller.state.weights)  # fmt: skip
+    control = ControlState(
+        shard_count=controller.state.shard_count, regions=controller.state.weights
+    )
     folded = OpsState(audit_kept_max=limit, audit_after=after)
     lsn = 0
     while len(folded.audit) < limit:

@@ -52,8 +52,9 @@ class KeyAdmin:
     def keys(self) -> KeyTable:
         return self._driver.ops.keys
 
-    async def create(self, tenant_id: str, name: str, role: Role, expires_in_s: float | None,
-                     who: Operator) -> tuple[str, KeyRecord]:  # fmt: skip
+    async def create(
+        self, tenant_id: str, name: str, role: Role, expires_in_s: float | None, who: Operator
+    ) -> tuple[str, KeyRecord]:
         check_name("tenant_id", tenant_id)
         check_name("name", name)
         async with self._lock:
@@ -111,8 +112,9 @@ class KeyAdmin:
     def _now_ms(self) -> int:
         return self._clock.wall_ms()
 
-    def _new_key(self, name: str, tenant_id: str, role: Role,
-                 expires_in_s: float | None) -> tuple[str, KeyRecord]:  # fmt: skip
+    def _new_key(
+        self, name: str, tenant_id: str, role: Role, expires_in_s: float | None
+    ) -> tuple[str, KeyRecord]:
         if expires_in_s is not None and not 0 < expires_in_s <= KEY_LIFETIME_MAX_S:
             raise InvalidRequest(f"expires_in_s must be within (0, {KEY_LIFETIME_MAX_S:.0f}]")
         if self.keys.full:
@@ -139,8 +141,7 @@ class KeyAdmin:
         if self.keys.by_name.get(record.name) != record:
             raise Conflict(f"another change to key {record.name!r} committed first")
 
-    async def _commit(self, body: dict[str, Any], who: Operator, action: str,
-                      target: str) -> None:  # fmt: skip
+    async def _commit(self, body: dict[str, Any], who: Operator, action: str, target: str) -> None:
         driver = self._driver
         body[AUDIT_KEY] = audit_body(at_ms=self._now_ms(), by=who.by, role=who.role,
                                      action=action, target=target, reason=who.reason)  # fmt: skip

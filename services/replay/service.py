@@ -170,9 +170,12 @@ class ReplayService:
                 continue
             report = self._add([moved])
             outcome[conversation_id] = (
-                "queued" if report.accepted or report.superseded else
-                "outside_window" if report.outside_window else "backlog_full"
-            )  # fmt: skip
+                "queued"
+                if report.accepted or report.superseded
+                else "outside_window"
+                if report.outside_window
+                else "backlog_full"
+            )
         return outcome
 
     def affinity_of(self, tenant_id: str, conversation_id: str) -> Affinity | None:

@@ -252,10 +252,13 @@ class DrillDriver:
             # read back once the target is back and (a loss or a kill) every moved shard is
             # writable again (an evacuate's shards were writable all along), or at the deadline
             # whatever the target's state: the drill must end then
-            if late or (restored and (
-                drill.spec.kind == "evacuate"
-                or all(s in runner.rto_s for s in drill.measurements.shards_moved)
-            )):  # fmt: skip
+            if late or (
+                restored
+                and (
+                    drill.spec.kind == "evacuate"
+                    or all(s in runner.rto_s for s in drill.measurements.shards_moved)
+                )
+            ):
                 await self._stop_writing(drill.drill_id)
                 try:
                     canary_lost = await runner.read_back(self._owners())
@@ -537,8 +540,9 @@ class DrillDriver:
             drill = self.ops.drills.get(drill_id)
             if drill is None:
                 raise NotFound(f"no drill {drill_id!r}")
-            audit = self._audit_entry(by, role, "drill.abort", drill.spec.region, reason,
-                                      {"drill_id": drill_id})  # fmt: skip
+            audit = self._audit_entry(
+                by, role, "drill.abort", drill.spec.region, reason, {"drill_id": drill_id}
+            )
             aborted = request_abort(drill, f"aborted by {by}: {reason}", self._clock.wall_ms())
             if aborted is None:  # already restoring or over: the request alone is audited
                 await self._append(AUDIT_RECORD, audit)
