@@ -21,7 +21,7 @@ starts after it. While the control shard has no leader they are 503 with ``Retry
 from __future__ import annotations
 
 import asyncio
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Path, Query, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
@@ -29,7 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from eventlog.errors import InvalidRequest, NotFound, Unavailable
 from regions.drill_report import report
-from regions.drills import DRILL_TENANT, REASON_CHARS_MAX, Drill, DrillSpec, Guards
+from regions.drills import DRILL_TENANT, REASON_CHARS_MAX, Drill, DrillKind, DrillSpec, Guards
 from services.api.context import RequestContext, api_state, app_services, request_context
 from services.api.control_routes import _require_peer
 from services.api.drill_report_html import render
@@ -68,7 +68,7 @@ class DrillGuards(BaseModel):
 class DrillRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    kind: Literal["evacuate", "region-loss", "kill"]
+    kind: DrillKind  # the kinds, spelled once (regions.drills)
     region: str = Field(min_length=1, max_length=63, pattern=r"^[a-z0-9][a-z0-9-]*$")
     hold_s: float = Field(gt=0, le=3600)
     reason: str = Field(min_length=1, max_length=500)

@@ -131,8 +131,8 @@ class Controller:
         self._peer_control_leader: dict[str, str] = {}
         self.succession = ControlSuccession(self.region, settings.control_handoff_wait_s)
         #: called with every committed control entry, in lsn order, after the placement saw it,
-        #: and whether the entry took effect as the new placement (services.control.drills.driver folds
-        #: drill, halt and audit records, and the audit entries placement records carry, so)
+        #: and whether the entry took effect as the new placement (services.control.drills.driver
+        #: folds drill, halt and audit records, and the audit entries placement records carry, so)
         self.record_listeners: list[Callable[[LogEntry, bool], None]] = []
         #: regions that must not lead the control shard now, whatever their names: a
         #: region-loss drill's target until the drill ends (``OpsState.region_loss_targets``).
