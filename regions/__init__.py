@@ -5,9 +5,8 @@ decisions of its leader), the capacity arithmetic of a region loss and a replay
 ``drill_plan``: preflight and dry run; ``drill_report``; ``ops_state``: drills, halt switch and
 audit folded from the control shard). ``services`` carries the decisions out.
 
-Where a change goes: a new drill kind is a ``drills.DrillKind`` (the REST body takes its kinds
-from there) and its preflight rule in ``drill_plan``, then its fault in
-``services.control.drills.faults`` and its action in ``services.control.drills.driver``; a new
-placement rule goes in ``control``, tested on virtual time by the whole-plane simulation
-(``services.plane_sim``).
+Where a change goes: a new drill kind is a module in ``drill_kinds`` (its fault, its preflight
+rule, how its report counts recovery) and its line in that package's registry (its docstring
+says so); a new placement rule goes in ``control``, tested on virtual time by the whole-plane
+simulation (``services.plane_sim``).
 """

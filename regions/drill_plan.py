@@ -24,6 +24,7 @@ from typing import Any
 
 from regions.capacity_arithmetic import plan_region_loss, plan_replay
 from regions.control import Placement
+from regions.drill_kinds import rules_of
 from regions.drills import Drill, DrillSpec
 from regions.ops_state import Halt
 from regions.placement import rank_regions
@@ -124,7 +125,7 @@ def preflight(
         failures.append(f"another drill is active: {[d.drill_id for d in active]}")
     if halt.on:
         failures.append(f"the halt switch is on ({halt.reason})")
-    if spec.kind == "kill" and not kill_supported:
+    if rules_of(spec.kind).needs_supervisor and not kill_supported:
         failures.append(
             "kill drills need a supervisor that restarts the killed region's processes: a "
             "plane run by `convplane up` in the foreground (`--detach` and other deployments "

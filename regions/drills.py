@@ -33,8 +33,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal, cast, get_args
 
 from eventlog.errors import InvalidRequest
+from regions.drill_kinds import DrillKind, rules_of
 
-DrillKind = Literal["evacuate", "region-loss", "kill"]
 Phase = Literal[
     "planned", "preflight", "injecting", "holding", "restoring", "done", "aborted", "failed"
 ]
@@ -278,7 +278,7 @@ class Drill:
     def fault_active(self, now_ms: int) -> bool:
         """Whether a region-loss drill black-holes its target now. Bounded by the drill's own
         deadline too: a target cut off from the control shard still lets go in time."""
-        if self.spec.kind != "region-loss" or self.phase not in FAULT_PHASES:
+        if rules_of(self.spec.kind).fault != "black_hole" or self.phase not in FAULT_PHASES:
             return False
         return now_ms < self.created_at_ms + int(deadline_s(self.spec) * 1000)
 
@@ -474,12 +474,9 @@ def _finish(drill: Drill, obs: Observation, now_ms: int) -> Drill:
     overran_ms = now_ms - (drill.created_at_ms + int(deadline_s(drill.spec) * 1000))
     phase: Phase
     verdict: Verdict
-    # an evacuate moves shards in steps: one restored before its step never moved at all
-    unrecovered = [
-        s
-        for s in measured.shards_moved
-        if s not in measured.rto_s and drill.spec.kind != "evacuate"
-    ]
+    # a placement fault moves shards in steps: one restored before its step never moved at all
+    in_steps = rules_of(drill.spec.kind).fault == "placement"
+    unrecovered = [s for s in measured.shards_moved if s not in measured.rto_s and not in_steps]
     slow = sorted(s for s, rto_s in measured.rto_s.items() if rto_s > drill.spec.guards.max_rto_s)
     not_back = "" if obs.restored else f"{drill.spec.region} was not back by the deadline"
     if drill.abort_reason is not None:

@@ -36,6 +36,7 @@ from typing import Any
 
 from eventlog.model import LogEntry
 from regions.control import PLACEMENT_RECORD
+from regions.drill_kinds import rules_of
 from regions.drills import Drill
 from regions.keys import KEY_RECORD, KeyTable
 
@@ -233,7 +234,9 @@ class OpsState:
     def region_loss_targets(self) -> frozenset[str]:
         """Targets of region-loss drills that have not ended (restoring included)."""
         return frozenset(
-            d.spec.region for d in self.drills.values() if d.active and d.spec.kind == "region-loss"
+            d.spec.region
+            for d in self.drills.values()
+            if d.active and rules_of(d.spec.kind).fault == "black_hole"
         )
 
     def black_holed(self, now_ms: int) -> frozenset[str]:

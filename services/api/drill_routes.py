@@ -28,8 +28,9 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from eventlog.errors import InvalidRequest, NotFound, Unavailable
+from regions.drill_kinds import DrillKind
 from regions.drill_report import report
-from regions.drills import DRILL_TENANT, REASON_CHARS_MAX, Drill, DrillKind, DrillSpec, Guards
+from regions.drills import DRILL_TENANT, REASON_CHARS_MAX, Drill, DrillSpec, Guards
 from services.api.context import RequestContext, api_state, app_services, request_context
 from services.api.control_routes import _require_peer
 from services.api.drill_report_html import render
@@ -68,7 +69,7 @@ class DrillGuards(BaseModel):
 class DrillRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    kind: DrillKind  # the kinds, spelled once (regions.drills)
+    kind: DrillKind  # the kinds, spelled once (regions.drill_kinds)
     region: str = Field(min_length=1, max_length=63, pattern=r"^[a-z0-9][a-z0-9-]*$")
     hold_s: float = Field(gt=0, le=3600)
     reason: str = Field(min_length=1, max_length=500)

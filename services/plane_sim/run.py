@@ -31,6 +31,7 @@ from eventlog.errors import ConvplaneError, InvariantViolation
 from eventlog.sim.loop import VirtualTimeLoop
 from eventlog.sim.network import NetworkFaults
 from regions.control import OperatorAction
+from regions.drill_kinds import rules_of
 from regions.drills import KINDS, Drill, DrillSpec, deadline_s
 from services.control.drills.local_kill import FAULT_PHASES
 from services.plane_sim.checks import (
@@ -325,7 +326,7 @@ class _PlaneRun:
         moved on, the node starts again."""
         for drill in self._drills_seen():
             drill_id, region = drill.drill_id, drill.spec.region
-            if drill.spec.kind != "kill":
+            if rules_of(drill.spec.kind).fault != "process":
                 continue
             if drill.phase in FAULT_PHASES:
                 if drill_id not in self.drill_killed and drill_id not in self.drill_kills_done:

@@ -8,10 +8,10 @@
 * ``local_kill``: ``kill`` drills carried out by ``convplane up``'s supervisor.
 
 Imports ``services.control.controller`` and the cores; nothing from the HTTP edge
-(``services.api``). Where a change goes: a new drill kind is named in ``regions.drills.DrillKind``
-(the REST body and the OpenAPI document take it from there) with its preflight rule in
-``regions.drill_plan``; how its fault is injected and restored goes in ``driver`` (and in
-``faults`` when every node must act on it, in ``local_kill`` when ``convplane up``'s supervisor
-carries it out); its tests in ``tests/unit/test_drill_*.py`` and the plane simulation
-(``services.plane_sim``).
+(``services.api``). Where a change goes: a new drill kind is one module in
+``regions.drill_kinds`` and its line in that registry (the REST body, the OpenAPI document and
+everything here ask a kind's rules, never its name). Only a new kind of fault (``Fault``: how
+the target is taken away and given back) adds code here: its injection and restore in
+``driver``, and in ``faults`` when every node must act on it or in ``local_kill`` when
+``convplane up``'s supervisor carries it out.
 """

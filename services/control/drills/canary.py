@@ -33,6 +33,7 @@ from eventlog.clock import Clock
 from eventlog.conversations import ConversationLog
 from eventlog.errors import InvariantViolation, NotFound
 from eventlog.sharding import shard_of
+from regions.drill_kinds import rules_of
 from regions.drill_report import percentile
 from regions.drills import DRILL_TENANT, SERIES_POINTS_MAX, Drill, Measurements
 
@@ -139,7 +140,7 @@ class CanaryRunner:
             injected_at_ms = drill.injected_at_ms
             # writable again: served elsewhere, or (a loss or kill) by the target once it is
             # back, when the failover took longer than the hold
-            back = drill.phase == "restoring" and drill.spec.kind != "evacuate"
+            back = drill.phase == "restoring" and rules_of(drill.spec.kind).fault != "placement"
             if (
                 moved
                 and shard not in self.rto_s

@@ -43,6 +43,7 @@ from eventlog.http_headers import PEER_AUTH_HEADER
 from eventlog.node import LogNode
 from eventlog.replica import ReplicaStore
 from regions.control import OperatorAction
+from regions.drill_kinds import rules_of
 from regions.drill_plan import DrillPlan, LiveLoad, preflight
 from regions.drills import (
     SERIES_POINTS_MAX,
@@ -228,7 +229,8 @@ class DrillDriver:
         runner = self._canary(drill)
         placement = self.controller.placement()
         region = drill.spec.region
-        if drill.phase == "injecting" and drill.spec.kind == "evacuate":
+        fault = rules_of(drill.spec.kind).fault
+        if drill.phase == "injecting" and fault == "placement":
             if region not in placement.evacuated:
                 try:
                     await self.controller.operator("evacuate", region)
@@ -250,12 +252,12 @@ class DrillDriver:
             late = out_of_time(drill, self._clock.wall_ms())
             restored = await self._restore(drill)
             # read back once the target is back and (a loss or a kill) every moved shard is
-            # writable again (an evacuate's shards were writable all along), or at the deadline
+            # writable again (a placement fault's shards were writable all along), or at the deadline
             # whatever the target's state: the drill must end then
             if late or (
                 restored
                 and (
-                    drill.spec.kind == "evacuate"
+                    fault == "placement"
                     or all(s in runner.rto_s for s in drill.measurements.shards_moved)
                 )
             ):
@@ -273,7 +275,7 @@ class DrillDriver:
             injected=drill.phase != "injecting" or self._injected(drill),
             # region-loss and kill: the fault follows the first record (at once, or at the
             # supervisor's next poll), so RTO counts from it
-            injected_at_ms=drill.created_at_ms if drill.spec.kind != "evacuate" else None,
+            injected_at_ms=drill.created_at_ms if fault != "placement" else None,
             shards_moved=drill.measurements.shards_moved,
             error_ratio=error_ratio,
             ack_p99_ms=ack_p99_ms,
@@ -335,12 +337,13 @@ class DrillDriver:
         return replace(drill, measurements=replace(drill.measurements, replay_latest=tally))
 
     def _injected(self, drill: Drill) -> bool:
-        if drill.spec.kind == "evacuate":
+        fault = rules_of(drill.spec.kind).fault
+        if fault == "placement":
             return drill.spec.region in self.controller.placement().evacuated
-        if drill.spec.kind == "kill":  # the local supervisor killed it: nobody hears it
+        if fault == "process":  # the local supervisor killed it: nobody hears it
             now_s = self._clock.monotonic()
             return self.controller.membership.status(drill.spec.region, now_s) != "up"
-        return True  # region-loss: the committed injecting record is the fault
+        return True  # a black-hole: the committed injecting record is the fault
 
     async def _restore(self, drill: Drill) -> bool:
         """Give the target back; True once the placement no longer excludes it. A failed

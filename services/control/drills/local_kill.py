@@ -15,6 +15,8 @@ from typing import Any, Protocol
 
 import httpx
 
+from regions.drill_kinds import KINDS_BY_NAME
+
 #: one poll of the plane's drills
 POLL_TIMEOUT_S = 1.0
 DRILLS_POLLED_MAX = 20
@@ -43,7 +45,8 @@ class KillDrills:
             return []
         done: list[str] = []
         for d in drills:
-            if d.get("kind") != "kill":
+            rules = KINDS_BY_NAME.get(str(d.get("kind")))
+            if rules is None or rules.fault != "process":
                 continue
             drill_id, region, phase = str(d["drill_id"]), str(d["region"]), str(d["phase"])
             if (
