@@ -3,7 +3,7 @@ whole run, by the node that drives the drill.
 
 Every ``CANARY_EVERY_S`` one canary event goes to every shard: in-process when this node leads
 the shard, else to the region the committed placement names (``POST /peer/drills/canary``,
-under a deadline). The driver runs one loop per shard (a slow shard does not delay
+under a deadline). ``CanaryFleet`` runs one loop per shard (a slow shard does not delay
 the others' measurements). A shard's canaries are numbered 1, 2, 3 ... and carry the idempotency key
 ``<drill>:<shard>:<n>``; a failed write is retried in the next round with the same key, so
 after any failure (or a new control leader taking over with the persisted counts) every
@@ -24,14 +24,18 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Collection, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
+
+import httpx
 
 from eventlog.aio import bounded
 from eventlog.clock import Clock
 from eventlog.conversations import ConversationLog
-from eventlog.errors import InvariantViolation, NotFound
+from eventlog.errors import InvalidRequest, InvariantViolation, NotFound
+from eventlog.http_headers import PEER_AUTH_HEADER
+from eventlog.node import LogNode
 from eventlog.sharding import shard_of
 from regions.drill_kinds import rules_of
 from regions.drill_report import percentile
@@ -40,6 +44,8 @@ from regions.drills import DRILL_TENANT, SERIES_POINTS_MAX, Drill, Measurements
 log = logging.getLogger("convplane.drills")
 
 CANARY_EVENT = "note"
+#: each shard gets a canary write this often (one loop per shard)
+CANARY_EVERY_S = 0.2
 #: one canary write (in-process or to a peer), and one read-back page. A slow ack is not an
 #: error (the ack p99 guard judges latency); one this late is
 CANARY_TIMEOUT_S = 2.0
@@ -241,3 +247,125 @@ async def read_canary(
 ) -> list[dict[str, Any]]:
     events = await log_node.list_events(DRILL_TENANT, conversation_id, after_seq, READ_PAGE_MAX)
     return [{"seq": e.seq, "payload": e.payload} for e in events]
+
+
+class CanaryFleet:
+    """The canary writers of the drills this node drives: one ``CanaryRunner`` per drill, with
+    one loop per shard writing a canary every ``CANARY_EVERY_S`` (in-process where this node
+    leads the shard, else to the leading region's peer listener), until the drill restores its
+    target or is gone."""
+
+    def __init__(
+        self,
+        *,
+        region: str,
+        node: LogNode,
+        owners: Callable[[], Mapping[int, str]],
+        drill_of: Callable[[str], Drill | None],
+        peers: httpx.AsyncClient,
+        peer_urls: Mapping[str, str],
+        peer_secret: str | None,
+        peer_call_timeout_s: float,
+        model_revision: str,
+        shard_count: int,
+        clock: Clock,
+    ) -> None:
+        """``owners``: the committed placement's shard -> region; ``drill_of``: a drill's
+        record as this node applied it (None once it is gone)."""
+        self._region = region
+        self._node = node
+        self._owners = owners
+        self._drill_of = drill_of
+        self._peers = peers
+        self._peer_urls = dict(peer_urls)
+        self._peer_headers = {PEER_AUTH_HEADER: peer_secret} if peer_secret else {}
+        self._peer_call_timeout_s = peer_call_timeout_s
+        self._model_revision = model_revision
+        self._shard_count = shard_count
+        self._clock = clock
+        self._runs: dict[str, tuple[CanaryRunner, asyncio.Task[None]]] = {}
+
+    def runner(self, drill: Drill) -> CanaryRunner:
+        """The drill's runner, its loops started on first use."""
+        existing = self._runs.get(drill.drill_id)
+        if existing is not None:  # its loops end at restoring; its numbers live on till the end
+            return existing[0]
+        runner = self.new_runner(drill)
+        task = asyncio.create_task(self._rounds(runner), name=f"canary-{drill.drill_id}")
+        self._runs[drill.drill_id] = (runner, task)
+        return runner
+
+    def new_runner(self, drill: Drill) -> CanaryRunner:
+        """A runner of its own, no loops (preflight's first canaries)."""
+        return CanaryRunner(
+            drill=drill,
+            shard_count=self._shard_count,
+            send=self._send,
+            read=self._read,
+            clock=self._clock,
+        )
+
+    async def stop_writing(self, drill_id: str) -> None:
+        """Stop a drill's canary writes (at restore: the read-back must see a final count)."""
+        runner, task = self._runs[drill_id]
+        runner.writing = False
+        await bounded(asyncio.shield(task), CANARY_TIMEOUT_S + CANARY_EVERY_S + 1.0)
+
+    def stop(self, keep: Collection[str]) -> None:
+        """Cancel the runs of every drill not in ``keep``, and forget them."""
+        for drill_id in [d for d in self._runs if d not in keep]:
+            _, task = self._runs.pop(drill_id)
+            task.cancel()
+
+    def tasks(self) -> list[asyncio.Task[None]]:
+        return [task for _, task in self._runs.values()]
+
+    async def _rounds(self, runner: CanaryRunner) -> None:
+        await asyncio.gather(*(self._shard(runner, s) for s in range(self._shard_count)))
+
+    async def _shard(self, runner: CanaryRunner, shard: int) -> None:
+        while runner.writing:
+            drill = self._drill_of(runner.drill_id)
+            if drill is None or not drill.active:
+                return
+            await runner.write(drill, shard, self._owners()[shard])
+            await self._clock.sleep(CANARY_EVERY_S)
+
+    async def _send(
+        self, region: str, conversation_id: str, key: str, payload: dict[str, Any]
+    ) -> str:
+        shard = self._node.shard_of(conversation_id)
+        if self._node.leads(shard):
+            await append_canary(self._node, self._model_revision, conversation_id, key, payload)
+            return self._region
+        body = {"conversation_id": conversation_id, "idempotency_key": key, "payload": payload}
+        reply = await self._peers.post(
+            self._peer_url(region, "/peer/drills/canary"),
+            json=body,
+            headers=self._peer_headers,
+            timeout=self._peer_call_timeout_s,
+        )
+        if reply.status_code != 200:
+            raise InvalidRequest(f"canary to {region}: {reply.status_code} {reply.text[:300]}")
+        return str(reply.json()["served_by"])
+
+    async def _read(
+        self, region: str, conversation_id: str, after_seq: int
+    ) -> list[dict[str, Any]]:
+        if self._node.leads(self._node.shard_of(conversation_id)):
+            return await read_canary(self._node, conversation_id, after_seq)
+        reply = await self._peers.get(
+            self._peer_url(region, "/peer/drills/canary"),
+            params={"conversation_id": conversation_id, "after_seq": after_seq},
+            headers=self._peer_headers,
+            timeout=self._peer_call_timeout_s * 5,
+        )
+        if reply.status_code == 404:
+            return []
+        if reply.status_code != 200:
+            raise InvalidRequest(f"canary read from {region}: {reply.status_code}")
+        events: list[dict[str, Any]] = reply.json()["events"]
+        return events
+
+    def _peer_url(self, region: str, path: str) -> str:
+        return self._peer_urls[region].rstrip("/") + path

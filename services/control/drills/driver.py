@@ -29,13 +29,11 @@ from typing import Any
 
 import httpx
 
-from eventlog.aio import bounded
 from eventlog.backoff import Backoff
 from eventlog.clock import Clock
 from eventlog.errors import (
     Conflict,
     ConvplaneError,
-    InvalidRequest,
     InvariantViolation,
     NotFound,
 )
@@ -68,19 +66,12 @@ from regions.ops_state import (
     audit_body,
 )
 from services.control.controller import Controller
-from services.control.drills.canary import (
-    CANARY_TIMEOUT_S,
-    CanaryRunner,
-    append_canary,
-    read_canary,
-)
+from services.control.drills.canary import CanaryFleet
 from services.control.drills.load import LoadMeter, PlaneLoad, ReplayView, moved_load, plane_load
 
 log = logging.getLogger("convplane.drills")
 
 DRIVER_TICK_S = 0.2
-#: each shard gets a canary write this often (one loop per shard)
-CANARY_EVERY_S = 0.2
 #: preflight's canary write to every shard: attempts per shard before the drill is refused
 PREFLIGHT_CANARY_ATTEMPTS = 3
 #: a progress record (canary numbers) at most this often, and at most about this many per
@@ -131,10 +122,21 @@ class DrillDriver:
         self._capacity_per_s = region_append_capacity_per_s
         self._replay_view = replay_view
         self._drill_token = drill_token
-        self._model_revision = controller.cluster.default_model_revision
         self._shard_count = controller.cluster.shard_count
         self._write_lock = asyncio.Lock()
-        self._canaries: dict[str, tuple[CanaryRunner, asyncio.Task[None]]] = {}
+        self._canaries = CanaryFleet(
+            region=self.region,
+            node=node,
+            owners=self._owners,
+            drill_of=self.ops.drills.get,
+            peers=peers,
+            peer_urls=peer_urls,
+            peer_secret=peer_secret,
+            peer_call_timeout_s=PEER_CALL_TIMEOUT_S,
+            model_revision=controller.cluster.default_model_revision,
+            shard_count=controller.cluster.shard_count,
+            clock=clock,
+        )
         self._progress_at_s: dict[str, float] = {}
         self._fenced_for: str | None = None
         self._loop: asyncio.Task[None] | None = None
@@ -147,7 +149,7 @@ class DrillDriver:
         self._loop = asyncio.create_task(self._forever(), name=f"drills-{self.region}")
 
     async def close(self) -> None:
-        tasks = [t for _, t in self._canaries.values()]
+        tasks = self._canaries.tasks()
         if self._loop is not None:
             tasks.append(self._loop)
         for task in tasks:
@@ -207,10 +209,10 @@ class DrillDriver:
     async def step(self) -> None:
         await self._fence_if_target()
         if not self.leads_control:
-            self._stop_canaries(keep=())
+            self._canaries.stop(keep=())
             return
         active = self.ops.active_drills()
-        self._stop_canaries(keep=[d.drill_id for d in active])
+        self._canaries.stop(keep=[d.drill_id for d in active])
         for drill in active:
             await self._drive(drill)
 
@@ -226,7 +228,7 @@ class DrillDriver:
             self._fenced_for = self.region
 
     async def _drive(self, drill: Drill) -> None:
-        runner = self._canary(drill)
+        runner = self._canaries.runner(drill)
         placement = self.controller.placement()
         region = drill.spec.region
         fault = rules_of(drill.spec.kind).fault
@@ -261,7 +263,7 @@ class DrillDriver:
                     or all(s in runner.rto_s for s in drill.measurements.shards_moved)
                 )
             ):
-                await self._stop_writing(drill.drill_id)
+                await self._canaries.stop_writing(drill.drill_id)
                 try:
                     canary_lost = await runner.read_back(self._owners())
                 except (ConvplaneError, httpx.HTTPError, OSError, TimeoutError) as exc:
@@ -367,85 +369,6 @@ class DrillDriver:
     def _owners(self) -> dict[int, str]:
         return dict(self.controller.placement().assignment)
 
-    def _canary(self, drill: Drill) -> CanaryRunner:
-        existing = self._canaries.get(drill.drill_id)
-        if existing is not None:  # its loops end at restoring; its numbers live on till the end
-            return existing[0]
-        runner = self._new_runner(drill)
-        task = asyncio.create_task(self._canary_rounds(runner), name=f"canary-{drill.drill_id}")
-        self._canaries[drill.drill_id] = (runner, task)
-        return runner
-
-    def _new_runner(self, drill: Drill) -> CanaryRunner:
-        return CanaryRunner(
-            drill=drill,
-            shard_count=self._shard_count,
-            send=self._send_canary,
-            read=self._read_canary,
-            clock=self._clock,
-        )
-
-    async def _canary_rounds(self, runner: CanaryRunner) -> None:
-        await asyncio.gather(*(self._canary_shard(runner, s) for s in range(self._shard_count)))
-
-    async def _canary_shard(self, runner: CanaryRunner, shard: int) -> None:
-        while runner.writing:
-            drill = self.ops.drills.get(runner.drill_id)
-            if drill is None or not drill.active:
-                return
-            await runner.write(drill, shard, self.controller.placement().assignment[shard])
-            await self._clock.sleep(CANARY_EVERY_S)
-
-    async def _stop_writing(self, drill_id: str) -> None:
-        """Stop a drill's canary writes (at restore: the read-back must see a final count)."""
-        runner, task = self._canaries[drill_id]
-        runner.writing = False
-        await bounded(asyncio.shield(task), CANARY_TIMEOUT_S + CANARY_EVERY_S + 1.0)
-
-    def _stop_canaries(self, keep: Any) -> None:
-        for drill_id in [d for d in self._canaries if d not in keep]:
-            _, task = self._canaries.pop(drill_id)
-            task.cancel()
-
-    async def _send_canary(
-        self, region: str, conversation_id: str, key: str, payload: dict[str, Any]
-    ) -> str:
-        shard = self.node.shard_of(conversation_id)
-        if self.node.leads(shard):
-            await append_canary(self.node, self._model_revision, conversation_id, key, payload)
-            return self.region
-        body = {"conversation_id": conversation_id, "idempotency_key": key, "payload": payload}
-        reply = await self._peers.post(
-            self._peer_url(region, "/peer/drills/canary"),
-            json=body,
-            headers=self._peer_headers,
-            timeout=PEER_CALL_TIMEOUT_S,
-        )
-        if reply.status_code != 200:
-            raise InvalidRequest(f"canary to {region}: {reply.status_code} {reply.text[:300]}")
-        return str(reply.json()["served_by"])
-
-    async def _read_canary(
-        self, region: str, conversation_id: str, after_seq: int
-    ) -> list[dict[str, Any]]:
-        if self.node.leads(self.node.shard_of(conversation_id)):
-            return await read_canary(self.node, conversation_id, after_seq)
-        reply = await self._peers.get(
-            self._peer_url(region, "/peer/drills/canary"),
-            params={"conversation_id": conversation_id, "after_seq": after_seq},
-            headers=self._peer_headers,
-            timeout=PEER_CALL_TIMEOUT_S * 5,
-        )
-        if reply.status_code == 404:
-            return []
-        if reply.status_code != 200:
-            raise InvalidRequest(f"canary read from {region}: {reply.status_code}")
-        events: list[dict[str, Any]] = reply.json()["events"]
-        return events
-
-    def _peer_url(self, region: str, path: str) -> str:
-        return self._peer_urls[region].rstrip("/") + path
-
     # --- operator actions (the API calls these on the control leader) ---------------------
 
     async def read_barrier(self) -> None:
@@ -525,7 +448,7 @@ class DrillDriver:
         """The last preflight check, before the fault: one canary write to every shard (it also
         creates the canary conversations, so the fault's measurements start from a baseline).
         A shard that cannot take one refuses the drill."""
-        runner = self._new_runner(drill)
+        runner = self._canaries.new_runner(drill)
         failed = list(range(self._shard_count))
         for _ in range(PREFLIGHT_CANARY_ATTEMPTS):
             owners = self._owners()
