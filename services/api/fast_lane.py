@@ -74,10 +74,10 @@ from eventlog.errors import ConvplaneError, InvariantViolation, Unavailable
 from eventlog.http_headers import FORWARDED_HEADER_RAW, SERVED_BY_HEADER_RAW
 from services.api import routes
 from services.api.admission import DEADLINE_SCOPE_KEY, Entry, NodeAdmission
+from services.api.append_check import AppendCheck, declared_route, valid_conversation_id
 from services.api.context import ApiState, RequestContext
 from services.api.errors import refusal
 from services.api.event_bodies import AnyEvent
-from services.api.fast_append import AppendCheck, declared_route, valid_conversation_id
 from services.api.metrics import Metrics
 from services.api.middleware import edge_error, is_json_media_type, json_body_or_none
 from services.api.roles import require_read_only_viewer
