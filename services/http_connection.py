@@ -7,7 +7,7 @@ close, the peer certificate's region, one send per response) and the fast lane's
 straight from the parser have no public hook in uvicorn, whose protocol classes are private
 (``uvicorn.protocols``: subclassing them tied the hot path to the next release). What is left
 is small and all public: ``asyncio``'s protocol and transport, ``httptools``' parser callbacks,
-and the ASGI 3 HTTP spec towards the app (``_AppCycle``).
+and the ASGI 3 HTTP spec towards the app (``services.asgi_cycle``).
 
 Requests of a connection are answered one at a time, in order (HTTP/1.1 pipelining): a request
 parsed while another is answered waits in ``_pipeline`` (and reading pauses) until the one before
@@ -19,23 +19,20 @@ and its whole body came with its head (``services.api.fast_lane``: ``eligible``,
 from __future__ import annotations
 
 import asyncio
-import http
 import json
 import logging
-import re
 import urllib.parse
 from collections import deque
-from collections.abc import MutableMapping
-from typing import TYPE_CHECKING, Any, cast
+from collections.abc import Coroutine, MutableMapping
+from typing import Any, Protocol, cast
 
 import httptools
+from starlette.types import ASGIApp
 
-from services.api.fast_lane import LaneRequest, LaneResponse, Respond
+from services.api.fast_lane import FastLane, LaneRequest, LaneResponse, Respond
 from services.api.peer_trust import CERT_REGION_SCOPE_KEY
+from services.asgi_cycle import STATUS_LINE, AppCycle
 from services.cluster_tls import region_of_certificate
-
-if TYPE_CHECKING:
-    from services.listeners import Listener
 
 log = logging.getLogger("convplane.http")
 
@@ -43,37 +40,51 @@ log = logging.getLogger("convplane.http")
 BODY_BUFFER_BYTES_MAX = 64 * 1024
 #: what the parser's refusal says (the JSON 400 of ``_refuse_malformed``)
 MALFORMED_MESSAGE = "Invalid HTTP request received."
-_HEADER_NAME_INVALID = re.compile(b'[\x00-\x1f\x7f()<>@,;:\\[\\]={} \t\\\\"]')
-_HEADER_VALUE_INVALID = re.compile(b"[\x00-\x08\x0a-\x1f\x7f]")
 _ASGI = {"version": "3.0", "spec_version": "2.3"}
 
 
-def _status_line(status: int) -> bytes:
-    try:
-        phrase = http.HTTPStatus(status).phrase.encode()
-    except ValueError:
-        phrase = b""
-    return b"HTTP/1.1 %d %s\r\n" % (status, phrase)
+class Limits(Protocol):
+    """A listener's bounds on each connection (``services.listeners.ListenerConfig``)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def header_timeout_s(self) -> float: ...
+    @property
+    def header_bytes_max(self) -> int: ...
+    @property
+    def send_timeout_s(self) -> float: ...
 
 
-STATUS_LINE = {status: _status_line(status) for status in range(100, 600)}
-_BUG_RESPONSE = (
-    500,
-    [
-        (b"content-type", b"text/plain; charset=utf-8"),
-        (b"content-length", b"21"),
-        (b"connection", b"close"),
-    ],
-    b"Internal Server Error",
-)
+class ListenerSide(Protocol):
+    """What a connection needs of its listener (``services.listeners.Listener``)."""
+
+    @property
+    def app(self) -> ASGIApp: ...
+    @property
+    def limits(self) -> Limits: ...
+    @property
+    def lane(self) -> FastLane | None: ...
+
+    state: dict[str, Any]
+    #: connections with no request under way, oldest first
+    idle: dict[Connection, None]
+
+    def admit(self, connection: Connection) -> bool: ...
+    def forget(self, connection: Connection) -> None: ...
+    def run(self, work: Coroutine[Any, Any, None]) -> None: ...
+    def default_headers(self) -> list[tuple[bytes, bytes]]: ...
 
 
 class Connection(asyncio.Protocol):
     """One client's connection to ``listener`` (module docstring)."""
 
-    def __init__(self, listener: Listener) -> None:
+    def __init__(self, listener: ListenerSide) -> None:
         self.listener = listener
         self._limits = listener.limits
+        #: what a response the client does not take may wait (``CycleOwner``)
+        self.send_timeout_s = listener.limits.send_timeout_s
+        self.default_headers = listener.default_headers
         self._lane = listener.lane
         self._loop = asyncio.get_running_loop()
         self._parser = httptools.HttpRequestParser(self)
@@ -98,11 +109,11 @@ class Connection(asyncio.Protocol):
         #: a request the lane may take, its head parsed, its body (if any) arriving
         self._lane_pending: LaneRequest | None = None
         #: the app's request whose body is arriving (it may be answered already, or wait)
-        self._receiving: _AppCycle | None = None
+        self._receiving: AppCycle | None = None
         #: the request being answered; None: none is
-        self.cycle: _AppCycle | _LaneCycle | None = None
+        self.cycle: AppCycle | _LaneCycle | None = None
         #: requests parsed while another is answered, oldest first
-        self._pipeline: deque[_AppCycle] = deque()
+        self._pipeline: deque[AppCycle] = deque()
 
     # --- the transport's side --------------------------------------------------------------
 
@@ -127,7 +138,7 @@ class Connection(asyncio.Protocol):
         for cycle in (self.cycle, self._receiving, *self._pipeline):
             if cycle is not None and not cycle.response_complete:
                 cycle.disconnected = True
-            if isinstance(cycle, _AppCycle):
+            if isinstance(cycle, AppCycle):
                 cycle.message_event.set()
         self._pipeline.clear()
         self._writable.set()  # a writer waiting to drain finds the connection gone
@@ -290,7 +301,7 @@ class Connection(asyncio.Protocol):
         scope["path"] = urllib.parse.unquote(path) if "%" in path else path
         scope["raw_path"] = raw_path
         scope["query_string"] = parsed.query or b""
-        cycle = _AppCycle(self, scope, keep_alive=keep_alive, expect_100=self._expect_100)
+        cycle = AppCycle(self, scope, keep_alive=keep_alive, expect_100=self._expect_100)
         self._receiving = cycle
         if self.cycle is None:
             self._start(cycle)
@@ -309,7 +320,7 @@ class Connection(asyncio.Protocol):
         if complete:
             self.on_message_complete()
 
-    def _start(self, cycle: _AppCycle) -> None:
+    def _start(self, cycle: AppCycle) -> None:
         self.cycle = cycle
         self.listener.run(cycle.run_asgi(self.listener.app))
 
@@ -347,7 +358,7 @@ class Connection(asyncio.Protocol):
             says_close = response.says_close
             keep_alive = cycle.keep_alive and not says_close and not response.close
             head = [STATUS_LINE[response.status]]
-            for name, value in (*self.listener.default_headers(), *response.headers):
+            for name, value in (*self.default_headers(), *response.headers):
                 head += [name, b": ", value, b"\r\n"]
             if not cycle.keep_alive and not says_close:
                 head.append(b"connection: close\r\n")
@@ -428,147 +439,6 @@ class _LaneCycle:
         self.keep_alive = keep_alive
         self.response_complete = False
         self.disconnected = False
-
-
-class _AppCycle:
-    """One request answered by the ASGI app: ``receive`` and ``send`` as the ASGI 3 HTTP spec
-    words them, over the connection."""
-
-    def __init__(
-        self,
-        connection: Connection,
-        scope: MutableMapping[str, Any],
-        *,
-        keep_alive: bool,
-        expect_100: bool,
-    ) -> None:
-        self._connection = connection
-        self.scope = scope
-        self.keep_alive = keep_alive
-        self._waiting_for_100 = expect_100
-        self.message_event = asyncio.Event()
-        self.disconnected = False
-        self.body = bytearray()
-        self.more_body = True
-        self._started = False
-        self.response_complete = False
-        self._chunked: bool | None = None
-        self._length_left = 0
-
-    async def run_asgi(self, app: Any) -> None:
-        try:
-            result = await app(self.scope, self.receive, self.send)
-        except BaseException:  # the app's bug (or its cancellation at shutdown)
-            log.exception("the app failed on a request")
-            if not self._started:
-                await self._send_bug()
-            else:
-                self._connection.transport.close()
-            return
-        if result is not None:
-            log.error("the app returned %r instead of None", result)
-            self._connection.transport.close()
-        elif not self._started and not self.disconnected:
-            log.error("the app returned without starting a response")
-            await self._send_bug()
-        elif not self.response_complete and not self.disconnected:
-            log.error("the app returned without completing its response")
-            self._connection.transport.close()
-
-    async def _send_bug(self) -> None:
-        status, headers, body = _BUG_RESPONSE
-        await self.send({"type": "http.response.start", "status": status, "headers": headers})
-        await self.send({"type": "http.response.body", "body": body})
-
-    async def send(self, message: Any) -> None:
-        connection = self._connection
-        if connection.write_paused and not self.disconnected:
-            await connection.drain()
-        if self.disconnected:
-            return
-        if not self._started:
-            if message["type"] != "http.response.start":
-                raise RuntimeError(f"expected http.response.start, got {message['type']}")
-            self._started = True
-            self._waiting_for_100 = False
-            connection.transport.write(self._head(message))
-        elif not self.response_complete:
-            if message["type"] != "http.response.body":
-                raise RuntimeError(f"expected http.response.body, got {message['type']}")
-            self._write_body(message.get("body", b""), message.get("more_body", False))
-        else:
-            raise RuntimeError(f"{message['type']} after the response completed")
-
-    def _head(self, message: Any) -> bytes:
-        status = int(message["status"])
-        head = [STATUS_LINE[status]]
-        says_close = False
-        for name, value in (
-            *self._connection.listener.default_headers(),
-            *message.get("headers", ()),
-        ):
-            if _HEADER_NAME_INVALID.search(name) or _HEADER_VALUE_INVALID.search(value):
-                raise RuntimeError(f"invalid response header {name!r}")
-            name = name.lower()
-            if name == b"content-length" and self._chunked is None:
-                self._length_left = int(value)
-                self._chunked = False
-            elif name == b"transfer-encoding" and value.lower() == b"chunked":
-                self._length_left = 0
-                self._chunked = True
-            elif name == b"connection" and b"close" in [
-                t.strip().lower() for t in value.split(b",")
-            ]:
-                self.keep_alive = False
-                says_close = True
-            head += [name, b": ", value, b"\r\n"]
-        if not self.keep_alive and not says_close:
-            head.append(b"connection: close\r\n")
-        if self._chunked is None and self.scope["method"] != "HEAD" and status not in (204, 304):
-            self._chunked = True
-            head.append(b"transfer-encoding: chunked\r\n")
-        head.append(b"\r\n")
-        return b"".join(head)
-
-    def _write_body(self, body: bytes, more_body: bool) -> None:
-        transport = self._connection.transport
-        if self.scope["method"] == "HEAD":
-            self._length_left = 0
-        elif self._chunked:
-            chunk = [b"%x\r\n" % len(body), body, b"\r\n"] if body else []
-            if not more_body:
-                chunk.append(b"0\r\n\r\n")
-            transport.write(b"".join(chunk))
-        else:
-            if len(body) > self._length_left:
-                raise RuntimeError("response body longer than its Content-Length")
-            self._length_left -= len(body)
-            transport.write(body)
-        if more_body:
-            return
-        if self._length_left != 0:
-            raise RuntimeError("response body shorter than its Content-Length")
-        self.response_complete = True
-        self.message_event.set()
-        if not self.keep_alive:
-            transport.close()
-        if self._connection.cycle is self:
-            self._connection.answered()
-
-    async def receive(self) -> Any:
-        connection = self._connection
-        if self._waiting_for_100 and not connection.transport.is_closing():
-            connection.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-            self._waiting_for_100 = False
-        if not self.disconnected and not self.response_complete:
-            connection.resume_reading()
-            await self.message_event.wait()
-            self.message_event.clear()
-        if self.disconnected or self.response_complete:
-            return {"type": "http.disconnect"}
-        message = {"type": "http.request", "body": bytes(self.body), "more_body": self.more_body}
-        self.body = bytearray()
-        return message
 
 
 class CoalescedWrites:

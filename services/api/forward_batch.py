@@ -3,13 +3,13 @@
 An entry node that forwards appends to a leader region sends them as one peer call, ``POST
 /peer/forwarded-appends``. The leader serves each item exactly as if it had arrived alone as a
 forward (the same admission, body checks, validation, auth, idempotency, deadline from
-``X-Convplane-Deadline-Ms``): by the fast lane (``services.api.fast_lane``), which runs the
-app's steps without its layers, or, where the lane does not take an item (a malformed one, or
-tracing on), through its whole app; all items concurrently, and streams each item's answer back
-(one NDJSON line per item, in the order they finish), so an item is never held back by a slower
-one in its batch. A batch therefore changes what a forward costs (one HTTP exchange, one TLS
-write and one pooled-connection checkout per batch instead of per append) and nothing a client
-sees.
+``X-Convplane-Deadline-Ms``): by the fast lane (``services.api.fast_lane``, given to the route as
+``forward_batch_router(lane)``), which runs the app's steps without its layers, or, where the lane
+does not take an item (a malformed one, or tracing on), through its whole app; all items
+concurrently, and streams each item's answer back (one NDJSON line per item, in the order they
+finish), so an item is never held back by a slower one in its batch. A batch therefore changes what
+a forward costs (one HTTP exchange, one TLS write and one pooled-connection checkout per batch
+instead of per append) and nothing a client sees.
 
 Batches form by themselves, as group commit does: per peer region at most
 ``forward_batches_in_flight_max`` batches (default 1) are under way; appends that arrive

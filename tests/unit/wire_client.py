@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fastapi import FastAPI
+from starlette.types import ASGIApp
 
 from services.listeners import Listener, ListenerConfig
 
@@ -63,19 +64,19 @@ class WireResponse:
 
 
 class WireConnection:
-    """A keep-alive connection to ``app``'s client listener."""
+    """A keep-alive connection to ``app``'s client listener (with its fast lane, unless
+    ``lane`` is False or ``app`` is not the node's)."""
 
     transport: MemoryTransport
     protocol: Any
 
     def __init__(
-        self, app: FastAPI, *, lane: bool = True, limits: ListenerConfig | None = None
+        self, app: ASGIApp, *, lane: bool = True, limits: ListenerConfig | None = None
     ) -> None:
         limits = limits or ListenerConfig("client", connections_max=100, header_timeout_s=5.0)
         # no Date header: answers are compared byte for byte
-        self.listener = Listener(
-            app, limits, lane=app.state.fast_lane if lane else None, dated=False
-        )
+        fast_lane = app.state.fast_lane if lane and isinstance(app, FastAPI) else None
+        self.listener = Listener(app, limits, lane=fast_lane, dated=False)
 
         def connect() -> None:
             self.transport = MemoryTransport()
