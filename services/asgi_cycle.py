@@ -89,7 +89,7 @@ class AppCycle:
     async def run_asgi(self, app: Any) -> None:
         try:
             result = await app(self.scope, self.receive, self.send)
-        except BaseException:  # the app's bug (or its cancellation at shutdown)
+        except Exception:  # the app's bug
             log.exception("the app failed on a request")
             if not self._started:
                 await self._send_bug()
