@@ -332,7 +332,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 def run_on(loop: str, main: Coroutine[Any, Any, T]) -> T:
-    """Run ``main`` on uvloop (what node processes run: ``services.bootstrap.serve.EVENT_LOOP``) or on
+    """Run ``main`` on uvloop (what node processes run: ``services.bootstrap.serve``) or on
     asyncio's own loop; both systems of a run share it."""
     factory = uvloop.new_event_loop if loop == "uvloop" else asyncio.new_event_loop
     with asyncio.Runner(loop_factory=factory) as runner:

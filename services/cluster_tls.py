@@ -9,7 +9,7 @@ directory 0700.
 
 A node given ``tls_ca_file``, ``tls_cert_file`` and ``tls_key_file`` (``NodeSettings``) serves its
 peer listener over TLS and requires a client certificate signed by the CA
-(``server_ssl_options``), and presents its own certificate on every peer call, verifying the
+(``server_ssl_context``), and presents its own certificate on every peer call, verifying the
 peer's against the CA and its address (``client_ssl_context``): a process without a certificate
 from the cluster's CA can neither probe, answer probes nor forward, and nothing between regions
 (bearer keys, the peer secret) crosses in clear. A certificate speaks for one region only: the
@@ -154,14 +154,13 @@ def node_tls(settings: NodeSettings) -> NodeTls | None:
     return NodeTls(settings.tls_ca_file, settings.tls_cert_file, settings.tls_key_file)
 
 
-def server_ssl_options(tls: NodeTls) -> dict[str, Any]:
-    """uvicorn ``Config`` options: TLS, and a client certificate from the CA required."""
-    return {
-        "ssl_certfile": str(tls.cert_file),
-        "ssl_keyfile": str(tls.key_file),
-        "ssl_ca_certs": str(tls.ca_file),
-        "ssl_cert_reqs": ssl.CERT_REQUIRED,
-    }
+def server_ssl_context(tls: NodeTls) -> ssl.SSLContext:
+    """For the peer listener: present our certificate, require one from the CA."""
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH, cafile=str(tls.ca_file))
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.load_cert_chain(str(tls.cert_file), str(tls.key_file))
+    context.verify_mode = ssl.CERT_REQUIRED
+    return context
 
 
 def region_of_certificate(peer_certificate: Mapping[str, Any] | None) -> str | None:

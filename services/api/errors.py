@@ -91,7 +91,7 @@ def refusal(
     exc: ConvplaneError, retry_after_default_s: float, count_error: Callable[[str], None]
 ) -> JSONResponse:
     """The answer to a convplane error, counted by its code (metrics) and logged at debug: the
-    app's handler and the append fast path (``services.api.fast_append``) both answer so."""
+    app's handler and the fast lane (``services.api.fast_lane``) both answer so."""
     count_error(exc.code)
     log.debug("refused with %s: %s", exc.code, exc.message)
     return error_response(exc, retry_after_default_s)

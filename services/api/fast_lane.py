@@ -5,10 +5,10 @@ parser, by the same parts the app would run them through.
 
 Appends are what chat applications call most, and reads of their conversations come with
 them. Under ``bench/rest.py`` a node spent about half of its CPU per append around the handler
-rather than in it: uvicorn's request cycle and its ASGI messages, the app's middleware layers
+rather than in it: the server's ASGI request cycle and its messages, the app's middleware layers
 (each wrapping ``send`` and ``receive``), Starlette's response machinery; and about a third of
-its CPU per read. The lane skips those layers, not their work: ``services.listeners`` hands it
-the request head and body, and it runs the steps the layers would run, in one place:
+its CPU per read. The lane skips those layers, not their work: the client listener's
+connection (``services.http_connection``) hands it the request head and body, and it runs the steps the layers would run, in one place:
 
 1. **Eligible** (``eligible``, on the request head): an HTTP/1.1 ``POST`` to the append path
    (no query, no percent-escapes), one ``Content-Length`` within ``max_body_bytes``, one
@@ -36,12 +36,13 @@ the request head and body, and it runs the steps the layers would run, in one pl
    (``X-Convplane-Served-By``, CORS's ``Vary``), and the request counted where the layers count
    it: the request metrics, the console's append outcomes (appends only), the admission
    limit's latency. A bug (any other exception) is logged and answered 500, and the connection
-   closed, as the app's error middleware and uvicorn do.
+   closed, as the app's error middleware and the server's ASGI cycle do.
 
 The leader of a forward batch (``services.api.forward_batch``) hands its items to the lane too
-(``serve_forwarded``): each is prepared and served as above, as the trusted forward it is (its
-admission is the forward's, its ``NotLeader`` is not forwarded again, the console does not count
-it: it entered another node), and what the lane does not take goes through the app.
+(``serve_forwarded``; the batch route gets the lane as an argument: ``forward_batch_router``): each
+is prepared and served as above, as the trusted forward it is (its admission is the forward's, its
+``NotLeader`` is not forwarded again, the console does not count it: it entered another node), and
+what the lane does not take goes through the app.
 
 ``tests/unit/test_fast_lane.py`` sends the same requests, and the same forwarded items,
 through the lane and through the app and compares the answers and the metrics. The lane is off
@@ -50,7 +51,7 @@ listener.
 
 Where the two differ, on purpose or by a hair: a client that does not take its answer within
 ``send_timeout_s`` loses its connection with nothing written (on the app's path the edge counts
-the same 408, and then uvicorn waits, unbounded, to write a 500 instead); and the deadline and
+the same 408, and the server then tries a 500 for another ``send_timeout_s``); and the deadline and
 the request's latency are fixed once the body is in, not when the head arrived (the lane only
 takes bodies that came in the head's own packet).
 """
@@ -74,10 +75,10 @@ from eventlog.errors import ConvplaneError, InvariantViolation, Unavailable
 from eventlog.http_headers import FORWARDED_HEADER_RAW, SERVED_BY_HEADER_RAW
 from services.api import routes
 from services.api.admission import DEADLINE_SCOPE_KEY, Entry, NodeAdmission
+from services.api.append_check import AppendCheck, declared_route, valid_conversation_id
 from services.api.context import ApiState, RequestContext
 from services.api.errors import refusal
 from services.api.event_bodies import AnyEvent
-from services.api.fast_append import AppendCheck, declared_route, valid_conversation_id
 from services.api.metrics import Metrics
 from services.api.middleware import edge_error, is_json_media_type, json_body_or_none
 from services.api.roles import require_read_only_viewer
@@ -111,7 +112,7 @@ _DECLINED_HEADERS = frozenset(
     {b"origin", b"transfer-encoding", b"expect", b"upgrade", b"x-convplane-forwarded",
      b"x-convplane-peer-auth"}
 )  # fmt: skip
-#: what the app's error middleware answers to a bug (and uvicorn then closes the connection)
+#: what the app's error middleware answers to a bug (and the server then closes the connection)
 _BUG_HEADERS: Headers = [
     (b"content-length", b"21"),
     (b"content-type", b"text/plain; charset=utf-8"),
@@ -123,7 +124,7 @@ _UNROUTED = "unmatched"
 
 @dataclass(slots=True)
 class LaneRequest:
-    """An eligible request: its scope (completed as uvicorn completes it) and what the lane
+    """An eligible request: its scope (completed as the ASGI spec says) and what the lane
     read from its head; ``body`` fills as the parser delivers it."""
 
     scope: MutableMapping[str, Any]
@@ -215,7 +216,7 @@ class FastLane:
         keep_alive: bool,
     ) -> LaneRequest | None:
         """A request the lane may take, by its head (``scope["headers"]``: names lower-cased,
-        as uvicorn collects them); None: the app serves it."""
+        as the connection collects them); None: the app serves it."""
         if self._api is None or http_version != "1.1" or scope.get("root_path"):
             return None
         if method == b"GET":
@@ -477,7 +478,7 @@ class FastLane:
 
 
 def _claim(scope: MutableMapping[str, Any], method: str, path: bytes, query: bytes) -> None:
-    """Complete the scope the lane takes, as uvicorn completes it for the app."""
+    """Complete the scope the lane takes, as the connection completes it for the app."""
     scope["method"] = method
     scope["path"] = path.decode("ascii")
     scope["raw_path"] = path

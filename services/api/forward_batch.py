@@ -3,13 +3,13 @@
 An entry node that forwards appends to a leader region sends them as one peer call, ``POST
 /peer/forwarded-appends``. The leader serves each item exactly as if it had arrived alone as a
 forward (the same admission, body checks, validation, auth, idempotency, deadline from
-``X-Convplane-Deadline-Ms``): by the fast lane (``services.api.fast_lane``), which runs the
-app's steps without its layers, or, where the lane does not take an item (a malformed one, or
-tracing on), through its whole app; all items concurrently, and streams each item's answer back
-(one NDJSON line per item, in the order they finish), so an item is never held back by a slower
-one in its batch. A batch therefore changes what a forward costs (one HTTP exchange, one TLS
-write and one pooled-connection checkout per batch instead of per append) and nothing a client
-sees.
+``X-Convplane-Deadline-Ms``): by the fast lane (``services.api.fast_lane``, given to the route as
+``forward_batch_router(lane)``), which runs the app's steps without its layers, or, where the lane
+does not take an item (a malformed one, or tracing on), through its whole app; all items
+concurrently, and streams each item's answer back (one NDJSON line per item, in the order they
+finish), so an item is never held back by a slower one in its batch. A batch therefore changes what
+a forward costs (one HTTP exchange, one TLS write and one pooled-connection checkout per batch
+instead of per append) and nothing a client sees.
 
 Batches form by themselves, as group commit does: per peer region at most
 ``forward_batches_in_flight_max`` batches (default 1) are under way; appends that arrive
@@ -54,9 +54,9 @@ import json
 import logging
 import random
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, MutableMapping
 from dataclasses import dataclass, field
-from typing import Annotated, Any
+from typing import Annotated, Any, Protocol
 
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import StreamingResponse
@@ -91,7 +91,6 @@ DEADLINE_MS_MAX = 3_600_000
 BATCH_PATH = "/peer/forwarded-appends"
 _RELAYED_HEADERS = ("retry-after", IDEMPOTENT_REPLAYED_HEADER.lower(), SERVED_BY_HEADER.lower())
 
-forward_batch_router = APIRouter(prefix="/peer")
 log = logging.getLogger("convplane.forward_batch")
 
 
@@ -129,26 +128,58 @@ def _answer_line(index: int, status: int, headers: dict[str, str], body: bytes) 
 # --- the leader's side -----------------------------------------------------------------------
 
 
-@forward_batch_router.post(
-    "/forwarded-appends",
-    response_class=StreamingResponse,
-    max_body_size=FORWARD_BATCH_BYTES_MAX,
-    responses={200: {"content": {NDJSON: {"schema": {"type": "string"}}}}},
-)
-async def forwarded_appends(request: Request, batch: ForwardedAppends) -> StreamingResponse:
-    """Internal: appends forwarded by an entry node in one call; each runs as if forwarded
-    alone and its answer is one NDJSON line `{index, status, headers, body}`, in the order the
-    items finish. Only from a peer the peer listener authenticated (``services.listener_gates``):
-    each item is then a trusted forward from that peer's region."""
-    if peer_region(request.scope) is None:
-        raise Unauthorized("forward batches come from the cluster's nodes only")
-    return StreamingResponse(_run_items(request, batch), media_type=NDJSON)
+class LaneAnswer(Protocol):
+    """An item's answer from the lane (``services.api.fast_lane.LaneResponse``)."""
+
+    status: int
+    headers: list[tuple[bytes, bytes]]
+    body: bytes
 
 
-async def _run_items(request: Request, batch: ForwardedAppends) -> AsyncIterator[bytes]:
+class ItemLane(Protocol):
+    """What serves a batch's items without the app's layers: the node's fast lane
+    (``services.api.fast_lane.FastLane.serve_forwarded``); None: the app serves the item."""
+
+    async def serve_forwarded(
+        self,
+        scope: MutableMapping[str, Any],
+        conversation_id: str,
+        authorization: str,
+        idempotency_keys: list[bytes],
+        body: bytes,
+    ) -> LaneAnswer | None: ...
+
+
+def forward_batch_router(lane: ItemLane | None) -> APIRouter:
+    """The leader's route for forward batches; ``lane`` serves the items it takes (None: the
+    app serves every item)."""
+    router = APIRouter(prefix="/peer")
+
+    @router.post(
+        "/forwarded-appends",
+        response_class=StreamingResponse,
+        max_body_size=FORWARD_BATCH_BYTES_MAX,
+        responses={200: {"content": {NDJSON: {"schema": {"type": "string"}}}}},
+    )
+    async def forwarded_appends(request: Request, batch: ForwardedAppends) -> StreamingResponse:
+        """Internal: appends forwarded by an entry node in one call; each runs as if forwarded
+        alone and its answer is one NDJSON line `{index, status, headers, body}`, in the order
+        the items finish. Only from a peer the peer listener authenticated
+        (``services.bootstrap.listener_gates``): each item is then a trusted forward from that peer's
+        region."""
+        if peer_region(request.scope) is None:
+            raise Unauthorized("forward batches come from the cluster's nodes only")
+        return StreamingResponse(_run_items(request, batch, lane), media_type=NDJSON)
+
+    return router
+
+
+async def _run_items(
+    request: Request, batch: ForwardedAppends, lane: ItemLane | None
+) -> AsyncIterator[bytes]:
     answers: asyncio.Queue[bytes] = asyncio.Queue(maxsize=len(batch.items))
     tasks = [
-        asyncio.create_task(_run_item(request, i, item, answers))
+        asyncio.create_task(_run_item(request, lane, i, item, answers))
         for i, item in enumerate(batch.items)
     ]
     try:
@@ -166,6 +197,7 @@ async def _run_items(request: Request, batch: ForwardedAppends) -> AsyncIterator
 
 async def _run_item(
     request: Request,
+    lane: ItemLane | None,
     index: int,
     item: ForwardedAppend,
     answers: asyncio.Queue[bytes],
@@ -199,7 +231,6 @@ async def _run_item(
         "headers": headers,
         PEER_REGION_SCOPE_KEY: request.scope[PEER_REGION_SCOPE_KEY],  # a trusted forward
     }
-    lane = getattr(request.app.state, "fast_lane", None)
     if lane is not None:
         served = await lane.serve_forwarded(
             scope,

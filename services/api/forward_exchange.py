@@ -65,8 +65,8 @@ NDJSON = "application/x-ndjson"
 def idle_reuse_s(header_timeout_s: float) -> float:
     """How long a kept connection to a peer listener may sit idle and still be reused: well
     inside the listener's own idle close (``header_timeout_s``, a node setting, assumed the same
-    on every node of a cluster; uvicorn's keep-alive there is ``int(header_timeout_s) or 1``),
-    so that no request is written as the peer closes the connection."""
+    on every node of a cluster: ``services.listeners``' header timeout), so that no request is
+    written as the peer closes the connection."""
     return min(IDLE_REUSE_S, header_timeout_s / 2)
 
 

@@ -28,7 +28,7 @@ import asyncio
 import json
 import math
 import time
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import MutableMapping
 from typing import Any
 
 import orjson
@@ -37,7 +37,6 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from eventlog.errors import ConvplaneError
 from eventlog.http_headers import SERVED_BY_HEADER_RAW
 from services.api.admission import Arrival, NodeAdmission
-from services.api.fast_append import PARSED_BODY_SCOPE_KEY
 from services.api.metrics import Metrics
 
 JSON_DEPTH_MAX = 32
@@ -183,11 +182,8 @@ class EdgeMiddleware:
         discard_body_max_bytes: int,
         send_timeout_s: float,
         peer_body_bytes_max: int,
-        fast_path: Callable[[Scope, Receive, Send], Awaitable[bool]] | None = None,
     ) -> None:
         self.app = app
-        #: serves what it accepts (``services.api.fast_append``) before the app is asked
-        self.fast_path = fast_path
         self.region = region.encode()
         self.metrics = metrics
         self.max_body_bytes = max_body_bytes
@@ -235,8 +231,7 @@ class EdgeMiddleware:
             await _send_error(send, rej, retry_after_s=self.retry_after_s)
             return
         try:
-            if self.fast_path is None or not await self.fast_path(scope, receive, send):
-                await self.app(scope, receive, send)
+            await self.app(scope, receive, send)
         finally:
             self.admission.exit(entry, status_seen[0])
 
@@ -260,7 +255,7 @@ class EdgeMiddleware:
                           f"{self.body_read_timeout_s:g} s", retryable=True) from None  # fmt: skip
         if body.strip():
             _check_media_type(scope)
-            scope[PARSED_BODY_SCOPE_KEY] = check_json_body(body)
+            check_json_body(body)  # the route parses it again; a 400 must come first
         return _replaying(body, receive)
 
     async def _bounded_body(self, scope: Scope, receive: Receive) -> Receive:

@@ -13,12 +13,12 @@ from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
 from opentelemetry.sdk.trace import TracerProvider
 
 from services.api.admission import NodeAdmission
+from services.api.append_check import AppendCheck
 from services.api.context import AppServices
 from services.api.control_routes import control_router, peer_router
 from services.api.docs_ui import install_docs
 from services.api.drill_routes import drill_peer_router, drill_router
 from services.api.errors import install_error_handlers
-from services.api.fast_append import AppendCheck, FastAppend
 from services.api.fast_lane import FastLane
 from services.api.forward_batch import BATCH_BODY_BYTES_MAX, forward_batch_router
 from services.api.key_routes import key_router
@@ -79,8 +79,8 @@ def create_app(
     admission = NodeAdmission(metrics)  # opened in the lifespan, with the runtime's clock
     console_access = ConsoleAccess()  # opened in the lifespan, with the runtime's cluster
     append_outcomes = AppendOutcomes()  # opened in the lifespan, with the runtime's clock
-    append_check = AppendCheck()  # the route's checks, for the lane and the edge's fast path
-    # opened in the lifespan with the app's state; the client listener hands it appends
+    # opened in the lifespan with the app's state; the client listener hands it appends and
+    # reads, the forward batch route its items
     fast_lane = FastLane(
         region=settings.region,
         metrics=metrics,
@@ -88,7 +88,7 @@ def create_app(
         outcomes=append_outcomes,
         max_body_bytes=settings.max_body_bytes,
         retry_after_default_s=settings.retry_after_default_s,
-        check=append_check,
+        check=AppendCheck(),
     )
 
     opened: list[AppServices] = []  # the services the lifespan opened last (the shard count)
@@ -130,7 +130,7 @@ def create_app(
     app.include_router(ops_router)
     app.include_router(control_router)
     app.include_router(peer_router)
-    app.include_router(forward_batch_router)
+    app.include_router(forward_batch_router(fast_lane))
     app.include_router(replay_router)
     app.include_router(drill_router)
     app.include_router(key_router)
@@ -146,7 +146,6 @@ def create_app(
         discard_body_max_bytes=settings.discard_body_max_bytes,
         send_timeout_s=settings.send_timeout_s,
         peer_body_bytes_max=BATCH_BODY_BYTES_MAX,
-        fast_path=FastAppend(settings.retry_after_default_s, metrics.count_error, append_check),
     )
     install_console(app, console_access, append_outcomes)
     install_docs(app)

@@ -1,41 +1,43 @@
-"""Running one region node: the app from ``services.api`` under uvicorn, on two listeners.
+"""Running one region node: the app from ``services.api`` on two listeners, on uvloop.
 
-The client listener (``port``) runs the app's lifespan; the peer listener (``peer_port``, when
+The client listener (``port``) serves the app to anyone; the peer listener (``peer_port``, when
 given and the cluster has a peer secret) serves the same app to other nodes only, with limits of
-its own (``services.listeners``); what each lets through is ``services.bootstrap.listener_gates``'s. A
-peer listener without TLS trusts the peer secret alone, so it is bound to loopback only
-(``PLAIN_PEER_HOST``), whatever ``host`` says, and the node says so loudly at start. uvicorn handles SIGTERM/SIGINT on the client listener by
-finishing in-flight requests and running the lifespan's shutdown (leaders resign, stores close);
-the peer listener stops with it. So ``convplane up`` can stop a node with SIGTERM.
+its own; both are the node's own HTTP/1.1 server (``services.listeners``, which says why), and
+what each lets through is ``services.bootstrap.listener_gates``'s. A peer listener without TLS
+trusts the peer secret alone, so it is bound to loopback only (``PLAIN_PEER_HOST``), whatever
+``host`` says, and the node says so loudly at start. The app's lifespan
+(``services.asgi_lifespan``) opens before the listeners and closes after them: SIGTERM or SIGINT
+stops accepting, lets in-flight requests finish and then runs the lifespan's shutdown (leaders
+resign, stores close). So ``convplane up`` can stop a node with SIGTERM.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import gc
 import io
 import ipaddress
 import logging
 import resource
 import signal
-from collections.abc import Iterator
+import ssl
+from dataclasses import dataclass
 
-import uvicorn
+import uvloop  # the event loop and its transports in C (a node spends most of its time there)
+from fastapi import FastAPI
 
+from services.asgi_lifespan import Lifespan
 from services.bootstrap.app import create_app
 from services.bootstrap.listener_gates import ClientListenerGate, PeerListenerGate
-from services.cluster_tls import node_tls, server_ssl_options
+from services.cluster_tls import node_tls, server_ssl_context
 from services.config import NodeSettings
-from services.listeners import ListenerConfig, guarded_protocol
+from services.listeners import Listener, ListenerConfig
 from services.logs import configure_logging
 
 log = logging.getLogger("convplane.node")
 
-#: seconds uvicorn waits for in-flight requests at shutdown before closing connections
+#: seconds a stopping node waits for in-flight requests before closing their connections
 GRACEFUL_SHUTDOWN_S = 10
-#: uvloop: the event loop and its transports in C (a node spends most of its time in them)
-EVENT_LOOP = "uvloop"
 #: file descriptors a node needs beyond its listeners' connections (databases, peers, logs)
 FDS_RESERVED = 256
 #: allocations between two young-generation collections (CPython's default is 700)
@@ -47,14 +49,6 @@ TASK_STACK_FRAMES = 16
 PLAIN_PEER_HOST = "127.0.0.1"
 
 
-class _PeerServer(uvicorn.Server):
-    """The peer listener's server: signals are the client listener's to handle."""
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        yield
-
-
 def run_node(
     settings: NodeSettings,
     *,
@@ -64,86 +58,96 @@ def run_node(
     log_level: str = "info",
 ) -> None:
     configure_logging(settings.region, log_level)  # JSON lines, no secrets (services.logs)
-    # SIGUSR1 asks for the task stacks (_log_task_stacks, once serving); until then, and on a
-    # node without a peer listener, it must not kill the node (its default action)
+    # SIGUSR1 asks for the task stacks (_log_task_stacks, once serving); until then it must not
+    # kill the node (its default action)
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)
     cluster = settings.load_cluster()
     _raise_fd_limit(settings.client_connections_max + settings.peer_connections_max)
     app = create_app(settings)
     _settle_heap()
-    client = uvicorn.Server(
-        uvicorn.Config(
-            ClientListenerGate(app),
-            host=host,
-            port=port,
-            log_config=None,  # uvicorn's loggers propagate to the JSON handler
-            log_level=log_level,
-            access_log=False,
-            proxy_headers=False,  # no proxy in front of a node: nothing to rewrite per request
-            loop=EVENT_LOOP,
-            lifespan="on",
-            timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
-            timeout_keep_alive=int(settings.header_timeout_s) or 1,
-            http=guarded_protocol(
-                ListenerConfig(
-                    "client",
-                    settings.client_connections_max,
-                    settings.header_timeout_s,
-                    settings.header_bytes_max,
-                    settings.send_timeout_s,
-                ),
-                lane=app.state.fast_lane,
-            ),
-        )
+    client_limits = ListenerConfig(
+        "client",
+        settings.client_connections_max,
+        settings.header_timeout_s,
+        settings.header_bytes_max,
+        settings.send_timeout_s,
     )
+    client = Listener(ClientListenerGate(app), client_limits, lane=app.state.fast_lane)
+    binds = [_Bind(client, host, port, None)]
     if peer_port is None or cluster.peer_secret is None:
         if len(cluster.regions) > 1:  # the client listener serves no peer endpoint
-            raise SystemExit("a node of a cluster of several regions needs --peer-port and a "
-                             "peer_secret in the cluster file")  # fmt: skip
-        client.run()
-        return
-    tls = node_tls(settings)
-    peer_host = peer_listener_host(host, tls=tls is not None)
-    if tls is None:
-        log.warning(
-            "NO TLS FILES: the peer listener trusts the peer secret alone and carries bearer "
-            "keys and the secret in clear; it listens on %s:%d only (loopback), so peers on "
-            "other machines cannot reach it. Give every node tls_ca_file, tls_cert_file and "
-            "tls_key_file for a cluster across machines (docs/security.md).",
-            peer_host, peer_port,
-        )  # fmt: skip
-    gate = PeerListenerGate(
-        app,
-        peer_secret=cluster.peer_secret,
-        regions=[r.name for r in cluster.regions],
-        tls=tls is not None,
-    )
-    peer = _PeerServer(
-        uvicorn.Config(
-            gate,
-            host=peer_host,
-            port=peer_port,
-            log_config=None,
-            log_level=log_level,
-            access_log=False,
-            proxy_headers=False,
-            loop=EVENT_LOOP,
-            lifespan="off",
-            timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
-            timeout_keep_alive=int(settings.header_timeout_s) or 1,
-            http=guarded_protocol(
-                ListenerConfig(
-                    "peer",
-                    settings.peer_connections_max,
-                    settings.header_timeout_s,
-                    settings.header_bytes_max,
-                )
-            ),
-            **(server_ssl_options(tls) if tls is not None else {}),
+            raise SystemExit(
+                "a node of a cluster of several regions needs --peer-port and a "
+                "peer_secret in the cluster file"
+            )
+    else:
+        tls = node_tls(settings)
+        peer_host = peer_listener_host(host, tls=tls is not None)
+        if tls is None:
+            log.warning(
+                "NO TLS FILES: the peer listener trusts the peer secret alone and carries "
+                "bearer keys and the secret in clear; it listens on %s:%d only (loopback), so "
+                "peers on other machines cannot reach it. Give every node tls_ca_file, "
+                "tls_cert_file and tls_key_file for a cluster across machines "
+                "(docs/security.md).",
+                peer_host,
+                peer_port,
+            )
+        gate = PeerListenerGate(
+            app,
+            peer_secret=cluster.peer_secret,
+            regions=[r.name for r in cluster.regions],
+            tls=tls is not None,
         )
-    )
-    with asyncio.Runner(loop_factory=client.config.get_loop_factory()) as runner:
-        runner.run(_serve_both(client, peer))
+        peer_limits = ListenerConfig(
+            "peer",
+            settings.peer_connections_max,
+            settings.header_timeout_s,
+            settings.header_bytes_max,
+        )
+        ssl_context = server_ssl_context(tls) if tls is not None else None
+        binds.append(_Bind(Listener(gate, peer_limits), peer_host, peer_port, ssl_context))
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        runner.run(_serve(app, binds))
+
+
+@dataclass(frozen=True)
+class _Bind:
+    listener: Listener
+    host: str
+    port: int
+    ssl_context: ssl.SSLContext | None
+
+
+async def _serve(app: FastAPI, binds: list[_Bind]) -> None:
+    """The app's lifespan around its listeners, until SIGTERM or SIGINT: then no new
+    connection, the requests under way finish (``GRACEFUL_SHUTDOWN_S`` at most) and the
+    lifespan's shutdown runs (leaders resign, stores close)."""
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    lifespan = Lifespan(app)
+    await lifespan.startup()
+    try:
+        for bind in binds:
+            bind.listener.state = lifespan.state
+            await bind.listener.start(bind.host, bind.port, bind.ssl_context)
+        loop.add_signal_handler(signal.SIGUSR1, _log_task_stacks)
+        await stop.wait()
+        log.info("stopping: no new connections, answering those under way")
+    finally:
+        listeners = [bind.listener for bind in binds]
+        for listener in listeners:
+            listener.stop_accepting()
+        try:
+            async with asyncio.timeout(GRACEFUL_SHUTDOWN_S):
+                await asyncio.gather(*(listener.drained() for listener in listeners))
+        except TimeoutError:
+            log.error("requests still under way after %d s: cancelled", GRACEFUL_SHUTDOWN_S)
+            for listener in listeners:
+                listener.abort()
+        await lifespan.shutdown()
 
 
 def peer_listener_host(host: str, *, tls: bool) -> str:
@@ -156,16 +160,6 @@ def peer_listener_host(host: str, *, tls: bool) -> str:
     except ValueError:
         loopback = host == "localhost"
     return host if loopback else PLAIN_PEER_HOST
-
-
-async def _serve_both(client: uvicorn.Server, peer: uvicorn.Server) -> None:
-    asyncio.get_running_loop().add_signal_handler(signal.SIGUSR1, _log_task_stacks)
-    peer_task = asyncio.create_task(peer.serve(), name="peer-listener")
-    try:
-        await client.serve()
-    finally:
-        peer.should_exit = True
-        await peer_task
 
 
 def _log_task_stacks() -> None:

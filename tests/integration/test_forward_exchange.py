@@ -1,5 +1,5 @@
 """The forward batch's own HTTP/1.1 (``services.api.forward_exchange.StreamBatchExchange``) on
-loopback sockets: against a node's real peer listener (uvicorn with the node's protocol and
+loopback sockets: against a node's real peer listener (the node's own listener and
 app), where it must answer exactly what the httpx exchange answers; and against a hand-written
 peer that answers well and badly: NDJSON in odd chunks, kept-alive connections, a connection the
 peer closed while idle or let sit too long, a refusal, an answer cut short, one that never
@@ -22,7 +22,6 @@ from typing import Any
 
 import httpx
 import pytest
-import uvicorn
 from fastapi import Response
 
 from eventlog.clock import LoopClock
@@ -38,9 +37,10 @@ from services.api.forward_exchange import (
     HttpxBatchExchange,
     StreamBatchExchange,
 )
+from services.asgi_lifespan import Lifespan
 from services.bootstrap.listener_gates import PeerListenerGate
 from services.cluster_tls import client_ssl_context, issue_cluster_tls
-from services.listeners import ListenerConfig, guarded_protocol
+from services.listeners import Listener, ListenerConfig
 from tests.unit.admission_nodes import SECRET, SlowLog, build_node, cluster, node_clock
 from tests.unit.api_fakes import KEY_A, conversation_led_by
 
@@ -182,7 +182,7 @@ async def test_connections_closed_while_idle_or_idle_too_long_are_replaced() -> 
 
 def test_kept_connections_are_reused_well_inside_the_peers_idle_close() -> None:
     assert forward_exchange.idle_reuse_s(5.0) == forward_exchange.IDLE_REUSE_S
-    assert forward_exchange.idle_reuse_s(1.5) == 0.75  # uvicorn closes after int(1.5) = 1 s
+    assert forward_exchange.idle_reuse_s(1.5) == 0.75  # the listener closes after 1.5 s
 
 
 async def test_a_lost_batch_drops_the_regions_other_kept_connections() -> None:
@@ -425,8 +425,8 @@ async def test_mutual_tls_with_the_clusters_certificates_only(tmp_path: Path) ->
 
 @asynccontextmanager
 async def peer_listener() -> AsyncIterator[str]:
-    """A node (fake log) served by uvicorn with the node's own protocol and peer listener gate
-    (without TLS), on loopback."""
+    """A node (fake log) served by the node's own peer listener and its gate (without TLS), on
+    loopback."""
     clock = node_clock()
     async with AsyncExitStack() as stack:
         peers = await stack.enter_async_context(httpx.AsyncClient())
@@ -436,23 +436,16 @@ async def peer_listener() -> AsyncIterator[str]:
             app, peer_secret=SECRET, regions=[r.name for r in config_of_cluster.regions], tls=False
         )
         limits = ListenerConfig("peer", connections_max=100, header_timeout_s=5.0)
-        config = uvicorn.Config(
-            gate,
-            host="127.0.0.1",
-            port=0,
-            http=guarded_protocol(limits),
-            log_config=None,
-        )
-        server = uvicorn.Server(config)
-        serving = asyncio.create_task(server.serve())
-        while not server.started:  # noqa: ASYNC110  (uvicorn offers no event to wait on)
-            await asyncio.sleep(0.01)
-        port = server.servers[0].sockets[0].getsockname()[1]
+        lifespan = Lifespan(app)
+        await lifespan.startup()
+        listener = Listener(gate, limits, state=lifespan.state)
+        port = await listener.start("127.0.0.1", 0, None)
         try:
             yield f"http://127.0.0.1:{port}"
         finally:
-            server.should_exit = True
-            await serving
+            listener.stop_accepting()
+            await listener.drained()
+            await lifespan.shutdown()
 
 
 def _item(conversation_id: str, key: str | None, body: Any) -> dict[str, Any]:

@@ -1,22 +1,26 @@
 """What a listener refuses before the app is asked (``services.listeners``,
 ``services.bootstrap.listener_gates``): a request head past its byte bound, a peer endpoint on the client
 listener, a caller of the peer listener that is not a node of the cluster (no body read, no
-slot taken), and a certificate's region standing in for another."""
+slot taken), and a certificate's region standing in for another. And how the node's own server
+stops (idle connections at once, busy ones after their answer) and runs the app's lifespan."""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
 import httpx
+import pytest
 from fastapi import FastAPI
 from starlette.types import Receive, Scope, Send
 
 from services.api.peer_trust import CERT_REGION_SCOPE_KEY, PEER_REGION_SCOPE_KEY
+from services.asgi_lifespan import Lifespan, LifespanFailed
 from services.bootstrap.listener_gates import ClientListenerGate, PeerListenerGate
 from services.bootstrap.serve import peer_listener_host
 from services.listeners import ListenerConfig
-from tests.unit.wire_client import WireConnection, raw_request
+from tests.unit.wire_client import MemoryTransport, WireConnection, raw_request
 
 HEAD_BYTES_MAX = 8 * 1024
 SECRET = "s" * 40
@@ -187,3 +191,110 @@ def test_a_peer_listener_without_tls_listens_on_loopback_only() -> None:
     for loopback in ("127.0.0.1", "::1", "localhost"):
         assert peer_listener_host(loopback, tls=False) == loopback
     assert peer_listener_host("0.0.0.0", tls=True) == "0.0.0.0"  # certificates: any address
+
+
+# --- stopping: idle connections close now, busy ones after their answer ---------------------
+
+
+class HeldApp:
+    """An app whose answers wait for ``release``."""
+
+    def __init__(self) -> None:
+        self.release = asyncio.Event()
+        self.entered = 0
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        self.entered += 1
+        await self.release.wait()
+        body = b"{}"
+        headers = [(b"content-length", b"2"), (b"content-type", b"application/json")]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+
+async def test_a_stopping_listener_closes_idle_connections_and_finishes_busy_ones() -> None:
+    app = HeldApp()
+    limits = ListenerConfig("client", 100, 5.0)
+    idle = WireConnection(app, lane=False, limits=limits)
+    listener = idle.listener
+    busy = listener.connection()
+    busy_transport = MemoryTransport()
+    busy.connection_made(busy_transport)
+    busy.data_received(raw_request("/x", None, {}, method="GET"))
+    await until(lambda: app.entered == 1)
+    listener.stop_accepting()
+    assert idle.transport.closed  # nothing under way: closed at once
+    assert not busy_transport.closed  # its request is answered first
+    drained = asyncio.ensure_future(listener.drained())
+    app.release.set()
+    await until(lambda: busy_transport.closed)
+    written = bytes(busy_transport.written)
+    assert written.startswith(b"HTTP/1.1 200 ") and b"connection: close\r\n" in written
+    for connection in (idle.protocol, busy):
+        connection.connection_lost(None)  # as the event loop reports the closed sockets
+    await asyncio.wait_for(drained, 5)
+    assert listener.connections == set() and listener.tasks == set()
+
+
+async def until(condition: Callable[[], bool]) -> None:
+    for _ in range(10_000):
+        if condition():
+            return
+        await asyncio.sleep(0)
+    raise AssertionError("never")
+
+
+# --- the app's lifespan, as the node's server runs it ---------------------------------------
+
+
+class LifespanApp:
+    def __init__(self, *, fail_startup: bool = False) -> None:
+        self.fail_startup = fail_startup
+        self.events: list[str] = []
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        assert scope["type"] == "lifespan"
+        while True:
+            message = await receive()
+            self.events.append(message["type"])
+            if message["type"] == "lifespan.startup":
+                if self.fail_startup:
+                    await send({"type": "lifespan.startup.failed", "message": "no database"})
+                    return
+                scope["state"]["opened"] = True
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+
+async def test_the_lifespan_starts_and_stops_the_app_and_shares_its_state() -> None:
+    app = LifespanApp()
+    lifespan = Lifespan(app)
+    await lifespan.startup()
+    assert lifespan.state == {"opened": True}  # copied into every request's scope
+    await lifespan.shutdown()
+    assert app.events == ["lifespan.startup", "lifespan.shutdown"]
+
+
+async def test_an_app_that_cannot_start_stops_the_node() -> None:
+    with pytest.raises(LifespanFailed, match="no database"):
+        await Lifespan(LifespanApp(fail_startup=True)).startup()
+
+
+async def test_a_bugs_500_that_the_client_does_not_take_closes_the_connection() -> None:
+    """The app gave up on a slow reader without starting its answer; the server's 500 waits at
+    most ``send_timeout_s`` for the reader too, then the connection closes (no unbounded wait)."""
+
+    async def gives_up(scope: Scope, receive: Receive, send: Send) -> None:
+        return None  # as the edge does once a reader stopped taking its answer
+
+    limits = ListenerConfig("client", 100, 60.0, send_timeout_s=2.0)
+    connection = WireConnection(gives_up, lane=False, limits=limits)
+    connection.protocol.pause_writing()  # the reader takes nothing: the send buffer is full
+    connection.protocol.data_received(raw_request("/x", None, {}, method="GET"))
+    await asyncio.sleep(1.0)
+    assert not connection.transport.closed
+    await asyncio.sleep(limits.send_timeout_s)
+    assert connection.transport.closed
+    assert connection.listener.tasks == set()

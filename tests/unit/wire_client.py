@@ -1,6 +1,6 @@
-"""A node's client listener on the wire, without a socket: the real protocol class
-(``services.listeners.guarded_protocol``, with the node's fast lane) fed raw HTTP/1.1 bytes
-through an in-memory transport, on the test's event loop.
+"""A node's client listener on the wire, without a socket: the real connection protocol
+(``services.http_connection.Connection`` of a ``services.listeners.Listener``, with the node's
+fast lane) fed raw HTTP/1.1 bytes through an in-memory transport, on the test's event loop.
 
 ``WireConnection.exchange`` writes requests either in one piece (head and body together, as a
 load generator sends them: the fast lane may take such a request) or head first and body in a
@@ -14,14 +14,12 @@ import asyncio
 from dataclasses import dataclass
 from typing import Any
 
-import uvicorn
 from fastapi import FastAPI
-from uvicorn.server import ServerState
+from starlette.types import ASGIApp
 
-from services.listeners import ListenerConfig, guarded_protocol
+from services.listeners import Listener, ListenerConfig
 
 LOOP_STEPS_MAX = 100_000
-DEFAULT_HEADERS = [(b"server", b"uvicorn")]
 
 
 class MemoryTransport(asyncio.Transport):
@@ -66,26 +64,23 @@ class WireResponse:
 
 
 class WireConnection:
-    """A keep-alive connection to ``app``'s client listener."""
+    """A keep-alive connection to ``app``'s client listener (with its fast lane, unless
+    ``lane`` is False or ``app`` is not the node's)."""
 
     transport: MemoryTransport
     protocol: Any
 
     def __init__(
-        self, app: FastAPI, *, lane: bool = True, limits: ListenerConfig | None = None
+        self, app: ASGIApp, *, lane: bool = True, limits: ListenerConfig | None = None
     ) -> None:
-        config = uvicorn.Config(app, lifespan="off", proxy_headers=False, log_config=None)
-        config.load()
         limits = limits or ListenerConfig("client", connections_max=100, header_timeout_s=5.0)
-        protocol_class = guarded_protocol(limits, lane=app.state.fast_lane if lane else None)
-        state = ServerState()
-        state.default_headers = list(DEFAULT_HEADERS)
+        # no Date header: answers are compared byte for byte
+        fast_lane = app.state.fast_lane if lane and isinstance(app, FastAPI) else None
+        self.listener = Listener(app, limits, lane=fast_lane, dated=False)
 
         def connect() -> None:
             self.transport = MemoryTransport()
-            self.protocol = protocol_class(
-                config=config, server_state=state, app_state={}, _loop=asyncio.get_running_loop()
-            )
+            self.protocol = self.listener.connection()
             self.protocol.connection_made(self.transport)
 
         self._connect = connect

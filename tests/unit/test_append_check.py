@@ -1,5 +1,6 @@
-"""The append fast path (``services.api.fast_append``) serves valid appends itself and hands
-everything else to the FastAPI route, so every refusal stays the route's own."""
+"""The route's own checks as the fast lane applies them (``services.api.append_check``): what
+they accept the route serves, and everything they refuse the route refuses itself, so every
+refusal stays the route's own. The app's path here (no listener: the lane never looks)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
-from services.api.fast_append import PARSED_BODY_SCOPE_KEY, FastAppend
-from services.api.metrics import Metrics
+from services.api.append_check import AppendCheck
 from tests.unit.api_fakes import KEY_A, FakeLog, HostRouting, build_app, leaders
 
 AUTH_A = {"Authorization": f"Bearer {KEY_A}"}
@@ -19,8 +19,8 @@ EVENTS = "/v1/conversations/{}/events"
 
 
 @pytest.fixture
-async def east() -> AsyncIterator[tuple[httpx.AsyncClient, list[bool]]]:
-    """A node (east leads every shard), and what the fast path answered for each request."""
+async def east() -> AsyncIterator[httpx.AsyncClient]:
+    """A node (east leads every shard) with a conversation ``c1``, through its app."""
     async with AsyncExitStack() as stack:
         peers = await stack.enter_async_context(httpx.AsyncClient(transport=HostRouting()))
         app = build_app("east", FakeLog("east", dict.fromkeys(leaders(), "east")), peers)
@@ -30,23 +30,14 @@ async def east() -> AsyncIterator[tuple[httpx.AsyncClient, list[bool]]]:
         )
         r = await client.post("/v1/conversations", json={"conversation_id": "c1"}, headers=AUTH_A)
         assert r.status_code == 201, r.text
-        served: list[bool] = []
-        original = FastAppend.__call__
-
-        async def spy(self: FastAppend, scope: Any, receive: Any, send: Any) -> bool:
-            answered = await original(self, scope, receive, send)
-            served.append(answered)
-            return answered
-
-        with pytest.MonkeyPatch.context() as patch:
-            patch.setattr(FastAppend, "__call__", spy)
-            yield client, served
+        yield client
 
 
-async def test_a_valid_append_is_served_by_the_fast_path(
-    east: tuple[httpx.AsyncClient, list[bool]],
-) -> None:
-    client, served = east
+async def test_what_the_checks_accept_the_route_serves(east: httpx.AsyncClient) -> None:
+    client = east
+    check = AppendCheck()
+    assert check.accepted("c1", [b"k1"], {"type": "note"}) is not None
+    assert check.accepted("c1", [], {"type": "note", "expected_seq": 7}) is not None
     headers = {**AUTH_A, "Idempotency-Key": "k1"}
     first = await client.post(EVENTS.format("c1"), json={"type": "note"}, headers=headers)
     again = await client.post(EVENTS.format("c1"), json={"type": "note"}, headers=headers)
@@ -57,7 +48,6 @@ async def test_a_valid_append_is_served_by_the_fast_path(
         EVENTS.format("c1"), json={"type": "note", "expected_seq": 7}, headers=AUTH_A
     )
     assert (conflict.status_code, conflict.json()["error"]["code"]) == (409, "seq_conflict")
-    assert served == [True, True, True]
     metrics = (await client.get("/metrics")).text
     assert (
         'convplane_http_requests_total{method="POST",'
@@ -81,32 +71,20 @@ async def test_a_valid_append_is_served_by_the_fast_path(
         ("a%20b", AUTH_A, {"type": "note"}, 400, "invalid_request"),
     ],
 )
-async def test_what_the_fast_path_refuses_the_route_answers(
-    east: tuple[httpx.AsyncClient, list[bool]],
+async def test_what_the_checks_refuse_the_route_refuses(
+    east: httpx.AsyncClient,
     conversation_id: str,
     headers: dict[str, str],
     body: dict[str, Any],
     status: int,
     code: str,
 ) -> None:
-    client, served = east
-    r = await client.post(EVENTS.format(conversation_id), json=body, headers=headers)
+    r = await east.post(EVENTS.format(conversation_id), json=body, headers=headers)
     assert (r.status_code, r.json()["error"]["code"]) == (status, code), r.text
-    assert True not in served  # admission itself answers a bad key, before the fast path
+    if status == 400:  # the lane's checks refuse the request too: the route words it
+        keys = [v.encode() for k, v in headers.items() if k == "Idempotency-Key"]
+        assert AppendCheck().accepted(conversation_id, keys, body) is None
 
 
-async def test_a_request_without_a_parsed_body_is_not_taken() -> None:
-    sent: list[object] = []
-
-    async def send(message: object) -> None:
-        sent.append(message)
-
-    async def receive() -> dict[str, Any]:
-        raise AssertionError("the fast path must not read the body")
-
-    scope: dict[str, Any] = {"type": "http", "method": "POST",
-                             "path": "/v1/conversations/c1/events", "headers": []}  # fmt: skip
-    assert not await FastAppend(1.0, Metrics("east").count_error)(scope, receive, send)
-    scope = {**scope, "method": "GET", PARSED_BODY_SCOPE_KEY: {"type": "note"}}
-    assert not await FastAppend(1.0, Metrics("east").count_error)(scope, receive, send)
-    assert sent == []
+def test_more_than_one_idempotency_key_is_refused() -> None:
+    assert AppendCheck().accepted("c1", [b"a", b"b"], {"type": "note"}) is None
