@@ -71,8 +71,10 @@ from eventlog.replica import ReplicaStore
 #: the waiter watch runs at most this many times per quorum_check_s (so a deadline is kept to
 #: within quorum_check_s / WATCH_STEPS: 5 ms by default)
 WATCH_STEPS = 20
-#: called with (shard, epoch, newly committed entries) each time the commit position advances
-CommitObserver = Callable[[int, int, Sequence[LogEntry]], None]
+#: called with (shard, epoch, newly committed entries, the replicas counted toward that commit by
+#: region with the store identity each was counted under) each time the commit position
+#: advances: the simulators' checkers (``eventlog.sim.checker.History``)
+CommitObserver = Callable[[int, int, Sequence[LogEntry], Mapping[str, str | None]], None]
 
 
 @dataclass
@@ -780,7 +782,8 @@ class ShardLeader:
         for follower in self._followers.values():
             self._note_position(follower)
         if self._observer is not None:
-            self._observer(self.shard, self.epoch, newly)
+            counted = {f.region: f.store_id for f in self._counted() if f.match_lsn >= quorum_lsn}
+            self._observer(self.shard, self.epoch, newly, counted)
         for lsn in sorted(lsn for lsn in self._waiters if lsn <= quorum_lsn):
             for waiter in self._waiters.pop(lsn):
                 if not waiter.future.done():

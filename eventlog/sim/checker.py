@@ -1,10 +1,19 @@
-"""Invariant checks of a simulated run. Each returns a list of violations (empty: all hold)."""
+"""Invariant checks of a simulated run. Each returns a list of violations (empty: all hold).
+
+``History`` checks as the run goes: one committing region per (shard, epoch), no lsn committed
+twice with different entries, and at every commit that each replica counted toward it
+acknowledged it in the store it was counted as (``WitnessedReplica`` reports what each store
+incarnation accepted). The last one catches a wiped store counted under its old name when it
+happens, not only when a later fault turns it into a lost ack (issue 32, bug 1). The functions
+below check the final logs: no holes, nothing committed lost or changed, gapless seqs, one
+effect per attempt, no acknowledged event lost, replicas' committed prefixes.
+"""
 
 from __future__ import annotations
 
 import json
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from eventlog.model import LogEntry
@@ -27,9 +36,27 @@ class History:
     committed: dict[tuple[int, int], tuple[int, str, int, str]] = field(default_factory=dict)
     #: (shard, epoch) -> region that committed in that epoch
     committers: dict[tuple[int, int], str] = field(default_factory=dict)
+    #: (store_id, shard, epoch) -> the highest lsn that store accepted an append at that epoch
+    #: through (``WitnessedReplica``): what each store *incarnation* acknowledged
+    accepted: dict[tuple[str, int, int], int] = field(default_factory=dict)
     violations: list[str] = field(default_factory=list)
 
-    def on_commit(self, region: str, shard: int, epoch: int, entries: Sequence[LogEntry]) -> None:
+    def on_accept(self, store_id: str, shard: int, epoch: int, match_lsn: int) -> None:
+        key = (store_id, shard, epoch)
+        self.accepted[key] = max(self.accepted.get(key, 0), match_lsn)
+
+    def on_commit(
+        self,
+        region: str,
+        shard: int,
+        epoch: int,
+        entries: Sequence[LogEntry],
+        counted: Mapping[str, str | None],
+    ) -> None:
+        if entries:
+            self._check_counted_acks(
+                f"{region}'s leader of shard {shard}", shard, epoch, entries[-1].lsn, counted
+            )
         owner = self.committers.setdefault((shard, epoch), region)
         if owner != region:
             self.violations.append(
@@ -42,6 +69,26 @@ class History:
                     f"divergence: shard {shard} lsn {entry.lsn} committed twice with "
                     f"different entries ({seen[1]}#{seen[2]} vs "
                     f"{entry.conversation_id}#{entry.seq})"
+                )
+
+    def _check_counted_acks(
+        self, leader: str, shard: int, epoch: int, lsn: int, counted: Mapping[str, str | None]
+    ) -> None:
+        """Every replica a leader counts toward a commit acknowledged it in the store it was
+        counted as: the incarnation of the store its node vouched for accepted, at the
+        leader's epoch, an append through the committed lsn. A store wiped (or replaced)
+        since is another incarnation: acks it makes under the old name would let a quorum
+        miss every store that holds what an earlier quorum acknowledged (issue 32, bug 1).
+        A replica counted under no identity (its node never named one) is not checked."""
+        for replica, store_id in sorted(counted.items()):
+            if store_id is None:
+                continue
+            through = self.accepted.get((store_id, shard, epoch), 0)
+            if through < lsn:
+                self.violations.append(
+                    f"ack from another store: {leader} at epoch {epoch} counted {replica} as "
+                    f"store {store_id} toward lsn {lsn}, which that store accepted only "
+                    f"through {through}"
                 )
 
 

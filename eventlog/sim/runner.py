@@ -26,6 +26,7 @@ from eventlog.sim.checker import (
 )
 from eventlog.sim.loop import run_on_virtual_time
 from eventlog.sim.network import NetworkFaults, SimNetwork
+from eventlog.sim.witnessed_replica import WitnessedReplica
 
 REGIONS = ("a", "b", "c")
 #: changes whenever the schedules a seed produces change, so that a regression seed is pinned
@@ -66,9 +67,11 @@ class _Simulation:
         self.clients = clients
         self.ops_per_client = ops_per_client
         self.shards = shards
-        self.replicas = {r: MemoryReplica(r) for r in REGIONS}
-        self.net = SimNetwork(random.Random(self.rng.getrandbits(64)), self.replicas)
         self.history = History()
+        self.replicas: dict[str, MemoryReplica] = {
+            r: WitnessedReplica(r, self.history) for r in REGIONS
+        }
+        self.net = SimNetwork(random.Random(self.rng.getrandbits(64)), self.replicas)
         self.config = LogConfig(
             shard_count=shards,
             batch_events_max=self.rng.choice([1, 3, 64]),

@@ -2,7 +2,8 @@
 
 On top of the log simulator's checks (``eventlog.sim.checker``: no acknowledged event lost,
 committed histories never diverge, gapless seqs, at most one effect per attempt, one committing
-region per (shard, epoch)), this checks every read a client saw:
+region per (shard, epoch), and, at every commit, each replica counted toward it acknowledged it
+in the store it was counted as), this checks every read a client saw:
 
 * a transcript read contains every event acknowledged before the read began, and every event it
   showed is in the final log (nothing uncommitted, nothing lost);

@@ -36,6 +36,7 @@ from eventlog.node import LogNode
 from eventlog.rebuild import rebuild_replica
 from eventlog.sim.checker import History
 from eventlog.sim.network import SimNetwork
+from eventlog.sim.witnessed_replica import WitnessedReplica
 from regions.ops_state import OpsState
 from services.bootstrap.node import build_controller
 from services.config import ClusterConfig, NodeSettings, RegionConfig
@@ -134,9 +135,11 @@ class SimPlane:
     ) -> None:
         self.rng = rng
         self.names = list(REGION_NAMES[:regions])
-        self.replicas = {r: MemoryReplica(r) for r in self.names}
-        self.net = SimNetwork(random.Random(rng.getrandbits(64)), self.replicas)
         self.history = History()
+        self.replicas: dict[str, MemoryReplica] = {
+            r: WitnessedReplica(r, self.history) for r in self.names
+        }
+        self.net = SimNetwork(random.Random(rng.getrandbits(64)), self.replicas)
         self.counts: Counter[str] = Counter()
         self.cluster = ClusterConfig(
             shard_count=shard_count,

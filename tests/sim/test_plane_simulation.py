@@ -22,6 +22,7 @@ from eventlog.identity import IdentityGuard
 from eventlog.leader import ShardLeader
 from eventlog.node import LogNode
 from services.plane_sim import PLANE_SIM_VERSION, run_plane_seed
+from tests.sim.mutations import counted_ack_violations, stores_ignore_the_identity_appends_name
 
 SEEDS = int(os.environ.get("CONVPLANE_PLANE_SEEDS", "2000"))
 CHUNK = 50
@@ -50,7 +51,8 @@ CHUNK = 50
 #: control shard again and the drill never ended (fixed: the control leader applies and hands
 #: over only what a write quorum's commit hints hold; regions.control_succession). Named
 #: scenarios: tests/sim/test_control_standoffs.py. 12 and 64 (version 5) are not re-checked
-#: on version 6.
+#: on version 6. Since the held positions wake the followers at every commit (issue 32 bug 4's
+#: fix), 40, 58, 63 and 80 pass with that controller fix taken out too (docs/control-shard.md).
 #: (3, 345) (version 6, with issue 32's identity-naming appends) — an evacuate drill of a started
 #: while b and c were then evacuated by an operator: evacuating a would leave no region to lead,
 #: the driver retried the injection forever and the drill never ended (fixed: a drill whose
@@ -161,3 +163,17 @@ def test_the_checker_catches_a_plane_that_trusts_wiped_replicas(
     )
     monkeypatch.setattr(LogNode, "_source_lost_data", staticmethod(lambda *a: False))
     assert any(not run_plane_seed(s, regions=3).ok for s in range(150, 400))
+
+
+def test_the_checker_catches_a_store_that_accepts_appends_named_for_another(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Mutation: issue 32's bug 1 alone (the store no longer refuses an append that names
+    another identity; the sweep, the prepare's vouching and the leader's lost-entry checks
+    stay). A store wiped under a leader is refilled under its old name and counted toward
+    commits; the checker's counted-ack invariant (``History.on_commit``) sees it at the first
+    such commit, before any later fault makes a lost ack of it (seed 2 is the first on
+    PLANE_SIM_VERSION 6; without that invariant none of seeds 0-29 failed)."""
+    stores_ignore_the_identity_appends_name(monkeypatch)
+    caught = (run_plane_seed(s, regions=3).violations for s in range(10))
+    assert any(counted_ack_violations(violations) for violations in caught)

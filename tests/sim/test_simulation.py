@@ -15,6 +15,7 @@ import pytest
 from eventlog.memory_replica import MemoryReplica
 from eventlog.model import Accepted, AppendReply, HeldPosition, LogEntry
 from eventlog.sim import SIM_VERSION, run_seed
+from tests.sim.mutations import counted_ack_violations, stores_ignore_the_identity_appends_name
 
 SEEDS = int(os.environ.get("CONVPLANE_SIM_SEEDS", "2000"))
 CHUNK = 100
@@ -30,10 +31,11 @@ REGRESSION_SEEDS = (384, 393)
 #: and recovery from every reachable promise, eventlog.recovery / eventlog.leader).
 #: Issue 32 bug 1 (a wiped store adopting a deposed leader's epoch and counting toward its
 #: acks; fixed: every append names the vouched store) was caught by seed 17, the first of 150,
-#: before bug 4's fix; with that fix in place no seed of 0-899 catches bug 1 alone (recovery
-#: from every reachable promise and the positions mask it), so its guard is the named scenario
-#: in tests/sim/test_safety_scenarios.py. 17, 41 and 294 (bug 4 on an earlier schedule of this
-#: version) stay as named runs.
+#: before bug 4's fix; with that fix in place no seed of 0-899 lost an ack to bug 1 alone
+#: (recovery from every reachable promise and the positions mask it). The checker now holds
+#: every counted ack to the store it was counted as (``History.on_commit``), which catches
+#: bug 1 alone at the commit itself (the mutation test at the end of this file).
+#: 17, 41 and 294 (bug 4 on an earlier schedule of this version) stay as named runs.
 VERSION_REGRESSION_SEEDS = {2: (225, 17, 41, 294)}.get(SIM_VERSION, ())
 
 
@@ -110,3 +112,14 @@ def test_checker_catches_a_replica_that_acks_without_storing(
     monkeypatch.setattr(MemoryReplica, "append", forgetful_append)
     # stops at the first seed that catches it (seed 72 on this version of the simulator)
     assert any(not run_seed(seed).ok for seed in range(200))
+
+
+def test_checker_catches_a_store_that_accepts_appends_named_for_another(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 32's bug 1 alone (a store no longer refuses an append naming another identity):
+    a wiped store is refilled under its old name and counted toward a commit, which the
+    counted-ack invariant sees at once (seed 3 is the first on this SIM_VERSION)."""
+    stores_ignore_the_identity_appends_name(monkeypatch)
+    caught = (run_seed(seed).violations for seed in range(10))
+    assert any(counted_ack_violations(violations) for violations in caught)
