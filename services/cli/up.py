@@ -1,5 +1,5 @@
-"""``convplane up`` (a local plane), ``convplane down``, ``convplane restart-region`` and
-``convplane demo``."""
+"""``convplane up`` (a local plane), ``convplane down``, ``convplane restart-region``,
+``convplane stop-region`` and ``convplane demo``."""
 
 from __future__ import annotations
 
@@ -156,6 +156,22 @@ def restart_region(
         typer.echo(restart(state_dir, region))
     except PlaneError as exc:
         typer.echo(f"could not restart {region}: {exc}", err=True)
+        raise typer.Exit(1) from exc
+
+
+def stop_region(
+    region: Annotated[str, typer.Argument(help="The region's name, as cluster.json has it.")],
+    state_dir: Annotated[Path, typer.Option(help="The plane's state dir.")] = Path(".state/plane"),
+) -> None:
+    """Stop one region's node (its data and database stay): before a restore, or to take a
+    region out by hand. `convplane restart-region` starts it again."""
+    from services.local.plane import PlaneError
+    from services.local.region_restart import stop_region as stop
+
+    try:
+        typer.echo(stop(state_dir, region))
+    except PlaneError as exc:
+        typer.echo(f"could not stop {region}: {exc}", err=True)
         raise typer.Exit(1) from exc
 
 
@@ -343,4 +359,5 @@ def register(app: typer.Typer) -> None:
     app.command("up")(up)
     app.command("down")(down)
     app.command("restart-region")(restart_region)
+    app.command("stop-region")(stop_region)
     app.command("demo")(demo)

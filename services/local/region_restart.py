@@ -45,6 +45,22 @@ def restart_region(state_dir: Path, region: str) -> str:
     return f"{region} restarted (detached)"
 
 
+def stop_region(state_dir: Path, region: str) -> str:
+    """Stop ``region``'s node (SIGTERM, SIGKILL after ``STOP_TIMEOUT_S``); its database stays.
+    Its shards fail over as they would at the region's loss; ``up``'s supervisor reports the
+    exit and leaves it stopped until ``restart_region``."""
+    info = _read_info(state_dir.resolve())
+    entry = next((r for r in info["regions"] if r["name"] == region), None)
+    if entry is None:
+        names = ", ".join(r["name"] for r in info["regions"])
+        raise PlaneError(f"no region {region!r} in the plane in {state_dir} (it has {names})")
+    pid = entry.get("node_pid")
+    if not (isinstance(pid, int) and pid_alive(pid)):
+        return f"{region}'s node is not running"
+    stop_pids({pid: signal.SIGTERM})
+    return f"{region}'s node stopped (pid {pid})"
+
+
 def restart_requests(state_dir: Path) -> list[str]:
     """The regions whose restart is asked (``up``'s supervisor loop polls this)."""
     directory = state_dir / REQUESTS_DIR
