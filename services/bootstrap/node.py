@@ -42,6 +42,7 @@ from services.drill_faults import (
 from services.drill_load import LoadMeter
 from services.drills import DrillDriver
 from services.peer_probe import HttpPeerProber, OwnedPeerProber, PeerProber
+from services.peer_protocol import PEER_PROTOCOL_HEADERS
 from services.replay.service import ReplayService
 from services.replica_timing import ReplicaInstruments, replica_call_histogram, timed_replicas
 
@@ -158,7 +159,8 @@ def peer_client(
         transport=transport,
         timeout=timeout_s,
         trust_env=False,
-        headers={SOURCE_REGION_HEADER: settings.region},  # checked against our certificate
+        # the region is checked against our certificate; the protocol against the peer's window
+        headers={SOURCE_REGION_HEADER: settings.region, **PEER_PROTOCOL_HEADERS},
     )
 
 
