@@ -1,5 +1,5 @@
 """``convplane up`` (a local plane), ``convplane down``, ``convplane restart-region``,
-``convplane stop-region`` and ``convplane demo``."""
+``convplane stop-region``, ``convplane upgrade-region`` and ``convplane demo``."""
 
 from __future__ import annotations
 
@@ -156,6 +156,22 @@ def restart_region(
         typer.echo(restart(state_dir, region))
     except PlaneError as exc:
         typer.echo(f"could not restart {region}: {exc}", err=True)
+        raise typer.Exit(1) from exc
+
+
+def upgrade_region(
+    region: Annotated[str, typer.Argument(help="The region's name, as cluster.json has it.")],
+    state_dir: Annotated[Path, typer.Option(help="The plane's state dir.")] = Path(".state/plane"),
+) -> None:
+    """Restart one region of a detached plane with this installation's convplane, on its data,
+    and wait until every region is healthy: a rolling upgrade, one region at a time."""
+    from services.local.plane import PlaneError
+    from services.local.region_upgrade import upgrade_region as upgrade
+
+    try:
+        typer.echo(upgrade(state_dir, region))
+    except PlaneError as exc:
+        typer.echo(f"could not upgrade {region}: {exc}", err=True)
         raise typer.Exit(1) from exc
 
 
@@ -360,4 +376,5 @@ def register(app: typer.Typer) -> None:
     app.command("down")(down)
     app.command("restart-region")(restart_region)
     app.command("stop-region")(stop_region)
+    app.command("upgrade-region")(upgrade_region)
     app.command("demo")(demo)
