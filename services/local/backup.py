@@ -42,6 +42,7 @@ from typing import Any
 
 import httpx
 
+from eventlog.errors import ConvplaneError
 from eventlog.identity import ROLLED_BACK_PREFIX, IdentityRecord
 from eventlog.model import HeldPosition, ShardStatus, holds
 from eventlog.replica import ReplicaStore
@@ -216,7 +217,15 @@ def restore_region(state_dir: Path, region: str, source: Path) -> RestoreReport:
     _private_new_file(staged)
     try:
         _sqlite_copy(source / REPLICA_FILE_NAME, staged)
-        behind = asyncio.run(_quarantine_if_behind(local, staged))
+        try:
+            behind = asyncio.run(_quarantine_if_behind(local, staged))
+        except (ConvplaneError, TimeoutError, OSError) as exc:
+            raise PlaneError(
+                f"the other regions' stores could not be compared with the backup ({exc!r}); "
+                f"nothing was restored. Run it again when they answer (a quarantine it wrote "
+                f"stays until: convplane replica rebuild --cluster-file {local.cluster_file} "
+                f"--region {region})"
+            ) from exc
         if behind:
             _wait_quarantine_seen(local)
         _private_new_file(local.replica)
@@ -257,7 +266,10 @@ async def _quarantine_if_behind(
 async def _record_rolled_back(others: Mapping[str, ReplicaStore], region: str) -> None:
     """The record a leader writes for a rolled-back replica (``IdentityGuard.rolled_back``), at
     a generation above every record the other stores hold for ``region``."""
-    records = [(await store.registry()).get(region) for store in others.values()]
+    registries = [
+        await asyncio.wait_for(store.registry(), STORE_CALL_TIMEOUT_S) for store in others.values()
+    ]
+    records = [registry.get(region) for registry in registries]
     best = max((r for r in records if r is not None), key=lambda r: r.generation, default=None)
     if best is None:
         raise PlaneError(f"no other store knows {region}'s replica: nothing vouches for it")

@@ -1,17 +1,23 @@
-"""``convplane backup`` and ``convplane restore`` refuse what they must not do, with the one
-error line and exit 1, and change nothing: an unknown region, a missing or incomplete backup,
-a running region, a backup of another plane or of another region, a PostgreSQL plane, a backup
-target that holds files. The plane here is only its files (``plane-state.json``,
-``cluster.json``, SQLite replicas with the schema): every refusal comes before any store or
-node is reached."""
+"""``convplane backup`` and ``convplane restore`` on a plane that is only its files
+(``plane-state.json``, ``cluster.json``, the cluster file, SQLite replicas with the schema; no
+node runs).
+
+They refuse what they must not do, with the one error line and exit 1, and change nothing: an
+unknown region, a missing or incomplete backup, a running region, a backup of another plane or
+of another region, a PostgreSQL plane, a backup target that holds files. And a restore judges
+the backup by the positions the other stores keep for the region: behind one of them, the
+region is quarantined in their registries before the copy goes in; behind none, it is simply
+restored."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import os
 import shutil
+import sqlite3
 from dataclasses import replace
 from pathlib import Path
 
@@ -22,6 +28,7 @@ from typer.testing import CliRunner
 from eventlog.stores import migrate
 from eventlog.stores.migrate import alembic_config
 from services.cli.main import build_app
+from services.config import ClusterConfig, RegionConfig, write_cluster
 from services.local.backup import MANIFEST_NAME, plane_id
 from services.local.plane_state import PlaneState, SavedDatabase, SavedRegion, state_json
 
@@ -57,6 +64,13 @@ def _plane(
         pid = os.getpid() if name == running else NO_PROCESS
         regions.append({"name": name, "url": "http://127.0.0.1:1", "node_pid": pid})
     (state_dir / "cluster.json").write_text(json.dumps({"regions": regions}))
+    cluster = ClusterConfig(
+        regions=[RegionConfig(name=n, url="http://127.0.0.1:1",
+                              dsn=f"sqlite+aiosqlite:///{state_dir / n / 'replica.sqlite3'}")
+                 for n in REGIONS],
+        shard_count=saved.shard_count,
+    )  # fmt: skip
+    write_cluster(state_dir / "cluster-config.json", cluster)
     return saved
 
 
@@ -165,3 +179,75 @@ def test_a_backup_restores_into_its_own_plane_only_by_manifest(
     head = ScriptDirectory.from_config(alembic_config()).get_current_head()
     assert manifest["schema_revision"] == head
     assert (tmp_path / "b" / "replica.sqlite3").stat().st_mode & 0o777 == 0o600
+
+
+def _sql(path: Path, statement: str, *args: object) -> list[tuple[object, ...]]:
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        rows = conn.execute(statement, args).fetchall()
+        conn.commit()
+    return rows
+
+
+def _replica(plane_dir: Path, region: str) -> Path:
+    return plane_dir / region / "replica.sqlite3"
+
+
+def _restore(plane_dir: Path, backup: Path) -> str:
+    result = CliRunner().invoke(
+        build_app(), ["restore", "eu-west", "--from", str(backup), "--state-dir", str(plane_dir)]
+    )
+    assert result.exit_code == 0, result.output
+    return " ".join(result.output.split())
+
+
+def test_a_backup_behind_a_position_kept_elsewhere_is_quarantined_before_it_goes_in(
+    plane_dir: Path, tmp_path: Path, schema: Path
+) -> None:
+    _plane(plane_dir, schema)
+    backup = tmp_path / "b"
+    args = ["backup", "eu-west", "--to", str(backup), "--state-dir", str(plane_dir)]
+    assert CliRunner().invoke(build_app(), args).exit_code == 0
+    # since the backup: us-east's store learnt that eu-west held shard 2 through (epoch 3, lsn 7)
+    _sql(
+        _replica(plane_dir, "us-east"), "INSERT INTO replica_positions VALUES (2, 'eu-west', 3, 7)"
+    )
+    for region in ("us-east", "ap-south"):
+        _sql(
+            _replica(plane_dir, region), "INSERT INTO replica_registry VALUES ('eu-west', 'st', 4)"
+        )
+    _sql(_replica(plane_dir, "eu-west"), "CREATE TABLE after_the_backup (x INTEGER)")
+    inode = _replica(plane_dir, "eu-west").stat().st_ino
+
+    said = _restore(plane_dir, backup)
+    assert (
+        "behind on 1 shard(s) (shard 2: it ends at epoch 0 lsn 0, the others know it held "
+        "epoch 3 lsn 7): eu-west is quarantined" in said
+    )
+    for region in ("us-east", "ap-south"):
+        registry = _sql(_replica(plane_dir, region),
+                        "SELECT store_id, generation FROM replica_registry WHERE region = 'eu-west'")  # fmt: skip
+        assert registry == [("rolled-back:st", 5)]
+    restored = _replica(plane_dir, "eu-west")
+    assert restored.stat().st_ino == inode  # in place: the same identity
+    tables = _sql(restored, "SELECT name FROM sqlite_master WHERE name = 'after_the_backup'")
+    assert tables == []  # the backup's content
+    assert not (plane_dir / "eu-west" / "replica.sqlite3.restoring").exists()
+
+
+def test_a_backup_behind_no_position_is_restored_without_quarantine(
+    plane_dir: Path, tmp_path: Path, schema: Path
+) -> None:
+    _plane(plane_dir, schema)
+    backup = tmp_path / "b"
+    args = ["backup", "eu-west", "--to", str(backup), "--state-dir", str(plane_dir)]
+    assert CliRunner().invoke(build_app(), args).exit_code == 0
+    for region in ("us-east", "ap-south"):
+        _sql(
+            _replica(plane_dir, region), "INSERT INTO replica_registry VALUES ('eu-west', 'st', 4)"
+        )
+    said = _restore(plane_dir, backup)
+    assert "quarantined" not in said and "replica rebuild" not in said
+    for region in ("us-east", "ap-south"):
+        registry = _sql(_replica(plane_dir, region),
+                        "SELECT store_id, generation FROM replica_registry WHERE region = 'eu-west'")  # fmt: skip
+        assert registry == [("st", 4)]
