@@ -59,6 +59,10 @@ QUARANTINE_SEEN_WAIT_S = 30.0
 QUARANTINE_POLL_S = 0.2
 #: each store call of a restore (positions, registries) must answer within this
 STORE_CALL_TIMEOUT_S = 10.0
+#: tries of the comparison with the other stores (SQLite files the running nodes write too: a
+#: write lock held past the store's busy timeout fails one), and the pause between two
+COMPARE_TRIES = 3
+COMPARE_RETRY_PAUSE_S = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -217,15 +221,7 @@ def restore_region(state_dir: Path, region: str, source: Path) -> RestoreReport:
     _private_new_file(staged)
     try:
         _sqlite_copy(source / REPLICA_FILE_NAME, staged)
-        try:
-            behind = asyncio.run(_quarantine_if_behind(local, staged))
-        except (ConvplaneError, TimeoutError, OSError) as exc:
-            raise PlaneError(
-                f"the other regions' stores could not be compared with the backup ({exc!r}); "
-                f"nothing was restored. Run it again when they answer (a quarantine it wrote "
-                f"stays until: convplane replica rebuild --cluster-file {local.cluster_file} "
-                f"--region {region})"
-            ) from exc
+        behind = _compare_with_others(local, staged)
         if behind:
             _wait_quarantine_seen(local)
         _private_new_file(local.replica)
@@ -233,6 +229,26 @@ def restore_region(state_dir: Path, region: str, source: Path) -> RestoreReport:
     finally:
         staged.unlink(missing_ok=True)
     return RestoreReport(region, behind, quarantined=bool(behind))
+
+
+def _compare_with_others(
+    local: LocalRegion, staged: Path
+) -> dict[int, tuple[HeldPosition, ShardStatus]]:
+    """``_quarantine_if_behind``, tried ``COMPARE_TRIES`` times (it may be run again: the
+    quarantine record it writes is the same each time)."""
+    for attempt in range(1, COMPARE_TRIES + 1):
+        try:
+            return asyncio.run(_quarantine_if_behind(local, staged))
+        except (ConvplaneError, TimeoutError, OSError) as exc:
+            if attempt == COMPARE_TRIES:
+                raise PlaneError(
+                    f"the other regions' stores could not be compared with the backup "
+                    f"({exc!r}); nothing was restored. Run it again when they answer (a "
+                    f"quarantine it wrote stays until: convplane replica rebuild "
+                    f"--cluster-file {local.cluster_file} --region {local.name})"
+                ) from exc
+            time.sleep(COMPARE_RETRY_PAUSE_S)
+    raise AssertionError("unreachable")
 
 
 async def _quarantine_if_behind(
@@ -273,8 +289,9 @@ async def _record_rolled_back(others: Mapping[str, ReplicaStore], region: str) -
     best = max((r for r in records if r is not None), key=lambda r: r.generation, default=None)
     if best is None:
         raise PlaneError(f"no other store knows {region}'s replica: nothing vouches for it")
-    store_id = best.store_id.removeprefix(ROLLED_BACK_PREFIX)
-    record = IdentityRecord(ROLLED_BACK_PREFIX + store_id, best.generation + 1)
+    record = best  # a quarantine already recorded (by an earlier try): spread as it is
+    if not best.store_id.startswith(ROLLED_BACK_PREFIX):
+        record = IdentityRecord(ROLLED_BACK_PREFIX + best.store_id, best.generation + 1)
     for store in others.values():
         await asyncio.wait_for(store.record_identity(region, record), STORE_CALL_TIMEOUT_S)
 

@@ -15,17 +15,15 @@ its ``convplane up``, which starts them with its own installation whatever asks.
 from __future__ import annotations
 
 import contextlib
-import json
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import httpx
 
 from services.local.plane import HEALTH_POLL_S, PlaneError
 from services.local.plane_processes import pid_alive
-from services.local.region_restart import restart_region
+from services.local.region_restart import read_info, region_entry, restart_region
 from services.peer_protocol import PEER_PROTOCOL, PEER_PROTOCOL_OLDEST
 
 #: how long the upgraded plane may take until every region's node is healthy again (it leads
@@ -37,11 +35,8 @@ def upgrade_region(state_dir: Path, region: str) -> str:
     """Restart ``region`` with this installation and wait until the whole plane is healthy;
     return what was done (a line for the operator)."""
     state_dir = state_dir.resolve()
-    info = _read_info(state_dir)
-    names = [r["name"] for r in info["regions"]]
-    if region not in names:
-        raise PlaneError(f"no region {region!r} in the plane in {state_dir} (it has "
-                         f"{', '.join(names)})")  # fmt: skip
+    info = read_info(state_dir)
+    region_entry(info, state_dir, region)
     supervisor = info.get("supervisor_pid")
     if info.get("supervised") and isinstance(supervisor, int) and pid_alive(supervisor):
         raise PlaneError(
@@ -51,7 +46,7 @@ def upgrade_region(state_dir: Path, region: str) -> str:
             "detached plane region by region"
         )
     restart_region(state_dir, region)
-    _wait_all_healthy([r["url"] for r in _read_info(state_dir)["regions"]])
+    _wait_all_healthy([r["url"] for r in read_info(state_dir)["regions"]])
     from importlib.metadata import version
 
     return (
@@ -74,11 +69,3 @@ def _wait_all_healthy(urls: list[str]) -> None:
                 raise PlaneError(f"not healthy {SETTLE_WAIT_S:g}s after the upgrade: "
                                  f"{', '.join(pending)}")  # fmt: skip
             time.sleep(HEALTH_POLL_S)
-
-
-def _read_info(state_dir: Path) -> dict[str, Any]:
-    try:
-        info: dict[str, Any] = json.loads((state_dir / "cluster.json").read_text("utf-8"))
-    except FileNotFoundError as exc:
-        raise PlaneError(f"no plane in {state_dir} (no cluster.json)") from exc
-    return info

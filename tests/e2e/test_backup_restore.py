@@ -8,11 +8,8 @@ replica itself, and new appends are acked."""
 from __future__ import annotations
 
 import contextlib
-import shutil
 import sqlite3
-import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -30,12 +27,8 @@ Acks = dict[str, list[tuple[int, str]]]  # conversation -> (seq, idempotency key
 
 
 @pytest.fixture
-def state_dir() -> Iterator[Path]:
-    base = Path(tempfile.mkdtemp(prefix="convplane-backup-"))
-    try:
-        yield base / "plane"
-    finally:
-        shutil.rmtree(base, ignore_errors=True)
+def state_dir(tmp_path: Path) -> Path:
+    return tmp_path / "plane"
 
 
 def test_a_region_restored_from_its_backup_is_quarantined_rebuilt_and_readmitted(
@@ -133,5 +126,5 @@ def _wait_verdict(plane: Plane, state: str) -> None:
 
 def _ok(*args: str) -> str:
     result = run_convplane(*args)
-    assert result.returncode == 0, (args, result.stdout, result.stderr)
+    assert result.returncode == 0, f"{args}:\n{result.stdout}\n{result.stderr}"
     return result.stdout

@@ -14,13 +14,10 @@ from __future__ import annotations
 import json
 import os
 import random
-import shutil
 import subprocess
-import tempfile
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -52,12 +49,8 @@ def old_bin() -> Path:
 
 
 @pytest.fixture
-def state_dir() -> Iterator[Path]:
-    base = Path(tempfile.mkdtemp(prefix="convplane-upgrade-"))
-    try:
-        yield base / "plane"
-    finally:
-        shutil.rmtree(base, ignore_errors=True)
+def state_dir(tmp_path: Path) -> Path:
+    return tmp_path / "plane"
 
 
 class Writers:

@@ -192,6 +192,20 @@ def _replica(plane_dir: Path, region: str) -> Path:
     return plane_dir / region / "replica.sqlite3"
 
 
+def _backed_up(plane_dir: Path, schema: Path, tmp_path: Path) -> Path:
+    """A plane whose other stores know eu-west's replica (as ``st``, generation 4), and a
+    backup of eu-west."""
+    _plane(plane_dir, schema)
+    backup = tmp_path / "b"
+    args = ["backup", "eu-west", "--to", str(backup), "--state-dir", str(plane_dir)]
+    assert CliRunner().invoke(build_app(), args).exit_code == 0
+    for region in ("us-east", "ap-south"):
+        _sql(
+            _replica(plane_dir, region), "INSERT INTO replica_registry VALUES ('eu-west', 'st', 4)"
+        )
+    return backup
+
+
 def _restore(plane_dir: Path, backup: Path) -> str:
     result = CliRunner().invoke(
         build_app(), ["restore", "eu-west", "--from", str(backup), "--state-dir", str(plane_dir)]
@@ -203,18 +217,11 @@ def _restore(plane_dir: Path, backup: Path) -> str:
 def test_a_backup_behind_a_position_kept_elsewhere_is_quarantined_before_it_goes_in(
     plane_dir: Path, tmp_path: Path, schema: Path
 ) -> None:
-    _plane(plane_dir, schema)
-    backup = tmp_path / "b"
-    args = ["backup", "eu-west", "--to", str(backup), "--state-dir", str(plane_dir)]
-    assert CliRunner().invoke(build_app(), args).exit_code == 0
+    backup = _backed_up(plane_dir, schema, tmp_path)
     # since the backup: us-east's store learnt that eu-west held shard 2 through (epoch 3, lsn 7)
     _sql(
         _replica(plane_dir, "us-east"), "INSERT INTO replica_positions VALUES (2, 'eu-west', 3, 7)"
     )
-    for region in ("us-east", "ap-south"):
-        _sql(
-            _replica(plane_dir, region), "INSERT INTO replica_registry VALUES ('eu-west', 'st', 4)"
-        )
     _sql(_replica(plane_dir, "eu-west"), "CREATE TABLE after_the_backup (x INTEGER)")
     inode = _replica(plane_dir, "eu-west").stat().st_ino
 
@@ -237,14 +244,7 @@ def test_a_backup_behind_a_position_kept_elsewhere_is_quarantined_before_it_goes
 def test_a_backup_behind_no_position_is_restored_without_quarantine(
     plane_dir: Path, tmp_path: Path, schema: Path
 ) -> None:
-    _plane(plane_dir, schema)
-    backup = tmp_path / "b"
-    args = ["backup", "eu-west", "--to", str(backup), "--state-dir", str(plane_dir)]
-    assert CliRunner().invoke(build_app(), args).exit_code == 0
-    for region in ("us-east", "ap-south"):
-        _sql(
-            _replica(plane_dir, region), "INSERT INTO replica_registry VALUES ('eu-west', 'st', 4)"
-        )
+    backup = _backed_up(plane_dir, schema, tmp_path)
     said = _restore(plane_dir, backup)
     assert "quarantined" not in said and "replica rebuild" not in said
     for region in ("us-east", "ap-south"):
