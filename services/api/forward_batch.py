@@ -78,6 +78,7 @@ from services.api.event_bodies import integral
 from services.api.forward_exchange import NDJSON, BatchExchange, BatchLost, BatchNotSent
 from services.api.peer_trust import PEER_REGION_SCOPE_KEY, SOURCE_REGION_HEADER, peer_region
 from services.api.schemas import ConversationId
+from services.peer_protocol import PEER_PROTOCOL_HEADERS
 
 #: the largest batch body a leader takes (route limit); an append bigger than half of it is
 #: forwarded on its own
@@ -476,7 +477,11 @@ class AppendBatcher:
     async def _exchange(self, target_region: str, base_url: str, items: list[_Item]) -> None:
         limits = self._limits
         backoff = Backoff(limits.backoff_s, limits.backoff_s * 2**limits.retries_max, self._rng)
-        headers = {"content-type": "application/json", SOURCE_REGION_HEADER: self._source_region}
+        headers = {
+            "content-type": "application/json",
+            SOURCE_REGION_HEADER: self._source_region,
+            **PEER_PROTOCOL_HEADERS,
+        }
         if self._peer_secret is not None:
             headers[PEER_AUTH_HEADER] = self._peer_secret
         for attempt in range(limits.retries_max + 1):

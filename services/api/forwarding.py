@@ -50,6 +50,7 @@ from services.api.forward_batch import (
 )
 from services.api.forward_exchange import BatchExchange, HttpxBatchExchange
 from services.api.metrics import Metrics
+from services.peer_protocol import PEER_PROTOCOL_HEADERS
 
 __all__ = ["DEADLINE_HEADER", "FORWARDED_HEADER", "PEER_AUTH_HEADER", "Forwarder"]
 _REQUEST_HEADERS = (
@@ -174,6 +175,7 @@ class Forwarder:
         if self._peer_secret is not None:
             headers[PEER_AUTH_HEADER] = self._peer_secret
         headers[SOURCE_REGION_HEADER] = self._source_region
+        headers.update(PEER_PROTOCOL_HEADERS)
         if self._inject_trace is not None:
             self._inject_trace(headers)
         started_s = self._clock.monotonic()

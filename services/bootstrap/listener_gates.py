@@ -11,6 +11,11 @@
   claimed. An authenticated request carries the peer's region in the scope
   (``services.api.peer_trust``): the only thing the app trusts as a peer's.
 
+An authenticated peer whose protocol is outside this node's window
+(``services.peer_protocol``) is refused 409, also before its body, with both versions named,
+and the refusal is logged (once a minute per peer and version); every answer of the peer
+listener says which protocol this node speaks.
+
 Without TLS (a development plane) the peer listener trusts the secret alone; ``services.bootstrap.serve``
 then binds it to loopback only and says so loudly at start (``docs/security.md``).
 """
@@ -19,12 +24,28 @@ from __future__ import annotations
 
 import hmac
 import json
+import logging
+import time
 from collections.abc import Iterable
 
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from eventlog.http_headers import PEER_AUTH_HEADER, SOURCE_REGION_HEADER
 from services.api.peer_trust import CERT_REGION_SCOPE_KEY, PEER_REGION_SCOPE_KEY
+from services.peer_protocol import (
+    OLDEST_HEADER,
+    PROTOCOL_HEADER,
+    PROTOCOL_REFUSED,
+    PROTOCOL_REFUSED_STATUS,
+    THIS_NODE,
+    Speaks,
+    peer_speaks,
+    refusal,
+)
+
+log = logging.getLogger("convplane.peer_protocol")
+#: a refused peer's protocol is logged at most this often per (region, its versions)
+PROTOCOL_REFUSAL_LOG_EVERY_S = 60.0
 
 _PEER_AUTH = PEER_AUTH_HEADER.lower().encode()
 _SOURCE_REGION = SOURCE_REGION_HEADER.lower().encode()
@@ -49,12 +70,22 @@ class PeerListenerGate:
     docstring). ``tls``: the listener requires client certificates (the identity check)."""
 
     def __init__(
-        self, app: ASGIApp, *, peer_secret: str, regions: Iterable[str], tls: bool
+        self,
+        app: ASGIApp,
+        *,
+        peer_secret: str,
+        regions: Iterable[str],
+        tls: bool,
+        speaks: Speaks = THIS_NODE,
     ) -> None:
         self.app = app
         self._secret = peer_secret.encode()
         self._regions = frozenset(regions)
         self._tls = tls
+        self._speaks = speaks
+        self._protocol_headers = [(PROTOCOL_HEADER.lower().encode(), str(speaks.protocol).encode()),
+                                  (OLDEST_HEADER.lower().encode(), str(speaks.oldest).encode())]  # fmt: skip
+        self._logged_s: dict[tuple[str, Speaks | None], float] = {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
@@ -63,8 +94,30 @@ class PeerListenerGate:
                 message = "the peer listener serves nodes of the cluster only"
                 await refuse(send, 401, "unauthorized", message)
                 return
+            if (why := self._protocol_refusal(scope, region)) is not None:
+                await refuse(send, PROTOCOL_REFUSED_STATUS, PROTOCOL_REFUSED, why,
+                             self._protocol_headers)  # fmt: skip
+                return
             scope[PEER_REGION_SCOPE_KEY] = region
+            send = _with_headers(send, self._protocol_headers)
         await self.app(scope, receive, send)
+
+    def _protocol_refusal(self, scope: Scope, region: str) -> str | None:
+        """Why the peer's protocol is refused (None: it is served); logged when refused."""
+        peer = peer_speaks(scope.get("headers", ()))
+        if peer is None:
+            why = f"region {region} sent peer protocol headers no convplane node sends"
+        elif (why_not := refusal(peer, region, self._speaks)) is None:
+            return None
+        else:
+            why = why_not
+        now_s = time.monotonic()
+        if now_s - self._logged_s.get((region, peer), -PROTOCOL_REFUSAL_LOG_EVERY_S) >= (
+            PROTOCOL_REFUSAL_LOG_EVERY_S
+        ):
+            self._logged_s[(region, peer)] = now_s
+            log.error("peer call refused: %s", why)
+        return why
 
     def _authenticated_region(self, scope: Scope) -> str | None:
         headers = scope.get("headers", ())
@@ -79,13 +132,31 @@ class PeerListenerGate:
         return claims[0]
 
 
-async def refuse(send: Send, status: int, code: str, message: str) -> None:
+def _with_headers(send: Send, headers: list[tuple[bytes, bytes]]) -> Send:
+    """``send`` that adds ``headers`` to the answer's head (this node's peer protocol)."""
+
+    async def sending(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            message = {**message, "headers": [*message.get("headers", ()), *headers]}
+        await send(message)
+
+    return sending
+
+
+async def refuse(
+    send: Send,
+    status: int,
+    code: str,
+    message: str,
+    extra_headers: Iterable[tuple[bytes, bytes]] = (),
+) -> None:
     """A JSON error, and the connection closed (whatever body follows is never read)."""
     body = json.dumps({"error": {"code": code, "message": message, "retryable": False}}).encode()
     headers = [
         (b"content-type", b"application/json"),
         (b"content-length", str(len(body)).encode()),
         (b"connection", b"close"),
+        *extra_headers,
     ]
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})

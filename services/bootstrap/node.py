@@ -47,6 +47,7 @@ from services.control.drills.faults import (
 )
 from services.control.drills.load import LoadMeter
 from services.control.peer_probe import HttpPeerProber, OwnedPeerProber, PeerProber
+from services.peer_protocol import PEER_PROTOCOL_HEADERS
 from services.replay.service import ReplayService
 
 
@@ -164,7 +165,8 @@ def peer_client(
         transport=transport,
         timeout=timeout_s,
         trust_env=False,
-        headers={SOURCE_REGION_HEADER: settings.region},  # checked against our certificate
+        # the region is checked against our certificate; the protocol against the peer's window
+        headers={SOURCE_REGION_HEADER: settings.region, **PEER_PROTOCOL_HEADERS},
     )
 
 

@@ -27,6 +27,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "services.cli.status",
     "services.cli.config_ref",
     "services.cli.keys",
+    "services.cli.backup",
 )
 
 

@@ -1,5 +1,5 @@
-"""``convplane up`` (a local plane), ``convplane down``, ``convplane restart-region`` and
-``convplane demo``."""
+"""``convplane up`` (a local plane), ``convplane down``, ``convplane restart-region``,
+``convplane stop-region``, ``convplane upgrade-region`` and ``convplane demo``."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -143,19 +144,44 @@ def down(
         typer.echo(f"stopped {line}")
 
 
-def restart_region(
-    region: Annotated[str, typer.Argument(help="The region's name, as cluster.json has it.")],
-    state_dir: Annotated[Path, typer.Option(help="The plane's state dir.")] = Path(".state/plane"),
-) -> None:
+RegionName = Annotated[str, typer.Argument(help="The region's name, as cluster.json has it.")]
+StateDir = Annotated[Path, typer.Option(help="The plane's state dir.")]
+
+
+def restart_region(region: RegionName, state_dir: StateDir = Path(".state/plane")) -> None:
     """Start one region's node again on its data (stopping it first if it runs), and its
     database if that is down; wait until the node is healthy."""
-    from services.local.plane import PlaneError
     from services.local.region_restart import restart_region as restart
 
+    _region_action("restart", restart, state_dir, region)
+
+
+def upgrade_region(region: RegionName, state_dir: StateDir = Path(".state/plane")) -> None:
+    """Restart one region of a detached plane with this installation's convplane, on its data,
+    and wait until every region is healthy: a rolling upgrade, one region at a time."""
+    from services.local.region_upgrade import upgrade_region as upgrade
+
+    _region_action("upgrade", upgrade, state_dir, region)
+
+
+def stop_region(region: RegionName, state_dir: StateDir = Path(".state/plane")) -> None:
+    """Stop one region's node (its data and database stay): before a restore, or to take a
+    region out by hand. `convplane restart-region` starts it again."""
+    from services.local.region_restart import stop_region as stop
+
+    _region_action("stop", stop, state_dir, region)
+
+
+def _region_action(
+    verb: str, action: Callable[[Path, str], str], state_dir: Path, region: str
+) -> None:
+    """Print what ``action`` did to ``region``, or why it could not (exit 1)."""
+    from services.local.plane import PlaneError
+
     try:
-        typer.echo(restart(state_dir, region))
+        typer.echo(action(state_dir, region))
     except PlaneError as exc:
-        typer.echo(f"could not restart {region}: {exc}", err=True)
+        typer.echo(f"could not {verb} {region}: {exc}", err=True)
         raise typer.Exit(1) from exc
 
 
@@ -343,4 +369,6 @@ def register(app: typer.Typer) -> None:
     app.command("up")(up)
     app.command("down")(down)
     app.command("restart-region")(restart_region)
+    app.command("stop-region")(stop_region)
+    app.command("upgrade-region")(upgrade_region)
     app.command("demo")(demo)

@@ -22,18 +22,25 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import ssl
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 from eventlog.http_headers import PEER_AUTH_HEADER, SOURCE_REGION_HEADER
+from services.peer_protocol import PEER_PROTOCOL_HEADERS, PROTOCOL_REFUSED, PROTOCOL_REFUSED_STATUS
+
+log = logging.getLogger("convplane.peer_protocol")
 
 #: the most bytes of an answer's head and of its body a probe reads
 HEAD_BYTES_MAX = 16 * 1024
 BODY_BYTES_MAX = 256 * 1024
 PROBE_PATH = "/peer/health"
+#: a peer's refusal of this node's protocol is logged at most this often per peer
+PROTOCOL_REFUSAL_LOG_EVERY_S = 60.0
 
 
 class PeerProber(Protocol):
@@ -81,6 +88,7 @@ class HttpPeerProber:
         self._ssl = ssl_context
         self._blocked = blocked
         self._idle: dict[str, _Connection] = {}  # kept alive between probes, one per peer
+        self._refusal_logged_s: dict[str, float] = {}
         self._requests = {
             region: _request_bytes(host, port, peer_secret, source_region)
             for region, (host, port) in self._addresses.items()
@@ -137,10 +145,29 @@ class HttpPeerProber:
             self._idle[region] = connection
         else:
             connection.close()
+        if status == PROTOCOL_REFUSED_STATUS:
+            self._surface_refusal(region, body)
         if status != 200:
             return None
         value = json.loads(body)
         return value if isinstance(value, dict) else None
+
+    def _surface_refusal(self, region: str, body: bytes) -> None:
+        """A peer outside this node's protocol window answers every probe so: say why, once a
+        minute (the probe is not retried sooner than its period; the region counts as not
+        answering, so its shards move to regions that can serve them)."""
+        try:
+            error = json.loads(body)["error"]
+        except (ValueError, KeyError, TypeError):
+            return
+        if not isinstance(error, dict) or error.get("code") != PROTOCOL_REFUSED:
+            return
+        now_s = time.monotonic()
+        if now_s - self._refusal_logged_s.get(region, -PROTOCOL_REFUSAL_LOG_EVERY_S) >= (
+            PROTOCOL_REFUSAL_LOG_EVERY_S
+        ):
+            self._refusal_logged_s[region] = now_s
+            log.error("region %s refuses this node's peer calls: %s", region, error.get("message"))
 
 
 def _address(url: str) -> tuple[str, int]:
@@ -153,6 +180,7 @@ def _request_bytes(host: str, port: int, peer_secret: str | None, source_region:
     authority = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"  # an IPv6 address
     lines = [f"GET {PROBE_PATH} HTTP/1.1", f"host: {authority}", "accept: application/json"]
     lines.append(f"{SOURCE_REGION_HEADER.lower()}: {source_region}")
+    lines += [f"{name.lower()}: {value}" for name, value in PEER_PROTOCOL_HEADERS.items()]
     if peer_secret:
         lines.append(f"{PEER_AUTH_HEADER.lower()}: {peer_secret}")
     return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")

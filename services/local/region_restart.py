@@ -31,11 +31,8 @@ RESTART_WAIT_S = 90.0
 def restart_region(state_dir: Path, region: str) -> str:
     """Restart ``region`` of the plane in ``state_dir``; return how (a line for the user)."""
     state_dir = state_dir.resolve()
-    info = _read_info(state_dir)
-    entry = next((r for r in info["regions"] if r["name"] == region), None)
-    if entry is None:
-        names = ", ".join(r["name"] for r in info["regions"])
-        raise PlaneError(f"no region {region!r} in the plane in {state_dir} (it has {names})")
+    info = read_info(state_dir)
+    entry = region_entry(info, state_dir, region)
     supervisor = info.get("supervisor_pid")
     if info.get("supervised") and isinstance(supervisor, int) and pid_alive(supervisor):
         _request(state_dir, region)
@@ -43,6 +40,18 @@ def restart_region(state_dir: Path, region: str) -> str:
         return f"{region} restarted by the plane's supervisor (pid {supervisor})"
     _restart_detached(state_dir, info, region)
     return f"{region} restarted (detached)"
+
+
+def stop_region(state_dir: Path, region: str) -> str:
+    """Stop ``region``'s node (SIGTERM, SIGKILL after ``STOP_TIMEOUT_S``); its database stays.
+    Its shards fail over as they would at the region's loss; ``up``'s supervisor reports the
+    exit and leaves it stopped until ``restart_region``."""
+    info = read_info(state_dir.resolve())
+    pid = region_entry(info, state_dir, region).get("node_pid")
+    if not (isinstance(pid, int) and pid_alive(pid)):
+        return f"{region}'s node is not running"
+    stop_pids({pid: signal.SIGTERM})
+    return f"{region}'s node stopped (pid {pid})"
 
 
 def restart_requests(state_dir: Path) -> list[str]:
@@ -105,7 +114,16 @@ def _wait_healthy(url: str, request_pending: Any) -> None:
     raise PlaneError(f"the region at {url} is not healthy after {RESTART_WAIT_S:g}s")
 
 
-def _read_info(state_dir: Path) -> dict[str, Any]:
+def region_entry(info: dict[str, Any], state_dir: Path, region: str) -> dict[str, Any]:
+    """``region``'s entry in the plane's cluster.json; PlaneError naming the plane's regions."""
+    entry: dict[str, Any] | None = next((r for r in info["regions"] if r["name"] == region), None)
+    if entry is None:
+        names = ", ".join(r["name"] for r in info["regions"])
+        raise PlaneError(f"no region {region!r} in the plane in {state_dir} (it has {names})")
+    return entry
+
+
+def read_info(state_dir: Path) -> dict[str, Any]:
     try:
         info: dict[str, Any] = json.loads((state_dir / "cluster.json").read_text("utf-8"))
     except FileNotFoundError as exc:

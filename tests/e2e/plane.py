@@ -16,11 +16,15 @@ from typing import Any
 import httpx
 import pytest
 
+from eventlog.http_headers import IDEMPOTENCY_KEY_HEADER
 from eventlog.sharding import shard_of
 from regions.placement import place_shards
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 READY_WAIT_S = 90.0
+#: tries of one request while the plane elects leaders (a retryable 503, a refused connection)
+REQUEST_TRIES = 300
+RETRY_PAUSE_S = 0.1
 CONVPLANE = [sys.executable, "-c", "from services.cli.main import main; main()"]
 
 
@@ -108,3 +112,43 @@ def stop_plane(proc: subprocess.Popen[bytes]) -> str:
         proc.kill()
         out, _ = proc.communicate()
     return out.decode()
+
+
+def run_convplane(*args: str) -> subprocess.CompletedProcess[str]:
+    """``convplane args...`` to its end, its output captured."""
+    return subprocess.run(
+        [*CONVPLANE, *args], env={**convplane_env(), "COLUMNS": "200"},
+        capture_output=True, text=True, timeout=240,
+    )  # fmt: skip
+
+
+def plane_info(state_dir: Path) -> dict[str, Any]:
+    """The running plane's cluster.json (its pids change with each region's restart)."""
+    info: dict[str, Any] = json.loads((state_dir / "cluster.json").read_text())
+    return info
+
+
+def until_answered(
+    client: httpx.Client,
+    method: str,
+    path: str,
+    body: dict[str, Any] | None = None,
+    key: str | None = None,
+) -> httpx.Response:
+    """The request until it is answered 200 or 201 (asserted): a retryable 503 or 504 (leaders
+    being elected after a start, a region's shards moving) and a refused connection (a region
+    restarting) are tried again."""
+    headers = {IDEMPOTENCY_KEY_HEADER: key} if key else {}
+    reply = None
+    for _ in range(REQUEST_TRIES):
+        try:
+            reply = client.request(method, path, json=body, headers=headers)
+        except httpx.TransportError:
+            time.sleep(RETRY_PAUSE_S)
+            continue
+        if reply.status_code not in (503, 504):
+            assert reply.status_code in (200, 201), reply.text
+            return reply
+        assert reply.json()["error"]["retryable"] is True, reply.text
+        time.sleep(RETRY_PAUSE_S)
+    raise AssertionError(f"{method} {path} not answered after {REQUEST_TRIES} tries: {reply}")

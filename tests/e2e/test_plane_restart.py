@@ -11,7 +11,6 @@ import json
 import os
 import shutil
 import signal
-import subprocess
 import tempfile
 import time
 from collections.abc import Iterator
@@ -19,16 +18,20 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-import httpx
 import pytest
 
 from eventlog.http_headers import IDEMPOTENCY_KEY_HEADER, IDEMPOTENT_REPLAYED_HEADER
 from services.local.plane_processes import pid_alive
-from tests.e2e.plane import CONVPLANE, Plane, convplane_env, start_plane, stop_plane
+from tests.e2e.plane import (
+    Plane,
+    plane_info,
+    run_convplane,
+    start_plane,
+    stop_plane,
+    until_answered,
+)
 
 CONVERSATIONS = 4
-#: tries of one append while the plane elects its leaders after a start (a retryable 503)
-APPEND_TRIES = 300
 RETRY_PAUSE_S = 0.1
 
 Acks = dict[str, list[tuple[int, str, int]]]  # conversation -> (seq, idempotency key, n)
@@ -54,7 +57,7 @@ def test_a_plane_restarts_on_its_data(state_dir: Path, backend: str) -> None:
     first_info = plane.info
     try:
         _append_round(plane, acks, "a")
-        result = _convplane("down", "--state-dir", str(state_dir))
+        result = run_convplane("down", "--state-dir", str(state_dir))
         assert result.returncode == 0, result.stdout + result.stderr
         proc.wait(timeout=60)
     finally:
@@ -72,16 +75,19 @@ def test_a_plane_restarts_on_its_data(state_dir: Path, backend: str) -> None:
         # a supervised plane: restart-region asks its supervisor, the node is its child again
         victim = _region(plane.info, "ap-south")
         os.kill(victim["node_pid"], signal.SIGKILL)
-        result = _convplane("restart-region", "ap-south", "--state-dir", str(state_dir))
+        result = run_convplane("restart-region", "ap-south", "--state-dir", str(state_dir))
         assert result.returncode == 0, result.stdout + result.stderr
         assert "supervisor" in result.stdout
-        restarted = _region(_info(state_dir), "ap-south")
+        restarted = _region(plane_info(state_dir), "ap-south")
         assert restarted["node_pid"] != victim["node_pid"] and pid_alive(restarted["node_pid"])
         _append_round(plane, acks, "c")
 
         # SIGKILL of every process: up, the nodes and the databases
         pids = [proc.pid] + [
-            pid for r in _info(state_dir)["regions"] for pid in (r["node_pid"], r["db_pid"]) if pid
+            pid
+            for r in plane_info(state_dir)["regions"]
+            for pid in (r["node_pid"], r["db_pid"])
+            if pid
         ]
         for pid in pids:
             os.kill(pid, signal.SIGKILL)
@@ -90,11 +96,11 @@ def test_a_plane_restarts_on_its_data(state_dir: Path, backend: str) -> None:
     finally:
         stop_plane(proc)
 
-    result = _convplane("up", "--regions", "3", "--state-dir", str(state_dir), "--base-port", "0",
+    result = run_convplane("up", "--regions", "3", "--state-dir", str(state_dir), "--base-port", "0",
                         "--shard-count", "16", *args, "--detach")  # fmt: skip
     try:
         assert result.returncode == 0, result.stdout + result.stderr
-        plane = Plane(_info(state_dir))
+        plane = Plane(plane_info(state_dir))
         _check_printed_no_password(result.stdout, state_dir, plane.info)
         _check(plane, acks)
         _append_round(plane, acks, "d")
@@ -105,22 +111,22 @@ def test_a_plane_restarts_on_its_data(state_dir: Path, backend: str) -> None:
         for pid in killed:
             os.kill(pid, signal.SIGKILL)
         _wait_dead(killed)
-        result = _convplane("restart-region", "eu-west", "--state-dir", str(state_dir))
+        result = run_convplane("restart-region", "eu-west", "--state-dir", str(state_dir))
         assert result.returncode == 0, result.stdout + result.stderr
-        plane = Plane(_info(state_dir))
+        plane = Plane(plane_info(state_dir))
         _append_round(plane, acks, "e")
         _check(plane, acks)
     finally:
-        down = _convplane("down", "--state-dir", str(state_dir))
+        down = run_convplane("down", "--state-dir", str(state_dir))
     assert down.returncode == 0, down.stdout + down.stderr
-    assert not any(pid_alive(pid) for _, pid in _plane_pids(_info(state_dir)))
+    assert not any(pid_alive(pid) for _, pid in _plane_pids(plane_info(state_dir)))
 
 
 def test_arguments_of_another_plane_change_nothing(state_dir: Path) -> None:
-    result = _convplane("up", "--regions", "2", "--state-dir", str(state_dir), "--base-port", "0",
+    result = run_convplane("up", "--regions", "2", "--state-dir", str(state_dir), "--base-port", "0",
                         "--shard-count", "8", "--detach")  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
-    down = _convplane("down", "--state-dir", str(state_dir))
+    down = run_convplane("down", "--state-dir", str(state_dir))
     assert down.returncode == 0, down.stdout + down.stderr
     before = _snapshot(state_dir)
     for other, says in [
@@ -128,7 +134,7 @@ def test_arguments_of_another_plane_change_nothing(state_dir: Path) -> None:
         (["--regions", "2", "--postgres"], "PostgreSQL replicas asked, it has SQLite ones"),
         (["--regions", "2", "--shard-count", "16"], "--shard-count 16, it has 8"),
     ]:
-        result = _convplane("up", "--state-dir", str(state_dir), "--base-port", "0",
+        result = run_convplane("up", "--state-dir", str(state_dir), "--base-port", "0",
                             "--shard-count", "8", *other, "--detach")  # fmt: skip
         assert result.returncode == 1, result.stdout + result.stderr
         assert says in " ".join(result.stdout.split()), result.stdout
@@ -141,10 +147,10 @@ def _append_round(plane: Plane, acks: Acks, tag: str) -> None:
     for i, (cid, acked) in enumerate(acks.items()):
         with plane.client(regions[i % len(regions)]) as client:
             if not acked:
-                _until_acked(client, "POST", "/v1/conversations", {"conversation_id": cid})
+                until_answered(client, "POST", "/v1/conversations", {"conversation_id": cid})
             key = f"{cid}-{tag}"
             body = {"type": "note", "payload": {"n": len(acked)}}
-            response = _until_acked(client, "POST", f"/v1/conversations/{cid}/events", body, key)
+            response = until_answered(client, "POST", f"/v1/conversations/{cid}/events", body, key)
             acked.append((response.json()["seq"], key, len(acked)))
 
 
@@ -153,7 +159,7 @@ def _check(plane: Plane, acks: Acks) -> None:
     region = list(plane.urls)[-1]
     with plane.client(region) as client:
         for cid, acked in acks.items():
-            page = _until_acked(client, "GET", f"/v1/conversations/{cid}/events?limit=100")
+            page = until_answered(client, "GET", f"/v1/conversations/{cid}/events?limit=100")
             events = [(e["seq"], e["payload"]["n"]) for e in page.json()["events"]]
             assert events == [(seq, n) for seq, _, n in acked], (cid, events, acked)
             seq, key, n = acked[0]
@@ -167,30 +173,6 @@ def _check(plane: Plane, acks: Acks) -> None:
             assert replay.json()["seq"] == seq
 
 
-def _until_acked(
-    client: httpx.Client,
-    method: str,
-    path: str,
-    body: dict[str, Any] | None = None,
-    key: str | None = None,
-) -> httpx.Response:
-    """The request until it is not a retryable 503 (leaders being elected after a start)."""
-    headers = {IDEMPOTENCY_KEY_HEADER: key} if key else {}
-    response = None
-    for _ in range(APPEND_TRIES):
-        try:
-            response = client.request(method, path, json=body, headers=headers)
-        except httpx.TransportError:
-            time.sleep(RETRY_PAUSE_S)
-            continue
-        if response.status_code != 503:
-            assert response.status_code in (200, 201), response.text
-            return response
-        assert response.json()["error"]["retryable"] is True, response.text
-        time.sleep(RETRY_PAUSE_S)
-    raise AssertionError(f"{method} {path} not answered after {APPEND_TRIES} tries: {response}")
-
-
 def _check_printed_no_password(stdout: str, state_dir: Path, info: dict[str, Any]) -> None:
     secrets = [p for r in info["regions"] if (p := urlsplit(r["dsn"]).password)]
     state = json.loads((state_dir / "plane-state.json").read_text())
@@ -201,18 +183,6 @@ def _check_printed_no_password(stdout: str, state_dir: Path, info: dict[str, Any
     assert str(state_dir / "cluster.json") in flat and "mode0600" in flat
     for name in ("cluster.json", "plane-state.json"):
         assert (state_dir / name).stat().st_mode & 0o777 == 0o600
-
-
-def _convplane(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [*CONVPLANE, *args], env={**convplane_env(), "COLUMNS": "200"},
-        capture_output=True, text=True, timeout=240,
-    )  # fmt: skip
-
-
-def _info(state_dir: Path) -> dict[str, Any]:
-    info: dict[str, Any] = json.loads((state_dir / "cluster.json").read_text())
-    return info
 
 
 def _region(info: dict[str, Any], name: str) -> dict[str, Any]:

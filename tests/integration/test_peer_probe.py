@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -17,6 +18,7 @@ import pytest
 
 from services.cluster_tls import client_ssl_context, issue_cluster_tls
 from services.control.peer_probe import BODY_BYTES_MAX, HttpPeerProber
+from services.peer_protocol import PROTOCOL_REFUSED
 
 HEALTH = {"region": "b", "suspects": [], "led_shards": [1, 2]}
 SECRET = "peer-secret-for-the-probe-test"
@@ -180,3 +182,32 @@ async def test_mutual_tls_with_the_clusters_certificates_only(tmp_path: Path) ->
         stranger = prober(url, client_ssl_context(theirs["a"]))
         assert await stranger.health("b") is None
         await stranger.close()
+
+
+async def test_a_peer_refusing_this_nodes_protocol_is_not_answering_and_said_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A peer outside this node's protocol window (``services.peer_protocol``) answers every
+    probe 409: the probe counts it as no answer, sends nothing more for it, and logs the
+    peer's reason once (not once per probe)."""
+    reason = "region a speaks peer protocol 2, older than this node serves (...)"
+    refused = answer_of(
+        json.dumps({"error": {"code": PROTOCOL_REFUSED, "message": reason,
+                              "retryable": False}}).encode(),
+        status="409 Conflict",
+    )  # fmt: skip
+
+    async def refusing(_: bytes) -> bytes:
+        return refused
+
+    peer = Peer(refusing)
+    with caplog.at_level(logging.ERROR, logger="convplane.peer_protocol"):
+        async with listening(peer) as url:
+            probe = prober(url)
+            for _ in range(3):
+                assert await probe.health("b") is None
+            await probe.close()
+    assert len(peer.requests) == 3  # one request per probe: no retry
+    assert all(b"x-convplane-peer-protocol: " in r for r in peer.requests)
+    said = [r.getMessage() for r in caplog.records]
+    assert said == [f"region b refuses this node's peer calls: {reason}"]

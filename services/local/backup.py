@@ -1,0 +1,351 @@
+"""``convplane backup`` and ``convplane restore``: one region's SQLite replica of a local plane.
+
+A backup is a directory: ``replica.sqlite3``, a consistent copy of the region's replica made
+with SQLite's online backup (the plane keeps running and writing), and ``backup.json`` (the
+manifest: which plane and region, the store's identity, the schema revision, when). The
+manifest is written last, so a directory without one is a backup that did not finish.
+
+A restore puts an older copy of a replica back, which is exactly the rollback the identity
+guard cannot see by itself (``eventlog.identity``: the copy keeps its store id). So it does
+what a new leader would do at its next lead, for every shard at once and before the copy goes
+in: it compares the backup's log with the positions the *other* stores keep for the region
+(``replica_positions``, ``eventlog.recovery.highest_positions``). A backup below any of them
+lost events it had acknowledged: the region is quarantined in every other store's registry (the
+``rolled-back:`` record a leader writes), the running nodes are waited for until they see it
+quarantined, and only then is the copy written into the replica, in place (the same file, so
+the same identity, as a physical restore of the volume would leave it). ``convplane replica
+rebuild`` then copies every shard's log from a quorum and re-admits it
+(docs/upgrade-backup-restore.md). A backup that is not behind anywhere is simply restored.
+
+Everything is checked before anything changes: the plane and region exist, the plane uses
+SQLite, the region's node is stopped, the backup is complete, of this plane and of this region.
+
+PostgreSQL regions are not covered: their physical backups are PostgreSQL's own
+(``pg_basebackup``, WAL archiving), and the same procedure applies to them by hand.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import sqlite3
+import time
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from eventlog.errors import ConvplaneError
+from eventlog.identity import ROLLED_BACK_PREFIX, IdentityRecord
+from eventlog.model import HeldPosition, ShardStatus, holds
+from eventlog.replica import ReplicaStore
+from services.local.plane import PlaneError, write_private_json
+from services.local.plane_processes import pid_alive
+from services.local.plane_state import STATE_FILE_NAME, PlaneState, load_state
+
+BACKUP_FORMAT = 1
+MANIFEST_NAME = "backup.json"
+REPLICA_FILE_NAME = "replica.sqlite3"
+#: how long a restore waits for every running node's identity sweep to see the region
+#: quarantined before it writes the copy (a sweep runs every 2 s: services.control.controller)
+QUARANTINE_SEEN_WAIT_S = 30.0
+QUARANTINE_POLL_S = 0.2
+#: each store call of a restore (positions, registries) must answer within this
+STORE_CALL_TIMEOUT_S = 10.0
+#: tries of the comparison with the other stores (SQLite files the running nodes write too: a
+#: write lock held past the store's busy timeout fails one), and the pause between two
+COMPARE_TRIES = 3
+COMPARE_RETRY_PAUSE_S = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class LocalRegion:
+    """A region of the local plane in a state directory, as a backup or restore needs it."""
+
+    state_dir: Path
+    name: str
+    replica: Path
+    node_pid: int | None
+    plane_id: str
+    saved: PlaneState
+    info: dict[str, Any]
+
+    @property
+    def cluster_file(self) -> Path:
+        return self.state_dir / "cluster-config.json"
+
+
+@dataclass(frozen=True, slots=True)
+class Manifest:
+    plane_id: str
+    region: str
+    store_id: str
+    schema_revision: str
+    created_at: str
+    convplane_version: str
+
+
+@dataclass(frozen=True, slots=True)
+class RestoreReport:
+    region: str
+    behind: dict[int, tuple[HeldPosition, ShardStatus]]  # shard -> (kept elsewhere, backup's)
+    quarantined: bool
+
+
+def plane_id(saved: PlaneState) -> str:
+    """What names a plane in its backups: a digest of the key its first ``up`` made (it never
+    changes for a state directory, and the digest tells nothing of the key)."""
+    return hashlib.sha256(b"convplane plane\0" + saved.api_key.encode()).hexdigest()[:24]
+
+
+def local_region(state_dir: Path, region: str) -> LocalRegion:
+    """``region`` of the plane in ``state_dir``; PlaneError when there is none or it is not one
+    these commands cover."""
+    state_dir = state_dir.resolve()
+    try:
+        saved = load_state(state_dir / STATE_FILE_NAME)
+        info: dict[str, Any] = json.loads((state_dir / "cluster.json").read_text("utf-8"))
+    except FileNotFoundError as exc:
+        raise PlaneError(f"no plane in {state_dir} (no cluster.json)") from exc
+    except ValueError as exc:
+        raise PlaneError(str(exc)) from exc
+    if saved is None:
+        raise PlaneError(f"no plane in {state_dir} (no {STATE_FILE_NAME})")
+    names = [r.name for r in saved.regions]
+    if region not in names:
+        raise PlaneError(f"no region {region!r} in the plane in {state_dir} (it has "
+                         f"{', '.join(names)})")  # fmt: skip
+    if saved.postgres:
+        raise PlaneError(
+            "this plane's replicas are PostgreSQL databases: back them up and restore them "
+            "with PostgreSQL's own tools (pg_basebackup), then follow the restore procedure of "
+            "docs/upgrade-backup-restore.md; these commands cover SQLite replicas"
+        )
+    entry: dict[str, Any] = next(
+        (r for r in info.get("regions", []) if r.get("name") == region), {}
+    )
+    pid = entry.get("node_pid")
+    return LocalRegion(
+        state_dir=state_dir,
+        name=region,
+        replica=state_dir / region / REPLICA_FILE_NAME,
+        node_pid=pid if isinstance(pid, int) else None,
+        plane_id=plane_id(saved),
+        saved=saved,
+        info=info,
+    )
+
+
+def backup_region(state_dir: Path, region: str, target: Path) -> Manifest:
+    """Copy ``region``'s replica into the new directory ``target`` (the plane may be running)."""
+    local = local_region(state_dir, region)
+    if target.exists() and (not target.is_dir() or any(target.iterdir())):
+        raise PlaneError(f"{target} exists and is not an empty directory: a backup never "
+                         "overwrites anything")  # fmt: skip
+    if not local.replica.is_file():
+        raise PlaneError(f"{local.replica} is missing: {region} has no replica to back up")
+    created = not target.exists()
+    target.mkdir(mode=0o700, parents=True, exist_ok=True)
+    try:
+        copy = target / REPLICA_FILE_NAME
+        _private_new_file(copy)
+        _sqlite_copy(local.replica, copy)
+        manifest = Manifest(
+            plane_id=local.plane_id,
+            region=region,
+            store_id=_sqlite_value(copy, "SELECT store_id FROM replica_identity"),
+            schema_revision=_sqlite_value(copy, "SELECT version_num FROM alembic_version"),
+            created_at=datetime.now(UTC).isoformat(timespec="seconds"),
+            convplane_version=_installed_version(),
+        )
+        write_private_json(target / MANIFEST_NAME, {"format": BACKUP_FORMAT, **asdict(manifest)})
+    except BaseException:
+        if created:
+            shutil.rmtree(target, ignore_errors=True)
+        else:
+            for path in target.iterdir():
+                path.unlink(missing_ok=True)
+        raise
+    return manifest
+
+
+def read_manifest(source: Path) -> Manifest:
+    """The manifest of the backup in ``source``; PlaneError when it is not a whole backup."""
+    if not source.is_dir():
+        raise PlaneError(f"no backup at {source} (not a directory)")
+    try:
+        raw = json.loads((source / MANIFEST_NAME).read_text("utf-8"))
+    except FileNotFoundError as exc:
+        raise PlaneError(f"{source} holds no {MANIFEST_NAME}: not a backup, or one that did "
+                         "not finish") from exc  # fmt: skip
+    except (OSError, ValueError) as exc:
+        raise PlaneError(f"{source / MANIFEST_NAME} cannot be read: {exc}") from exc
+    if not isinstance(raw, dict) or raw.pop("format", None) != BACKUP_FORMAT:
+        raise PlaneError(f"{source / MANIFEST_NAME} is not a backup of format {BACKUP_FORMAT}")
+    try:
+        manifest = Manifest(**raw)
+    except TypeError as exc:
+        raise PlaneError(f"{source / MANIFEST_NAME} is not a backup manifest: {exc}") from exc
+    if not (source / REPLICA_FILE_NAME).is_file():
+        raise PlaneError(f"{source} holds no {REPLICA_FILE_NAME}")
+    return manifest
+
+
+def check_restore(state_dir: Path, region: str, source: Path) -> LocalRegion:
+    """Every reason not to restore ``source`` into ``region``, as a PlaneError; nothing changes."""
+    local = local_region(state_dir, region)
+    manifest = read_manifest(source)
+    if manifest.plane_id != local.plane_id:
+        raise PlaneError(f"{source} is a backup of another plane (plane {manifest.plane_id}; "
+                         f"this one is {local.plane_id})")  # fmt: skip
+    if manifest.region != region:
+        raise PlaneError(f"{source} is a backup of region {manifest.region}, not of {region}")
+    if local.node_pid is not None and pid_alive(local.node_pid):
+        raise PlaneError(f"{region}'s node is running (pid {local.node_pid}): stop it first "
+                         f"(convplane stop-region {region} --state-dir {local.state_dir})")  # fmt: skip
+    return local
+
+
+def restore_region(state_dir: Path, region: str, source: Path) -> RestoreReport:
+    """Restore ``region``'s replica from the backup in ``source`` (module docstring)."""
+    local = check_restore(state_dir, region, source)
+    staged = local.replica.with_name(REPLICA_FILE_NAME + ".restoring")
+    staged.unlink(missing_ok=True)
+    _private_new_file(staged)
+    try:
+        _sqlite_copy(source / REPLICA_FILE_NAME, staged)
+        behind = _compare_with_others(local, staged)
+        if behind:
+            _wait_quarantine_seen(local)
+        _private_new_file(local.replica)
+        _sqlite_copy(staged, local.replica)  # in place: the same file, the same identity
+    finally:
+        staged.unlink(missing_ok=True)
+    return RestoreReport(region, behind, quarantined=bool(behind))
+
+
+def _compare_with_others(
+    local: LocalRegion, staged: Path
+) -> dict[int, tuple[HeldPosition, ShardStatus]]:
+    """``_quarantine_if_behind``, tried ``COMPARE_TRIES`` times (it may be run again: the
+    quarantine record it writes is the same each time)."""
+    for attempt in range(1, COMPARE_TRIES + 1):
+        try:
+            return asyncio.run(_quarantine_if_behind(local, staged))
+        except (ConvplaneError, TimeoutError, OSError) as exc:
+            if attempt == COMPARE_TRIES:
+                raise PlaneError(
+                    f"the other regions' stores could not be compared with the backup "
+                    f"({exc!r}); nothing was restored. Run it again when they answer (a "
+                    f"quarantine it wrote stays until: convplane replica rebuild "
+                    f"--cluster-file {local.cluster_file} --region {local.name})"
+                ) from exc
+            time.sleep(COMPARE_RETRY_PAUSE_S)
+    raise AssertionError("unreachable")
+
+
+async def _quarantine_if_behind(
+    local: LocalRegion, staged: Path
+) -> dict[int, tuple[HeldPosition, ShardStatus]]:
+    """The shards where the backup ends below what the other stores keep for the region; when
+    there are any, the region quarantined in every other store's registry."""
+    from eventlog.recovery import highest_positions, known_positions
+    from eventlog.stores import open_replica_store
+    from services.bootstrap.operator import open_operator_stores
+
+    shards = range(local.saved.shard_count + 1)  # the control shard too
+    copy = await open_replica_store(f"sqlite+aiosqlite:///{staged}", local.name)
+    try:
+        statuses = {shard: await copy.status(shard) for shard in shards}
+    finally:
+        await copy.close()
+    async with open_operator_stores(local.cluster_file) as opened:
+        others = {r: s for r, s in opened.stores.items() if r != local.name}
+        behind = {}
+        for shard in shards:
+            kept = await known_positions(shard, others, list(others), STORE_CALL_TIMEOUT_S)
+            held = highest_positions(kept, about_others_only=True).get(local.name)
+            if held is not None and not holds(statuses[shard], held):
+                behind[shard] = (held, statuses[shard])
+        if behind:
+            await _record_rolled_back(others, local.name)
+    return behind
+
+
+async def _record_rolled_back(others: Mapping[str, ReplicaStore], region: str) -> None:
+    """The record a leader writes for a rolled-back replica (``IdentityGuard.rolled_back``), at
+    a generation above every record the other stores hold for ``region``."""
+    registries = [
+        await asyncio.wait_for(store.registry(), STORE_CALL_TIMEOUT_S) for store in others.values()
+    ]
+    records = [registry.get(region) for registry in registries]
+    best = max((r for r in records if r is not None), key=lambda r: r.generation, default=None)
+    if best is None:
+        raise PlaneError(f"no other store knows {region}'s replica: nothing vouches for it")
+    record = best  # a quarantine already recorded (by an earlier try): spread as it is
+    if not best.store_id.startswith(ROLLED_BACK_PREFIX):
+        record = IdentityRecord(ROLLED_BACK_PREFIX + best.store_id, best.generation + 1)
+    for store in others.values():
+        await asyncio.wait_for(store.record_identity(region, record), STORE_CALL_TIMEOUT_S)
+
+
+def _wait_quarantine_seen(local: LocalRegion) -> None:
+    """Until every running node's sweep holds the region quarantined (``GET /v1/regions``)."""
+    headers = {"Authorization": f"Bearer {local.saved.viewer_api_key}"}
+    urls = [r["url"] for r in local.info["regions"]
+            if isinstance(r.get("node_pid"), int) and pid_alive(r["node_pid"])]  # fmt: skip
+    deadline_s = time.monotonic() + QUARANTINE_SEEN_WAIT_S
+    with httpx.Client(headers=headers, timeout=2.0, trust_env=False) as client:
+        for url in urls:
+            while not _sees_quarantined(client, url, local.name):
+                if time.monotonic() > deadline_s:
+                    raise PlaneError(
+                        f"the node at {url} does not hold {local.name} quarantined after "
+                        f"{QUARANTINE_SEEN_WAIT_S:g}s; nothing was restored (the quarantine "
+                        f"stays until: convplane replica rebuild --cluster-file "
+                        f"{local.cluster_file} --region {local.name})"
+                    )
+                time.sleep(QUARANTINE_POLL_S)
+
+
+def _sees_quarantined(client: httpx.Client, url: str, region: str) -> bool:
+    with contextlib.suppress(httpx.HTTPError, ValueError):
+        reply = client.get(url + "/v1/regions")
+        if reply.status_code == 200:
+            regions = reply.json()["regions"]
+            return any(r["name"] == region and r["replica"] == "quarantined" for r in regions)
+    return False
+
+
+def _sqlite_copy(source: Path, target: Path) -> None:
+    """``source``'s content into ``target`` through SQLite's online backup: a consistent copy
+    while others write ``source``, written into ``target`` under its lock while others have it
+    open."""
+    with contextlib.closing(sqlite3.connect(f"file:{source}?mode=ro", uri=True)) as src:
+        with contextlib.closing(sqlite3.connect(target, timeout=STORE_CALL_TIMEOUT_S)) as dst:
+            src.backup(dst)
+
+
+def _sqlite_value(path: Path, query: str) -> str:
+    with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as conn:
+        row = conn.execute(query).fetchone()
+    if row is None:
+        raise PlaneError(f"{path} is not a replica ({query} found nothing)")
+    return str(row[0])
+
+
+def _installed_version() -> str:
+    from importlib.metadata import version
+
+    return version("convplane")
+
+
+def _private_new_file(path: Path) -> None:
+    os.close(os.open(path, os.O_WRONLY | os.O_CREAT, 0o600))
