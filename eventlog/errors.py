@@ -61,6 +61,8 @@ underscore are private control flow and not listed):
     │                             unanswered items are sent again if the leader answers a
     │                             repeat with the first result (an Idempotency-Key or a tool
     │                             event), else OutcomeUnknown
+    ├── LifespanFailed            the app refused to start or failed while starting; the node
+    │                             stops (services.asgi_lifespan)
     ├── AssertionError
     │   └── InvariantViolation        a protocol invariant does not hold: a bug (here)
     ├── ValueError
