@@ -435,7 +435,22 @@ class ShardLeader:
         if not self._identity.counts(region):
             return False
         follower = self._followers.get(region)
-        return follower is None or follower.store_id == self._identity.expected_store(region)
+        return follower is None or not self._vouched_anew(follower)
+
+    def _vouched_anew(self, follower: _Follower) -> bool:
+        """Whether the node now vouches for another identity of this replica's store than the
+        one its acks were counted under: it counts again only once an append naming the new
+        one is accepted."""
+        return follower.store_id != self._identity.expected_store(follower.region)
+
+    def identities_vouched(self) -> None:
+        """After an identity sweep: a follower whose store is vouched for anew (first verified,
+        re-admitted after a rebuild) sends an append naming that identity now, idle or not.
+        Otherwise an idle shard never sent one, and with fewer than W replicas counted every
+        proposal that would have woken it was refused: the shard stayed unwritable for good."""
+        for follower in self._followers.values():
+            if self._vouched_anew(follower):
+                follower.wakeup.set()
 
     def _counted(self) -> list[_Follower]:
         return [f for f in self._followers.values() if self._counts(f.region)]
@@ -637,9 +652,11 @@ class ShardLeader:
         while not self._stopped:
             follower.wakeup.clear()  # before looking, so no wake-up between look and wait is lost
             if follower.next_lsn > self.last_lsn:
-                if follower.sent_commit_lsn >= min(
-                    self.commit_lsn, follower.match_lsn
-                ) and not self._positions_unsent(follower):
+                if (
+                    follower.sent_commit_lsn >= min(self.commit_lsn, follower.match_lsn)
+                    and not self._positions_unsent(follower)
+                    and not self._vouched_anew(follower)
+                ):
                     await follower.wakeup.wait()
                     continue
                 # Idle but the replica's commit hint is stale: push it after a short linger,

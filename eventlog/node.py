@@ -244,7 +244,10 @@ class LogNode(ConversationLog):
                             self._replicas[store_region].record_identity(region, record),
                             timeout_s,
                         )
-            return self.identity.apply(plan)
+            newly_quarantined = self.identity.apply(plan)
+            for leader in self._leaders.values():
+                leader.identities_vouched()
+            return newly_quarantined
 
     @staticmethod
     async def _observe_identity(store: ReplicaStore, timeout_s: float) -> Observation:

@@ -57,7 +57,12 @@ CHUNK = 50
 #: while b and c were then evacuated by an operator: evacuating a would leave no region to lead,
 #: the driver retried the injection forever and the drill never ended (fixed: a drill whose
 #: evacuation can never be made is aborted, services.control.drills.driver.DrillDriver._drive).
-REGRESSION_SEEDS = {5: [(3, 12), (3, 64)], 6: [(3, 40), (3, 58), (3, 345)]}.get(
+#: (3, 1002205) (version 6; the fix changed no replay of 33 other seeds compared) — b led three
+#: shards with c unverified, they went idle, then b's sweep vouched for c and for b's rebuilt
+#: store under a new identity: neither idle follower counted or sent again, every write was
+#: refused ("1 replicas reachable, 2 needed") for good (fixed: ShardLeader.identities_vouched;
+#: named scenario tests/sim/test_identity_liveness.py).
+REGRESSION_SEEDS = {5: [(3, 12), (3, 64)], 6: [(3, 40), (3, 58), (3, 345), (3, 1002205)]}.get(
     PLANE_SIM_VERSION, []
 )
 
