@@ -187,15 +187,19 @@ class PgInstance:
                 f"{self.name} is an external server ({self.dsn}); it cannot {what} here"
             )
 
-    def _spawn(self) -> subprocess.Popen[bytes]:
+    def server_command(self) -> list[str]:
+        """The postmaster's command line (its socket directory made, the postgres user's)."""
         assert self.bindir is not None
         socket_dir = self.data_dir.parent / f"{self.data_dir.name}.sock"
         socket_dir.mkdir(exist_ok=True)
         _give_to_postgres(socket_dir)
+        return [str(self.bindir / "postgres"), "-D", str(self.data_dir), "-p", str(self.port),
+                "-k", str(socket_dir), "-c", f"listen_addresses={self.host}"]  # fmt: skip
+
+    def _spawn(self) -> subprocess.Popen[bytes]:
         with self.log_path.open("ab") as log:
             return subprocess.Popen(
-                [str(self.bindir / "postgres"), "-D", str(self.data_dir), "-p", str(self.port),
-                 "-k", str(socket_dir), "-c", f"listen_addresses={self.host}"],
+                self.server_command(),
                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                 start_new_session=True, env=_server_env(), **_as_postgres(),
             )  # fmt: skip

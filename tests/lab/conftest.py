@@ -6,6 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from tests.chaos.conftest import chaos_dir, fast_failover  # noqa: F401 - the chaos tier's
 from tests.harness.lab import Lab
 
 
