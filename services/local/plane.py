@@ -331,7 +331,7 @@ class LocalPlane:
             issued = issue_certificate(self.state_dir / "tls", "database", [self.host, "localhost"])
             server_tls = (issued.cert_file, issued.key_file)
         started: Any = localpg.start_instances(
-            self.regions, self.state_dir / "postgres", server_tls=server_tls
+            self.regions, self.state_dir / "postgres", server_tls=server_tls, host=self.host
         )
         instances = asyncio.run(_awaited(started)) if inspect.isawaitable(started) else started
         for member, instance in zip(self.members, instances, strict=True):
@@ -346,7 +346,7 @@ class LocalPlane:
         from services.local.postgres import restart_instance
 
         assert member.database is not None
-        instance = restart_instance(member.database, self.state_dir / "postgres")
+        instance = restart_instance(member.database, self.state_dir / "postgres", host=self.host)
         member.db = instance
         member.dsn = instance.dsn
 
