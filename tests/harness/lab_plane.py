@@ -31,6 +31,9 @@ from services.local.postgres import (
 from tests.harness.chaos import ChaosPlane
 from tests.harness.lab import Host, Lab
 
+#: seconds the nodes may take to become healthy: a plane of several hosts on a shared 2-core
+#: machine starts slower than one on loopback (LocalPlane's READY_TIMEOUT_S)
+LAB_READY_TIMEOUT_S = 180.0
 #: every host has its own TCP stack: the same ports on each
 NODE_PORT = 8700
 PEER_PORT = 8800
@@ -148,5 +151,5 @@ def lab_plane(lab: Lab, state_dir: Path, shard_count: int, **options: Any) -> La
     """3 regions on PostgreSQL, each on its own host of ``lab``, state under ``state_dir``."""
     return LabPlane(
         regions=3, state_dir=state_dir, base_port=0, postgres=True, shard_count=shard_count,
-        lab=lab, **options,
+        ready_timeout_s=LAB_READY_TIMEOUT_S, lab=lab, **options,
     )  # fmt: skip
