@@ -5,12 +5,12 @@
 a free port each on 127.0.0.1 or the machine's address asked for, connections from this machine
 only, SCRAM password authentication for every connection, local socket included, with a
 password generated per cluster: no other local user can connect), starts each ``postgres``
-binary as our own child (so its pid is the
-postmaster's, for kill -9 tests), waits until it accepts connections and creates the database
-``convplane``; ``restart_instance`` starts one again on its data (``convplane up`` on a stopped
-plane). What only tests and benchmarks use (servers chosen for a test session, PostgreSQL's own
-synchronous replication as a peer) is in ``tests/harness/postgres.py``. Every server started
-here is stopped at interpreter exit at the latest.
+binary as our own child (so its pid is the postmaster's, for kill -9 tests), waits until it
+accepts connections and creates the database ``convplane``; ``restart_instance`` starts one
+again on its data (``convplane up`` on a stopped plane). What only tests and benchmarks use
+(servers chosen for a test session, PostgreSQL's own synchronous replication as a peer) is in
+``tests/harness/postgres.py``. Every server started here is stopped at interpreter exit at the
+latest.
 
 Nothing here runs at import time.
 """
