@@ -111,7 +111,18 @@ class Host:
             env=None if env is None else dict(env), cwd=cwd, start_new_session=True,
         )  # fmt: skip
         self.processes.append(process)
+        self._wait_joined(process)
         return process
+
+    def _wait_joined(self, process: subprocess.Popen[bytes]) -> None:
+        """Until ``process`` is in the host's cgroup (it writes itself there before it execs;
+        Popen returns before that): from then on ``kill`` and the sweep see it."""
+        deadline = time.monotonic() + COMMAND_TIMEOUT_S
+        while process.pid not in self.pids() and process.poll() is None:
+            if time.monotonic() > deadline:
+                process.kill()
+                raise LabError(f"{self.name}: a process did not join {self.cgroup}")
+            time.sleep(0.001)
 
     def exec(self, argv: Sequence[str]) -> str:
         """Run ``argv`` in the host's namespace (not its cgroup: a chore, such as iptables) to

@@ -64,6 +64,12 @@ def test_a_host_cpu_quota_throttles_it(lab: Lab) -> None:
     assert free.cpu_stat()["nr_throttled"] == 0
 
 
+def test_a_process_is_in_its_host_when_run_returns(lab: Lab) -> None:
+    host = lab.add_host("a")
+    for _ in range(20):  # it joins the cgroup itself, after Popen returned: run waits for it
+        assert host.run(["sleep", "600"]).pid in host.pids()
+
+
 def test_kill_ends_every_process_of_the_host(lab: Lab) -> None:
     a, b = lab.add_host("a"), lab.add_host("b")
     parent = a.run(["/bin/sh", "-c", "sleep 600 & sleep 600 & wait"])
