@@ -330,7 +330,7 @@ class LocalPlane:
             issued = issue_certificate(self.state_dir / "tls", "database", [self.host, "localhost"])
             server_tls = (issued.cert_file, issued.key_file)
         started: Any = localpg.start_instances(
-            self.regions, self.state_dir / "postgres", server_tls=server_tls
+            self.regions, self.state_dir / "postgres", server_tls=server_tls, host=self.host
         )
         instances = asyncio.run(_awaited(started)) if inspect.isawaitable(started) else started
         for member, instance in zip(self.members, instances, strict=True):
@@ -345,7 +345,7 @@ class LocalPlane:
         from services.local.postgres import restart_instance
 
         assert member.database is not None
-        instance = restart_instance(member.database, self.state_dir / "postgres")
+        instance = restart_instance(member.database, self.state_dir / "postgres", host=self.host)
         member.db = instance
         member.dsn = instance.dsn
 
@@ -425,11 +425,26 @@ class LocalPlane:
         return self.state_dir / "tls" / "ca.pem" if self.tls and self.postgres else None
 
     def spawn_node(self, member: RegionProcess) -> subprocess.Popen[bytes]:
-        command = convplane_command(
+        with member.log_path.open("ab") as log_file:
+            return subprocess.Popen(
+                self.node_command(member, self.host),
+                stdin=subprocess.DEVNULL,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                env=self.node_env(member),
+                start_new_session=True,  # signals reach it only through this supervisor
+            )
+
+    def node_command(self, member: RegionProcess, host: str) -> list[str]:
+        """``convplane node`` for ``member``, listening on ``host``."""
+        return convplane_command(
             "node", "--cluster-file", str(self.cluster_file), "--region", member.name,
-            "--host", self.host, "--port", str(member.port), "--peer-port", str(member.peer_port),
+            "--host", host, "--port", str(member.port), "--peer-port", str(member.peer_port),
             "--log-level", "warning",
         )  # fmt: skip
+
+    def node_env(self, member: RegionProcess) -> dict[str, str]:
+        """The node's environment: ours, with its database password file and TLS files."""
         env = dict(os.environ)
         if self.postgres:
             env["PGPASSFILE"] = str(member.log_path.parent / "pgpass")
@@ -439,15 +454,7 @@ class LocalPlane:
             env["CONVPLANE_TLS_CA_FILE"] = str(member.tls.ca_file)
             env["CONVPLANE_TLS_CERT_FILE"] = str(member.tls.cert_file)
             env["CONVPLANE_TLS_KEY_FILE"] = str(member.tls.key_file)
-        with member.log_path.open("ab") as log_file:
-            return subprocess.Popen(
-                command,
-                stdin=subprocess.DEVNULL,
-                stdout=log_file,
-                stderr=subprocess.STDOUT,
-                env=env,
-                start_new_session=True,  # signals reach it only through this supervisor
-            )
+        return env
 
     def wait_healthy(self, members: list[RegionProcess] | None = None) -> None:
         deadline_s = time.monotonic() + self.ready_timeout_s

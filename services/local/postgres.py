@@ -2,13 +2,15 @@
 
 ``start_instances(n, base_dir)`` creates ``n`` independent clusters (``initdb`` as the
 ``postgres`` user when we run as root, fsync and synchronous_commit on, small shared_buffers,
-a free 127.0.0.1 port each, SCRAM password authentication for every connection, local socket
-included, with a password generated per cluster: no other local user can connect), starts each ``postgres`` binary as our own child (so its pid is the
-postmaster's, for kill -9 tests), waits until it accepts connections and creates the database
-``convplane``; ``restart_instance`` starts one again on its data (``convplane up`` on a stopped
-plane). What only tests and benchmarks use (servers chosen for a test session, PostgreSQL's own
-synchronous replication as a peer) is in ``tests/harness/postgres.py``. Every server started
-here is stopped at interpreter exit at the latest.
+a free port each on 127.0.0.1 or the machine's address asked for, connections from this machine
+only, SCRAM password authentication for every connection, local socket included, with a
+password generated per cluster: no other local user can connect), starts each ``postgres``
+binary as our own child (so its pid is the postmaster's, for kill -9 tests), waits until it
+accepts connections and creates the database ``convplane``; ``restart_instance`` starts one
+again on its data (``convplane up`` on a stopped plane). What only tests and benchmarks use
+(servers chosen for a test session, PostgreSQL's own synchronous replication as a peer) is in
+``tests/harness/postgres.py``. Every server started here is stopped at interpreter exit at the
+latest.
 
 Nothing here runs at import time.
 """
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import ipaddress
 import os
 import pwd
 import secrets
@@ -187,15 +190,19 @@ class PgInstance:
                 f"{self.name} is an external server ({self.dsn}); it cannot {what} here"
             )
 
-    def _spawn(self) -> subprocess.Popen[bytes]:
+    def server_command(self) -> list[str]:
+        """The postmaster's command line (its socket directory made, the postgres user's)."""
         assert self.bindir is not None
         socket_dir = self.data_dir.parent / f"{self.data_dir.name}.sock"
         socket_dir.mkdir(exist_ok=True)
         _give_to_postgres(socket_dir)
+        return [str(self.bindir / "postgres"), "-D", str(self.data_dir), "-p", str(self.port),
+                "-k", str(socket_dir), "-c", f"listen_addresses={self.host}"]  # fmt: skip
+
+    def _spawn(self) -> subprocess.Popen[bytes]:
         with self.log_path.open("ab") as log:
             return subprocess.Popen(
-                [str(self.bindir / "postgres"), "-D", str(self.data_dir), "-p", str(self.port),
-                 "-k", str(socket_dir), "-c", f"listen_addresses={self.host}"],
+                self.server_command(),
                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                 start_new_session=True, env=_server_env(), **_as_postgres(),
             )  # fmt: skip
@@ -239,8 +246,10 @@ def start_instances(
     *,
     bindir: Path | None = None,
     server_tls: tuple[Path, Path] | None = None,
+    host: str = "127.0.0.1",
 ) -> list[PgInstance]:
-    """Create and start ``n`` independent local clusters under ``base_dir``. ``server_tls``
+    """Create and start ``n`` independent local clusters under ``base_dir``, listening on
+    ``host`` (the address their DSNs and certificate name: a plane's own). ``server_tls``
     (certificate, key): TCP connections must use TLS with that certificate (``hostssl`` only),
     and ``dsn`` asks for ``ssl=verify-full`` (the client names its CA in ``PGSSLROOTCERT``)."""
     bindir = bindir or find_bindir()
@@ -250,7 +259,7 @@ def start_instances(
     instances: list[PgInstance] = []
     try:
         for index in range(n):
-            instance = _init_instance(f"pg{index}", base, bindir)
+            instance = _init_instance(f"pg{index}", base, bindir, host)
             if server_tls is not None:
                 _require_tls(instance, *server_tls)
             instance.start()
@@ -264,11 +273,11 @@ def start_instances(
 
 
 def restart_instance(
-    saved: SavedDatabase, base_dir: Path, *, bindir: Path | None = None
+    saved: SavedDatabase, base_dir: Path, *, bindir: Path | None = None, host: str = "127.0.0.1"
 ) -> PgInstance:
     """A cluster that ``start_instances`` created under ``base_dir`` earlier (``saved``: its
-    name, port, password, TLS), started again on its data: after a clean stop, or crash
-    recovery after a kill."""
+    name, port, password, TLS), started again on its data and ``host``: after a clean stop, or
+    crash recovery after a kill."""
     bindir = bindir or find_bindir()
     if bindir is None:
         raise PgHarnessError("no PostgreSQL binaries under /usr/lib/postgresql/*/bin")
@@ -276,7 +285,7 @@ def restart_instance(
     if not (data_dir / "PG_VERSION").is_file():
         raise PgHarnessError(f"{data_dir} holds no PostgreSQL cluster")
     instance = PgInstance(
-        name=saved.name, port=saved.port, data_dir=data_dir, bindir=bindir,
+        name=saved.name, port=saved.port, data_dir=data_dir, bindir=bindir, host=host,
         password=saved.password, tls=saved.tls,
     )  # fmt: skip
     instance.start()
@@ -293,7 +302,7 @@ def stop_all() -> None:
 # --- helpers ---------------------------------------------------------------------------------
 
 
-def _init_instance(name: str, base: Path, bindir: Path) -> PgInstance:
+def _init_instance(name: str, base: Path, bindir: Path, host: str = "127.0.0.1") -> PgInstance:
     data_dir = base / name
     data_dir.mkdir(mode=0o700)
     _give_to_postgres(data_dir)
@@ -315,9 +324,23 @@ def _init_instance(name: str, base: Path, bindir: Path) -> PgInstance:
     with (data_dir / "postgresql.conf").open("a") as conf:
         conf.write(_SERVER_CONF)
         conf.write("password_encryption = scram-sha-256\n")
+    _admit_own_address(data_dir, host)
     return PgInstance(
-        name=name, port=free_port(), data_dir=data_dir, bindir=bindir, password=password
-    )
+        name=name, port=free_port(host), data_dir=data_dir, bindir=bindir, host=host,
+        password=password,
+    )  # fmt: skip
+
+
+def _admit_own_address(data_dir: Path, host: str) -> None:
+    """initdb's ``pg_hba.conf`` admits loopback clients only: a server on another address of
+    this machine admits that address too (clients on this machine still, no other)."""
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return  # a name ("localhost"): loopback's, which initdb's entries admit
+    if not address.is_loopback:
+        with (data_dir / "pg_hba.conf").open("a") as hba:
+            hba.write(f"host all all {address}/{address.max_prefixlen} scram-sha-256\n")
 
 
 def _require_tls(instance: PgInstance, cert_file: Path, key_file: Path) -> None:

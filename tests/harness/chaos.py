@@ -333,6 +333,42 @@ def recovery_times(
     return out
 
 
+def led_as_placed(acks: list[Ack], placement: Mapping[str, str], since_s: float) -> bool:
+    """Whether every shard of ``placement`` acked a write since ``since_s`` served by the region
+    it names: that region's leader took over (an assignment alone may run ahead of it)."""
+    served = {(str(a.shard), a.served_by) for a in acks if a.acked_s >= since_s}
+    return all((shard, region) in served for shard, region in placement.items())
+
+
+async def wait_led_as_placed(
+    url: str, api_key: str, writers: Writers, since_s: float, timeout_s: float, what: str
+) -> None:
+    """Until ``url``'s node sees no region down and the full placement, and every shard's
+    placed leader acked a write since ``since_s`` (``led_as_placed``)."""
+    full = {str(s): r for s, r in full_placement(list(writers.urls), writers.shard_count).items()}
+
+    seen: dict[str, Any] = {}
+
+    async def led() -> bool:
+        seen.update(await get_json(url, "/v1/placement", api_key))
+        return bool(
+            seen["down"] == []
+            and seen["assignment"] == full
+            and led_as_placed(writers.acks, full, since_s)
+        )
+
+    try:
+        await wait_until(led, timeout_s, what)
+    except TimeoutError as exc:
+        served = {(str(a.shard), a.served_by) for a in writers.acks if a.acked_s >= since_s}
+        unled = sorted(int(s) for s, r in full.items() if (s, r) not in served)
+        raise TimeoutError(
+            f"{exc}: down {seen.get('down')}, assignment as placed: "
+            f"{seen.get('assignment') == full}, shards without an ack from their placed "
+            f"region since: {unled}"
+        ) from exc
+
+
 def percentile(values: list[float], q: float) -> float:
     if not values:
         return float("nan")
