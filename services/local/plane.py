@@ -51,6 +51,7 @@ from services.config import (
     write_cluster,
 )
 from services.db_roles import node_role, restrict_to_protocol
+from services.local.attached_engines import AttachedEngines
 from services.local.host import HarnessError, convplane_command, free_port
 from services.local.plane_processes import running_processes
 from services.local.plane_state import (
@@ -64,6 +65,7 @@ from services.local.plane_state import (
     state_json,
 )
 from services.local.postgres import asyncpg_dsn
+from services.replay.config import ReplayConfig
 
 #: one region could never lead a shard: its own store cannot vouch for itself (a wiped store
 #: must not vote), and no other region's store is there to
@@ -141,6 +143,8 @@ class LocalPlane:
     #: mutual TLS between the nodes under a CA generated for this plane (services.cluster_tls)
     tls: bool = True
     engines: Any = None  # SimEngines, when sim_engines > 0
+    #: real engines (``convplane up --engine``), already checked (services.local.attached_engines)
+    attached: AttachedEngines | None = None
     #: this process stays and supervises the plane (``up`` without ``--detach``): it carries
     #: out kill drills (``kill_region`` / ``restart_region``)
     supervised: bool = False
@@ -167,6 +171,8 @@ class LocalPlane:
                 "only once another region's store vouches for its identity "
                 "(eventlog/identity.py), so a lone region could never elect a leader"
             )
+        if self.sim_engines > 0 and self.attached is not None:
+            raise PlaneError("--sim-engines and --engine: a plane takes one or the other")
         self.state_dir = self.state_dir.resolve()
         saved = self._saved_plane()  # before anything in the directory changes
         if saved is None and self.postgres and (self.state_dir / "postgres").exists():
@@ -194,6 +200,8 @@ class LocalPlane:
             for member in self.members:
                 member.node = self.spawn_node(member)
             self.wait_healthy()
+            if self.attached is not None:
+                self.attached.start_workers({m.name: m.url for m in self.members})
         except BaseException:
             self.stop()
             raise
@@ -260,6 +268,7 @@ class LocalPlane:
                 {"tenant_id": VIEWER_TENANT, "api_key": self.viewer_api_key, "role": "viewer"},
             ],
             **(self.engines.info() if self.engines is not None else {}),
+            **(self.attached.info() if self.attached is not None else {}),
             "cluster_file": str(self.cluster_file),
             "state_file": str(self.state_file),
             "supervisor_pid": os.getpid(),
@@ -368,7 +377,7 @@ class LocalPlane:
                 for m in self.members
             ],
             shard_count=self.shard_count,
-            **({"replay": self.engines.replay_config()} if self.engines is not None else {}),
+            replay=self._replay_config(),
             tenants=[
                 TenantConfig(
                     tenant_id=DEMO_TENANT,
@@ -396,6 +405,14 @@ class LocalPlane:
             peer_secret=secrets.token_urlsafe(32),
             local_supervisor=self.supervised,
         )
+
+    def _replay_config(self) -> ReplayConfig:
+        if self.attached is not None:
+            return self.attached.replay_config()
+        if self.engines is not None:
+            config: ReplayConfig = self.engines.replay_config()
+            return config
+        return ReplayConfig()
 
     async def _restrict_databases(self) -> None:
         """Each node's role may run the protocol's functions and read, nothing else."""
@@ -487,6 +504,11 @@ class LocalPlane:
                 exited.append((m.name, code))
         return exited
 
+    def exited_workers(self) -> list[tuple[str, int]]:
+        """Replay workers of attached engines (``--engine`` with Kafka) that exited since last
+        asked; like nodes, none is restarted by itself."""
+        return [] if self.attached is None else self.attached.exited_workers()
+
     def kill_region(self, name: str) -> None:
         """A kill drill's fault: SIGKILL the region's node; its PostgreSQL (if any) crashes too
         (an immediate stop: no checkpoint, crash recovery at restart)."""
@@ -534,6 +556,8 @@ class LocalPlane:
 
     def stop(self) -> None:
         """SIGTERM every node, SIGKILL those still running after STOP_TIMEOUT_S, stop DBs."""
+        if self.attached is not None:
+            _stop_processes(list(self.attached.workers.values()))
         _stop_processes([m.node for m in self.members if m.node is not None])
         if self.engines is not None:
             self.engines.stop()
