@@ -378,6 +378,7 @@ class LocalPlane:
             ],
             shard_count=self.shard_count,
             replay=self._replay_config(),
+            default_model_revision=self._default_model(),
             tenants=[
                 TenantConfig(
                     tenant_id=DEMO_TENANT,
@@ -405,6 +406,13 @@ class LocalPlane:
             peer_secret=secrets.token_urlsafe(32),
             local_supervisor=self.supervised,
         )
+
+    def _default_model(self) -> str:
+        """A conversation created without a model revision gets the attached engines' one,
+        when they all serve the same: replay then rebuilds it with no more said."""
+        served = {e.model_revision for e in self.attached.engines} if self.attached else set()
+        default: str = ClusterConfig.model_fields["default_model_revision"].default
+        return served.pop() if len(served) == 1 else default
 
     def _replay_config(self) -> ReplayConfig:
         if self.attached is not None:
