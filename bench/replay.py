@@ -43,12 +43,18 @@ The last line is one JSON object.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import math
 
+from bench.replay_engine import EngineParams, EngineReport
+from bench.replay_engine import measure as measure_engine
 from bench.replay_prefix import measure as measure_prefix
 from bench.replay_prefix import report_line as prefix_line
 from bench.replay_sim import Params, Region, simulate
+
+#: the simulator's step budget beside a real engine (vLLM's ``max_num_batched_tokens`` on CPU)
+SIM_CHUNK_TOKENS = 2048
 
 
 def print_diagnostics(params: Params, region: Region) -> None:
@@ -116,7 +122,19 @@ def main(argv: list[str] | None = None) -> None:
     defaults = Params()
     for name, value in vars(defaults).items():
         parser.add_argument("--" + name.replace("_", "-"), type=type(value), default=value)
-    params = Params(**vars(parser.parse_args(argv)))
+    _add_engine_arguments(parser)
+    args = vars(parser.parse_args(argv))
+    engine_url, repeats = args.pop("engine"), args.pop("engine_repeats")
+    engine_params = EngineParams(
+        seed=args["seed"], moved=args.pop("engine_moved"),
+        live_turns_per_s=args.pop("engine_live_turns_per_s"),
+        piece_tokens=args.pop("engine_piece_tokens"),
+        priority_declared=args.pop("declare_priority_scheduling"),
+    )  # fmt: skip
+    if engine_url:
+        main_engine(engine_url, engine_params, repeats)
+        return
+    params = Params(**args)
 
     with_replay = simulate(params, with_replay=True, horizon_s=None)
     per_region = [bounds(params, r) for r in with_replay]
@@ -170,6 +188,99 @@ def main(argv: list[str] | None = None) -> None:
         "seed": params.seed,
     }
     print(json.dumps(result))
+
+
+def _add_engine_arguments(parser: argparse.ArgumentParser) -> None:
+    add = parser.add_argument
+    add("--engine", default="", help="a real engine's base URL: run the scenario of "
+        "bench/replay_engine.py on it, beside the simulator")  # fmt: skip
+    add("--declare-priority-scheduling", action="store_true",
+        help="with --engine: it runs --scheduling-policy priority")  # fmt: skip
+    add("--engine-repeats", type=int, default=3,
+        help="with --engine: pairs of runs (with replay, then without)")  # fmt: skip
+    add("--engine-moved", type=int, default=EngineParams.moved)
+    add("--engine-live-turns-per-s", type=float, default=EngineParams.live_turns_per_s)
+    add("--engine-piece-tokens", type=int, default=EngineParams.piece_tokens,
+        help="replay pieces' size in tokens (0: whole)")  # fmt: skip
+
+
+def main_engine(url: str, p: EngineParams, repeats: int) -> None:
+    """The real engine's runs (``bench/replay_engine.py``), then the simulator on the same
+    scenario's parameters (one engine, its measured capacity and prompt sizes), one report.
+    TTFT p99s pool every pair's live turns that arrived before that pair's makespan."""
+    reports = asyncio.run(measure_engine(url, p, repeats))
+    first = reports[0]
+    print(f"engine {url} serving {first.model!r}: measured capacity "
+          f"{first.capacity_tokens_per_s:.0f} prefill tokens/s, {first.tokens_per_word:.2f} "
+          f"tokens/word; priority scheduling "
+          f"{'declared' if p.priority_declared else 'unverified'}")  # fmt: skip
+    ratios: list[float] = []
+    pooled: dict[str, tuple[list[float], list[float]]] = {"all": ([], []), "own": ([], [])}
+    for i, report in enumerate(reports):
+        real, makespan_s = report.with_replay, report.with_replay.makespan_s
+        bound_s = report.bound_s(p.headroom)
+        ratios.append(makespan_s / bound_s)
+        for k, run in enumerate((real, report.without_replay)):
+            own = [ms for arrival, ms in run.own_ttft_ms if arrival <= makespan_s]
+            moved = [ms for arrival, ms in run.moved_ttft_ms if arrival <= makespan_s]
+            pooled["own"][k].extend(own)
+            pooled["all"][k].extend(own + moved)
+        print(f"  real run {i + 1}: replayed {real.replayed} of {p.moved} moved conversations "
+              f"({real.replayed_computed_tokens} tokens; {real.skipped_live_first} had their "
+              f"live turn first), makespan {makespan_s:.1f} s, bound {bound_s:.1f} s (ratio "
+              f"{ratios[-1]:.3f}); denials {real.denied}")  # fmt: skip
+    real_p99 = {key: [percentile(v, 0.99) for v in runs] for key, runs in pooled.items()}
+    sim_ratio, sim_p99 = _simulated_beside(first, p)
+    for label, numbers in (("real", real_p99), ("simulator", sim_p99)):
+        (w, wo), (ow, owo) = numbers["all"], numbers["own"]
+        print(f"  {label}: live TTFT p99 {w:.1f} ms with replay, {wo:.1f} ms without (ratio "
+              f"{w / wo:.3f}); own conversations only {ow:.1f} / {owo:.1f} ms (ratio "
+              f"{ow / owo:.3f})")  # fmt: skip
+    print(f"  simulator: makespan ratio {sim_ratio:.3f}")
+    print(json.dumps({
+        "engine": url, "model": first.model, "seed": p.seed, "repeats": repeats,
+        "capacity_tokens_per_s": round(first.capacity_tokens_per_s),
+        "priority_declared": p.priority_declared,
+        "makespan_ratios": [round(r, 4) for r in ratios],
+        "live_ttft_p99_ms": [round(v, 1) for v in real_p99["all"]],
+        "own_live_ttft_p99_ms": [round(v, 1) for v in real_p99["own"]],
+        "own_live_ttft_p99_ratio": round(real_p99["own"][0] / real_p99["own"][1], 4),
+        "own_live_samples": [len(v) for v in pooled["own"]],
+        "sim_makespan_ratio": round(sim_ratio, 4),
+        "sim_live_ttft_p99_ms": [round(v, 1) for v in sim_p99["all"]],
+        "sim_own_live_ttft_p99_ms": [round(v, 1) for v in sim_p99["own"]],
+    }))  # fmt: skip
+
+
+def _p99(samples: list[tuple[float, float]], until_s: float) -> float:
+    return percentile([ms for arrival, ms in samples if arrival <= until_s], 0.99)
+
+
+def _simulated_beside(
+    report: EngineReport, p: EngineParams
+) -> tuple[float, dict[str, list[float]]]:
+    """The simulator on the real run's parameters: its worst makespan ratio and its live TTFT
+    p99 (with, without replay) of all and of own conversations."""
+    tpw = report.tokens_per_word
+    params = Params(
+        seed=p.seed, engines_per_region=1, prefill_tokens_per_s=report.capacity_tokens_per_s,
+        headroom=p.headroom, moved_sessions=2 * p.moved, own_sessions_per_region=p.own,
+        prompt_tokens_min=int(p.history_words[0] * tpw),
+        prompt_tokens_max=int(p.history_words[1] * tpw),
+        turn_tokens=int((p.turn_words + 8) * tpw), own_turns_per_s=p.live_turns_per_s,
+        new_conversations_per_s=0.0, moved_return_mean_s=p.moved_return_mean_s,
+        max_concurrent_replays=p.max_concurrent_replays, replay_piece_tokens=p.piece_tokens,
+        chunk_tokens=SIM_CHUNK_TOKENS, horizon_max_s=p.horizon_max_s,
+    )  # fmt: skip
+    with_replay = simulate(params, with_replay=True, horizon_s=None)
+    per_region = [bounds(params, r) for r in with_replay]
+    makespan_s = max(m for m, _, _ in per_region)
+    without = simulate(params, with_replay=False, horizon_s=makespan_s)
+    runs = (with_replay, without)
+    return max(m / b for m, b, _ in per_region), {
+        "all": [percentile(ttfts_ms(r, makespan_s), 0.99) for r in runs],
+        "own": [percentile(ttfts_ms(r, makespan_s, own_only=True), 0.99) for r in runs],
+    }
 
 
 if __name__ == "__main__":

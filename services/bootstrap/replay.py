@@ -95,6 +95,7 @@ def build_replay_service(
                     WorkerConfig(
                         concurrency=config.worker_concurrency,
                         drain_timeout_s=service_limits.worker_drain_timeout_s,
+                        priority_declared=configured[engine_id].priority_scheduling_declared,
                     ),
                     cache_salt_key=config.salt_key(peer_secret),
                 )

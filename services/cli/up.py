@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from rich.console import Console
 
     from convplane_client import Client
+    from services.local.attached_engines import AttachedEngines
     from services.local.plane import LocalPlane
 
 SUPERVISE_POLL_S = 0.5
@@ -52,6 +53,28 @@ def up(
     tls: Annotated[
         bool, typer.Option(help="Mutual TLS between the nodes, under a CA made for this plane.")
     ] = True,
+    engine: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="REGION=URL: a real OpenAI-compatible engine (vLLM) for that region's replay, "
+            "self-checked first (repeatable)."
+        ),
+    ] = None,
+    declare_priority_scheduling: Annotated[
+        bool,
+        typer.Option(
+            "--declare-priority-scheduling",
+            help="The --engine servers run --scheduling-policy priority (it cannot be "
+            "verified from outside); otherwise replay takes a smaller share of their spare.",
+        ),
+    ] = False,
+    kafka_bootstrap_servers: Annotated[
+        str,
+        typer.Option(
+            help="With --engine: replay jobs go through this Kafka broker to one "
+            "`convplane worker` process per engine (default: workers inside the nodes)."
+        ),
+    ] = "",
 ) -> None:
     """Start a local plane: per region a database and a node process. Ctrl-C stops it. On a
     state dir that holds a plane, start that plane again on its data (same arguments)."""
@@ -60,6 +83,8 @@ def up(
     from services.local.plane import LocalPlane, PlaneError, write_private_json
 
     console = Console()
+    attached = _attached_engines(console, regions, state_dir, engine or [],
+                                 declare_priority_scheduling, kafka_bootstrap_servers)  # fmt: skip
     plane = LocalPlane(
         regions=regions,
         state_dir=state_dir,
@@ -69,6 +94,7 @@ def up(
         sim_engines=sim_engines,
         tls=tls,
         supervised=not detach,
+        attached=attached,
     )
     stop = _stop_on_signals()
     try:
@@ -95,6 +121,41 @@ def up(
             plane.stop()
 
 
+def _attached_engines(
+    console: Console,
+    regions: int,
+    state_dir: Path,
+    options: list[str],
+    priority_declared: bool,
+    kafka_bootstrap_servers: str,
+) -> AttachedEngines | None:
+    """The ``--engine`` engines, each self-checked; exits 1 (nothing started) on a bad option or
+    an engine that is unreachable or unfit, saying why."""
+    from services.local.attached_engines import (
+        AttachedEngines,
+        EngineRefused,
+        check_engines,
+        parse_engine_options,
+    )
+    from services.local.plane import REGION_NAMES
+
+    if not options:
+        if kafka_bootstrap_servers or priority_declared:
+            console.print("[red]--kafka-bootstrap-servers and --declare-priority-scheduling "
+                          "apply to --engine engines: give one[/red]")  # fmt: skip
+            raise typer.Exit(1)
+        return None
+    try:
+        parsed = parse_engine_options(options, REGION_NAMES[:regions])
+        console.print(f"checking {len(parsed)} engine(s) for replay ...")
+        checked = check_engines(parsed, priority_declared=priority_declared)
+    except EngineRefused as exc:
+        console.print(f"[red]not starting the plane:[/red] {exc}")
+        raise typer.Exit(1) from exc
+    return AttachedEngines(checked, state_dir.resolve(), priority_declared=priority_declared,
+                           kafka_bootstrap_servers=kafka_bootstrap_servers or None)  # fmt: skip
+
+
 def _supervise(
     console: Console, plane: LocalPlane, info: dict[str, Any], stop: threading.Event
 ) -> None:
@@ -109,6 +170,9 @@ def _supervise(
     kill_drills = KillDrills(plane, [r["url"] for r in info["regions"]], info["operator_api_key"])
     with httpx.Client(trust_env=False) as client:
         while not stop.wait(SUPERVISE_POLL_S):
+            for engine_id, code in plane.exited_workers():
+                console.print(f"[yellow]replay worker {engine_id} exited with code {code}"
+                              "[/yellow]; its log is in the state dir")  # fmt: skip
             for name, code in plane.exited_nodes():
                 console.print(
                     f"[yellow]node {name} exited with code {code}[/yellow]; start it again on "
@@ -240,6 +304,11 @@ def _print_plane(console: Console, info: dict[str, Any], info_file: Path) -> Non
             f"db {without_password(region['dsn'])}"
         )
     console.print(f"  API key (tenant {info['tenant_id']}): [bold]{info['api_key']}[/bold]")
+    for engine in info.get("engines", []):
+        unverified = ", ".join(f"{n} ({r})" for n, r in engine["reasons"].items())
+        console.print(f"  engine {engine['engine_id']} {engine['url']} serves "
+                      f"{engine['model_revision']!r}: fit for replay, {engine['worker']} worker"
+                      + (f"; unverified: {unverified}" if unverified else ""))  # fmt: skip
     for engine in info.get("sim_engines", []):
         console.print(f"  simulated engine (a simulator, no GPU) {engine['engine_id']}  "
                       f"{engine['url']}")  # fmt: skip

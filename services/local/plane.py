@@ -51,6 +51,7 @@ from services.config import (
     write_cluster,
 )
 from services.deploy.db_roles import asyncpg_dsn, node_role, restrict_to_protocol
+from services.local.attached_engines import AttachedEngines
 from services.local.host import HarnessError, convplane_command, free_port
 from services.local.plane_processes import running_processes
 from services.local.plane_state import (
@@ -63,6 +64,7 @@ from services.local.plane_state import (
     load_state,
     state_json,
 )
+from services.replay.config import ReplayConfig
 
 #: one region could never lead a shard: its own store cannot vouch for itself (a wiped store
 #: must not vote), and no other region's store is there to
@@ -140,6 +142,8 @@ class LocalPlane:
     #: mutual TLS between the nodes under a CA generated for this plane (services.cluster_tls)
     tls: bool = True
     engines: Any = None  # SimEngines, when sim_engines > 0
+    #: real engines (``convplane up --engine``), already checked (services.local.attached_engines)
+    attached: AttachedEngines | None = None
     #: this process stays and supervises the plane (``up`` without ``--detach``): it carries
     #: out kill drills (``kill_region`` / ``restart_region``)
     supervised: bool = False
@@ -166,6 +170,8 @@ class LocalPlane:
                 "only once another region's store vouches for its identity "
                 "(eventlog/identity.py), so a lone region could never elect a leader"
             )
+        if self.sim_engines > 0 and self.attached is not None:
+            raise PlaneError("--sim-engines and --engine: a plane takes one or the other")
         self.state_dir = self.state_dir.resolve()
         saved = self._saved_plane()  # before anything in the directory changes
         if saved is None and self.postgres and (self.state_dir / "postgres").exists():
@@ -193,6 +199,8 @@ class LocalPlane:
             for member in self.members:
                 member.node = self.spawn_node(member)
             self.wait_healthy()
+            if self.attached is not None:
+                self.attached.start_workers({m.name: m.url for m in self.members})
         except BaseException:
             self.stop()
             raise
@@ -259,6 +267,7 @@ class LocalPlane:
                 {"tenant_id": VIEWER_TENANT, "api_key": self.viewer_api_key, "role": "viewer"},
             ],
             **(self.engines.info() if self.engines is not None else {}),
+            **(self.attached.info() if self.attached is not None else {}),
             "cluster_file": str(self.cluster_file),
             "state_file": str(self.state_file),
             "supervisor_pid": os.getpid(),
@@ -367,7 +376,8 @@ class LocalPlane:
                 for m in self.members
             ],
             shard_count=self.shard_count,
-            **({"replay": self.engines.replay_config()} if self.engines is not None else {}),
+            replay=self._replay_config(),
+            default_model_revision=self._default_model(),
             tenants=[
                 TenantConfig(
                     tenant_id=DEMO_TENANT,
@@ -395,6 +405,21 @@ class LocalPlane:
             peer_secret=secrets.token_urlsafe(32),
             local_supervisor=self.supervised,
         )
+
+    def _default_model(self) -> str:
+        """A conversation created without a model revision gets the attached engines' one,
+        when they all serve the same: replay then rebuilds it with no more said."""
+        served = {e.model_revision for e in self.attached.engines} if self.attached else set()
+        default: str = ClusterConfig.model_fields["default_model_revision"].default
+        return served.pop() if len(served) == 1 else default
+
+    def _replay_config(self) -> ReplayConfig:
+        if self.attached is not None:
+            return self.attached.replay_config()
+        if self.engines is not None:
+            config: ReplayConfig = self.engines.replay_config()
+            return config
+        return ReplayConfig()
 
     async def _restrict_databases(self) -> None:
         """Each node's role may run the protocol's functions and read, nothing else."""
@@ -493,6 +518,11 @@ class LocalPlane:
                 exited.append((m.name, code))
         return exited
 
+    def exited_workers(self) -> list[tuple[str, int]]:
+        """Replay workers of attached engines (``--engine`` with Kafka) that exited since last
+        asked; like nodes, none is restarted by itself."""
+        return [] if self.attached is None else self.attached.exited_workers()
+
     def kill_region(self, name: str) -> None:
         """A kill drill's fault: SIGKILL the region's node; its PostgreSQL (if any) crashes too
         (an immediate stop: no checkpoint, crash recovery at restart)."""
@@ -540,6 +570,8 @@ class LocalPlane:
 
     def stop(self) -> None:
         """SIGTERM every node, SIGKILL those still running after STOP_TIMEOUT_S, stop DBs."""
+        if self.attached is not None:
+            _stop_processes(list(self.attached.workers.values()))
         _stop_processes([m.node for m in self.members if m.node is not None])
         if self.engines is not None:
             self.engines.stop()

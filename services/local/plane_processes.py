@@ -19,15 +19,19 @@ POLL_S = 0.1
 #: how a plane's process is asked to stop: PostgreSQL's fast shutdown (SIGINT) closes its
 #: sessions instead of waiting for them, as SIGTERM's smart one would
 _STOP_SIGNAL = {"supervisor_pid": signal.SIGTERM, "node_pid": signal.SIGTERM,
-                "db_pid": signal.SIGINT}  # fmt: skip
+                "db_pid": signal.SIGINT, "worker_pid": signal.SIGTERM}  # fmt: skip
 
 
 def plane_processes(info: dict[str, Any]) -> list[tuple[str, str, int]]:
     """(what, pid key, pid) of each process cluster.json names: the supervisor (when ``up``
-    supervises), then each region's node and database."""
+    supervises), the replay workers of attached engines (``--engine`` with Kafka), then each
+    region's node and database."""
     found = []
     if info.get("supervised") and isinstance(info.get("supervisor_pid"), int):
         found.append(("supervisor", "supervisor_pid", info["supervisor_pid"]))
+    for engine in info.get("engines", []):
+        if isinstance(pid := engine.get("worker_pid"), int):
+            found.append((f"{engine['engine_id']} replay worker", "worker_pid", pid))
     for region in info["regions"]:
         for key in ("node_pid", "db_pid"):
             if isinstance(pid := region.get(key), int):

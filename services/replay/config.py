@@ -30,6 +30,10 @@ class EngineConfig(BaseModel):
     capacity_tokens_per_s: float = Field(default=20_000.0, gt=0.0)
     #: names the engine in results and affinity; default ``<region>-e<index>``
     engine_id: str | None = None
+    #: the operator declares that the engine runs ``--scheduling-policy priority``: vLLM takes
+    #: a request's ``priority`` under FCFS too, so the self-check cannot verify it. Undeclared,
+    #: its in-node worker takes ``CapacityConfig.unverified_priority_share`` of the spare
+    priority_scheduling_declared: bool = False
 
 
 class ReplayConfig(BaseModel):

@@ -1,0 +1,85 @@
+"""``convplane up --engine REGION=URL`` with ``convplane sim-engine serve`` as the engine (its
+flags mirror vLLM's): a bad option or an engine that is unreachable or unfit is refused before
+anything starts, saying why; a fit one gets its region's in-process worker, which joins once
+its own self-check passes. The same against a real vLLM: ``tests/vllm``."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from services.local.host import free_port
+from tests.e2e.plane import CONVPLANE, convplane_env, start_plane, stop_plane
+from tests.e2e.test_worker_check_cli import MODEL, sim_engine
+
+WORKER_WAIT_S = 60.0
+
+
+def up(state_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*CONVPLANE, "up", "--regions", "3", "--state-dir", str(state_dir), "--base-port", "0",
+         *args],
+        env={**convplane_env(), "COLUMNS": "400"}, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("option", "said"),
+    [
+        ("us-east", "expected REGION=URL"),
+        ("eu-central=http://127.0.0.1:8000", "no region 'eu-central' in this plane"),
+        ("us-east=localhost:8000", "is not an http(s) URL with a host"),
+        ("us-east=http://127.0.0.1:{closed}", "cannot be reached"),
+    ],
+)
+def test_a_bad_engine_option_is_refused_and_nothing_starts(
+    tmp_path: Path, option: str, said: str
+) -> None:
+    result = up(tmp_path / "plane", "--engine", option.format(closed=free_port()))
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "not starting the plane" in result.stdout and said in result.stdout, result.stdout
+    assert not (tmp_path / "plane").exists()
+
+
+def test_an_unfit_engine_is_refused_with_each_failed_check_and_why(tmp_path: Path) -> None:
+    with sim_engine("--no-trust-request-chat-template", "--no-log-stats") as url:
+        result = up(tmp_path / "plane", "--engine", f"eu-west={url}")
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert f"engine {url} (--engine eu-west=...) is unfit" in result.stdout, result.stdout
+    assert "exports_metrics" in result.stdout and "--disable-log-stats" in result.stdout
+    assert "accepts_chat_template" in result.stdout
+    assert "--trust-request-chat-template" in result.stdout
+    assert not (tmp_path / "plane").exists()
+
+
+def test_a_fit_engine_gets_its_regions_in_process_worker(tmp_path: Path) -> None:
+    with sim_engine() as url:
+        proc, plane = start_plane(tmp_path / "plane", "--engine", f"eu-west={url}")
+        try:
+            (engine,) = plane.info["engines"]
+            assert engine["region"] == "eu-west" and engine["model_revision"] == MODEL
+            assert engine["worker"] == "in-process"
+            assert engine["reasons"] == {"priority_scheduling": engine["reasons"]
+                                         ["priority_scheduling"]}  # fmt: skip
+            operator = {"Authorization": f"Bearer {plane.info['operator_api_key']}"}
+            deadline = time.monotonic() + WORKER_WAIT_S
+            while True:  # the node's worker runs its own self-check before it joins
+                status = httpx.get(plane.urls["eu-west"] + "/v1/replays", headers=operator,
+                                   timeout=10.0).json()  # fmt: skip
+                checks = status["worker_engine_checks"]
+                if checks.get("eu-west-w-eu-west-engine0") == []:
+                    break
+                assert time.monotonic() < deadline, status
+                time.sleep(0.2)
+            assert status["mode"] == "embedded"
+            other = httpx.get(plane.urls["us-east"] + "/v1/replays", headers=operator,
+                              timeout=10.0).json()  # fmt: skip
+            assert other["worker_engine_checks"] == {}  # only the region named gets it
+        finally:
+            output = stop_plane(proc)
+        assert proc.returncode == 0, output
+        assert "fit for replay, in-process worker" in " ".join(output.split()), output
