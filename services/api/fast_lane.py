@@ -84,7 +84,7 @@ from services.api.middleware import edge_error, is_json_media_type, json_body_or
 from services.api.roles import require_read_only_viewer
 from services.api.schemas import EVENTS_PAGE_MAX, JSON_INT_MAX
 from services.config import TenantConfig
-from services.console.outcomes import AppendOutcomes
+from services.api.append_outcomes import AppendOutcomes
 from services.logs import bind_request
 
 log = logging.getLogger("convplane.fast_lane")

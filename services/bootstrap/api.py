@@ -20,7 +20,7 @@ from services.bootstrap.node import NodeRuntime
 from services.bootstrap.replay import watch_replay
 from services.config import NodeSettings
 from services.console.access import ConsoleAccess
-from services.console.outcomes import AppendOutcomes
+from services.api.append_outcomes import AppendOutcomes
 from services.control.audit_log import AuditPostLimiter
 from services.control.key_admin import KeyAdmin
 from services.control.node_metrics import (

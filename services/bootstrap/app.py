@@ -31,7 +31,7 @@ from services.bootstrap.api import open_api
 from services.bootstrap.node import RuntimeFactory, open_runtime
 from services.config import NodeSettings
 from services.console.access import ConsoleAccess
-from services.console.outcomes import AppendOutcomes
+from services.api.append_outcomes import AppendOutcomes
 from services.console.routes import install_console
 from services.tracing import (
     TRACE_EXCLUDED_URLS,

@@ -6,7 +6,7 @@
   page, kept in the tab's ``sessionStorage`` and sent as a bearer header, never in a URL.
 * ``GET /v1/console/node`` (operator or viewer keys): what only this node knows: the shards it
   leads now and their epochs, appends that entered here (rate and error ratio,
-  ``services.console.outcomes``) and appends acknowledged on the shards it leads, its replay
+  ``services.api.append_outcomes``) and appends acknowledged on the shards it leads, its replay
   progress, where a browser reaches every region, and the caller's own role.
 
 Why the page reads each region directly, from the browser, instead of asking the node that
@@ -33,7 +33,7 @@ from services.api.context import RequestContext, app_services, request_context
 from services.api.openapi import OPERATORS
 from services.api.roles import OBSERVER_ROLES, require_role
 from services.console.access import ConsoleAccess, ConsoleCorsMiddleware
-from services.console.outcomes import AppendOutcomeMiddleware, AppendOutcomes
+from services.api.append_outcomes import AppendOutcomeMiddleware, AppendOutcomes
 from services.replay.service import ReplayService
 
 Context = Annotated[RequestContext, Depends(request_context)]

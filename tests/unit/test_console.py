@@ -15,7 +15,7 @@ import pytest
 from services.bootstrap import NodeRuntime
 from services.bootstrap.app import create_app
 from services.config import NodeSettings
-from services.console.outcomes import OutcomeWindow
+from services.api.append_outcomes import OutcomeWindow
 from tests.unit.api_fakes import (
     KEY_A,
     OPERATOR_KEY,

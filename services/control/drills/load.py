@@ -29,7 +29,7 @@ LOAD_PATH = "/peer/drills/load"
 
 
 #: (succeeded, failed with a 5xx) per second of the live appends that entered this node
-#: (``services.console.outcomes.AppendOutcomes``: client appends only, so never a canary)
+#: (``services.api.append_outcomes.AppendOutcomes``: client appends only, so never a canary)
 EntryOutcomes = Callable[[], tuple[float, float]]
 
 

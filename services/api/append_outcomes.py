@@ -9,6 +9,9 @@ including those refused before a handler ran (admission's 429/503/504). An *erro
 (``no_quorum``, ``overloaded``, ``outcome_unknown``, ``deadline_exceeded``...): the region
 failed the client. 4xx answers are the client's own mistakes or conflicts and are counted as
 neither success nor error.
+
+It lives at the edge (``services.api``), where appends are answered (the fast lane and the
+middleware write it); the console, a layer above, reads it.
 """
 
 from __future__ import annotations
