@@ -76,6 +76,7 @@ from eventlog.http_headers import FORWARDED_HEADER_RAW, SERVED_BY_HEADER_RAW
 from services.api import routes
 from services.api.admission import DEADLINE_SCOPE_KEY, Entry, NodeAdmission
 from services.api.append_check import AppendCheck, declared_route, valid_conversation_id
+from services.api.append_outcomes import AppendOutcomes
 from services.api.context import ApiState, RequestContext
 from services.api.errors import refusal
 from services.api.event_bodies import AnyEvent
@@ -84,7 +85,6 @@ from services.api.middleware import edge_error, is_json_media_type, json_body_or
 from services.api.roles import require_read_only_viewer
 from services.api.schemas import EVENTS_PAGE_MAX, JSON_INT_MAX
 from services.config import TenantConfig
-from services.api.append_outcomes import AppendOutcomes
 from services.logs import bind_request
 
 log = logging.getLogger("convplane.fast_lane")

@@ -10,6 +10,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from services.api.admission import NodeAdmission
+from services.api.append_outcomes import AppendOutcomes
 from services.api.auth import Tenants
 from services.api.context import ApiState, AppServices, set_app_services
 from services.api.fast_lane import FastLane
@@ -20,7 +21,6 @@ from services.bootstrap.node import NodeRuntime
 from services.bootstrap.replay import watch_replay
 from services.config import NodeSettings
 from services.console.access import ConsoleAccess
-from services.api.append_outcomes import AppendOutcomes
 from services.control.audit_log import AuditPostLimiter
 from services.control.key_admin import KeyAdmin
 from services.control.node_metrics import (

@@ -14,6 +14,7 @@ from opentelemetry.sdk.trace import TracerProvider
 
 from services.api.admission import NodeAdmission
 from services.api.append_check import AppendCheck
+from services.api.append_outcomes import AppendOutcomes
 from services.api.context import AppServices
 from services.api.control_routes import control_router, peer_router
 from services.api.docs_ui import install_docs
@@ -31,7 +32,6 @@ from services.bootstrap.api import open_api
 from services.bootstrap.node import RuntimeFactory, open_runtime
 from services.config import NodeSettings
 from services.console.access import ConsoleAccess
-from services.api.append_outcomes import AppendOutcomes
 from services.console.routes import install_console
 from services.tracing import (
     TRACE_EXCLUDED_URLS,

@@ -29,11 +29,11 @@ from fastapi.responses import HTMLResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.staticfiles import StaticFiles
 
+from services.api.append_outcomes import AppendOutcomeMiddleware, AppendOutcomes
 from services.api.context import RequestContext, app_services, request_context
 from services.api.openapi import OPERATORS
 from services.api.roles import OBSERVER_ROLES, require_role
 from services.console.access import ConsoleAccess, ConsoleCorsMiddleware
-from services.api.append_outcomes import AppendOutcomeMiddleware, AppendOutcomes
 from services.replay.service import ReplayService
 
 Context = Annotated[RequestContext, Depends(request_context)]

@@ -12,10 +12,10 @@ from typing import Any
 import httpx
 import pytest
 
+from services.api.append_outcomes import OutcomeWindow
 from services.bootstrap import NodeRuntime
 from services.bootstrap.app import create_app
 from services.config import NodeSettings
-from services.api.append_outcomes import OutcomeWindow
 from tests.unit.api_fakes import (
     KEY_A,
     OPERATOR_KEY,

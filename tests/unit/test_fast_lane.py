@@ -29,8 +29,8 @@ from fastapi import FastAPI
 
 from eventlog.http_headers import PEER_AUTH_HEADER
 from services.api import fast_lane
-from services.api.forward_batch import BATCH_PATH
 from services.api.append_outcomes import AppendOutcomes
+from services.api.forward_batch import BATCH_PATH
 from tests.unit.admission_nodes import (
     SECRET,
     SlowLog,
