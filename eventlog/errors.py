@@ -78,6 +78,8 @@ underscore are private control flow and not listed):
             ├── PgHarnessError            a PostgreSQL instance (services.local.postgres)
             ├── KafkaHarnessError         the Kafka broker (services.local.kafka)
             ├── SimEnginesError           a simulated inference engine (services.local.engines)
+            ├── EngineRefused             an engine `up --engine` will not start with
+            │                             (services.local.attached_engines)
             └── PlaneError                a whole local plane (services.local.plane)
 
 ``InvariantViolation`` marks a bug: it crashes the task that hit it and is never caught.
