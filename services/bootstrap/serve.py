@@ -72,7 +72,7 @@ def run_node(
         settings.header_bytes_max,
         settings.send_timeout_s,
     )
-    client = Listener(ClientListenerGate(app), client_limits, lane=app.state.fast_lane)
+    client = Listener(ClientListenerGate(app), client_limits, lane=app.fast_lane)
     binds = [_Bind(client, host, port, None)]
     if peer_port is None or cluster.peer_secret is None:
         if len(cluster.regions) > 1:  # the client listener serves no peer endpoint
