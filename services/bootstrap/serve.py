@@ -199,5 +199,9 @@ def _raise_fd_limit(connections_max: int) -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
     soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
     if soft != resource.RLIM_INFINITY and soft < connections_max + FDS_RESERVED:
-        log.warning("file descriptor limit %d is below the connection bounds (%d + %d)",
-                    soft, connections_max, FDS_RESERVED)  # fmt: skip
+        log.warning(
+            "file descriptor limit %d is below the connection bounds (%d + %d)",
+            soft,
+            connections_max,
+            FDS_RESERVED,
+        )
