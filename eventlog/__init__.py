@@ -7,7 +7,8 @@ Public API (import from the modules): ``node.LogNode`` (a region's view of the l
 reads for replay's planner), ``replica.ReplicaStore`` (the storage
 port), ``stores.open_replica_store`` (PostgreSQL / SQLite), ``memory_replica.MemoryReplica``
 (the reference store), ``config.LogConfig`` (every limit, named), ``errors`` (the one error
-tree), ``rebuild.rebuild_replica`` and ``identity`` (replica identity and quarantine),
+tree), ``rebuild.rebuild_replica``, ``identity`` (replica identity and quarantine) and
+``identity_sweep`` (a node's sweep of the stores' identities),
 ``backoff``, ``aio`` and ``clock`` (the waits and time everything else uses), ``sim.run_seed``.
 The protocol is told in ``leader``'s docstring.
 

@@ -8,7 +8,6 @@ region when known, so the routing layer can forward them.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import random
 from collections.abc import Callable, Mapping, Sequence
@@ -45,7 +44,8 @@ from eventlog.errors import (
     NotFound,
     NotLeader,
 )
-from eventlog.identity import IdentityGuard, Observation, plan_sweep
+from eventlog.identity import IdentityGuard
+from eventlog.identity_sweep import sweep_identities
 from eventlog.json_text import compact_json
 from eventlog.leader import CommitObserver, ShardLeader
 from eventlog.model import CONVERSATION_CREATED, LogEntry, ShardStatus, record_entry
@@ -227,36 +227,16 @@ class LogNode(ConversationLog):
         self._states.drop_shard(shard)
 
     async def verify_replicas(self) -> list[str]:
-        """Sweep every store's identity and registry (``eventlog.identity``), record what a new
-        cluster trusts on first use, and update which replicas count. Returns the regions found
-        quarantined by this sweep that were not before (the caller alerts)."""
+        """Sweep every store's identity and registry (``eventlog.identity_sweep``), record what
+        a new cluster trusts on first use, and update which replicas count. Returns the regions
+        found quarantined by this sweep that were not before (the caller alerts)."""
         async with self._verify_lock:
-            timeout_s = self.config.replica_call_timeout_s
-            regions = list(self._replicas)
-            observed = await asyncio.gather(
-                *(self._observe_identity(self._replicas[r], timeout_s) for r in regions)
+            newly_quarantined = await sweep_identities(
+                self._replicas, self.identity, self.config.replica_call_timeout_s
             )
-            plan = plan_sweep(dict(zip(regions, observed, strict=True)))
-            for store_region, records in plan.writes.items():
-                for region, record in records.items():
-                    with contextlib.suppress(ConvplaneError, TimeoutError, OSError):
-                        await bounded(
-                            self._replicas[store_region].record_identity(region, record),
-                            timeout_s,
-                        )
-            newly_quarantined = self.identity.apply(plan)
             for leader in self._leaders.values():
                 leader.identities_vouched()
             return newly_quarantined
-
-    @staticmethod
-    async def _observe_identity(store: ReplicaStore, timeout_s: float) -> Observation:
-        try:
-            store_id = await bounded(store.identity(), timeout_s)
-            registry = await bounded(store.registry(), timeout_s)
-        except (ConvplaneError, TimeoutError, OSError):
-            return Observation(None, None)
-        return Observation(store_id, registry)
 
     async def publish_commits(self) -> None:
         """Before a graceful stop: every serving leader pushes its commit position to the

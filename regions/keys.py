@@ -155,9 +155,15 @@ class KeyTable:
             self.stale_records += 1
             return False
         self._put(
-            KeyRecord(record.name, record.tenant_id, record.role, record.api_key_sha256,
-                      record.expires_at_ms, revoked=True)
-        )  # fmt: skip
+            KeyRecord(
+                record.name,
+                record.tenant_id,
+                record.role,
+                record.api_key_sha256,
+                record.expires_at_ms,
+                revoked=True,
+            )
+        )
         return True
 
     def _end_file_key(self, name: str, at_ms: int) -> bool:

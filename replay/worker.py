@@ -205,9 +205,15 @@ class ReplayWorker:
             if fitness != self.engine_fitness:
                 for check in fitness.checks:
                     if check.verdict != "passed":
-                        log.log(logging.ERROR if check.verdict == "failed" else logging.WARNING,
-                                "%s: engine %s check %s %s: %s", self.worker_id,
-                                self._engine.engine_id, check.name, check.verdict, check.reason)  # fmt: skip
+                        log.log(
+                            logging.ERROR if check.verdict == "failed" else logging.WARNING,
+                            "%s: engine %s check %s %s: %s",
+                            self.worker_id,
+                            self._engine.engine_id,
+                            check.name,
+                            check.verdict,
+                            check.reason,
+                        )
             self.engine_fitness = fitness
             if fitness.fit:
                 self._gate.set_priority_verified(

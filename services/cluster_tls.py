@@ -205,10 +205,19 @@ def _ca_certificate(key: ec.EllipticCurvePrivateKey, cluster_name: str) -> x509.
 
 def _key_usage(**granted: bool) -> x509.KeyUsage:
     flags = dict.fromkeys(
-        ("digital_signature", "content_commitment", "key_encipherment", "data_encipherment",
-         "key_agreement", "key_cert_sign", "crl_sign", "encipher_only", "decipher_only"),
+        (
+            "digital_signature",
+            "content_commitment",
+            "key_encipherment",
+            "data_encipherment",
+            "key_agreement",
+            "key_cert_sign",
+            "crl_sign",
+            "encipher_only",
+            "decipher_only",
+        ),
         False,
-    )  # fmt: skip
+    )
     return x509.KeyUsage(**{**flags, **granted})
 
 

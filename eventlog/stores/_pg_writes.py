@@ -97,9 +97,25 @@ def append_arrays(requests: Sequence[AppendRequest]) -> list[list[Any]]:
     """The group as ``convplane_append``'s 17 parallel arrays, in its parameter order: one
     element per request (shard .. count), then all entries flattened (lsn .. body)."""
     arrays: list[list[Any]] = [[] for _ in range(17)]
-    (b_shard, b_epoch, b_prev_lsn, b_prev_epoch, b_leader_commit, b_count, e_lsn, e_epoch,
-     e_tenant, e_conversation, e_seq, e_type, e_idempotency, e_attempt, e_tokens, e_created,
-     e_body) = arrays  # fmt: skip
+    (
+        b_shard,
+        b_epoch,
+        b_prev_lsn,
+        b_prev_epoch,
+        b_leader_commit,
+        b_count,
+        e_lsn,
+        e_epoch,
+        e_tenant,
+        e_conversation,
+        e_seq,
+        e_type,
+        e_idempotency,
+        e_attempt,
+        e_tokens,
+        e_created,
+        e_body,
+    ) = arrays
     for r in requests:
         b_shard.append(r.shard)
         b_epoch.append(r.epoch)

@@ -163,8 +163,12 @@ TOKENS_MAX = 10_000_000  # one conversation's prompt, at most (the API's token_c
 
 _JOB_IDS = ("tenant_id", "conversation_id")
 _JOB_NAMES = ("job_id", "region", "model_revision")
-_JOB_INTS = {"estimated_prompt_tokens": TOKENS_MAX, "last_activity_ms": _INT_MAX,
-             "deadline_ms": _INT_MAX, "through_seq": _INT_MAX}  # fmt: skip
+_JOB_INTS = {
+    "estimated_prompt_tokens": TOKENS_MAX,
+    "last_activity_ms": _INT_MAX,
+    "deadline_ms": _INT_MAX,
+    "through_seq": _INT_MAX,
+}
 _RESULT_IDS = ("tenant_id", "conversation_id")
 _RESULT_NAMES = ("job_id", "region", "model_revision", "worker_id", "engine_id")
 _RESULT_INTS = {
@@ -192,8 +196,13 @@ def _fields_of(obj: object, cls: type[Any]) -> dict[str, Any]:
     return {n: obj[n] for n in names}  # unknown keys ignored: newer producers may add fields
 
 
-def _check(values: dict[str, Any], kind: str, ids: Sequence[str], names: Sequence[str],
-           ints: dict[str, int]) -> None:  # fmt: skip
+def _check(
+    values: dict[str, Any],
+    kind: str,
+    ids: Sequence[str],
+    names: Sequence[str],
+    ints: dict[str, int],
+) -> None:
     for name in ids:
         if not isinstance(values[name], str) or not _ID.fullmatch(values[name]):
             raise MalformedMessage(f"{kind}: bad {name}")

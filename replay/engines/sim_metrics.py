@@ -47,22 +47,39 @@ class _SimCollector(Collector):
             family.add_metric(values, value)
             return family
 
-        yield gauge("vllm:num_requests_running", "Number of requests in model execution batches.",
-                    metrics.num_requests_running)  # fmt: skip
-        yield gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.",
-                    metrics.num_requests_waiting)  # fmt: skip
-        yield gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.",
-                    metrics.kv_cache_usage_perc or 0.0)  # fmt: skip
-        yield counter("vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of "
-                      "queried tokens.", c.prefix_cache_queries_total)  # fmt: skip
-        yield counter("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached "
-                      "tokens.", c.prefix_cache_hits_total)  # fmt: skip
-        yield counter("vllm:prompt_tokens", "Number of prefill tokens processed.",
-                      c.prompt_tokens_total)  # fmt: skip
+        yield gauge(
+            "vllm:num_requests_running",
+            "Number of requests in model execution batches.",
+            metrics.num_requests_running,
+        )
+        yield gauge(
+            "vllm:num_requests_waiting",
+            "Number of requests waiting to be processed.",
+            metrics.num_requests_waiting,
+        )
+        yield gauge(
+            "vllm:kv_cache_usage_perc",
+            "KV-cache usage. 1 means 100 percent usage.",
+            metrics.kv_cache_usage_perc or 0.0,
+        )
+        yield counter(
+            "vllm:prefix_cache_queries",
+            "Prefix cache queries, in terms of number of queried tokens.",
+            c.prefix_cache_queries_total,
+        )
+        yield counter(
+            "vllm:prefix_cache_hits",
+            "Prefix cache hits, in terms of number of cached tokens.",
+            c.prefix_cache_hits_total,
+        )
+        yield counter(
+            "vllm:prompt_tokens", "Number of prefill tokens processed.", c.prompt_tokens_total
+        )
         by_source = CounterMetricFamily(
-            "vllm:prompt_tokens_by_source", "Number of prompt tokens by source.",
+            "vllm:prompt_tokens_by_source",
+            "Number of prompt tokens by source.",
             labels=[*labels, "source"],
-        )  # fmt: skip
+        )
         for source, value in (
             ("local_compute", c.computed_prompt_tokens_total),
             ("local_cache_hit", c.cached_prompt_tokens_total),
@@ -70,8 +87,9 @@ class _SimCollector(Collector):
         ):
             by_source.add_metric([*values, source], value, created=self._created_s)
         yield by_source
-        yield counter("vllm:generation_tokens", "Number of generation tokens processed.",
-                      c.requests_total)  # fmt: skip
+        yield counter(
+            "vllm:generation_tokens", "Number of generation tokens processed.", c.requests_total
+        )
         buckets: list[tuple[str, float]] = []
         cumulative = 0
         for bound_s, count in zip(TTFT_BUCKETS_S, c.ttft_bucket_counts, strict=True):
@@ -79,9 +97,10 @@ class _SimCollector(Collector):
             buckets.append((repr(bound_s), cumulative))
         buckets.append(("+Inf", c.requests_total))
         ttft = HistogramMetricFamily(
-            "vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
+            "vllm:time_to_first_token_seconds",
+            "Histogram of time to first token in seconds.",
             labels=labels,
-        )  # fmt: skip
+        )
         ttft.add_metric(values, buckets, c.ttft_sum_s)
         yield ttft
 

@@ -156,9 +156,16 @@ def create_app(engine: SimulatedEngine) -> FastAPI:
     async def models() -> dict[str, object]:
         # vLLM's ModelCard: id = --served-model-name, root = the --model path
         revision = engine.model_revision
-        entry = {"id": revision, "object": "model", "created": started_at, "owned_by": "vllm",
-                 "root": revision, "parent": None, "max_model_len": config.max_model_len,
-                 "permission": []}  # fmt: skip
+        entry = {
+            "id": revision,
+            "object": "model",
+            "created": started_at,
+            "owned_by": "vllm",
+            "root": revision,
+            "parent": None,
+            "max_model_len": config.max_model_len,
+            "permission": [],
+        }
         return {"object": "list", "data": [entry]}
 
     @app.get("/metrics")

@@ -118,12 +118,16 @@ class SimulatedEngine(InferenceEngine):
             checks.REPORTS_CACHED_TOKENS: config.prompt_tokens_details,
             checks.PRIORITY_SCHEDULING: config.scheduling_policy == "priority",
         }
-        return EngineFitness(tuple(
-            EngineCheck(name, "passed") if ok
-            else EngineCheck(name, "failed", f"simulated engine {self._engine_id} is "
-                             "configured without it")
-            for name, ok in known.items()
-        ))  # fmt: skip
+        return EngineFitness(
+            tuple(
+                EngineCheck(name, "passed")
+                if ok
+                else EngineCheck(
+                    name, "failed", f"simulated engine {self._engine_id} is configured without it"
+                )
+                for name, ok in known.items()
+            )
+        )
 
     async def metrics(self) -> EngineMetrics:
         self.core.advance(self._clock.monotonic())

@@ -67,24 +67,44 @@ ACCEPTS_CHAT_TEMPLATE = "accepts_chat_template"
 CACHES_PREFIXES = "caches_prefixes"
 REPORTS_CACHED_TOKENS = "reports_cached_tokens"
 PRIORITY_SCHEDULING = "priority_scheduling"
-CHECKS = (SERVES_REVISION, EXPORTS_METRICS, ACCEPTS_TOOLS, ACCEPTS_CHAT_TEMPLATE,
-          CACHES_PREFIXES, REPORTS_CACHED_TOKENS, PRIORITY_SCHEDULING)  # fmt: skip
+CHECKS = (
+    SERVES_REVISION,
+    EXPORTS_METRICS,
+    ACCEPTS_TOOLS,
+    ACCEPTS_CHAT_TEMPLATE,
+    CACHES_PREFIXES,
+    REPORTS_CACHED_TOKENS,
+    PRIORITY_SCHEDULING,
+)
 
 PROBE_TOKENS_MAX = 1024  # many blocks at any block size vLLM supports (16 .. 128 tokens)
 SIZING_WORDS = 64  # the first probe: measures the tokenizer's tokens per word
 PROBE_TEMPLATE = "{% for m in messages %}<{{ m.role }}>{{ m.content }}\n{% endfor %}"
-PROBE_TOOLS = ({"type": "function", "function": {
-    "name": "get_weather", "description": "The weather in a city.",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
-}},)  # fmt: skip
+PROBE_TOOLS = (
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "The weather in a city.",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+        },
+    },
+)
 PROBE_TOOL_MESSAGES = (
     {"role": "user", "content": "What is the weather in Lisbon?"},
-    {"role": "assistant", "content": None, "tool_calls": [{
-        "id": "call_probe", "type": "function",
-        "function": {"name": "get_weather", "arguments": '{"city": "Lisbon"}'},
-    }]},
+    {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {
+                "id": "call_probe",
+                "type": "function",
+                "function": {"name": "get_weather", "arguments": '{"city": "Lisbon"}'},
+            }
+        ],
+    },
     {"role": "tool", "tool_call_id": "call_probe", "content": "sunny, 21 C"},
-)  # fmt: skip
+)
 
 ServedModels = Callable[[], Awaitable[Mapping[str, int | None]]]
 #: a prefill as replay sends it, with the ``tool_choice`` to send when the prompt has tools
@@ -149,9 +169,12 @@ class _SelfCheck:
             self._record(SERVES_REVISION, "failed", f"GET /v1/models failed: {exc.message}")
             raise _Stop from exc
         if self._revision not in served:
-            self._record(SERVES_REVISION, "failed",
-                         f"serves {sorted(served)}, not the pinned revision {self._revision!r}: "
-                         "start it with --served-model-name <name>@<revision>")  # fmt: skip
+            self._record(
+                SERVES_REVISION,
+                "failed",
+                f"serves {sorted(served)}, not the pinned revision {self._revision!r}: "
+                "start it with --served-model-name <name>@<revision>",
+            )
             raise _Stop
         self._record(SERVES_REVISION, "passed")
         return served[self._revision]
@@ -179,16 +202,20 @@ class _SelfCheck:
         except (EngineUnavailable, ModelRevisionMismatch) as exc:
             self._stop(ACCEPTS_TOOLS, exc)
         if live.prompt_tokens != replayed.prompt_tokens:
-            self._record(ACCEPTS_TOOLS, "failed",
-                         f"tool_choice none renders {replayed.prompt_tokens} prompt tokens and "
-                         f"auto {live.prompt_tokens}: the live turn would miss replay's cache; "
-                         "start it without --exclude-tools-when-tool-choice-none")  # fmt: skip
+            self._record(
+                ACCEPTS_TOOLS,
+                "failed",
+                f"tool_choice none renders {replayed.prompt_tokens} prompt tokens and "
+                f"auto {live.prompt_tokens}: the live turn would miss replay's cache; "
+                "start it without --exclude-tools-when-tool-choice-none",
+            )
             return
         self._record(ACCEPTS_TOOLS, "passed")
 
     async def chat_template(self) -> None:
-        prompt = ChatPrompt(({"role": "user", "content": "template probe"},),
-                            chat_template=PROBE_TEMPLATE)  # fmt: skip
+        prompt = ChatPrompt(
+            ({"role": "user", "content": "template probe"},), chat_template=PROBE_TEMPLATE
+        )
         if await self._probe(ACCEPTS_CHAT_TEMPLATE, prompt, "template") is not None:
             self._record(ACCEPTS_CHAT_TEMPLATE, "passed")
 
@@ -206,16 +233,21 @@ class _SelfCheck:
         if first is None or second is None:
             return
         if not second.cached_reported:
-            self._record(REPORTS_CACHED_TOKENS, "failed",
-                         "does not report cached tokens: start it with "
-                         "--enable-prompt-tokens-details")  # fmt: skip
+            self._record(
+                REPORTS_CACHED_TOKENS,
+                "failed",
+                "does not report cached tokens: start it with --enable-prompt-tokens-details",
+            )
             self._record(CACHES_PREFIXES, "unverified", "cached tokens are not reported")
             return
         self._record(REPORTS_CACHED_TOKENS, "passed")
         if second.cached_prompt_tokens <= 0:
-            self._record(CACHES_PREFIXES, "failed",
-                         f"a repeated {second.prompt_tokens}-token prompt hit no cache: start "
-                         "it with --enable-prefix-caching")  # fmt: skip
+            self._record(
+                CACHES_PREFIXES,
+                "failed",
+                f"a repeated {second.prompt_tokens}-token prompt hit no cache: start "
+                "it with --enable-prefix-caching",
+            )
             return
         self._record(CACHES_PREFIXES, "passed")
 
@@ -223,11 +255,14 @@ class _SelfCheck:
         if declared:
             self._record(PRIORITY_SCHEDULING, "passed")
             return
-        self._record(PRIORITY_SCHEDULING, "unverified",
-                     "vLLM accepts a request priority under FCFS too and ignores it, so it "
-                     "cannot be checked from outside: start it with --scheduling-policy "
-                     "priority and declare that (--declare-priority-scheduling); until then "
-                     "replay takes a smaller share of its spare")  # fmt: skip
+        self._record(
+            PRIORITY_SCHEDULING,
+            "unverified",
+            "vLLM accepts a request priority under FCFS too and ignores it, so it "
+            "cannot be checked from outside: start it with --scheduling-policy "
+            "priority and declare that (--declare-priority-scheduling); until then "
+            "replay takes a smaller share of its spare",
+        )
 
     async def _probe(self, name: str, prompt: ChatPrompt, tag: str) -> PrefillOutcome | None:
         """One probe for check ``name``: its outcome, or None when refused (recorded)."""
@@ -235,9 +270,12 @@ class _SelfCheck:
             return await self._prefill(self._request(prompt, tag), REPLAY_TOOL_CHOICE)
         except EngineRejectedRequest as exc:
             if "priority" in exc.message.lower():
-                self._record(PRIORITY_SCHEDULING, "failed",
-                             "refuses request priorities: start it with --scheduling-policy "
-                             f"priority ({exc.message[:200]})")  # fmt: skip
+                self._record(
+                    PRIORITY_SCHEDULING,
+                    "failed",
+                    "refuses request priorities: start it with --scheduling-policy "
+                    f"priority ({exc.message[:200]})",
+                )
             self._record(name, "failed", _refusal_reason(name, exc.message))
             return None
         except (EngineUnavailable, ModelRevisionMismatch) as exc:
@@ -251,8 +289,13 @@ class _SelfCheck:
 
     def _request(self, prompt: ChatPrompt, tag: str) -> PrefillRequest:
         self._sent += 1
-        return PrefillRequest(self._revision, prompt, f"{self._salt}-{tag}", self._priority,
-                              f"check-{self._salt[:8]}-{self._sent}")  # fmt: skip
+        return PrefillRequest(
+            self._revision,
+            prompt,
+            f"{self._salt}-{tag}",
+            self._priority,
+            f"check-{self._salt[:8]}-{self._sent}",
+        )
 
 
 def _words_prompt(words: int) -> ChatPrompt:

@@ -130,9 +130,13 @@ class VllmHttpEngine(InferenceEngine):
     ) -> EngineFitness:
         """``replay.engines.vllm_check``."""
         return await run_self_check(
-            self._model_revision, self.served_models, self._prefill, self.metrics,
-            replay_priority=replay_priority, priority_declared=priority_declared,
-        )  # fmt: skip
+            self._model_revision,
+            self.served_models,
+            self._prefill,
+            self.metrics,
+            replay_priority=replay_priority,
+            priority_declared=priority_declared,
+        )
 
     async def aclose(self) -> None:
         if self._owns_client:

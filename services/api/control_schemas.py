@@ -48,11 +48,21 @@ class RegionView(BaseModel):
 
 class Regions(BaseModel):
     model_config = _open(
-        {"observer": "us-east", "regions": [
-            {"name": "eu-west", "url": "http://127.0.0.1:8701", "status": "up",
-             "capacity_weight": 1.0, "suspected_by": [], "evacuated": False,
-             "shards_assigned": 21}]}
-    )  # fmt: skip
+        {
+            "observer": "us-east",
+            "regions": [
+                {
+                    "name": "eu-west",
+                    "url": "http://127.0.0.1:8701",
+                    "status": "up",
+                    "capacity_weight": 1.0,
+                    "suspected_by": [],
+                    "evacuated": False,
+                    "shards_assigned": 21,
+                }
+            ],
+        }
+    )
 
     observer: str = Field(description="the region whose view this is")
     regions: list[RegionView]
@@ -60,9 +70,15 @@ class Regions(BaseModel):
 
 class Placement(BaseModel):
     model_config = _open(
-        {"version": 3, "assignment": {"0": "us-east", "1": "eu-west"}, "down": [],
-         "evacuated": [], "reason": "initial", "control_leader": "us-east"}
-    )  # fmt: skip
+        {
+            "version": 3,
+            "assignment": {"0": "us-east", "1": "eu-west"},
+            "down": [],
+            "evacuated": [],
+            "reason": "initial",
+            "control_leader": "us-east",
+        }
+    )
 
     version: int = Field(description="increases with every committed placement change")
     assignment: dict[str, str] = Field(description="shard (as a string) -> leading region")
@@ -85,9 +101,15 @@ class WarmWorker(BaseModel):
 
 class Route(BaseModel):
     model_config = _open(
-        {"conversation_id": "c-support-42", "region": "us-east", "shard": 5, "epoch": 2,
-         "placement_version": 3, "worker": None}
-    )  # fmt: skip
+        {
+            "conversation_id": "c-support-42",
+            "region": "us-east",
+            "shard": 5,
+            "epoch": 2,
+            "placement_version": 3,
+            "worker": None,
+        }
+    )
 
     conversation_id: str
     region: str = Field(description="the region that should serve the next turn")
@@ -112,9 +134,14 @@ class Affinity(BaseModel):
 
 class PeerHealth(BaseModel):
     model_config = _open(
-        {"region": "eu-west", "suspects": [], "led_shards": [1, 4], "placement_version": 3,
-         "control_leader": "us-east"}
-    )  # fmt: skip
+        {
+            "region": "eu-west",
+            "suspects": [],
+            "led_shards": [1, 4],
+            "placement_version": 3,
+            "control_leader": "us-east",
+        }
+    )
 
     region: str
     suspects: list[str]

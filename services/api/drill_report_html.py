@@ -31,19 +31,36 @@ def render(body: dict[str, Any]) -> str:
         ("injected", body["injected_at"]),
         ("ended", body["ended_at"]),
         ("shards moved / recovered", f"{body['shards_moved']} / {body['shards_recovered']}"),
-        ("RTO p50 / p99 / max (s)", "/".join(_num(body[k]) for k in ("rto_p50_s", "rto_p99_s", "rto_max_s"))),
-        ("canary acked / errors / lost", f"{body['canary_acked']} / {body['canary_errors']} / {_num(body['canary_lost'])}"),
-        ("placement versions", ", ".join(f"{k} v{v}" for k, v in body["placement_versions"].items())),
-        *((f"shards per region {k}", ", ".join(f"{r} {n}" for r, n in v.items()))
-          for k, v in body["placement_shards"].items()),
-    ]  # fmt: skip
+        (
+            "RTO p50 / p99 / max (s)",
+            "/".join(_num(body[k]) for k in ("rto_p50_s", "rto_p99_s", "rto_max_s")),
+        ),
+        (
+            "canary acked / errors / lost",
+            f"{body['canary_acked']} / {body['canary_errors']} / {_num(body['canary_lost'])}",
+        ),
+        (
+            "placement versions",
+            ", ".join(f"{k} v{v}" for k, v in body["placement_versions"].items()),
+        ),
+        *(
+            (f"shards per region {k}", ", ".join(f"{r} {n}" for r, n in v.items()))
+            for k, v in body["placement_shards"].items()
+        ),
+    ]
     replay = body.get("replay")
     if replay is not None:
         rows += [
-            ("replayed / planned conversations", f"{replay['conversations_replayed']} / {replay['conversations_planned']}"),
+            (
+                "replayed / planned conversations",
+                f"{replay['conversations_replayed']} / {replay['conversations_planned']}",
+            ),
             ("replay tokens", str(replay["tokens_replayed"])),
-            ("replay makespan / planner's bound (s)", f"{_num(replay['makespan_s'])} / {_num(replay['planner_bound_s'])}"),
-        ]  # fmt: skip
+            (
+                "replay makespan / planner's bound (s)",
+                f"{_num(replay['makespan_s'])} / {_num(replay['planner_bound_s'])}",
+            ),
+        ]
     guards = (
         "".join(
             f"<tr><td>{escape(g['guard'])}</td><td>{g['measured']:.3g}</td><td>{g['limit']:.3g}</td></tr>"

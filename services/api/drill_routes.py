@@ -326,8 +326,14 @@ async def record_audit(ctx: Context, body: AuditRequest) -> Any:
     async def record() -> dict[str, Any]:
         await driver.read_barrier()  # limited where it commits: at the control shard's leader
         limiter.admit(ctx.tenant.name)
-        await driver.audit(ctx.tenant.tenant_id, ctx.tenant.role, body.action, body.target,
-                           body.reason, {"recorded_via": "POST /v1/audit"})  # fmt: skip
+        await driver.audit(
+            ctx.tenant.tenant_id,
+            ctx.tenant.role,
+            body.action,
+            body.target,
+            body.reason,
+            {"recorded_via": "POST /v1/audit"},
+        )
         return {"recorded": True}
 
     return await ctx.run(record, is_write=True)

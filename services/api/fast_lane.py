@@ -104,14 +104,25 @@ _PAGE_QUERY = re.compile(
 #: what a read may not carry to take the lane: a body, or a header its route reads
 #: (``X-Convplane-Tenant``, ``X-Convplane-Replay-Grant``: a worker key's reads for a tenant)
 _READ_DECLINED_HEADERS = frozenset(
-    {b"content-length", b"content-type", b"idempotency-key", b"x-convplane-tenant",
-     b"x-convplane-replay-grant"}
-)  # fmt: skip
+    {
+        b"content-length",
+        b"content-type",
+        b"idempotency-key",
+        b"x-convplane-tenant",
+        b"x-convplane-replay-grant",
+    }
+)
 #: request headers that some layer of the app treats specially: such a request takes the app
 _DECLINED_HEADERS = frozenset(
-    {b"origin", b"transfer-encoding", b"expect", b"upgrade", b"x-convplane-forwarded",
-     b"x-convplane-peer-auth"}
-)  # fmt: skip
+    {
+        b"origin",
+        b"transfer-encoding",
+        b"expect",
+        b"upgrade",
+        b"x-convplane-forwarded",
+        b"x-convplane-peer-auth",
+    }
+)
 #: what the app's error middleware answers to a bug (and the server then closes the connection)
 _BUG_HEADERS: Headers = [
     (b"content-length", b"21"),

@@ -493,9 +493,9 @@ class AppendBatcher:
                 raise _not_forwarded_in_time(target_region)  # answered unknown (``_send``)
             try:
                 await self._while_reachable(
-                    target_region, self._post(target_region, base_url + BATCH_PATH, headers,
-                                              items, remaining_s),
-                )  # fmt: skip
+                    target_region,
+                    self._post(target_region, base_url + BATCH_PATH, headers, items, remaining_s),
+                )
                 return
             except BatchNotSent as exc:  # nothing was sent: safe to try again
                 for item in items:
@@ -508,8 +508,11 @@ class AppendBatcher:
                 self._count(target_region, "error")
                 if attempt == limits.retries_max or not self._resendable(target_region, items):
                     raise outcome_unknown(target_region) from exc
-                log.info("forward batch to %s lost (%r): sending its repeatable items again",
-                         target_region, exc)  # fmt: skip
+                log.info(
+                    "forward batch to %s lost (%r): sending its repeatable items again",
+                    target_region,
+                    exc,
+                )
                 self._count(target_region, "resent")
 
     def _resendable(self, target_region: str, items: list[_Item]) -> bool:

@@ -362,9 +362,11 @@ class StreamBatchExchange:
             context = self._ssl or ssl.create_default_context()
         try:
             reader, writer = await asyncio.open_connection(
-                target.host, target.port, ssl=context,
+                target.host,
+                target.port,
+                ssl=context,
                 server_hostname=target.host if context else None,
-            )  # fmt: skip
+            )
         except OSError as exc:  # refused, unreachable, a failed handshake: nothing was sent
             raise BatchNotSent(f"{region}: {exc!r}") from exc
         connection = _Connection(reader, writer, time.monotonic())

@@ -68,8 +68,13 @@ def _operator(ctx: RequestContext, reason: str) -> Operator:
 
 
 def _created(key: str, record: KeyRecord) -> JSONResponse:
-    body = {"api_key": key, "name": record.name, "tenant_id": record.tenant_id,
-            "role": record.role, "expires_at_ms": record.expires_at_ms}  # fmt: skip
+    body = {
+        "api_key": key,
+        "name": record.name,
+        "tenant_id": record.tenant_id,
+        "role": record.role,
+        "expires_at_ms": record.expires_at_ms,
+    }
     return JSONResponse(body, status_code=201)
 
 

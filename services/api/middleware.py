@@ -249,10 +249,17 @@ class EdgeMiddleware:
                 )
         except TimeoutError:
             if remaining_s <= self.body_read_timeout_s:
-                raise _Reject(504, "deadline_exceeded", "the deadline passed while the "
-                              "request body was still arriving") from None  # fmt: skip
-            raise _Reject(408, "request_timeout", f"the request body did not arrive within "
-                          f"{self.body_read_timeout_s:g} s", retryable=True) from None  # fmt: skip
+                raise _Reject(
+                    504,
+                    "deadline_exceeded",
+                    "the deadline passed while the request body was still arriving",
+                ) from None
+            raise _Reject(
+                408,
+                "request_timeout",
+                f"the request body did not arrive within {self.body_read_timeout_s:g} s",
+                retryable=True,
+            ) from None
         if body.strip():
             _check_media_type(scope)
             check_json_body(body)  # the route parses it again; a 400 must come first
@@ -267,8 +274,12 @@ class EdgeMiddleware:
             async with asyncio.timeout(self.body_read_timeout_s):
                 body = await _read_body(scope, receive, limit_bytes, self.discard_body_max_bytes)
         except TimeoutError:
-            raise _Reject(408, "request_timeout", f"the request body did not arrive within "
-                          f"{self.body_read_timeout_s:g} s", retryable=True) from None  # fmt: skip
+            raise _Reject(
+                408,
+                "request_timeout",
+                f"the request body did not arrive within {self.body_read_timeout_s:g} s",
+                retryable=True,
+            ) from None
         return _replaying(body, receive)
 
     def _stamping(self, send: Send, status_seen: list[int]) -> Send:

@@ -32,11 +32,21 @@ from services.api.schemas import ErrorBody
 
 CHAT_APPS, OPERATORS = "chat applications", "operators"
 TAGS = [
-    {"name": CHAT_APPS, "description": "conversations, events, transcripts, tool attempts, "
-     "routing: what a chat application (a `tenant` key) calls"},
-    {"name": OPERATORS, "description": "regions, placement, evacuate/restore, replay, health "
-     "and metrics: what SREs and their tools call"},
-]  # fmt: skip
+    {
+        "name": CHAT_APPS,
+        "description": (
+            "conversations, events, transcripts, tool attempts, "
+            "routing: what a chat application (a `tenant` key) calls"
+        ),
+    },
+    {
+        "name": OPERATORS,
+        "description": (
+            "regions, placement, evacuate/restore, replay, health "
+            "and metrics: what SREs and their tools call"
+        ),
+    },
+]
 SECURITY_SCHEMES = {
     "apiKey": {
         "type": "http",
@@ -79,16 +89,30 @@ _CREATED_ID = {"conversation_id": "$response.body#/conversation_id"}
 _LINKS = {
     "create_conversation": (
         "201",
-        {op: {"operationId": op, "parameters": _CREATED_ID}
-         for op in ("get_conversation", "append_event", "list_events", "get_route", "get_affinity")},
+        {
+            op: {"operationId": op, "parameters": _CREATED_ID}
+            for op in (
+                "get_conversation",
+                "append_event",
+                "list_events",
+                "get_route",
+                "get_affinity",
+            )
+        },
     ),
     "append_event": (
         "201",
-        {"tool_attempt": {"operationId": "tool_attempt", "parameters": {
-            "conversation_id": "$request.path.conversation_id",
-            "attempt_id": "$request.body#/payload/attempt_id"}}},
+        {
+            "tool_attempt": {
+                "operationId": "tool_attempt",
+                "parameters": {
+                    "conversation_id": "$request.path.conversation_id",
+                    "attempt_id": "$request.body#/payload/attempt_id",
+                },
+            }
+        },
     ),
-}  # fmt: skip
+}
 
 
 def errors(*statuses: int) -> dict[int | str, dict[str, Any]]:

@@ -60,9 +60,13 @@ async def request_replay(ctx: Context, body: bodies.ReplayRequest) -> dict[str, 
         if body.shard >= service.shard_count:
             raise InvalidRequest(f"shard must be < {service.shard_count}")
         report = await service.replay_shard(body.shard)
-        return {"shard": body.shard, "accepted": report.accepted,
-                "outside_window": report.outside_window, "rejected_full": report.rejected_full,
-                "superseded": report.superseded}  # fmt: skip
+        return {
+            "shard": body.shard,
+            "accepted": report.accepted,
+            "outside_window": report.outside_window,
+            "rejected_full": report.rejected_full,
+            "superseded": report.superseded,
+        }
     outcome = await service.replay_conversations(body.tenant_id, body.conversation_ids)
     return {"conversations": outcome}
 

@@ -32,9 +32,15 @@ ConversationId = Annotated[
     str, StringConstraints(min_length=1, max_length=CONVERSATION_ID_MAX, pattern=ID_PATTERN)
 ]
 EventType = Literal[
-    "message.user", "message.assistant", "message.system", "message.tool", "prompt.settings",
-    "tool.attempt", "tool.effect", "note",
-]  # fmt: skip
+    "message.user",
+    "message.assistant",
+    "message.system",
+    "message.tool",
+    "prompt.settings",
+    "tool.attempt",
+    "tool.effect",
+    "note",
+]
 _TIME_EXAMPLE = "2026-01-01T12:00:00.000Z"
 
 
@@ -87,9 +93,14 @@ _HOME_REGION = (
 
 class ConversationCreated(BaseModel):
     model_config = _examples(
-        {"conversation_id": "c-support-42", "leader_region": "us-east", "home_region": "us-east",
-         "model_revision": "llama-3.1-8b@2024-07", "created_at": _TIME_EXAMPLE}
-    )  # fmt: skip
+        {
+            "conversation_id": "c-support-42",
+            "leader_region": "us-east",
+            "home_region": "us-east",
+            "model_revision": "llama-3.1-8b@2024-07",
+            "created_at": _TIME_EXAMPLE,
+        }
+    )
 
     conversation_id: str
     leader_region: str = Field(description="the region leading the conversation's shard now")
@@ -110,11 +121,17 @@ class ConversationCreated(BaseModel):
 
 class Conversation(BaseModel):
     model_config = _examples(
-        {"conversation_id": "c-support-42", "last_seq": 3, "leader_region": "us-east",
-         "home_region": "us-east", "epoch": 2,
-         "model_revision": "llama-3.1-8b@2024-07", "metadata": {"channel": "web"},
-         "created_at": _TIME_EXAMPLE}
-    )  # fmt: skip
+        {
+            "conversation_id": "c-support-42",
+            "last_seq": 3,
+            "leader_region": "us-east",
+            "home_region": "us-east",
+            "epoch": 2,
+            "model_revision": "llama-3.1-8b@2024-07",
+            "metadata": {"channel": "web"},
+            "created_at": _TIME_EXAMPLE,
+        }
+    )
 
     conversation_id: str
     last_seq: int = Field(description="seq of the last committed event (0: none yet)")
@@ -141,9 +158,13 @@ class Conversation(BaseModel):
 
 class EventAppended(BaseModel):
     model_config = _examples(
-        {"event_id": "e-3f1a", "seq": 4, "acked_by": ["us-east", "eu-west"],
-         "committed_at": _TIME_EXAMPLE}
-    )  # fmt: skip
+        {
+            "event_id": "e-3f1a",
+            "seq": 4,
+            "acked_by": ["us-east", "eu-west"],
+            "committed_at": _TIME_EXAMPLE,
+        }
+    )
 
     event_id: str
     seq: int = Field(description="the event's place in the conversation: 1, 2, 3, ... gapless")
@@ -162,10 +183,15 @@ class EventAppended(BaseModel):
 
 class Event(BaseModel):
     model_config = _examples(
-        {"event_id": "e-3f1a", "seq": 1, "type": "message.user",
-         "payload": {"content": "What's the weather in Paris?"}, "token_count": 9,
-         "created_at": _TIME_EXAMPLE}
-    )  # fmt: skip
+        {
+            "event_id": "e-3f1a",
+            "seq": 1,
+            "type": "message.user",
+            "payload": {"content": "What's the weather in Paris?"},
+            "token_count": 9,
+            "created_at": _TIME_EXAMPLE,
+        }
+    )
 
     event_id: str
     seq: int
@@ -195,11 +221,25 @@ class EventPage(BaseModel):
 
 class ToolAttempt(BaseModel):
     model_config = _examples(
-        {"attempt_id": "att-1", "state": "pending", "events": [
-            {"event_id": "e-77", "seq": 2, "type": "tool.attempt",
-             "payload": {"attempt_id": "att-1", "tool": "get_weather", "argument_digest": "9f2c"},
-             "token_count": 0, "created_at": _TIME_EXAMPLE}]}
-    )  # fmt: skip
+        {
+            "attempt_id": "att-1",
+            "state": "pending",
+            "events": [
+                {
+                    "event_id": "e-77",
+                    "seq": 2,
+                    "type": "tool.attempt",
+                    "payload": {
+                        "attempt_id": "att-1",
+                        "tool": "get_weather",
+                        "argument_digest": "9f2c",
+                    },
+                    "token_count": 0,
+                    "created_at": _TIME_EXAMPLE,
+                }
+            ],
+        }
+    )
 
     attempt_id: str
     state: Literal["pending", "committed", "failed"] = Field(
@@ -230,18 +270,28 @@ class ErrorDetail(BaseModel):
 
 class ErrorBody(BaseModel):
     model_config = _examples(
-        {"error": {"code": "seq_conflict", "message": "expected_seq 3 but last seq is 4",
-                   "retryable": False}}
-    )  # fmt: skip
+        {
+            "error": {
+                "code": "seq_conflict",
+                "message": "expected_seq 3 but last seq is 4",
+                "retryable": False,
+            }
+        }
+    )
 
     error: ErrorDetail
 
 
 class Health(BaseModel):
     model_config = _examples(
-        {"status": "ok", "region": "us-east", "shards_placed": 22, "shards_led": 22,
-         "unhealthy_loops": []}
-    )  # fmt: skip
+        {
+            "status": "ok",
+            "region": "us-east",
+            "shards_placed": 22,
+            "shards_led": 22,
+            "unhealthy_loops": [],
+        }
+    )
     status: Literal["ok", "starting", "degraded"]
     region: str
     shards_placed: int

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 from fastapi import FastAPI
 from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
@@ -64,12 +65,22 @@ the server refuses with 400, and every status an operation can answer is listed 
 """
 
 
+class NodeApp(FastAPI):
+    """The region node's app, with the fast lane it was built with: the client listener
+    (``services.bootstrap.serve``) hands the lane appends and reads straight from the parser,
+    so the lane travels with the app, typed, instead of by name on ``app.state``."""
+
+    def __init__(self, *, fast_lane: FastLane, **fastapi: Any) -> None:
+        super().__init__(**fastapi)
+        self.fast_lane = fast_lane
+
+
 def create_app(
     settings: NodeSettings,
     *,
     runtime_factory: RuntimeFactory | None = None,
     tracer_provider: TracerProvider | None = None,
-) -> FastAPI:
+) -> NodeApp:
     """``tracer_provider``: trace with it; None: as the ``OTEL_*`` environment says (off by
     default: ``services.tracing``)."""
     factory = runtime_factory or open_runtime
@@ -114,7 +125,8 @@ def create_app(
                 if provider is not None:  # spans still queued go out before the process ends
                     provider.force_flush(TRACE_FLUSH_TIMEOUT_MS)
 
-    app = FastAPI(
+    app = NodeApp(
+        fast_lane=fast_lane,
         title=f"convplane region node ({settings.region})",
         description=DESCRIPTION,
         version="0.1.0",
@@ -123,7 +135,6 @@ def create_app(
         docs_url=None,  # install_docs: the page's assets from a package, not a CDN
         redoc_url=None,
     )
-    app.state.fast_lane = fast_lane
     install_openapi(app, lambda: opened[0].api.cluster.shard_count if opened else None)
     install_error_handlers(app, settings.retry_after_default_s, metrics.count_error)
     app.include_router(router)

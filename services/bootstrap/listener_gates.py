@@ -83,8 +83,10 @@ class PeerListenerGate:
         self._regions = frozenset(regions)
         self._tls = tls
         self._speaks = speaks
-        self._protocol_headers = [(PROTOCOL_HEADER.lower().encode(), str(speaks.protocol).encode()),
-                                  (OLDEST_HEADER.lower().encode(), str(speaks.oldest).encode())]  # fmt: skip
+        self._protocol_headers = [
+            (PROTOCOL_HEADER.lower().encode(), str(speaks.protocol).encode()),
+            (OLDEST_HEADER.lower().encode(), str(speaks.oldest).encode()),
+        ]
         self._logged_s: dict[tuple[str, Speaks | None], float] = {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -95,8 +97,9 @@ class PeerListenerGate:
                 await refuse(send, 401, "unauthorized", message)
                 return
             if (why := self._protocol_refusal(scope, region)) is not None:
-                await refuse(send, PROTOCOL_REFUSED_STATUS, PROTOCOL_REFUSED, why,
-                             self._protocol_headers)  # fmt: skip
+                await refuse(
+                    send, PROTOCOL_REFUSED_STATUS, PROTOCOL_REFUSED, why, self._protocol_headers
+                )
                 return
             scope[PEER_REGION_SCOPE_KEY] = region
             send = _with_headers(send, self._protocol_headers)

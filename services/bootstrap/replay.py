@@ -138,9 +138,17 @@ async def open_replay_service(
             engines[engine_id] = engine
         bus, mode = _bus(region, config)
         service = build_replay_service(
-            region=region, shard_count=shard_count, config=config, node=node,
-            clock=clock, rng=rng, engines=engines, bus=bus, mode=mode, peer_secret=peer_secret,
-        )  # fmt: skip
+            region=region,
+            shard_count=shard_count,
+            config=config,
+            node=node,
+            clock=clock,
+            rng=rng,
+            engines=engines,
+            bus=bus,
+            mode=mode,
+            peer_secret=peer_secret,
+        )
         node.add_listener(service)
         service.start()
         stack.push_async_callback(service.close)

@@ -72,7 +72,7 @@ def run_node(
         settings.header_bytes_max,
         settings.send_timeout_s,
     )
-    client = Listener(ClientListenerGate(app), client_limits, lane=app.state.fast_lane)
+    client = Listener(ClientListenerGate(app), client_limits, lane=app.fast_lane)
     binds = [_Bind(client, host, port, None)]
     if peer_port is None or cluster.peer_secret is None:
         if len(cluster.regions) > 1:  # the client listener serves no peer endpoint
@@ -199,5 +199,9 @@ def _raise_fd_limit(connections_max: int) -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
     soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
     if soft != resource.RLIM_INFINITY and soft < connections_max + FDS_RESERVED:
-        log.warning("file descriptor limit %d is below the connection bounds (%d + %d)",
-                    soft, connections_max, FDS_RESERVED)  # fmt: skip
+        log.warning(
+            "file descriptor limit %d is below the connection bounds (%d + %d)",
+            soft,
+            connections_max,
+            FDS_RESERVED,
+        )

@@ -26,8 +26,9 @@ def backup(
     except PlaneError as exc:
         typer.echo(f"could not back up {region}: {exc}", err=True)
         raise typer.Exit(1) from exc
-    typer.echo(f"backed up {region} (store {manifest.store_id}, schema "
-               f"{manifest.schema_revision}) to {to}")  # fmt: skip
+    typer.echo(
+        f"backed up {region} (store {manifest.store_id}, schema {manifest.schema_revision}) to {to}"
+    )
 
 
 def restore(

@@ -77,8 +77,9 @@ class Api:
             trust_env=False,
         )
 
-    def call(self, method: str, path: str, body: Any = None, *, missing_ok: bool = False,
-             **kw: Any) -> Any:  # fmt: skip
+    def call(
+        self, method: str, path: str, body: Any = None, *, missing_ok: bool = False, **kw: Any
+    ) -> Any:
         """The JSON (or text) answer; None for a 404 when ``missing_ok``. A read that every
         region answers 503 (the control shard, which answers drill reads, is between leaders,
         e.g. while a drill moves it) is asked again after its Retry-After, for at most
@@ -148,17 +149,35 @@ def api_for(state_dir: Path, url: str | None, key: str | None) -> Api:
     return Api([r["url"] for r in info["regions"]], key)
 
 
-def drill_body(kind: str, region: str, hold_s: float, reason: str, force: bool,
-               max_rto_s: float | None, max_error_ratio: float | None,
-               max_ack_p99_ms: float | None, dry_run: bool) -> dict[str, Any]:  # fmt: skip
+def drill_body(
+    kind: str,
+    region: str,
+    hold_s: float,
+    reason: str,
+    force: bool,
+    max_rto_s: float | None,
+    max_error_ratio: float | None,
+    max_ack_p99_ms: float | None,
+    dry_run: bool,
+) -> dict[str, Any]:
     guards = {
         k: v
-        for k, v in (("max_rto_s", max_rto_s), ("max_error_ratio", max_error_ratio),
-                     ("max_ack_p99_ms", max_ack_p99_ms))
+        for k, v in (
+            ("max_rto_s", max_rto_s),
+            ("max_error_ratio", max_error_ratio),
+            ("max_ack_p99_ms", max_ack_p99_ms),
+        )
         if v is not None
-    }  # fmt: skip
-    return {"kind": kind, "region": region, "hold_s": hold_s, "reason": reason,
-            "force": force, "dry_run": dry_run, **({"guards": guards} if guards else {})}  # fmt: skip
+    }
+    return {
+        "kind": kind,
+        "region": region,
+        "hold_s": hold_s,
+        "reason": reason,
+        "force": force,
+        "dry_run": dry_run,
+        **({"guards": guards} if guards else {}),
+    }
 
 
 def watch(api: Api, drill_id: str, hold_s: float, echo: Any = typer.echo) -> dict[str, Any]:
@@ -172,9 +191,11 @@ def watch(api: Api, drill_id: str, hold_s: float, echo: Any = typer.echo) -> dic
         if d is None:
             time.sleep(POLL_S)
             continue
-        progress = (f"{d['phase']:<10} shards recovered {d['shards_recovered']}/"
-                    f"{d['shards_moved']}  canary acked {d['canary_acked']} "
-                    f"errors {d['canary_errors']}")  # fmt: skip
+        progress = (
+            f"{d['phase']:<10} shards recovered {d['shards_recovered']}/"
+            f"{d['shards_moved']}  canary acked {d['canary_acked']} "
+            f"errors {d['canary_errors']}"
+        )
         if progress != shown:
             echo(f"  {time.monotonic() - started:6.1f}s  {progress}")
             shown = progress
@@ -220,10 +241,17 @@ MaxAckP99 = Annotated[
 
 
 @drill_app.command("plan")
-def plan(region: RegionOpt, kind: KindOpt = "region-loss", hold_s: HoldOpt = 10.0,
-         reason: ReasonOpt = "dry run", force: ForceOpt = False,
-         state_dir: StateDir = DEFAULT_STATE_DIR, url: Url = None, key: Key = None,
-         as_json: Json = False) -> None:  # fmt: skip
+def plan(
+    region: RegionOpt,
+    kind: KindOpt = "region-loss",
+    hold_s: HoldOpt = 10.0,
+    reason: ReasonOpt = "dry run",
+    force: ForceOpt = False,
+    state_dir: StateDir = DEFAULT_STATE_DIR,
+    url: Url = None,
+    key: Key = None,
+    as_json: Json = False,
+) -> None:
     """Dry run: preflight and what would move. Changes nothing; exits 1 when infeasible."""
     api = api_for(state_dir, url, key)
     body = drill_body(kind, region, hold_s, reason, force, None, None, None, dry_run=True)
@@ -247,14 +275,32 @@ def plan_lines(kind: str, region: str, plan: dict[str, Any]) -> list[str]:
 
 
 @drill_app.command("run")
-def run(region: RegionOpt, kind: KindOpt = "region-loss", hold_s: HoldOpt = 10.0,
-        reason: ReasonOpt = "drill", force: ForceOpt = False, max_rto_s: MaxRto = None,
-        max_error_ratio: MaxErrorRatio = None, max_ack_p99_ms: MaxAckP99 = None,
-        state_dir: StateDir = DEFAULT_STATE_DIR, url: Url = None, key: Key = None) -> None:  # fmt: skip
+def run(
+    region: RegionOpt,
+    kind: KindOpt = "region-loss",
+    hold_s: HoldOpt = 10.0,
+    reason: ReasonOpt = "drill",
+    force: ForceOpt = False,
+    max_rto_s: MaxRto = None,
+    max_error_ratio: MaxErrorRatio = None,
+    max_ack_p99_ms: MaxAckP99 = None,
+    state_dir: StateDir = DEFAULT_STATE_DIR,
+    url: Url = None,
+    key: Key = None,
+) -> None:
     """Start a drill and follow it; exit 0 when it passed, 1 otherwise."""
     api = api_for(state_dir, url, key)
-    body = drill_body(kind, region, hold_s, reason, force, max_rto_s, max_error_ratio,
-                      max_ack_p99_ms, dry_run=False)  # fmt: skip
+    body = drill_body(
+        kind,
+        region,
+        hold_s,
+        reason,
+        force,
+        max_rto_s,
+        max_error_ratio,
+        max_ack_p99_ms,
+        dry_run=False,
+    )
     drill = api.call("POST", "/v1/drills", body)
     typer.echo(f"drill {drill['drill_id']}: {kind} of {region}, hold {hold_s:g}s")
     report = watch(api, drill["drill_id"], hold_s)
@@ -266,24 +312,38 @@ DrillId = Annotated[str, typer.Argument(help="The drill's id (`convplane drill l
 
 
 @drill_app.command("status")
-def status(drill_id: DrillId, state_dir: StateDir = DEFAULT_STATE_DIR, url: Url = None,
-           key: Key = None, as_json: Json = False) -> None:  # fmt: skip
+def status(
+    drill_id: DrillId,
+    state_dir: StateDir = DEFAULT_STATE_DIR,
+    url: Url = None,
+    key: Key = None,
+    as_json: Json = False,
+) -> None:
     """A drill's phase and timeline so far."""
     drill = api_for(state_dir, url, key).call("GET", f"/v1/drills/{drill_id}")
     if as_json:
         echo_json(drill)
         return
-    typer.echo(f"drill {drill['drill_id']}: {drill['kind']} of {drill['region']}, "
-               f"{drill['phase']} ({drill['verdict'] or 'no verdict yet'})")  # fmt: skip
-    typer.echo(f"  shards recovered {drill['shards_recovered']}/{drill['shards_moved']}, "
-               f"canary acked {drill['canary_acked']} errors {drill['canary_errors']}")  # fmt: skip
+    typer.echo(
+        f"drill {drill['drill_id']}: {drill['kind']} of {drill['region']}, "
+        f"{drill['phase']} ({drill['verdict'] or 'no verdict yet'})"
+    )
+    typer.echo(
+        f"  shards recovered {drill['shards_recovered']}/{drill['shards_moved']}, "
+        f"canary acked {drill['canary_acked']} errors {drill['canary_errors']}"
+    )
     for step in drill.get("timeline", []):
         typer.echo(f"  {step}")
 
 
 @drill_app.command("abort")
-def abort(drill_id: DrillId, reason: ReasonOpt = "aborted from the CLI",
-          state_dir: StateDir = DEFAULT_STATE_DIR, url: Url = None, key: Key = None) -> None:  # fmt: skip
+def abort(
+    drill_id: DrillId,
+    reason: ReasonOpt = "aborted from the CLI",
+    state_dir: StateDir = DEFAULT_STATE_DIR,
+    url: Url = None,
+    key: Key = None,
+) -> None:
     """Abort a drill: restore its target now."""
     api = api_for(state_dir, url, key)
     d = api.call("POST", f"/v1/drills/{drill_id}/abort", {"reason": reason})
@@ -291,9 +351,16 @@ def abort(drill_id: DrillId, reason: ReasonOpt = "aborted from the CLI",
 
 
 @drill_app.command("report")
-def report_cmd(drill_id: DrillId, html: Annotated[Path | None, typer.Option(help="Write the self-contained HTML report to this file.")] = None,
-               state_dir: StateDir = DEFAULT_STATE_DIR, url: Url = None, key: Key = None,
-               as_json: Json = False) -> None:  # fmt: skip
+def report_cmd(
+    drill_id: DrillId,
+    html: Annotated[
+        Path | None, typer.Option(help="Write the self-contained HTML report to this file.")
+    ] = None,
+    state_dir: StateDir = DEFAULT_STATE_DIR,
+    url: Url = None,
+    key: Key = None,
+    as_json: Json = False,
+) -> None:
     """Print a drill's summary, or write its self-contained HTML report."""
     api = api_for(state_dir, url, key)
     if html is not None:
@@ -309,38 +376,51 @@ def report_cmd(drill_id: DrillId, html: Annotated[Path | None, typer.Option(help
 
 
 @drill_app.command("list")
-def list_cmd(state_dir: StateDir = DEFAULT_STATE_DIR, url: Url = None, key: Key = None,
-             as_json: Json = False) -> None:  # fmt: skip
+def list_cmd(
+    state_dir: StateDir = DEFAULT_STATE_DIR, url: Url = None, key: Key = None, as_json: Json = False
+) -> None:
     """Drills, newest first."""
     drills = api_for(state_dir, url, key).call("GET", "/v1/drills")["drills"]
     if as_json:
         echo_json(drills)
         return
     for d in drills:
-        typer.echo(f"{d['drill_id']}  {d['kind']:<12} {d['region']:<10} {d['phase']:<10} "
-                   f"{d['verdict'] or '-'}")  # fmt: skip
+        typer.echo(
+            f"{d['drill_id']}  {d['kind']:<12} {d['region']:<10} {d['phase']:<10} "
+            f"{d['verdict'] or '-'}"
+        )
 
 
 @halt_app.command("on")
-def halt_on(reason: Annotated[str, typer.Option(help="Why (kept in the audit log).")],
-            state_dir: StateDir = DEFAULT_STATE_DIR, url: Url = None, key: Key = None,
-            as_json: Json = False) -> None:  # fmt: skip
+def halt_on(
+    reason: Annotated[str, typer.Option(help="Why (kept in the audit log).")],
+    state_dir: StateDir = DEFAULT_STATE_DIR,
+    url: Url = None,
+    key: Key = None,
+    as_json: Json = False,
+) -> None:
     """Abort every active drill and refuse new ones."""
     answer = api_for(state_dir, url, key).call("POST", "/v1/admin/halt", {"reason": reason})
     _echo_halt(answer, as_json)
 
 
 @halt_app.command("off")
-def halt_off(reason: ReasonOpt = "halt lifted", state_dir: StateDir = DEFAULT_STATE_DIR,
-             url: Url = None, key: Key = None, as_json: Json = False) -> None:  # fmt: skip
+def halt_off(
+    reason: ReasonOpt = "halt lifted",
+    state_dir: StateDir = DEFAULT_STATE_DIR,
+    url: Url = None,
+    key: Key = None,
+    as_json: Json = False,
+) -> None:
     """Lift the halt switch."""
     api = api_for(state_dir, url, key)
     _echo_halt(api.call("DELETE", "/v1/admin/halt", params={"reason": reason}), as_json)
 
 
 @halt_app.command("show")
-def halt_show(state_dir: StateDir = DEFAULT_STATE_DIR, url: Url = None, key: Key = None,
-              as_json: Json = False) -> None:  # fmt: skip
+def halt_show(
+    state_dir: StateDir = DEFAULT_STATE_DIR, url: Url = None, key: Key = None, as_json: Json = False
+) -> None:
     """Whether the halt switch is on, since when and why."""
     _echo_halt(api_for(state_dir, url, key).call("GET", "/v1/admin/halt"), as_json)
 

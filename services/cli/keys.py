@@ -33,9 +33,12 @@ ExpiresOpt = Annotated[
 def _print_key(answer: Any) -> None:
     typer.echo(answer["api_key"])  # stdout: the key alone, shown this once
     expiry = answer["expires_at_ms"]
-    print(f"key {answer['name']}: {answer['role']} of tenant {answer['tenant_id']}, "
-          f"{'no expiry' if expiry is None else f'expires at {expiry} ms'}; in effect at every "
-          "node within seconds", file=sys.stderr)  # fmt: skip
+    print(
+        f"key {answer['name']}: {answer['role']} of tenant {answer['tenant_id']}, "
+        f"{'no expiry' if expiry is None else f'expires at {expiry} ms'}; in effect at every "
+        "node within seconds",
+        file=sys.stderr,
+    )
 
 
 @keys_app.command("create")
@@ -63,8 +66,13 @@ def keys_create(
     if cluster_file is not None:
         _create_in_file(cluster_file, tenant, name, role, reason, audit_url, audit_key, no_audit)
         return
-    body = {"tenant_id": tenant, "name": name or tenant, "role": role, "reason": reason,
-            "expires_in_s": expires_in_s}  # fmt: skip
+    body = {
+        "tenant_id": tenant,
+        "name": name or tenant,
+        "role": role,
+        "reason": reason,
+        "expires_in_s": expires_in_s,
+    }
     _print_key(api_for(state_dir, url, key).call("POST", "/v1/admin/keys", body))
 
 
@@ -88,9 +96,13 @@ def keys_rotate(
 
 
 @keys_app.command("revoke")
-def keys_revoke(name: NameArg, reason: ReasonOpt = "revoked",
-                state_dir: StateDir = Path(".state/plane"), url: Url = None,
-                key: Key = None) -> None:  # fmt: skip
+def keys_revoke(
+    name: NameArg,
+    reason: ReasonOpt = "revoked",
+    state_dir: StateDir = Path(".state/plane"),
+    url: Url = None,
+    key: Key = None,
+) -> None:
     """Revoke a key: refused at every node within seconds."""
     api = api_for(state_dir, url, key)
     api.call("DELETE", f"/v1/admin/keys/{name}", params={"reason": reason})
@@ -98,8 +110,9 @@ def keys_revoke(name: NameArg, reason: ReasonOpt = "revoked",
 
 
 @keys_app.command("list")
-def keys_list(state_dir: StateDir = DEFAULT_STATE_DIR, url: Url = None,
-              key: Key = None, as_json: Json = False) -> None:  # fmt: skip
+def keys_list(
+    state_dir: StateDir = DEFAULT_STATE_DIR, url: Url = None, key: Key = None, as_json: Json = False
+) -> None:
     """Every key's name, tenant, role, source, expiry and state (never a key)."""
     answer = api_for(state_dir, url, key).call("GET", "/v1/admin/keys")
     if as_json:
@@ -108,13 +121,23 @@ def keys_list(state_dir: StateDir = DEFAULT_STATE_DIR, url: Url = None,
     for k in answer["keys"]:
         state = "revoked" if k.get("revoked") else "live" if k.get("live") else "expired"
         expiry = k.get("expires_at_ms")
-        typer.echo(f"{k['name']:<24} {k.get('tenant_id') or '-':<16} {k.get('role') or '-':<9} "
-                   f"{k['source']:<13} {state:<8} "
-                   f"{'no expiry' if expiry is None else f'expires at {expiry} ms'}")  # fmt: skip
+        typer.echo(
+            f"{k['name']:<24} {k.get('tenant_id') or '-':<16} {k.get('role') or '-':<9} "
+            f"{k['source']:<13} {state:<8} "
+            f"{'no expiry' if expiry is None else f'expires at {expiry} ms'}"
+        )
 
 
-def _create_in_file(cluster_file: Path, tenant: str, name: str | None, role: str, reason: str,
-                    audit_url: str | None, audit_key: str | None, no_audit: bool) -> None:  # fmt: skip
+def _create_in_file(
+    cluster_file: Path,
+    tenant: str,
+    name: str | None,
+    role: str,
+    reason: str,
+    audit_url: str | None,
+    audit_key: str | None,
+    no_audit: bool,
+) -> None:
     from pydantic import ValidationError
 
     from services.config import TenantConfig, api_key_sha256, load_cluster, write_cluster
@@ -122,8 +145,12 @@ def _create_in_file(cluster_file: Path, tenant: str, name: str | None, role: str
     cluster = load_cluster(cluster_file)
     key = "cp_" + secrets.token_urlsafe(24)
     try:
-        added = TenantConfig(tenant_id=tenant, api_key_sha256=api_key_sha256(key), role=role,  # type: ignore[arg-type]
-                             key_name=name)  # fmt: skip
+        added = TenantConfig(
+            tenant_id=tenant,
+            api_key_sha256=api_key_sha256(key),
+            role=role,  # type: ignore[arg-type]
+            key_name=name,
+        )
         updated = cluster.model_copy(update={"tenants": [*cluster.tenants, added]})
         updated = type(cluster).model_validate(updated.model_dump())
     except ValidationError as exc:
@@ -141,13 +168,19 @@ def _create_in_file(cluster_file: Path, tenant: str, name: str | None, role: str
                 exit_code=EXIT_USAGE,
                 hint="give --audit-url and --audit-key, or --no-audit",
             ) from None
-        api.call("POST", "/v1/audit", {"action": "key.create", "target": f"{tenant} ({role})",
-                                       "reason": reason})  # fmt: skip
+        api.call(
+            "POST",
+            "/v1/audit",
+            {"action": "key.create", "target": f"{tenant} ({role})", "reason": reason},
+        )
         print("recorded in the audit log", file=sys.stderr)
     write_cluster(cluster_file, updated)
     typer.echo(key)
-    print(f"added a {role} key for tenant {tenant} to {cluster_file}; nodes load it when they "
-          "start (on a running plane, create keys without --cluster-file)", file=sys.stderr)  # fmt: skip
+    print(
+        f"added a {role} key for tenant {tenant} to {cluster_file}; nodes load it when they "
+        "start (on a running plane, create keys without --cluster-file)",
+        file=sys.stderr,
+    )
 
 
 def register(app: typer.Typer) -> None:

@@ -18,8 +18,9 @@ from services.cli.output import EXIT_NEGATIVE, echo_json
 ACTIVE_DRILL_PHASES = frozenset({"planned", "injecting", "holding", "restoring"})
 
 
-def regions(state_dir: StateDir = DEFAULT_STATE_DIR, url: Url = None, key: Key = None,
-            as_json: Json = False) -> None:  # fmt: skip
+def regions(
+    state_dir: StateDir = DEFAULT_STATE_DIR, url: Url = None, key: Key = None, as_json: Json = False
+) -> None:
     """Every region's status, capacity, shards and unhealthy loops."""
     answer = api_for(state_dir, url, key).call("GET", "/v1/regions")
     if as_json:
@@ -46,8 +47,9 @@ def region_lines(answer: dict[str, Any]) -> list[str]:
     return lines
 
 
-def status(state_dir: StateDir = DEFAULT_STATE_DIR, url: Url = None, key: Key = None,
-           as_json: Json = False) -> None:  # fmt: skip
+def status(
+    state_dir: StateDir = DEFAULT_STATE_DIR, url: Url = None, key: Key = None, as_json: Json = False
+) -> None:
     """The plane in a few lines; exits 1 when a region is not up or the halt switch is on."""
     api = api_for(state_dir, url, key)
     answer = {

@@ -83,8 +83,14 @@ def up(
     from services.local.plane import LocalPlane, PlaneError, write_private_json
 
     console = Console()
-    attached = _attached_engines(console, regions, state_dir, engine or [],
-                                 declare_priority_scheduling, kafka_bootstrap_servers)  # fmt: skip
+    attached = _attached_engines(
+        console,
+        regions,
+        state_dir,
+        engine or [],
+        declare_priority_scheduling,
+        kafka_bootstrap_servers,
+    )
     plane = LocalPlane(
         regions=regions,
         state_dir=state_dir,
@@ -141,8 +147,10 @@ def _attached_engines(
 
     if not options:
         if kafka_bootstrap_servers or priority_declared:
-            console.print("[red]--kafka-bootstrap-servers and --declare-priority-scheduling "
-                          "apply to --engine engines: give one[/red]")  # fmt: skip
+            console.print(
+                "[red]--kafka-bootstrap-servers and --declare-priority-scheduling "
+                "apply to --engine engines: give one[/red]"
+            )
             raise typer.Exit(1)
         return None
     try:
@@ -152,8 +160,12 @@ def _attached_engines(
     except EngineRefused as exc:
         console.print(f"[red]not starting the plane:[/red] {exc}")
         raise typer.Exit(1) from exc
-    return AttachedEngines(checked, state_dir.resolve(), priority_declared=priority_declared,
-                           kafka_bootstrap_servers=kafka_bootstrap_servers or None)  # fmt: skip
+    return AttachedEngines(
+        checked,
+        state_dir.resolve(),
+        priority_declared=priority_declared,
+        kafka_bootstrap_servers=kafka_bootstrap_servers or None,
+    )
 
 
 def _supervise(
@@ -171,8 +183,10 @@ def _supervise(
     with httpx.Client(trust_env=False) as client:
         while not stop.wait(SUPERVISE_POLL_S):
             for engine_id, code in plane.exited_workers():
-                console.print(f"[yellow]replay worker {engine_id} exited with code {code}"
-                              "[/yellow]; its log is in the state dir")  # fmt: skip
+                console.print(
+                    f"[yellow]replay worker {engine_id} exited with code {code}"
+                    "[/yellow]; its log is in the state dir"
+                )
             for name, code in plane.exited_nodes():
                 console.print(
                     f"[yellow]node {name} exited with code {code}[/yellow]; start it again on "
@@ -306,12 +320,15 @@ def _print_plane(console: Console, info: dict[str, Any], info_file: Path) -> Non
     console.print(f"  API key (tenant {info['tenant_id']}): [bold]{info['api_key']}[/bold]")
     for engine in info.get("engines", []):
         unverified = ", ".join(f"{n} ({r})" for n, r in engine["reasons"].items())
-        console.print(f"  engine {engine['engine_id']} {engine['url']} serves "
-                      f"{engine['model_revision']!r}: fit for replay, {engine['worker']} worker"
-                      + (f"; unverified: {unverified}" if unverified else ""))  # fmt: skip
+        console.print(
+            f"  engine {engine['engine_id']} {engine['url']} serves "
+            f"{engine['model_revision']!r}: fit for replay, {engine['worker']} worker"
+            + (f"; unverified: {unverified}" if unverified else "")
+        )
     for engine in info.get("sim_engines", []):
-        console.print(f"  simulated engine (a simulator, no GPU) {engine['engine_id']}  "
-                      f"{engine['url']}")  # fmt: skip
+        console.print(
+            f"  simulated engine (a simulator, no GPU) {engine['engine_id']}  {engine['url']}"
+        )
     if "service_api_key" in info:
         console.print(f"  replay service key: [bold]{info['service_api_key']}[/bold]")
     console.print(
@@ -341,8 +358,13 @@ def _run_demo(console: Console, plane: LocalPlane, info: dict[str, Any]) -> None
                 acks.add_column(column)
 
             def row(event_type: str, a: Appended) -> None:
-                acks.add_row(str(a.seq), event_type, ", ".join(a.acked_by), a.served_by or "-",
-                             "true" if a.replayed else "-")  # fmt: skip
+                acks.add_row(
+                    str(a.seq),
+                    event_type,
+                    ", ".join(a.acked_by),
+                    a.served_by or "-",
+                    "true" if a.replayed else "-",
+                )
 
             user = {"content": "What's the weather in Lisbon?"}
             row("message.user", plane_client.append(cid, "message.user", user))
@@ -352,8 +374,12 @@ def _run_demo(console: Console, plane: LocalPlane, info: dict[str, Any]) -> None
             )
             answer = {"content": f"It is {first.result['celsius']} °C in Lisbon."}
             for _ in range(2):  # the second is a retry with the same key: answered, not applied
-                row("message.assistant", plane_client.append(
-                    cid, "message.assistant", answer, idempotency_key="demo-answer"))  # fmt: skip
+                row(
+                    "message.assistant",
+                    plane_client.append(
+                        cid, "message.assistant", answer, idempotency_key="demo-answer"
+                    ),
+                )
             console.print(acks)
             again = plane_client.run_tool_once(
                 cid, attempt_id, "weather.lookup", arguments, _tool_must_not_run
@@ -384,8 +410,17 @@ def _run_demo_drill(console: Console, info: dict[str, Any]) -> None:
 
     region = info["regions"][-1]["name"]
     api = Api([r["url"] for r in info["regions"]], info["operator_api_key"])
-    body = drill_body("region-loss", region, DEMO_DRILL_HOLD_S, "demo", False, None,
-                      DEMO_MAX_ERROR_RATIO, None, dry_run=False)  # fmt: skip
+    body = drill_body(
+        "region-loss",
+        region,
+        DEMO_DRILL_HOLD_S,
+        "demo",
+        False,
+        None,
+        DEMO_MAX_ERROR_RATIO,
+        None,
+        dry_run=False,
+    )
     drill = _start_demo_drill(info, body)
     console.print(
         f"\n[bold]region-loss drill[/bold] {drill['drill_id']}: {region} black-holed at every "
@@ -422,8 +457,9 @@ def _print_transcript(console: Console, plane_client: Client, cid: str, attempt_
     for column in ("seq", "type", "payload", "created_at"):
         transcript.add_column(column)
     for e in plane_client.transcript(cid):
-        transcript.add_row(str(e.seq), e.type, json.dumps(e.payload, ensure_ascii=False),
-                           e.created_at.isoformat())  # fmt: skip
+        transcript.add_row(
+            str(e.seq), e.type, json.dumps(e.payload, ensure_ascii=False), e.created_at.isoformat()
+        )
     console.print(transcript)
     status = plane_client.tool_attempt(cid, attempt_id)
     console.print(f"tool attempt {attempt_id}: [bold]{status.state}[/bold]")

@@ -33,8 +33,9 @@ async def _check_engine(
     else:
         for check in fitness.checks:
             reason = f": {check.reason}" if check.reason else ""
-            typer.echo(f"{check.verdict.upper():10} {check.name}{reason}",
-                       err=check.verdict == "failed")  # fmt: skip
+            typer.echo(
+                f"{check.verdict.upper():10} {check.name}{reason}", err=check.verdict == "failed"
+            )
         verdict = "fit" if fitness.fit else "UNFIT"
         typer.echo(f"engine {engine_url} is {verdict} for replay of {model_revision!r}")
     return 0 if fitness.fit else 1
@@ -105,11 +106,18 @@ def register(app: typer.Typer) -> None:
 
         if check:
             priority = WorkerConfig().replay_priority
-            raise typer.Exit(asyncio.run(_check_engine(
-                engine_url, model_revision, priority, declare_priority_scheduling, as_json
-            )))  # fmt: skip
-        for name, value in (("--bootstrap-servers", bootstrap_servers),
-                            ("--region-url", region_url), ("--api-key", api_key)):  # fmt: skip
+            raise typer.Exit(
+                asyncio.run(
+                    _check_engine(
+                        engine_url, model_revision, priority, declare_priority_scheduling, as_json
+                    )
+                )
+            )
+        for name, value in (
+            ("--bootstrap-servers", bootstrap_servers),
+            ("--region-url", region_url),
+            ("--api-key", api_key),
+        ):
             if not value:
                 raise typer.BadParameter("required (unless --check)", param_hint=name)
         if not re.fullmatch(r"[0-9a-f]{64}", bus_secret):

@@ -43,14 +43,29 @@ STATIC_PACKAGE = ("services.console", "static")
 class ConsoleNode(BaseModel):
     model_config = ConfigDict(
         extra="allow",
-        json_schema_extra={"examples": [{
-            "region": "us-east", "you": {"tenant_id": "sre-viewer", "role": "viewer"},
-            "browser_urls": {"us-east": "http://127.0.0.1:8700"}, "control_leader": "us-east",
-            "placement_version": 3, "led_shards": {"0": 2, "5": 2},
-            "appends": {"window_s": 10, "received_per_s": 4.2, "succeeded_per_s": 4.2,
-                        "errors_per_s": 0.0, "error_ratio": 0.0, "acked_led_per_s": 3.9},
-            "replay": None, "unhealthy_loops": []}]},
-    )  # fmt: skip
+        json_schema_extra={
+            "examples": [
+                {
+                    "region": "us-east",
+                    "you": {"tenant_id": "sre-viewer", "role": "viewer"},
+                    "browser_urls": {"us-east": "http://127.0.0.1:8700"},
+                    "control_leader": "us-east",
+                    "placement_version": 3,
+                    "led_shards": {"0": 2, "5": 2},
+                    "appends": {
+                        "window_s": 10,
+                        "received_per_s": 4.2,
+                        "succeeded_per_s": 4.2,
+                        "errors_per_s": 0.0,
+                        "error_ratio": 0.0,
+                        "acked_led_per_s": 3.9,
+                    },
+                    "replay": None,
+                    "unhealthy_loops": [],
+                }
+            ]
+        },
+    )
 
     region: str
     you: dict[str, str] = Field(description="the caller's key: tenant_id and role")

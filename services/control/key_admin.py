@@ -66,8 +66,14 @@ class KeyAdmin:
             self._check_took_effect(record)
         return key, record
 
-    async def rotate(self, name: str, new_name: str, grace_s: float, who: Operator,
-                     expires_in_s: float | None = None) -> tuple[str, KeyRecord]:  # fmt: skip
+    async def rotate(
+        self,
+        name: str,
+        new_name: str,
+        grace_s: float,
+        who: Operator,
+        expires_in_s: float | None = None,
+    ) -> tuple[str, KeyRecord]:
         check_name("name", new_name)
         if not 0 <= grace_s <= ROTATION_GRACE_MAX_S:
             raise InvalidRequest(f"grace_s must be within [0, {ROTATION_GRACE_MAX_S:.0f}]")
@@ -77,8 +83,12 @@ class KeyAdmin:
             self._check_free(new_name)
             key, record = self._new_key(new_name, tenant_id, role, expires_in_s)
             old_expires_at_ms = self._now_ms() + int(grace_s * 1000)
-            body = {"op": "rotate", "name": name, "old_expires_at_ms": old_expires_at_ms,
-                    "new": record.to_body()}  # fmt: skip
+            body = {
+                "op": "rotate",
+                "name": name,
+                "old_expires_at_ms": old_expires_at_ms,
+                "new": record.to_body(),
+            }
             await self._commit(body, who, "key.rotate", f"{name} -> {new_name}")
             self._check_took_effect(record)
         return key, record
@@ -96,15 +106,28 @@ class KeyAdmin:
     def listing(self) -> list[dict[str, Any]]:
         now_ms = self._now_ms()
         listed = [
-            {"name": r.name, "tenant_id": r.tenant_id, "role": r.role, "source": "control",
-             "expires_at_ms": r.expires_at_ms, "revoked": r.revoked, "live": r.live_at(now_ms)}
+            {
+                "name": r.name,
+                "tenant_id": r.tenant_id,
+                "role": r.role,
+                "source": "control",
+                "expires_at_ms": r.expires_at_ms,
+                "revoked": r.revoked,
+                "live": r.live_at(now_ms),
+            }
             for r in self.keys.by_name.values()
-        ]  # fmt: skip
+        ]
         for name in sorted(self._file_keys):
             ends_ms = self.keys.file_key_ends_ms.get(name)
-            listed.append({"name": name, "source": "cluster-file", "revoked": ends_ms == 0,
-                           "expires_at_ms": ends_ms or None,
-                           "live": self.keys.file_key_live(name, now_ms)})  # fmt: skip
+            listed.append(
+                {
+                    "name": name,
+                    "source": "cluster-file",
+                    "revoked": ends_ms == 0,
+                    "expires_at_ms": ends_ms or None,
+                    "live": self.keys.file_key_live(name, now_ms),
+                }
+            )
         return listed
 
     # --- internals ------------------------------------------------------------------------
@@ -143,8 +166,14 @@ class KeyAdmin:
 
     async def _commit(self, body: dict[str, Any], who: Operator, action: str, target: str) -> None:
         driver = self._driver
-        body[AUDIT_KEY] = audit_body(at_ms=self._now_ms(), by=who.by, role=who.role,
-                                     action=action, target=target, reason=who.reason)  # fmt: skip
+        body[AUDIT_KEY] = audit_body(
+            at_ms=self._now_ms(),
+            by=who.by,
+            role=who.role,
+            action=action,
+            target=target,
+            reason=who.reason,
+        )
         lsn = await driver.node.append_record(driver.controller.control_shard, KEY_RECORD, body)
         deadline_s = self._clock.monotonic() + APPLY_WAIT_S
         while driver.ops.applied_lsn < lsn:  # then the change shows in this node's own answer

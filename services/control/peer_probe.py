@@ -106,8 +106,14 @@ class HttpPeerProber:
                     except (_Dropped, OSError):
                         pass  # closed on the peer's side while idle: once more, on a new one
                 return await self._ask(region, await self._connect(region))
-        except (OSError, TimeoutError, ValueError, _Dropped, asyncio.IncompleteReadError,
-                asyncio.LimitOverrunError):  # fmt: skip
+        except (
+            OSError,
+            TimeoutError,
+            ValueError,
+            _Dropped,
+            asyncio.IncompleteReadError,
+            asyncio.LimitOverrunError,
+        ):
             return None
 
     async def close(self) -> None:
@@ -121,9 +127,12 @@ class HttpPeerProber:
         if self._tls[region]:  # the cluster's mutual TLS, else the system's trust store
             context = self._ssl or ssl.create_default_context()
         reader, writer = await asyncio.open_connection(
-            host, port, ssl=context, server_hostname=host if context else None,
+            host,
+            port,
+            ssl=context,
+            server_hostname=host if context else None,
             limit=HEAD_BYTES_MAX,
-        )  # fmt: skip
+        )
         return _Connection(reader, writer)
 
     async def _ask(self, region: str, connection: _Connection) -> Mapping[str, Any] | None:

@@ -58,9 +58,13 @@ from services.deploy.compose_bundles import (
 
 #: what the repository used to ship in docker-compose.yml and deploy/: public, so never secret
 KNOWN_DEMO_SECRETS = frozenset(
-    {"demo-key-change-me", "service-key-change-me", "convplane",
-     "compose-only-peer-secret-change-me-0123456789"}
-)  # fmt: skip
+    {
+        "demo-key-change-me",
+        "service-key-change-me",
+        "convplane",
+        "compose-only-peer-secret-change-me-0123456789",
+    }
+)
 _KNOWN_DEMO_KEY_HASHES = frozenset(api_key_sha256(s) for s in KNOWN_DEMO_SECRETS)
 DEMO_TENANT = "demo"
 

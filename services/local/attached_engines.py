@@ -67,8 +67,9 @@ def parse_engine_options(values: Sequence[str], regions: Sequence[str]) -> list[
     for value in values:
         match = _OPTION.fullmatch(value.strip())
         if match is None:
-            raise EngineRefused(f"--engine {value!r}: expected REGION=URL, e.g. "
-                                f"{regions[0]}=http://127.0.0.1:8000")  # fmt: skip
+            raise EngineRefused(
+                f"--engine {value!r}: expected REGION=URL, e.g. {regions[0]}=http://127.0.0.1:8000"
+            )
         region, url = match["region"].strip(), match["url"].strip().rstrip("/")
         if region not in regions:
             raise EngineRefused(
@@ -104,8 +105,9 @@ async def _check_all(
     attached: list[AttachedEngine] = []
     for option in options:
         index = sum(1 for e in attached if e.region == option.region)
-        attached.append(await _check_one(option, f"{option.region}-engine{index}",
-                                         priority_declared))  # fmt: skip
+        attached.append(
+            await _check_one(option, f"{option.region}-engine{index}", priority_declared)
+        )
     return attached
 
 
@@ -125,8 +127,10 @@ async def _check_one(
     finally:
         await probe.aclose()
     if len(models) != 1:
-        raise EngineRefused(f"{where} serves {len(models)} models ({', '.join(models) or '-'}); "
-                            "a plane attaches engines that serve exactly one")  # fmt: skip
+        raise EngineRefused(
+            f"{where} serves {len(models)} models ({', '.join(models) or '-'}); "
+            "a plane attaches engines that serve exactly one"
+        )
     (model_revision,) = models
     engine = VllmHttpEngine(engine_id, option.url, model_revision)
     try:
@@ -141,8 +145,14 @@ async def _check_one(
     if not fitness.fit:
         failed = "; ".join(f"{p.code}: {p.message}" for p in fitness.problems)
         raise EngineRefused(f"{where} is unfit for replay of {model_revision!r}: {failed}")
-    return AttachedEngine(option.region, option.url, engine_id, model_revision,
-                          dict(fitness.verdicts()), fitness.reasons())  # fmt: skip
+    return AttachedEngine(
+        option.region,
+        option.url,
+        engine_id,
+        model_revision,
+        dict(fitness.verdicts()),
+        fitness.reasons(),
+    )
 
 
 @dataclass
@@ -169,11 +179,15 @@ class AttachedEngines:
     def replay_config(self) -> ReplayConfig:
         engines: dict[str, list[EngineConfig]] = {}
         for e in self.engines:
-            engines.setdefault(e.region, []).append(EngineConfig(
-                url=e.url, model_revision=e.model_revision, engine_id=e.engine_id,
-                capacity_tokens_per_s=self.capacity_tokens_per_s,
-                priority_scheduling_declared=self.priority_declared,
-            ))  # fmt: skip
+            engines.setdefault(e.region, []).append(
+                EngineConfig(
+                    url=e.url,
+                    model_revision=e.model_revision,
+                    engine_id=e.engine_id,
+                    capacity_tokens_per_s=self.capacity_tokens_per_s,
+                    priority_scheduling_declared=self.priority_declared,
+                )
+            )
         kafka: dict[str, Any] = {}
         if self.kafka_bootstrap_servers:
             kafka = {
@@ -181,8 +195,12 @@ class AttachedEngines:
                 "bus_secrets": self.bus_secrets,
                 "worker_keys_sha256": {r: api_key_sha256(k) for r, k in self.worker_keys.items()},
             }
-        return ReplayConfig(engines=engines, worker_concurrency=self.worker_concurrency,
-                            cache_salt_key=self.cache_salt_key, **kafka)  # fmt: skip
+        return ReplayConfig(
+            engines=engines,
+            worker_concurrency=self.worker_concurrency,
+            cache_salt_key=self.cache_salt_key,
+            **kafka,
+        )
 
     def start_workers(self, region_urls: dict[str, str]) -> None:
         """With Kafka: one ``convplane worker`` per engine, against its region's API."""
@@ -197,20 +215,30 @@ class AttachedEngines:
                 "--capacity-tokens-per-s", str(self.capacity_tokens_per_s),
                 *(["--declare-priority-scheduling"] if self.priority_declared else []),
             )  # fmt: skip
-            env = {**os.environ, "CONVPLANE_WORKER_API_KEY": self.worker_keys[e.region],
-                   "CONVPLANE_REPLAY_BUS_SECRET": self.bus_secrets[e.region],
-                   "CONVPLANE_CACHE_SALT_KEY": self.cache_salt_key}  # fmt: skip
+            env = {
+                **os.environ,
+                "CONVPLANE_WORKER_API_KEY": self.worker_keys[e.region],
+                "CONVPLANE_REPLAY_BUS_SECRET": self.bus_secrets[e.region],
+                "CONVPLANE_CACHE_SALT_KEY": self.cache_salt_key,
+            }
             log_path = self.worker_log(e)
             with log_path.open("ab") as log_file:
                 self.workers[e.engine_id] = subprocess.Popen(
-                    command, stdin=subprocess.DEVNULL, stdout=log_file,
-                    stderr=subprocess.STDOUT, env=env, start_new_session=True,
-                )  # fmt: skip
+                    command,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log_file,
+                    stderr=subprocess.STDOUT,
+                    env=env,
+                    start_new_session=True,
+                )
 
     def exited_workers(self) -> list[tuple[str, int]]:
         """Workers that exited since last asked (engine id, exit code)."""
-        exited = [(i, code) for i, p in self.workers.items()
-                  if (code := p.poll()) is not None and i not in self._reported]  # fmt: skip
+        exited = [
+            (i, code)
+            for i, p in self.workers.items()
+            if (code := p.poll()) is not None and i not in self._reported
+        ]
         self._reported.update(i for i, _ in exited)
         return exited
 
@@ -229,11 +257,14 @@ class AttachedEngines:
                     "reasons": e.reasons,
                     "worker": "kafka" if self.kafka_bootstrap_servers else "in-process",
                     **(
-                        {"worker_pid": self.workers[e.engine_id].pid,
-                         "worker_log": str(self.worker_log(e))}
-                        if e.engine_id in self.workers else {}
+                        {
+                            "worker_pid": self.workers[e.engine_id].pid,
+                            "worker_log": str(self.worker_log(e)),
+                        }
+                        if e.engine_id in self.workers
+                        else {}
                     ),
                 }
                 for e in self.engines
             ],
-        }  # fmt: skip
+        }

@@ -120,8 +120,9 @@ def local_region(state_dir: Path, region: str) -> LocalRegion:
         raise PlaneError(f"no plane in {state_dir} (no {STATE_FILE_NAME})")
     names = [r.name for r in saved.regions]
     if region not in names:
-        raise PlaneError(f"no region {region!r} in the plane in {state_dir} (it has "
-                         f"{', '.join(names)})")  # fmt: skip
+        raise PlaneError(
+            f"no region {region!r} in the plane in {state_dir} (it has {', '.join(names)})"
+        )
     if saved.postgres:
         raise PlaneError(
             "this plane's replicas are PostgreSQL databases: back them up and restore them "
@@ -147,8 +148,9 @@ def backup_region(state_dir: Path, region: str, target: Path) -> Manifest:
     """Copy ``region``'s replica into the new directory ``target`` (the plane may be running)."""
     local = local_region(state_dir, region)
     if target.exists() and (not target.is_dir() or any(target.iterdir())):
-        raise PlaneError(f"{target} exists and is not an empty directory: a backup never "
-                         "overwrites anything")  # fmt: skip
+        raise PlaneError(
+            f"{target} exists and is not an empty directory: a backup never overwrites anything"
+        )
     if not local.replica.is_file():
         raise PlaneError(f"{local.replica} is missing: {region} has no replica to back up")
     created = not target.exists()
@@ -183,8 +185,9 @@ def read_manifest(source: Path) -> Manifest:
     try:
         raw = json.loads((source / MANIFEST_NAME).read_text("utf-8"))
     except FileNotFoundError as exc:
-        raise PlaneError(f"{source} holds no {MANIFEST_NAME}: not a backup, or one that did "
-                         "not finish") from exc  # fmt: skip
+        raise PlaneError(
+            f"{source} holds no {MANIFEST_NAME}: not a backup, or one that did not finish"
+        ) from exc
     except (OSError, ValueError) as exc:
         raise PlaneError(f"{source / MANIFEST_NAME} cannot be read: {exc}") from exc
     if not isinstance(raw, dict) or raw.pop("format", None) != BACKUP_FORMAT:
@@ -203,13 +206,17 @@ def check_restore(state_dir: Path, region: str, source: Path) -> LocalRegion:
     local = local_region(state_dir, region)
     manifest = read_manifest(source)
     if manifest.plane_id != local.plane_id:
-        raise PlaneError(f"{source} is a backup of another plane (plane {manifest.plane_id}; "
-                         f"this one is {local.plane_id})")  # fmt: skip
+        raise PlaneError(
+            f"{source} is a backup of another plane (plane {manifest.plane_id}; "
+            f"this one is {local.plane_id})"
+        )
     if manifest.region != region:
         raise PlaneError(f"{source} is a backup of region {manifest.region}, not of {region}")
     if local.node_pid is not None and pid_alive(local.node_pid):
-        raise PlaneError(f"{region}'s node is running (pid {local.node_pid}): stop it first "
-                         f"(convplane stop-region {region} --state-dir {local.state_dir})")  # fmt: skip
+        raise PlaneError(
+            f"{region}'s node is running (pid {local.node_pid}): stop it first "
+            f"(convplane stop-region {region} --state-dir {local.state_dir})"
+        )
     return local
 
 
@@ -299,8 +306,11 @@ async def _record_rolled_back(others: Mapping[str, ReplicaStore], region: str) -
 def _wait_quarantine_seen(local: LocalRegion) -> None:
     """Until every running node's sweep holds the region quarantined (``GET /v1/regions``)."""
     headers = {"Authorization": f"Bearer {local.saved.viewer_api_key}"}
-    urls = [r["url"] for r in local.info["regions"]
-            if isinstance(r.get("node_pid"), int) and pid_alive(r["node_pid"])]  # fmt: skip
+    urls = [
+        r["url"]
+        for r in local.info["regions"]
+        if isinstance(r.get("node_pid"), int) and pid_alive(r["node_pid"])
+    ]
     deadline_s = time.monotonic() + QUARANTINE_SEEN_WAIT_S
     with httpx.Client(headers=headers, timeout=2.0, trust_env=False) as client:
         for url in urls:

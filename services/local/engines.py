@@ -116,9 +116,12 @@ class SimEngines:
         ]  # fmt: skip
         with log_path.open("ab") as log_file:
             process = subprocess.Popen(
-                command, stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
+                command,
+                stdin=subprocess.DEVNULL,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
                 start_new_session=True,
-            )  # fmt: skip
+            )
         return SimEngineProcess(region, engine_id, f"http://{self.host}:{port}", log_path, process)
 
     def _wait_healthy(self) -> None:
@@ -128,8 +131,9 @@ class SimEngines:
             while pending:
                 for engine in list(pending):
                     if engine.process.poll() is not None:
-                        raise SimEnginesError(f"simulated engine {engine.engine_id} exited "
-                                              f"(log {engine.log_path})")  # fmt: skip
+                        raise SimEnginesError(
+                            f"simulated engine {engine.engine_id} exited (log {engine.log_path})"
+                        )
                     try:
                         if client.get(engine.url + "/health").status_code == 200:
                             pending.remove(engine)

@@ -174,11 +174,13 @@ def _security_settings(
     }
     if tls is not None:
         listeners.append(f"SASL_SSL://127.0.0.1:{ssl_port}")
-        settings.update({
-            "listener.name.sasl_ssl.plain.sasl.jaas.config": jaas,
-            "listener.name.sasl_ssl.ssl.keystore.type": "PEM",
-            "listener.name.sasl_ssl.ssl.keystore.location": str(tls.server_pem),
-        })  # fmt: skip
+        settings.update(
+            {
+                "listener.name.sasl_ssl.plain.sasl.jaas.config": jaas,
+                "listener.name.sasl_ssl.ssl.keystore.type": "PEM",
+                "listener.name.sasl_ssl.ssl.keystore.location": str(tls.server_pem),
+            }
+        )
     return listeners, settings
 
 

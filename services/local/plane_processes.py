@@ -18,8 +18,12 @@ POLL_S = 0.1
 
 #: how a plane's process is asked to stop: PostgreSQL's fast shutdown (SIGINT) closes its
 #: sessions instead of waiting for them, as SIGTERM's smart one would
-_STOP_SIGNAL = {"supervisor_pid": signal.SIGTERM, "node_pid": signal.SIGTERM,
-                "db_pid": signal.SIGINT, "worker_pid": signal.SIGTERM}  # fmt: skip
+_STOP_SIGNAL = {
+    "supervisor_pid": signal.SIGTERM,
+    "node_pid": signal.SIGTERM,
+    "db_pid": signal.SIGINT,
+    "worker_pid": signal.SIGTERM,
+}
 
 
 def plane_processes(info: dict[str, Any]) -> list[tuple[str, str, int]]:

@@ -203,9 +203,13 @@ class PgInstance:
         with self.log_path.open("ab") as log:
             return subprocess.Popen(
                 self.server_command(),
-                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                start_new_session=True, env=_server_env(), **_as_postgres(),
-            )  # fmt: skip
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                env=_server_env(),
+                **_as_postgres(),
+            )
 
     def _wait_ready(self, deadline: float) -> bool:
         assert self.bindir is not None and self._process is not None
@@ -285,9 +289,14 @@ def restart_instance(
     if not (data_dir / "PG_VERSION").is_file():
         raise PgHarnessError(f"{data_dir} holds no PostgreSQL cluster")
     instance = PgInstance(
-        name=saved.name, port=saved.port, data_dir=data_dir, bindir=bindir, host=host,
-        password=saved.password, tls=saved.tls,
-    )  # fmt: skip
+        name=saved.name,
+        port=saved.port,
+        data_dir=data_dir,
+        bindir=bindir,
+        host=host,
+        password=saved.password,
+        tls=saved.tls,
+    )
     instance.start()
     return instance
 
@@ -326,9 +335,13 @@ def _init_instance(name: str, base: Path, bindir: Path, host: str = "127.0.0.1")
         conf.write("password_encryption = scram-sha-256\n")
     _admit_own_address(data_dir, host)
     return PgInstance(
-        name=name, port=free_port(host), data_dir=data_dir, bindir=bindir, host=host,
+        name=name,
+        port=free_port(host),
+        data_dir=data_dir,
+        bindir=bindir,
+        host=host,
         password=password,
-    )  # fmt: skip
+    )
 
 
 def _admit_own_address(data_dir: Path, host: str) -> None:
@@ -402,9 +415,15 @@ def _server_env(password: str | None = None) -> dict[str, str]:
 
 def _run_as_postgres(args: list[str], *, what: str) -> None:
     result = subprocess.run(
-        args, capture_output=True, text=True, env=_server_env(), timeout=120, check=False,
-        cwd="/", **_as_postgres(),
-    )  # fmt: skip
+        args,
+        capture_output=True,
+        text=True,
+        env=_server_env(),
+        timeout=120,
+        check=False,
+        cwd="/",
+        **_as_postgres(),
+    )
     if result.returncode != 0:
         raise PgHarnessError(f"{what} failed: {result.stderr.strip()[-2000:]}")
 

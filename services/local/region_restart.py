@@ -80,9 +80,14 @@ def _restart_detached(state_dir: Path, info: dict[str, Any], region: str) -> Non
     if saved is None:
         raise PlaneError(f"{state_dir} holds no {STATE_FILE_NAME}: nothing to restart from")
     plane = LocalPlane(
-        regions=len(saved.regions), state_dir=state_dir, postgres=saved.postgres, tls=saved.tls,
-        shard_count=saved.shard_count, host=saved.host, base_port=0,
-    )  # fmt: skip
+        regions=len(saved.regions),
+        state_dir=state_dir,
+        postgres=saved.postgres,
+        tls=saved.tls,
+        shard_count=saved.shard_count,
+        host=saved.host,
+        base_port=0,
+    )
     plane.adopt(saved)
     entry = next(r for r in info["regions"] if r["name"] == region)
     member = next(m for m in plane.members if m.name == region)

@@ -66,6 +66,7 @@ def _wait_all_healthy(urls: list[str]) -> None:
                     if client.get(url + "/healthz").status_code == 200:
                         pending.remove(url)
             if pending and time.monotonic() > deadline_s:
-                raise PlaneError(f"not healthy {SETTLE_WAIT_S:g}s after the upgrade: "
-                                 f"{', '.join(pending)}")  # fmt: skip
+                raise PlaneError(
+                    f"not healthy {SETTLE_WAIT_S:g}s after the upgrade: {', '.join(pending)}"
+                )
             time.sleep(HEALTH_POLL_S)

@@ -337,9 +337,14 @@ class ReplayService:
 
     def _granted(self, job: ReplayJob) -> ReplayJob:
         """The job with the read grant its worker shows to read the transcript."""
-        grant = read_grant.sign(self._read_grant_key, job_id=job.job_id, tenant_id=job.tenant_id,
-                                conversation_id=job.conversation_id, region=job.region,
-                                expires_ms=job.deadline_ms)  # fmt: skip
+        grant = read_grant.sign(
+            self._read_grant_key,
+            job_id=job.job_id,
+            tenant_id=job.tenant_id,
+            conversation_id=job.conversation_id,
+            region=job.region,
+            expires_ms=job.deadline_ms,
+        )
         return replace(job, read_grant=grant)
 
     async def _publish(self, jobs: list[ReplayJob]) -> None:

@@ -12,11 +12,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
-from fastapi import FastAPI
 
 from eventlog.clock import Clock
 from services.bootstrap import NodeRuntime
-from services.bootstrap.app import create_app
+from services.bootstrap.app import NodeApp, create_app
 from services.config import ClusterConfig, NodeSettings
 from tests.unit.api_fakes import (
     KEY_A,
@@ -63,7 +62,7 @@ def cluster(peer_secret: str | None = SECRET) -> ClusterConfig:
 def build_node(
     region: str, log: FakeLog, peers: httpx.AsyncClient, clock: Clock, config: ClusterConfig,
     **limits: Any,
-) -> FastAPI:  # fmt: skip
+) -> NodeApp:  # fmt: skip
     settings = NodeSettings(region=region, cluster=config, **limits)
 
     @asynccontextmanager

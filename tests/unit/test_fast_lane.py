@@ -31,6 +31,7 @@ from eventlog.http_headers import PEER_AUTH_HEADER
 from services.api import fast_lane
 from services.api.append_outcomes import AppendOutcomes
 from services.api.forward_batch import BATCH_PATH
+from services.bootstrap.app import NodeApp
 from tests.unit.admission_nodes import (
     SECRET,
     SlowLog,
@@ -53,8 +54,8 @@ WEST_CONV = conversation_led_by("west")
 
 @dataclass
 class Plane:
-    east: FastAPI
-    west: FastAPI
+    east: NodeApp
+    west: NodeApp
     west_log: SlowLog
     clock: ManualClock
 
@@ -170,7 +171,7 @@ def served(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
 async def test_the_lane_answers_every_request_as_the_app_does(served: list[str]) -> None:
     async with plane() as by_lane, plane() as by_app:
-        by_app.west.state.fast_lane.close()  # the forward's leader serves it by its app
+        by_app.west.fast_lane.close()  # the forward's leader serves it by its app
         laned = await play(by_lane.east, split_body=False)
         lane_count = len(served)
         apped = await play(by_app.east, split_body=True)
@@ -411,7 +412,7 @@ async def test_a_bug_is_a_500_and_a_closed_connection_as_in_the_app(
                     append(EAST_CONV, USER), split_body=split
                 )
             assert connection.transport.closed, name
-            admission = app.state.fast_lane._admission
+            admission = app.fast_lane._admission
             assert admission._inflight() == 0.0, name  # the permit went back
     assert _comparable(answers["lane"]) == _comparable(answers["app"])
     assert answers["lane"].status == 500
@@ -429,7 +430,7 @@ async def test_a_client_gone_before_its_answer_gets_none_and_leaks_nothing() -> 
         for _ in range(1000):
             await asyncio.sleep(0)
         assert connection.transport.written == b""
-        admission = p.east.state.fast_lane._admission
+        admission = p.east.fast_lane._admission
         assert admission._inflight() == 0.0
         again = WireConnection(p.east)
         (retry,) = await again.exchange(append(EAST_CONV, USER, extra={"idempotency-key": "g"}))
@@ -575,7 +576,7 @@ async def test_the_leaders_lane_answers_forwarded_appends_as_its_app_does(
     served: list[str],
 ) -> None:
     async with plane() as by_lane, plane() as by_app:
-        by_app.west.state.fast_lane.close()  # every item through the app
+        by_app.west.fast_lane.close()  # every item through the app
         laned = await play_forwarded(by_lane.west)
         lane_count = len(served)
         apped = await play_forwarded(by_app.west)
@@ -663,7 +664,7 @@ async def test_a_shedding_leader_answers_forwarded_items_as_its_app_does(
 ) -> None:
     limits = {"admission_limit_initial": 1, "admission_limit_min": 1, "admission_queue_max": 1}
     async with plane(**limits) as by_lane, plane(**limits) as by_app:
-        by_app.west.state.fast_lane.close()  # every item through the app
+        by_app.west.fast_lane.close()  # every item through the app
         laned = await play_shedding(by_lane)
         apped = await play_shedding(by_app)
         assert laned == apped

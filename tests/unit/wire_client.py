@@ -14,9 +14,9 @@ import asyncio
 from dataclasses import dataclass
 from typing import Any
 
-from fastapi import FastAPI
 from starlette.types import ASGIApp
 
+from services.bootstrap.app import NodeApp
 from services.listeners import Listener, ListenerConfig
 
 LOOP_STEPS_MAX = 100_000
@@ -75,7 +75,7 @@ class WireConnection:
     ) -> None:
         limits = limits or ListenerConfig("client", connections_max=100, header_timeout_s=5.0)
         # no Date header: answers are compared byte for byte
-        fast_lane = app.state.fast_lane if lane and isinstance(app, FastAPI) else None
+        fast_lane = app.fast_lane if lane and isinstance(app, NodeApp) else None
         self.listener = Listener(app, limits, lane=fast_lane, dated=False)
 
         def connect() -> None:

@@ -438,9 +438,19 @@ class DrillDriver:
             # the fault starts with the first record (a region-loss's injection time): stamp it
             # after the preflight writes, which may take a while
             drill = replace(start(drill_id, spec, self._clock.wall_ms()), measurements=measured)
-            audit = self._audit_entry(by, role, "drill.start", spec.region, spec.reason,
-                                      {"drill_id": drill_id, "kind": spec.kind,
-                                       "hold_s": spec.hold_s, "force": spec.force})  # fmt: skip
+            audit = self._audit_entry(
+                by,
+                role,
+                "drill.start",
+                spec.region,
+                spec.reason,
+                {
+                    "drill_id": drill_id,
+                    "kind": spec.kind,
+                    "hold_s": spec.hold_s,
+                    "force": spec.force,
+                },
+            )
             await self._commit_locked(drill, audit)
         return self.ops.drills.get(drill_id, drill), plan
 
@@ -531,8 +541,15 @@ class DrillDriver:
         reason: str,
         detail: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
-        return audit_body(at_ms=self._clock.wall_ms(), by=by, role=role, action=action,
-                          target=target, reason=reason, detail=detail)  # fmt: skip
+        return audit_body(
+            at_ms=self._clock.wall_ms(),
+            by=by,
+            role=role,
+            action=action,
+            target=target,
+            reason=reason,
+            detail=detail,
+        )
 
     async def _append(self, record_type: str, body: dict[str, Any]) -> None:
         """Commit a record to the control shard and wait until this node applied it."""
