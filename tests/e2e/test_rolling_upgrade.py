@@ -213,12 +213,14 @@ def _log_lines(path: str) -> list[str]:
 
 
 def _runs_under(pid: int, bin_dir: Path) -> bool:
-    """Whether process ``pid`` is the interpreter of the virtualenv of ``bin_dir``."""
+    """Whether process ``pid`` is the interpreter of the virtualenv of ``bin_dir`` (the
+    directories compared resolved: the cache may be reached through a link; the interpreter
+    itself is not resolved, a virtualenv's is a link to the system's)."""
     try:
         command = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode()
     except FileNotFoundError:
         return False
-    return Path(command).parent == bin_dir
+    return Path(command).parent.resolve() == bin_dir.resolve()
 
 
 def _retryable(reply: httpx.Response) -> bool:

@@ -24,7 +24,7 @@ locked in shard order, so concurrent leaders cannot deadlock).
 The function plans its statements once per session (``plan_cache_mode =
 force_generic_plan``): left to choose, PostgreSQL re-planned the array-driven statements on every
 call, which cost a one-entry group more than the loop. Its ``SECURITY DEFINER`` and
-``search_path``, where ``services.deploy.db_roles`` set them, are kept: ``CREATE OR REPLACE`` resets a
+``search_path``, where ``services.db_roles`` set them, are kept: ``CREATE OR REPLACE`` resets a
 function's attributes, so they are re-applied.
 """
 
@@ -187,7 +187,7 @@ $fn$;
 
 
 def _security_definer() -> bool:
-    """Whether ``services.deploy.db_roles`` made the function ``SECURITY DEFINER`` (its settings go
+    """Whether ``services.db_roles`` made the function ``SECURITY DEFINER`` (its settings go
     with a replaced body and must be put back)."""
     bind = op.get_bind()
     found = bind.exec_driver_sql(

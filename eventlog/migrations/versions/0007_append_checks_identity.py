@@ -25,7 +25,7 @@ and nothing is written. Else it runs ``convplane_append`` and, in the same state
 the positions of every shard whose request was accepted (kind 0). No extra round trip: the
 positions ride the append.
 
-``convplane_append`` is unchanged. Where ``services.deploy.db_roles`` made it ``SECURITY DEFINER``
+``convplane_append`` is unchanged. Where ``services.db_roles`` made it ``SECURITY DEFINER``
 (node roles may not write tables directly), the new function gets the same settings and the
 same grantees (it writes ``replica_positions``); ``db_roles`` lists it for new databases.
 """
@@ -119,7 +119,7 @@ def upgrade() -> None:
     ).scalar()
     if not definer:
         return
-    # the node roles' rights, as services.deploy.db_roles grants them for convplane_append
+    # the node roles' rights, as services.db_roles grants them for convplane_append
     op.execute(
         f"ALTER FUNCTION {APPEND_AS_SIGNATURE} SECURITY DEFINER SET search_path = public, pg_temp"
     )
