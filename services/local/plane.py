@@ -484,19 +484,32 @@ class LocalPlane:
     def wait_healthy(self, members: list[RegionProcess] | None = None) -> None:
         deadline_s = time.monotonic() + self.ready_timeout_s
         pending = list(self.members if members is None else members)
+        last_reply: dict[str, str] = {}
         with httpx.Client(timeout=1.0, trust_env=False) as client:
             while pending:
                 for member in list(pending):
                     self._check_alive(member)
                     try:
-                        if client.get(member.url + "/healthz").status_code == 200:
-                            pending.remove(member)
-                    except httpx.HTTPError:
-                        pass
+                        reply = client.get(member.url + "/healthz")
+                    except httpx.HTTPError as exc:
+                        last_reply[member.name] = f"no answer ({type(exc).__name__})"
+                        continue
+                    if reply.status_code == 200:
+                        pending.remove(member)
+                    last_reply[member.name] = f"{reply.status_code} {reply.text[:300]}"
                 if pending and time.monotonic() > deadline_s:
-                    names = ", ".join(m.name for m in pending)
-                    raise PlaneError(f"nodes not healthy after {self.ready_timeout_s:g}s: {names}")
+                    raise PlaneError(self._not_healthy(pending, last_reply))
                 time.sleep(HEALTH_POLL_S)
+
+    def _not_healthy(self, pending: list[RegionProcess], last_reply: dict[str, str]) -> str:
+        """What the user needs to see why: each pending node's last /healthz and log tail."""
+        names = ", ".join(m.name for m in pending)
+        lines = [f"nodes not healthy after {self.ready_timeout_s:g}s: {names}"]
+        for member in pending:
+            lines.append(f"{member.name}: last /healthz: {last_reply.get(member.name, 'none')}")
+            lines.append(f"{member.name}: log tail ({member.log_path}):")
+            lines.append(_tail(member.log_path, max_bytes=2000))
+        return "\n".join(lines)
 
     @staticmethod
     def _check_alive(member: RegionProcess) -> None:

@@ -87,6 +87,7 @@ def _restart_detached(state_dir: Path, info: dict[str, Any], region: str) -> Non
         shard_count=saved.shard_count,
         host=saved.host,
         base_port=0,
+        ready_timeout_s=RESTART_WAIT_S,  # the same bound as a supervisor's restart
     )
     plane.adopt(saved)
     entry = next(r for r in info["regions"] if r["name"] == region)
