@@ -287,6 +287,12 @@ class NodeSettings(BaseSettings):
     #: acknowledged appends per second one region sustains: a drill's preflight refuses when
     #: the survivors of a region loss would need more (regions.drill_plan)
     region_append_capacity_per_s: float = Field(default=2000.0, gt=0.0)
+    #: the control leader re-evaluates every region's loss readiness this often (regions.readiness)
+    readiness_interval_s: float = Field(default=300.0, gt=0.0)
+    #: readiness: a passed drill's weight in the score halves every this many seconds (7 days)
+    readiness_drill_half_life_s: float = Field(default=604_800.0, gt=0.0)
+    #: readiness: a replay bound of the moved conversations up to this many seconds scores full
+    readiness_replay_target_s: float = Field(default=300.0, gt=0.0)
     #: where an operator's browser reaches each region's client API, for the console
     #: (services.console.access), when not at the cluster file's ``url`` (docker compose
     #: publishes nodes on host ports); JSON in CONVPLANE_CONSOLE_URLS, region -> URL

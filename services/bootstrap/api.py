@@ -29,6 +29,7 @@ from services.control.node_metrics import (
     NodeStateCollector,
     ReplayJobRecorder,
 )
+from services.control.readiness import ReadinessCollector
 from services.tracing import NodeTracing
 
 
@@ -106,6 +107,7 @@ async def open_api(
         else KeyAdmin(runtime.drills, runtime.cluster.tenants, runtime.clock),
         audit_limiter=AuditPostLimiter(runtime.clock, metrics.registry),
         replay=runtime.replay,
+        loss_readiness=runtime.loss_readiness,
     )
     set_app_services(app, services)
     watch_replay(metrics.registry, runtime.replay)
@@ -146,6 +148,8 @@ def _watch_node(metrics: Metrics, runtime: NodeRuntime) -> None:
         metrics.registry.register(runtime.replica_instruments.histogram)
     if runtime.replay is not None:
         runtime.replay.result_listeners.append(ReplayJobRecorder(metrics.registry))
+    if runtime.loss_readiness is not None:
+        metrics.registry.register(ReadinessCollector(runtime.loss_readiness))
     controller = runtime.controller
     if controller is None:
         return

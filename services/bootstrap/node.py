@@ -23,11 +23,12 @@ import httpx
 from eventlog.clock import Clock, SystemClock
 from eventlog.config import LogConfig
 from eventlog.conversations import ConversationLog
-from eventlog.http_headers import SOURCE_REGION_HEADER
+from eventlog.http_headers import PEER_AUTH_HEADER, SOURCE_REGION_HEADER
 from eventlog.node import LogNode
 from eventlog.replica import ReplicaStore
 from eventlog.stores import open_replica_store
 from regions.ops_state import OpsState
+from regions.readiness import ReadinessPolicy
 from services.api.forward_exchange import BatchExchange, StreamBatchExchange, idle_reuse_s
 from services.bootstrap.replay import open_replay_service
 from services.bootstrap.replica_timing import (
@@ -45,8 +46,9 @@ from services.control.drills.faults import (
     black_holed_replicas,
     region_by_address,
 )
-from services.control.drills.load import LoadMeter
+from services.control.drills.load import LoadMeter, plane_load
 from services.control.peer_probe import HttpPeerProber, OwnedPeerProber, PeerProber
+from services.control.readiness import LoadSampler, ReadinessMonitor
 from services.peer_protocol import PEER_PROTOCOL_HEADERS
 from services.replay.service import ReplayService
 
@@ -71,6 +73,8 @@ class NodeRuntime:
     replica_instruments: ReplicaInstruments | None = None
     #: how forward batches travel (None: through ``peers``, services.api.forward_exchange)
     forward_exchange: BatchExchange | None = None
+    #: readiness of each region's loss, at the control leader (services.control.readiness)
+    loss_readiness: ReadinessMonitor | None = None
 
 
 RuntimeFactory = Callable[[NodeSettings], AbstractAsyncContextManager[NodeRuntime]]
@@ -217,6 +221,30 @@ class NodeAdapters:
     forward_exchange: ForwardExchangeFactory = forward_exchange
 
 
+def loss_readiness(
+    settings: NodeSettings,
+    controller: Controller,
+    ops: OpsState,
+    replica: ReplicaStore | None,
+    sample_load: LoadSampler,
+    clock: Clock,
+) -> ReadinessMonitor:
+    """The readiness loop's monitor (started with the controller's other loops)."""
+    return ReadinessMonitor(
+        controller=controller,
+        ops=ops,
+        replica=replica,
+        sample_load=sample_load,
+        clock=clock,
+        region_append_capacity_per_s=settings.region_append_capacity_per_s,
+        policy=ReadinessPolicy(
+            drill_half_life_s=settings.readiness_drill_half_life_s,
+            replay_target_s=settings.readiness_replay_target_s,
+        ),
+        interval_s=settings.readiness_interval_s,
+    )
+
+
 @asynccontextmanager
 async def open_runtime(
     settings: NodeSettings, adapters: NodeAdapters | None = None
@@ -283,8 +311,24 @@ async def open_runtime(
             region_append_capacity_per_s=settings.region_append_capacity_per_s,
             replay_view=None if replay is None else replay.drill_view,
         )
+        readiness = loss_readiness(
+            settings,
+            controller,
+            ops,
+            replicas.get(settings.region),
+            lambda: plane_load(
+                peers,
+                peer_listener_urls,
+                settings.region,
+                {PEER_AUTH_HEADER: cluster.peer_secret} if cluster.peer_secret else {},
+                load,
+                None if replay is None else replay.drill_view,
+            ),
+            clock,
+        )
         await controller.start()
         stack.push_async_callback(controller.close)
+        controller.supervisor.start("readiness", readiness.step, readiness.step_s)
         drills.start()
         stack.push_async_callback(drills.close)
         yield NodeRuntime(
@@ -300,4 +344,5 @@ async def open_runtime(
             drills,
             instruments,
             exchange,
+            readiness,
         )
