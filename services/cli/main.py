@@ -25,6 +25,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "services.cli.replica",
     "services.cli.drill",
     "services.cli.status",
+    "services.cli.readiness",
     "services.cli.config_ref",
     "services.cli.keys",
     "services.cli.backup",

@@ -24,6 +24,7 @@ from regions.placement import place_shards
 from regions.readiness import ReadinessPolicy
 from services.bootstrap.app import create_app
 from services.bootstrap.node import NodeRuntime
+from services.cli.readiness import readiness_lines
 from services.config import ClusterConfig, NodeSettings, RegionConfig, TenantConfig, api_key_sha256
 from services.control.drills.load import PlaneLoad
 from services.control.readiness import ReadinessMonitor
@@ -148,6 +149,12 @@ async def test_readiness_falls_through_the_api_when_a_survivors_capacity_drops(
     assert after["us-east"]["reasons"][0].startswith("capacity: prefill: infeasible")
     assert after["eu-west"]["capacity_ok"]  # losing the weak region itself leaves strong ones
     assert (r.json()["status"], r.json()["score"]) == ("not_ready", 0)
+    # what `convplane readiness` prints of that answer
+    lines = readiness_lines(r.json())
+    assert lines[0] == "plane not_ready (score 0)"
+    east = lines.index(next(line for line in lines if "lose us-east" in line))
+    assert lines[east].split()[2:5] == ["not_ready", "score", "0"]
+    assert "never drilled" in lines[east] and "capacity: prefill" in lines[east + 1]
     metrics = (await world.client.get("/metrics")).text
     samples = {
         (s.name, s.labels.get("region"), s.labels.get("status")): s.value
