@@ -6,6 +6,8 @@
 * ``node_metrics``: the controller's state as Prometheus series;
 * ``audit_log``: the audit log's rate limit and complete pages;
 * ``key_admin``: API keys created, rotated and revoked through the control shard;
+* ``readiness``: the readiness of each region's loss (``regions.readiness``), re-evaluated by
+  the control leader in a supervised loop, and its gauges;
 * ``drills``: failover drills, driven from the control shard (see its docstring).
 
 Imports the node-wide basics (``services.config``, ``services.supervisor``) and the cores;

@@ -206,9 +206,9 @@ def test_schemathesis_finds_no_failure_in_operator_region_moves(
 
 
 def test_schemathesis_finds_no_failure_in_what_operators_read(plane: Plane, tmp_path: Path) -> None:
-    """Drills, their reports, the halt switch, the audit log and the console's node view, read
-    with an operator key (starting drills and halting are left to tests/e2e/test_drills.py:
-    they change the plane under every other operation)."""
+    """Drills, their reports, the halt switch, the audit log, readiness and the console's node
+    view, read with an operator key (starting drills and halting are left to
+    tests/e2e/test_drills.py: they change the plane under every other operation)."""
     output = run_schemathesis(
         plane,
         plane.info["operator_api_key"],
@@ -222,6 +222,7 @@ def test_schemathesis_finds_no_failure_in_what_operators_read(plane: Plane, tmp_
                 "get_halt",
                 "audit",
                 "console_node",
+                "get_readiness",
             )
             for arg in ("--include-operation-id", operation)
         ),
@@ -233,14 +234,14 @@ def test_schemathesis_finds_no_failure_in_what_operators_read(plane: Plane, tmp_
 
 def test_schemathesis_finds_no_failure_with_a_viewer_key(plane: Plane, tmp_path: Path) -> None:
     """A viewer key on every operator-facing operation: it reads regions, placement, drills,
-    reports, halt, audit and the console's node view, and every change it tries is a
+    reports, halt, audit, readiness and the console's node view, and every change it tries is a
     documented 403."""
     output = run_schemathesis(
         plane,
         plane.info["viewer_api_key"],
         tmp_path,
         "--include-path-regex",
-        "^/v1/(regions|placement|drills|audit|admin|console)",
+        "^/v1/(regions|placement|drills|audit|admin|console|readiness)",
         "--phases",
         "examples,coverage,fuzzing",
     )
