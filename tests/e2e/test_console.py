@@ -486,3 +486,35 @@ def test_an_operator_halts_evacuates_and_restores_from_the_page(
     assert [(e["by"], e["role"], e["target"], e["reason"]) for e in evacuate] == [
         ("sre", "operator", "ap-south", "evacuated by the console test")
     ]
+
+
+def test_a_viewer_sees_each_regions_readiness_as_the_api_answers_it(
+    plane: Plane, browser: webdriver.Chrome
+) -> None:
+    """The readiness panel shows the control leader's last evaluation: every region's status
+    and score as ``GET /v1/readiness`` answers them, and the plane's in the panel's title."""
+    page = Console(browser, plane, served_by="eu-west")
+    page.sign_in(plane.info["viewer_api_key"])
+
+    def shown() -> dict[str, tuple[str, int]]:
+        rows: list[list[Any]] = page.js(
+            "return [...document.querySelectorAll('#readiness tr[data-region]')]"
+            ".map((tr) => [tr.dataset.region, tr.dataset.status, Number(tr.dataset.score)])"
+        )
+        return {region: (status, score) for region, status, score in rows}
+
+    def answered() -> dict[str, Any]:
+        body: dict[str, Any] = operator_call(plane, "GET", "/v1/readiness").json()
+        return body
+
+    wait_for("the readiness rows", lambda: len(shown()) == 3)
+    wait_for(
+        "the page showing the API's evaluation",
+        lambda: shown() == {r["region"]: (r["status"], r["score"]) for r in answered()["regions"]},
+    )
+    body = answered()
+    assert page.text("readiness-meta").startswith(
+        f"plane {body['status'].replace('_', ' ')} (score {body['score']})"
+    )
+    assert set(shown()) == set(plane.urls)
+    page.screenshot("viewer-readiness")

@@ -49,6 +49,7 @@
     placement: null,
     drills: null,
     halt: null,
+    readiness: null, // GET /v1/readiness: the control leader's last evaluation
     activeReport: null,
     sharedAt: 0,
     audit: [],
@@ -338,6 +339,7 @@
         delete state.sourceError[region];
         await readAudit(region);
         await readActiveReport(region);
+        await readReadiness(region);
         return;
       } catch (err) {
         if (!(err instanceof ApiError) || !err.regionFailed) {
@@ -367,6 +369,18 @@
     state.activeReport = active
       ? await api(region, "GET", `/v1/drills/${encodeURIComponent(active.drill_id)}/report`)
       : null;
+  }
+
+  async function readReadiness(region) {
+    // the last evaluation (kept fresh by the control leader); a failure here never fails the
+    // rest of the page: a node without readiness (an older release mid-upgrade) empties the
+    // panel, any other failure leaves the last answer shown
+    try {
+      state.readiness = await api(region, "GET", "/v1/readiness");
+    } catch (err) {
+      if (!(err instanceof ApiError)) throw err;
+      if (err.status === 404) state.readiness = null; // else the last answer stays shown
+    }
   }
 
   async function readNodes() {
@@ -401,6 +415,7 @@
     renderDrill();
     renderHistory();
     renderAudit();
+    renderReadiness();
   }
 
   function renderTopbar() {
@@ -563,6 +578,21 @@
         h("td", { class: r.engines_unknown ? "bad" : "num" }, `${r.engines}${r.engines_unknown ? ` (${r.engines_unknown} unknown)` : ""}`),
         notReplayable(r.not_replayed));
     }));
+  }
+
+  function renderReadiness() {
+    const body = state.readiness;
+    $("readiness-meta").textContent = body
+      ? `plane ${body.status.replace("_", " ")} (score ${body.score}), evaluated ${fmt.ago(body.evaluated_at_ms)}`
+      : "";
+    fill($("readiness").tBodies[0], (body ? body.regions : []).map((r) => h("tr", { "data-region": r.region, "data-status": r.status, "data-score": r.score },
+      h("td", {}, h("span", { class: "swatch", style: { background: regionColor(r.region) } }), r.region),
+      h("td", {}, h("span", { class: `badge ${r.status.replace("_", "-")}` }, r.status.replace("_", " "))),
+      h("td", { class: "num" }, String(r.score)),
+      h("td", { class: "num", title: "lower bound on replaying the moved conversations on the survivors' spare prefill" },
+        r.replay_time_min_s === null ? "–" : `${fmt.num(r.replay_time_min_s, 1)} s`),
+      h("td", {}, r.last_passed_drill ? `${fmt.utcDate(r.last_passed_drill.ended_at_ms)} (${r.last_passed_drill.kind})` : "never"),
+      h("td", { class: r.reasons.length ? "" : "muted" }, r.reasons.join("; ") || "–"))));
   }
 
   function notReplayable(n) {
