@@ -4,6 +4,7 @@ survivor whose prefill capacity drops makes its peer region's loss less ready.""
 
 from __future__ import annotations
 
+import asyncio
 import random
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -27,7 +28,7 @@ from services.bootstrap.node import NodeRuntime
 from services.cli.readiness import readiness_lines
 from services.config import ClusterConfig, NodeSettings, RegionConfig, TenantConfig, api_key_sha256
 from services.control.drills.load import PlaneLoad
-from services.control.readiness import ReadinessMonitor
+from services.control.readiness import LoadSampler, ReadinessMonitor
 from tests.unit.api_fakes import KEY_A, OPERATOR_KEY, VIEWER_KEY, FakeLog, auth
 
 REGIONS = ("ap-south", "eu-west", "us-east")
@@ -85,20 +86,15 @@ def engines(spare: float) -> dict[str, float]:
     return {"live_tokens_per_s": 30_000.0, "spare_tokens_per_s": spare}
 
 
-@pytest.fixture
-async def world() -> AsyncIterator[World]:
-    clock = LoopClock()
+def monitor_for(
+    sample_load: LoadSampler, clock: LoopClock
+) -> tuple[ReadinessMonitor, FakeController]:
     membership = Membership(self_region=SELF, regions=REGIONS,
                             config=MembershipConfig(1.0, 5.0), started_s=clock.monotonic())  # fmt: skip
     for region in REGIONS[1:]:
         membership.probe_ok(region, clock.monotonic(), suspects=())
     controller = FakeController(cluster(), membership)
-    replay = {r: engines(60_000.0) for r in REGIONS}
-
-    async def sample_load() -> PlaneLoad:
-        return PlaneLoad(append_rate_per_s=30.0, replay=dict(replay))
-
-    monitor = ReadinessMonitor(
+    return ReadinessMonitor(
         controller=controller,  # type: ignore[arg-type]
         ops=OpsState(),
         replica=None,
@@ -107,7 +103,18 @@ async def world() -> AsyncIterator[World]:
         region_append_capacity_per_s=2000.0,
         policy=ReadinessPolicy(),
         interval_s=300.0,
-    )
+    ), controller
+
+
+@pytest.fixture
+async def world() -> AsyncIterator[World]:
+    clock = LoopClock()
+    replay = {r: engines(60_000.0) for r in REGIONS}
+
+    async def sample_load() -> PlaneLoad:
+        return PlaneLoad(append_rate_per_s=30.0, replay=dict(replay))
+
+    monitor, controller = monitor_for(sample_load, clock)
     settings = NodeSettings(region=SELF, cluster=cluster())
 
     @asynccontextmanager
@@ -182,3 +189,26 @@ async def test_a_tenant_key_may_not_read_readiness_and_only_the_control_leader_e
     world.controller.node.leads_control = False
     await world.monitor.step()
     assert world.monitor.latest is None  # the new control leader evaluates and exports now
+
+
+async def test_concurrent_refreshes_share_the_evaluation_that_started_after_them() -> None:
+    """Five refreshes while one evaluation runs: that one started before them and cannot
+    answer them; the next, started after them all, answers every one."""
+    gate = asyncio.Event()
+    samples = 0
+
+    async def slow_load() -> PlaneLoad:
+        nonlocal samples
+        samples += 1
+        await gate.wait()
+        return PlaneLoad(append_rate_per_s=30.0, replay={})
+
+    monitor, _ = monitor_for(slow_load, LoopClock())
+    first = asyncio.create_task(monitor.evaluate())
+    await asyncio.sleep(0)
+    asks = [asyncio.create_task(monitor.read(refresh=True)) for _ in range(5)]
+    await asyncio.sleep(0)
+    gate.set()
+    answers = await asyncio.gather(first, *asks)
+    assert (samples, monitor.evaluations) == (2, 2)
+    assert all(a is answers[1] for a in answers[1:]) and answers[0] is not answers[1]
