@@ -140,6 +140,10 @@ class EngineMetrics:
     # computed, counted with prompt_tokens_total (the live-demand series; newer vLLM only)
     computed_prompt_tokens_total: float | None = None
     kv_cache_usage_perc: float | None = None  # vllm:kv_cache_usage_perc (0..1)
+    #: vllm:time_to_first_token_seconds_bucket: (upper bound s, requests at most that long),
+    #: cumulative, bounds increasing, the last ``+Inf`` (every request); every request counts,
+    #: replay's prefills included
+    ttft_buckets: tuple[tuple[float, float], ...] | None = None
 
     def counters(self) -> tuple[float, ...]:
         """Every counter, for restart detection: a counter going down means a restart."""

@@ -1,0 +1,86 @@
+"""What a region's replay keeps for a drill's LLM figures (``regions.drill_llm_metrics``). Pure.
+
+* replay's own prefills in vLLM's TTFT buckets (``TTFT_BUCKETS_S``), as the worker timed them,
+  with their prompt and cached tokens: an engine's TTFT histogram and prefix-cache counters
+  count replay's requests too, and the drill takes these off to see the live ones;
+* when moved conversations turned warm (a ``replayed`` result, or a live turn that found its
+  replay job still queued or running): counts per ``WARM_BUCKET_MS`` of wall time, at most
+  ``WARM_BUCKETS_MAX`` buckets (the oldest go first).
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+import math
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+#: vLLM's buckets of ``vllm:time_to_first_token_seconds`` (seconds)
+TTFT_BUCKETS_S = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5,
+                  5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)  # fmt: skip
+#: warm events are counted per this much wall time ...
+WARM_BUCKET_MS = 100
+#: ... in at most this many non-empty buckets
+WARM_BUCKETS_MAX = 3000
+
+
+def ttft_buckets(counts: Sequence[int], total: int) -> tuple[tuple[float, float], ...]:
+    """Per-bucket counts over ``TTFT_BUCKETS_S`` -> the cumulative buckets vLLM exports, with
+    ``+Inf`` (``total``) last."""
+    cumulative = itertools.accumulate(counts)
+    return (
+        *((bound_s, float(n)) for bound_s, n in zip(TTFT_BUCKETS_S, cumulative, strict=True)),
+        (math.inf, float(total)),
+    )
+
+
+def bucket_index(ttft_s: float) -> int | None:
+    """The ``TTFT_BUCKETS_S`` bucket of one request (None: above the last bound, ``+Inf``)."""
+    index = bisect.bisect_left(TTFT_BUCKETS_S, ttft_s)
+    return index if index < len(TTFT_BUCKETS_S) else None
+
+
+def histogram_body(buckets: Sequence[tuple[float, float]] | None) -> dict[str, Any] | None:
+    """Cumulative buckets (``+Inf`` last) as JSON: finite bounds ``le`` and ``cumulative``."""
+    if not buckets:
+        return None
+    return {
+        "le": [bound_s for bound_s, _ in buckets[:-1]],
+        "cumulative": [count for _, count in buckets],
+    }
+
+
+@dataclass(slots=True)
+class DrillTally:
+    replay_prompt_tokens: int = 0
+    replay_cached_tokens: int = 0
+    replay_requests: int = 0
+    replay_ttft_counts: list[int] = field(default_factory=lambda: [0] * len(TTFT_BUCKETS_S))
+    _warmed: OrderedDict[int, int] = field(default_factory=OrderedDict)
+
+    def replayed(self, duration_ms: float, prompt_tokens: int, cached_tokens: int) -> None:
+        self.replay_requests += 1
+        self.replay_prompt_tokens += prompt_tokens
+        self.replay_cached_tokens += cached_tokens
+        index = bucket_index(duration_ms / 1000)
+        if index is not None:
+            self.replay_ttft_counts[index] += 1
+
+    def warmed(self, at_ms: int) -> None:
+        bucket_ms = at_ms - at_ms % WARM_BUCKET_MS
+        self._warmed[bucket_ms] = self._warmed.get(bucket_ms, 0) + 1
+        if len(self._warmed) > WARM_BUCKETS_MAX:
+            self._warmed.popitem(last=False)
+
+    def to_body(self) -> dict[str, Any]:
+        return {
+            "replay_prompt_tokens": self.replay_prompt_tokens,
+            "replay_cached_tokens": self.replay_cached_tokens,
+            "replay_ttft": histogram_body(
+                ttft_buckets(self.replay_ttft_counts, self.replay_requests)
+            ),
+            "warmed": [[ms, n] for ms, n in sorted(self._warmed.items())],
+        }
