@@ -1,7 +1,7 @@
 """What a region's replay keeps for a drill's LLM figures (``regions.drill_llm_metrics``). Pure.
 
-* replay's own prefills in vLLM's TTFT buckets (``TTFT_BUCKETS_S``), as the worker timed them,
-  with their prompt and cached tokens: an engine's TTFT histogram and prefix-cache counters
+* replay's own engine requests (a job's pieces) in vLLM's TTFT buckets (``TTFT_BUCKETS_S``), as
+  the worker timed them, with the prompt tokens they queried and found cached: an engine's TTFT histogram and prefix-cache counters
   count replay's requests too, and the drill takes these off to see the live ones;
 * when moved conversations turned warm (a ``replayed`` result, or a live turn that found its
   replay job still queued or running): counts per ``WARM_BUCKET_MS`` of wall time, at most
@@ -17,6 +17,8 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from replay.model import ReplayResult
 
 #: vLLM's buckets of ``vllm:time_to_first_token_seconds`` (seconds)
 TTFT_BUCKETS_S = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5,
@@ -61,13 +63,22 @@ class DrillTally:
     replay_ttft_counts: list[int] = field(default_factory=lambda: [0] * len(TTFT_BUCKETS_S))
     _warmed: OrderedDict[int, int] = field(default_factory=OrderedDict)
 
-    def replayed(self, duration_ms: float, prompt_tokens: int, cached_tokens: int) -> None:
-        self.replay_requests += 1
-        self.replay_prompt_tokens += prompt_tokens
-        self.replay_cached_tokens += cached_tokens
-        index = bucket_index(duration_ms / 1000)
-        if index is not None:
-            self.replay_ttft_counts[index] += 1
+    def replayed(self, result: ReplayResult) -> None:
+        """A ``replayed`` result: its engine requests (a result from an older worker reports
+        none: its whole job counts as one request, its prompt and cached tokens as queried and
+        hit)."""
+        if result.request_ms:
+            request_ms, queried, hit = result.request_ms, result.queried_tokens, result.hit_tokens
+        else:
+            request_ms = (result.duration_ms,)
+            queried, hit = result.prompt_tokens, result.cached_prompt_tokens
+        self.replay_requests += len(request_ms)
+        self.replay_prompt_tokens += queried
+        self.replay_cached_tokens += hit
+        for ms in request_ms:
+            index = bucket_index(ms / 1000)
+            if index is not None:
+                self.replay_ttft_counts[index] += 1
 
     def warmed(self, at_ms: int) -> None:
         bucket_ms = at_ms - at_ms % WARM_BUCKET_MS

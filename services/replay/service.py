@@ -394,9 +394,7 @@ class ReplayService:
             if result.status == "replayed":
                 self.counts["tokens_replayed"] += computed
                 self.last_replayed_at_ms = self._clock.wall_ms()
-                self.drill_tally.replayed(
-                    result.duration_ms, result.prompt_tokens, result.cached_prompt_tokens
-                )
+                self.drill_tally.replayed(result)
             if result.status in ("replayed", "skipped_live"):
                 self.drill_tally.warmed(self._clock.wall_ms())
         self.scheduler.record_result(result)

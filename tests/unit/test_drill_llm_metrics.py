@@ -28,6 +28,7 @@ from regions.drill_llm_metrics import (
 from regions.drill_report import report, summary_lines
 from regions.drills import Drill, DrillSpec, Observation, ReplayTally, advance, start
 from replay.drill_tally import WARM_BUCKETS_MAX, DrillTally, histogram_body, ttft_buckets
+from replay.model import ReplayResult
 from services.api.drill_report_html import render
 
 BOUNDS = (0.1, 0.5, 1.0)
@@ -145,20 +146,31 @@ def test_the_target_is_90_percent_warm_within_takeover_plus_the_bound_plus_10_pe
 
 def test_replay_keeps_its_prefills_and_when_conversations_warmed() -> None:
     tally = DrillTally()
-    tally.replayed(duration_ms=300.0, prompt_tokens=1_000, cached_tokens=16)
-    tally.replayed(duration_ms=5_000_000.0, prompt_tokens=10, cached_tokens=0)  # past 2560 s
+    # a job in two pieces: two engine requests, the second querying the first's prefix again
+    tally.replayed(result(request_ms=(300.0, 5_000_000.0), queried=1_010, hit=16))
+    # a worker before engine requests were reported: its whole job counts as one request
+    tally.replayed(result(request_ms=(), queried=0, hit=0))
     tally.warmed(1_234)
     tally.warmed(1_299)
     tally.warmed(1_300)
     body = tally.to_body()
     assert body["warmed"] == [[1_200, 2], [1_300, 1]]
-    assert (body["replay_prompt_tokens"], body["replay_cached_tokens"]) == (1_010, 16)
+    assert (body["replay_prompt_tokens"], body["replay_cached_tokens"]) == (1_010 + 900, 16 + 8)
     replay = Histogram.from_body(body["replay_ttft"])
-    assert replay is not None and replay.count == 2 and replay.at(0.5) == 1
+    # 300 ms and the old worker's 50 ms under 0.5 s; 5,000 s past the last bound (+Inf only)
+    assert replay is not None and replay.count == 3 and replay.at(0.5) == 2
     for i in range(WARM_BUCKETS_MAX + 5):
         tally.warmed(10_000 + i * 100)
     kept = tally.to_body()["warmed"]
     assert len(kept) == WARM_BUCKETS_MAX and kept[0][0] == 10_500  # the oldest went first
+
+
+def result(request_ms: tuple[float, ...], queried: int, hit: int) -> ReplayResult:
+    return ReplayResult(job_id="b/t1/c/1", region="b", tenant_id="t1", conversation_id="c",
+                        model_revision="m@1", status="replayed", worker_id="w", engine_id="e",
+                        prompt_tokens=900, cached_prompt_tokens=8, duration_ms=50.0,
+                        finished_at_ms=1, request_ms=request_ms, queried_tokens=queried,
+                        hit_tokens=hit)  # fmt: skip
 
 
 # --- in the report --------------------------------------------------------------------------
