@@ -9,8 +9,8 @@ snapshots of the engines' and replay's counters, this module turns them into fig
   each second since injection.
 * **Target.** At least ``WARM_SHARE_TARGET`` of them warm within the planner's bound plus
   ``BOUND_SLACK`` (``regions.capacity_arithmetic.plan_replay``: moved tokens over the
-  survivors' spare prefill), counted from the takeover (the last moved shard writable on a
-  survivor: replay of a shard cannot start before a survivor leads it).
+  survivors' spare prefill), counted from the takeover (the first moved shard writable on a
+  survivor: no replay starts before a survivor leads a moved shard).
 * **Live TTFT.** From the engines' ``vllm:time_to_first_token_seconds`` histograms, summed per
   region: the bucket counts between two snapshots, less replay's own requests (an engine's
   histogram counts every request; replay keeps the same histogram of its prefills), and the

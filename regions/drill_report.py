@@ -136,9 +136,11 @@ def replay_summary(drill: Drill) -> dict[str, Any] | None:
 
 
 def takeover_of(drill: Drill) -> float:
-    """Seconds from injection until every moved shard was writable on a survivor (its largest
-    RTO; 0 when none was measured): before it, replay of a moved shard cannot have started."""
-    return max(drill.measurements.rto_s.values(), default=0.0)
+    """Seconds from injection until the first moved shard was writable on a survivor (the
+    smallest RTO; 0 when none was measured): no replay starts earlier. The planner's bound
+    assumes the whole spare prefill from then on, so counting from the first takeover rather
+    than the last is the strict reading (the last can come after replay is done elsewhere)."""
+    return min(drill.measurements.rto_s.values(), default=0.0)
 
 
 def cache_recovery(drill: Drill) -> dict[str, Any] | None:

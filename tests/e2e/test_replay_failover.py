@@ -242,6 +242,8 @@ def test_a_region_loss_drill_checks_prefill_and_reports_what_replay_rebuilt(
                 assert time.monotonic() < deadline, r.json()
                 time.sleep(0.5)
         body = r.json()
+        for key in ("replay", "cache_recovery", "live_ttft"):
+            print(f"{key}: {body[key]}")
         assert body["verdict"] == "passed", body["verdict_reason"]
         replay = body["replay"]
         assert replay["conversations_replayed"] >= len(cids), replay
@@ -272,7 +274,6 @@ def test_a_region_loss_drill_checks_prefill_and_reports_what_replay_rebuilt(
         html = httpx.get(plane.urls["us-east"] + f"/v1/drills/{drill_id}/report",
                          headers={**operator, "Accept": "text/html"}, timeout=10.0).text  # fmt: skip
         assert "Cache recovery" in html and "Live time to first token per survivor" in html
-        print(f"drill replay: {replay}\ncache recovery: {recovery}\nlive TTFT: {ttft}")
     finally:
         output = stop_plane(proc)
     assert proc.returncode == 0, output
