@@ -9,8 +9,8 @@ snapshots of the engines' and replay's counters, this module turns them into fig
   each second since injection.
 * **Target.** At least ``WARM_SHARE_TARGET`` of them warm within the planner's bound plus
   ``BOUND_SLACK`` (``regions.capacity_arithmetic.plan_replay``: moved tokens over the
-  survivors' spare prefill), counted from the takeover (the first moved shard writable on a
-  survivor: no replay starts before a survivor leads a moved shard).
+  survivors' spare prefill), counted from the takeover (the first moved shard led by a
+  survivor, as its replay service learned it: no replay starts earlier).
 * **Live TTFT.** From the engines' ``vllm:time_to_first_token_seconds`` histograms, summed per
   region: the bucket counts between two snapshots, less replay's own requests (an engine's
   histogram counts every request; replay keeps the same histogram of its prefills), and the
@@ -118,6 +118,21 @@ def warm_events_of(views: Mapping[str, Mapping[str, Any]], excluding: str) -> li
         if region != excluding
         for ms, n in view.get("warmed") or ()
     ]
+
+
+def first_takeover_ms(
+    views: Mapping[str, Mapping[str, Any]], excluding: str, since_ms: int
+) -> int | None:
+    """When a region but ``excluding`` first led a moved shard at or after ``since_ms`` (its
+    replay service learned of the move: replay of it starts then); None: none did."""
+    times = [
+        int(ms)
+        for region, view in views.items()
+        if region != excluding
+        for ms in view.get("moved_here_ms") or ()
+        if int(ms) >= since_ms
+    ]
+    return min(times, default=None)
 
 
 def prefix_hit_ratio(later: EngineSnapshot, earlier: EngineSnapshot) -> float | None:
@@ -338,6 +353,7 @@ __all__ = [
     "WarmTarget",
     "curve",
     "delta",
+    "first_takeover_ms",
     "prefix_hit_ratio",
     "quantile",
     "snapshots_of",

@@ -136,11 +136,15 @@ def replay_summary(drill: Drill) -> dict[str, Any] | None:
 
 
 def takeover_of(drill: Drill) -> float:
-    """Seconds from injection until the first moved shard was writable on a survivor (the
-    smallest RTO; 0 when none was measured): no replay starts earlier. The planner's bound
-    assumes the whole spare prefill from then on, so counting from the first takeover rather
-    than the last is the strict reading (the last can come after replay is done elsewhere)."""
-    return min(drill.measurements.rto_s.values(), default=0.0)
+    """Seconds from injection until a survivor first led a moved shard, as its replay service
+    learned it (no replay starts earlier); without that, the smallest RTO (a canary write
+    lands after the takeover, so later), else 0. The planner's bound assumes the whole spare
+    prefill from then on: counting from the first takeover, not the last, is the strict
+    reading."""
+    m = drill.measurements
+    if m.takeover_s is not None:
+        return m.takeover_s
+    return min(m.rto_s.values(), default=0.0)
 
 
 def cache_recovery(drill: Drill) -> dict[str, Any] | None:

@@ -212,6 +212,9 @@ class Measurements:
     #: (seconds since injection, moved conversations warm by then) on the survivors while the
     #: fault lasted (``regions.drill_llm_metrics.warm_counts``): the cache-recovery curve
     warm_points: tuple[tuple[float, int], ...] = ()
+    #: seconds from injection until a survivor first led a moved shard (replay's view; None:
+    #: not seen, no engines)
+    takeover_s: float | None = None
 
     def to_body(self) -> dict[str, Any]:
         return {
@@ -233,6 +236,7 @@ class Measurements:
                 for moment, regions in self.engine_snapshots.items()
             },
             "warm_points": [list(p) for p in self.warm_points],
+            "takeover_s": self.takeover_s,
         }
 
     @classmethod
@@ -264,6 +268,7 @@ class Measurements:
                 for moment, regions in body.get("engine_snapshots", {}).items()
             },
             warm_points=tuple((float(p[0]), int(p[1])) for p in body.get("warm_points", ())),
+            takeover_s=_optional_float(body.get("takeover_s")),
         )
 
 

@@ -5,7 +5,9 @@
   count replay's requests too, and the drill takes these off to see the live ones;
 * when moved conversations turned warm (a ``replayed`` result, or a live turn that found its
   replay job still queued or running): counts per ``WARM_BUCKET_MS`` of wall time, at most
-  ``WARM_BUCKETS_MAX`` buckets (the oldest go first).
+  ``WARM_BUCKETS_MAX`` buckets (the oldest go first);
+* when shards moved here (this region took the lead of a shard another region led: replay of
+  it can start), the latest ``MOVED_TIMES_MAX``.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from __future__ import annotations
 import bisect
 import itertools
 import math
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,6 +29,8 @@ TTFT_BUCKETS_S = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.
 WARM_BUCKET_MS = 100
 #: ... in at most this many non-empty buckets
 WARM_BUCKETS_MAX = 3000
+#: shard moves remembered (a drill wants the first after its injection)
+MOVED_TIMES_MAX = 64
 
 
 def ttft_buckets(counts: Sequence[int], total: int) -> tuple[tuple[float, float], ...]:
@@ -62,6 +66,10 @@ class DrillTally:
     replay_requests: int = 0
     replay_ttft_counts: list[int] = field(default_factory=lambda: [0] * len(TTFT_BUCKETS_S))
     _warmed: OrderedDict[int, int] = field(default_factory=OrderedDict)
+    _moved_here_ms: deque[int] = field(default_factory=lambda: deque(maxlen=MOVED_TIMES_MAX))
+
+    def moved_here(self, at_ms: int) -> None:
+        self._moved_here_ms.append(at_ms)
 
     def replayed(self, result: ReplayResult) -> None:
         """A ``replayed`` result: its engine requests (a result from an older worker reports
@@ -94,4 +102,5 @@ class DrillTally:
                 ttft_buckets(self.replay_ttft_counts, self.replay_requests)
             ),
             "warmed": [[ms, n] for ms, n in sorted(self._warmed.items())],
+            "moved_here_ms": list(self._moved_here_ms),
         }

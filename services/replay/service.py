@@ -128,6 +128,7 @@ class ReplayService:
         if shard >= self.shard_count or previous_region in (None, self.region):
             return  # the control shard, a shard this region already led, or unknown history
         self.counts["shards_moved_here"] += 1
+        self.drill_tally.moved_here(self._clock.wall_ms())
         self.request_shard(shard)
 
     def conversation_written(self, tenant_id: str, conversation_id: str, event_type: str) -> None:

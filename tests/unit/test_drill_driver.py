@@ -267,6 +267,7 @@ async def test_the_fault_end_records_the_survivors_engines_and_the_cache_recover
     injected_ms = holding.injected_at_ms
     world.replay_view.update(
         conversations_planned=6,
+        moved_here_ms=[injected_ms - 9_000, injected_ms + 700, injected_ms + 900],
         engine_ttft={"le": [0.1, 0.5], "cumulative": [3.0, 9.0, 9.0]},
         warmed=[[injected_ms - 500, 7], [injected_ms + 1_000, 2], [injected_ms + 2_000, 1]],
     )
@@ -276,6 +277,7 @@ async def test_the_fault_end_records_the_survivors_engines_and_the_cache_recover
     assert restoring.phase == "restoring"
     measured = restoring.measurements
     assert measured.warm_points == ((1.0, 2), (2.0, 3))
+    assert measured.takeover_s == 0.7  # the first shard eu-west led after the injection
     end_of_fault = measured.engine_snapshots["restore"]["eu-west"]
     assert end_of_fault.engine_ttft is not None and end_of_fault.engine_ttft.count == 9
     assert "us-east" not in measured.engine_snapshots["restore"]  # no engines there

@@ -16,6 +16,7 @@ from regions.drill_llm_metrics import (
     Histogram,
     curve,
     delta,
+    first_takeover_ms,
     prefix_hit_ratio,
     quantile,
     time_to_share,
@@ -27,7 +28,13 @@ from regions.drill_llm_metrics import (
 )
 from regions.drill_report import report, summary_lines
 from regions.drills import Drill, DrillSpec, Observation, ReplayTally, advance, start
-from replay.drill_tally import WARM_BUCKETS_MAX, DrillTally, histogram_body, ttft_buckets
+from replay.drill_tally import (
+    MOVED_TIMES_MAX,
+    WARM_BUCKETS_MAX,
+    DrillTally,
+    histogram_body,
+    ttft_buckets,
+)
 from replay.model import ReplayResult
 from services.api.drill_report_html import render
 
@@ -163,6 +170,17 @@ def test_replay_keeps_its_prefills_and_when_conversations_warmed() -> None:
         tally.warmed(10_000 + i * 100)
     kept = tally.to_body()["warmed"]
     assert len(kept) == WARM_BUCKETS_MAX and kept[0][0] == 10_500  # the oldest went first
+    for i in range(MOVED_TIMES_MAX + 1):
+        tally.moved_here(i)
+    assert tally.to_body()["moved_here_ms"][0] == 1  # bounded too
+
+
+def test_the_takeover_is_the_first_shard_a_survivor_led_after_injection() -> None:
+    views = {"us-east": {"moved_here_ms": [5_000]},  # the target: left out
+             "eu-west": {"moved_here_ms": [100, 7_000, 6_500]},
+             "ap-south": {}}  # fmt: skip
+    assert first_takeover_ms(views, excluding="us-east", since_ms=1_000) == 6_500
+    assert first_takeover_ms(views, excluding="us-east", since_ms=8_000) is None
 
 
 def result(request_ms: tuple[float, ...], queried: int, hit: int) -> ReplayResult:
@@ -196,7 +214,8 @@ def drill_with_engines() -> Drill:
     }
     measured = replace(
         holding.measurements,
-        rto_s={1: 2.0, 2: 1.5},
+        rto_s={1: 2.0, 2: 1.8},
+        takeover_s=1.5,  # replay saw the first move before any canary landed
         replay_before=ReplayTally(0, 0, 0, None),
         replay_latest=ReplayTally(4, 4, 8_000, t + 4_000),
         replay_time_min_s=2.0,

@@ -203,6 +203,7 @@ async def test_a_drill_sees_when_moved_conversations_warmed_and_the_engines_ttft
         view = w.service.drill_view()
         assert view is not None
         assert sum(n for _, n in view["warmed"]) == 3
+        assert len(view["moved_here_ms"]) == 1  # the shard that moved here: replay starts
         assert view["replay_ttft"]["cumulative"][-1] == 1  # the replayed one, 5 ms
         assert view["replay_ttft"]["cumulative"][1] == 1  # at most 5 ms
         assert view["replay_prompt_tokens"] == 900

@@ -42,7 +42,12 @@ from eventlog.node import LogNode
 from eventlog.replica import ReplicaStore
 from regions.control import OperatorAction
 from regions.drill_kinds import rules_of
-from regions.drill_llm_metrics import snapshots_of, warm_counts, warm_events_of
+from regions.drill_llm_metrics import (
+    first_takeover_ms,
+    snapshots_of,
+    warm_counts,
+    warm_events_of,
+)
 from regions.drill_plan import DrillPlan, LiveLoad, preflight
 from regions.drills import (
     SERIES_POINTS_MAX,
@@ -343,12 +348,18 @@ class DrillDriver:
             m, engine_snapshots={**m.engine_snapshots, moment: snapshots_of(load.replay)}
         )
         if moment == "restore":
-            warm = m.warm_points
-            if drill.injected_at_ms is not None:
-                events = warm_events_of(load.replay, excluding=drill.spec.region)
-                warm = warm_counts(events, drill.injected_at_ms, self._clock.wall_ms())
+            warm, takeover_s = m.warm_points, m.takeover_s
+            injected_ms, target = drill.injected_at_ms, drill.spec.region
+            if injected_ms is not None:
+                events = warm_events_of(load.replay, excluding=target)
+                warm = warm_counts(events, injected_ms, self._clock.wall_ms())
+                took_ms = first_takeover_ms(load.replay, excluding=target, since_ms=injected_ms)
+                takeover_s = None if took_ms is None else (took_ms - injected_ms) / 1000
             measured = replace(
-                measured, replay_latest=load.replay_tally() or m.replay_latest, warm_points=warm
+                measured,
+                replay_latest=load.replay_tally() or m.replay_latest,
+                warm_points=warm,
+                takeover_s=takeover_s,
             )
         return replace(drill, measurements=measured)
 
