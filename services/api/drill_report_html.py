@@ -166,7 +166,6 @@ def _recovery(recovery: dict[str, Any] | None) -> str:
     facts = [
         ("target", f"{target['share_target']:.0%} of moved conversations warm within the "
                    "takeover plus the planner's bound + 10 %"),
-        ("verdict", verdict),
         ("why", target["reason"]),
         ("moved / warm conversations",
          f"{recovery['moved_conversations']} / {recovery['warm_conversations']}"),
@@ -181,7 +180,7 @@ def _recovery(recovery: dict[str, Any] | None) -> str:
     return (
         "<h2>Cache recovery: moved conversations warm since injection</h2>"
         f"{_curve(recovery['curve'], target['limit_s'], target['share_target'])}"
-        f"<table><tr><th>target</th><td class={'failed' if verdict == 'failed' else 'passed'}>"
+        f"<table><tr><th>verdict</th><td class={escape(verdict.replace(' ', '-'))}>"
         f"{escape(verdict)}</td></tr>{rows}</table>"
     )
 
