@@ -159,17 +159,22 @@ def prefix_hit_ratio(later: EngineSnapshot, earlier: EngineSnapshot) -> float | 
 
 def window_figures(later: EngineSnapshot | None, earlier: EngineSnapshot | None) -> dict[str, Any]:
     """Live TTFT (requests, p50, p99) and the live prefix-hit ratio between two snapshots of one
-    region; ``earlier`` None: since the engines started."""
+    region; ``earlier`` None: since the engines started. The TTFT figures are null unless both
+    the engines' and replay's histograms are known at both ends (a restart of either voids the
+    window: replay's requests counted as live would be a lie)."""
     if later is None:
         return {**ttft_figures(None, None), "prefix_hit_ratio": None}
-    engine = None
-    if later.engine_ttft is not None:
-        engine = delta(later.engine_ttft, None if earlier is None else earlier.engine_ttft)
-    replay = None
-    if later.replay_ttft is not None:
-        replay = delta(later.replay_ttft, None if earlier is None else earlier.replay_ttft)
+
+    def between(newer: Histogram | None, older: Histogram | None) -> Histogram | None:
+        if newer is None or earlier is None:
+            return newer
+        return None if older is None else delta(newer, older)
+
+    engine = between(later.engine_ttft, None if earlier is None else earlier.engine_ttft)
+    replay = between(later.replay_ttft, None if earlier is None else earlier.replay_ttft)
+    known = engine is not None and replay is not None
     return {
-        **ttft_figures(engine, replay),
+        **(ttft_figures(engine, replay) if known else ttft_figures(None, None)),
         "prefix_hit_ratio": prefix_hit_ratio(
             later, earlier or EngineSnapshot(None, None, 0.0, 0.0)
         ),

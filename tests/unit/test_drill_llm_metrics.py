@@ -84,6 +84,12 @@ def test_the_live_prefix_hit_ratio_leaves_replay_out() -> None:
         replace(earlier, engine_ttft=hist(0, 0, 0, 0), replay_ttft=hist(0, 0, 0, 0)),
     )
     assert figures["requests"] == 60 and figures["p50_s"] == pytest.approx(0.1 + 0.4 * 20 / 50)
+    # replay's side unknown at the start (a node before these figures) or restarted since:
+    # its requests cannot be told from live ones, so the window is unknown, not all live
+    with_replay = replace(later, engine_ttft=hist(10, 60, 100, 100), replay_ttft=hist(0, 0, 40, 40))
+    for start_replay in (None, hist(0, 0, 50, 50)):
+        start = replace(earlier, engine_ttft=hist(0, 0, 0, 0), replay_ttft=start_replay)
+        assert window_figures(with_replay, start)["requests"] is None
 
 
 def test_the_simulators_buckets_read_back_as_vllm_exports_them() -> None:
