@@ -3,7 +3,10 @@
 Every drill has one, aborted and unfinished ones included (``verdict`` is null while it runs).
 RTO of a moved shard is the time from injection to its first acknowledged canary write served
 by another region; RPO is the count of acknowledged canary events not found when every canary
-conversation is read back after the restore (it must be 0).
+conversation is read back after the restore (it must be 0). Where engines are attached it also
+has what a chat platform's users feel (``regions.drill_llm_metrics``): the cache-recovery curve
+and its target, live TTFT per survivor before, during and after, and replay's throughput
+against the planner's rate.
 """
 
 from __future__ import annotations
@@ -13,7 +16,23 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
+from regions.drill_llm_metrics import (
+    WARM_SHARE_TARGET,
+    EngineSnapshot,
+    curve,
+    time_to_share,
+    warm_target,
+    window_figures,
+)
 from regions.drills import Drill
+
+#: the windows of live TTFT: name -> (snapshot at its end, snapshot at its start; None: since
+#: the engines started)
+TTFT_WINDOWS: dict[str, tuple[str, str | None]] = {
+    "before": ("start", None),
+    "during": ("restore", "start"),
+    "after": ("end", "restore"),
+}
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:
@@ -72,6 +91,8 @@ def report(drill: Drill) -> dict[str, Any]:
             for t, rate, errors, ratio in m.live_appends
         ],
         "replay": replay_summary(drill),
+        "cache_recovery": cache_recovery(drill),
+        "live_ttft": live_ttft(drill),
         "timeline": [
             {"phase": phase, "at": iso(at_ms), "at_ms": at_ms, "note": note}
             for phase, at_ms, note in drill.timeline
@@ -93,12 +114,89 @@ def replay_summary(drill: Drill) -> dict[str, Any] | None:
     makespan_s = None
     if replayed > 0 and last_ms is not None and drill.injected_at_ms is not None:
         makespan_s = max(0.0, (last_ms - drill.injected_at_ms) / 1000)
+    tokens = latest.tokens_replayed - before.tokens_replayed
+    takeover_s = takeover_of(drill)
+    tokens_per_s = None
+    if makespan_s is not None and makespan_s > takeover_s and tokens > 0:
+        tokens_per_s = tokens / (makespan_s - takeover_s)
+    planner_rate = m.replay_spare_tokens_per_s
     return {
         "conversations_planned": latest.conversations_planned - before.conversations_planned,
         "conversations_replayed": replayed,
-        "tokens_replayed": latest.tokens_replayed - before.tokens_replayed,
+        "tokens_replayed": tokens,
         "makespan_s": makespan_s,
         "planner_bound_s": m.replay_time_min_s,
+        "takeover_s": takeover_s,
+        "tokens_per_s": tokens_per_s,
+        "planner_tokens_per_s": planner_rate,
+        "throughput_of_planner": None
+        if tokens_per_s is None or not planner_rate
+        else tokens_per_s / planner_rate,
+    }
+
+
+def takeover_of(drill: Drill) -> float:
+    """Seconds from injection until a survivor first led a moved shard, as its replay service
+    learned it (no replay starts earlier); without that, the smallest RTO (a canary write
+    lands after the takeover, so later), else 0. The planner's bound assumes the whole spare
+    prefill from then on: counting from the first takeover, not the last, is the strict
+    reading."""
+    m = drill.measurements
+    if m.takeover_s is not None:
+        return m.takeover_s
+    return min(m.rto_s.values(), default=0.0)
+
+
+def cache_recovery(drill: Drill) -> dict[str, Any] | None:
+    """The cache-recovery curve and the target check (None: no engines attached)."""
+    replay = replay_summary(drill)
+    if replay is None:
+        return None
+    m = drill.measurements
+    moved = replay["conversations_planned"]
+    observed_s = None
+    if drill.injected_at_ms is not None and drill.restore_started_at_ms is not None:
+        observed_s = (drill.restore_started_at_ms - drill.injected_at_ms) / 1000
+    target = warm_target(
+        m.warm_points,
+        moved,
+        planner_bound_s=m.replay_time_min_s,
+        takeover_s=takeover_of(drill),
+        observed_s=observed_s,
+    )
+    warm = m.warm_points[-1][1] if m.warm_points else 0
+    return {
+        "moved_conversations": moved,
+        "warm_conversations": min(warm, moved),
+        "observed_s": observed_s,
+        "time_to_half_warm_s": time_to_share(m.warm_points, moved, 0.5),
+        "time_to_target_share_s": time_to_share(m.warm_points, moved, WARM_SHARE_TARGET),
+        "curve": curve(m.warm_points, moved),
+        "target": target.to_body(),
+    }
+
+
+def live_ttft(drill: Drill) -> dict[str, dict[str, Any]] | None:
+    """Per survivor (every region but the target), live TTFT and prefix-hit ratio before (the
+    engines' start to the drill's), during (the drill's start to the fault's end) and after
+    (the fault's end to the drill's); None: no engines attached."""
+    snapshots = drill.measurements.engine_snapshots
+    if not snapshots:
+        return None
+    regions = sorted({r for moment in snapshots.values() for r in moment} - {drill.spec.region})
+
+    def window(region: str, end: str, start: str | None) -> dict[str, Any]:
+        later = snapshots.get(end, {}).get(region)
+        earlier: EngineSnapshot | None = None
+        if start is not None:
+            earlier = snapshots.get(start, {}).get(region)
+            if earlier is None:
+                later = None  # a window without its start is unknown, not "since start"
+        return window_figures(later, earlier)
+
+    return {
+        region: {name: window(region, *ends) for name, ends in TTFT_WINDOWS.items()}
+        for region in regions
     }
 
 
@@ -121,7 +219,32 @@ def summary_lines(body: dict[str, Any]) -> list[str]:
             for g in body["guards_tripped"]
         ),
         *_replay_lines(body.get("replay")),
+        *_llm_lines(body.get("cache_recovery"), body.get("live_ttft")),
     ]
+
+
+def _llm_lines(
+    recovery: dict[str, Any] | None, ttft: dict[str, dict[str, Any]] | None
+) -> list[str]:
+    lines: list[str] = []
+    if recovery is not None:
+        target = recovery["target"]
+        verdict = {True: "passed", False: "FAILED", None: "not judged"}[target["passed"]]
+        lines.append(
+            f"  cache recovery: {recovery['warm_conversations']} of "
+            f"{recovery['moved_conversations']} moved conversations warm; target {verdict}: "
+            f"{target['reason']}"
+        )
+    for region, windows in (ttft or {}).items():
+        figures = ", ".join(
+            f"{name} p50 {_ms(w['p50_s'])} p99 {_ms(w['p99_s'])}" for name, w in windows.items()
+        )
+        lines.append(f"  live TTFT {region}: {figures}")
+    return lines
+
+
+def _ms(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds * 1000:.0f}ms"
 
 
 def _replay_lines(replay: dict[str, Any] | None) -> list[str]:
@@ -132,5 +255,11 @@ def _replay_lines(replay: dict[str, Any] | None) -> list[str]:
         f"  replay: {replay['conversations_replayed']} of {replay['conversations_planned']} "
         f"conversations, {replay['tokens_replayed']} tokens; makespan "
         f"{'-' if makespan is None else f'{makespan:.1f}s'} (planner's bound "
-        f"{'-' if bound is None else f'{bound:.1f}s'})"
+        f"{'-' if bound is None else f'{bound:.1f}s'})",
+        f"  replay throughput {_rate(replay['tokens_per_s'])} after takeover "
+        f"{replay['takeover_s']:.1f}s (planner's {_rate(replay['planner_tokens_per_s'])})",
     ]
+
+
+def _rate(tokens_per_s: float | None) -> str:
+    return "-" if tokens_per_s is None else f"{tokens_per_s:,.0f} tokens/s"

@@ -34,6 +34,7 @@ from typing import Any, Literal, cast, get_args
 
 from eventlog.errors import InvalidRequest
 from regions.drill_kinds import DrillKind, rules_of
+from regions.drill_llm_metrics import EngineSnapshot, snapshots_of
 
 Phase = Literal[
     "planned", "preflight", "injecting", "holding", "restoring", "done", "aborted", "failed"
@@ -203,6 +204,17 @@ class Measurements:
     replay_latest: ReplayTally | None = None
     #: the planner's lower bound on replaying the moved conversations, from preflight
     replay_time_min_s: float | None = None
+    #: the survivors' spare prefill at preflight, tokens/s: the rate that bound assumes
+    replay_spare_tokens_per_s: float | None = None
+    #: the regions' engines and replay at the drill's start, the fault's end and the drill's
+    #: end ("start" | "restore" | "end" -> region -> snapshot), for live TTFT per phase
+    engine_snapshots: Mapping[str, Mapping[str, EngineSnapshot]] = field(default_factory=dict)
+    #: (seconds since injection, moved conversations warm by then) on the survivors while the
+    #: fault lasted (``regions.drill_llm_metrics.warm_counts``): the cache-recovery curve
+    warm_points: tuple[tuple[float, int], ...] = ()
+    #: seconds from injection until a survivor first led a moved shard (replay's view; None:
+    #: not seen, no engines)
+    takeover_s: float | None = None
 
     def to_body(self) -> dict[str, Any]:
         return {
@@ -218,6 +230,13 @@ class Measurements:
             "replay_before": None if self.replay_before is None else self.replay_before.to_body(),
             "replay_latest": None if self.replay_latest is None else self.replay_latest.to_body(),
             "replay_time_min_s": self.replay_time_min_s,
+            "replay_spare_tokens_per_s": self.replay_spare_tokens_per_s,
+            "engine_snapshots": {
+                moment: {region: snap.to_body() for region, snap in regions.items()}
+                for moment, regions in self.engine_snapshots.items()
+            },
+            "warm_points": [list(p) for p in self.warm_points],
+            "takeover_s": self.takeover_s,
         }
 
     @classmethod
@@ -243,6 +262,13 @@ class Measurements:
             replay_before=ReplayTally.from_body(body.get("replay_before")),
             replay_latest=ReplayTally.from_body(body.get("replay_latest")),
             replay_time_min_s=_optional_float(body.get("replay_time_min_s")),
+            replay_spare_tokens_per_s=_optional_float(body.get("replay_spare_tokens_per_s")),
+            engine_snapshots={
+                str(moment): snapshots_of(regions)
+                for moment, regions in body.get("engine_snapshots", {}).items()
+            },
+            warm_points=tuple((float(p[0]), int(p[1])) for p in body.get("warm_points", ())),
+            takeover_s=_optional_float(body.get("takeover_s")),
         )
 
 

@@ -49,6 +49,34 @@ class ReplayResult:
     cached_prompt_tokens: int
     duration_ms: float
     finished_at_ms: int
+    #: the engine requests of a ``replayed`` job (one per piece, ``replay.chat.replay_pieces``):
+    #: each one's time to its answer (ms), and the prompt tokens they queried and found cached.
+    #: The engine's TTFT histogram and prefix-cache counters count them all; a drill takes them
+    #: off to see the live requests. Empty and 0 from workers older than these fields.
+    request_ms: tuple[float, ...] = ()
+    queried_tokens: int = 0
+    hit_tokens: int = 0
+
+
+#: the most engine requests one result describes (a transcript cut in more pieces than this
+#: reports its first ones)
+RESULT_REQUESTS_MAX = 256
+
+
+@dataclass(frozen=True, slots=True)
+class EngineRequests:
+    """What a replay's prefill requests were, as ``ReplayResult`` reports them."""
+
+    request_ms: tuple[float, ...] = ()
+    queried_tokens: int = 0
+    hit_tokens: int = 0
+
+    def plus(self, outcome: PrefillOutcome) -> EngineRequests:
+        return EngineRequests(
+            (*self.request_ms, outcome.duration_ms)[:RESULT_REQUESTS_MAX],
+            self.queried_tokens + outcome.prompt_tokens,
+            self.hit_tokens + outcome.cached_prompt_tokens,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,6 +168,10 @@ class EngineMetrics:
     # computed, counted with prompt_tokens_total (the live-demand series; newer vLLM only)
     computed_prompt_tokens_total: float | None = None
     kv_cache_usage_perc: float | None = None  # vllm:kv_cache_usage_perc (0..1)
+    #: vllm:time_to_first_token_seconds_bucket: (upper bound s, requests at most that long),
+    #: cumulative, bounds increasing, the last ``+Inf`` (every request); every request counts,
+    #: replay's prefills included
+    ttft_buckets: tuple[tuple[float, float], ...] | None = None
 
     def counters(self) -> tuple[float, ...]:
         """Every counter, for restart detection: a counter going down means a restart."""

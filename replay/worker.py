@@ -33,7 +33,7 @@ import logging
 import random
 from collections import Counter
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol, TypeVar
 
 from eventlog.aio import cancel_quietly
@@ -50,6 +50,7 @@ from replay.model import (
     EngineCheck,
     EngineFitness,
     EngineProblem,
+    EngineRequests,
     PrefillOutcome,
     PrefillRequest,
     ReplayJob,
@@ -269,7 +270,7 @@ class ReplayWorker:
         if job.model_revision != self._engine.model_revision:
             return await self._reroute(job, started_s)
         try:
-            outcome = await self._replay(job)
+            outcome, requests = await self._replay(job)
         except _JobExpired:
             return self._result(job, "expired", started_s)
         except ModelRevisionMismatch:
@@ -277,9 +278,14 @@ class ReplayWorker:
         except ConvplaneError as exc:
             log.warning("%s: job %s failed: %s", self.worker_id, job.job_id, exc)
             return self._result(job, "failed", started_s)
-        return self._result(job, "replayed", started_s, outcome)
+        return replace(
+            self._result(job, "replayed", started_s, outcome),
+            request_ms=requests.request_ms,
+            queried_tokens=requests.queried_tokens,
+            hit_tokens=requests.hit_tokens,
+        )
 
-    async def _replay(self, job: ReplayJob) -> PrefillOutcome:
+    async def _replay(self, job: ReplayJob) -> tuple[PrefillOutcome, EngineRequests]:
         s = self.settings
         remaining_s = max((job.deadline_ms - self._clock.wall_ms()) / 1000, 0.0)
         try:
@@ -304,6 +310,7 @@ class ReplayWorker:
             )
             salt = cache_salt_for(self._cache_salt_key, job.tenant_id)
             computed = 0
+            requests = EngineRequests()
             for prompt in replay_pieces(render_prompt(events), s.piece_tokens_max):
                 request = PrefillRequest(
                     model=job.model_revision,
@@ -318,14 +325,16 @@ class ReplayWorker:
                     s.prefill_timeout_s,
                 )
                 computed += outcome.prompt_tokens - outcome.cached_prompt_tokens
+                requests = requests.plus(outcome)
             computed_tokens = computed
             # the whole prompt; cached = what was there before this replay computed the rest
-            return PrefillOutcome(
+            whole = PrefillOutcome(
                 outcome.prompt_tokens,
                 max(outcome.prompt_tokens - computed, 0),
                 outcome.duration_ms,
                 outcome.cached_reported,
             )
+            return whole, requests
         finally:
             self._gate.release(computed_tokens)
 

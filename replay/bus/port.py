@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any, Final, Self, get_args
 
 from eventlog.errors import InvalidRequest, Overloaded, Unavailable
-from replay.model import ReplayJob, ReplayResult, ReplayStatus
+from replay.model import RESULT_REQUESTS_MAX, ReplayJob, ReplayResult, ReplayStatus
 from replay.read_grant import READ_GRANT_CHARS_MAX
 
 RESULTS_TOPIC: Final = "convplane.replay.results"
@@ -174,6 +174,9 @@ _RESULT_NAMES = ("job_id", "region", "model_revision", "worker_id", "engine_id")
 _RESULT_INTS = {
     "prompt_tokens": TOKENS_MAX,
     "cached_prompt_tokens": TOKENS_MAX,
+    # every piece queries the prefix before it again
+    "queried_tokens": TOKENS_MAX * RESULT_REQUESTS_MAX,
+    "hit_tokens": TOKENS_MAX * RESULT_REQUESTS_MAX,
     "finished_at_ms": _INT_MAX,
 }
 
@@ -229,13 +232,28 @@ def job_from_body(obj: object) -> ReplayJob:
 
 
 def result_from_body(obj: object) -> ReplayResult:
+    if isinstance(obj, dict):  # a result from a worker before engine requests were reported
+        obj = {"request_ms": [], "queried_tokens": 0, "hit_tokens": 0, **obj}
     values = _fields_of(obj, ReplayResult)
+    request_ms = values["request_ms"]
+    if (
+        not isinstance(request_ms, list)
+        or len(request_ms) > RESULT_REQUESTS_MAX
+        or any(type(ms) not in (int, float) or not 0 <= ms <= 86_400_000 for ms in request_ms)
+    ):
+        raise MalformedMessage(
+            f"ReplayResult: request_ms must be at most {RESULT_REQUESTS_MAX} durations in ms"
+        )
+    values["request_ms"] = tuple(float(ms) for ms in request_ms)
     _check(values, "ReplayResult", _RESULT_IDS, _RESULT_NAMES, _RESULT_INTS)
     if values["status"] not in _STATUSES:
         raise MalformedMessage(f"ReplayResult: unknown status {values['status']!r}")
     duration = values["duration_ms"]
     if type(duration) not in (int, float) or not 0 <= duration <= 86_400_000:
         raise MalformedMessage("ReplayResult: duration_ms must be a number of ms within a day")
-    if values["cached_prompt_tokens"] > values["prompt_tokens"]:
+    if (
+        values["cached_prompt_tokens"] > values["prompt_tokens"]
+        or values["hit_tokens"] > values["queried_tokens"]
+    ):
         raise MalformedMessage("ReplayResult: more cached tokens than prompt tokens")
     return ReplayResult(**{**values, "duration_ms": float(duration)})

@@ -8,10 +8,13 @@ counter's ``_created`` sample is a different sample name and is never added in. 
 **Absent is not zero.** The four series replay cannot judge spare capacity without
 (``REQUIRED``) make the scrape fail with ``EngineMetricsMissing``: the engine is "unknown" and
 gets no replay (``--disable-log-stats``, a renamed series). Reading them as 0 would read live
-load as 0 and hand replay the whole engine. Optional series are None when absent.
+load as 0 and hand replay the whole engine. Optional series are None when absent. The TTFT histogram
+(``vllm:time_to_first_token_seconds``) is kept as its cumulative buckets, summed per ``le``.
 """
 
 from __future__ import annotations
+
+import math
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -32,6 +35,7 @@ VLLM_SAMPLES: dict[str, tuple[str, dict[str, str] | None]] = {
     ),
     "kv_cache_usage_perc": ("vllm:kv_cache_usage_perc", None),
 }
+TTFT_BUCKET_SAMPLE = "vllm:time_to_first_token_seconds_bucket"
 REQUIRED = (
     "prompt_tokens_total",
     "generation_tokens_total",
@@ -51,9 +55,13 @@ def parse_engine_metrics(text: str) -> EngineMetrics:
     for field, (name, labels) in VLLM_SAMPLES.items():
         by_name.setdefault(name, []).append((field, labels))
     found: dict[str, float] = {}
+    ttft: dict[float, float] = {}
     try:
         for family in text_string_to_metric_families(text):
             for sample in family.samples:
+                if sample.name == TTFT_BUCKET_SAMPLE and "le" in sample.labels:
+                    bound_s = float(sample.labels["le"])
+                    ttft[bound_s] = ttft.get(bound_s, 0.0) + float(sample.value)
                 for field, labels in by_name.get(sample.name, ()):
                     if labels and any(sample.labels.get(k) != v for k, v in labels.items()):
                         continue
@@ -75,4 +83,5 @@ def parse_engine_metrics(text: str) -> EngineMetrics:
         prefix_cache_hits_total=found.get("prefix_cache_hits_total"),
         computed_prompt_tokens_total=found.get("computed_prompt_tokens_total"),
         kv_cache_usage_perc=found.get("kv_cache_usage_perc"),
+        ttft_buckets=tuple(sorted(ttft.items())) if math.inf in ttft else None,
     )

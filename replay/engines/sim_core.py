@@ -57,7 +57,6 @@ asyncio, so the same model runs in real time (the HTTP simulator) and in virtual
 
 from __future__ import annotations
 
-import bisect
 import hashlib
 import heapq
 import zlib
@@ -67,6 +66,7 @@ from typing import Literal
 
 from eventlog.errors import InvariantViolation
 from replay.chat import ChatPrompt, canonical_json
+from replay.drill_tally import TTFT_BUCKETS_S, bucket_index, ttft_buckets
 from replay.engines.base import EngineUnavailable
 from replay.model import EngineMetrics
 
@@ -194,10 +194,6 @@ class PrefixCache:
         self._stamps.update(zip(keys[:count], range(top, self._clock, -1), strict=True))
         self._clock = top
 
-
-#: vLLM's buckets of ``vllm:time_to_first_token_seconds`` (seconds)
-TTFT_BUCKETS_S = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5,
-                  5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)  # fmt: skip
 
 SchedulingPolicy = Literal["priority", "fcfs"]
 
@@ -347,6 +343,7 @@ class PrefillServerModel:
             prefix_cache_hits_total=float(c.prefix_cache_hits_total),
             computed_prompt_tokens_total=float(c.computed_prompt_tokens_total),
             kv_cache_usage_perc=len(self.cache) / max(self.cache.capacity_blocks, 1),
+            ttft_buckets=ttft_buckets(c.ttft_bucket_counts, c.requests_total),
         )
 
     # --- the server --------------------------------------------------------------------------
@@ -408,8 +405,8 @@ class PrefillServerModel:
         c.requests_total += 1
         ttft_s = end_s - pending.arrival_s
         c.ttft_sum_s += ttft_s
-        index = bisect.bisect_left(TTFT_BUCKETS_S, ttft_s)
-        if index < len(TTFT_BUCKETS_S):
+        index = bucket_index(ttft_s)
+        if index is not None:
             c.ttft_bucket_counts[index] += 1
         self._done.append(
             SimCompletion(

@@ -11,6 +11,7 @@ values come from ``sim_core``, not from a model.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 
 from prometheus_client import CollectorRegistry, generate_latest
@@ -22,7 +23,8 @@ from prometheus_client.metrics_core import (
 )
 from prometheus_client.registry import Collector
 
-from replay.engines.sim_core import TTFT_BUCKETS_S, PrefillServerModel
+from replay.drill_tally import ttft_buckets
+from replay.engines.sim_core import PrefillServerModel
 
 
 class _SimCollector(Collector):
@@ -90,12 +92,10 @@ class _SimCollector(Collector):
         yield counter(
             "vllm:generation_tokens", "Number of generation tokens processed.", c.requests_total
         )
-        buckets: list[tuple[str, float]] = []
-        cumulative = 0
-        for bound_s, count in zip(TTFT_BUCKETS_S, c.ttft_bucket_counts, strict=True):
-            cumulative += count
-            buckets.append((repr(bound_s), cumulative))
-        buckets.append(("+Inf", c.requests_total))
+        buckets = [
+            ("+Inf" if math.isinf(bound_s) else repr(bound_s), count)
+            for bound_s, count in ttft_buckets(c.ttft_bucket_counts, c.requests_total)
+        ]
         ttft = HistogramMetricFamily(
             "vllm:time_to_first_token_seconds",
             "Histogram of time to first token in seconds.",

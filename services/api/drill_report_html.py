@@ -60,6 +60,11 @@ def render(body: dict[str, Any]) -> str:
                 "replay makespan / planner's bound (s)",
                 f"{_num(replay['makespan_s'])} / {_num(replay['planner_bound_s'])}",
             ),
+            (
+                "replay throughput after takeover / planner's rate (tokens/s)",
+                f"{_num(replay['tokens_per_s'])} / {_num(replay['planner_tokens_per_s'])} "
+                f"(takeover {_num(replay['takeover_s'])}s)",
+            ),
         ]
     guards = (
         "".join(
@@ -72,7 +77,7 @@ def render(body: dict[str, Any]) -> str:
         f"<tr><td>{escape(t['phase'])}</td><td>{escape(str(t['at']))}</td><td>{escape(t['note'])}</td></tr>"
         for t in body["timeline"]
     )
-    facts = "".join(f"<tr><th>{escape(k)}</th><td>{escape(str(v))}</td></tr>" for k, v in rows)
+    facts = _facts(rows)
     return (
         "<!doctype html><html lang=en><head><meta charset=utf-8>"
         f"<title>drill {escape(body['drill_id'])}</title><style>{STYLE}</style></head><body>"
@@ -84,11 +89,16 @@ def render(body: dict[str, Any]) -> str:
         f"{_series(body['series'], [('acked', '#1a7f37'), ('errors', '#b42318')])}"
         f"<h2>Live appends per second (the plane's own counters)</h2>"
         f"{_series(body['live_appends_per_s'], [('appends_per_s', '#4c78a8'), ('errors_per_s', '#b42318')])}"
+        f"{_recovery(body.get('cache_recovery'))}{_ttft(body.get('live_ttft'))}"
         f"<h2>Guards tripped</h2><table><tr><th>guard</th><th>measured</th><th>limit</th></tr>"
         f"{guards}</table>"
         f"<h2>Timeline</h2><table><tr><th>phase</th><th>at</th><th>note</th></tr>{timeline}</table>"
         "</body></html>"
     )
+
+
+def _facts(rows: list[tuple[str, Any]]) -> str:
+    return "".join(f"<tr><th>{escape(k)}</th><td>{escape(str(v))}</td></tr>" for k, v in rows)
 
 
 def _num(value: Any) -> str:
@@ -144,3 +154,96 @@ def _series(points: list[dict[str, Any]], lines: list[tuple[str, str]]) -> str:
         f"{t0:.0f}s to {t1:.0f}s since start; top {top:.4g}</text>"
     )
     return _svg(legend + "".join(line(k, c) for k, c in lines), ", ".join(k for k, _ in lines))
+
+
+def _recovery(recovery: dict[str, Any] | None) -> str:
+    """The cache-recovery curve (warm share over seconds since injection, the target share and
+    time limit drawn in) and the target check."""
+    if recovery is None:
+        return ""
+    target = recovery["target"]
+    verdict = {True: "passed", False: "failed", None: "not judged"}[target["passed"]]
+    facts = [
+        ("target", f"{target['share_target']:.0%} of moved conversations warm within the "
+                   "takeover plus the planner's bound + 10 %"),
+        ("why", target["reason"]),
+        ("moved / warm conversations",
+         f"{recovery['moved_conversations']} / {recovery['warm_conversations']}"),
+        ("takeover / limit (s since injection)",
+         f"{_num(target['takeover_s'])} / {_num(target['limit_s'])}"),
+        ("50 % / target share warm at (s)",
+         f"{_num(recovery['time_to_half_warm_s'])} / {_num(recovery['time_to_target_share_s'])}"),
+        ("warm share at the limit", _num(target["warm_share_at_limit"])),
+        ("measured until (s, the fault's end)", _num(recovery["observed_s"])),
+    ]  # fmt: skip
+    rows = _facts(facts)
+    return (
+        "<h2>Cache recovery: moved conversations warm since injection</h2>"
+        f"{_curve(recovery['curve'], target['limit_s'], target['share_target'])}"
+        f"<table><tr><th>verdict</th><td class={escape(verdict.replace(' ', '-'))}>"
+        f"{escape(verdict)}</td></tr>{rows}</table>"
+    )
+
+
+def _curve(points: list[dict[str, float]], limit_s: float | None, share: float) -> str:
+    if not points:
+        return "<p>no moved conversation warmed while the fault lasted</p>"
+    right_s = max([points[-1]["t_s"], limit_s or 0.0]) or 1.0
+    inner_w, inner_h = CHART_W - 2 * PAD, CHART_H - 2 * PAD
+
+    def x(t_s: float) -> float:
+        return PAD + inner_w * t_s / right_s
+
+    def y(fraction: float) -> float:
+        return CHART_H - PAD - inner_h * fraction
+
+    steps = [f"{x(0):.1f},{y(0):.1f}"]
+    previous = 0.0
+    for p in points:  # a step curve: the share holds until the next conversation warms
+        steps += [
+            f"{x(p['t_s']):.1f},{y(previous):.1f}",
+            f"{x(p['t_s']):.1f},{y(p['warm_share']):.1f}",
+        ]
+        previous = p["warm_share"]
+    parts = [
+        f'<line x1="{PAD}" x2="{CHART_W - PAD}" y1="{y(share):.1f}" y2="{y(share):.1f}" '
+        f'stroke="#999" stroke-dasharray="4 3"/>',
+        f'<polyline fill="none" stroke="#1a7f37" stroke-width="1.5" points="{" ".join(steps)}"/>',
+        f'<text x="4" y="14" font-size="11">warm share (dashed: {share:.0%}'
+        f"{'' if limit_s is None else f'; red: the limit {limit_s:.2f}s'})</text>",
+        f'<text x="{CHART_W - 4}" y="{CHART_H - 8}" font-size="10" text-anchor="end">'
+        f"0s to {right_s:.2f}s since injection</text>",
+    ]
+    if limit_s is not None:
+        parts.append(
+            f'<line x1="{x(limit_s):.1f}" x2="{x(limit_s):.1f}" y1="{PAD}" y2="{CHART_H - PAD}" '
+            f'stroke="#b42318" stroke-dasharray="4 3"/>'
+        )
+    return _svg("".join(parts), "moved conversations warm over time since injection")
+
+
+def _ttft(ttft: dict[str, dict[str, Any]] | None) -> str:
+    """Live TTFT p50/p99 (ms) and prefix-hit ratio per survivor, before, during and after."""
+    if ttft is None:
+        return ""
+
+    def ms(seconds: float | None) -> str:
+        return "-" if seconds is None else f"{seconds * 1000:.0f}"
+
+    rows = (
+        "".join(
+            f"<tr><td>{escape(region)}</td><td>{escape(name)}</td><td>{_num(w['requests'])}</td>"
+            f"<td>{ms(w['p50_s'])}</td><td>{ms(w['p99_s'])}</td><td>{_num(w['prefix_hit_ratio'])}</td></tr>"
+            for region, windows in ttft.items()
+            for name, w in windows.items()
+        )
+        or "<tr><td colspan=6>no survivor reported its engines</td></tr>"
+    )
+    return (
+        "<h2>Live time to first token per survivor</h2>"
+        "<p>From the engines' <code>vllm:time_to_first_token_seconds</code> histograms, less "
+        "replay's own prefills; before: the engines' start to the drill's, during: to the "
+        "fault's end, after: to the drill's end.</p>"
+        "<table><tr><th>region</th><th>window</th><th>live requests</th><th>p50 ms</th>"
+        f"<th>p99 ms</th><th>prefix-hit ratio</th></tr>{rows}</table>"
+    )

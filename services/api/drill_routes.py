@@ -233,7 +233,9 @@ async def abort_drill(ctx: Context, drill_id: DrillIdPath, body: ReasonRequest) 
 @drill_router.get("/drills/{drill_id}/report", response_model=None, responses=errors(404))
 async def drill_report(ctx: Context, drill_id: DrillIdPath) -> Any:
     """A drill's report: JSON (RTO per moved shard, canaries acked and lost, guards tripped,
-    timeline), or with `Accept: text/html` a self-contained page with inline charts."""
+    timeline; where engines are attached, replay's throughput against the planner's, the
+    cache-recovery curve with its target check, and live TTFT per survivor before, during and
+    after), or with `Accept: text/html` a self-contained page with inline charts."""
     require_role(ctx.tenant, OBSERVER_ROLES)
     driver = _driver(ctx.request)
 

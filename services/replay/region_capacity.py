@@ -55,6 +55,21 @@ def _sum_optional(values: Sequence[float | None]) -> float | None:
     return sum(present) if len(present) == len(values) else None
 
 
+def _sum_buckets(
+    histograms: Sequence[tuple[tuple[float, float], ...] | None],
+) -> tuple[tuple[float, float], ...] | None:
+    """Cumulative histograms summed bucket by bucket; None unless all have the same bounds."""
+    if not histograms or any(h is None for h in histograms):
+        return None
+    bounds = {tuple(b for b, _ in h or ()) for h in histograms}
+    if len(bounds) != 1:
+        return None
+    return tuple(
+        (bucket[0][0], sum(count for _, count in bucket))
+        for bucket in zip(*(h or () for h in histograms), strict=True)
+    )
+
+
 def _sum(snapshots: Sequence[EngineMetrics]) -> EngineMetrics:
     return EngineMetrics(
         prompt_tokens_total=sum(m.prompt_tokens_total for m in snapshots),
@@ -66,6 +81,7 @@ def _sum(snapshots: Sequence[EngineMetrics]) -> EngineMetrics:
         computed_prompt_tokens_total=_sum_optional(
             [m.computed_prompt_tokens_total for m in snapshots]
         ),
+        ttft_buckets=_sum_buckets([m.ttft_buckets for m in snapshots]),
     )
 
 
@@ -111,6 +127,10 @@ class RegionCapacity:
         self.scrape_failures_total = 0
         #: engine id -> why its capacity is unknown (last scrape failed): no replay there
         self.unknown_reasons: dict[str, str] = {}
+
+    def engine_totals(self) -> EngineMetrics | None:
+        """The region's engines' counters as last scraped, summed (None: none answered yet)."""
+        return _sum(list(self._last.values())) if self._last else None
 
     def try_acquire(self, tokens: int, tenant: str) -> Grant:
         return self.region.try_acquire(tokens, tenant)

@@ -32,6 +32,7 @@ from eventlog.errors import ConvplaneError, NotFound, NotLeader
 from replay import read_grant
 from replay.affinity import Affinity, AffinityTable
 from replay.bus.port import JobBus, ResultStream
+from replay.drill_tally import DrillTally, histogram_body
 from replay.model import ReplayJob, ReplayResult
 from replay.scheduler import AddReport, MovedConversation, ReplayScheduler, SchedulerConfig
 from replay.worker import ReplayWorker
@@ -118,6 +119,8 @@ class ReplayService:
         #: model revisions of moved conversations that no engine here serves, with counts
         #: (at most UNSERVED_REVISIONS_SHOWN_MAX revisions)
         self.unserved_model_revisions: Counter[str] = Counter()
+        #: replay's own prefills and when moved conversations turned warm, for drills
+        self.drill_tally = DrillTally()
 
     # --- LogListener ----------------------------------------------------------------------
 
@@ -125,10 +128,14 @@ class ReplayService:
         if shard >= self.shard_count or previous_region in (None, self.region):
             return  # the control shard, a shard this region already led, or unknown history
         self.counts["shards_moved_here"] += 1
+        self.drill_tally.moved_here(self._clock.wall_ms())
         self.request_shard(shard)
 
     def conversation_written(self, tenant_id: str, conversation_id: str, event_type: str) -> None:
-        self.scheduler.mark_live(tenant_id, conversation_id)
+        if self.scheduler.mark_live(tenant_id, conversation_id):
+            # a live turn of a moved conversation still queued: its own prefill warms it (one
+            # already dispatched counts when its result comes, replayed or skipped_live)
+            self.drill_tally.warmed(self._clock.wall_ms())
 
     # --- operator -------------------------------------------------------------------------
 
@@ -388,6 +395,9 @@ class ReplayService:
             if result.status == "replayed":
                 self.counts["tokens_replayed"] += computed
                 self.last_replayed_at_ms = self._clock.wall_ms()
+                self.drill_tally.replayed(result)
+            if result.status in ("replayed", "skipped_live"):
+                self.drill_tally.warmed(self._clock.wall_ms())
         self.scheduler.record_result(result)
         self.affinity.learn(result)
 
@@ -411,6 +421,20 @@ class ReplayService:
             "conversations_replayed": self.counts["result_replayed"],
             "tokens_replayed": self.counts["tokens_replayed"],
             "last_replayed_at_ms": self.last_replayed_at_ms,
+            **self._engine_view(),
+            **self.drill_tally.to_body(),
+        }
+
+    def _engine_view(self) -> dict[str, Any]:
+        """The region's engines summed, as last scraped: the TTFT histogram and the
+        prefix-cache counters (None where an engine does not export them)."""
+        totals = self.capacity.engine_totals()
+        return {
+            "engine_ttft": None if totals is None else histogram_body(totals.ttft_buckets),
+            "prefix_cache_queries_total": None
+            if totals is None
+            else totals.prefix_cache_queries_total,
+            "prefix_cache_hits_total": None if totals is None else totals.prefix_cache_hits_total,
         }
 
     def status(self) -> dict[str, Any]:

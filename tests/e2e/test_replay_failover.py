@@ -162,6 +162,29 @@ def test_survivors_rebuild_moved_conversations_and_the_next_turn_hits_the_cache(
 
 
 PREFLIGHT_RETRY_S = 30.0
+#: live requests sent to each survivor's engine before the drill (its "before" TTFT)
+LIVE_BEFORE = 3
+
+
+def engine_model(url: str) -> str:
+    models = httpx.get(url + "/v1/models", timeout=10.0).json()
+    return str(models["data"][0]["id"])
+
+
+def live_turn(client: httpx.Client, cid: str) -> dict[str, Any]:
+    """The application's next turn of ``cid``, sent where ``/route`` says, with its salt; the
+    engine's usage."""
+    route = client.get(f"/v1/conversations/{cid}/route")
+    assert route.status_code == 200 and route.json()["worker"] is not None, route.text
+    prompt = live_prompt(cid)
+    reply = httpx.post(
+        route.json()["worker"]["engine_url"] + "/v1/chat/completions",
+        json={"model": route.json()["model_revision"], **prompt.request_fields(),
+              "max_completion_tokens": 1, "cache_salt": route.json()["cache_salt"]},
+        timeout=30.0,
+    )  # fmt: skip
+    assert reply.status_code == 200, reply.text
+    return dict(reply.json()["usage"])
 
 
 def test_a_region_loss_drill_checks_prefill_and_reports_what_replay_rebuilt(
@@ -178,6 +201,14 @@ def test_a_region_loss_drill_checks_prefill_and_reports_what_replay_rebuilt(
         guards = {"max_rto_s": 60.0, "max_error_ratio": 1.0, "max_ack_p99_ms": 60_000.0}
         drill = {"kind": "region-loss", "region": VICTIM, "hold_s": HOLD_S, "reason": "e2e",
                  "guards": guards}  # fmt: skip
+        survivor_engines = [e["url"] for e in plane.info["sim_engines"] if e["region"] != VICTIM]
+        for url in survivor_engines:  # live traffic before the drill: its "before" TTFT
+            model = engine_model(url)
+            for i in range(LIVE_BEFORE):
+                reply = httpx.post(url + "/v1/chat/completions", timeout=30.0, json={
+                    "model": model, "max_completion_tokens": 1, "cache_salt": "e2e",
+                    "messages": [{"role": "user", "content": f"warm up {i} " * 100}]})  # fmt: skip
+                assert reply.status_code == 200, reply.text
         with plane.client("us-east") as client:
             for cid in cids:
                 write_conversation(client, cid)
@@ -198,6 +229,9 @@ def test_a_region_loss_drill_checks_prefill_and_reports_what_replay_rebuilt(
             assert started.status_code == 201, started.text
             drill_id = started.json()["drill_id"]
             wait_for_affinity(client, cids)  # replayed on the survivors during the hold
+            # the next turns arrive while the fault lasts: live TTFT during, and warm prefixes
+            usages = [live_turn(client, cid) for cid in cids]
+            assert all(u["prompt_tokens_details"]["cached_tokens"] > 0 for u in usages), usages
             deadline = time.monotonic() + HOLD_S + REPLAY_WAIT_S
             while True:
                 r = client.get(f"/v1/drills/{drill_id}/report", headers=operator)
@@ -208,12 +242,38 @@ def test_a_region_loss_drill_checks_prefill_and_reports_what_replay_rebuilt(
                 assert time.monotonic() < deadline, r.json()
                 time.sleep(0.5)
         body = r.json()
+        for key in ("replay", "cache_recovery", "live_ttft"):
+            print(f"{key}: {body[key]}")
         assert body["verdict"] == "passed", body["verdict_reason"]
         replay = body["replay"]
         assert replay["conversations_replayed"] >= len(cids), replay
         assert replay["tokens_replayed"] > 0 and 0 < replay["makespan_s"] <= HOLD_S, replay
         assert replay["planner_bound_s"] > 0  # the drill's own preflight (spare moves)
-        print(f"drill replay: {replay}")
+        assert replay["planner_tokens_per_s"] > 0 and replay["tokens_per_s"] > 0, replay
+        # the cache came back: every moved conversation warm well within the hold
+        recovery = body["cache_recovery"]
+        moved = recovery["moved_conversations"]
+        assert moved >= len(cids) and recovery["warm_conversations"] == moved, recovery
+        assert recovery["curve"][-1]["warm_share"] == 1.0
+        assert 0 < recovery["time_to_target_share_s"] <= HOLD_S, recovery
+        target = recovery["target"]
+        assert target["passed"] in (True, False), target  # judged: the fault outlasted it
+        assert target["passed"] == (target["time_to_share_s"] <= target["limit_s"]), target
+        # live TTFT on both survivors, from their engines' histograms, replays taken off
+        ttft = body["live_ttft"]
+        assert sorted(ttft) == ["eu-west", "us-east"], ttft
+        for region, windows in ttft.items():
+            before = windows["before"]
+            assert before["requests"] >= LIVE_BEFORE, (region, windows)  # + self-check probes
+            assert 0 < before["p50_s"] <= before["p99_s"] < 5.0, (region, windows)
+        during = [w["during"] for w in ttft.values()]
+        # every next turn, and no replay, counted during the fault
+        assert sum(w["requests"] for w in during) == len(cids), ttft
+        assert all(0 < w["p50_s"] < 5.0 for w in during if w["requests"]), ttft
+        assert all(w["prefix_hit_ratio"] > 0.5 for w in during if w["requests"]), ttft
+        html = httpx.get(plane.urls["us-east"] + f"/v1/drills/{drill_id}/report",
+                         headers={**operator, "Accept": "text/html"}, timeout=10.0).text  # fmt: skip
+        assert "Cache recovery" in html and "Live time to first token per survivor" in html
     finally:
         output = stop_plane(proc)
     assert proc.returncode == 0, output

@@ -99,6 +99,8 @@ class World:
     node: FakeNode
     ops: OpsState
     clock: ManualClock
+    #: what eu-west's replay shows a drill (its engines); a test may change it
+    replay_view: dict[str, Any]
 
 
 @pytest.fixture
@@ -111,10 +113,11 @@ async def world() -> AsyncIterator[World]:
     ops = OpsState()
     node = FakeNode(ops)
 
+    replay = {"live_tokens_per_s": 100.0, "spare_tokens_per_s": 900.0,
+              "conversations_planned": 2, "conversations_replayed": 1,
+              "tokens_replayed": 500, "last_replayed_at_ms": WALL_ORIGIN_MS - 1}  # fmt: skip
+
     def load(request: httpx.Request) -> httpx.Response:
-        replay = {"live_tokens_per_s": 100.0, "spare_tokens_per_s": 900.0,
-                  "conversations_planned": 2, "conversations_replayed": 1,
-                  "tokens_replayed": 500, "last_replayed_at_ms": WALL_ORIGIN_MS - 1}  # fmt: skip
         with_engines = request.url.host == "eu-west.test"
         return httpx.Response(
             200, json={"append_rate_per_s": 5.0, "replay": replay if with_engines else None}
@@ -133,7 +136,7 @@ async def world() -> AsyncIterator[World]:
             clock=clock,
             region_append_capacity_per_s=2000.0,
         )
-        yield World(driver, node, ops, clock)
+        yield World(driver, node, ops, clock, replay)
 
 
 def spec(**kw: Any) -> DrillSpec:
@@ -244,3 +247,37 @@ async def test_preflight_and_the_first_record_take_replay_numbers_from_the_regio
     assert prefill["survivor_prefill_capacity_tokens_per_s"] == 1000.0
     drill, _ = await world.driver.create(spec(), by="sre", role="operator")
     assert drill.measurements.replay_before == ReplayTally(2, 1, 500, WALL_ORIGIN_MS - 1)
+
+
+async def test_the_fault_end_records_the_survivors_engines_and_the_cache_recovery_curve(
+    world: World,
+) -> None:
+    """The drill's start and the fault's end snapshot eu-west's engine histogram and replay's
+    own; as the fault ends, the moved conversations eu-west warmed since injection become the
+    curve (those warmed before injection do not count)."""
+    histogram = {"le": [0.1, 0.5], "cumulative": [1.0, 2.0, 2.0]}
+    world.replay_view.update(engine_ttft=histogram, replay_ttft=histogram, warmed=[])
+    drill, _ = await world.driver.create(spec(hold_s=5.0), by="sre", role="operator")
+    start = drill.measurements.engine_snapshots["start"]["eu-west"]
+    assert start.engine_ttft is not None and start.engine_ttft.count == 2
+    assert drill.measurements.replay_spare_tokens_per_s == 900.0
+    holding = advance(drill, Observation(now_ms=world.clock.wall_ms(), injected=True))
+    assert holding is not None and holding.injected_at_ms is not None
+    await world.driver.commit_drill(holding)
+    injected_ms = holding.injected_at_ms
+    world.replay_view.update(
+        conversations_planned=6,
+        moved_here_ms=[injected_ms - 9_000, injected_ms + 700, injected_ms + 900],
+        engine_ttft={"le": [0.1, 0.5], "cumulative": [3.0, 9.0, 9.0]},
+        warmed=[[injected_ms - 500, 7], [injected_ms + 1_000, 2], [injected_ms + 2_000, 1]],
+    )
+    world.clock.now_s += 5.0
+    await world.driver.step()
+    restoring = world.ops.drills[drill.drill_id]
+    assert restoring.phase == "restoring"
+    measured = restoring.measurements
+    assert measured.warm_points == ((1.0, 2), (2.0, 3))
+    assert measured.takeover_s == 0.7  # the first shard eu-west led after the injection
+    end_of_fault = measured.engine_snapshots["restore"]["eu-west"]
+    assert end_of_fault.engine_ttft is not None and end_of_fault.engine_ttft.count == 9
+    assert "us-east" not in measured.engine_snapshots["restore"]  # no engines there

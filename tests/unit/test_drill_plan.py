@@ -170,14 +170,21 @@ def test_the_report_shows_what_replay_did_since_the_fault() -> None:
         replay_before=ReplayTally(4, 3, 1_000, drill.injected_at_ms - 60_000),
         replay_latest=ReplayTally(44, 41, 81_000, drill.injected_at_ms + 21_500),
         replay_time_min_s=20.0,
+        replay_spare_tokens_per_s=4_000.0,
     )
     body = report(replace(drill, measurements=measured))
+    # throughput after the takeover (the first RTO, 1 s): 80,000 tokens in 20.5 s
     assert body["replay"] == {"conversations_planned": 40, "conversations_replayed": 38,
                               "tokens_replayed": 80_000, "makespan_s": 21.5,
-                              "planner_bound_s": 20.0}  # fmt: skip
-    replay_line = summary_lines(body)[-1].strip()
-    assert replay_line == (
+                              "planner_bound_s": 20.0, "takeover_s": 1.0,
+                              "tokens_per_s": 80_000 / 20.5, "planner_tokens_per_s": 4_000.0,
+                              "throughput_of_planner": 80_000 / 20.5 / 4_000}  # fmt: skip
+    lines = [line.strip() for line in summary_lines(body)]
+    assert (
         "replay: 38 of 40 conversations, 80000 tokens; makespan 21.5s (planner's bound 20.0s)"
+    ) in lines
+    assert (
+        "replay throughput 3,902 tokens/s after takeover 1.0s (planner's 4,000 tokens/s)" in lines
     )
     assert "replay makespan / planner&#x27;s bound (s)</th><td>21.5 / 20" in render(body)
     round_trip = Drill.from_body(replace(drill, measurements=measured).to_body())

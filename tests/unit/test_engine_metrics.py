@@ -8,6 +8,7 @@ the names and types of vLLM's ``PrometheusStatLogger``.
 
 from __future__ import annotations
 
+import math
 import random
 
 import pytest
@@ -94,6 +95,7 @@ def test_a_vllm_exposition_reads_summed_over_engines_without_created_series() ->
         prefix_cache_hits_total=5000.0,
         computed_prompt_tokens_total=8500.0,  # local_compute only
         kv_cache_usage_perc=0.75,
+        ttft_buckets=((0.1, 4.0), (math.inf, 5.0)),  # cumulative, +Inf last
     )
 
 

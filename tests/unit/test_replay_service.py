@@ -186,6 +186,30 @@ async def test_wrong_model_keeps_the_grant_and_other_regions_are_ignored() -> No
         assert w.service.affinity_of("t1", jobs[1].conversation_id) is None
 
 
+async def test_a_drill_sees_when_moved_conversations_warmed_and_the_engines_ttft() -> None:
+    """Warm: a replayed result, a skipped_live one, a live write that cancels a queued job;
+    never a wrong_model result. The drill view also carries the engines' TTFT histogram and
+    replay's own prefills in the same buckets."""
+    clock = SteppedClock()
+    async with world(clock=clock) as w:
+        ids = ids_on_shard("warm", 4)
+        await queue_with_spare(w, clock, ids)
+        jobs = w.service.dispatch_once()  # two dispatched, two still queued
+        queued = [c for c in ids if c not in {j.conversation_id for j in jobs}]
+        w.service.on_result(result_of(jobs[0].job_id, jobs[0].conversation_id))
+        w.service.on_result(result_of(jobs[1].job_id, jobs[1].conversation_id, "wrong_model"))
+        w.service.on_result(result_of(jobs[1].job_id, jobs[1].conversation_id, "skipped_live"))
+        await w.survivor.append_event("t1", queued[0], "message.user", {"content": "back"})
+        view = w.service.drill_view()
+        assert view is not None
+        assert sum(n for _, n in view["warmed"]) == 3
+        assert len(view["moved_here_ms"]) == 1  # the shard that moved here: replay starts
+        assert view["replay_ttft"]["cumulative"][-1] == 1  # the replayed one, 5 ms
+        assert view["replay_ttft"]["cumulative"][1] == 1  # at most 5 ms
+        assert view["replay_prompt_tokens"] == 900
+        assert len(view["engine_ttft"]["le"]) == 22 and view["prefix_cache_hits_total"] == 0
+
+
 async def test_operator_region_limit_paces_dispatch() -> None:
     clock = SteppedClock()
     async with world(replay_config(region_tokens_per_s=1.0), clock) as w:

@@ -108,6 +108,8 @@ async def test_replays_a_job_with_the_live_prompt_low_priority_and_tenant_salt(
 
     assert result.status == "replayed" and result.worker_id == "w1" and result.engine_id == "e1"
     assert result.prompt_tokens == len("be brief") + len("hello from c1") + len("hi")
+    # the engine request it made, as the engine counts it (a drill takes replay's off)
+    assert len(result.request_ms) == 1 and result.queried_tokens == result.prompt_tokens
     [request] = engine.requests
     assert request.model == "rev-a"
     assert [m["role"] for m in request.prompt.messages] == ["system", "user", "assistant"]

@@ -12,7 +12,7 @@ from replay.bus import InProcessJobBus, JobBusFull, MalformedMessage
 from replay.bus.codec import BusCodec, ForeignRegionRecord
 from replay.bus.offsets import OffsetTracker
 from replay.bus.port import UnauthenticatedMessage
-from replay.model import ReplayJob, ReplayResult
+from replay.model import RESULT_REQUESTS_MAX, ReplayJob, ReplayResult
 
 
 def job(n: int, region: str = "eu") -> ReplayJob:
@@ -145,6 +145,17 @@ CODEC = BusCodec({"eu": EU_KEY, "us": US_KEY})
 def test_jobs_and_results_round_trip() -> None:
     assert CODEC.decode_job(CODEC.encode_job(job(1)), "eu") == job(1)
     assert CODEC.decode_result(CODEC.encode_result(result(1))) == result(1)
+    pieces = dataclasses.replace(result(1), request_ms=(3.0, 4.5), queried_tokens=30,
+                                 hit_tokens=16)  # fmt: skip
+    assert CODEC.decode_result(CODEC.encode_result(pieces)) == pieces
+
+
+def test_a_result_from_a_worker_before_engine_requests_were_reported_reads() -> None:
+    body = dataclasses.asdict(result(1))
+    for name in ("request_ms", "queried_tokens", "hit_tokens"):
+        del body[name]
+    signed = BusCodec({"eu": EU_KEY})._encode("result", "eu", body)
+    assert CODEC.decode_result(signed) == result(1)
 
 
 def _forge(envelope_bytes: bytes, **body_changes: object) -> bytes:
@@ -211,6 +222,10 @@ def test_signed_jobs_with_bad_fields_are_malformed(bad: dict[str, object]) -> No
         {"duration_ms": "fast"},
         {"duration_ms": float("inf")},
         {"worker_id": ""},
+        {"request_ms": "fast"},
+        {"request_ms": [1.0, -2.0]},
+        {"request_ms": [1.0] * (RESULT_REQUESTS_MAX + 1)},
+        {"queried_tokens": 10, "hit_tokens": 11},
     ],
 )
 def test_signed_results_with_bad_fields_are_malformed(bad: dict[str, object]) -> None:

@@ -42,6 +42,12 @@ from eventlog.node import LogNode
 from eventlog.replica import ReplicaStore
 from regions.control import OperatorAction
 from regions.drill_kinds import rules_of
+from regions.drill_llm_metrics import (
+    first_takeover_ms,
+    snapshots_of,
+    warm_counts,
+    warm_events_of,
+)
 from regions.drill_plan import DrillPlan, LiveLoad, preflight
 from regions.drills import (
     SERIES_POINTS_MAX,
@@ -301,7 +307,9 @@ class DrillDriver:
         if following is not None:
             if following.phase == "restoring" and drill.phase != "restoring":
                 # what replay rebuilt while the region was out (not its failback's replays)
-                following = await self._with_replay_tally(following)
+                following = await self._with_replay_figures(following, "restore")
+            elif not following.active:
+                following = await self._with_replay_figures(following, "end")
             await self.commit_drill(following)
             self._progress_at_s[drill.drill_id] = now_s
         elif now_s - self._progress_at_s.get(drill.drill_id, 0.0) >= _progress_every_s(drill):
@@ -329,14 +337,31 @@ class DrillDriver:
             self._replay_view,
         )
 
-    async def _with_replay_tally(self, drill: Drill) -> Drill:
-        """The drill with replay's counts now (taken as the fault ends)."""
-        if drill.measurements.replay_before is None:
+    async def _with_replay_figures(self, drill: Drill, moment: str) -> Drill:
+        """The drill with the engines' snapshots at ``moment``; as the fault ends
+        (``"restore"``) also replay's counts and the cache-recovery curve so far."""
+        m = drill.measurements
+        if m.replay_before is None:
             return drill
-        tally = (await self._plane_load()).replay_tally()
-        if tally is None:
-            return drill
-        return replace(drill, measurements=replace(drill.measurements, replay_latest=tally))
+        load = await self._plane_load()
+        measured = replace(
+            m, engine_snapshots={**m.engine_snapshots, moment: snapshots_of(load.replay)}
+        )
+        if moment == "restore":
+            warm, takeover_s = m.warm_points, m.takeover_s
+            injected_ms, target = drill.injected_at_ms, drill.spec.region
+            if injected_ms is not None:
+                events = warm_events_of(load.replay, excluding=target)
+                warm = warm_counts(events, injected_ms, self._clock.wall_ms())
+                took_ms = first_takeover_ms(load.replay, excluding=target, since_ms=injected_ms)
+                takeover_s = None if took_ms is None else (took_ms - injected_ms) / 1000
+            measured = replace(
+                measured,
+                replay_latest=load.replay_tally() or m.replay_latest,
+                warm_points=warm,
+                takeover_s=takeover_s,
+            )
+        return replace(drill, measurements=measured)
 
     def _injected(self, drill: Drill) -> bool:
         fault = rules_of(drill.spec.kind).fault
@@ -431,6 +456,8 @@ class DrillDriver:
                 placement_shards={"before": shards_by_region(placement.assignment)},
                 replay_before=load.replay_tally(),
                 replay_time_min_s=plan.replay_time_min_s,
+                replay_spare_tokens_per_s=load.spare_prefill_tokens_per_s(spec.region),
+                engine_snapshots={"start": snapshots_of(load.replay)} if load.replay else {},
             )
             measured = await self._first_canaries(
                 replace(start(drill_id, spec, now_ms), measurements=measured)
