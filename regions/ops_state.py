@@ -43,7 +43,9 @@ from regions.keys import KEY_RECORD, KeyTable
 DRILL_RECORD = "control.drill"
 HALT_RECORD = "control.halt"
 AUDIT_RECORD = "control.audit"
-OPS_RECORDS = frozenset({DRILL_RECORD, HALT_RECORD, KEY_RECORD, AUDIT_RECORD})
+#: practice runs' state (``regions.practice_state``); only its audit entries are folded here
+PRACTICE_RECORD = "control.practice"
+OPS_RECORDS = frozenset({DRILL_RECORD, HALT_RECORD, KEY_RECORD, AUDIT_RECORD, PRACTICE_RECORD})
 #: where a state record carries the audit entry of the operator action that wrote it
 AUDIT_KEY = "audit"
 
@@ -183,7 +185,8 @@ class OpsState:
                 bool(body["on"]), str(body["reason"]), str(body["by"]), int(body["at_ms"])
             )
             return True
-        return False  # a placement: the controller's state, not this one
+        # a practice record's state is regions.practice_state's; its audit entry counts here
+        return record_type == PRACTICE_RECORD
 
     def _malformed(self, lsn: int, what: str, exc: Exception) -> bool:
         self.malformed_records += 1
