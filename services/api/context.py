@@ -32,6 +32,7 @@ from services.control.audit_log import AuditPostLimiter
 from services.control.controller import Controller
 from services.control.drills.driver import DrillDriver
 from services.control.key_admin import KeyAdmin
+from services.control.practice import PracticeRunner
 from services.logs import bind_request
 from services.replay.service import ReplayService
 from services.tracing import NodeTracing
@@ -66,6 +67,7 @@ class AppServices:
     key_admin: KeyAdmin | None = None
     audit_limiter: AuditPostLimiter | None = None
     replay: ReplayService | None = None
+    practice: PracticeRunner | None = None
 
 
 _SERVICES = "convplane_services"

@@ -106,6 +106,7 @@ async def open_api(
         else KeyAdmin(runtime.drills, runtime.cluster.tenants, runtime.clock),
         audit_limiter=AuditPostLimiter(runtime.clock, metrics.registry),
         replay=runtime.replay,
+        practice=runtime.practice,
     )
     set_app_services(app, services)
     watch_replay(metrics.registry, runtime.replay)

@@ -28,6 +28,7 @@ from eventlog.node import LogNode
 from eventlog.replica import ReplicaStore
 from eventlog.stores import open_replica_store
 from regions.ops_state import OpsState
+from regions.practice_state import PracticeState
 from services.api.forward_exchange import BatchExchange, StreamBatchExchange, idle_reuse_s
 from services.bootstrap.replay import open_replay_service
 from services.bootstrap.replica_timing import (
@@ -47,6 +48,7 @@ from services.control.drills.faults import (
 )
 from services.control.drills.load import LoadMeter
 from services.control.peer_probe import HttpPeerProber, OwnedPeerProber, PeerProber
+from services.control.practice import PracticeRunner
 from services.peer_protocol import PEER_PROTOCOL_HEADERS
 from services.replay.service import ReplayService
 
@@ -71,6 +73,7 @@ class NodeRuntime:
     replica_instruments: ReplicaInstruments | None = None
     #: how forward batches travel (None: through ``peers``, services.api.forward_exchange)
     forward_exchange: BatchExchange | None = None
+    practice: PracticeRunner | None = None  # scheduled drills (services.control.practice)
 
 
 RuntimeFactory = Callable[[NodeSettings], AbstractAsyncContextManager[NodeRuntime]]
@@ -283,10 +286,19 @@ async def open_runtime(
             region_append_capacity_per_s=settings.region_append_capacity_per_s,
             replay_view=None if replay is None else replay.drill_view,
         )
+        practice = PracticeRunner(
+            driver=drills,
+            state=PracticeState(),
+            clock=clock,
+            failover_quiet_s=settings.practice_failover_quiet_s,
+            seed=settings.practice_seed,
+        )
+        controller.record_listeners.append(practice.state.apply_entry)
         await controller.start()
         stack.push_async_callback(controller.close)
         drills.start()
         stack.push_async_callback(drills.close)
+        controller.supervisor.start("practice", practice.step, settings.practice_tick_s)
         yield NodeRuntime(
             settings.region,
             cluster,
@@ -300,4 +312,5 @@ async def open_runtime(
             drills,
             instruments,
             exchange,
+            practice,
         )
