@@ -43,7 +43,7 @@ RUNS_LISTED_MAX = 50
 
 
 class ScheduleRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     region: str = Field(pattern=REGION_PATTERN)
     kind: DrillKind
@@ -63,7 +63,7 @@ class ScheduleRequest(BaseModel):
 
 
 class RunRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     kind: DrillKind
     region: str = Field(pattern=REGION_PATTERN)
@@ -72,7 +72,7 @@ class RunRequest(BaseModel):
 
 
 class AlertRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     firing: bool
     reason: str = Field(min_length=1, max_length=500)
@@ -81,7 +81,7 @@ class AlertRequest(BaseModel):
 class ScopeRequest(BaseModel):
     """Regions and kinds; null: any."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     regions: list[Annotated[str, Field(pattern=REGION_PATTERN)]] | None = Field(
         default=None, max_length=64
