@@ -287,10 +287,13 @@ class NodeSettings(BaseSettings):
     #: acknowledged appends per second one region sustains: a drill's preflight refuses when
     #: the survivors of a region loss would need more (regions.drill_plan)
     region_append_capacity_per_s: float = Field(default=2000.0, gt=0.0)
-    #: practice runs (services.control.practice): how often the control leader decides, how
-    #: long after a placement change (a failover) nothing starts, the seed of window draws
+    #: practice runs (services.control.practice): how often the control leader decides
+    #: whether a schedule starts, skips or waits
     practice_tick_s: float = Field(default=5.0, gt=0.0)
+    #: practice runs: no start this long after the placement changed (a failover, failback
+    #: or evacuation); the skip is recorded with the reason
     practice_failover_quiet_s: float = Field(default=600.0, ge=0.0)
+    #: practice runs: the seed of each window's chance draw (regions.practice.window_draw)
     practice_seed: int = 0
     #: where an operator's browser reaches each region's client API, for the console
     #: (services.console.access), when not at the cluster file's ``url`` (docker compose
