@@ -60,6 +60,7 @@ class Run:
     requested_at_ms: int
     status: RunStatus = "awaiting_approval"
     approved_by: str | None = None
+    approved_at_ms: int | None = None
     drill_id: str | None = None
 
     def to_body(self) -> dict[str, Any]:
@@ -74,6 +75,7 @@ class Run:
             "requested_at_ms": self.requested_at_ms,
             "status": self.status,
             "approved_by": self.approved_by,
+            "approved_at_ms": self.approved_at_ms,
             "drill_id": self.drill_id,
         }
 
@@ -177,7 +179,7 @@ class PracticeState:
             self.runs.setdefault(run.run_id, run)
             self._forget_old_runs()
         elif op == "run.approve":
-            self._approve(str(body["run_id"]), str(body["approved_by"]))
+            self._approve(str(body["run_id"]), str(body["approved_by"]), int(body["at_ms"]))
         elif op == "decision":
             self._decided(lsn, body)
         elif op == "alert.set":
@@ -201,11 +203,13 @@ class PracticeState:
         else:
             raise ValueError(f"unknown practice op {op!r}")
 
-    def _approve(self, run_id: str, approved_by: str) -> None:
+    def _approve(self, run_id: str, approved_by: str, at_ms: int) -> None:
         run = self.runs.get(run_id)
         if run is None or run.status != "awaiting_approval" or approved_by == run.requested_by:
             return  # a race the leader's check lost, or a record from outside: no effect
-        self.runs[run_id] = replace(run, status="approved", approved_by=approved_by)
+        self.runs[run_id] = replace(
+            run, status="approved", approved_by=approved_by, approved_at_ms=at_ms
+        )
 
     def _decided(self, lsn: int, body: Mapping[str, Any]) -> None:
         schedule_id = body.get("schedule_id")

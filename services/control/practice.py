@@ -35,6 +35,9 @@ from services.control.drills.driver import APPLY_WAIT_S, DrillDriver, PreflightF
 log = logging.getLogger("convplane.practice")
 #: the role a scheduled start is audited with (the schedule's author was an operator)
 PRACTICE_ROLE = "operator"
+#: an approved run whose preflight refuses (a region just failed back, a canary shard not
+#: writable yet) is tried again every tick for this long after its approval, then skipped
+APPROVED_START_WINDOW_S = 120.0
 
 
 class SelfApproval(Forbidden):
@@ -78,7 +81,9 @@ class PracticeRunner:
             return
         await self.driver.read_barrier()
         for run in [r for r in self.state.open_runs() if r.status == "approved"]:
-            await self._start(run.schedule_id, run, f"approved by {run.approved_by}")
+            approved_ms = run.approved_at_ms or run.requested_at_ms
+            retry = self._clock.wall_ms() - approved_ms < APPROVED_START_WINDOW_S * 1000
+            await self._start(run.schedule_id, run, f"approved by {run.approved_by}", retry)
         for schedule in list(self.state.schedules.values()):
             await self._consider(schedule)
 
@@ -137,12 +142,19 @@ class PracticeRunner:
             reasons += [f"preflight: {f}" for f in plan.failures]
         return reasons
 
-    async def _start(self, schedule_id: str | None, run: Run, why: str) -> None:
+    async def _start(
+        self, schedule_id: str | None, run: Run, why: str, retry: bool = False
+    ) -> None:
+        """Start the run's drill; a refused preflight is a skip, or with ``retry`` nothing
+        (tried again next tick)."""
         spec = _spec(run.kind, run.region, run.hold_s, run.reason, run.requested_by)
         try:
             by = f"practice:{run.requested_by}"
             drill, _ = await self.driver.create(spec, by=by, role=PRACTICE_ROLE)
         except PreflightFailed as exc:
+            if retry:
+                log.info("practice run %s: %s; tried again", run.run_id, exc.message)
+                return
             await self._decided(schedule_id, run, "skipped", exc.message)
             return
         await self._decided(schedule_id, run, "ran", why, drill.drill_id)

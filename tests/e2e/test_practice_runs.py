@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from tests.e2e.openapi_contract_run import assert_all_passed, run_schemathesis
-from tests.e2e.plane import Plane, start_plane, stop_plane
+from tests.e2e.plane import Plane, run_convplane, start_plane, stop_plane
 
 WAIT_S = 120.0
 PRACTICE_ENV = {"CONVPLANE_PRACTICE_TICK_S": "0.5", "CONVPLANE_PRACTICE_FAILOVER_QUIET_S": "2"}
@@ -38,6 +38,7 @@ def plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Plane]:
 class Api:
     def __init__(self, plane: Plane, key: str) -> None:
         self.urls = list(plane.urls.values())
+        self.key = key
         self.headers = {"Authorization": f"Bearer {key}"}
 
     def call(self, method: str, path: str, **kw: Any) -> httpx.Response:
@@ -148,9 +149,10 @@ def test_a_drill_the_policy_names_waits_for_a_second_operators_approval(
     own = sre.call("POST", f"/v1/practice/runs/{run['run_id']}/approve")
     assert own.status_code == 403, own.text
     assert own.json()["error"]["code"] == "self_approval"
-    approved = sre2.call("POST", f"/v1/practice/runs/{run['run_id']}/approve")
-    assert approved.status_code == 200, approved.text
-    assert approved.json()["approved_by"] == "sre-2"
+    approved = run_convplane("practice", "approve", run["run_id"], "--url", sre2.urls[0],
+                             "--key", sre2.key)  # fmt: skip
+    assert approved.returncode == 0, approved.stdout + approved.stderr
+    assert "approved by sre-2" in approved.stdout
 
     def closed() -> dict[str, Any] | None:
         runs = sre.call("GET", "/v1/practice").json()["runs"]
@@ -158,11 +160,14 @@ def test_a_drill_the_policy_names_waits_for_a_second_operators_approval(
         return mine if mine["status"] in ("ran", "skipped") else None
 
     done = _until("the approved run's start", closed)
-    assert done["status"] == "ran", done
+    why = [e for e in _calendar(sre) if e["run_id"] == run["run_id"]]
+    assert done["status"] == "ran", why
     ended = _until("the drill's end", lambda: _drill_ended(sre, done["drill_id"]))
-    assert ended["verdict"] == "passed"
+    assert ended["verdict"] == "passed", ended
     audit = [(e["action"], e["by"]) for e in _audit(sre)]
     assert ("practice.request", "sre") in audit and ("practice.approve", "sre-2") in audit
+    calendar = run_convplane("practice", "calendar", "--url", sre.urls[0], "--key", sre.key)
+    assert calendar.returncode == 0 and run["run_id"] in calendar.stdout, calendar.stderr
     assert sre.call("PUT", "/v1/practice/approval-policy", json={}).status_code == 200
 
 

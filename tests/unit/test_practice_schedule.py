@@ -161,9 +161,11 @@ def test_the_fold_keeps_the_calendar_runs_approvals_and_their_audit_entries() ->
                             "at_ms": MONDAY_10, "outcome": "awaiting_approval",
                             "reason": "needs approval", "drill_id": None})  # fmt: skip
     assert state.history("weekly-eu", busy=False).busy
-    _record(state, ops, 4, {"op": "run.approve", "run_id": "r1", "approved_by": "alice"})
+    _record(
+        state, ops, 4, {"op": "run.approve", "run_id": "r1", "approved_by": "alice", "at_ms": 2}
+    )
     assert state.runs["r1"].status == "awaiting_approval"  # the requester cannot approve
-    _record(state, ops, 5, {"op": "run.approve", "run_id": "r1", "approved_by": "bob",
+    _record(state, ops, 5, {"op": "run.approve", "run_id": "r1", "approved_by": "bob", "at_ms": 3,
                             AUDIT_KEY: {**audit, "by": "bob", "action": "practice.approve"}})  # fmt: skip
     assert (state.runs["r1"].status, state.runs["r1"].approved_by) == ("approved", "bob")
     _record(state, ops, 6, {"op": "decision", "schedule_id": "weekly-eu", "run_id": "r1",
