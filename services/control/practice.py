@@ -9,6 +9,9 @@ starts the drill through ``DrillDriver.create``, the path an operator's ``POST /
 takes (preflight, canaries, the drill's own guards, its audit entry). Approved runs start at
 the next step. Each start, skip and request is one calendar entry with its reason.
 
+Outcome conditions end a practice drill early (``_abort_on_outcome_alarms``): a firing
+operator alert or a crash-looping loop aborts it, besides the drill's own guards.
+
 Blocking conditions: the halt switch; an operator-set alert that is firing; a background loop
 of this node crash-looping (what ``convplane_background_loop_crash_looping`` alerts on); a
 placement change (a failover, failback or evacuation) within ``practice_failover_quiet_s``;
@@ -21,6 +24,7 @@ import asyncio
 import logging
 import secrets
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from eventlog.clock import Clock
@@ -80,6 +84,7 @@ class PracticeRunner:
         if not self.driver.leads_control:
             return
         await self.driver.read_barrier()
+        await self._abort_on_outcome_alarms()
         for run in [r for r in self.state.open_runs() if r.status == "approved"]:
             approved_ms = run.approved_at_ms or run.requested_at_ms
             retry = self._clock.wall_ms() - approved_ms < APPROVED_START_WINDOW_S * 1000
@@ -109,6 +114,25 @@ class PracticeRunner:
             await self._request(run, by=run.requested_by, role=PRACTICE_ROLE)
             return
         await self._start(schedule.schedule_id, run, decision.reason)
+
+    async def _abort_on_outcome_alarms(self) -> None:
+        """Outcome conditions: a practice drill still injecting or holding is aborted (its
+        target restored at once) while an operator alert fires or a background loop
+        crash-loops; the drill's own guards (RTO, canary errors, ack p99) run as for any."""
+        alarms = [f"alert {a.name!r} firing: {a.reason}" for a in self.state.firing_alerts()]
+        alarms += [
+            f"background loop {name!r} crash-looping"
+            for name in self.driver.controller.supervisor.unhealthy()
+        ]
+        if not alarms:
+            return
+        practice_drills = {e.drill_id for e in self.state.calendar if e.outcome == "ran"}
+        for drill in self.driver.ops.active_drills():
+            if drill.drill_id in practice_drills and drill.phase in ("injecting", "holding"):
+                reason = "outcome alarm: " + "; ".join(alarms)
+                await self.driver.abort(
+                    drill.drill_id, by="practice", role=PRACTICE_ROLE, reason=reason[:500]
+                )
 
     def _watch_placement(self) -> None:
         version = self.driver.controller.placement().version
@@ -142,11 +166,9 @@ class PracticeRunner:
             reasons += [f"preflight: {f}" for f in plan.failures]
         return reasons
 
-    async def _start(
-        self, schedule_id: str | None, run: Run, why: str, retry: bool = False
-    ) -> None:
+    async def _start(self, schedule_id: str | None, run: Run, why: str, retry: bool = False) -> Run:
         """Start the run's drill; a refused preflight is a skip, or with ``retry`` nothing
-        (tried again next tick)."""
+        (tried again next tick). Returns the run as it now stands."""
         spec = _spec(run.kind, run.region, run.hold_s, run.reason, run.requested_by)
         try:
             by = f"practice:{run.requested_by}"
@@ -154,10 +176,11 @@ class PracticeRunner:
         except PreflightFailed as exc:
             if retry:
                 log.info("practice run %s: %s; tried again", run.run_id, exc.message)
-                return
+                return run
             await self._decided(schedule_id, run, "skipped", exc.message)
-            return
+            return replace(run, status="skipped")
         await self._decided(schedule_id, run, "ran", why, drill.drill_id)
+        return replace(run, status="ran", drill_id=drill.drill_id)
 
     # --- operator actions (the API calls these; the control leader commits) ----------------
 
@@ -192,11 +215,10 @@ class PracticeRunner:
         await self.driver.read_barrier()
         self.check_scope(key_name, kind, region)
         run = self._new_run(None, kind, region, hold_s, reason, key_name)
-        if self.state.needs_approval(region, kind):
-            await self._request(run, by=by, role=role)
-        else:
-            await self._start(None, run, f"asked for by {key_name}")
-        return self.state.runs.get(run.run_id, run)
+        if not self.state.needs_approval(region, kind):
+            return await self._start(None, run, f"asked for by {key_name}")
+        await self._request(run, by=by, role=role)
+        return self.state.runs[run.run_id]
 
     async def approve(self, run_id: str, *, key_name: str, by: str, role: str) -> Run:
         await self.driver.read_barrier()

@@ -186,6 +186,28 @@ def test_a_key_may_drill_only_inside_its_blast_radius(
     assert sre.call("POST", "/v1/drills", json={**drill, "region": outside}).status_code == 200
 
 
+def test_an_outcome_alarm_aborts_a_practice_drill(plane: Plane, operators: tuple[Api, Api]) -> None:
+    sre, _ = operators
+    drill = {"kind": "evacuate", "region": sorted(plane.urls)[-1], "hold_s": 60.0,
+             "reason": "long practice"}  # fmt: skip
+    deadline = time.monotonic() + WAIT_S
+    while True:  # preflight refuses while the last drill's region fails back: asked again
+        r = sre.call("POST", "/v1/practice/runs", json=drill)
+        assert r.status_code == 201, r.text
+        if r.json()["status"] == "ran" or time.monotonic() > deadline:
+            break
+        time.sleep(1.0)
+    run = r.json()
+    assert run["status"] == "ran", [(e["outcome"], e["reason"]) for e in _calendar(sre)[:4]]
+    fired = {"firing": True, "reason": "TTFT p99 over its SLO"}
+    assert sre.call("PUT", "/v1/practice/alerts/ttft", json=fired).status_code == 200
+    ended = _until("the drill's abort", lambda: _drill_ended(sre, run["drill_id"]))
+    assert ended["verdict"] == "aborted", ended
+    assert "outcome alarm: alert 'ttft' firing: TTFT p99 over its SLO" in ended["abort_reason"]
+    cleared = {"firing": False, "reason": "resolved"}
+    assert sre.call("PUT", "/v1/practice/alerts/ttft", json=cleared).status_code == 200
+
+
 PRACTICE_OPERATIONS = (
     "practice_overview",
     "practice_calendar",
