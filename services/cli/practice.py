@@ -20,7 +20,7 @@ RunId = Annotated[str, typer.Argument(help="A practice run's id (from `practice 
 
 @practice_app.command("calendar")
 def calendar(
-    limit: Annotated[int, typer.Option(min=1, max=1000)] = 50,
+    limit: Annotated[int, typer.Option(min=1, max=1000, help="The most entries shown.")] = 50,
     state_dir: StateDir = DEFAULT_STATE_DIR,
     url: Url = None,
     key: Key = None,
@@ -42,7 +42,9 @@ def calendar(
 @practice_app.command("request")
 def request(
     region: Annotated[str, typer.Option(help="The region to drill.")],
-    kind: Annotated[str, typer.Option(help="evacuate, region-loss or kill.")] = "region-loss",
+    kind: Annotated[
+        str, typer.Option(help="The drill's kind: evacuate, region-loss or kill.")
+    ] = "region-loss",
     hold_s: Annotated[float, typer.Option(help="How long the fault holds.")] = 10.0,
     reason: Annotated[str, typer.Option(help="Why (in the audit log).")] = "practice run",
     state_dir: StateDir = DEFAULT_STATE_DIR,
@@ -67,7 +69,7 @@ def approve(
 @practice_app.command("alert")
 def alert(
     name: Annotated[str, typer.Argument(help="The alert's name.")],
-    firing: Annotated[bool, typer.Option("--firing/--clear")],
+    firing: Annotated[bool, typer.Option("--firing/--clear", help="Fire the alert, or clear it.")],
     reason: Annotated[str, typer.Option(help="Why (in the audit log).")],
     state_dir: StateDir = DEFAULT_STATE_DIR,
     url: Url = None,
