@@ -137,8 +137,9 @@ class PracticeRunner:
     def _watch_placement(self) -> None:
         version = self.driver.controller.placement().version
         now_s = self._clock.monotonic()
-        if self._placement_seen is None:
-            # what the plane started with is no failover
+        if self._placement_seen is None or self._placement_seen[0] == 0:
+            # what the plane started with (or, version 0, before this node learned the
+            # placement at all) is no failover
             self._placement_seen = (version, now_s - self._failover_quiet_s)
         elif version != self._placement_seen[0]:
             self._placement_seen = (version, now_s)
