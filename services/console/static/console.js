@@ -27,6 +27,7 @@
   const AUDIT_PAGES_PER_TICK = 5;
   const AUDIT_PAGE = 1000;
   const DRILLS_LISTED = 25;
+  const PRACTICE_LISTED = 25;
   const BANNERS_KEPT = 4;
   const KEY_ITEM = "convplane.console.key";
   const URLS_ITEM = "convplane.console.urls";
@@ -52,6 +53,7 @@
     activeReport: null,
     sharedAt: 0,
     audit: [],
+    practice: null,
     auditAfter: 0,
     nodes: {}, // region -> {body, at, error}
     openReport: null,
@@ -337,6 +339,7 @@
         Object.assign(state, { regions, placement, drills, halt, source: region, sharedAt: Date.now() });
         delete state.sourceError[region];
         await readAudit(region);
+        state.practice = await api(region, "GET", `/v1/practice/calendar?limit=${PRACTICE_LISTED}`);
         await readActiveReport(region);
         return;
       } catch (err) {
@@ -401,6 +404,7 @@
     renderDrill();
     renderHistory();
     renderAudit();
+    renderPractice();
   }
 
   function renderTopbar() {
@@ -693,6 +697,18 @@
       h("tr", {}, h("td", { colspan: 5, class: "muted" }, "no operator action recorded yet"))));
   }
 
+  function renderPractice() {
+    const entries = (state.practice && state.practice.entries) || [];
+    rebuildIf("practice", entries.map((e) => e.cursor), () => fill($("practice").tBodies[0], entries.length ? entries.map((e) =>
+      h("tr", { "data-outcome": e.outcome },
+        h("td", { class: "mono" }, fmt.utcDate(e.at_ms).slice(5)),
+        h("td", {}, e.schedule_id || e.run_id),
+        h("td", {}, h("b", {}, e.outcome)),
+        h("td", { class: "mono" }, e.drill_id || "–"),
+        h("td", {}, e.reason))) :
+      h("tr", {}, h("td", { colspan: 5, class: "muted" }, "no practice run decided yet"))));
+  }
+
   // --- the loop ------------------------------------------------------------------------------
 
   let ticking = false;
@@ -753,7 +769,7 @@
     sessionStorage.removeItem(KEY_ITEM);
     showDashboardLink(null);
     clearTimeout(state.timer);
-    Object.assign(state, { key: null, you: null, regions: null, placement: null, drills: null, halt: null, nodes: {}, audit: [], auditAfter: 0, sharedAt: 0, source: null });
+    Object.assign(state, { key: null, you: null, regions: null, placement: null, drills: null, halt: null, practice: null, nodes: {}, audit: [], auditAfter: 0, sharedAt: 0, source: null });
     for (const name of Object.keys(built)) delete built[name];
     $("main").hidden = true;
     $("login").hidden = false;
