@@ -339,7 +339,7 @@
         Object.assign(state, { regions, placement, drills, halt, source: region, sharedAt: Date.now() });
         delete state.sourceError[region];
         await readAudit(region);
-        state.practice = await api(region, "GET", `/v1/practice/calendar?limit=${PRACTICE_LISTED}`);
+        await readPractice(region);
         await readActiveReport(region);
         return;
       } catch (err) {
@@ -362,6 +362,15 @@
       state.audit = state.audit.slice(-AUDIT_KEPT);
       state.auditAfter = body.next_after;
       if (body.entries.length < AUDIT_PAGE) return;
+    }
+  }
+
+  async function readPractice(region) {
+    try {
+      state.practice = await api(region, "GET", `/v1/practice/calendar?limit=${PRACTICE_LISTED}`);
+    } catch (err) {
+      // a node from before practice runs (a rolling upgrade) answers 404: the panel waits
+      if (!(err instanceof ApiError) || err.regionFailed || err.status !== 404) throw err;
     }
   }
 
