@@ -81,8 +81,11 @@ class PracticeRunner:
 
     async def step(self) -> None:
         self._watch_placement()
-        if not self.driver.leads_control:
-            return
+        state, unhealthy = self.state, self.driver.controller.supervisor.unhealthy()
+        if not self.driver.leads_control or not (
+            state.schedules or state.open_runs() or state.firing_alerts() or unhealthy
+        ):
+            return  # nothing to decide (what a new leader has not folded yet: next tick)
         await self.driver.read_barrier()
         await self._abort_on_outcome_alarms()
         for run in [r for r in self.state.open_runs() if r.status == "approved"]:
