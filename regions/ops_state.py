@@ -1,6 +1,6 @@
 """Operator state in the control shard: drills, the halt switch, API keys and the audit log. Pure.
 
-Four record kinds live beside ``control.placement`` in the control shard and are folded here in
+Five record kinds live beside ``control.placement`` in the control shard and are folded here in
 lsn order by every node (``services.control.controller`` hands each committed control entry to
 ``OpsState.apply``):
 
@@ -10,6 +10,8 @@ lsn order by every node (``services.control.controller`` hands each committed co
 * ``control.halt``: ``{"on": bool, "reason", "by", "at_ms"}``; the last one wins.
 * ``control.key``: an API key created, rotated or revoked (``regions.keys``), folded into
   ``keys``, which every node's authentication reads.
+* ``control.practice``: practice runs' state, folded by ``regions.practice_state``; here only
+  the audit entry it carries counts.
 * ``control.audit``: ``{"at_ms", "by", "role", "action", "target", "reason", "detail"}``, one per
   operator action that changes no state record (``POST /v1/audit``, an abort of a drill that
   is already restoring); the entry's lsn is its cursor for paging.

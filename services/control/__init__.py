@@ -6,7 +6,9 @@
 * ``node_metrics``: the controller's state as Prometheus series;
 * ``audit_log``: the audit log's rate limit and complete pages;
 * ``key_admin``: API keys created, rotated and revoked through the control shard;
-* ``drills``: failover drills, driven from the control shard (see its docstring).
+* ``drills``: failover drills, driven from the control shard (see its docstring);
+* ``practice``: practice runs, the drills a schedule starts behind blocking conditions and
+  approvals (a loop on the controller's supervisor).
 
 Imports the node-wide basics (``services.config``, ``services.supervisor``) and the cores;
 nothing from the HTTP edge (``services.api``). Where a change goes: a new control decision
