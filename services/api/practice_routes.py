@@ -223,29 +223,31 @@ async def set_practice_alert(ctx: Context, name: AlertNamePath, body: AlertReque
     return await ctx.run(put, is_write=True)
 
 
-@practice_router.put("/approval-policy")
+@practice_router.put("/approval-policy", responses=errors(403))
 async def set_approval_policy(ctx: Context, body: ScopeRequest) -> Any:
-    """The regions and kinds whose drills need a second operator's approval (operator keys;
-    null or empty: none)."""
+    """The regions and kinds whose drills need a second operator's approval (operator keys
+    without a blast radius; null or empty: none)."""
     require_role(ctx.tenant, OPERATOR_ROLES)
     runner = _runner(ctx.request)
     scope = Scope.from_body({"regions": body.regions or [], "kinds": body.kinds or []})
 
     async def put() -> dict[str, Any]:
-        return (await runner.set_policy(scope, **_who(ctx))).to_body()
+        return (await runner.set_policy(scope, key_name=ctx.tenant.name, **_who(ctx))).to_body()
 
     return await ctx.run(put, is_write=True)
 
 
-@practice_router.put("/scopes/{key_name}")
+@practice_router.put("/scopes/{key_name}", responses=errors(403))
 async def set_key_scope(ctx: Context, key_name: KeyNamePath, body: ScopeRequest) -> Any:
-    """A key's blast radius (operator keys): the regions and kinds it may drill, null: any.
-    A drill outside it, by hand or approved, is 403 `outside_blast_radius`."""
+    """A key's blast radius (operator keys without one of their own): the regions and kinds
+    it may drill, null: any. A drill outside it, by hand or approved, is 403
+    `outside_blast_radius`."""
     require_role(ctx.tenant, OPERATOR_ROLES)
     runner = _runner(ctx.request)
     scope = Scope.from_body(body.model_dump())
 
     async def put() -> dict[str, Any]:
-        return (await runner.set_scope(key_name, scope, **_who(ctx))).to_body()
+        scoped = await runner.set_scope(key_name, scope, caller=ctx.tenant.name, **_who(ctx))
+        return scoped.to_body()
 
     return await ctx.run(put, is_write=True)

@@ -269,14 +269,27 @@ class PracticeRunner:
                             "by": by, "at_ms": self._clock.wall_ms(), AUDIT_KEY: audit})  # fmt: skip
         return self.state.alerts[name]
 
-    async def set_policy(self, scope: Scope, *, by: str, role: str) -> Scope:
+    def check_unscoped(self, key_name: str) -> None:
+        """Only a key without a blast radius changes scopes and the approval policy: a scoped
+        key could otherwise widen its own."""
+        if key_name in self.state.scopes:
+            raise OutsideBlastRadius(
+                f"key {key_name!r} has a blast radius: it may not change scopes or the "
+                "approval policy"
+            )
+
+    async def set_policy(self, scope: Scope, *, key_name: str, by: str, role: str) -> Scope:
         await self.driver.read_barrier()
+        self.check_unscoped(key_name)
         audit = self._audit(by, role, "practice.policy", "*", "approval policy", scope.to_body())
         await self._append({"op": "policy.set", **scope.to_body(), AUDIT_KEY: audit})
         return self.state.approval_policy
 
-    async def set_scope(self, key_name: str, scope: Scope, *, by: str, role: str) -> Scope:
+    async def set_scope(
+        self, key_name: str, scope: Scope, *, caller: str, by: str, role: str
+    ) -> Scope:
         await self.driver.read_barrier()
+        self.check_unscoped(caller)
         audit = self._audit(by, role, "practice.scope", key_name, "blast radius",
                             scope.to_body())  # fmt: skip
         await self._append({"op": "scope.set", "key_name": key_name, **scope.to_body(),

@@ -184,6 +184,8 @@ def test_a_key_may_drill_only_inside_its_blast_radius(
     assert refused.json()["error"]["code"] == "outside_blast_radius"
     assert sre2.call("POST", "/v1/drills", json={**drill, "region": inside}).status_code == 200
     assert sre.call("POST", "/v1/drills", json={**drill, "region": outside}).status_code == 200
+    widen = sre2.call("PUT", "/v1/practice/scopes/sre-2", json={"regions": None})
+    assert widen.status_code == 403 and "may not change scopes" in widen.text, widen.text
 
 
 def test_an_outcome_alarm_aborts_a_practice_drill(plane: Plane, operators: tuple[Api, Api]) -> None:
