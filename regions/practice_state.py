@@ -271,6 +271,15 @@ class PracticeState:
             and (schedule_id is None or r.schedule_id == schedule_id)
         ]
 
+    def unapproved_past(self, now_ms: int, wait_max_s: float) -> list[Run]:
+        """Runs that have awaited approval longer than ``wait_max_s``: the runner closes them
+        (a forgotten request must not hold its schedule back for good)."""
+        return [
+            r
+            for r in self.runs.values()
+            if r.status == "awaiting_approval" and now_ms - r.requested_at_ms > wait_max_s * 1000
+        ]
+
     def history(self, schedule_id: str, busy: bool) -> History:
         return History(
             last_start_ms=self._last_start_ms.get(schedule_id),

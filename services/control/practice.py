@@ -42,6 +42,8 @@ PRACTICE_ROLE = "operator"
 #: an approved run whose preflight refuses (a region just failed back, a canary shard not
 #: writable yet) is tried again every tick for this long after its approval, then skipped
 APPROVED_START_WINDOW_S = 120.0
+#: a run awaiting approval longer than this is closed as skipped (its schedule goes on)
+APPROVAL_WAIT_MAX_S = 86_400.0
 
 
 class SelfApproval(Forbidden):
@@ -88,6 +90,9 @@ class PracticeRunner:
             return  # nothing to decide (what a new leader has not folded yet: next tick)
         await self.driver.read_barrier()
         await self._abort_on_outcome_alarms()
+        for run in state.unapproved_past(self._clock.wall_ms(), APPROVAL_WAIT_MAX_S):
+            why = f"not approved within {APPROVAL_WAIT_MAX_S:g} s"
+            await self._decided(run.schedule_id, run, "skipped", why)
         for run in [r for r in self.state.open_runs() if r.status == "approved"]:
             approved_ms = run.approved_at_ms or run.requested_at_ms
             retry = self._clock.wall_ms() - approved_ms < APPROVED_START_WINDOW_S * 1000

@@ -168,6 +168,7 @@ def test_the_fold_keeps_the_calendar_runs_approvals_and_their_audit_entries() ->
     _record(state, ops, 5, {"op": "run.approve", "run_id": "r1", "approved_by": "bob", "at_ms": 3,
                             AUDIT_KEY: {**audit, "by": "bob", "action": "practice.approve"}})  # fmt: skip
     assert (state.runs["r1"].status, state.runs["r1"].approved_by) == ("approved", "bob")
+    assert state.unapproved_past(MONDAY_10 + 10**9, 1.0) == []  # approved: not waiting
     _record(state, ops, 6, {"op": "decision", "schedule_id": "weekly-eu", "run_id": "r1",
                             "at_ms": MONDAY_10 + 5, "outcome": "ran", "reason": "approved",
                             "drill_id": "d1"})  # fmt: skip
@@ -182,6 +183,21 @@ def test_the_fold_keeps_the_calendar_runs_approvals_and_their_audit_entries() ->
     ]
     _record(state, ops, 7, {"op": "nonsense"})
     assert state.malformed_records == 1
+
+
+def test_a_run_awaiting_approval_too_long_is_found_for_closing() -> None:
+    state, ops = PracticeState(), OpsState()
+    run = {"run_id": "r2", "schedule_id": None, "kind": "kill", "region": "eu-west",
+           "hold_s": 5.0, "reason": "r", "requested_by": "alice",
+           "requested_at_ms": MONDAY_10}  # fmt: skip
+    _record(state, ops, 1, {"op": "run.request", "run": run})
+    assert state.unapproved_past(MONDAY_10 + 60_000, 60.0) == []
+    assert [r.run_id for r in state.unapproved_past(MONDAY_10 + 60_001, 60.0)] == ["r2"]
+    _record(state, ops, 2, {"op": "decision", "schedule_id": None, "run_id": "r2",
+                            "at_ms": MONDAY_10 + 60_001, "outcome": "skipped",
+                            "reason": "not approved", "drill_id": None})  # fmt: skip
+    assert state.unapproved_past(MONDAY_10 + 60_001, 60.0) == []
+    assert state.runs["r2"].status == "skipped"
 
 
 def test_the_approval_policy_and_scopes_fold() -> None:
