@@ -16,6 +16,9 @@ once, at the adapter boundary, with ``raise ... from exc``.
     │   └── FaultRuleError            a bad fault-proxy rule (services.local.faultproxy)
     ├── Unauthorized             401  missing or unknown API key
     ├── Forbidden                403  the key's role may not do this (operator, viewer, tenant)
+    │   ├── SelfApproval              a key approving the practice run it asked for
+    │   │                             (services.control.practice)
+    │   └── OutsideBlastRadius        a drill of a region or kind outside the key's scope (idem)
     ├── NotFound                 404  no such conversation (or another tenant's)
     ├── Conflict                 409
     │   ├── SeqConflict               expected_seq is not the conversation's last seq
@@ -24,7 +27,9 @@ once, at the adapter boundary, with ``raise ... from exc``.
     │   ├── ConversationExists        the id is taken (eventlog.conversation_state)
     │   ├── UnknownAttempt            an effect for an attempt never started (idem)
     │   ├── ModelRevisionMismatch     the engine serves another model (replay.engines.base)
-    │   └── PreflightFailed           a drill's preflight refused it (services.control.drills.driver)
+    │   ├── PreflightFailed           a drill's preflight refused it (services.control.drills.driver)
+    │   └── ApprovalRequired          a drill that needs a second operator's approval
+    │                                 (services.control.practice)
     ├── PayloadTooLarge          413
     ├── QuotaExceeded            429  tenant over its rate (retryable)
     ├── Unavailable              503  retryable; outcome of a write may be unknown

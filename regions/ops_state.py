@@ -1,6 +1,6 @@
 """Operator state in the control shard: drills, the halt switch, API keys and the audit log. Pure.
 
-Four record kinds live beside ``control.placement`` in the control shard and are folded here in
+Five record kinds live beside ``control.placement`` in the control shard and are folded here in
 lsn order by every node (``services.control.controller`` hands each committed control entry to
 ``OpsState.apply``):
 
@@ -10,6 +10,8 @@ lsn order by every node (``services.control.controller`` hands each committed co
 * ``control.halt``: ``{"on": bool, "reason", "by", "at_ms"}``; the last one wins.
 * ``control.key``: an API key created, rotated or revoked (``regions.keys``), folded into
   ``keys``, which every node's authentication reads.
+* ``control.practice``: practice runs' state, folded by ``regions.practice_state``; here only
+  the audit entry it carries counts.
 * ``control.audit``: ``{"at_ms", "by", "role", "action", "target", "reason", "detail"}``, one per
   operator action that changes no state record (``POST /v1/audit``, an abort of a drill that
   is already restoring); the entry's lsn is its cursor for paging.
@@ -43,7 +45,9 @@ from regions.keys import KEY_RECORD, KeyTable
 DRILL_RECORD = "control.drill"
 HALT_RECORD = "control.halt"
 AUDIT_RECORD = "control.audit"
-OPS_RECORDS = frozenset({DRILL_RECORD, HALT_RECORD, KEY_RECORD, AUDIT_RECORD})
+#: practice runs' state (``regions.practice_state``); only its audit entries are folded here
+PRACTICE_RECORD = "control.practice"
+OPS_RECORDS = frozenset({DRILL_RECORD, HALT_RECORD, KEY_RECORD, AUDIT_RECORD, PRACTICE_RECORD})
 #: where a state record carries the audit entry of the operator action that wrote it
 AUDIT_KEY = "audit"
 
@@ -183,7 +187,8 @@ class OpsState:
                 bool(body["on"]), str(body["reason"]), str(body["by"]), int(body["at_ms"])
             )
             return True
-        return False  # a placement: the controller's state, not this one
+        # a practice record's state is regions.practice_state's; its audit entry counts here
+        return record_type == PRACTICE_RECORD
 
     def _malformed(self, lsn: int, what: str, exc: Exception) -> bool:
         self.malformed_records += 1

@@ -293,6 +293,14 @@ class NodeSettings(BaseSettings):
     readiness_drill_half_life_s: float = Field(default=604_800.0, gt=0.0)
     #: readiness: a replay bound of the moved conversations up to this many seconds scores full
     readiness_replay_target_s: float = Field(default=300.0, gt=0.0)
+    #: practice runs (services.control.practice): how often the control leader decides
+    #: whether a schedule starts, skips or waits
+    practice_tick_s: float = Field(default=5.0, gt=0.0)
+    #: practice runs: no start this long after the placement changed (a failover, failback
+    #: or evacuation); the skip is recorded with the reason
+    practice_failover_quiet_s: float = Field(default=600.0, ge=0.0)
+    #: practice runs: the seed of each window's chance draw (regions.practice.window_draw)
+    practice_seed: int = 0
     #: where an operator's browser reaches each region's client API, for the console
     #: (services.console.access), when not at the cluster file's ``url`` (docker compose
     #: publishes nodes on host ports); JSON in CONVPLANE_CONSOLE_URLS, region -> URL

@@ -32,6 +32,7 @@ from services.control.audit_log import AuditPostLimiter
 from services.control.controller import Controller
 from services.control.drills.driver import DrillDriver
 from services.control.key_admin import KeyAdmin
+from services.control.practice import PracticeRunner
 from services.control.readiness import ReadinessMonitor
 from services.logs import bind_request
 from services.replay.service import ReplayService
@@ -68,6 +69,7 @@ class AppServices:
     audit_limiter: AuditPostLimiter | None = None
     replay: ReplayService | None = None
     loss_readiness: ReadinessMonitor | None = None
+    practice: PracticeRunner | None = None
 
 
 _SERVICES = "convplane_services"

@@ -149,7 +149,10 @@ def _drill_body(drill: Drill) -> dict[str, Any]:
 @drill_router.post(
     "/drills",
     status_code=201,
-    responses={200: {"description": "`dry_run`: the plan, nothing committed"}, **errors(404, 409)},
+    responses={
+        200: {"description": "`dry_run`: the plan, nothing committed"},
+        **errors(403, 404, 409),
+    },
 )
 async def create_drill(ctx: Context, body: DrillRequest) -> Any:
     """Start a drill (operator keys): `evacuate`, `region-loss` or `kill` of one region for
@@ -157,11 +160,13 @@ async def create_drill(ctx: Context, body: DrillRequest) -> Any:
     region-loss arithmetic on live load; `force` overrides only capacity). 201 with the drill;
     with `dry_run` 200 and the plan (what would move, replay tokens, time bound), changing
     nothing; 404 for a region the plane does not have; 409 `preflight_failed` with the
-    reason."""
+    reason, or `approval_required` where the approval policy names the region or kind (ask
+    with `POST /v1/practice/runs`); 403 `outside_blast_radius` outside the key's scope."""
     require_role(ctx.tenant, OPERATOR_ROLES)
     driver = _driver(ctx.request)
     if body.region not in driver.controller.cluster.weights():
         raise NotFound(f"no region {body.region!r} in this plane")
+    practice = app_services(ctx.request.app).practice
     who = _who(ctx)
     try:
         spec = DrillSpec(
@@ -179,6 +184,10 @@ async def create_drill(ctx: Context, body: DrillRequest) -> Any:
         raise InvalidRequest(str(exc)) from exc
 
     async def create() -> Response:
+        if practice is not None:  # the key's blast radius, then the approval policy
+            await driver.read_barrier()
+            check = practice.check_scope if body.dry_run else practice.check_manual_drill
+            check(ctx.tenant.name, body.kind, body.region)
         if body.dry_run:
             plan = await driver.plan(spec)
             return JSONResponse({"dry_run": True, "plan": plan.to_body()}, status_code=200)

@@ -108,6 +108,7 @@ async def open_api(
         audit_limiter=AuditPostLimiter(runtime.clock, metrics.registry),
         replay=runtime.replay,
         loss_readiness=runtime.loss_readiness,
+        practice=runtime.practice,
     )
     set_app_services(app, services)
     watch_replay(metrics.registry, runtime.replay)

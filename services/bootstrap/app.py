@@ -27,6 +27,7 @@ from services.api.key_routes import key_router
 from services.api.metrics import Metrics
 from services.api.middleware import EdgeMiddleware
 from services.api.openapi import install_openapi, operation_id
+from services.api.practice_routes import practice_router
 from services.api.readiness_routes import readiness_router
 from services.api.replay_routes import replay_router
 from services.api.routes import ops_router, router
@@ -146,6 +147,7 @@ def create_app(
     app.include_router(replay_router)
     app.include_router(drill_router)
     app.include_router(readiness_router)
+    app.include_router(practice_router)
     app.include_router(key_router)
     app.include_router(drill_peer_router)
     app.add_middleware(

@@ -28,6 +28,7 @@ from eventlog.node import LogNode
 from eventlog.replica import ReplicaStore
 from eventlog.stores import open_replica_store
 from regions.ops_state import OpsState
+from regions.practice_state import PracticeState
 from regions.readiness import ReadinessPolicy
 from services.api.forward_exchange import BatchExchange, StreamBatchExchange, idle_reuse_s
 from services.bootstrap.replay import open_replay_service
@@ -48,6 +49,7 @@ from services.control.drills.faults import (
 )
 from services.control.drills.load import LoadMeter, plane_load
 from services.control.peer_probe import HttpPeerProber, OwnedPeerProber, PeerProber
+from services.control.practice import PracticeRunner
 from services.control.readiness import LoadSampler, ReadinessMonitor
 from services.peer_protocol import PEER_PROTOCOL_HEADERS
 from services.replay.service import ReplayService
@@ -75,6 +77,7 @@ class NodeRuntime:
     forward_exchange: BatchExchange | None = None
     #: readiness of each region's loss, at the control leader (services.control.readiness)
     loss_readiness: ReadinessMonitor | None = None
+    practice: PracticeRunner | None = None  # scheduled drills (services.control.practice)
 
 
 RuntimeFactory = Callable[[NodeSettings], AbstractAsyncContextManager[NodeRuntime]]
@@ -326,11 +329,20 @@ async def open_runtime(
             ),
             clock,
         )
+        practice = PracticeRunner(
+            driver=drills,
+            state=PracticeState(),
+            clock=clock,
+            failover_quiet_s=settings.practice_failover_quiet_s,
+            seed=settings.practice_seed,
+        )
+        controller.record_listeners.append(practice.state.apply_entry)
         await controller.start()
         stack.push_async_callback(controller.close)
         controller.supervisor.start("readiness", readiness.step, readiness.step_s)
         drills.start()
         stack.push_async_callback(drills.close)
+        controller.supervisor.start("practice", practice.step, settings.practice_tick_s)
         yield NodeRuntime(
             settings.region,
             cluster,
@@ -345,4 +357,5 @@ async def open_runtime(
             instruments,
             exchange,
             readiness,
+            practice,
         )

@@ -24,6 +24,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "services.cli.worker",
     "services.cli.replica",
     "services.cli.drill",
+    "services.cli.practice",
     "services.cli.status",
     "services.cli.readiness",
     "services.cli.config_ref",

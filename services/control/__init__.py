@@ -8,7 +8,9 @@
 * ``key_admin``: API keys created, rotated and revoked through the control shard;
 * ``readiness``: the readiness of each region's loss (``regions.readiness``), re-evaluated by
   the control leader in a supervised loop, and its gauges;
-* ``drills``: failover drills, driven from the control shard (see its docstring).
+* ``drills``: failover drills, driven from the control shard (see its docstring);
+* ``practice``: practice runs, the drills a schedule starts behind blocking conditions and
+  approvals (a loop on the controller's supervisor).
 
 Imports the node-wide basics (``services.config``, ``services.supervisor``) and the cores;
 nothing from the HTTP edge (``services.api``). Where a change goes: a new control decision

@@ -518,3 +518,31 @@ def test_a_viewer_sees_each_regions_readiness_as_the_api_answers_it(
     )
     assert set(shown()) == set(plane.urls)
     page.screenshot("viewer-readiness")
+
+
+def test_the_practice_calendar_shows_a_skip_and_its_reason(
+    plane: Plane, browser: webdriver.Chrome
+) -> None:
+    fired = {"firing": True, "reason": "console test alert"}
+    assert operator_call(plane, "PUT", "/v1/practice/alerts/console", json=fired).status_code == 200
+    every_day = [f"{d} 00:00-24:00" for d in ("mon", "tue", "wed", "thu", "fri", "sat", "sun")]
+    schedule = {"region": "eu-west", "kind": "evacuate", "windows": every_day, "hold_s": 1.0,
+                "min_interval_s": 3600, "retry_after_skip_s": 3600}  # fmt: skip
+    put = operator_call(plane, "PUT", "/v1/practice/schedules/console", json=schedule)
+    assert put.status_code == 200, put.text
+    page = operator_page(plane, browser, served_by="eu-west")
+
+    def skip_shown() -> bool:
+        rows = page.js(
+            "return [...document.querySelectorAll('#practice tr[data-outcome=skipped]')]"
+            ".map((r) => r.textContent)"
+        )
+        return any("alert 'console' firing: console test alert" in row for row in rows)
+
+    try:
+        wait_for("the skip and its reason in the practice calendar", skip_shown)
+        page.screenshot("practice-calendar")
+    finally:
+        operator_call(plane, "DELETE", "/v1/practice/schedules/console")
+        cleared = {"firing": False, "reason": "console test over"}
+        operator_call(plane, "PUT", "/v1/practice/alerts/console", json=cleared)

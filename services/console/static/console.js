@@ -27,6 +27,7 @@
   const AUDIT_PAGES_PER_TICK = 5;
   const AUDIT_PAGE = 1000;
   const DRILLS_LISTED = 25;
+  const PRACTICE_LISTED = 25;
   const BANNERS_KEPT = 4;
   const KEY_ITEM = "convplane.console.key";
   const URLS_ITEM = "convplane.console.urls";
@@ -53,6 +54,7 @@
     activeReport: null,
     sharedAt: 0,
     audit: [],
+    practice: null,
     auditAfter: 0,
     nodes: {}, // region -> {body, at, error}
     openReport: null,
@@ -338,6 +340,7 @@
         Object.assign(state, { regions, placement, drills, halt, source: region, sharedAt: Date.now() });
         delete state.sourceError[region];
         await readAudit(region);
+        await readPractice(region);
         await readActiveReport(region);
         await readReadiness(region);
         return;
@@ -361,6 +364,15 @@
       state.audit = state.audit.slice(-AUDIT_KEPT);
       state.auditAfter = body.next_after;
       if (body.entries.length < AUDIT_PAGE) return;
+    }
+  }
+
+  async function readPractice(region) {
+    try {
+      state.practice = await api(region, "GET", `/v1/practice/calendar?limit=${PRACTICE_LISTED}`);
+    } catch (err) {
+      // a node from before practice runs (a rolling upgrade) answers 404: the panel waits
+      if (!(err instanceof ApiError) || err.regionFailed || err.status !== 404) throw err;
     }
   }
 
@@ -416,6 +428,7 @@
     renderHistory();
     renderAudit();
     renderReadiness();
+    renderPractice();
   }
 
   function renderTopbar() {
@@ -723,6 +736,18 @@
       h("tr", {}, h("td", { colspan: 5, class: "muted" }, "no operator action recorded yet"))));
   }
 
+  function renderPractice() {
+    const entries = (state.practice && state.practice.entries) || [];
+    rebuildIf("practice", entries.map((e) => e.cursor), () => fill($("practice").tBodies[0], entries.length ? entries.map((e) =>
+      h("tr", { "data-outcome": e.outcome },
+        h("td", { class: "mono" }, fmt.utcDate(e.at_ms).slice(5)),
+        h("td", {}, e.schedule_id || e.run_id),
+        h("td", {}, h("b", {}, e.outcome)),
+        h("td", { class: "mono" }, e.drill_id || "–"),
+        h("td", {}, e.reason))) :
+      h("tr", {}, h("td", { colspan: 5, class: "muted" }, "no practice run decided yet"))));
+  }
+
   // --- the loop ------------------------------------------------------------------------------
 
   let ticking = false;
@@ -783,7 +808,7 @@
     sessionStorage.removeItem(KEY_ITEM);
     showDashboardLink(null);
     clearTimeout(state.timer);
-    Object.assign(state, { key: null, you: null, regions: null, placement: null, drills: null, halt: null, nodes: {}, audit: [], auditAfter: 0, sharedAt: 0, source: null });
+    Object.assign(state, { key: null, you: null, regions: null, placement: null, drills: null, halt: null, practice: null, nodes: {}, audit: [], auditAfter: 0, sharedAt: 0, source: null });
     for (const name of Object.keys(built)) delete built[name];
     $("main").hidden = true;
     $("login").hidden = false;
