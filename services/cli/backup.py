@@ -46,7 +46,6 @@ def restore(
     except PlaneError as exc:
         typer.echo(f"could not restore {region}: {exc}", err=True)
         raise typer.Exit(1) from exc
-    cluster_file = state_dir / "cluster-config.json"
     typer.echo(f"restored {region} from {from_}")
     if report.quarantined:
         shard, (held, status) = min(report.behind.items())
@@ -58,7 +57,8 @@ def restore(
     typer.echo(f"next: convplane restart-region {region} --state-dir {state_dir}")
     if report.quarantined:
         typer.echo(
-            f"then: convplane replica rebuild --cluster-file {cluster_file} --region {region}"
+            f"then: convplane replica rebuild --cluster-file {report.operator_cluster_file} "
+            f"--region {region}"
         )
 
 
