@@ -9,6 +9,7 @@ cluster per region (``pg_basebackup`` and a physical restore of the cluster)."""
 from __future__ import annotations
 
 import contextlib
+import json
 import sqlite3
 import time
 from collections.abc import Iterator
@@ -57,6 +58,8 @@ def test_a_region_restored_from_its_backup_is_quarantined_rebuilt_and_readmitted
             _append_round(plane, acks, round_)
         backed_up = _ok("backup", REGION, "--to", str(backup_dir), "--state-dir", str(state_dir))
         assert f"backed up {REGION}" in backed_up
+        manifest = json.loads((backup_dir / "backup.json").read_text())
+        assert (manifest["region"], manifest["backend"]) == (REGION, backend)
         for round_ in ("c", "d", "e"):  # acked after the backup: the copy does not hold them
             _append_round(plane, acks, round_)
 
