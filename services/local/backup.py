@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import json
 import os
 import shutil
@@ -38,7 +37,7 @@ from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 import httpx
 
@@ -47,13 +46,12 @@ from eventlog.identity import ROLLED_BACK_PREFIX, IdentityRecord
 from eventlog.model import HeldPosition, ShardStatus, holds
 from eventlog.replica import ReplicaStore
 from services.local.backup_postgres import PostgresReplica, pg_version
+from services.local.backup_region import REPLICA_FILE_NAME, LocalRegion, local_region
 from services.local.plane import PlaneError, write_private_json
 from services.local.plane_processes import pid_alive
-from services.local.plane_state import STATE_FILE_NAME, PlaneState, SavedDatabase, load_state
 
 BACKUP_FORMAT = 1
 MANIFEST_NAME = "backup.json"
-REPLICA_FILE_NAME = "replica.sqlite3"
 #: how long a restore waits for every running node's identity sweep to see the region
 #: quarantined before it writes the copy (a sweep runs every 2 s: services.control.controller)
 QUARANTINE_SEEN_WAIT_S = 30.0
@@ -64,24 +62,6 @@ STORE_CALL_TIMEOUT_S = 10.0
 #: write lock held past the store's busy timeout fails one), and the pause between two
 COMPARE_TRIES = 3
 COMPARE_RETRY_PAUSE_S = 1.0
-
-
-@dataclass(frozen=True, slots=True)
-class LocalRegion:
-    """A region of the local plane in a state directory, as a backup or restore needs it."""
-
-    state_dir: Path
-    name: str
-    replica: Path
-    node_pid: int | None
-    plane_id: str
-    saved: PlaneState
-    info: dict[str, Any]
-    database: SavedDatabase | None  # None: a SQLite replica, ``replica``
-
-    @property
-    def cluster_file(self) -> Path:
-        return self.state_dir / "cluster-config.json"
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,46 +116,6 @@ class ReplicaBackend(Protocol):
     def operator_cluster_file(self, local: LocalRegion) -> Path:
         """A cluster file whose DSNs open every region's store from this machine."""
         ...
-
-
-def plane_id(saved: PlaneState) -> str:
-    """What names a plane in its backups: a digest of the key its first ``up`` made (it never
-    changes for a state directory, and the digest tells nothing of the key)."""
-    return hashlib.sha256(b"convplane plane\0" + saved.api_key.encode()).hexdigest()[:24]
-
-
-def local_region(state_dir: Path, region: str) -> LocalRegion:
-    """``region`` of the plane in ``state_dir``; PlaneError when there is none or it is not one
-    these commands cover."""
-    state_dir = state_dir.resolve()
-    try:
-        saved = load_state(state_dir / STATE_FILE_NAME)
-        info: dict[str, Any] = json.loads((state_dir / "cluster.json").read_text("utf-8"))
-    except FileNotFoundError as exc:
-        raise PlaneError(f"no plane in {state_dir} (no cluster.json)") from exc
-    except ValueError as exc:
-        raise PlaneError(str(exc)) from exc
-    if saved is None:
-        raise PlaneError(f"no plane in {state_dir} (no {STATE_FILE_NAME})")
-    names = [r.name for r in saved.regions]
-    if region not in names:
-        raise PlaneError(
-            f"no region {region!r} in the plane in {state_dir} (it has {', '.join(names)})"
-        )
-    entry: dict[str, Any] = next(
-        (r for r in info.get("regions", []) if r.get("name") == region), {}
-    )
-    pid = entry.get("node_pid")
-    return LocalRegion(
-        state_dir=state_dir,
-        name=region,
-        replica=state_dir / region / REPLICA_FILE_NAME,
-        node_pid=pid if isinstance(pid, int) else None,
-        plane_id=plane_id(saved),
-        saved=saved,
-        info=info,
-        database=next(r.database for r in saved.regions if r.name == region),
-    )
 
 
 def replica_backend(local: LocalRegion) -> ReplicaBackend:

@@ -23,9 +23,9 @@ import shutil
 import signal
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from services.config import load_cluster, write_cluster
+from services.local.backup_region import LocalRegion
 from services.local.host import free_port
 from services.local.plane import PlaneError
 from services.local.plane_processes import stop_pids
@@ -36,9 +36,6 @@ from services.local.postgres import (
     give_tree_to_postgres,
     saved_instance,
 )
-
-if TYPE_CHECKING:
-    from services.local.backup import LocalRegion
 
 COPY_NAME = "pgdata"
 OPERATOR_CLUSTER_FILE = "operator-cluster.json"

@@ -29,7 +29,8 @@ from eventlog.stores import migrate
 from eventlog.stores.migrate import alembic_config
 from services.cli.main import build_app
 from services.config import ClusterConfig, RegionConfig, write_cluster
-from services.local.backup import MANIFEST_NAME, plane_id
+from services.local.backup import MANIFEST_NAME
+from services.local.backup_region import plane_id
 from services.local.plane_state import PlaneState, SavedDatabase, SavedRegion, state_json
 
 REGIONS = ("us-east", "eu-west", "ap-south")
@@ -280,3 +281,15 @@ def test_a_backup_behind_no_position_is_restored_without_quarantine(
         registry = _sql(_replica(plane_dir, region),
                         "SELECT store_id, generation FROM replica_registry WHERE region = 'eu-west'")  # fmt: skip
         assert registry == [("st", 4)]
+
+
+def test_a_postgresql_backup_whose_server_does_not_answer_leaves_nothing(
+    plane_dir: Path, tmp_path: Path, schema: Path
+) -> None:
+    """pg_basebackup fails (no server runs on the region's socket): one error line, and the
+    target it made is gone again."""
+    _plane(plane_dir, schema, postgres=True)
+    target = tmp_path / "new"
+    args = ["backup", "eu-west", "--to", str(target), "--state-dir", str(plane_dir)]
+    _refused(args, "eu-west's PostgreSQL could not be copied", plane_dir)
+    assert not target.exists()
