@@ -17,7 +17,8 @@ def backup(
     to: Annotated[Path, typer.Option(help="A new (or empty) directory for the backup.")],
     state_dir: StateDir = Path(".state/plane"),
 ) -> None:
-    """Copy REGION's SQLite replica, consistently, while the plane runs."""
+    """Copy REGION's replica (SQLite file, or PostgreSQL cluster by pg_basebackup),
+    consistently, while the plane runs."""
     from services.local.backup import backup_region
     from services.local.plane import PlaneError
 
