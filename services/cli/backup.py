@@ -17,7 +17,8 @@ def backup(
     to: Annotated[Path, typer.Option(help="A new (or empty) directory for the backup.")],
     state_dir: StateDir = Path(".state/plane"),
 ) -> None:
-    """Copy REGION's SQLite replica, consistently, while the plane runs."""
+    """Copy REGION's replica (SQLite file, or PostgreSQL cluster by pg_basebackup),
+    consistently, while the plane runs."""
     from services.local.backup import backup_region
     from services.local.plane import PlaneError
 
@@ -46,7 +47,6 @@ def restore(
     except PlaneError as exc:
         typer.echo(f"could not restore {region}: {exc}", err=True)
         raise typer.Exit(1) from exc
-    cluster_file = state_dir / "cluster-config.json"
     typer.echo(f"restored {region} from {from_}")
     if report.quarantined:
         shard, (held, status) = min(report.behind.items())
@@ -58,7 +58,8 @@ def restore(
     typer.echo(f"next: convplane restart-region {region} --state-dir {state_dir}")
     if report.quarantined:
         typer.echo(
-            f"then: convplane replica rebuild --cluster-file {cluster_file} --region {region}"
+            f"then: convplane replica rebuild --cluster-file {report.operator_cluster_file} "
+            f"--region {region}"
         )
 
 

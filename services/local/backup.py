@@ -1,9 +1,11 @@
-"""``convplane backup`` and ``convplane restore``: one region's SQLite replica of a local plane.
+"""``convplane backup`` and ``convplane restore``: one region's replica of a local plane.
 
-A backup is a directory: ``replica.sqlite3``, a consistent copy of the region's replica made
-with SQLite's online backup (the plane keeps running and writing), and ``backup.json`` (the
-manifest: which plane and region, the store's identity, the schema revision, when). The
-manifest is written last, so a directory without one is a backup that did not finish.
+A backup is a directory: a consistent copy of the region's replica, made while the plane keeps
+running and writing, and ``backup.json`` (the manifest: which plane and region, which backend,
+the store's identity, the schema revision, when). The manifest is written last, so a directory
+without one is a backup that did not finish. The copy is the backend's own: ``replica.sqlite3``
+through SQLite's online backup (here), ``pgdata`` through ``pg_basebackup``
+(``services.local.backup_postgres``).
 
 A restore puts an older copy of a replica back, which is exactly the rollback the identity
 guard cannot see by itself (``eventlog.identity``: the copy keeps its store id). So it does
@@ -12,33 +14,30 @@ in: it compares the backup's log with the positions the *other* stores keep for 
 (``replica_positions``, ``eventlog.recovery.highest_positions``). A backup below any of them
 lost events it had acknowledged: the region is quarantined in every other store's registry (the
 ``rolled-back:`` record a leader writes), the running nodes are waited for until they see it
-quarantined, and only then is the copy written into the replica, in place (the same file, so
-the same identity, as a physical restore of the volume would leave it). ``convplane replica
+quarantined, and only then is the copy written into the replica, in place (the same file or
+cluster, so the same identity, as a physical restore of the volume would leave it). ``convplane replica
 rebuild`` then copies every shard's log from a quorum and re-admits it
 (docs/upgrade-backup-restore.md). A backup that is not behind anywhere is simply restored.
 
-Everything is checked before anything changes: the plane and region exist, the plane uses
-SQLite, the region's node is stopped, the backup is complete, of this plane and of this region.
-
-PostgreSQL regions are not covered: their physical backups are PostgreSQL's own
-(``pg_basebackup``, WAL archiving), and the same procedure applies to them by hand.
+Everything is checked before anything changes: the plane and region exist, the region's node
+is stopped, the backup is complete, of this plane, of this region and of its backend.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import json
 import os
 import shutil
 import sqlite3
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Protocol
 
 import httpx
 
@@ -46,13 +45,13 @@ from eventlog.errors import ConvplaneError
 from eventlog.identity import ROLLED_BACK_PREFIX, IdentityRecord
 from eventlog.model import HeldPosition, ShardStatus, holds
 from eventlog.replica import ReplicaStore
+from services.local.backup_postgres import PostgresReplica, pg_version
+from services.local.backup_region import REPLICA_FILE_NAME, LocalRegion, local_region
 from services.local.plane import PlaneError, write_private_json
 from services.local.plane_processes import pid_alive
-from services.local.plane_state import STATE_FILE_NAME, PlaneState, load_state
 
 BACKUP_FORMAT = 1
 MANIFEST_NAME = "backup.json"
-REPLICA_FILE_NAME = "replica.sqlite3"
 #: how long a restore waits for every running node's identity sweep to see the region
 #: quarantined before it writes the copy (a sweep runs every 2 s: services.control.controller)
 QUARANTINE_SEEN_WAIT_S = 30.0
@@ -66,23 +65,6 @@ COMPARE_RETRY_PAUSE_S = 1.0
 
 
 @dataclass(frozen=True, slots=True)
-class LocalRegion:
-    """A region of the local plane in a state directory, as a backup or restore needs it."""
-
-    state_dir: Path
-    name: str
-    replica: Path
-    node_pid: int | None
-    plane_id: str
-    saved: PlaneState
-    info: dict[str, Any]
-
-    @property
-    def cluster_file(self) -> Path:
-        return self.state_dir / "cluster-config.json"
-
-
-@dataclass(frozen=True, slots=True)
 class Manifest:
     plane_id: str
     region: str
@@ -90,6 +72,7 @@ class Manifest:
     schema_revision: str
     created_at: str
     convplane_version: str
+    backend: str = "sqlite"  # a manifest without one is from before PostgreSQL backups
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,51 +80,46 @@ class RestoreReport:
     region: str
     behind: dict[int, tuple[HeldPosition, ShardStatus]]  # shard -> (kept elsewhere, backup's)
     quarantined: bool
+    #: what ``convplane replica rebuild --cluster-file`` is given to lift the quarantine
+    operator_cluster_file: Path
 
 
-def plane_id(saved: PlaneState) -> str:
-    """What names a plane in its backups: a digest of the key its first ``up`` made (it never
-    changes for a state directory, and the digest tells nothing of the key)."""
-    return hashlib.sha256(b"convplane plane\0" + saved.api_key.encode()).hexdigest()[:24]
+class StagedCopy(Protocol):
+    """A backup's copy beside the replica it replaces, not yet in its place."""
+
+    def reading(self) -> AbstractContextManager[str]:
+        """A DSN that opens the staged copy as a store (to compare it with the others)."""
+        ...
+
+    def put_in(self) -> None:
+        """The copy in the replica's place, the same file or cluster: the same identity."""
+        ...
 
 
-def local_region(state_dir: Path, region: str) -> LocalRegion:
-    """``region`` of the plane in ``state_dir``; PlaneError when there is none or it is not one
-    these commands cover."""
-    state_dir = state_dir.resolve()
-    try:
-        saved = load_state(state_dir / STATE_FILE_NAME)
-        info: dict[str, Any] = json.loads((state_dir / "cluster.json").read_text("utf-8"))
-    except FileNotFoundError as exc:
-        raise PlaneError(f"no plane in {state_dir} (no cluster.json)") from exc
-    except ValueError as exc:
-        raise PlaneError(str(exc)) from exc
-    if saved is None:
-        raise PlaneError(f"no plane in {state_dir} (no {STATE_FILE_NAME})")
-    names = [r.name for r in saved.regions]
-    if region not in names:
-        raise PlaneError(
-            f"no region {region!r} in the plane in {state_dir} (it has {', '.join(names)})"
-        )
-    if saved.postgres:
-        raise PlaneError(
-            "this plane's replicas are PostgreSQL databases: back them up and restore them "
-            "with PostgreSQL's own tools (pg_basebackup), then follow the restore procedure of "
-            "docs/upgrade-backup-restore.md; these commands cover SQLite replicas"
-        )
-    entry: dict[str, Any] = next(
-        (r for r in info.get("regions", []) if r.get("name") == region), {}
-    )
-    pid = entry.get("node_pid")
-    return LocalRegion(
-        state_dir=state_dir,
-        name=region,
-        replica=state_dir / region / REPLICA_FILE_NAME,
-        node_pid=pid if isinstance(pid, int) else None,
-        plane_id=plane_id(saved),
-        saved=saved,
-        info=info,
-    )
+class ReplicaBackend(Protocol):
+    """How one kind of replica is copied into a backup and out of one."""
+
+    @property
+    def name(self) -> str: ...  # in the manifest: "sqlite", "postgres"
+
+    @property
+    def copy_name(self) -> str: ...  # the copy's name in a backup directory
+
+    def back_up(self, local: LocalRegion, copy: Path) -> tuple[str, str]:
+        """Copy ``local``'s replica to the new path ``copy``; its (store id, schema revision)."""
+        ...
+
+    def staged(self, local: LocalRegion, copy: Path) -> AbstractContextManager[StagedCopy]:
+        """The backup's ``copy`` staged beside ``local``'s replica; removed at exit."""
+        ...
+
+    def operator_cluster_file(self, local: LocalRegion) -> Path:
+        """A cluster file whose DSNs open every region's store from this machine."""
+        ...
+
+
+def replica_backend(local: LocalRegion) -> ReplicaBackend:
+    return PostgresReplica() if local.database is not None else SqliteReplica()
 
 
 def backup_region(state_dir: Path, region: str, target: Path) -> Manifest:
@@ -151,21 +129,19 @@ def backup_region(state_dir: Path, region: str, target: Path) -> Manifest:
         raise PlaneError(
             f"{target} exists and is not an empty directory: a backup never overwrites anything"
         )
-    if not local.replica.is_file():
-        raise PlaneError(f"{local.replica} is missing: {region} has no replica to back up")
+    backend = replica_backend(local)
     created = not target.exists()
     target.mkdir(mode=0o700, parents=True, exist_ok=True)
     try:
-        copy = target / REPLICA_FILE_NAME
-        _private_new_file(copy)
-        _sqlite_copy(local.replica, copy)
+        store_id, schema_revision = backend.back_up(local, target / backend.copy_name)
         manifest = Manifest(
             plane_id=local.plane_id,
             region=region,
-            store_id=_sqlite_value(copy, "SELECT store_id FROM replica_identity"),
-            schema_revision=_sqlite_value(copy, "SELECT version_num FROM alembic_version"),
+            store_id=store_id,
+            schema_revision=schema_revision,
             created_at=datetime.now(UTC).isoformat(timespec="seconds"),
             convplane_version=_installed_version(),
+            backend=backend.name,
         )
         write_private_json(target / MANIFEST_NAME, {"format": BACKUP_FORMAT, **asdict(manifest)})
     except BaseException:
@@ -173,7 +149,10 @@ def backup_region(state_dir: Path, region: str, target: Path) -> Manifest:
             shutil.rmtree(target, ignore_errors=True)
         else:
             for path in target.iterdir():
-                path.unlink(missing_ok=True)
+                if path.is_dir():
+                    shutil.rmtree(path)
+                else:
+                    path.unlink(missing_ok=True)
         raise
     return manifest
 
@@ -196,8 +175,11 @@ def read_manifest(source: Path) -> Manifest:
         manifest = Manifest(**raw)
     except TypeError as exc:
         raise PlaneError(f"{source / MANIFEST_NAME} is not a backup manifest: {exc}") from exc
-    if not (source / REPLICA_FILE_NAME).is_file():
-        raise PlaneError(f"{source} holds no {REPLICA_FILE_NAME}")
+    copy_name = COPY_NAMES.get(manifest.backend)
+    if copy_name is None:
+        raise PlaneError(f"{source / MANIFEST_NAME} names no known backend ({manifest.backend!r})")
+    if not (source / copy_name).exists():
+        raise PlaneError(f"{source} holds no {copy_name}")
     return manifest
 
 
@@ -212,6 +194,17 @@ def check_restore(state_dir: Path, region: str, source: Path) -> LocalRegion:
         )
     if manifest.region != region:
         raise PlaneError(f"{source} is a backup of region {manifest.region}, not of {region}")
+    backend = replica_backend(local)
+    if manifest.backend != backend.name:
+        raise PlaneError(
+            f"{source} is a backup of a {BACKEND_WORDS[manifest.backend]} replica; {region}'s "
+            f"replica is a {BACKEND_WORDS[backend.name]} one"
+        )
+    if local.database is not None:
+        ours = pg_version(local.state_dir / "postgres" / local.database.name)
+        theirs = pg_version(source / backend.copy_name)
+        if theirs != ours:
+            raise PlaneError(f"{source} is a PostgreSQL {theirs} cluster; {region}'s is {ours}")
     if local.node_pid is not None and pid_alive(local.node_pid):
         raise PlaneError(
             f"{region}'s node is running (pid {local.node_pid}): stop it first "
@@ -223,43 +216,39 @@ def check_restore(state_dir: Path, region: str, source: Path) -> LocalRegion:
 def restore_region(state_dir: Path, region: str, source: Path) -> RestoreReport:
     """Restore ``region``'s replica from the backup in ``source`` (module docstring)."""
     local = check_restore(state_dir, region, source)
-    staged = local.replica.with_name(REPLICA_FILE_NAME + ".restoring")
-    staged.unlink(missing_ok=True)
-    _private_new_file(staged)
-    try:
-        _sqlite_copy(source / REPLICA_FILE_NAME, staged)
-        behind = _compare_with_others(local, staged)
+    backend = replica_backend(local)
+    operator_file = backend.operator_cluster_file(local)
+    with backend.staged(local, source / backend.copy_name) as staged:
+        with staged.reading() as staged_dsn:
+            behind = _compare_with_others(local, staged_dsn, operator_file)
         if behind:
-            _wait_quarantine_seen(local)
-        _private_new_file(local.replica)
-        _sqlite_copy(staged, local.replica)  # in place: the same file, the same identity
-    finally:
-        staged.unlink(missing_ok=True)
-    return RestoreReport(region, behind, quarantined=bool(behind))
+            _wait_quarantine_seen(local, operator_file)
+        staged.put_in()
+    return RestoreReport(region, behind, bool(behind), operator_file)
 
 
 def _compare_with_others(
-    local: LocalRegion, staged: Path
+    local: LocalRegion, staged_dsn: str, operator_file: Path
 ) -> dict[int, tuple[HeldPosition, ShardStatus]]:
     """``_quarantine_if_behind``, tried ``COMPARE_TRIES`` times (it may be run again: the
     quarantine record it writes is the same each time)."""
     for attempt in range(1, COMPARE_TRIES + 1):
         try:
-            return asyncio.run(_quarantine_if_behind(local, staged))
+            return asyncio.run(_quarantine_if_behind(local, staged_dsn, operator_file))
         except (ConvplaneError, TimeoutError, OSError) as exc:
             if attempt == COMPARE_TRIES:
                 raise PlaneError(
                     f"the other regions' stores could not be compared with the backup "
                     f"({exc!r}); nothing was restored. Run it again when they answer (a "
                     f"quarantine it wrote stays until: convplane replica rebuild "
-                    f"--cluster-file {local.cluster_file} --region {local.name})"
+                    f"--cluster-file {operator_file} --region {local.name})"
                 ) from exc
             time.sleep(COMPARE_RETRY_PAUSE_S)
     raise AssertionError("unreachable")
 
 
 async def _quarantine_if_behind(
-    local: LocalRegion, staged: Path
+    local: LocalRegion, staged_dsn: str, operator_file: Path
 ) -> dict[int, tuple[HeldPosition, ShardStatus]]:
     """The shards where the backup ends below what the other stores keep for the region; when
     there are any, the region quarantined in every other store's registry."""
@@ -268,12 +257,12 @@ async def _quarantine_if_behind(
     from services.bootstrap.operator import open_operator_stores
 
     shards = range(local.saved.shard_count + 1)  # the control shard too
-    copy = await open_replica_store(f"sqlite+aiosqlite:///{staged}", local.name)
+    copy = await open_replica_store(staged_dsn, local.name)
     try:
         statuses = {shard: await copy.status(shard) for shard in shards}
     finally:
         await copy.close()
-    async with open_operator_stores(local.cluster_file) as opened:
+    async with open_operator_stores(operator_file) as opened:
         others = {r: s for r, s in opened.stores.items() if r != local.name}
         behind = {}
         for shard in shards:
@@ -303,7 +292,7 @@ async def _record_rolled_back(others: Mapping[str, ReplicaStore], region: str) -
         await asyncio.wait_for(store.record_identity(region, record), STORE_CALL_TIMEOUT_S)
 
 
-def _wait_quarantine_seen(local: LocalRegion) -> None:
+def _wait_quarantine_seen(local: LocalRegion, operator_file: Path) -> None:
     """Until every running node's sweep holds the region quarantined (``GET /v1/regions``)."""
     headers = {"Authorization": f"Bearer {local.saved.viewer_api_key}"}
     urls = [
@@ -320,7 +309,7 @@ def _wait_quarantine_seen(local: LocalRegion) -> None:
                         f"the node at {url} does not hold {local.name} quarantined after "
                         f"{QUARANTINE_SEEN_WAIT_S:g}s; nothing was restored (the quarantine "
                         f"stays until: convplane replica rebuild --cluster-file "
-                        f"{local.cluster_file} --region {local.name})"
+                        f"{operator_file} --region {local.name})"
                     )
                 time.sleep(QUARANTINE_POLL_S)
 
@@ -332,6 +321,56 @@ def _sees_quarantined(client: httpx.Client, url: str, region: str) -> bool:
             regions = reply.json()["regions"]
             return any(r["name"] == region and r["replica"] == "quarantined" for r in regions)
     return False
+
+
+class SqliteReplica:
+    """A region's replica that is a SQLite file in its directory."""
+
+    name = "sqlite"
+    copy_name = REPLICA_FILE_NAME
+
+    def back_up(self, local: LocalRegion, copy: Path) -> tuple[str, str]:
+        if not local.replica.is_file():
+            raise PlaneError(f"{local.replica} is missing: {local.name} has no replica to back up")
+        _private_new_file(copy)
+        _sqlite_copy(local.replica, copy)
+        return (
+            _sqlite_value(copy, "SELECT store_id FROM replica_identity"),
+            _sqlite_value(copy, "SELECT version_num FROM alembic_version"),
+        )
+
+    @contextlib.contextmanager
+    def staged(self, local: LocalRegion, copy: Path) -> Iterator[StagedSqlite]:
+        staged = StagedSqlite(local.replica.with_name(REPLICA_FILE_NAME + ".restoring"), local)
+        staged.path.unlink(missing_ok=True)
+        _private_new_file(staged.path)
+        try:
+            _sqlite_copy(copy, staged.path)
+            yield staged
+        finally:
+            staged.path.unlink(missing_ok=True)
+
+    def operator_cluster_file(self, local: LocalRegion) -> Path:
+        return local.cluster_file  # every DSN is a path on this machine
+
+
+@dataclass(frozen=True, slots=True)
+class StagedSqlite:
+    path: Path
+    local: LocalRegion
+
+    @contextlib.contextmanager
+    def reading(self) -> Iterator[str]:
+        yield f"sqlite+aiosqlite:///{self.path}"
+
+    def put_in(self) -> None:
+        _private_new_file(self.local.replica)
+        _sqlite_copy(self.path, self.local.replica)  # in place: the same file, the same identity
+
+
+COPY_NAMES = {SqliteReplica.name: SqliteReplica.copy_name,
+              PostgresReplica.name: PostgresReplica.copy_name}  # fmt: skip
+BACKEND_WORDS = {SqliteReplica.name: "SQLite", PostgresReplica.name: "PostgreSQL"}
 
 
 def _sqlite_copy(source: Path, target: Path) -> None:

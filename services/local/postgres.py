@@ -172,17 +172,50 @@ class PgInstance:
 
     def psql(self, sql: str, database: str = "postgres") -> str:
         """Run one SQL command through ``psql`` (harness chores, not the data path)."""
-        self._require_local("psql")
+        return self._client(
+            "psql", self.host, "-X", "-A", "-t", "-v", "ON_ERROR_STOP=1", "-d", database,
+            "-c", sql, what=f"psql {sql!r}",
+        )  # fmt: skip
+
+    def run_client(self, program: str, *args: str, timeout_s: float = READY_TIMEOUT_S) -> str:
+        """Run one of PostgreSQL's client programs (``pg_basebackup``, ``psql``) as the
+        ``postgres`` superuser over the server's local socket: it needs neither TCP, nor TLS, nor
+        a ``pg_hba.conf`` entry for this machine's address. Its stdout; PgHarnessError when it
+        fails."""
+        return self._client(program, str(self.socket_dir), *args, timeout_s=timeout_s)
+
+    def _client(
+        self,
+        program: str,
+        host: str,
+        *args: str,
+        what: str = "",
+        timeout_s: float = READY_TIMEOUT_S,
+    ) -> str:
+        self._require_local(program)
         assert self.bindir is not None
         result = subprocess.run(
-            [str(self.bindir / "psql"), "-X", "-A", "-t", "-v", "ON_ERROR_STOP=1",
-             "-h", self.host, "-p", str(self.port), "-U", "postgres", "-d", database, "-c", sql],
-            capture_output=True, text=True, timeout=READY_TIMEOUT_S, check=False,
+            [str(self.bindir / program), "-h", host, "-p", str(self.port), "-U", "postgres", *args],
+            capture_output=True, text=True, timeout=timeout_s, check=False,
             env=_server_env(self.password),
         )  # fmt: skip
         if result.returncode != 0:
-            raise PgHarnessError(f"{self.name}: psql {sql!r} failed: {result.stderr.strip()}")
+            raise PgHarnessError(
+                f"{self.name}: {what or program} failed: {result.stderr.strip()[-2000:]}"
+            )
         return result.stdout.strip()
+
+    @property
+    def socket_dir(self) -> Path:
+        return self.data_dir.parent / f"{self.data_dir.name}.sock"
+
+    @property
+    def socket_dsn(self) -> str:
+        """``dsn`` over the local socket: no TLS to verify, for tools on this machine."""
+        return (
+            f"postgresql+asyncpg://postgres:{self.password}@/{self.database}"
+            f"?host={self.socket_dir}&port={self.port}"
+        )
 
     def _require_local(self, what: str) -> None:
         if self.external_dsn is not None or self.bindir is None:
@@ -193,11 +226,10 @@ class PgInstance:
     def server_command(self) -> list[str]:
         """The postmaster's command line (its socket directory made, the postgres user's)."""
         assert self.bindir is not None
-        socket_dir = self.data_dir.parent / f"{self.data_dir.name}.sock"
-        socket_dir.mkdir(exist_ok=True)
-        _give_to_postgres(socket_dir)
+        self.socket_dir.mkdir(exist_ok=True)
+        _give_to_postgres(self.socket_dir)
         return [str(self.bindir / "postgres"), "-D", str(self.data_dir), "-p", str(self.port),
-                "-k", str(socket_dir), "-c", f"listen_addresses={self.host}"]  # fmt: skip
+                "-k", str(self.socket_dir), "-c", f"listen_addresses={self.host}"]  # fmt: skip
 
     def _spawn(self) -> subprocess.Popen[bytes]:
         with self.log_path.open("ab") as log:
@@ -282,13 +314,23 @@ def restart_instance(
     """A cluster that ``start_instances`` created under ``base_dir`` earlier (``saved``: its
     name, port, password, TLS), started again on its data and ``host``: after a clean stop, or
     crash recovery after a kill."""
+    instance = saved_instance(saved, base_dir, bindir=bindir, host=host)
+    instance.start()
+    return instance
+
+
+def saved_instance(
+    saved: SavedDatabase, base_dir: Path, *, bindir: Path | None = None, host: str = "127.0.0.1"
+) -> PgInstance:
+    """The cluster ``saved`` under ``base_dir``, started by nobody here (it may run, detached:
+    ``run_client`` reaches it)."""
     bindir = bindir or find_bindir()
     if bindir is None:
         raise PgHarnessError("no PostgreSQL binaries under /usr/lib/postgresql/*/bin")
     data_dir = base_dir / saved.name
     if not (data_dir / "PG_VERSION").is_file():
         raise PgHarnessError(f"{data_dir} holds no PostgreSQL cluster")
-    instance = PgInstance(
+    return PgInstance(
         name=saved.name,
         port=saved.port,
         data_dir=data_dir,
@@ -297,8 +339,6 @@ def restart_instance(
         password=saved.password,
         tls=saved.tls,
     )
-    instance.start()
-    return instance
 
 
 def stop_all() -> None:
@@ -391,6 +431,15 @@ def _prepare_base_dir(base: Path) -> Path:
                 "put base_dir under a world-traversable directory such as /tmp"
             )
     return base
+
+
+def give_tree_to_postgres(root: Path) -> None:
+    """``root`` and everything under it owned by the ``postgres`` user (a data directory this
+    process copied), the directory private as the server requires."""
+    root.chmod(0o700)
+    _give_to_postgres(root)
+    for path in root.rglob("*"):
+        _give_to_postgres(path)
 
 
 def _give_to_postgres(path: Path) -> None:

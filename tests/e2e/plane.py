@@ -6,10 +6,13 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -74,6 +77,18 @@ class Plane:
 
     def client(self, region: str) -> httpx.Client:
         return httpx.Client(base_url=self.urls[region], headers=self.headers, timeout=20.0)
+
+
+@contextlib.contextmanager
+def postgres_reachable_dir(prefix: str) -> Iterator[Path]:
+    """A new ``<dir>/plane`` for a state dir, under /tmp (0711): the postgres user of a
+    ``--postgres`` plane must reach its data directories. Removed at exit."""
+    base = Path(tempfile.mkdtemp(prefix=prefix))
+    os.chmod(base, 0o711)
+    try:
+        yield base / "plane"
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
 
 
 def start_plane(

@@ -3,19 +3,30 @@ writes, more acked events, ``convplane stop-region``, ``convplane restore`` (the
 behind: the region is quarantined before the copy goes in), ``convplane restart-region`` (the
 region's own node also holds it quarantined), ``convplane replica rebuild`` (re-admitted at
 every node), then every acked event is read back from every region and is in the restored
-replica itself, and new appends are acked."""
+replica itself, and new appends are acked. Once with SQLite replicas, once with a PostgreSQL
+cluster per region (``pg_basebackup`` and a physical restore of the cluster)."""
 
 from __future__ import annotations
 
 import contextlib
+import json
 import sqlite3
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.e2e.plane import Plane, plane_info, run_convplane, until_answered
+from services.local.plane_state import STATE_FILE_NAME, load_state
+from services.local.postgres import DATABASE, saved_instance
+from tests.e2e.plane import (
+    Plane,
+    plane_info,
+    postgres_reachable_dir,
+    run_convplane,
+    until_answered,
+)
 
 REGION = "eu-west"
 CONVERSATIONS = 8
@@ -27,23 +38,28 @@ Acks = dict[str, list[tuple[int, str]]]  # conversation -> (seq, idempotency key
 
 
 @pytest.fixture
-def state_dir(tmp_path: Path) -> Path:
-    return tmp_path / "plane"
+def state_dir() -> Iterator[Path]:
+    with postgres_reachable_dir("convplane-backup-") as path:
+        yield path
 
 
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
 def test_a_region_restored_from_its_backup_is_quarantined_rebuilt_and_readmitted(
-    state_dir: Path,
+    state_dir: Path, backend: str
 ) -> None:
     backup_dir = state_dir.parent / "backup"
     acks: Acks = {f"bk-{i}": [] for i in range(CONVERSATIONS)}
+    postgres = ["--postgres"] if backend == "postgres" else []
     _ok("up", "--regions", "3", "--state-dir", str(state_dir), "--base-port", "0",
-        "--shard-count", "16", "--detach")  # fmt: skip
+        "--shard-count", "16", "--detach", *postgres)  # fmt: skip
     try:
         plane = Plane(plane_info(state_dir))
         for round_ in ("a", "b"):
             _append_round(plane, acks, round_)
         backed_up = _ok("backup", REGION, "--to", str(backup_dir), "--state-dir", str(state_dir))
         assert f"backed up {REGION}" in backed_up
+        manifest = json.loads((backup_dir / "backup.json").read_text())
+        assert (manifest["region"], manifest["backend"]) == (REGION, backend)
         for round_ in ("c", "d", "e"):  # acked after the backup: the copy does not hold them
             _append_round(plane, acks, round_)
 
@@ -57,13 +73,13 @@ def test_a_region_restored_from_its_backup_is_quarantined_rebuilt_and_readmitted
         _ok("restart-region", REGION, "--state-dir", str(state_dir))
         plane = Plane(plane_info(state_dir))
         _wait_verdict(plane, "quarantined")  # its own node, too, from the others' registries
-        cluster_file = state_dir / "cluster-config.json"
-        _ok("replica", "rebuild", "--cluster-file", str(cluster_file), "--region", REGION)
+        cluster_file = restored.split("--cluster-file", 1)[1].split()[0]  # as the restore says
+        _ok("replica", "rebuild", "--cluster-file", cluster_file, "--region", REGION)
         _wait_verdict(plane, "admitted")
 
         for name in plane.urls:
             _check_readable(plane, name, acks)
-        _check_in_replica(state_dir / REGION / "replica.sqlite3", acks)
+        _check_in_replica(_replica_rows(state_dir, backend), acks)
         _append_round(plane, acks, "f")
         _check_readable(plane, REGION, acks)
     finally:
@@ -92,13 +108,28 @@ def _check_readable(plane: Plane, region: str, acks: Acks) -> None:
             assert events == acked, (region, cid, events, acked)
 
 
-def _check_in_replica(path: Path, acks: Acks) -> None:
+ROWS_QUERY = "SELECT conversation_id, seq, idempotency_key FROM entries WHERE tenant_id = 'demo'"
+
+
+def _replica_rows(state_dir: Path, backend: str) -> set[tuple[str, int, str]]:
+    """The restored region's own replica's events, read from its file or its cluster."""
+    if backend == "sqlite":
+        path = state_dir / REGION / "replica.sqlite3"
+        with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as conn:
+            return {(cid, seq, key) for cid, seq, key in conn.execute(ROWS_QUERY)}
+    saved = load_state(state_dir / STATE_FILE_NAME)
+    assert saved is not None
+    database = next(r.database for r in saved.regions if r.name == REGION)
+    assert database is not None
+    server = saved_instance(database, state_dir / "postgres")
+    out = server.run_client("psql", "-X", "-A", "-t", "-F", "\t", "-d", DATABASE, "-c", ROWS_QUERY)
+    return {
+        (cid, int(seq), key) for cid, seq, key in (line.split("\t") for line in out.splitlines())
+    }
+
+
+def _check_in_replica(held: set[tuple[str, int, str]], acks: Acks) -> None:
     """Every acked event is in the restored region's own replica (rebuilt from a quorum)."""
-    with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as conn:
-        rows = conn.execute(
-            "SELECT conversation_id, seq, idempotency_key FROM entries WHERE tenant_id = 'demo'"
-        ).fetchall()
-    held = {(cid, seq, key) for cid, seq, key in rows}
     missing = [(cid, seq, key) for cid, acked in acks.items() for seq, key in acked
                if (cid, seq, key) not in held]  # fmt: skip
     assert not missing, missing

@@ -9,9 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 import signal
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,6 +23,7 @@ from services.local.plane_processes import pid_alive
 from tests.e2e.plane import (
     Plane,
     plane_info,
+    postgres_reachable_dir,
     run_convplane,
     start_plane,
     stop_plane,
@@ -39,13 +38,8 @@ Acks = dict[str, list[tuple[int, str, int]]]  # conversation -> (seq, idempotenc
 
 @pytest.fixture
 def state_dir() -> Iterator[Path]:
-    # under /tmp (0711): the postgres user must reach its data directories
-    base = Path(tempfile.mkdtemp(prefix="convplane-restart-"))
-    os.chmod(base, 0o711)
-    try:
-        yield base / "plane"
-    finally:
-        shutil.rmtree(base, ignore_errors=True)
+    with postgres_reachable_dir("convplane-restart-") as path:
+        yield path
 
 
 @pytest.mark.parametrize("backend", ["sqlite", "postgres"])

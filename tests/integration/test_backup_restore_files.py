@@ -4,7 +4,8 @@ node runs).
 
 They refuse what they must not do, with the one error line and exit 1, and change nothing: an
 unknown region, a missing or incomplete backup, a running region, a backup of another plane or
-of another region, a PostgreSQL plane, a backup target that holds files. And a restore judges
+of another region, of another backend (a SQLite backup into a PostgreSQL plane and the other
+way round) or of another PostgreSQL major version, a backup target that holds files. And a restore judges
 the backup by the positions the other stores keep for the region: behind one of them, the
 region is quarantined in their registries before the copy goes in; behind none, it is simply
 restored."""
@@ -18,7 +19,6 @@ import json
 import os
 import shutil
 import sqlite3
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -29,7 +29,8 @@ from eventlog.stores import migrate
 from eventlog.stores.migrate import alembic_config
 from services.cli.main import build_app
 from services.config import ClusterConfig, RegionConfig, write_cluster
-from services.local.backup import MANIFEST_NAME, plane_id
+from services.local.backup import MANIFEST_NAME
+from services.local.backup_region import plane_id
 from services.local.plane_state import PlaneState, SavedDatabase, SavedRegion, state_json
 
 REGIONS = ("us-east", "eu-west", "ap-south")
@@ -49,13 +50,16 @@ def _plane(
     state_dir: Path, schema: Path, *, postgres: bool = False, running: str | None = None
 ) -> PlaneState:
     database = SavedDatabase("db", 5432, "pw", tls=False) if postgres else None
+    if postgres:  # what the checks read of a region's cluster, its major version
+        (state_dir / "postgres" / "db").mkdir(parents=True)
+        (state_dir / "postgres" / "db" / "PG_VERSION").write_text("16\n")
     saved = PlaneState(
         postgres=postgres, tls=False, shard_count=4, host="127.0.0.1", api_key="cp_first",
         limited_api_key="cp_l", operator_api_key="cp_o", viewer_api_key="cp_v",
         regions=tuple(SavedRegion(n, 9000 + i, 9100 + i, "pw", database)
                       for i, n in enumerate(REGIONS)),
     )  # fmt: skip
-    state_dir.mkdir(parents=True)
+    state_dir.mkdir(parents=True, exist_ok=True)
     (state_dir / "plane-state.json").write_text(json.dumps(state_json(saved)))
     regions = []
     for name in REGIONS:
@@ -74,12 +78,19 @@ def _plane(
     return saved
 
 
-def _backup(path: Path, saved: PlaneState, region: str, *, plane: str | None = None) -> Path:
+def _backup(
+    path: Path, saved: PlaneState, region: str, *, plane: str | None = None,
+    backend: str = "sqlite", pg_version: str = "16",
+) -> Path:  # fmt: skip
     path.mkdir(parents=True)
-    (path / "replica.sqlite3").write_bytes(b"")
+    if backend == "sqlite":
+        (path / "replica.sqlite3").write_bytes(b"")
+    else:
+        (path / "pgdata").mkdir()
+        (path / "pgdata" / "PG_VERSION").write_text(pg_version + "\n")
     manifest = {"format": 1, "plane_id": plane or plane_id(saved), "region": region,
                 "store_id": "s", "schema_revision": "0007", "created_at": "2026-12-06T00:00:00",
-                "convplane_version": "0"}  # fmt: skip
+                "convplane_version": "0", "backend": backend}  # fmt: skip
     (path / MANIFEST_NAME).write_text(json.dumps(manifest))
     return path
 
@@ -152,16 +163,35 @@ def test_backup_refuses_a_target_with_files_and_unknown_regions(
     assert not (tmp_path / "new").exists()
 
 
-def test_a_postgresql_plane_is_refused_with_what_to_use(
+def test_a_backup_of_another_backend_is_refused(
     plane_dir: Path, tmp_path: Path, schema: Path
 ) -> None:
-    saved = _plane(plane_dir, schema, postgres=True)
-    good = _backup(tmp_path / "good", replace(saved, postgres=True), "eu-west")
+    sqlite_plane = _plane(plane_dir / "sqlite", schema)
+    postgres_plane = _plane(plane_dir / "postgres", schema, postgres=True)
+    sqlite_backup = _backup(tmp_path / "sqlite-backup", postgres_plane, "eu-west")
+    postgres_backup = _backup(tmp_path / "pg-backup", sqlite_plane, "eu-west", backend="postgres")
+    cases = [
+        (plane_dir / "postgres", sqlite_backup,
+         "a backup of a SQLite replica; eu-west's replica is a PostgreSQL one"),
+        (plane_dir / "sqlite", postgres_backup,
+         "a backup of a PostgreSQL replica; eu-west's replica is a SQLite one"),
+    ]  # fmt: skip
+    for state_dir, backup, says in cases:
+        args = ["restore", "eu-west", "--from", str(backup), "--state-dir", str(state_dir)]
+        _refused(args, says, plane_dir, tmp_path)
+
+
+def test_a_postgresql_backup_of_another_major_version_or_into_a_running_region_is_refused(
+    plane_dir: Path, tmp_path: Path, schema: Path
+) -> None:
+    saved = _plane(plane_dir, schema, postgres=True, running="eu-west")
+    older = _backup(tmp_path / "older", saved, "eu-west", backend="postgres", pg_version="15")
+    good = _backup(tmp_path / "good", saved, "eu-west", backend="postgres")
     state = ["--state-dir", str(plane_dir)]
-    for args in (["backup", "eu-west", "--to", str(tmp_path / "new")],
-                 ["restore", "eu-west", "--from", str(good)]):  # fmt: skip
-        _refused([*args, *state], "pg_basebackup", plane_dir, tmp_path)
-    assert not (tmp_path / "new").exists()
+    _refused(["restore", "eu-west", "--from", str(older), *state],
+             "is a PostgreSQL 15 cluster; eu-west's is 16", plane_dir, tmp_path)  # fmt: skip
+    _refused(["restore", "eu-west", "--from", str(good), *state],
+             f"eu-west's node is running (pid {os.getpid()})", plane_dir, tmp_path)  # fmt: skip
 
 
 def test_a_backup_restores_into_its_own_plane_only_by_manifest(
@@ -251,3 +281,15 @@ def test_a_backup_behind_no_position_is_restored_without_quarantine(
         registry = _sql(_replica(plane_dir, region),
                         "SELECT store_id, generation FROM replica_registry WHERE region = 'eu-west'")  # fmt: skip
         assert registry == [("st", 4)]
+
+
+def test_a_postgresql_backup_whose_server_does_not_answer_leaves_nothing(
+    plane_dir: Path, tmp_path: Path, schema: Path
+) -> None:
+    """pg_basebackup fails (no server runs on the region's socket): one error line, and the
+    target it made is gone again."""
+    _plane(plane_dir, schema, postgres=True)
+    target = tmp_path / "new"
+    args = ["backup", "eu-west", "--to", str(target), "--state-dir", str(plane_dir)]
+    _refused(args, "eu-west's PostgreSQL could not be copied", plane_dir)
+    assert not target.exists()
