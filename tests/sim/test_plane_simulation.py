@@ -62,7 +62,11 @@ CHUNK = 50
 #: store under a new identity: neither idle follower counted or sent again, every write was
 #: refused ("1 replicas reachable, 2 needed") for good (fixed: ShardLeader.identities_vouched;
 #: named scenario tests/sim/test_identity_liveness.py).
-REGRESSION_SEEDS = {5: [(3, 12), (3, 64)], 6: [(3, 40), (3, 58), (3, 345), (3, 1002205)]}.get(
+#: Version 7 (the control leader's blip at the commit of a region-loss drill's start or end,
+#: from an rng of its own): version 6's seeds are pinned again; in none of them does that blip
+#: fire, so each replays as on version 6.
+VERSION_6_SEEDS = [(3, 40), (3, 58), (3, 345), (3, 1002205)]
+REGRESSION_SEEDS = {5: [(3, 12), (3, 64)], 6: VERSION_6_SEEDS, 7: VERSION_6_SEEDS}.get(
     PLANE_SIM_VERSION, []
 )
 
@@ -131,6 +135,7 @@ def test_the_simulation_exercises_every_fault_and_path() -> None:
         "drill_evacuate",
         "drill_kill",
         "control_leader_blip",
+        "control_commit_blip",
     }
     assert expected_faults <= set(faults), expected_faults - set(faults)
     for what in ("leader_changes", "placement_changes", "reads_checked", "poison_inputs"):
