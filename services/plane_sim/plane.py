@@ -11,7 +11,9 @@ What the simulation can do to a region (each counted as a fault by kind in ``Pla
   one starts with a fresh controller and log node;
 * ``pause_node`` / ``resume_node``: the node stops answering and sending (a GC pause, a stopped
   VM) and later wakes up with its old memory, leaders and all;
-* ``blip``: the node's network loses every packet for a moment while its process runs on;
+* ``blip``: the node's network loses every packet for a moment while its process runs on
+  (``commit_watchers`` let the run aim one at a leader right after a commit, before any
+  follower has pushed it);
 * ``wipe_replica``: the region's database comes back empty (disk loss, re-provisioning);
   ``rebuild_replica`` is the operator's ``convplane replica rebuild``.
 
@@ -22,7 +24,7 @@ from __future__ import annotations
 
 import random
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -32,6 +34,7 @@ import httpx
 from eventlog.clock import LoopClock
 from eventlog.config import LogConfig
 from eventlog.memory_replica import MemoryReplica
+from eventlog.model import LogEntry
 from eventlog.node import LogNode
 from eventlog.rebuild import rebuild_replica
 from eventlog.sim.checker import History
@@ -53,6 +56,10 @@ from services.plane_sim.network import SimProber
 from services.plane_sim.peers import SimPeerTransport
 
 REGION_NAMES = "abcde"
+
+#: told of every commit of every leader, as it commits (before any follower pushes it):
+#: the committing region, the shard and the newly committed entries
+CommitWatcher = Callable[[str, int, Sequence[LogEntry]], None]
 
 
 class SkewedClock(LoopClock):
@@ -167,6 +174,7 @@ class SimPlane:
         self.skews_ms = {r: rng.choice([0, 0, -1500, 2500]) for r in self.names}
         self.processes = {r: RegionProcess(r) for r in self.names}
         self.wiped: set[str] = set()
+        self.commit_watchers: list[CommitWatcher] = []
 
     # --- processes ------------------------------------------------------------------------
 
@@ -186,7 +194,7 @@ class SimPlane:
             config=self.config,
             clock=clock,
             rng=random.Random(self.rng.getrandbits(64)),
-            observer=partial(self.history.on_commit, region),
+            observer=partial(self._committed, region),
             listeners=[_LeaderChanges(self.counts)],
         )
         controller = build_controller(
@@ -263,6 +271,18 @@ class SimPlane:
             self.net.frozen.add(region)
         elif not self.processes[region].paused:
             self.net.frozen.discard(region)
+
+    def _committed(
+        self,
+        region: str,
+        shard: int,
+        epoch: int,
+        entries: Sequence[LogEntry],
+        counted: Mapping[str, str | None],
+    ) -> None:
+        self.history.on_commit(region, shard, epoch, entries, counted)
+        for watcher in self.commit_watchers:
+            watcher(region, shard, entries)
 
     def _health_of(self, region: str) -> Mapping[str, Any] | None:
         process = self.processes[region]

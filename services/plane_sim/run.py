@@ -13,6 +13,10 @@ healing (``services.plane_sim.checks`` states each bound):
   crash-looping loop, every node on the same placement, every shard led by the region the
   placement assigns and writable.
 
+One fault may still fire after healing, until every drill has ended: the control leader's
+network blip at the commit of a drill's end (shorter than detection, a blip and not an outage),
+because a drill mostly ends then and its end is what hands the control shard back.
+
 Throughout the run, no two nodes may defer the control shard to each other for longer than
 ``STANDOFF_BOUND_S`` (``StandoffWatch``). Then the checker reads every shard's final log.
 """
@@ -20,19 +24,23 @@ Throughout the run, no two nodes may defer the control shard to each other for l
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import httpx
 
 from eventlog.conversations import AppendedEvent
 from eventlog.errors import ConvplaneError, InvariantViolation
+from eventlog.model import LogEntry
 from eventlog.sim.loop import VirtualTimeLoop
 from eventlog.sim.network import NetworkFaults
 from regions.control import OperatorAction
 from regions.drill_kinds import rules_of
-from regions.drills import KINDS, Drill, DrillSpec, deadline_s
+from regions.drills import KINDS, TERMINAL, Drill, DrillSpec, deadline_s
+from regions.ops_state import DRILL_RECORD
 from services.control.drills.local_kill import FAULT_PHASES
 from services.plane_sim.checks import (
     StandoffWatch,
@@ -59,7 +67,10 @@ STABLE_S = 2.0
 #: 6: drills (region-loss, evacuate, kill) run in every seed, with the drills' black-hole wired
 #: as production wires it; control handoffs publish at a write quorum and a node passes over a
 #: control successor that does not lead (regions.control_succession)
-PLANE_SIM_VERSION = 6
+#: 7: the control leader's network blips the moment it commits a region-loss drill's first
+#: record or its end (CONTROL_COMMIT_BLIP_P), drawn from an rng of its own: a seed where that
+#: blip never fires replays as on version 6
+PLANE_SIM_VERSION = 7
 #: after healing, some region leads the control shard and every node names it within this:
 #: detection (1 s) + two successors passed over (control_handoff_wait_s, 3 s each) + leads
 CONTROL_LED_BOUND_S = 12.0
@@ -80,6 +91,12 @@ CONTROL_BLIPS_S = (0.3, 0.6, 0.9, 1.5)
 #: apply a drill's end, and blip it then: as it hands the control shard back
 BLIP_WAIT_S = 5.0
 BLIP_LOOK_EVERY_S = 0.05
+#: how often the control leader's network blips the moment it commits a region-loss drill's
+#: first record or its end (the records that change who should lead the control shard), and
+#: how long: shorter than detection (1 s), so nobody declares it down; drawn from an rng of
+#: its own, so a seed where it never fires runs as on version 6
+CONTROL_COMMIT_BLIP_P = 0.5
+CONTROL_COMMIT_BLIPS_S = (0.3, 0.6, 0.9)
 #: drill holds the injector picks from
 DRILL_HOLDS_S = (1.0, 2.0, 4.0)
 
@@ -125,6 +142,10 @@ class _PlaneRun:
         #: kill drill id -> the region the run killed for it and has not restarted yet
         self.drill_killed: dict[str, str] = {}
         self.blipped: set[str] = set()
+        self.commit_blip_rng = random.Random(f"{seed}/control-commit-blips")
+        self.commit_blips: list[asyncio.Task[None]] = []
+        self.drills_ended = False
+        self.plane.commit_watchers.append(self._blip_at_control_commit)
         self.drill_kills_done: set[str] = set()
         self.standoffs = StandoffWatch(STANDOFF_BOUND_S, self.plane.cluster.shard_count)
 
@@ -143,6 +164,8 @@ class _PlaneRun:
             healed_at = await self._heal()
             await self._await_control_leader(healed_at)
             await self._await_drills_end()
+            self.drills_ended = True
+            await asyncio.gather(*self.commit_blips)
             version_at_heal = max(c.state.version for c in plane.controllers())
             await self._await_liveness(asyncio.get_running_loop().time())
             watch.cancel()
@@ -288,10 +311,34 @@ class _PlaneRun:
 
     async def _blip(self, region: str, rng: random.Random) -> None:
         """``region``'s node loses every packet for a moment (its process runs on)."""
+        self._blip_starts(region, "control_leader_blip")
+        await self._blip_ends(region, rng.choice(CONTROL_BLIPS_S))
+
+    def _blip_at_control_commit(self, region: str, shard: int, entries: Sequence[LogEntry]) -> None:
+        """A ``SimPlane.commit_watchers`` hook: now and then, the control leader's network
+        blips the moment it commits a record that changes who should lead the control shard,
+        before any follower has pushed the commit. Only the leader knows the record is
+        committed (the replicas hold it, their commit hints do not), and it may hand the
+        control shard over on it; a handoff that does not wait for its push to land leaves the
+        successor deferring back to it (issue 32, bug 3)."""
+        if shard != self.plane.cluster.shard_count or self.drills_ended:
+            return
+        if not any(_moves_control(entry) for entry in entries):
+            return
+        rng = self.commit_blip_rng
+        if rng.random() >= CONTROL_COMMIT_BLIP_P or region in self._faulted():
+            return
+        self._blip_starts(region, "control_commit_blip")
+        duration_s = rng.choice(CONTROL_COMMIT_BLIPS_S)
+        self.commit_blips.append(asyncio.ensure_future(self._blip_ends(region, duration_s)))
+
+    def _blip_starts(self, region: str, kind: str) -> None:
         self.blipped.add(region)
         self.plane.blip(region, True)
-        self._fault("control_leader_blip")
-        await asyncio.sleep(rng.choice(CONTROL_BLIPS_S))
+        self._fault(kind)
+
+    async def _blip_ends(self, region: str, after_s: float) -> None:
+        await asyncio.sleep(after_s)
         self.plane.blip(region, False)
         self.blipped.discard(region)
 
@@ -498,3 +545,14 @@ class _PlaneRun:
                 continue
             assert isinstance(written, AppendedEvent)
         return problems
+
+
+def _moves_control(entry: LogEntry) -> bool:
+    """A region-loss drill's first record or its end: the record that excludes its target from
+    leading the control shard, or lets it lead again (``OpsState.region_loss_targets``)."""
+    if entry.event_type != DRILL_RECORD:
+        return False
+    drill = Drill.from_body(json.loads(entry.body))
+    return rules_of(drill.spec.kind).fault == "black_hole" and (
+        drill.rev == 1 or drill.phase in TERMINAL
+    )

@@ -38,6 +38,13 @@ from regions.drills import Drill, DrillSpec, Phase, start
 from regions.ops_state import DRILL_RECORD
 from services.control.controller import Controller
 from services.plane_sim.plane import SimPlane
+from tests.sim.mutations import (
+    Mutation,
+    commits_wake_no_followers,
+    control_fold_applies_unpublished,
+    control_handoffs_resign_unpublished,
+    control_successors_awaited_forever,
+)
 
 SHARDS = 4
 
@@ -128,15 +135,14 @@ def test_a_region_loss_drill_of_the_control_leader_hands_control_to_a_survivor_a
     assert after == "a"
 
 
-@pytest.mark.parametrize("blip_s", [0.3, 0.6, 0.9, 1.2, 1.5])
-def test_a_network_blip_as_the_interim_leader_hands_control_back_ends_in_one_leader(
+def blip_as_the_interim_leader_hands_control_back(
     blip_s: float,
-) -> None:
-    """Bug 3: ``b`` leads the control shard while ``a`` is a drill's target; ``b`` commits the
-    drill's end, learns it at once, and its network loses every packet for ``blip_s`` exactly
-    as its control loop hands the shard back to ``a``. Two virtual minutes later exactly one
-    region (``a``) leads the control shard, every node names it, and every node knows the
-    drill ended."""
+) -> tuple[list[str], dict[str, str], dict[str, Phase]]:
+    """Bug 3's sequence: ``b`` leads the control shard while ``a`` is a drill's target; ``b``
+    commits the drill's end, learns it at once, and its network loses every packet for
+    ``blip_s`` exactly as its control loop hands the shard back to ``a``. Returns, two virtual
+    minutes later, who leads the control shard, whom each node names, and each node's phase of
+    the drill."""
 
     async def scenario() -> tuple[list[str], dict[str, str], dict[str, Phase]]:
         # every blip shorter than detection: nobody declares b down (which would end it)
@@ -168,10 +174,53 @@ def test_a_network_blip_as_the_interim_leader_hands_control_back_ends_in_one_lea
         await plane.close()
         return leaders, chosen, phases
 
-    leaders, chosen, phases = run_on_virtual_time(scenario())
+    return run_on_virtual_time(scenario())
+
+
+@pytest.mark.parametrize("blip_s", [0.3, 0.6, 0.9, 1.2, 1.5])
+def test_a_network_blip_as_the_interim_leader_hands_control_back_ends_in_one_leader(
+    blip_s: float,
+) -> None:
+    """Bug 3: two virtual minutes after the blip exactly one region (``a``) leads the control
+    shard, every node names it, and every node knows the drill ended."""
+    leaders, chosen, phases = blip_as_the_interim_leader_hands_control_back(blip_s)
     assert leaders == ["a"], chosen
     assert set(chosen.values()) == {"a"}, chosen
     assert set(phases.values()) == {"done"}, phases
+
+
+#: what publishes a control record before a handoff acts on it (docs/control-shard.md), and
+#: the backstop that bounds any standoff they miss
+WAKE_OUT, BACKSTOP_OUT = commits_wake_no_followers, control_successors_awaited_forever
+RULE_1_OUT, RULE_2_OUT = control_fold_applies_unpublished, control_handoffs_resign_unpublished
+
+
+@pytest.mark.parametrize(
+    ("taken_out", "standoff"),
+    [
+        ((WAKE_OUT, BACKSTOP_OUT, RULE_2_OUT), False),
+        ((WAKE_OUT, BACKSTOP_OUT, RULE_1_OUT), False),
+        ((WAKE_OUT, BACKSTOP_OUT, RULE_1_OUT, RULE_2_OUT), True),
+    ],
+    ids=["rule 1 alone", "rule 2 alone", "bug 3 back"],
+)
+def test_either_publishing_rule_alone_keeps_the_bug_3_blip_from_a_standoff(
+    monkeypatch: pytest.MonkeyPatch, taken_out: tuple[Mutation, ...], standoff: bool
+) -> None:
+    """Mutations (``tests/sim/mutations.py``): with the commit wake and the succession backstop
+    taken out (each masks the others), bug 3's blip ends in one leader while either rule 1 (the
+    leader's fold applies only what a quorum's hints hold) or rule 2 (a handoff resigns only
+    once its push landed) stands, and in ``a`` and ``b`` naming each other for good with both
+    out: the scenario's checks catch bug 3's reintroduction, and each rule alone holds it."""
+    for mutation in taken_out:
+        mutation(monkeypatch)
+    leaders, chosen, _phases = blip_as_the_interim_leader_hands_control_back(0.9)
+    if standoff:
+        assert leaders == [], chosen
+        assert (chosen["a"], chosen["b"]) == ("b", "a"), chosen
+    else:
+        assert leaders == ["a"], chosen
+        assert set(chosen.values()) == {"a"}, chosen
 
 
 def test_the_demo_drill_of_the_lowest_named_region_stays_readable_and_ends() -> None:
