@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from eventlog import recovery
 from eventlog.leader import ShardLeader
 from eventlog.memory_replica import MemoryReplica
 from eventlog.model import AppendReply, HeldPosition, LogEntry
@@ -95,3 +96,10 @@ def commits_wake_no_followers(monkeypatch: pytest.MonkeyPatch) -> None:
             self._positions[follower.region] = position
 
     monkeypatch.setattr(ShardLeader, "_note_position", note_position_quietly)
+
+
+def rolled_back_stores_vote(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 32's bug 4 back: a new leader no longer drops the voters whose logs end below a
+    position the other stores keep for them (``eventlog.recovery.rolled_back_voters``), so a
+    store rolled back to an older copy of itself votes with its old identity."""
+    monkeypatch.setattr(recovery, "rolled_back_voters", lambda promises, known: [])

@@ -15,7 +15,11 @@ import pytest
 from eventlog.memory_replica import MemoryReplica
 from eventlog.model import Accepted, AppendReply, HeldPosition, LogEntry
 from eventlog.sim import SIM_VERSION, run_seed
-from tests.sim.mutations import counted_ack_violations, stores_ignore_the_identity_appends_name
+from tests.sim.mutations import (
+    counted_ack_violations,
+    rolled_back_stores_vote,
+    stores_ignore_the_identity_appends_name,
+)
 
 SEEDS = int(os.environ.get("CONVPLANE_SIM_SEEDS", "2000"))
 CHUNK = 100
@@ -123,3 +127,21 @@ def test_checker_catches_a_store_that_accepts_appends_named_for_another(
     stores_ignore_the_identity_appends_name(monkeypatch)
     caught = (run_seed(seed).violations for seed in range(10))
     assert any(counted_ack_violations(violations) for violations in caught)
+
+
+def test_checker_catches_a_leader_that_lets_a_rolled_back_store_vote(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 32's bug 4 back (``rolled_back_stores_vote``): a store rolled back to an older
+    physical copy of itself, keeping its identity, votes a new leader in through a quorum that
+    holds none of what it had acknowledged, and that leader would truncate committed entries.
+    Seeds 87 and 225 catch it on this SIM_VERSION (the first two of 0-299); both pass with the
+    defence in."""
+    seeds = (87, 225)
+    assert all(run_seed(seed).ok for seed in seeds)
+    rolled_back_stores_vote(monkeypatch)
+    caught = {seed: run_seed(seed).violations for seed in seeds}
+    assert all(
+        any("would truncate committed lsn" in v for v in violations)
+        for violations in caught.values()
+    ), caught
