@@ -177,10 +177,18 @@ class IdentityGuard:
         return IdentityRecord(ROLLED_BACK_PREFIX + expected.store_id, expected.generation + 1)
 
     def counts(self, region: str) -> bool:
-        """Whether ``region``'s replica may vote and count toward acks. Before the first sweep
-        (a node that does not verify, e.g. a unit test's) every replica counts."""
+        """Whether ``region``'s replica may vote and count toward acks and read confirmations:
+        not while quarantined, and only once a sweep has named the identity it is known by
+        (appends to it name that identity, so a store wiped since refuses them). A region no
+        sweep could name yet (unreachable, or the only store the sweep reached) does not count:
+        an append to it would name no identity. Before the first sweep (a node that does not
+        verify, e.g. a unit test's) every replica counts."""
         verdict = self.verdicts.get(region)
-        return verdict is None or verdict.state != "quarantined"
+        if verdict is not None and verdict.state == "quarantined":
+            return False
+        if verdict is None or verdict.expected is None:
+            return not self.swept
+        return True
 
     def vouches_for(self, region: str, store_id: str) -> bool:
         """Whether a promise from a store that now says it is ``store_id`` may count: only

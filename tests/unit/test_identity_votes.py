@@ -34,3 +34,20 @@ def test_an_admitted_region_votes_with_its_known_identity_only() -> None:
 
 def test_a_node_that_never_swept_counts_every_promise() -> None:
     assert IdentityGuard().vouches_for("b", "anything")
+
+
+def test_a_region_no_sweep_could_verify_counts_toward_no_ack() -> None:
+    """The same store that may not vote may not count toward an ack or a read confirmation
+    either (issue 32's rule: a replica whose identity was not read and vouched for must not
+    count): an append to it names no identity, so a store wiped since would be counted as if it
+    held what it had acknowledged. It counts once a sweep names its identity."""
+    guard = IdentityGuard()
+    assert guard.counts("b")  # a node that never swept (a unit test's) counts every replica
+    guard.apply(plan_sweep({"a": Observation(None, None), "b": Observation("b#2", {}),
+                            "c": Observation(None, None)}))  # fmt: skip
+    assert not guard.counts("b") and guard.expected_store("b") is None
+    assert not guard.counts("a")  # unreachable, never named
+    registry = {r: IdentityRecord(f"{r}#1") for r in "ac"} | {"b": IdentityRecord("b#2")}
+    guard.apply(plan_sweep({r: Observation(registry[r].store_id, registry) for r in "abc"}))
+    assert guard.counts("b") and guard.expected_store("b") == "b#2"
+    assert guard.counts("a") and guard.counts("c")
