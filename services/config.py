@@ -301,6 +301,18 @@ class NodeSettings(BaseSettings):
     practice_failover_quiet_s: float = Field(default=600.0, ge=0.0)
     #: practice runs: the seed of each window's chance draw (regions.practice.window_draw)
     practice_seed: int = 0
+    #: practice runs: the plane's own availability SLO, the share of live client appends
+    #: answered without a 5xx (4xx count neither way); its error budget is 1 minus it
+    #: (regions.error_budget)
+    practice_slo_availability: float = Field(default=0.999, gt=0.0, lt=1.0)
+    #: practice runs: the window the error-budget burn is measured over (s)
+    practice_burn_window_s: float = Field(default=3600.0, gt=0.0)
+    #: practice runs: a burn rate (5xx ratio over the window / (1 - SLO)) above this blocks a
+    #: start and aborts a running practice drill; 14.4 spends 2 % of a 30-day budget in an hour
+    practice_burn_rate_max: float = Field(default=14.4, gt=0.0)
+    #: practice runs: with fewer live appends than this ended in the window the burn is not
+    #: judged (an idle plane's few errors say nothing about its budget)
+    practice_burn_min_appends: int = Field(default=1000, ge=1)
     #: where an operator's browser reaches each region's client API, for the console
     #: (services.console.access), when not at the cluster file's ``url`` (docker compose
     #: publishes nodes on host ports); JSON in CONVPLANE_CONSOLE_URLS, region -> URL

@@ -27,6 +27,7 @@ from eventlog.http_headers import PEER_AUTH_HEADER, SOURCE_REGION_HEADER
 from eventlog.node import LogNode
 from eventlog.replica import ReplicaStore
 from eventlog.stores import open_replica_store
+from regions.error_budget import BurnPolicy
 from regions.ops_state import OpsState
 from regions.practice_state import PracticeState
 from regions.readiness import ReadinessPolicy
@@ -47,7 +48,7 @@ from services.control.drills.faults import (
     black_holed_replicas,
     region_by_address,
 )
-from services.control.drills.load import LoadMeter, plane_load
+from services.control.drills.load import LoadMeter, PlaneLoad, plane_load
 from services.control.peer_probe import HttpPeerProber, OwnedPeerProber, PeerProber
 from services.control.practice import PracticeRunner
 from services.control.readiness import LoadSampler, ReadinessMonitor
@@ -314,20 +315,19 @@ async def open_runtime(
             region_append_capacity_per_s=settings.region_append_capacity_per_s,
             replay_view=None if replay is None else replay.drill_view,
         )
-        readiness = loss_readiness(
-            settings,
-            controller,
-            ops,
-            replicas.get(settings.region),
-            lambda: plane_load(
+
+        def sample_load() -> Awaitable[PlaneLoad]:
+            return plane_load(
                 peers,
                 peer_listener_urls,
                 settings.region,
                 {PEER_AUTH_HEADER: cluster.peer_secret} if cluster.peer_secret else {},
                 load,
                 None if replay is None else replay.drill_view,
-            ),
-            clock,
+            )
+
+        readiness = loss_readiness(
+            settings, controller, ops, replicas.get(settings.region), sample_load, clock
         )
         practice = PracticeRunner(
             driver=drills,
@@ -335,6 +335,13 @@ async def open_runtime(
             clock=clock,
             failover_quiet_s=settings.practice_failover_quiet_s,
             seed=settings.practice_seed,
+            sample_load=sample_load,
+            burn_policy=BurnPolicy(
+                slo_availability=settings.practice_slo_availability,
+                window_s=settings.practice_burn_window_s,
+                rate_max=settings.practice_burn_rate_max,
+                min_appends=settings.practice_burn_min_appends,
+            ),
         )
         controller.record_listeners.append(practice.state.apply_entry)
         await controller.start()

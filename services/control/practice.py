@@ -10,12 +10,19 @@ takes (preflight, canaries, the drill's own guards, its audit entry). Approved r
 the next step. Each start, skip and request is one calendar entry with its reason.
 
 Outcome conditions end a practice drill early (``_abort_on_outcome_alarms``): a firing
-operator alert or a crash-looping loop aborts it, besides the drill's own guards.
+operator alert, a crash-looping loop or the plane's error budget burning too fast
+(``regions.error_budget``) aborts it, besides the drill's own guards.
 
 Blocking conditions: the halt switch; an operator-set alert that is firing; a background loop
 of this node crash-looping (what ``convplane_background_loop_crash_looping`` alerts on); a
 placement change (a failover, failback or evacuation) within ``practice_failover_quiet_s``;
-any active drill; and the drill's own preflight (capacity, every region up).
+the error budget burning faster than ``practice_burn_rate_max``; any active drill; and the
+drill's own preflight (capacity, every region up).
+
+The burn is measured on the plane's own counters: while this node leads the control shard it
+samples the plane's live appends answered 2xx and 5xx (``plane_load``, what a drill's report
+and preflight read) every tick, and keeps the samples of the burn window (a new leader starts
+with none, so it judges no burn until enough appends ended under it).
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
+from collections import deque
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
@@ -31,10 +39,12 @@ from eventlog.clock import Clock
 from eventlog.errors import Conflict, Forbidden, NotFound
 from regions.drill_kinds import DrillKind
 from regions.drills import DrillSpec
+from regions.error_budget import Burn, BurnPolicy, LoadSample, burning
 from regions.ops_state import AUDIT_KEY, PRACTICE_RECORD, audit_body
 from regions.practice import Conditions, Schedule, Scope, decide
 from regions.practice_state import Alert, PracticeState, Run
 from services.control.drills.driver import APPLY_WAIT_S, DrillDriver, PreflightFailed
+from services.control.readiness import LoadSampler
 
 log = logging.getLogger("convplane.practice")
 #: the role a scheduled start is audited with (the schedule's author was an operator)
@@ -44,6 +54,8 @@ PRACTICE_ROLE = "operator"
 APPROVED_START_WINDOW_S = 120.0
 #: a run awaiting approval longer than this is closed as skipped (its schedule goes on)
 APPROVAL_WAIT_MAX_S = 86_400.0
+#: load samples kept for the error-budget burn, at most (one per tick inside its window)
+BURN_SAMPLES_MAX = 100_000
 
 
 class SelfApproval(Forbidden):
@@ -67,6 +79,8 @@ class PracticeRunner:
         clock: Clock,
         failover_quiet_s: float,
         seed: int,
+        sample_load: LoadSampler | None = None,
+        burn_policy: BurnPolicy | None = None,
         run_token: Callable[[], str] = lambda: secrets.token_hex(4),
     ) -> None:
         self.driver = driver
@@ -78,14 +92,26 @@ class PracticeRunner:
         self._lock = asyncio.Lock()
         #: the placement version last seen and when it was first seen (monotonic s)
         self._placement_seen: tuple[int, float] | None = None
+        self._sample_load = sample_load
+        self._burn_policy = burn_policy
+        #: the plane's live append outcomes, sampled every tick while this node leads control
+        self._load_samples: deque[LoadSample] = deque(maxlen=BURN_SAMPLES_MAX)
 
     # --- the loop -------------------------------------------------------------------------
 
     async def step(self) -> None:
         self._watch_placement()
+        if not self.driver.leads_control:
+            self._load_samples.clear()  # the next leadership measures from its own start
+            return
+        await self._sample_burn()
         state, unhealthy = self.state, self.driver.controller.supervisor.unhealthy()
-        if not self.driver.leads_control or not (
-            state.schedules or state.open_runs() or state.firing_alerts() or unhealthy
+        if not (
+            state.schedules
+            or state.open_runs()
+            or state.firing_alerts()
+            or unhealthy
+            or self.burning()
         ):
             return  # nothing to decide (what a new leader has not folded yet: next tick)
         await self.driver.read_barrier()
@@ -126,12 +152,14 @@ class PracticeRunner:
     async def _abort_on_outcome_alarms(self) -> None:
         """Outcome conditions: a practice drill still injecting or holding is aborted (its
         target restored at once) while an operator alert fires or a background loop
-        crash-loops; the drill's own guards (RTO, canary errors, ack p99) run as for any."""
+        crash-loops or the error budget burns over its maximum; the drill's own guards (RTO,
+        canary errors, ack p99) run as for any."""
         alarms = [f"alert {a.name!r} firing: {a.reason}" for a in self.state.firing_alerts()]
         alarms += [
             f"background loop {name!r} crash-looping"
             for name in self.driver.controller.supervisor.unhealthy()
         ]
+        alarms += self._burn_reasons()
         if not alarms:
             return
         practice_drills = {e.drill_id for e in self.state.calendar if e.outcome == "ran"}
@@ -152,6 +180,31 @@ class PracticeRunner:
         elif version != self._placement_seen[0]:
             self._placement_seen = (version, now_s)
 
+    async def _sample_burn(self) -> None:
+        if self._sample_load is None or self._burn_policy is None:
+            return
+        load = await self._sample_load()
+        now_s = self._clock.monotonic()
+        self._load_samples.append(
+            LoadSample(now_s, load.live_succeeded_per_s, load.live_errors_per_s)
+        )
+        while (
+            self._load_samples and self._load_samples[0].at_s < now_s - self._burn_policy.window_s
+        ):
+            self._load_samples.popleft()
+
+    def burning(self) -> Burn | None:
+        """The plane's error-budget burn when it is over the maximum, else None."""
+        if self._burn_policy is None:
+            return None
+        return burning(self._load_samples, self._clock.monotonic(), self._burn_policy)
+
+    def _burn_reasons(self) -> list[str]:
+        found = self.burning()
+        return (
+            [] if found is None or self._burn_policy is None else [found.reason(self._burn_policy)]
+        )
+
     async def blocking(self, kind: DrillKind, region: str, hold_s: float) -> list[str]:
         """What holds a practice run of ``kind`` on ``region`` back now, each with its reason."""
         reasons = [f"alert {a.name!r} firing: {a.reason}" for a in self.state.firing_alerts()]
@@ -168,6 +221,7 @@ class PracticeRunner:
                     f"placement changed {since_s:.0f} s ago (a failover or evacuation; "
                     f"quiet for {self._failover_quiet_s:g} s first)"
                 )
+        reasons += self._burn_reasons()
         if self.driver.ops.active_drills():
             reasons.append("a drill is active")
         if not reasons:
