@@ -10,9 +10,12 @@ The counts come from the nodes' own counters as the drills read them
 (``services.control.drills.load.plane_load``): each ``LoadSample`` is the plane's live appends
 answered 2xx and 5xx per second at one moment. Between two samples the later one's rates stand
 for the time since the earlier one, so the window's appends are the sum of rate x interval over
-consecutive samples inside it (the first sample only marks a start). With fewer than
-``min_appends`` ended appends in the window the burn is not judged (None): a handful of errors
-on an idle plane says nothing about its budget.
+consecutive samples inside it (the first sample only marks a start). The burn is not judged
+(None) with fewer than ``min_appends`` ended appends in the window (a handful of errors on an
+idle plane says nothing about its budget), nor while the samples span less than
+``COVERAGE_MIN`` of the window: a control leader that just took over (a region-loss drill can
+move it) would otherwise judge a drill's few seconds of failover errors over a minute of
+samples, not over the window the budget is set for.
 """
 
 from __future__ import annotations
@@ -22,6 +25,9 @@ from dataclasses import dataclass
 from itertools import pairwise
 
 from eventlog.errors import InvariantViolation
+
+#: the share of the window the samples must span before the burn is judged
+COVERAGE_MIN = 0.5
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,8 +70,11 @@ class Burn:
 
 
 def burn(samples: Sequence[LoadSample], now_s: float, policy: BurnPolicy) -> Burn | None:
-    """The burn over the ``policy.window_s`` up to ``now_s``; None below ``min_appends``."""
+    """The burn over the ``policy.window_s`` up to ``now_s``; None below ``min_appends`` or
+    while the samples span less than ``COVERAGE_MIN`` of the window."""
     inside = [s for s in samples if now_s - policy.window_s <= s.at_s <= now_s]
+    if not inside or inside[-1].at_s - inside[0].at_s < COVERAGE_MIN * policy.window_s:
+        return None
     succeeded = errors = 0.0
     for before, after in pairwise(inside):
         interval_s = after.at_s - before.at_s

@@ -35,21 +35,28 @@ def test_a_burn_at_or_under_the_maximum_is_not_burning() -> None:
 def test_each_sample_stands_for_the_time_since_the_one_before_and_only_the_window_counts() -> None:
     samples = [
         LoadSample(0.0, 0.0, 50.0),  # an outage long before the window
-        LoadSample(100.0, 10.0, 0.0),  # the window's first sample: only marks its start
-        LoadSample(110.0, 10.0, 0.0),  # 100 ok
+        LoadSample(80.0, 10.0, 0.0),  # the window's first sample: only marks its start
+        LoadSample(110.0, 10.0, 0.0),  # 300 ok
         LoadSample(130.0, 8.0, 2.0),  # 160 ok, 40 errors
     ]
     found = burn(samples, 130.0, POLICY)
     assert found is not None
-    assert found.appends == pytest.approx(300.0)
-    assert found.error_ratio == pytest.approx(40.0 / 300.0)
+    assert found.appends == pytest.approx(500.0)
+    assert found.error_ratio == pytest.approx(40.0 / 500.0)
 
 
 def test_below_the_minimum_count_nothing_is_judged() -> None:
-    # every append failed, but 95 of them are too few to say anything about the budget
-    assert burn([LoadSample(0.0, 0.0, 1.0), LoadSample(95.0, 0.0, 1.0)], 95.0, POLICY) is None
+    # every append failed, but 50 of them are too few to say anything about the budget
+    assert burn([LoadSample(0.0, 0.0, 1.0), LoadSample(50.0, 0.0, 1.0)], 50.0, POLICY) is None
     assert burn([LoadSample(0.0, 0.0, 9.0)], 0.0, POLICY) is None  # one sample spans no time
     assert burn([], 0.0, POLICY) is None
+
+
+def test_samples_spanning_less_than_half_the_window_are_not_judged() -> None:
+    # a leader that took over 25 s ago saw a failover's errors: too short a span to judge
+    assert burn(_steady(50.0, 50.0, 25.0), 25.0, POLICY) is None
+    found = burn(_steady(50.0, 50.0, 30.0), 30.0, POLICY)
+    assert found is not None and found.rate == pytest.approx(500.0)
 
 
 def test_the_slo_must_leave_a_budget() -> None:

@@ -172,9 +172,9 @@ def test_an_error_budget_burning_over_its_maximum_blocks_a_start_until_it_slows(
     load = FakeLoad(succeeded_per_s=98.0, errors_per_s=2.0)  # 2 %: 20x a 0.1 % budget
     runner, driver, clock = _runner(load)
     driver.leads_control = True
+    _ticks(runner, clock, 6)
+    assert _blocking(runner) == []  # the samples span 25 s, under half the window: not judged
     _ticks(runner, clock, 1)
-    assert _blocking(runner) == []  # one sample spans no time: nothing judged yet
-    _ticks(runner, clock, 2)
     [reason] = _blocking(runner)
     assert reason.startswith("error budget burning at 20.0x (max 14.4x")
     load.errors_per_s, load.succeeded_per_s = 0.0, 100.0
@@ -186,7 +186,7 @@ def test_a_new_leader_measures_the_burn_from_its_own_start() -> None:
     load = FakeLoad(succeeded_per_s=0.0, errors_per_s=100.0)
     runner, driver, clock = _runner(load)
     driver.leads_control = True
-    _ticks(runner, clock, 3)
+    _ticks(runner, clock, 7)
     assert _blocking(runner)
     driver.leads_control = False
     _ticks(runner, clock, 1)
@@ -206,8 +206,8 @@ def test_a_burning_budget_aborts_a_practice_drill_injecting_or_holding() -> None
         FakeDrill("d-restoring", "restoring"),
         FakeDrill("d-by-hand", "holding"),  # an operator's own drill: not the runner's to end
     ]
-    _ticks(runner, clock, 1)
-    assert driver.aborted == []  # nothing judged on one sample
+    _ticks(runner, clock, 6)
+    assert driver.aborted == []  # nothing judged before the samples span half the window
     _ticks(runner, clock, 1)
     [(drill_id, by, reason)] = driver.aborted
     assert (drill_id, by) == ("d-practice", "practice")
@@ -220,7 +220,7 @@ def test_a_burn_at_the_maximum_neither_blocks_nor_aborts() -> None:
     driver.leads_control = True
     runner.state.calendar.append(CalendarEntry(1, "weekly", "r1", 1, "ran", "practice", "d1"))
     driver.ops.active = [FakeDrill("d1", "holding")]
-    _ticks(runner, clock, 5)
+    _ticks(runner, clock, 13)
     assert driver.aborted == []
     driver.ops.active = []
     assert _blocking(runner) == []
