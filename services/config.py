@@ -305,7 +305,8 @@ class NodeSettings(BaseSettings):
     #: answered without a 5xx (4xx count neither way); its error budget is 1 minus it
     #: (regions.error_budget)
     practice_slo_availability: float = Field(default=0.999, gt=0.0, lt=1.0)
-    #: practice runs: the window the error-budget burn is measured over (s)
+    #: practice runs: the window the error-budget burn is measured over (s); it is judged once
+    #: the control leader's samples span half of it
     practice_burn_window_s: float = Field(default=3600.0, gt=0.0)
     #: practice runs: a burn rate (5xx ratio over the window / (1 - SLO)) above this blocks a
     #: start and aborts a running practice drill; 14.4 spends 2 % of a 30-day budget in an hour
