@@ -9,7 +9,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import signal
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,6 +22,7 @@ import pytest
 
 from eventlog.http_headers import IDEMPOTENCY_KEY_HEADER, IDEMPOTENT_REPLAYED_HEADER
 from services.local.plane_processes import pid_alive
+from tests.e2e.conftest import CALL_FAILED
 from tests.e2e.plane import (
     Plane,
     plane_info,
@@ -37,9 +40,16 @@ Acks = dict[str, list[tuple[int, str, int]]]  # conversation -> (seq, idempotenc
 
 
 @pytest.fixture
-def state_dir() -> Iterator[Path]:
+def state_dir(request: pytest.FixtureRequest) -> Iterator[Path]:
     with postgres_reachable_dir("convplane-restart-") as path:
         yield path
+        if request.node.stash.get(CALL_FAILED, False):
+            # the plane's own account: every log's tail in the report, and the logs kept
+            kept = Path(tempfile.mkdtemp(prefix="convplane-restart-failed-"))
+            for log in sorted(path.glob("**/*.log")):
+                shutil.copy(log, kept / str(log.relative_to(path)).replace("/", "_"))
+                print(f"--- {log.relative_to(path)} (its last 6,000 bytes; a copy in {kept})")
+                print(log.read_bytes()[-6000:].decode("utf-8", errors="replace"))
 
 
 @pytest.mark.parametrize("backend", ["sqlite", "postgres"])
