@@ -187,6 +187,21 @@ def live_turn(client: httpx.Client, cid: str) -> dict[str, Any]:
     return dict(reply.json()["usage"])
 
 
+def report_page(url: str, drill_id: str, operator: dict[str, str]) -> str:
+    """The drill report as HTML. A retryable 503 (the control shard that answers drill reads
+    changing leaders after failback, so a forward can reach the old leader) is retried, as the
+    error body says to, under a bound."""
+    deadline = time.monotonic() + REPLAY_WAIT_S
+    while True:
+        r = httpx.get(f"{url}/v1/drills/{drill_id}/report",
+                      headers={**operator, "Accept": "text/html"}, timeout=10.0)  # fmt: skip
+        if r.status_code != 503:
+            assert r.status_code == 200, r.text
+            return r.text
+        assert r.json()["error"]["retryable"] and time.monotonic() < deadline, r.text
+        time.sleep(0.5)
+
+
 def test_a_region_loss_drill_checks_prefill_and_reports_what_replay_rebuilt(
     tmp_path: Path,
 ) -> None:
@@ -271,8 +286,7 @@ def test_a_region_loss_drill_checks_prefill_and_reports_what_replay_rebuilt(
         assert sum(w["requests"] for w in during) == len(cids), ttft
         assert all(0 < w["p50_s"] < 5.0 for w in during if w["requests"]), ttft
         assert all(w["prefix_hit_ratio"] > 0.5 for w in during if w["requests"]), ttft
-        html = httpx.get(plane.urls["us-east"] + f"/v1/drills/{drill_id}/report",
-                         headers={**operator, "Accept": "text/html"}, timeout=10.0).text  # fmt: skip
+        html = report_page(plane.urls["us-east"], drill_id, operator)
         assert "Cache recovery" in html and "Live time to first token per survivor" in html
     finally:
         output = stop_plane(proc)
