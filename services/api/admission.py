@@ -56,6 +56,7 @@ from eventlog.errors import (
     QuotaExceeded,
     Unavailable,
 )
+from regions.keys import KEYS_KEPT_MAX
 from services.api.admission_control import (
     AdaptiveLimit,
     AdmissionConfig,
@@ -72,7 +73,7 @@ from services.api.auth import Tenants
 from services.api.forwarding import DEADLINE_HEADER, FORWARDED_HEADER, PEER_AUTH_HEADER
 from services.api.metrics import Metrics
 from services.api.peer_trust import peer_region
-from services.config import ClusterConfig, NodeSettings
+from services.config import ClusterConfig, NodeSettings, TenantConfig
 
 log = logging.getLogger("convplane.admission")
 
@@ -80,8 +81,12 @@ log = logging.getLogger("convplane.admission")
 UNMETERED_TENANT = ""
 #: a quota that never binds: forwards were charged at their entry node
 _UNMETERED = Quota(rate_per_s=1e12, burst=1e12)
-#: the default quota of the core's buckets; only listed tenants are ever authenticated
-_UNLISTED = Quota(rate_per_s=1.0, burst=1.0)
+#: the quota of a tenant the cluster file does not list (its keys were created through
+#: ``/v1/admin/keys``): TenantConfig's defaults, the quota ``services.api.auth`` gives its keys
+_UNLISTED = Quota(
+    rate_per_s=TenantConfig.model_fields["requests_per_s"].default,
+    burst=float(TenantConfig.model_fields["burst"].default),
+)
 #: a 503 that arrives this close to the deadline is a timeout (a drop) for the limit
 _DEADLINE_SLACK_S = 0.001
 _INT_RE = re.compile(r"-?[0-9]{1,12}")
@@ -376,7 +381,8 @@ def build_admission_controller(
     settings: NodeSettings, cluster: ClusterConfig, clock: Clock
 ) -> AdmissionController:
     """The node's admission controller: limits from ``settings`` (initial and min capped at
-    ``max_in_flight``), one quota per listed tenant, plus the unmetered bucket of forwards."""
+    ``max_in_flight``), one quota per listed tenant and the default one for each other tenant
+    (one whose keys were created through the API), plus the unmetered bucket of forwards."""
     limit_max = float(settings.max_in_flight)
     limit_initial = min(float(settings.admission_limit_initial), limit_max)
     limit_config = LimitConfig(
@@ -388,7 +394,8 @@ def build_admission_controller(
     )
     quotas = {t.tenant_id: Quota(t.requests_per_s, float(t.burst)) for t in cluster.tenants}
     quotas[UNMETERED_TENANT] = _UNMETERED
-    buckets = TenantBuckets(_UNLISTED, quotas, tenants_max=len(quotas))
+    # a tenant per created key at most, besides the listed ones
+    buckets = TenantBuckets(_UNLISTED, quotas, tenants_max=len(quotas) + KEYS_KEPT_MAX)
     config = AdmissionConfig(
         queue_max=settings.admission_queue_max,
         overloaded_retry_after_s=settings.retry_after_default_s,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from eventlog.errors import InvariantViolation
+from services.api.admission import build_admission_controller
 from services.api.admission_control import (
     AdaptiveLimit,
     AdmissionConfig,
@@ -19,6 +20,7 @@ from services.api.admission_control import (
     TenantBuckets,
     Waiter,
 )
+from services.config import ClusterConfig, NodeSettings, RegionConfig, TenantConfig
 from tests.unit.clocks import ManualClock
 
 
@@ -192,3 +194,20 @@ def test_cancelled_waiter_leaves_the_queue() -> None:
     assert isinstance(queued, Queued)
     assert controller.cancel(queued.waiter) and len(controller.queue) == 0
     assert isinstance(controller.admit("t", clock.now_s + 1), Queued)
+
+
+def test_a_tenant_the_cluster_file_does_not_list_gets_the_default_quota() -> None:
+    """A key created through ``/v1/admin/keys`` for a new tenant is metered at TenantConfig's
+    default quota, the one ``services.api.auth`` gives it, not at one request a second."""
+    listed = TenantConfig(tenant_id="demo", api_key_sha256="0" * 64, requests_per_s=7.0, burst=9)
+    cluster = ClusterConfig(
+        regions=[RegionConfig(name="a", url="http://a", dsn="memory")], tenants=[listed]
+    )
+    settings = NodeSettings(region="a", cluster=cluster)
+    controller = build_admission_controller(settings, cluster, ManualClock())
+    default = TenantConfig(tenant_id="new", api_key_sha256="1" * 64)
+    assert controller.quotas.quota("new") == Quota(default.requests_per_s, float(default.burst))
+    assert controller.quotas.quota("demo") == Quota(7.0, 9.0)
+    for _ in range(default.burst):  # a whole burst at one instant, then the next is refused
+        assert controller.quotas.try_take("new", 0.0) is None
+    assert controller.quotas.try_take("new", 0.0) is not None
