@@ -16,8 +16,8 @@ once, at the adapter boundary, with ``raise ... from exc``.
     │   └── FaultRuleError            a bad fault-proxy rule (services.local.faultproxy)
     ├── Unauthorized             401  missing or unknown API key
     ├── Forbidden                403  the key's role may not do this (operator, viewer, tenant)
-    │   ├── SelfApproval              a key approving the practice run it asked for
-    │   │                             (services.control.practice)
+    │   ├── SelfApproval              a key approving the practice run it asked for, or
+    │   │                             one in its line of descent (services.control.practice)
     │   └── OutsideBlastRadius        a drill of a region or kind outside the key's scope (idem)
     ├── NotFound                 404  no such conversation (or another tenant's)
     ├── Conflict                 409

@@ -3,14 +3,23 @@ control shard, and the table every node folds from them. Pure.
 
 A ``control.key`` record carries only a key's SHA-256, never the key:
 
-* ``{"op": "create", "name", "tenant_id", "role", "api_key_sha256", "expires_at_ms"}``: a new
-  key (``expires_at_ms`` null: no expiry). A name that exists already makes it a recorded no-op
-  (two operators racing for one name: the first committed wins).
+* ``{"op": "create", "name", "tenant_id", "role", "api_key_sha256", "expires_at_ms",
+  "created_by"}``: a new key (``expires_at_ms`` null: no expiry; ``created_by``, the name of the
+  key that asked for it, absent in records written before it was kept). A name that exists
+  already makes it a recorded no-op (two operators racing for one name: the first committed
+  wins).
 * ``{"op": "revoke", "name"}``: the key is refused from then on. The name may also be a key of
   the cluster file, which is named by its ``key_name`` (default: its tenant id).
 * ``{"op": "rotate", "name", "old_expires_at_ms", "new": {create fields}}``: a new key for the
   same tenant and role, and the old one (created or cluster-file) expires at
   ``old_expires_at_ms`` (a grace period in which clients move to the new key), in one record.
+
+Lineage: whoever creates or rotates a key receives it in clear, so a key may be held by the
+holder of the key that created it and, after a rotation, by the old key's holder too.
+``KeyTable.may_share_a_holder`` says when two keys are in one line of descent (one created or
+rotated from the other, directly or through keys in between): the two-person rule
+(``services.control.practice``) refuses such a pair, so that an operator cannot approve their
+own request with a key they minted themselves.
 
 Each record may carry its audit entry under ``"audit"`` (``regions.ops_state``). Every node's
 key table is the cluster file's keys plus the created keys, less the revoked and expired ones
@@ -25,7 +34,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal, get_args
 
 from eventlog.errors import InvalidRequest
@@ -67,6 +76,8 @@ class KeyRecord:
     api_key_sha256: str
     expires_at_ms: int | None
     revoked: bool = False
+    #: the key that created it or rotated it in ("": a cluster-file key's, or not recorded)
+    created_by: str = ""
 
     def live_at(self, now_ms: int) -> bool:
         return not self.revoked and (self.expires_at_ms is None or now_ms < self.expires_at_ms)
@@ -78,6 +89,7 @@ class KeyRecord:
             "role": self.role,
             "api_key_sha256": self.api_key_sha256,
             "expires_at_ms": self.expires_at_ms,
+            "created_by": self.created_by,
         }
 
     @classmethod
@@ -93,7 +105,10 @@ class KeyRecord:
         for name in (body["name"], body["tenant_id"]):
             if not isinstance(name, str) or not _NAME.fullmatch(name):
                 raise ValueError(f"bad name {name!r}")
-        return cls(body["name"], body["tenant_id"], role, sha, expires)
+        created_by = body.get("created_by") or ""
+        if not isinstance(created_by, str) or len(created_by) > NAME_CHARS_MAX:
+            raise ValueError(f"bad created_by {created_by!r}")
+        return cls(body["name"], body["tenant_id"], role, sha, expires, created_by=created_by)
 
 
 class KeyTable:
@@ -106,6 +121,8 @@ class KeyTable:
         self.file_key_ends_ms: dict[str, int] = {}
         #: records applied as no-ops (a name taken, an unknown key revoked)
         self.stale_records = 0
+        #: a key rotated in -> the key it replaced (created or cluster-file)
+        self.rotated_from: dict[str, str] = {}
 
     @property
     def full(self) -> bool:
@@ -132,10 +149,11 @@ class KeyTable:
                 return False
             if not self._create(new):
                 return False
+            self.rotated_from[new.name] = name
             if old is None:
                 self._end_file_key(name, expires)
             elif old.expires_at_ms is None or expires < old.expires_at_ms:
-                self._put(KeyRecord(old.name, old.tenant_id, old.role, old.api_key_sha256, expires))
+                self._put(replace(old, expires_at_ms=expires))
             return True
         raise ValueError(f"unknown key op {op!r}")
 
@@ -154,16 +172,7 @@ class KeyTable:
         if record.revoked:
             self.stale_records += 1
             return False
-        self._put(
-            KeyRecord(
-                record.name,
-                record.tenant_id,
-                record.role,
-                record.api_key_sha256,
-                record.expires_at_ms,
-                revoked=True,
-            )
-        )
+        self._put(replace(record, revoked=True))
         return True
 
     def _end_file_key(self, name: str, at_ms: int) -> bool:
@@ -172,6 +181,27 @@ class KeyTable:
             return False
         self.file_key_ends_ms[name] = min(at_ms, self.file_key_ends_ms.get(name, at_ms))
         return True
+
+    def ancestors(self, name: str) -> set[str]:
+        """The keys whose holders may hold ``name`` too: the key that created it, the one it
+        was rotated from, theirs, and so on (revoked and expired ones included)."""
+        found: set[str] = set()
+        todo = [name]
+        while todo:
+            key = todo.pop()
+            record = self.by_name.get(key)
+            parents = (record.created_by if record else "", self.rotated_from.get(key, ""))
+            for parent in parents:
+                if parent and parent not in found and parent != name:
+                    found.add(parent)
+                    todo.append(parent)
+        return found
+
+    def may_share_a_holder(self, a: str, b: str) -> bool:
+        """Whether one holder may have both keys: they are one key, or one descends from the
+        other. Two keys that a third created are not: that third holder is trusted to have
+        handed them to two people (the cluster file's keys are the roots of trust)."""
+        return a == b or a in self.ancestors(b) or b in self.ancestors(a)
 
     def file_key_live(self, name: str, now_ms: int) -> bool:
         return now_ms < self.file_key_ends_ms.get(name, now_ms + 1)

@@ -64,7 +64,8 @@ def _admin(request: Request) -> KeyAdmin:
 
 def _operator(ctx: RequestContext, reason: str) -> Operator:
     require_role(ctx.tenant, OPERATOR_ROLES)
-    return Operator(by=ctx.tenant.tenant_id, role=ctx.tenant.role, reason=reason)
+    tenant = ctx.tenant
+    return Operator(by=tenant.tenant_id, role=tenant.role, reason=reason, key_name=tenant.name)
 
 
 def _created(key: str, record: KeyRecord) -> JSONResponse:

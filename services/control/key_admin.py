@@ -32,11 +32,13 @@ APPLY_POLL_S = 0.02
 
 @dataclass(frozen=True, slots=True)
 class Operator:
-    """Who asks, for the audit entry."""
+    """Who asks: for the audit entry, and the key that asks (a key it creates or rotates in
+    descends from it: ``regions.keys.KeyTable.may_share_a_holder``)."""
 
     by: str
     role: str
     reason: str
+    key_name: str
 
 
 class KeyAdmin:
@@ -60,7 +62,7 @@ class KeyAdmin:
         async with self._lock:
             await self._driver.read_barrier()
             self._check_free(name)
-            key, record = self._new_key(name, tenant_id, role, expires_in_s)
+            key, record = self._new_key(name, tenant_id, role, expires_in_s, who.key_name)
             body = {"op": "create", **record.to_body()}
             await self._commit(body, who, "key.create", f"{name} ({tenant_id}, {role})")
             self._check_took_effect(record)
@@ -81,7 +83,7 @@ class KeyAdmin:
             await self._driver.read_barrier()
             tenant_id, role = self._live(name)
             self._check_free(new_name)
-            key, record = self._new_key(new_name, tenant_id, role, expires_in_s)
+            key, record = self._new_key(new_name, tenant_id, role, expires_in_s, who.key_name)
             old_expires_at_ms = self._now_ms() + int(grace_s * 1000)
             body = {
                 "op": "rotate",
@@ -114,6 +116,7 @@ class KeyAdmin:
                 "expires_at_ms": r.expires_at_ms,
                 "revoked": r.revoked,
                 "live": r.live_at(now_ms),
+                "created_by": r.created_by or None,
             }
             for r in self.keys.by_name.values()
         ]
@@ -136,7 +139,7 @@ class KeyAdmin:
         return self._clock.wall_ms()
 
     def _new_key(
-        self, name: str, tenant_id: str, role: Role, expires_in_s: float | None
+        self, name: str, tenant_id: str, role: Role, expires_in_s: float | None, created_by: str
     ) -> tuple[str, KeyRecord]:
         if expires_in_s is not None and not 0 < expires_in_s <= KEY_LIFETIME_MAX_S:
             raise InvalidRequest(f"expires_in_s must be within (0, {KEY_LIFETIME_MAX_S:.0f}]")
@@ -144,7 +147,8 @@ class KeyAdmin:
             raise Unavailable("the control shard holds as many keys as a node keeps")
         key = "cp_" + secrets.token_urlsafe(24)
         expires_at_ms = None if expires_in_s is None else self._now_ms() + int(expires_in_s * 1000)
-        return key, KeyRecord(name, tenant_id, role, api_key_sha256(key), expires_at_ms)
+        sha = api_key_sha256(key)
+        return key, KeyRecord(name, tenant_id, role, sha, expires_at_ms, created_by=created_by)
 
     def _check_free(self, name: str) -> None:
         if name in self.keys.by_name or name in self._file_keys:

@@ -292,6 +292,13 @@ class PracticeRunner:
             raise SelfApproval(
                 f"key {key_name!r} asked for run {run_id}; a second operator's key must approve"
             )
+        if self.driver.ops.keys.may_share_a_holder(run.requested_by, key_name):
+            raise SelfApproval(
+                f"keys {key_name!r} and {run.requested_by!r} (which asked for run {run_id}) are "
+                "in one line of descent, one created or rotated from the other, so one operator "
+                "may hold both; a key that did not come from the requester's, nor it from yours, "
+                "must approve"
+            )
         if run.status != "awaiting_approval":
             raise Conflict(f"run {run_id} is {run.status}, not awaiting approval")
         self.check_scope(key_name, run.kind, run.region)

@@ -37,6 +37,7 @@ def plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Plane]:
 
 class Api:
     def __init__(self, plane: Plane, key: str) -> None:
+        self.plane = plane
         self.urls = list(plane.urls.values())
         self.key = key
         self.headers = {"Authorization": f"Bearer {key}"}
@@ -89,15 +90,21 @@ def _audit(api: Api) -> list[dict[str, Any]]:
     return entries
 
 
+def _new_operator(by: Api, name: str) -> Api:
+    body = {"tenant_id": name, "role": "operator", "reason": f"operator {name}"}
+    r = by.call("POST", "/v1/admin/keys", json=body)
+    assert r.status_code == 201, r.text
+    made = Api(by.plane, r.json()["api_key"])
+    _until(f"key {name} works", lambda: made.call("GET", "/v1/practice").status_code == 200)
+    return made
+
+
 @pytest.fixture(scope="module")
 def operators(plane: Plane) -> tuple[Api, Api]:
-    first = Api(plane, plane.info["operator_api_key"])
-    r = first.call("POST", "/v1/admin/keys", json={"tenant_id": "sre-2", "role": "operator",
-                                                   "reason": "a second operator"})  # fmt: skip
-    assert r.status_code == 201, r.text
-    second = Api(plane, r.json()["api_key"])
-    _until("the new key works", lambda: second.call("GET", "/v1/practice").status_code == 200)
-    return first, second
+    """Two operators, ``sre-1`` and ``sre-2``, whose keys the plane's administrator (the
+    cluster-file operator key) created: two lines of descent, so one may approve the other."""
+    admin = Api(plane, plane.info["operator_api_key"])
+    return _new_operator(admin, "sre-1"), _new_operator(admin, "sre-2")
 
 
 def test_a_schedule_skips_while_an_alert_fires_then_runs_its_drill_by_itself(
@@ -111,7 +118,7 @@ def test_a_schedule_skips_while_an_alert_fires_then_runs_its_drill_by_itself(
                 "min_interval_s": 3600, "retry_after_skip_s": 1}  # fmt: skip
     r = sre.call("PUT", "/v1/practice/schedules/weekly", json=schedule)
     assert r.status_code == 200, r.text
-    assert r.json()["by"] == "sre"
+    assert r.json()["by"] == "sre-1"
     skipped = _until(
         "a skip for the firing alert",
         lambda: [e for e in _calendar(sre, "weekly") if e["outcome"] == "skipped"],
@@ -125,9 +132,11 @@ def test_a_schedule_skips_while_an_alert_fires_then_runs_its_drill_by_itself(
         lambda: [e for e in _calendar(sre, "weekly") if e["outcome"] == "ran"],
     )
     drill = _until("the drill's end", lambda: _drill_ended(sre, ran[0]["drill_id"]))
-    assert (drill["verdict"], drill["kind"], drill["region"]) == ("passed", "evacuate", region)
+    assert (drill["verdict"], drill["kind"], drill["region"]) == ("passed", "evacuate", region), (
+        drill
+    )
     starts = [e for e in _audit(sre) if e["action"] == "drill.start"]
-    assert starts[-1]["by"] == "practice:sre"
+    assert starts[-1]["by"] == "practice:sre-1"
     assert [e["action"] for e in _audit(sre)].count("practice.alert.fire") == 1
     assert sre.call("DELETE", "/v1/practice/schedules/weekly").status_code == 200
 
@@ -145,10 +154,17 @@ def test_a_drill_the_policy_names_waits_for_a_second_operators_approval(
     r = sre.call("POST", "/v1/practice/runs", json=drill)
     assert r.status_code == 201, r.text
     run = r.json()
-    assert (run["status"], run["requested_by"]) == ("awaiting_approval", "sre")
+    assert (run["status"], run["requested_by"]) == ("awaiting_approval", "sre-1")
     own = sre.call("POST", f"/v1/practice/runs/{run['run_id']}/approve")
     assert own.status_code == 403, own.text
     assert own.json()["error"]["code"] == "self_approval"
+    # nor with a second key the requester minted for themselves, or one minted from that
+    minted = _new_operator(sre, "sre-1-spare")
+    for key in (minted, _new_operator(minted, "sre-1-spare-2")):
+        mine = key.call("POST", f"/v1/practice/runs/{run['run_id']}/approve")
+        assert mine.status_code == 403, mine.text
+        assert mine.json()["error"]["code"] == "self_approval"
+        assert "one line of descent" in mine.json()["error"]["message"], mine.text
     approved = run_convplane("practice", "approve", run["run_id"], "--url", sre2.urls[0],
                              "--key", sre2.key)  # fmt: skip
     assert approved.returncode == 0, approved.stdout + approved.stderr
@@ -165,7 +181,7 @@ def test_a_drill_the_policy_names_waits_for_a_second_operators_approval(
     ended = _until("the drill's end", lambda: _drill_ended(sre, done["drill_id"]))
     assert ended["verdict"] == "passed", ended
     audit = [(e["action"], e["by"]) for e in _audit(sre)]
-    assert ("practice.request", "sre") in audit and ("practice.approve", "sre-2") in audit
+    assert ("practice.request", "sre-1") in audit and ("practice.approve", "sre-2") in audit
     calendar = run_convplane("practice", "calendar", "--url", sre.urls[0], "--key", sre.key)
     assert calendar.returncode == 0 and run["run_id"] in calendar.stdout, calendar.stderr
     assert sre.call("PUT", "/v1/practice/approval-policy", json={}).status_code == 200

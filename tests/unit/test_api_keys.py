@@ -32,9 +32,10 @@ class WallClock(ManualClock):
 
 
 def _create(name: str, key: str, *, tenant: str = "acme", role: str = "tenant",
-            expires_at_ms: int | None = None) -> dict[str, Any]:  # fmt: skip
-    return {"op": "create", "name": name, "tenant_id": tenant, "role": role,
+            expires_at_ms: int | None = None, by: str | None = None) -> dict[str, Any]:  # fmt: skip
+    body = {"op": "create", "name": name, "tenant_id": tenant, "role": role,
             "api_key_sha256": api_key_sha256(key), "expires_at_ms": expires_at_ms}  # fmt: skip
+    return body if by is None else {**body, "created_by": by}
 
 
 def _bearer(key: str) -> str:
@@ -130,10 +131,43 @@ def test_a_taken_name_or_key_and_a_revoked_rotation_are_recorded_no_ops() -> Non
     assert table.stale_records == 4 and "k3" not in table.by_name
 
 
+def test_keys_in_one_line_of_descent_may_share_a_holder_and_siblings_do_not() -> None:
+    """The two-person rule's question: ``admin`` (a cluster-file key) created ``a`` and ``b``;
+    ``a`` minted ``a2``, ``a2`` minted ``a3``; ``b`` was rotated into ``b2`` by ``c``; ``old``
+    was created before creators were recorded."""
+    table = KeyTable()
+    for body in (
+        _create("a", "ka", by="admin"),
+        _create("b", "kb", by="admin"),
+        _create("c", "kc", by="admin"),
+        _create("a2", "ka2", by="a"),
+        _create("a3", "ka3", by="a2"),
+        _create("old", "kold"),
+        {"op": "rotate", "name": "b", "old_expires_at_ms": 5, "new": _create("b2", "kb2", by="c")},
+    ):
+        assert table.apply(body), body
+    assert table.apply({"op": "revoke", "name": "a2"})  # a revoked link still links
+    assert table.ancestors("a3") == {"a2", "a", "admin"}
+    assert table.ancestors("b2") == {"b", "c", "admin"}
+    assert table.ancestors("old") == set()
+    same = [("a", "a"), ("a", "a2"), ("a3", "a"), ("admin", "a3"), ("b", "b2"), ("c", "b2")]
+    for x, y in same:
+        assert table.may_share_a_holder(x, y) and table.may_share_a_holder(y, x), (x, y)
+    for x, y in [("a", "b"), ("a3", "b2"), ("a2", "c"), ("old", "a"), ("old", "admin")]:
+        assert not table.may_share_a_holder(x, y) and not table.may_share_a_holder(y, x), (x, y)
+
+
+def test_a_creator_loop_in_the_records_ends_the_walk() -> None:
+    table = KeyTable()
+    assert table.apply(_create("x", "kx", by="y")) and table.apply(_create("y", "ky", by="x"))
+    assert table.ancestors("x") == {"y"} and table.may_share_a_holder("x", "y")
+
+
 @pytest.mark.parametrize(
     "body",
     [
         {"op": "create"},
+        {**_create("k", "key"), "created_by": 7},
         {**_create("k", "key"), "role": "root"},
         {**_create("k", "key"), "api_key_sha256": "not-hex"},
         {**_create("k", "key"), "tenant_id": "a/b"},
