@@ -546,3 +546,111 @@ def test_the_practice_calendar_shows_a_skip_and_its_reason(
         operator_call(plane, "DELETE", "/v1/practice/schedules/console")
         cleared = {"firing": False, "reason": "console test over"}
         operator_call(plane, "PUT", "/v1/practice/alerts/console", json=cleared)
+
+
+def _operator_key(plane: Plane, name: str) -> str:
+    """A new operator key the administrator (the cluster-file operator key) creates: keys in
+    two lines of descent, so one may approve what the other asks for."""
+    body = {"tenant_id": name, "role": "operator", "reason": f"console operator {name}"}
+    r = operator_call(plane, "POST", "/v1/admin/keys", json=body)
+    assert r.status_code == 201, r.text
+    key: str = r.json()["api_key"]
+    return key
+
+
+def _practice(plane: Plane) -> dict[str, Any]:
+    r = operator_call(plane, "GET", "/v1/practice")
+    assert r.status_code == 200, r.text
+    overview: dict[str, Any] = r.json()
+    return overview
+
+
+def test_a_second_operator_approves_a_run_and_edits_a_schedule_from_the_page(
+    plane: Plane, browser: webdriver.Chrome
+) -> None:
+    asker, approver = _operator_key(plane, "console-asker"), _operator_key(plane, "console-ok")
+    policy = {"regions": None, "kinds": ["evacuate"]}
+    assert (
+        operator_call(plane, "PUT", "/v1/practice/approval-policy", json=policy).status_code == 200
+    )
+    wait_for("every region up before the run", lambda: all_regions_up(plane))
+    run = httpx.post(plane.urls["us-east"] + "/v1/practice/runs", timeout=10.0,
+                     headers={"Authorization": f"Bearer {asker}"},
+                     json={"kind": "evacuate", "region": "eu-west", "hold_s": 1.0,
+                           "reason": "console approval"})  # fmt: skip
+    assert run.status_code == 201, run.text
+    run_id = run.json()["run_id"]
+    assert run.json()["status"] == "awaiting_approval", run.text
+    try:
+        wait_for("every region up", lambda: all_regions_up(plane))
+        page = Console(browser, plane, served_by="us-east")
+        page.sign_in(approver)
+        row = f'#practice-approvals tr[data-run="{run_id}"]'
+        wait_for("the run in the approvals table", lambda: bool(page.js(
+            "return document.querySelector(arguments[0]) !== null", row)))  # fmt: skip
+        page.screenshot("practice-approval")
+        page.click(f'{row} button[data-action="approve"]')
+        page.confirm()
+
+        def status() -> str:
+            runs = [r for r in _practice(plane)["runs"] if r["run_id"] == run_id]
+            return str(runs[0]["status"])
+
+        wait_for("the run approved and started", lambda: status() == "ran")
+        done = next(r for r in _practice(plane)["runs"] if r["run_id"] == run_id)
+        assert done["approved_by"] == "console-ok", done
+        audit = operator_call(plane, "GET", "/v1/audit", params={"limit": 1000}).json()["entries"]
+        assert ("practice.approve", "console-ok") in [(e["action"], e["by"]) for e in audit]
+        wait_for("the row gone", lambda: not page.js(
+            "return document.querySelector(arguments[0]) !== null", row))  # fmt: skip
+        ended = lambda: drill(plane, done["drill_id"])["phase"] in TERMINAL  # noqa: E731
+        wait_for("the approved run's drill over (hold 1 s)", ended)
+        wait_for("every region back up", lambda: all_regions_up(plane))
+
+        # a schedule written, edited and deleted from the form; it needs approval, so it
+        # never starts a drill whatever the day
+        page.driver.find_element(By.ID, "schedule-id").send_keys("console-weekly")
+        wait_for("regions in the form", lambda: page.js(
+            "return document.getElementById('schedule-region').options.length") == 3)  # fmt: skip
+        page.js("document.getElementById('schedule-region').value = 'ap-south'")
+        page.driver.find_element(By.ID, "schedule-windows").send_keys(
+            "sat 01:00-02:00, sun 01:00-02:00"
+        )
+        page.driver.find_element(By.ID, "schedule-approval").click()
+        page.click("#schedule-save")
+
+        def schedule() -> dict[str, Any] | None:
+            found = [
+                s for s in _practice(plane)["schedules"] if s["schedule_id"] == "console-weekly"
+            ]
+            return found[0] if found else None
+
+        wait_for("the schedule saved", lambda: schedule() is not None)
+        saved = schedule()
+        assert saved is not None
+        assert (saved["region"], saved["kind"], saved["hold_s"], saved["min_interval_s"],
+                saved["needs_approval"], saved["by"]) == (
+            "ap-south", "evacuate", 60.0, 168 * 3600.0, True, "console-ok")  # fmt: skip
+        assert saved["windows"] == ["sat 01:00-02:00", "sun 01:00-02:00"], saved
+        srow = '#practice-schedules tr[data-schedule="console-weekly"]'
+        wait_for("the schedule listed", lambda: bool(page.js(
+            "return document.querySelector(arguments[0]) !== null", srow)))  # fmt: skip
+        page.click(f'{srow} button[data-action="edit"]')
+        hold = page.driver.find_element(By.ID, "schedule-hold")
+        hold.clear()
+        hold.send_keys("2")
+        page.click("#schedule-save")
+        wait_for("the edit saved", lambda: (schedule() or {}).get("hold_s") == 2.0)
+        edited = schedule()
+        assert (
+            edited is not None
+            and edited["needs_approval"]
+            and edited["windows"] == saved["windows"]
+        )
+        page.screenshot("practice-schedules")
+        page.click(f'{srow} button[data-action="delete"]')
+        page.confirm()
+        wait_for("the schedule deleted", lambda: schedule() is None)
+    finally:
+        operator_call(plane, "PUT", "/v1/practice/approval-policy", json={})
+        operator_call(plane, "DELETE", "/v1/practice/schedules/console-weekly")

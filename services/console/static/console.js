@@ -54,7 +54,8 @@
     activeReport: null,
     sharedAt: 0,
     audit: [],
-    practice: null,
+    practice: null, // GET /v1/practice/calendar
+    practiceOverview: null, // GET /v1/practice: schedules, runs (those awaiting approval)
     auditAfter: 0,
     nodes: {}, // region -> {body, at, error}
     openReport: null,
@@ -194,11 +195,15 @@
 
   // --- confirmation dialog -------------------------------------------------------------------
 
+  // defaultReason null: the action records no reason (the reason field is hidden)
   function confirmAction(title, text, defaultReason, onConfirm) {
     const dialog = $("confirm");
+    const asksReason = defaultReason !== null;
     $("confirm-title").textContent = title;
     $("confirm-text").textContent = text;
-    $("confirm-reason").value = defaultReason;
+    $("confirm-reason").value = defaultReason || "";
+    $("confirm-reason").hidden = !asksReason;
+    $("confirm-reason-label").hidden = !asksReason;
     const ok = $("confirm-ok");
     const cancel = $("confirm-cancel");
     const close = () => {
@@ -209,7 +214,7 @@
     cancel.onclick = close;
     ok.onclick = () => {
       const reason = $("confirm-reason").value.trim();
-      if (!reason) {
+      if (asksReason && !reason) {
         $("confirm-reason").focus();
         return;
       }
@@ -217,7 +222,7 @@
       onConfirm(reason);
     };
     dialog.showModal();
-    $("confirm-reason").select();
+    if (asksReason) $("confirm-reason").select();
   }
 
   // --- operator actions: sent as they are; the server decides (one it calls retryable, again) -
@@ -264,6 +269,55 @@
       confirmAction("Halt every drill?", "Aborts every active drill (targets restored at once) and refuses new ones until the halt is lifted.",
         "halted from the console", (reason) => act("halt", "POST", "/v1/admin/halt", { reason }));
     }
+  }
+
+  function approveRun(run) {
+    confirmAction(`Approve practice run ${run.run_id}?`,
+      `${run.kind} of ${run.region}, hold ${run.hold_s} s, asked for by ${run.requested_by}: “${run.reason}”. ` +
+      "It starts at the control leader's next practice tick. The requester's own key, or one in its line of descent, is refused.",
+      null,
+      () => act(`approval of run ${run.run_id}`, "POST", `/v1/practice/runs/${encodeURIComponent(run.run_id)}/approve`));
+  }
+
+  function deleteSchedule(schedule) {
+    confirmAction(`Delete schedule ${schedule.schedule_id}?`,
+      `Its ${schedule.kind} drills of ${schedule.region} stop being scheduled; its calendar entries stay.`,
+      null,
+      () => act(`deletion of schedule ${schedule.schedule_id}`, "DELETE", `/v1/practice/schedules/${encodeURIComponent(schedule.schedule_id)}`));
+  }
+
+  function editSchedule(schedule) {
+    $("schedule-id").value = schedule.schedule_id;
+    $("schedule-region").value = schedule.region;
+    $("schedule-kind").value = schedule.kind;
+    $("schedule-windows").value = schedule.windows.join(", ");
+    $("schedule-hold").value = schedule.hold_s;
+    $("schedule-interval").value = schedule.min_interval_s / 3600;
+    $("schedule-approval").checked = schedule.needs_approval;
+    $("schedule-id").focus();
+  }
+
+  // the form writes what the API takes; the server checks it (a bad window is its 400, shown).
+  // Saving over an existing schedule keeps what the form does not show (chance, blocked dates,
+  // retry after a skip, enabled).
+  function saveSchedule(event) {
+    event.preventDefault();
+    const id = $("schedule-id").value.trim();
+    const existing = ((state.practiceOverview && state.practiceOverview.schedules) || []).find((sc) => sc.schedule_id === id);
+    const kept = existing ? {
+      chance: existing.chance, blocked_dates: existing.blocked_dates,
+      retry_after_skip_s: existing.retry_after_skip_s, enabled: existing.enabled,
+    } : {};
+    const body = {
+      ...kept,
+      region: $("schedule-region").value,
+      kind: $("schedule-kind").value,
+      windows: $("schedule-windows").value.split(",").map((w) => w.trim()).filter(Boolean),
+      hold_s: Number($("schedule-hold").value),
+      min_interval_s: Number($("schedule-interval").value) * 3600,
+      needs_approval: $("schedule-approval").checked,
+    };
+    act(`schedule ${id}`, "PUT", `/v1/practice/schedules/${encodeURIComponent(id)}`, body);
   }
 
   function regionAction(name, action) {
@@ -369,7 +423,11 @@
 
   async function readPractice(region) {
     try {
-      state.practice = await api(region, "GET", `/v1/practice/calendar?limit=${PRACTICE_LISTED}`);
+      const [calendar, overview] = await Promise.all([
+        api(region, "GET", `/v1/practice/calendar?limit=${PRACTICE_LISTED}`),
+        api(region, "GET", "/v1/practice"),
+      ]);
+      Object.assign(state, { practice: calendar, practiceOverview: overview });
     } catch (err) {
       // a node from before practice runs (a rolling upgrade) answers 404: the panel waits
       if (!(err instanceof ApiError) || err.regionFailed || err.status !== 404) throw err;
@@ -746,6 +804,38 @@
         h("td", { class: "mono" }, e.drill_id || "–"),
         h("td", {}, e.reason))) :
       h("tr", {}, h("td", { colspan: 5, class: "muted" }, "no practice run decided yet"))));
+    const overview = state.practiceOverview || { runs: [], schedules: [] };
+    const waiting = overview.runs.filter((r) => r.status === "awaiting_approval");
+    rebuildIf("practice-approvals", waiting, () => fill($("practice-approvals").tBodies[0], waiting.length ? waiting.map((r) =>
+      h("tr", { "data-run": r.run_id },
+        h("td", { class: "mono" }, fmt.utcDate(r.requested_at_ms).slice(5)),
+        h("td", { class: "mono" }, r.run_id),
+        h("td", {}, `${r.kind} of ${r.region}, hold ${r.hold_s} s`),
+        h("td", {}, r.requested_by),
+        h("td", {}, r.reason),
+        h("td", {}, h("button", { type: "button", class: "small", "data-action": "approve", onclick: () => approveRun(r) }, "Approve")))) :
+      h("tr", {}, h("td", { colspan: 6, class: "muted" }, "no run waits for approval"))));
+    const schedules = overview.schedules;
+    rebuildIf("practice-schedules", schedules, () => fill($("practice-schedules").tBodies[0], schedules.length ? schedules.map((sc) =>
+      h("tr", { "data-schedule": sc.schedule_id },
+        h("td", {}, h("b", {}, sc.schedule_id), sc.enabled ? null : h("span", { class: "badge tag" }, "disabled"),
+          sc.needs_approval ? h("span", { class: "badge tag" }, "needs approval") : null),
+        h("td", {}, `${sc.kind} of ${sc.region}`),
+        h("td", {}, sc.windows.join(", ")),
+        h("td", { class: "num" }, `${sc.hold_s} s`),
+        h("td", { class: "num" }, `${+(sc.min_interval_s / 3600).toFixed(2)} h`),
+        h("td", {}, sc.by),
+        h("td", { class: "nowrap" },
+          h("button", { type: "button", class: "small", "data-action": "edit", onclick: () => editSchedule(sc) }, "Edit"),
+          h("button", { type: "button", class: "small", "data-action": "delete", onclick: () => deleteSchedule(sc) }, "Delete")))) :
+      h("tr", {}, h("td", { colspan: 7, class: "muted" }, "no schedule"))));
+    const names = state.regions ? state.regions.regions.map((r) => r.name) : [];
+    rebuildIf("schedule-regions", names, () => {
+      const select = $("schedule-region");
+      const chosen = select.value;
+      fill(select, names.map((n) => h("option", {}, n)));
+      if (names.includes(chosen)) select.value = chosen;
+    });
   }
 
   // --- the loop ------------------------------------------------------------------------------
@@ -808,7 +898,7 @@
     sessionStorage.removeItem(KEY_ITEM);
     showDashboardLink(null);
     clearTimeout(state.timer);
-    Object.assign(state, { key: null, you: null, regions: null, placement: null, drills: null, halt: null, practice: null, nodes: {}, audit: [], auditAfter: 0, sharedAt: 0, source: null });
+    Object.assign(state, { key: null, you: null, regions: null, placement: null, drills: null, halt: null, practice: null, practiceOverview: null, nodes: {}, audit: [], auditAfter: 0, sharedAt: 0, source: null });
     for (const name of Object.keys(built)) delete built[name];
     $("main").hidden = true;
     $("login").hidden = false;
@@ -831,6 +921,7 @@
     });
     $("signout").addEventListener("click", () => signOut(null));
     $("halt-toggle").addEventListener("click", toggleHalt);
+    $("schedule-form").addEventListener("submit", saveSchedule);
     if (state.key) signIn();
     else $("login").hidden = false;
     // ages ("3 s ago") move between polls too
