@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -111,13 +112,20 @@ def shared_prefix(a: list[int], b: list[int]) -> int:
     return n
 
 
+def start_engine_plane(
+    engine_url: str, kafka_bootstrap_servers: str, state_dir: Path
+) -> tuple[subprocess.Popen[bytes], Plane]:
+    """``convplane up`` with the one real vLLM as both survivors' engine, jobs over Kafka."""
+    engine_args = [a for region in SURVIVORS for a in ("--engine", f"{region}={engine_url}")]
+    return start_plane(state_dir, *engine_args, "--kafka-bootstrap-servers",
+                       kafka_bootstrap_servers, ready_wait_s=READY_WAIT_S)  # fmt: skip
+
+
 def test_moved_conversations_are_replayed_on_real_vllm_and_the_next_turn_hits_its_cache(
     well_configured: VllmServer, kafka_bootstrap_servers: str, tmp_path: Path
 ) -> None:
     url = well_configured.url
-    engine_args = [a for region in SURVIVORS for a in ("--engine", f"{region}={url}")]
-    proc, plane = start_plane(tmp_path / "plane", *engine_args, "--kafka-bootstrap-servers",
-                              kafka_bootstrap_servers, ready_wait_s=READY_WAIT_S)  # fmt: skip
+    proc, plane = start_engine_plane(url, kafka_bootstrap_servers, tmp_path / "plane")
     try:
         engines = plane.info["engines"]
         assert {e["region"] for e in engines} == set(SURVIVORS)
