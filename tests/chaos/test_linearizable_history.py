@@ -1,39 +1,21 @@
-"""Chaos, judged by an outsider's checker: clients record a history of appends, transcript reads,
-last-seq reads, tool attempts, racing tool effects and attempt-status reads against a real plane (3 PostgreSQL + 3 node processes, every inter-region
-link through a fault proxy) while one region is partitioned away and healed (its shards fail
-over and back) and then another is killed with -9 and restarted; Porcupine (tests/lincheck)
-must find the whole history linearizable.
-
-Clients reach every node directly, the cut-off one included, so a deposed leader answering
-reads from its own memory, a read of uncommitted state, a lost acknowledgment, a second effect
-for one attempt or an attempt shown pending after its effect committed (what an application
-checks before it re-runs a tool) shows up as a non-linearizable history. Needs local PostgreSQL binaries and a Go toolchain; fails loudly
-without them, never skips.
+"""Chaos, judged by an outsider's checker, on loopback: a real plane (3 PostgreSQL + 3 node
+processes, every inter-region link through a fault proxy) runs
+``tests.harness.linearizable_run`` (a history of appends, reads, tool attempts and racing
+effects while one region is partitioned away and healed, then another killed with -9 and
+restarted); Porcupine must find the history linearizable. Needs local PostgreSQL binaries and a
+Go toolchain; fails loudly without them, never skips.
 """
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 
-import httpx
 import pytest
 
-from eventlog.sharding import shard_of
 from tests.chaos.plane import chaos_plane
-from tests.harness.chaos import get_json
-from tests.lincheck.checker import check_history
-from tests.lincheck.history import HistoryRecorder
+from tests.harness.linearizable_run import check_a_history_under_partition_and_kill
 
 SHARDS = 8
-CONVERSATIONS = 6
-CLIENTS_PER_CONVERSATION = 3
-SEED = 7
-CALM_S = 3.0
-PARTITION_S = 6.0
-AFTER_HEAL_S = 6.0  # failback hysteresis is 3 s in FAST_ENV: shards move back in this window
-KILLED_S = 5.0
-AFTER_RESTART_S = 5.0
 
 
 @pytest.mark.postgres
@@ -41,67 +23,4 @@ async def test_history_under_partition_and_kill_is_linearizable(
     chaos_dir: Path, lincheck_binary: Path
 ) -> None:
     plane = chaos_plane(chaos_dir, SHARDS, proxied=True)
-    clients: list[asyncio.Task[None]] = []
-    recorder: HistoryRecorder | None = None
-    try:
-        info = await asyncio.to_thread(plane.start)
-        urls = {r["name"]: r["url"] for r in info["regions"]}
-        recorder = HistoryRecorder(urls, info["api_key"], SEED)
-        placement = await get_json(urls["us-east"], "/v1/placement", info["api_key"])
-        conversations = [f"lin-{i}" for i in range(CONVERSATIONS)]
-        leaders = [placement["assignment"][str(shard_of(c, SHARDS))] for c in conversations]
-        # cut off the region leading most of the conversations; then kill another one
-        cut = max(sorted(urls), key=leaders.count)
-        killed = next(r for r in sorted(urls) if r != cut)
-        headers = {"Authorization": f"Bearer {info['api_key']}"}
-        limits = httpx.Limits(max_connections=100, max_keepalive_connections=50)
-        async with httpx.AsyncClient(headers=headers, limits=limits, trust_env=False) as client:
-            for c in conversations:
-                await recorder.create(client, c)
-            clients = [
-                asyncio.create_task(recorder.run_client(client, i * CONVERSATIONS + n, c))
-                for n, c in enumerate(conversations)
-                for i in range(CLIENTS_PER_CONVERSATION)
-            ]
-            await asyncio.sleep(CALM_S)
-            plane.partition(cut)
-            await asyncio.sleep(PARTITION_S)
-            plane.heal()
-            await asyncio.sleep(AFTER_HEAL_S)
-            await asyncio.to_thread(plane.kill_region, killed)
-            await asyncio.sleep(KILLED_S)
-            await asyncio.to_thread(plane.restart_region, killed)
-            await asyncio.sleep(AFTER_RESTART_S)
-            recorder.stop.set()
-            await asyncio.gather(*clients)
-            await recorder.final_reads(client)
-        history = chaos_dir / "history.json"
-        recorder.write(history)
-        counts = recorder.counts()
-        print(
-            f"\nhistory: cut {cut}, killed {killed}; operations {counts}, failed append attempts {recorder.failed_attempts}"
-        )
-        # the run must have exercised what it claims: faults answered with unknown outcomes,
-        # and reads at every region
-        assert recorder.failed_attempts > 0, "no append saw the faults"
-        assert counts.get("read", 0) > 100 and counts.get("last", 0) > 50, counts
-        assert counts.get("effect", 0) > 50 and counts.get("status", 0) > 50, counts
-        conflicts = sum(1 for op in recorder.operations if op.get("conflict"))
-        assert conflicts > 0, "no two effects raced for one attempt"
-        regions_read = {op["region"] for op in recorder.operations if op["op"] == "read"}
-        assert regions_read == set(urls), regions_read
-        verdict = check_history(lincheck_binary, history, chaos_dir / "history.html")
-        print(f"porcupine: {verdict.summary}")
-        assert verdict.exit_code != 2, f"checker gave no answer: {verdict.stderr}"
-        assert verdict.linearizable, (
-            f"not linearizable: {verdict.summary}; history and Porcupine's visualization in "
-            f"{chaos_dir} (set CONVPLANE_CHAOS_KEEP=1 to keep them)"
-        )
-    finally:
-        if recorder is not None:
-            recorder.stop.set()
-        for task in clients:
-            task.cancel()
-        await asyncio.gather(*clients, return_exceptions=True)
-        await asyncio.to_thread(plane.stop)
-        await plane.close_proxies()
+    await check_a_history_under_partition_and_kill(plane, SHARDS, chaos_dir, lincheck_binary)
