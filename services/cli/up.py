@@ -171,8 +171,9 @@ def _attached_engines(
 def _supervise(
     console: Console, plane: LocalPlane, info: dict[str, Any], stop: threading.Event
 ) -> None:
-    """Report exited nodes, carry out kill drills and ``restart-region`` requests until
-    stopped. A node that exits stays down until asked: its shards fail over meanwhile."""
+    """Report exited nodes, carry out kill drills and ``restart-region`` requests, start exited
+    replay workers again, until stopped. A node that exits stays down until asked: its shards
+    fail over meanwhile; a worker holds no state and is started again after a backoff."""
     import httpx
 
     from services.control.drills.local_kill import KillDrills
@@ -182,11 +183,8 @@ def _supervise(
     kill_drills = KillDrills(plane, [r["url"] for r in info["regions"]], info["operator_api_key"])
     with httpx.Client(trust_env=False) as client:
         while not stop.wait(SUPERVISE_POLL_S):
-            for engine_id, code in plane.exited_workers():
-                console.print(
-                    f"[yellow]replay worker {engine_id} exited with code {code}"
-                    "[/yellow]; its log is in the state dir"
-                )
+            for line in plane.supervise_workers():
+                console.print(f"[yellow]{line}[/yellow]", highlight=False)
             for name, code in plane.exited_nodes():
                 console.print(
                     f"[yellow]node {name} exited with code {code}[/yellow]; start it again on "

@@ -12,6 +12,13 @@ node runs one in-process worker per engine of its region (it runs the self-check
 it takes a job). With ``--kafka-bootstrap-servers`` replay jobs go through that broker and the
 plane starts one ``convplane worker`` process per engine, with its region's worker key, bus
 secret and the cluster's cache-salt key (in its environment, not its command line).
+
+A worker holds no state of its own (its jobs wait in Kafka), so one that exits is started again
+(``supervise_workers``, from the ``up`` supervisor's loop): after ``WORKER_RESTART_DELAY_S``,
+doubled for each restart in the last ``WORKER_RESTART_WINDOW_S`` up to
+``WORKER_RESTART_DELAY_MAX_S``; after ``WORKER_RESTARTS_MAX`` restarts in that window it is
+crash-looping, and it stays down with its log named (``restart-region`` of its region, once
+fixed, starts it again).
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ import os
 import re
 import secrets
 import subprocess
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,6 +41,13 @@ from services.replay.config import EngineConfig, ReplayConfig
 
 #: the whole self-check of one engine, every probe (``WorkerConfig.check_timeout_s``)
 CHECK_TIMEOUT_S = 60.0
+#: an exited worker is started again after this ...
+WORKER_RESTART_DELAY_S = 1.0
+#: ... doubled per restart in the window, at most this
+WORKER_RESTART_DELAY_MAX_S = 60.0
+#: restarts in the window past which a worker is crash-looping and stays down
+WORKER_RESTARTS_MAX = 5
+WORKER_RESTART_WINDOW_S = 600.0
 _OPTION = re.compile(r"(?P<region>[^=]+)=(?P<url>.+)")
 
 
@@ -169,7 +184,12 @@ class AttachedEngines:
     bus_secrets: dict[str, str] = field(default_factory=dict)  # region -> 64 hex
     cache_salt_key: str = field(default_factory=lambda: secrets.token_hex(32))
     workers: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)  # engine id ->
-    _reported: set[str] = field(default_factory=set)  # exited workers already reported
+    region_urls: dict[str, str] = field(default_factory=dict)  # the API each region's workers use
+    #: engine id -> monotonic seconds of its restarts in the window
+    _restarts: dict[str, deque[float]] = field(default_factory=dict)
+    #: engine id -> when its exit was seen (not started again yet)
+    _exited_at: dict[str, float] = field(default_factory=dict)
+    _given_up: set[str] = field(default_factory=set)
 
     def __post_init__(self) -> None:
         for region in {e.region for e in self.engines}:
@@ -206,41 +226,84 @@ class AttachedEngines:
         """With Kafka: one ``convplane worker`` per engine, against its region's API."""
         if not self.kafka_bootstrap_servers:
             return
+        self.region_urls = dict(region_urls)
         for e in self.engines:
-            command = convplane_command(
-                "worker", "--region", e.region, "--engine-url", e.url,
-                "--bootstrap-servers", self.kafka_bootstrap_servers,
-                "--region-url", region_urls[e.region], "--model-revision", e.model_revision,
-                "--worker-id", e.engine_id, "--concurrency", str(self.worker_concurrency),
-                "--capacity-tokens-per-s", str(self.capacity_tokens_per_s),
-                *(["--declare-priority-scheduling"] if self.priority_declared else []),
-            )  # fmt: skip
-            env = {
-                **os.environ,
-                "CONVPLANE_WORKER_API_KEY": self.worker_keys[e.region],
-                "CONVPLANE_REPLAY_BUS_SECRET": self.bus_secrets[e.region],
-                "CONVPLANE_CACHE_SALT_KEY": self.cache_salt_key,
-            }
-            log_path = self.worker_log(e)
-            with log_path.open("ab") as log_file:
-                self.workers[e.engine_id] = subprocess.Popen(
-                    command,
-                    stdin=subprocess.DEVNULL,
-                    stdout=log_file,
-                    stderr=subprocess.STDOUT,
-                    env=env,
-                    start_new_session=True,
-                )
+            self._spawn(e)
 
-    def exited_workers(self) -> list[tuple[str, int]]:
-        """Workers that exited since last asked (engine id, exit code)."""
-        exited = [
-            (i, code)
-            for i, p in self.workers.items()
-            if (code := p.poll()) is not None and i not in self._reported
-        ]
-        self._reported.update(i for i, _ in exited)
-        return exited
+    def _spawn(self, e: AttachedEngine) -> None:
+        assert self.kafka_bootstrap_servers is not None
+        command = convplane_command(
+            "worker", "--region", e.region, "--engine-url", e.url,
+            "--bootstrap-servers", self.kafka_bootstrap_servers,
+            "--region-url", self.region_urls[e.region], "--model-revision", e.model_revision,
+            "--worker-id", e.engine_id, "--concurrency", str(self.worker_concurrency),
+            "--capacity-tokens-per-s", str(self.capacity_tokens_per_s),
+            *(["--declare-priority-scheduling"] if self.priority_declared else []),
+        )  # fmt: skip
+        env = {
+            **os.environ,
+            "CONVPLANE_WORKER_API_KEY": self.worker_keys[e.region],
+            "CONVPLANE_REPLAY_BUS_SECRET": self.bus_secrets[e.region],
+            "CONVPLANE_CACHE_SALT_KEY": self.cache_salt_key,
+        }
+        with self.worker_log(e).open("ab") as log_file:
+            self.workers[e.engine_id] = subprocess.Popen(
+                command,
+                stdin=subprocess.DEVNULL,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+            )
+
+    def supervise_workers(self, now_s: float) -> list[str]:
+        """Start again each worker that exited, once its delay has passed; leave one that
+        crash-loops down. What happened, one line per event, for the operator."""
+        said: list[str] = []
+        for e in self.engines:
+            worker = self.workers.get(e.engine_id)
+            code = None if worker is None else worker.poll()
+            if code is None or e.engine_id in self._given_up:
+                continue
+            restarts = self._restarts.setdefault(e.engine_id, deque())
+            while restarts and restarts[0] < now_s - WORKER_RESTART_WINDOW_S:
+                restarts.popleft()
+            delay_s = min(WORKER_RESTART_DELAY_S * 2 ** len(restarts), WORKER_RESTART_DELAY_MAX_S)
+            if e.engine_id not in self._exited_at:
+                self._exited_at[e.engine_id] = now_s
+                if len(restarts) >= WORKER_RESTARTS_MAX:
+                    self._given_up.add(e.engine_id)
+                    said.append(
+                        f"replay worker {e.engine_id} exited with code {code}, its "
+                        f"{len(restarts) + 1}th exit in {WORKER_RESTART_WINDOW_S:g} s: left "
+                        f"down (see {self.worker_log(e)}; once fixed, convplane "
+                        f"restart-region {e.region} starts it again)"
+                    )
+                    continue
+                said.append(
+                    f"replay worker {e.engine_id} exited with code {code}; starting it again "
+                    f"in {delay_s:g} s (log: {self.worker_log(e)})"
+                )
+            if now_s - self._exited_at[e.engine_id] >= delay_s:
+                del self._exited_at[e.engine_id]
+                restarts.append(now_s)
+                self._spawn(e)
+                said.append(f"replay worker {e.engine_id} started again")
+        return said
+
+    def restart_region_workers(self, region: str) -> None:
+        """``restart-region``: the region's workers started afresh (a crash-looping one too),
+        against the region's node, which may have a new address."""
+        for e in self.engines:
+            if e.region != region or not self.kafka_bootstrap_servers:
+                continue
+            worker = self.workers.get(e.engine_id)
+            if worker is not None and worker.poll() is None:
+                continue  # running: its jobs wait in Kafka, its API calls are retried
+            self._given_up.discard(e.engine_id)
+            self._exited_at.pop(e.engine_id, None)
+            self._restarts.pop(e.engine_id, None)
+            self._spawn(e)
 
     def worker_log(self, engine: AttachedEngine) -> Path:
         return self.state_dir / engine.region / f"worker-{engine.engine_id}.log"

@@ -531,10 +531,17 @@ class LocalPlane:
                 exited.append((m.name, code))
         return exited
 
-    def exited_workers(self) -> list[tuple[str, int]]:
-        """Replay workers of attached engines (``--engine`` with Kafka) that exited since last
-        asked; like nodes, none is restarted by itself."""
-        return [] if self.attached is None else self.attached.exited_workers()
+    def supervise_workers(self) -> list[str]:
+        """Replay workers of attached engines (``--engine`` with Kafka): one that exited is
+        started again after a backoff, one that crash-loops is left down
+        (``AttachedEngines.supervise_workers``). What happened, for the operator; the info file
+        names the workers' new pids."""
+        if self.attached is None:
+            return []
+        said = self.attached.supervise_workers(time.monotonic())
+        if said:
+            write_private_json(self.info_file, self.info())
+        return said
 
     def kill_region(self, name: str) -> None:
         """A kill drill's fault: SIGKILL the region's node; its PostgreSQL (if any) crashes too
@@ -557,6 +564,8 @@ class LocalPlane:
             member.db.start()
         member.node = self.spawn_node(member)
         member.exit_reported = False
+        if self.attached is not None:
+            self.attached.restart_region_workers(name)
         write_private_json(self.info_file, self.info())
 
     def adopt(self, saved: PlaneState) -> None:

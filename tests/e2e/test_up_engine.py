@@ -1,10 +1,14 @@
 """``convplane up --engine REGION=URL`` with ``convplane sim-engine serve`` as the engine (its
 flags mirror vLLM's): a bad option or an engine that is unreachable or unfit is refused before
 anything starts, saying why; a fit one gets its region's in-process worker, which joins once
-its own self-check passes. The same against a real vLLM: ``tests/vllm``."""
+its own self-check passes; with Kafka, a worker process that is killed is started again. The
+same against a real vLLM: ``tests/vllm``."""
 
 from __future__ import annotations
 
+import json
+import os
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -83,3 +87,38 @@ def test_a_fit_engine_gets_its_regions_in_process_worker(tmp_path: Path) -> None
             output = stop_plane(proc)
         assert proc.returncode == 0, output
         assert "fit for replay, in-process worker" in " ".join(output.split()), output
+
+
+def test_a_killed_kafka_worker_is_started_again_by_the_supervisor(
+    tmp_path: Path, kafka_bootstrap_servers: str
+) -> None:
+    """With Kafka each engine has its own ``convplane worker`` process; SIGKILLed, the ``up``
+    supervisor starts it again (after its 1 s delay) and the info file names the new pid."""
+    with sim_engine() as url:
+        state_dir = tmp_path / "plane"
+        proc, plane = start_plane(state_dir, "--engine", f"eu-west={url}",
+                                  "--kafka-bootstrap-servers", kafka_bootstrap_servers)  # fmt: skip
+        try:
+            (engine,) = plane.info["engines"]
+            assert engine["worker"] == "kafka"
+            first = engine["worker_pid"]
+            os.kill(first, signal.SIGKILL)
+
+            def current_pid() -> int | None:
+                info = json.loads((state_dir / "cluster.json").read_text())
+                pid: int = info["engines"][0]["worker_pid"]
+                return pid if pid != first else None
+
+            deadline = time.monotonic() + WORKER_WAIT_S
+            while (second := current_pid()) is None:
+                assert time.monotonic() < deadline, "the worker was not started again"
+                time.sleep(0.2)
+            os.kill(second, 0)  # it runs
+        finally:
+            output = stop_plane(proc)
+        assert proc.returncode == 0, output
+        said = " ".join(output.split())
+        assert f"replay worker {engine['engine_id']} exited with code -9" in said, output
+        assert f"replay worker {engine['engine_id']} started again" in said, output
+        with pytest.raises(ProcessLookupError):
+            os.kill(second, 0)  # the plane stopped it
