@@ -45,6 +45,12 @@ all hold, and then takes from all (all or nothing):
 
 - fewer than ``max_concurrent_replays`` replays of this worker in flight;
 - the spare bucket (rate = current spare, depth ``burst_s`` seconds of capacity x headroom);
+- on an engine whose priority scheduling is unverified (``set_priority_verified``): no live
+  request in the engine at the last scrape (running or waiting, replay's own taken off), and
+  ``unverified_priority_share`` of the spare. Such an engine may serve first-come-first-served,
+  where a replay beside live requests shares each step's token budget with them and a live
+  request that arrives during its prefill queues behind it (measured on vLLM's CPU build in
+  FCFS mode: live TTFT p99 2.06x of no replay with the half share alone, bench/RESULTS.md);
 - the operator's region bucket and the tenant's bucket (``OperatorConfig``, shared by the
   controllers of one region).
 
@@ -176,6 +182,13 @@ class SpareEstimator:
         #: the fraction of the spare replay may take (``unverified_priority_share`` on an
         #: engine whose priority scheduling the worker's self-check could not verify)
         self.spare_share = 1.0
+        #: no spare while any live request is in the engine (set with the share above): on
+        #: an engine that may schedule first-come-first-served, a replay admitted next to live
+        #: requests is served level with them, and a live request arriving during its prefill
+        #: waits behind it
+        self.idle_only = False
+        #: live requests in the engine at the last scrape: running or waiting, less replay's
+        self.live_in_engine = 0.0
 
     def note_replay_computed(self, computed_tokens: float) -> None:
         self._replay_computed_since += computed_tokens
@@ -184,6 +197,8 @@ class SpareEstimator:
         """``replays_at_engine``: replay requests of ours sent to this engine (or these
         engines) and not finished, the most of them its waiting gauge can hold."""
         self.live_waiting = max(0.0, metrics.num_requests_waiting - replays_at_engine)
+        in_engine = metrics.num_requests_running + metrics.num_requests_waiting
+        self.live_in_engine = max(0.0, in_engine - replays_at_engine)
         self.waiting_scrapes = self.waiting_scrapes + 1 if self.live_waiting > 0 else 0
         last_s = self.last_observed_s
         if last_s is not None and now_s <= last_s:
@@ -265,6 +280,8 @@ class SpareEstimator:
 
     def spare_tokens_per_s(self, now_s: float) -> float:
         if self.waiting_scrapes >= self.config.waiting_scrapes_to_stop:
+            return 0.0
+        if self.idle_only and self.live_in_engine > 0:
             return 0.0
         return self.rate_spare_tokens_per_s(now_s)
 
@@ -385,12 +402,14 @@ class CapacityController:
             self.estimator.note_replay_computed(computed_tokens)
 
     def set_priority_verified(self, verified: bool) -> None:
-        """Replay's share of the spare: all of it, or ``unverified_priority_share`` on an
-        engine whose priority scheduling is unverified."""
+        """Replay's share of the spare: all of it, or on an engine whose priority scheduling is
+        unverified ``unverified_priority_share`` of it, and only while no live request is in
+        the engine (``SpareEstimator.idle_only``)."""
         now_s = self._clock.monotonic()
         self._bucket.refill(now_s)
         share = 1.0 if verified else self.config.unverified_priority_share
         self.estimator.spare_share = share
+        self.estimator.idle_only = not verified
         self._bucket.set_rate(self.estimator.rate_spare_tokens_per_s(now_s), now_s)
 
     def snapshot(self) -> CapacitySnapshot:

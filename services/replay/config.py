@@ -32,7 +32,8 @@ class EngineConfig(BaseModel):
     engine_id: str | None = None
     #: the operator declares that the engine runs ``--scheduling-policy priority``: vLLM takes
     #: a request's ``priority`` under FCFS too, so the self-check cannot verify it. Undeclared,
-    #: its in-node worker takes ``CapacityConfig.unverified_priority_share`` of the spare
+    #: its in-node worker takes ``CapacityConfig.unverified_priority_share`` of the spare, and
+    #: only while no live request is in the engine
     priority_scheduling_declared: bool = False
 
 

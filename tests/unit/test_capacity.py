@@ -25,6 +25,7 @@ class FakeEngineCounters:
     def __init__(self) -> None:
         self.prompt = 0.0
         self.hits = 0.0
+        self.running = 0.0
         self.waiting = 0.0
 
     def run(self, computed_tokens: float, cached_tokens: float = 0.0) -> None:
@@ -32,7 +33,7 @@ class FakeEngineCounters:
         self.hits += cached_tokens
 
     def metrics(self) -> EngineMetrics:
-        return EngineMetrics(self.prompt, 0.0, 1.0, self.waiting, self.prompt, self.hits)
+        return EngineMetrics(self.prompt, 0.0, self.running, self.waiting, self.prompt, self.hits)
 
 
 def _controller(clock: ManualClock, **kwargs: float) -> CapacityController:
@@ -262,3 +263,33 @@ def test_an_engine_with_unverified_priority_gives_replay_a_smaller_share_of_its_
     assert controller.snapshot().spare_tokens_per_s == pytest.approx(7_000, rel=0.02)
     with pytest.raises(InvariantViolation):
         CapacityConfig(CAPACITY, unverified_priority_share=0.0)
+
+
+def test_an_engine_with_unverified_priority_takes_replay_only_while_no_live_request_is_in_it() -> (
+    None
+):
+    """Under FCFS a live request that arrives during a replay's prefill queues behind it:
+    while a live request runs or waits there, no spare; replay's own requests do not count,
+    and an engine whose priority scheduling is verified takes replay beside live ones."""
+    clock, engine = ManualClock(100.0), FakeEngineCounters()
+    controller = _controller(clock, unverified_priority_share=0.5, max_concurrent_replays=4)
+    controller.set_priority_verified(False)
+    _feed(clock, controller, engine, 2_000, seconds=10)
+    assert controller.snapshot().spare_tokens_per_s == pytest.approx(3_500, rel=0.02)
+    assert controller.try_acquire(100, "t") is Grant.GRANTED
+    engine.running = 1  # that replay, at the engine: not a live request
+    _feed(clock, controller, engine, 2_000, seconds=0.25)
+    assert controller.snapshot().spare_tokens_per_s > 0
+    engine.running = 2  # a live request beside it
+    _feed(clock, controller, engine, 2_000, seconds=0.25)
+    assert controller.snapshot().spare_tokens_per_s == 0.0
+    assert controller.try_acquire(100, "t") is Grant.NO_SPARE
+    engine.running, engine.waiting = 1, 1  # the live one waiting is as much in the engine
+    _feed(clock, controller, engine, 2_000, seconds=0.25)
+    assert controller.try_acquire(100, "t") is Grant.NO_SPARE
+    controller.set_priority_verified(True)  # verified: replay beside live requests
+    assert controller.snapshot().spare_tokens_per_s > 0
+    controller.set_priority_verified(False)
+    engine.running, engine.waiting = 1, 0  # the live one done; the replay still running
+    _feed(clock, controller, engine, 2_000, seconds=0.25)
+    assert controller.try_acquire(100, "t") is Grant.GRANTED
