@@ -75,14 +75,28 @@ def up(
             "`convplane worker` process per engine (default: workers inside the nodes)."
         ),
     ] = "",
+    host: Annotated[
+        str | None,
+        typer.Option(
+            help="The IPv4 address of this machine every node, peer listener and database "
+            "listens on and advertises; the certificates name it (default: the saved plane's, "
+            "else 127.0.0.1)."
+        ),
+    ] = None,
 ) -> None:
     """Start a local plane: per region a database and a node process. Ctrl-C stops it. On a
     state dir that holds a plane, start that plane again on its data (same arguments)."""
     from rich.console import Console
 
+    from services.local.host import HarnessError
     from services.local.plane import LocalPlane, PlaneError, write_private_json
 
     console = Console()
+    try:
+        address = _plane_host(host, state_dir)
+    except (HarnessError, PlaneError) as exc:
+        console.print(f"[red]could not start the plane:[/red] {exc}")
+        raise typer.Exit(1) from exc
     attached = _attached_engines(
         console,
         regions,
@@ -101,6 +115,7 @@ def up(
         tls=tls,
         supervised=not detach,
         attached=attached,
+        host=address,
     )
     stop = _stop_on_signals()
     try:
@@ -166,6 +181,22 @@ def _attached_engines(
         priority_declared=priority_declared,
         kafka_bootstrap_servers=kafka_bootstrap_servers or None,
     )
+
+
+def _plane_host(requested: str | None, state_dir: Path) -> str:
+    """``--host`` checked, or the saved plane's address (a plane resumes where it was made:
+    its certificates name that address), or loopback."""
+    from services.local.host import local_address
+    from services.local.plane import PlaneError
+    from services.local.plane_state import STATE_FILE_NAME, load_state
+
+    if requested is not None:
+        return local_address(requested)
+    try:
+        saved = load_state(state_dir / STATE_FILE_NAME)
+    except ValueError as exc:
+        raise PlaneError(str(exc)) from exc
+    return "127.0.0.1" if saved is None else saved.host
 
 
 def _supervise(

@@ -1,8 +1,9 @@
-"""What the local harnesses ask of the machine: a free port, and the ``convplane`` command a child
-runs."""
+"""What the local harnesses ask of the machine: an address of it, a free port, and the
+``convplane`` command a child runs."""
 
 from __future__ import annotations
 
+import ipaddress
 import random
 import socket
 import sys
@@ -20,6 +21,29 @@ def convplane_command(*args: str) -> list[str]:
     off the child's ``sys.path``: a folder named ``replay`` or ``services`` there never shadows
     the installed packages (and no ``PYTHONPATH`` is made up for it)."""
     return [sys.executable, "-P", "-m", "services.cli.main", *args]
+
+
+def local_address(text: str) -> str:
+    """``text`` if it is an IPv4 address of this machine (a socket can bind it): where a local
+    plane's nodes, peer listeners and databases listen and what they advertise. HarnessError
+    saying why otherwise (a name, IPv6, an address another machine has)."""
+    try:
+        address = ipaddress.ip_address(text)
+    except ValueError:
+        raise HarnessError(
+            f"--host {text!r} is not an IP address: give one of this machine's, e.g. 127.0.0.1 "
+            "(the certificates and every URL name it)"
+        ) from None
+    if address.version != 4:
+        raise HarnessError(f"--host {text}: IPv6 is not supported yet; give an IPv4 address")
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((str(address), 0))
+        except OSError as exc:
+            raise HarnessError(
+                f"--host {text} is not an address of this machine ({exc.strerror})"
+            ) from None
+    return str(address)
 
 
 def free_port(host: str = "127.0.0.1") -> int:
