@@ -654,3 +654,44 @@ def test_a_second_operator_approves_a_run_and_edits_a_schedule_from_the_page(
     finally:
         operator_call(plane, "PUT", "/v1/practice/approval-policy", json={})
         operator_call(plane, "DELETE", "/v1/practice/schedules/console-weekly")
+
+
+def test_an_operator_sets_the_approval_policy_and_a_keys_blast_radius_from_the_page(
+    plane: Plane, browser: webdriver.Chrome
+) -> None:
+    page = operator_page(plane, browser, served_by="eu-west")
+    box = 'input[data-group="{}"][value="{}"]'
+    try:
+        wait_for("the policy's boxes", lambda: bool(page.js(
+            "return document.querySelector(arguments[0]) !== null",
+            box.format("policy-kinds", "kill"))))  # fmt: skip
+        page.click(box.format("policy-kinds", "kill"))
+        page.click(box.format("policy-regions", "ap-south"))
+        page.click("#policy-save")
+        wanted = {"regions": ["ap-south"], "kinds": ["kill"]}
+        wait_for("the policy saved", lambda: _practice(plane)["approval_policy"] == wanted)
+        wait_for("the policy shown", lambda: "ap-south, kill" in page.text("policy-now"))
+
+        page.driver.find_element(By.ID, "scope-key").send_keys("console-scoped")
+        page.click(box.format("scope-regions", "us-east"))
+        page.click(box.format("scope-kinds", "evacuate"))
+        page.click("#scope-save")
+        scoped = {"regions": ["us-east"], "kinds": ["evacuate"]}
+        wait_for("the scope saved",
+                 lambda: _practice(plane)["scopes"].get("console-scoped") == scoped)  # fmt: skip
+        row = '#practice-scopes tr[data-key="console-scoped"]'
+        wait_for("the scope listed", lambda: bool(page.js(
+            "return document.querySelector(arguments[0]) !== null", row)))  # fmt: skip
+        page.screenshot("practice-policy-and-scopes")
+        page.click(f'{row} button[data-action="edit-scope"]')  # the form takes its boxes
+        page.click(box.format("scope-kinds", "evacuate"))  # untick: any kind
+        page.click("#scope-save")
+        widened = {"regions": ["us-east"], "kinds": None}
+        wait_for("the scope widened",
+                 lambda: _practice(plane)["scopes"].get("console-scoped") == widened)  # fmt: skip
+        audit = operator_call(plane, "GET", "/v1/audit", params={"limit": 1000}).json()["entries"]
+        actions = {e["action"] for e in audit}
+        assert {"practice.policy", "practice.scope"} <= actions, actions
+    finally:
+        operator_call(plane, "PUT", "/v1/practice/approval-policy", json={})
+        operator_call(plane, "PUT", "/v1/practice/scopes/console-scoped", json={})

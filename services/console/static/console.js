@@ -320,6 +320,44 @@
     act(`schedule ${id}`, "PUT", `/v1/practice/schedules/${encodeURIComponent(id)}`, body);
   }
 
+  const KINDS = ["evacuate", "region-loss", "kill"];
+
+  // a row of checkboxes named ``group``, ticked where ``ticked`` (a list; null: none)
+  function checkboxes(group, values, ticked) {
+    return values.map((v) => h("label", {},
+      h("input", { type: "checkbox", "data-group": group, value: v, checked: (ticked || []).includes(v) }), ` ${v}`));
+  }
+
+  function ticked(group) {
+    return [...document.querySelectorAll(`input[data-group="${group}"]:checked`)].map((i) => i.value);
+  }
+
+  function savePolicy(event) {
+    event.preventDefault();
+    act("approval policy", "PUT", "/v1/practice/approval-policy",
+      { regions: ticked("policy-regions"), kinds: ticked("policy-kinds") });
+  }
+
+  // no region (or kind) ticked: any, as the API's null
+  function saveScope(event) {
+    event.preventDefault();
+    const key = $("scope-key").value.trim();
+    const regions = ticked("scope-regions");
+    const kinds = ticked("scope-kinds");
+    act(`blast radius of ${key}`, "PUT", `/v1/practice/scopes/${encodeURIComponent(key)}`,
+      { regions: regions.length ? regions : null, kinds: kinds.length ? kinds : null });
+  }
+
+  function editScope(key, scope) {
+    $("scope-key").value = key;
+    fill($("scope-regions"), checkboxes("scope-regions", regionNames(), scope.regions));
+    fill($("scope-kinds"), checkboxes("scope-kinds", KINDS, scope.kinds));
+  }
+
+  function regionNames() {
+    return state.regions ? state.regions.regions.map((r) => r.name) : [];
+  }
+
   function regionAction(name, action) {
     const text = action === "evacuate"
       ? `Move every shard ${name} leads to the other regions (planned handoff, no acknowledged loss).`
@@ -829,13 +867,31 @@
           h("button", { type: "button", class: "small", "data-action": "edit", onclick: () => editSchedule(sc) }, "Edit"),
           h("button", { type: "button", class: "small", "data-action": "delete", onclick: () => deleteSchedule(sc) }, "Delete")))) :
       h("tr", {}, h("td", { colspan: 7, class: "muted" }, "no schedule"))));
-    const names = state.regions ? state.regions.regions.map((r) => r.name) : [];
+    const names = regionNames();
     rebuildIf("schedule-regions", names, () => {
       const select = $("schedule-region");
       const chosen = select.value;
       fill(select, names.map((n) => h("option", {}, n)));
       if (names.includes(chosen)) select.value = chosen;
+      fill($("scope-regions"), checkboxes("scope-regions", names, ticked("scope-regions")));
+      fill($("scope-kinds"), checkboxes("scope-kinds", KINDS, ticked("scope-kinds")));
     });
+    // the policy's boxes show what the control shard holds (rebuilt when that changes)
+    const policy = overview.approval_policy || { regions: [], kinds: [] };
+    rebuildIf("policy", [names, policy], () => {
+      fill($("policy-regions"), checkboxes("policy-regions", names, policy.regions));
+      fill($("policy-kinds"), checkboxes("policy-kinds", KINDS, policy.kinds));
+    });
+    const needs = [...(policy.regions || []), ...(policy.kinds || [])];
+    $("policy-now").textContent = needs.length ? `now: ${needs.join(", ")}` : "now: none";
+    const scopes = Object.entries(overview.scopes || {});
+    rebuildIf("practice-scopes", scopes, () => fill($("practice-scopes").tBodies[0], scopes.length ? scopes.map(([key, sc]) =>
+      h("tr", { "data-key": key },
+        h("td", {}, h("b", {}, key)),
+        h("td", {}, sc.regions === null ? "any" : sc.regions.join(", ") || "none"),
+        h("td", {}, sc.kinds === null ? "any" : sc.kinds.join(", ") || "none"),
+        h("td", {}, h("button", { type: "button", class: "small", "data-action": "edit-scope", onclick: () => editScope(key, sc) }, "Edit")))) :
+      h("tr", {}, h("td", { colspan: 4, class: "muted" }, "no key has a blast radius: every operator key may drill anything"))));
   }
 
   // --- the loop ------------------------------------------------------------------------------
@@ -922,6 +978,8 @@
     $("signout").addEventListener("click", () => signOut(null));
     $("halt-toggle").addEventListener("click", toggleHalt);
     $("schedule-form").addEventListener("submit", saveSchedule);
+    $("policy-form").addEventListener("submit", savePolicy);
+    $("scope-form").addEventListener("submit", saveScope);
     if (state.key) signIn();
     else $("login").hidden = false;
     // ages ("3 s ago") move between polls too
