@@ -97,6 +97,12 @@ class InvariantViolation(AssertionError):
     """A protocol invariant does not hold. This is a bug; never catch it."""
 
 
+def error_body(code: str, message: str, *, retryable: bool = False) -> dict[str, object]:
+    """The JSON body of every refusal, wherever it is answered (the app, the edge, the
+    listeners' gates): ``{"error": {"code", "message", "retryable"}}``."""
+    return {"error": {"code": code, "message": message, "retryable": retryable}}
+
+
 class ConvplaneError(Exception):
     code = "internal"
     http_status = 500
@@ -108,7 +114,7 @@ class ConvplaneError(Exception):
         self.retry_after_s = retry_after_s
 
     def to_body(self) -> dict[str, object]:
-        return {"error": {"code": self.code, "message": self.message, "retryable": self.retryable}}
+        return error_body(self.code, self.message, retryable=self.retryable)
 
 
 class InvalidRequest(ConvplaneError):

@@ -29,6 +29,7 @@ from typing import Any, Protocol, cast
 import httptools
 from starlette.types import ASGIApp
 
+from eventlog.errors import error_body
 from services.api.fast_lane import FastLane, LaneRequest, LaneResponse, Respond
 from services.api.peer_trust import CERT_REGION_SCOPE_KEY
 from services.asgi_cycle import STATUS_LINE, AppCycle
@@ -414,7 +415,7 @@ class Connection(asyncio.Protocol):
     def _refuse_head(self) -> None:
         if not self.transport.is_closing() and self.cycle is None:
             message = f"request head over {self._limits.header_bytes_max} bytes"
-            body = error_body("request_header_fields_too_large", message)
+            body = error_bytes("request_header_fields_too_large", message)
             self.transport.write(
                 b"HTTP/1.1 431 Request Header Fields Too Large\r\n"
                 b"content-type: application/json\r\nconnection: close\r\n"
@@ -424,7 +425,7 @@ class Connection(asyncio.Protocol):
 
     def _refuse_malformed(self) -> None:
         """A request the HTTP parser refuses gets the API's JSON error."""
-        body = error_body("invalid_request", MALFORMED_MESSAGE)
+        body = error_bytes("invalid_request", MALFORMED_MESSAGE)
         self.transport.write(
             b"HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\n"
             b"connection: close\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body)
@@ -481,8 +482,8 @@ class CoalescedWrites:
         return getattr(self._transport, name)
 
 
-def error_body(code: str, message: str) -> bytes:
-    return json.dumps({"error": {"code": code, "message": message, "retryable": False}}).encode()
+def error_bytes(code: str, message: str) -> bytes:
+    return json.dumps(error_body(code, message)).encode()
 
 
 def _address(value: Any) -> tuple[str, int] | None:

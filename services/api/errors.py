@@ -22,7 +22,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
-from eventlog.errors import ConvplaneError, Unavailable
+from eventlog.errors import ConvplaneError, Unavailable, error_body
 
 log = logging.getLogger("convplane.api")
 
@@ -98,8 +98,7 @@ def refusal(
 
 
 def plain_error(status: int, code: str, message: str, *, retryable: bool = False) -> JSONResponse:
-    body = {"error": {"code": code, "message": message, "retryable": retryable}}
-    return JSONResponse(body, status_code=status)
+    return JSONResponse(error_body(code, message, retryable=retryable), status_code=status)
 
 
 #: how much of a client's own value an error message repeats (the rest of it is the client's)

@@ -34,7 +34,7 @@ from typing import Any
 import orjson
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from eventlog.errors import ConvplaneError
+from eventlog.errors import ConvplaneError, error_body
 from eventlog.http_headers import SERVED_BY_HEADER_RAW
 from services.api.admission import Arrival, NodeAdmission
 from services.api.metrics import Metrics
@@ -303,9 +303,7 @@ def edge_error(
     status: int, code: str, message: str, *, retryable: bool, retry_after_s: float
 ) -> tuple[list[tuple[bytes, bytes]], bytes]:
     """The headers and body of a refusal at the edge (the fast lane answers the same)."""
-    body = json.dumps(
-        {"error": {"code": code, "message": message, "retryable": retryable}}
-    ).encode()
+    body = json.dumps(error_body(code, message, retryable=retryable)).encode()
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     if status in (429, 503):
         headers.append((b"retry-after", str(max(1, math.ceil(retry_after_s))).encode()))

@@ -30,6 +30,7 @@ from collections.abc import Iterable
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from eventlog.errors import error_body
 from eventlog.http_headers import PEER_AUTH_HEADER, SOURCE_REGION_HEADER
 from services.api.peer_trust import CERT_REGION_SCOPE_KEY, PEER_REGION_SCOPE_KEY
 from services.peer_protocol import (
@@ -154,7 +155,7 @@ async def refuse(
     extra_headers: Iterable[tuple[bytes, bytes]] = (),
 ) -> None:
     """A JSON error, and the connection closed (whatever body follows is never read)."""
-    body = json.dumps({"error": {"code": code, "message": message, "retryable": False}}).encode()
+    body = json.dumps(error_body(code, message)).encode()
     headers = [
         (b"content-type", b"application/json"),
         (b"content-length", str(len(body)).encode()),

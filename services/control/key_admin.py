@@ -18,7 +18,7 @@ from typing import Any
 from eventlog.clock import Clock
 from eventlog.errors import Conflict, InvalidRequest, NotFound, Unavailable
 from regions.keys import KEY_RECORD, KeyRecord, KeyTable, Role, check_name
-from regions.ops_state import AUDIT_KEY, audit_body
+from regions.ops_state import AUDIT_KEY
 from services.config import TenantConfig, api_key_sha256
 from services.control.drills.driver import APPLY_WAIT_S, DrillDriver
 
@@ -170,14 +170,7 @@ class KeyAdmin:
 
     async def _commit(self, body: dict[str, Any], who: Operator, action: str, target: str) -> None:
         driver = self._driver
-        body[AUDIT_KEY] = audit_body(
-            at_ms=self._now_ms(),
-            by=who.by,
-            role=who.role,
-            action=action,
-            target=target,
-            reason=who.reason,
-        )
+        body[AUDIT_KEY] = driver.audit_entry(who.by, who.role, action, target, who.reason)
         lsn = await driver.node.append_record(driver.controller.control_shard, KEY_RECORD, body)
         deadline_s = self._clock.monotonic() + APPLY_WAIT_S
         while driver.ops.applied_lsn < lsn:  # then the change shows in this node's own answer

@@ -40,7 +40,7 @@ from eventlog.errors import Conflict, Forbidden, NotFound
 from regions.drill_kinds import DrillKind
 from regions.drills import DrillSpec
 from regions.error_budget import Burn, BurnPolicy, LoadSample, burning
-from regions.ops_state import AUDIT_KEY, PRACTICE_RECORD, audit_body
+from regions.ops_state import AUDIT_KEY, PRACTICE_RECORD
 from regions.practice import Conditions, Schedule, Scope, decide
 from regions.practice_state import Alert, PracticeState, Run
 from services.control.drills.driver import APPLY_WAIT_S, DrillDriver, PreflightFailed
@@ -302,7 +302,7 @@ class PracticeRunner:
         if run.status != "awaiting_approval":
             raise Conflict(f"run {run_id} is {run.status}, not awaiting approval")
         self.check_scope(key_name, run.kind, run.region)
-        audit = self._audit(by, role, "practice.approve", run.region, f"approve run {run_id}",
+        audit = self.driver.audit_entry(by, role, "practice.approve", run.region, f"approve run {run_id}",
                             {"run_id": run_id, "key": key_name, "requested_by": run.requested_by})  # fmt: skip
         await self._append({"op": "run.approve", "run_id": run_id, "approved_by": key_name,
                             "at_ms": self._clock.wall_ms(), AUDIT_KEY: audit})  # fmt: skip
@@ -311,7 +311,7 @@ class PracticeRunner:
     async def put_schedule(self, schedule: Schedule, *, by: str, role: str) -> Schedule:
         await self.driver.read_barrier()
         self.check_scope(schedule.by, schedule.kind, schedule.region)
-        audit = self._audit(by, role, "practice.schedule", schedule.region,
+        audit = self.driver.audit_entry(by, role, "practice.schedule", schedule.region,
                             f"schedule {schedule.schedule_id}", schedule.to_body())  # fmt: skip
         await self._append({"op": "schedule.put", "schedule": schedule.to_body(),
                             AUDIT_KEY: audit})  # fmt: skip
@@ -322,7 +322,7 @@ class PracticeRunner:
         schedule = self.state.schedules.get(schedule_id)
         if schedule is None:
             raise NotFound(f"no schedule {schedule_id!r}")
-        audit = self._audit(by, role, "practice.unschedule", schedule.region,
+        audit = self.driver.audit_entry(by, role, "practice.unschedule", schedule.region,
                             f"delete schedule {schedule_id}")  # fmt: skip
         await self._append({"op": "schedule.delete", "schedule_id": schedule_id,
                             AUDIT_KEY: audit})  # fmt: skip
@@ -330,7 +330,7 @@ class PracticeRunner:
     async def set_alert(self, name: str, firing: bool, reason: str, *, by: str, role: str) -> Alert:
         await self.driver.read_barrier()
         action = "practice.alert.fire" if firing else "practice.alert.clear"
-        audit = self._audit(by, role, action, name, reason)
+        audit = self.driver.audit_entry(by, role, action, name, reason)
         await self._append({"op": "alert.set", "name": name, "firing": firing, "reason": reason,
                             "by": by, "at_ms": self._clock.wall_ms(), AUDIT_KEY: audit})  # fmt: skip
         return self.state.alerts[name]
@@ -347,7 +347,9 @@ class PracticeRunner:
     async def set_policy(self, scope: Scope, *, key_name: str, by: str, role: str) -> Scope:
         await self.driver.read_barrier()
         self.check_unscoped(key_name)
-        audit = self._audit(by, role, "practice.policy", "*", "approval policy", scope.to_body())
+        audit = self.driver.audit_entry(
+            by, role, "practice.policy", "*", "approval policy", scope.to_body()
+        )
         await self._append({"op": "policy.set", **scope.to_body(), AUDIT_KEY: audit})
         return self.state.approval_policy
 
@@ -356,7 +358,7 @@ class PracticeRunner:
     ) -> Scope:
         await self.driver.read_barrier()
         self.check_unscoped(caller)
-        audit = self._audit(by, role, "practice.scope", key_name, "blast radius",
+        audit = self.driver.audit_entry(by, role, "practice.scope", key_name, "blast radius",
                             scope.to_body())  # fmt: skip
         await self._append({"op": "scope.set", "key_name": key_name, **scope.to_body(),
                             AUDIT_KEY: audit})  # fmt: skip
@@ -385,7 +387,7 @@ class PracticeRunner:
         )
 
     async def _request(self, run: Run, *, by: str, role: str) -> None:
-        audit = self._audit(by, role, "practice.request", run.region,
+        audit = self.driver.audit_entry(by, role, "practice.request", run.region,
                             run.reason, {"run_id": run.run_id, "kind": run.kind})  # fmt: skip
         await self._append({"op": "run.request", "run": run.to_body(), AUDIT_KEY: audit})
         await self._decided(run.schedule_id, run, "awaiting_approval", "needs approval")
@@ -410,18 +412,6 @@ class PracticeRunner:
                 "drill_id": drill_id,
             }
         )
-
-    def _audit(
-        self,
-        by: str,
-        role: str,
-        action: str,
-        target: str,
-        reason: str,
-        detail: dict[str, Any] | None = None,
-    ) -> dict[str, Any]:
-        return audit_body(at_ms=self._clock.wall_ms(), by=by, role=role, action=action,
-                          target=target, reason=reason, detail=detail)  # fmt: skip
 
     async def _append(self, body: dict[str, Any]) -> None:
         """Commit a practice record and wait until this node folded it."""

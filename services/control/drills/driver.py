@@ -465,7 +465,7 @@ class DrillDriver:
             # the fault starts with the first record (a region-loss's injection time): stamp it
             # after the preflight writes, which may take a while
             drill = replace(start(drill_id, spec, self._clock.wall_ms()), measurements=measured)
-            audit = self._audit_entry(
+            audit = self.audit_entry(
                 by,
                 role,
                 "drill.start",
@@ -503,7 +503,7 @@ class DrillDriver:
             drill = self.ops.drills.get(drill_id)
             if drill is None:
                 raise NotFound(f"no drill {drill_id!r}")
-            audit = self._audit_entry(
+            audit = self.audit_entry(
                 by, role, "drill.abort", drill.spec.region, reason, {"drill_id": drill_id}
             )
             aborted = request_abort(drill, f"aborted by {by}: {reason}", self._clock.wall_ms())
@@ -517,7 +517,7 @@ class DrillDriver:
         async with self._write_lock:
             await self.read_barrier()
             now_ms = self._clock.wall_ms()
-            audit = self._audit_entry(by, role, "halt.on" if on else "halt.off", "*", reason)
+            audit = self.audit_entry(by, role, "halt.on" if on else "halt.off", "*", reason)
             body = {"on": on, "reason": reason, "by": by, "at_ms": now_ms, AUDIT_KEY: audit}
             await self._append(HALT_RECORD, body)
             if on:  # abort now rather than at the next step
@@ -533,7 +533,7 @@ class DrillDriver:
         async with self._write_lock:
             await self.read_barrier()
             await self._append(
-                AUDIT_RECORD, self._audit_entry(by, role, action, target, reason, detail)
+                AUDIT_RECORD, self.audit_entry(by, role, action, target, reason, detail)
             )
 
     async def move_region(
@@ -541,7 +541,7 @@ class DrillDriver:
     ) -> None:
         """An operator's evacuate or restore of ``region`` (``Controller.operator``), its
         audit entry inside the placement record that makes the move."""
-        audit = self._audit_entry(by, role, f"region.{action}", region, reason)
+        audit = self.audit_entry(by, role, f"region.{action}", region, reason)
         await self.controller.operator(action, region, audit)
 
     # --- writing records ------------------------------------------------------------------
@@ -559,7 +559,7 @@ class DrillDriver:
             body[AUDIT_KEY] = audit
         await self._append(DRILL_RECORD, body)
 
-    def _audit_entry(
+    def audit_entry(
         self,
         by: str,
         role: str,
@@ -568,6 +568,8 @@ class DrillDriver:
         reason: str,
         detail: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
+        """An operator's audit entry, stamped with this node's wall clock, for a record the
+        control shard commits (drills, placement, halt, practice runs, keys)."""
         return audit_body(
             at_ms=self._clock.wall_ms(),
             by=by,
