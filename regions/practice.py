@@ -28,7 +28,7 @@ from typing import Any, Literal, cast
 
 from eventlog.errors import InvalidRequest
 from regions.drill_kinds import DrillKind
-from regions.drills import HOLD_S_MAX, KINDS
+from regions.drills import HOLD_S_MAX, KINDS, Guards
 
 Action = Literal["start", "skip", "wait"]
 WEEKDAYS = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
@@ -98,6 +98,8 @@ class Schedule:
     enabled: bool = True
     #: the key that wrote it
     by: str = ""
+    #: its drills' stop conditions (``regions.drills.Guards``: RTO, canary errors, ack p99)
+    guards: Guards = field(default_factory=Guards)
 
     def __post_init__(self) -> None:
         if not _SCHEDULE_ID.fullmatch(self.schedule_id):
@@ -132,6 +134,7 @@ class Schedule:
             "retry_after_skip_s": self.retry_after_skip_s,
             "needs_approval": self.needs_approval,
             "enabled": self.enabled,
+            "guards": self.guards.to_body(),
             "by": self.by,
         }
 
@@ -154,6 +157,7 @@ class Schedule:
             needs_approval=bool(body.get("needs_approval", False)),
             enabled=bool(body.get("enabled", True)),
             by=str(body.get("by", "")),
+            guards=guards_of(body.get("guards")),
         )
 
     def occurrence_start_ms(self, now_ms: int) -> int | None:
@@ -259,3 +263,12 @@ class Scope:
         if scope.kinds is not None and not scope.kinds <= set(KINDS):
             raise InvalidRequest(f"kinds must be among {list(KINDS)}")
         return scope
+
+
+def guards_of(body: Mapping[str, Any] | None) -> Guards:
+    """A schedule's or run's guards from its body (absent: the defaults, as in records written
+    before schedules carried guards); ValueError when they are not guards."""
+    try:
+        return Guards.from_body(body)
+    except InvalidRequest as exc:
+        raise ValueError(exc.message) from exc

@@ -26,13 +26,14 @@ import json
 import logging
 from collections import OrderedDict, deque
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal, cast
 
 from eventlog.model import LogEntry
 from regions.drill_kinds import DrillKind
+from regions.drills import Guards
 from regions.ops_state import PRACTICE_RECORD
-from regions.practice import History, Schedule, Scope
+from regions.practice import History, Schedule, Scope, guards_of
 
 RunStatus = Literal["awaiting_approval", "approved", "ran", "skipped"]
 Outcome = Literal["ran", "skipped", "awaiting_approval"]
@@ -62,6 +63,8 @@ class Run:
     approved_by: str | None = None
     approved_at_ms: int | None = None
     drill_id: str | None = None
+    #: its drill's stop conditions (its schedule's, or asked for with it)
+    guards: Guards = field(default_factory=Guards)
 
     def to_body(self) -> dict[str, Any]:
         return {
@@ -77,6 +80,7 @@ class Run:
             "approved_by": self.approved_by,
             "approved_at_ms": self.approved_at_ms,
             "drill_id": self.drill_id,
+            "guards": self.guards.to_body(),
         }
 
     @classmethod
@@ -91,6 +95,7 @@ class Run:
             reason=str(body["reason"]),
             requested_by=str(body["requested_by"]),
             requested_at_ms=int(body["requested_at_ms"]),
+            guards=guards_of(body.get("guards")),
         )
 
 

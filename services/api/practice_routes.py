@@ -24,10 +24,12 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from eventlog.errors import InvalidRequest, NotFound, Unavailable
 from regions.drill_kinds import DrillKind
+from regions.drills import Guards
 from regions.keys import NAME_PATTERN
 from regions.practice import BLOCKED_DATES_MAX, WINDOWS_MAX, Schedule, Scope
 from regions.practice_state import CALENDAR_KEPT_MAX
 from services.api.context import RequestContext, app_services, request_context
+from services.api.drill_routes import DrillGuards
 from services.api.openapi import errors
 from services.api.roles import OBSERVER_ROLES, OPERATOR_ROLES, require_role
 from services.control.practice import PracticeRunner
@@ -60,6 +62,8 @@ class ScheduleRequest(BaseModel):
     retry_after_skip_s: float = Field(default=300.0, ge=1, le=366 * 86_400)
     needs_approval: bool = False
     enabled: bool = True
+    #: its drills' stop conditions; each left out takes its default (as ``POST /v1/drills``)
+    guards: DrillGuards | None = None
 
 
 class RunRequest(BaseModel):
@@ -69,6 +73,8 @@ class RunRequest(BaseModel):
     region: str = Field(pattern=REGION_PATTERN)
     hold_s: float = Field(gt=0, le=3600)
     reason: str = Field(min_length=1, max_length=500)
+    #: the drill's stop conditions; each left out takes its default (as ``POST /v1/drills``)
+    guards: DrillGuards | None = None
 
 
 class AlertRequest(BaseModel):
@@ -152,7 +158,11 @@ async def put_schedule(ctx: Context, schedule_id: ScheduleIdPath, body: Schedule
     _known_region(runner, body.region)
     try:
         schedule = Schedule.from_body(
-            {**body.model_dump(), "schedule_id": schedule_id, "by": ctx.tenant.name}
+            {
+                **body.model_dump(exclude_none=True),
+                "schedule_id": schedule_id,
+                "by": ctx.tenant.name,
+            }
         )
     except (TypeError, ValueError) as exc:
         raise InvalidRequest(str(exc)) from exc
@@ -188,6 +198,7 @@ async def request_practice_run(ctx: Context, body: RunRequest) -> Any:
     async def request() -> dict[str, Any]:
         run = await runner.request_run(
             body.kind, body.region, body.hold_s, body.reason, key_name=ctx.tenant.name,
+            guards=Guards.from_body(body.guards.model_dump(exclude_none=True) if body.guards else {}),
             **_who(ctx),
         )  # fmt: skip
         return run.to_body()

@@ -38,7 +38,7 @@ from typing import Any
 from eventlog.clock import Clock
 from eventlog.errors import Conflict, Forbidden, NotFound
 from regions.drill_kinds import DrillKind
-from regions.drills import DrillSpec
+from regions.drills import DrillSpec, Guards
 from regions.error_budget import Burn, BurnPolicy, LoadSample, burning
 from regions.ops_state import AUDIT_KEY, PRACTICE_RECORD
 from regions.practice import Conditions, Schedule, Scope, decide
@@ -143,7 +143,7 @@ class PracticeRunner:
         # the schedule's author asks: a second operator's key approves
         author = schedule.by or f"schedule:{schedule.schedule_id}"
         run = self._new_run(schedule.schedule_id, schedule.kind, schedule.region,
-                            schedule.hold_s, reason, author)  # fmt: skip
+                            schedule.hold_s, reason, author, schedule.guards)  # fmt: skip
         if self.state.needs_approval(schedule.region, schedule.kind, schedule):
             await self._request(run, by=run.requested_by, role=PRACTICE_ROLE)
             return
@@ -232,7 +232,7 @@ class PracticeRunner:
     async def _start(self, schedule_id: str | None, run: Run, why: str, retry: bool = False) -> Run:
         """Start the run's drill; a refused preflight is a skip, or with ``retry`` nothing
         (tried again next tick). Returns the run as it now stands."""
-        spec = _spec(run.kind, run.region, run.hold_s, run.reason, run.requested_by)
+        spec = _spec(run.kind, run.region, run.hold_s, run.reason, run.requested_by, run.guards)
         try:
             by = f"practice:{run.requested_by}"
             drill, _ = await self.driver.create(spec, by=by, role=PRACTICE_ROLE)
@@ -273,11 +273,12 @@ class PracticeRunner:
         key_name: str,
         by: str,
         role: str,
+        guards: Guards | None = None,
     ) -> Run:
         """A run asked for by hand: waits for approval where the policy says so, else starts."""
         await self.driver.read_barrier()
         self.check_scope(key_name, kind, region)
-        run = self._new_run(None, kind, region, hold_s, reason, key_name)
+        run = self._new_run(None, kind, region, hold_s, reason, key_name, guards or Guards())
         if not self.state.needs_approval(region, kind):
             return await self._start(None, run, f"asked for by {key_name}")
         await self._request(run, by=by, role=role)
@@ -374,6 +375,7 @@ class PracticeRunner:
         hold_s: float,
         reason: str,
         requested_by: str,
+        guards: Guards,
     ) -> Run:
         return Run(
             run_id=f"r{self._clock.wall_ms()}-{self._run_token()}",
@@ -384,6 +386,7 @@ class PracticeRunner:
             reason=reason,
             requested_by=requested_by,
             requested_at_ms=self._clock.wall_ms(),
+            guards=guards,
         )
 
     async def _request(self, run: Run, *, by: str, role: str) -> None:
@@ -425,5 +428,8 @@ class PracticeRunner:
                 await self._clock.sleep(0.02)
 
 
-def _spec(kind: DrillKind, region: str, hold_s: float, reason: str, by: str) -> DrillSpec:
-    return DrillSpec(kind=kind, region=region, hold_s=hold_s, reason=reason, requested_by=by)
+def _spec(
+    kind: DrillKind, region: str, hold_s: float, reason: str, by: str, guards: Guards | None = None
+) -> DrillSpec:
+    return DrillSpec(kind=kind, region=region, hold_s=hold_s, reason=reason, requested_by=by,
+                     guards=guards or Guards())  # fmt: skip

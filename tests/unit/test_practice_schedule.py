@@ -10,6 +10,7 @@ from datetime import UTC, date, datetime
 import pytest
 
 from eventlog.errors import InvalidRequest
+from regions.drills import Guards
 from regions.ops_state import AUDIT_KEY, PRACTICE_RECORD, OpsState
 from regions.practice import (
     Conditions,
@@ -217,3 +218,23 @@ def test_the_approval_policy_and_scopes_fold() -> None:
     _record(state, ops, 4, {"op": "alert.set", "name": "pager", "firing": True,
                             "reason": "5xx", "by": "alice", "at_ms": 1})  # fmt: skip
     assert [a.name for a in state.firing_alerts()] == ["pager"]
+
+
+def test_a_schedule_and_its_runs_carry_their_drills_guards_and_old_records_take_the_defaults() -> (
+    None
+):
+    loose = {"max_rto_s": 60.0, "max_error_ratio": 1.0, "max_ack_p99_ms": 60_000.0}
+    schedule = _schedule(guards=loose)
+    assert Schedule.from_body(schedule.to_body()).guards == Guards.from_body(loose)
+    assert _schedule().guards == Guards()  # a record from before schedules carried guards
+    with pytest.raises(ValueError, match="max_rto_s"):
+        _schedule(guards={"max_rto_s": 0})
+    state, ops = PracticeState(), OpsState()
+    run = {"run_id": "r1", "schedule_id": "weekly-eu", "kind": "region-loss",
+           "region": "eu-west", "hold_s": 5.0, "reason": "practice", "requested_by": "alice",
+           "requested_at_ms": MONDAY_10, "guards": loose}  # fmt: skip
+    _record(state, ops, 1, {"op": "run.request", "run": run})
+    assert state.runs["r1"].guards == Guards.from_body(loose)
+    assert state.runs["r1"].to_body()["guards"] == loose
+    _record(state, ops, 2, {"op": "run.request", "run": {**run, "run_id": "r2", "guards": None}})
+    assert state.runs["r2"].guards == Guards()
