@@ -632,7 +632,17 @@ def test_a_second_operator_approves_a_run_and_edits_a_schedule_from_the_page(
                 saved["needs_approval"], saved["by"]) == (
             "ap-south", "evacuate", 60.0, 168 * 3600.0, True, "console-ok")  # fmt: skip
         assert saved["windows"] == ["sat 01:00-02:00", "sun 01:00-02:00"], saved
+        # what the form does not show, set through the API: an edit from the page keeps it
+        hidden = {"chance": 0.5, "guards": {"max_rto_s": 30.0, "max_error_ratio": 0.5,
+                                            "max_ack_p99_ms": 9000.0}}  # fmt: skip
+        fields = ("region", "kind", "windows", "hold_s", "min_interval_s", "needs_approval")
+        put = operator_call(plane, "PUT", "/v1/practice/schedules/console-weekly",
+                            json={**{f: saved[f] for f in fields}, **hidden})  # fmt: skip
+        assert put.status_code == 200, put.text
         srow = '#practice-schedules tr[data-schedule="console-weekly"]'
+        wait_for("the page showing the API's change", lambda: "chance 50 %" in (page.js(
+            "const r = document.querySelector(arguments[0]); return r ? r.textContent : ''",
+            srow) or ""))  # fmt: skip
         wait_for("the schedule listed", lambda: bool(page.js(
             "return document.querySelector(arguments[0]) !== null", srow)))  # fmt: skip
         page.click(f'{srow} button[data-action="edit"]')
@@ -642,11 +652,9 @@ def test_a_second_operator_approves_a_run_and_edits_a_schedule_from_the_page(
         page.click("#schedule-save")
         wait_for("the edit saved", lambda: (schedule() or {}).get("hold_s") == 2.0)
         edited = schedule()
-        assert (
-            edited is not None
-            and edited["needs_approval"]
-            and edited["windows"] == saved["windows"]
-        )
+        assert edited is not None and edited["needs_approval"], edited
+        assert edited["windows"] == saved["windows"], edited
+        assert (edited["chance"], edited["guards"]) == (0.5, hidden["guards"]), edited
         page.screenshot("practice-schedules")
         page.click(f'{srow} button[data-action="delete"]')
         page.confirm()

@@ -299,7 +299,7 @@
 
   // the form writes what the API takes; the server checks it (a bad window is its 400, shown).
   // Saving over an existing schedule keeps what the form does not show (chance, blocked dates,
-  // retry after a skip, enabled).
+  // retry after a skip, enabled, guards).
   function saveSchedule(event) {
     event.preventDefault();
     const id = $("schedule-id").value.trim();
@@ -307,6 +307,7 @@
     const kept = existing ? {
       chance: existing.chance, blocked_dates: existing.blocked_dates,
       retry_after_skip_s: existing.retry_after_skip_s, enabled: existing.enabled,
+      guards: existing.guards,
     } : {};
     const body = {
       ...kept,
@@ -857,7 +858,8 @@
     rebuildIf("practice-schedules", schedules, () => fill($("practice-schedules").tBodies[0], schedules.length ? schedules.map((sc) =>
       h("tr", { "data-schedule": sc.schedule_id },
         h("td", {}, h("b", {}, sc.schedule_id), sc.enabled ? null : h("span", { class: "badge tag" }, "disabled"),
-          sc.needs_approval ? h("span", { class: "badge tag" }, "needs approval") : null),
+          sc.needs_approval ? h("span", { class: "badge tag" }, "needs approval") : null,
+          sc.chance < 1 ? h("span", { class: "badge tag" }, `chance ${Math.round(sc.chance * 100)} %`) : null),
         h("td", {}, `${sc.kind} of ${sc.region}`),
         h("td", {}, sc.windows.join(", ")),
         h("td", { class: "num" }, `${sc.hold_s} s`),
