@@ -29,7 +29,7 @@ import httpx
 import pytest
 
 from tests import tool_conversation as conv
-from tests.e2e.plane import Plane, start_plane, stop_plane
+from tests.e2e.plane import Plane, start_plane, stop_plane, until_answered
 from tests.vllm.build_model import CHAT_TEMPLATE
 from tests.vllm.servers import BLOCK_TOKENS, MODEL_REVISION, VllmServer
 
@@ -50,14 +50,16 @@ def settings(stored_template: bool) -> dict[str, Any]:
 
 
 def write_conversation(client: httpx.Client, cid: str, stored_template: bool) -> None:
-    r = client.post("/v1/conversations", json={"conversation_id": cid})
+    """As an application writes: each request with its Idempotency-Key, a retryable answer
+    (an outcome unknown while the server's CPU is taken by vLLM) sent again with the same key."""
+    r = until_answered(client, "POST", "/v1/conversations", {"conversation_id": cid}, f"{cid}-c")
     assert r.status_code == 201, r.text
     assert r.headers["x-convplane-served-by"] == VICTIM
     bodies = conv.append_bodies(cid, TURN_WORDS)
     assert bodies[0]["type"] == "prompt.settings"
     bodies[0] = {"type": "prompt.settings", "payload": settings(stored_template)}
-    for body in bodies:
-        r = client.post(f"/v1/conversations/{cid}/events", json=body)
+    for i, body in enumerate(bodies):
+        r = until_answered(client, "POST", f"/v1/conversations/{cid}/events", body, f"{cid}-{i}")
         assert r.status_code == 201, r.text
 
 
