@@ -94,8 +94,8 @@ class WorkerConfig:
     backoff_base_s: float = 0.2
     backoff_max_s: float = 5.0
     replay_priority: int = 100  # larger = lower priority in vLLM's priority scheduler
-    #: the operator declares the engine runs ``--scheduling-policy priority``: vLLM takes a
-    #: priority under FCFS too, so the self-check cannot verify it (``vllm_check``)
+    #: the operator declares the engine runs ``--scheduling-policy priority``: it counts where
+    #: the self-check's priority probe cannot tell (``vllm_check``), never over a failed one
     priority_declared: bool = False
     drain_timeout_s: float = 30.0
     reroute_pause_s: float = 1.0  # before re-publishing a wrong_model job: bounds bouncing
@@ -104,7 +104,11 @@ class WorkerConfig:
     #: (``replay_pieces``): about half the engine's scheduler step (vLLM's
     #: ``max_num_batched_tokens``; bench/replay.py: 256 with 512-token steps); 0 = whole
     piece_tokens_max: int = 1024
-    recheck_s: float = 30.0  # an unfit engine is checked again this often
+    #: an unfit engine is checked again after this, doubling per failed check up to
+    #: ``recheck_max_s`` (the priority probe queues work on the engine, ahead of live
+    #: requests on an FCFS one)
+    recheck_s: float = 30.0
+    recheck_max_s: float = 600.0
 
 
 class _JobExpired(Exception):
@@ -187,11 +191,13 @@ class ReplayWorker:
 
     async def engine_fit(self) -> bool:
         """Run the engine's self-check (``InferenceEngine.self_check``) until it passes (True)
-        or the worker is stopped (False). While it fails the worker takes no job (it does not
-        even join the group, so no partition waits on it); ``engine_fitness`` says why, and
+        or the worker is stopped (False), checking again after ``recheck_s``, doubling up to
+        ``recheck_max_s``. While it fails the worker takes no job (it does not even join the
+        group, so no partition waits on it); ``engine_fitness`` says why, and
         the reason is logged each time it changes. A fit engine whose priority scheduling is
         unverified gets a smaller share of its spare (``SpareGate.set_priority_verified``)."""
         s = self.settings
+        recheck_s = s.recheck_s
         while not self._stopping.is_set():
             try:
                 fitness = await asyncio.wait_for(
@@ -222,7 +228,8 @@ class ReplayWorker:
                 )
                 return True
             self.counts["engine_check_failed"] += 1
-            pause = asyncio.create_task(self._clock.sleep(s.recheck_s))
+            pause = asyncio.create_task(self._clock.sleep(recheck_s))
+            recheck_s = min(recheck_s * 2, max(s.recheck_max_s, s.recheck_s))
             stop = asyncio.create_task(self._stopping.wait())
             await asyncio.wait([pause, stop], return_when=asyncio.FIRST_COMPLETED)
             for task in (pause, stop):

@@ -29,19 +29,30 @@ sends it (``VllmHttpEngine.prefill``).
     the server's ``max_model_len``: a first short probe measures this tokenizer's tokens per
     word.
 ``priority_scheduling``
-    Cannot be verified from outside: vLLM under FCFS takes ``priority`` with a 200 and ignores
-    it. ``failed`` when a probe's priority is refused (older vLLM), ``passed`` only when the
-    operator declares ``--scheduling-policy priority`` (``--declare-priority-scheduling``),
-    ``unverified`` otherwise: the engine stays fit, and replay takes a smaller share of its
-    spare (``CapacityConfig.unverified_priority_share``).
+    Verified by behaviour, since vLLM under FCFS takes ``priority`` with a 200 and ignores it:
+    ``QUEUE_PROBE_REQUESTS`` prompts of ``QUEUE_PROBE_ROUND_TOKENS`` tokens at replay's
+    priority build a queue; once the first is answered, one short prompt at a live request's
+    priority joins it. A priority scheduler answers it while the replay-priority ones queued
+    before it still wait (``passed``); FCFS answers it with the last of them (``failed``: replay
+    would compete first-come-first-served with live users). When the engine ran the queue in
+    too few scheduler steps to tell (a step budget many times the prompts), or faster than
+    requests go through the server (``QUEUE_PACE``: the answers' order is then the server's,
+    not the scheduler's), or the timing is
+    in between, in each of its rounds, it is ``unverified``: ``passed`` if
+    the operator declares ``--scheduling-policy priority`` (``--declare-priority-scheduling``);
+    otherwise the engine stays fit, and replay takes a smaller share of its spare and only
+    while no live request is in the engine (``CapacityConfig.unverified_priority_share``). A
+    declaration never outranks a ``failed``.
 
 A check whose probe could not run (an earlier probe failed) is ``unverified``.
 """
 
 from __future__ import annotations
 
+import asyncio
+import itertools
 import secrets
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import NoReturn
 
 from replay.chat import ChatPrompt
@@ -79,6 +90,22 @@ CHECKS = (
 
 PROBE_TOKENS_MAX = 1024  # many blocks at any block size vLLM supports (16 .. 128 tokens)
 SIZING_WORDS = 64  # the first probe: measures the tokenizer's tokens per word
+#: the priority probe's rounds, while the timing cannot tell: each this many replay-priority
+#: prompts of this many tokens (at most 90% of the server's max_model_len), then one short
+#: prompt at a live priority. Small first: the probe delays an FCFS engine's live requests;
+#: larger after, for a scheduler step budget that took the small queue in too few steps
+QUEUE_PROBE_ROUND_TOKENS = (1024, 4096, 4096)
+QUEUE_PROBE_REQUESTS = 10
+QUEUE_PROBE_LIVE_WORDS = 16
+LIVE_PRIORITY = 0  # vLLM's default: what a live request carries
+#: judging the queue (``judge_queue``), in fractions of the time the queue took to drain
+QUEUE_STEPS_NEEDED = 4  # distinct answer times (scheduler steps) still ahead when it joined
+QUEUE_TIE = 0.1  # answers closer than this came from one scheduler step
+QUEUE_OVERTOOK = 0.6  # answered within this: it overtook the queue
+QUEUE_LAST = 0.95  # answered this late: it waited behind the whole queue
+#: the queue must take this many times as long to drain as its prompts' round trips one by
+#: one would: then its answers came at the pace of the engine's steps
+QUEUE_PACE = 2.0
 PROBE_TEMPLATE = "{% for m in messages %}<{{ m.role }}>{{ m.content }}\n{% endfor %}"
 PROBE_TOOLS = (
     {
@@ -132,10 +159,38 @@ async def run_self_check(
         await check.tools()
         await check.chat_template()
         await check.prefix_cache(max_model_len)
+        await check.priority(max_model_len)
     except _Stop:
         pass
-    check.priority(priority_declared)
+    check.priority_declared(priority_declared)
     return check.fitness()
+
+
+def judge_queue(
+    live_answered_s: float, queued_answered_s: Sequence[float], round_trip_s: float
+) -> CheckVerdict:
+    """The priority probe's verdict. ``live_answered_s``: when the live-priority prompt was
+    answered, ``queued_answered_s``: when each replay-priority prompt still unanswered as it
+    was sent was answered, both in seconds after it was sent; ``round_trip_s``: the short
+    prompt's round trip on the idle engine."""
+    if not queued_answered_s:
+        return "unverified"
+    drained_s = max(queued_answered_s)
+    if drained_s < QUEUE_PACE * len(queued_answered_s) * round_trip_s:
+        # answers at the pace requests go through the server, not of the engine's steps: the
+        # engine may have prefilled the whole queue before the live prompt reached it
+        return "unverified"
+    tie_s = QUEUE_TIE * drained_s
+    answers = sorted(queued_answered_s)
+    steps = 1 + sum(1 for a, b in itertools.pairwise(answers) if b - a > tie_s)
+    if drained_s <= 0 or steps < QUEUE_STEPS_NEEDED:
+        return "unverified"  # the engine took the queue in too few steps to tell
+    if live_answered_s >= QUEUE_LAST * drained_s:
+        return "failed"
+    overtaken = sum(1 for t in queued_answered_s if t > live_answered_s + tie_s)
+    if live_answered_s <= QUEUE_OVERTOOK * drained_s and overtaken >= 2:
+        return "passed"
+    return "unverified"
 
 
 class _SelfCheck:
@@ -151,6 +206,8 @@ class _SelfCheck:
         self._sent = 0
         self._salt = secrets.token_hex(32)
         self._found: dict[str, EngineCheck] = {}
+        self._tokens_per_word: float | None = None  # measured by the sizing probe
+        self._unclear_queue = ""  # the priority probe's timings when it could not tell
 
     def fitness(self) -> EngineFitness:
         missing = "not probed: an earlier probe could not run"
@@ -193,7 +250,7 @@ class _SelfCheck:
         if replayed is None:
             return
         try:
-            live = await self._prefill(self._request(with_tools, "tools"), "auto")
+            live = await self._prefill(self._request(with_tools, "tools", self._priority), "auto")
         except EngineRejectedRequest:
             # no auto tool choice on this server: the live path cannot send tools without
             # tool_choice either; replay's request was accepted, which is what counts here
@@ -227,6 +284,7 @@ class _SelfCheck:
         if sizing is None:
             return
         tokens_per_word = max(sizing.prompt_tokens / SIZING_WORDS, 1e-9)  # overhead included
+        self._tokens_per_word = tokens_per_word
         prompt = _words_prompt(max(1, int(target_tokens / tokens_per_word)))
         first = await self._probe(CACHES_PREFIXES, prompt, "cache")
         second = await self._probe(CACHES_PREFIXES, prompt, "cache")
@@ -251,23 +309,103 @@ class _SelfCheck:
             return
         self._record(CACHES_PREFIXES, "passed")
 
-    def priority(self, declared: bool) -> None:
+    async def priority(self, max_model_len: int | None) -> None:
+        """The queue probe (module docstring), a round of each size while it cannot tell; its
+        verdict stands over a declaration."""
+        if self._tokens_per_word is None or self._priority <= LIVE_PRIORITY:
+            return  # no sizing, or replay's priority is not below a live one: nothing to see
+        for attempt, round_tokens in enumerate(QUEUE_PROBE_ROUND_TOKENS):
+            target_tokens = round_tokens
+            if max_model_len is not None:
+                target_tokens = min(target_tokens, int(max_model_len * 0.9))
+            words = max(1, int(target_tokens / self._tokens_per_word))
+            verdict, timings = await self._queue_round(words, attempt)
+            if verdict == "passed":
+                self._record(PRIORITY_SCHEDULING, "passed")
+                return
+            if verdict == "failed":
+                self._record(
+                    PRIORITY_SCHEDULING,
+                    "failed",
+                    f"serves first-come-first-served ({timings}): replay would delay live "
+                    "requests; start it with --scheduling-policy priority",
+                )
+                return
+            self._unclear_queue = timings
+
+    async def _queue_round(self, words: int, attempt: int) -> tuple[CheckVerdict, str]:
+        """One queue of replay-priority prompts (fresh salts: nothing cached), then the
+        live-priority one; raises ``_Stop`` when a probe fails (recorded)."""
+        loop = asyncio.get_running_loop()
+        answered: dict[int, float] = {}
+
+        async def queued(index: int) -> None:
+            prompt = _words_prompt(words, offset=index)
+            tag = f"queue-{attempt}-{index}"
+            await self._probe(PRIORITY_SCHEDULING, prompt, tag, stop=True)
+            answered[index] = loop.time()
+
+        tasks = [asyncio.create_task(queued(i)) for i in range(QUEUE_PROBE_REQUESTS)]
+        try:
+            first, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+            for task in first:
+                task.result()  # a refused or failed probe ends the check here
+            waiting = [i for i, task in enumerate(tasks) if not task.done()]
+            sent_s = loop.time()
+            live = _words_prompt(QUEUE_PROBE_LIVE_WORDS)
+            tag = f"live-{attempt}"
+            await self._probe(PRIORITY_SCHEDULING, live, tag, stop=True, priority=LIVE_PRIORITY)
+            live_s = loop.time() - sent_s
+            await asyncio.gather(*tasks)
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        round_trips = []
+        for _ in range(2):  # the same short prompt alone, cached: the server's own pace
+            started_s = loop.time()
+            await self._probe(PRIORITY_SCHEDULING, live, tag, stop=True, priority=LIVE_PRIORITY)
+            round_trips.append(loop.time() - started_s)
+        queued_s = [answered[i] - sent_s for i in waiting]
+        timings = (
+            f"a live-priority prompt answered {live_s:.3f}s after it joined "
+            f"{len(waiting)} replay-priority prompts of {words} words, the last of them "
+            f"answered after {max(queued_s, default=0.0):.3f}s, a round trip alone "
+            f"{min(round_trips):.3f}s"
+        )
+        return judge_queue(live_s, queued_s, min(round_trips)), timings
+
+    def priority_declared(self, declared: bool) -> None:
         if declared:
             self._record(PRIORITY_SCHEDULING, "passed")
             return
+        observed = (
+            f"the queue probe could not tell ({self._unclear_queue}): "
+            if self._unclear_queue
+            else ""
+        )
         self._record(
             PRIORITY_SCHEDULING,
             "unverified",
-            "vLLM accepts a request priority under FCFS too and ignores it, so it "
-            "cannot be checked from outside: start it with --scheduling-policy "
-            "priority and declare that (--declare-priority-scheduling); until then "
-            "replay takes a smaller share of its spare",
+            f"{observed}start it with --scheduling-policy priority and declare that "
+            "(--declare-priority-scheduling); until then replay takes a smaller share of "
+            "its spare, only while no live request is in it",
         )
 
-    async def _probe(self, name: str, prompt: ChatPrompt, tag: str) -> PrefillOutcome | None:
-        """One probe for check ``name``: its outcome, or None when refused (recorded)."""
+    async def _probe(
+        self,
+        name: str,
+        prompt: ChatPrompt,
+        tag: str,
+        *,
+        stop: bool = False,
+        priority: int | None = None,
+    ) -> PrefillOutcome | None:
+        """One probe for check ``name``: its outcome, or None when refused (recorded; with
+        ``stop``, ``_Stop`` is raised instead)."""
+        request = self._request(prompt, tag, self._priority if priority is None else priority)
         try:
-            return await self._prefill(self._request(prompt, tag), REPLAY_TOOL_CHOICE)
+            return await self._prefill(request, REPLAY_TOOL_CHOICE)
         except EngineRejectedRequest as exc:
             if "priority" in exc.message.lower():
                 self._record(
@@ -277,6 +415,8 @@ class _SelfCheck:
                     f"priority ({exc.message[:200]})",
                 )
             self._record(name, "failed", _refusal_reason(name, exc.message))
+            if stop:
+                raise _Stop from exc
             return None
         except (EngineUnavailable, ModelRevisionMismatch) as exc:
             self._stop(name, exc)
@@ -287,19 +427,19 @@ class _SelfCheck:
         self._record(failed, "failed", exc.message)
         raise _Stop from exc
 
-    def _request(self, prompt: ChatPrompt, tag: str) -> PrefillRequest:
+    def _request(self, prompt: ChatPrompt, tag: str, priority: int) -> PrefillRequest:
         self._sent += 1
         return PrefillRequest(
             self._revision,
             prompt,
             f"{self._salt}-{tag}",
-            self._priority,
+            priority,
             f"check-{self._salt[:8]}-{self._sent}",
         )
 
 
-def _words_prompt(words: int) -> ChatPrompt:
-    text = " ".join(f"probe{i % 101}" for i in range(words))
+def _words_prompt(words: int, offset: int = 0) -> ChatPrompt:
+    text = " ".join(f"probe{(offset + i) % 101}" for i in range(words))
     return ChatPrompt(({"role": "user", "content": text},))
 
 

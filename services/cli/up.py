@@ -64,8 +64,9 @@ def up(
         bool,
         typer.Option(
             "--declare-priority-scheduling",
-            help="The --engine servers run --scheduling-policy priority (it cannot be "
-            "verified from outside); otherwise replay takes a smaller share of their spare.",
+            help="The --engine servers run --scheduling-policy priority: counts where the "
+            "check's queue probe cannot tell (never over an engine seen serving FCFS); "
+            "otherwise replay takes a smaller share of their spare there.",
         ),
     ] = False,
     kafka_bootstrap_servers: Annotated[

@@ -58,8 +58,9 @@ def register(app: typer.Typer) -> None:
         declare_priority_scheduling: bool = typer.Option(
             False,
             "--declare-priority-scheduling",
-            help="The engine runs --scheduling-policy priority (it cannot be verified from "
-            "outside); otherwise replay takes a smaller share of its spare.",
+            help="The engine runs --scheduling-policy priority: counts where the check's queue "
+            "probe cannot tell (never over an engine seen serving FCFS); otherwise replay "
+            "takes a smaller share of its spare there.",
         ),
         model_revision: str = typer.Option("default", help="Model revision the engine serves."),
         worker_id: str = typer.Option("", help="Worker id (default: host-pid)."),

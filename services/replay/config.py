@@ -30,10 +30,11 @@ class EngineConfig(BaseModel):
     capacity_tokens_per_s: float = Field(default=20_000.0, gt=0.0)
     #: names the engine in results and affinity; default ``<region>-e<index>``
     engine_id: str | None = None
-    #: the operator declares that the engine runs ``--scheduling-policy priority``: vLLM takes
-    #: a request's ``priority`` under FCFS too, so the self-check cannot verify it. Undeclared,
-    #: its in-node worker takes ``CapacityConfig.unverified_priority_share`` of the spare, and
-    #: only while no live request is in the engine
+    #: the operator declares that the engine runs ``--scheduling-policy priority``: it counts
+    #: where the self-check's queue probe cannot tell, never over an engine seen serving FCFS.
+    #: Unverified and undeclared, its in-node worker takes
+    #: ``CapacityConfig.unverified_priority_share`` of the spare, and only while no live
+    #: request is in the engine
     priority_scheduling_declared: bool = False
 
 

@@ -57,7 +57,7 @@ def test_worker_check_passes_a_fit_engine_and_names_what_an_unfit_one_lacks() ->
         fit = check(url)
         assert fit.returncode == 0, fit.stderr
         assert "is fit for replay" in fit.stdout
-        assert "UNVERIFIED priority_scheduling" in fit.stdout
+        assert "UNVERIFIED" not in fit.stdout  # priority scheduling seen in the queue probe
         wrong = check(url, "sim-llama@2")
         assert wrong.returncode == 1 and "FAILED     serves_revision" in wrong.stderr
     with sim_engine("--no-prompt-tokens-details", "--no-trust-request-chat-template") as url:
@@ -75,8 +75,10 @@ def test_worker_check_json_reports_every_check_with_a_reason_for_each_not_passed
     report = json.loads(unfit.stdout)
     assert report["fit"] is False
     assert report["checks"]["exports_metrics"] == "failed"
-    assert report["checks"]["priority_scheduling"] == "unverified"  # FCFS takes priorities
+    assert report["checks"]["priority_scheduling"] == "failed"  # seen serving FCFS
     assert report["checks"]["accepts_tools"] == "passed"
     assert set(report["reasons"]) == {"exports_metrics", "priority_scheduling"}
     assert all(report["reasons"].values())
-    assert json.loads(declared.stdout)["checks"]["priority_scheduling"] == "passed"
+    assert "first-come-first-served" in report["reasons"]["priority_scheduling"]
+    # a declaration does not outrank what the probe saw
+    assert json.loads(declared.stdout)["checks"]["priority_scheduling"] == "failed"

@@ -2,8 +2,8 @@
 no network). Each server flag replay depends on is a named check; the simulator refuses what
 vLLM 0.32 refuses (tools under "auto" without auto tool choice, an untrusted request template,
 a prompt over max_model_len) and, like vLLM, takes a priority under FCFS and ignores it, so
-priority scheduling is ``unverified`` unless the operator declares it. A worker whose engine
-fails takes no job and says why."""
+priority scheduling is checked by behaviour: a live-priority prompt joining a queue of
+replay-priority ones. A worker whose engine fails takes no job and says why."""
 
 from __future__ import annotations
 
@@ -30,13 +30,15 @@ from tests import tool_conversation
 from tests.unit.fakes_replay import FakeGate, FakeTranscripts
 
 MODEL = "llama@r1"
-PASSED_UNLESS_DECLARED = {"priority_scheduling": "unverified"}
+#: a step of 2,048 tokens takes 5 ms: the priority probe's queue drains in distinct steps
+STEPPED: dict[str, Any] = {"prefill_tokens_per_s": 400_000.0, "chunk_tokens": 2048}
+#: every probe in one step: the priority probe cannot tell
+ONE_STEP: dict[str, Any] = {"chunk_tokens": 1_000_000, "max_num_seqs": 1024}
 
 
 @asynccontextmanager
 async def engine_over_http(revision: str = MODEL, **settings: Any) -> AsyncIterator[VllmHttpEngine]:
-    config = SimEngineConfig(**{"prefill_tokens_per_s": 5_000_000.0, "cache_tokens": 100_000,
-                                **settings})  # fmt: skip
+    config = SimEngineConfig(**{**STEPPED, "cache_tokens": 100_000, **settings})
     simulated = SimulatedEngine("sim-0", MODEL, config, LoopClock())
     app = create_app(simulated)
     async with (
@@ -46,15 +48,42 @@ async def engine_over_http(revision: str = MODEL, **settings: Any) -> AsyncItera
         yield VllmHttpEngine("sim-0", "http://sim", revision, client=client)
 
 
-async def test_a_properly_started_engine_passes_all_but_the_undeclared_priority() -> None:
+async def test_a_properly_started_engine_passes_every_check_priority_included() -> None:
     async with engine_over_http() as engine:
+        fitness = await engine.self_check(replay_priority=100)
+    assert fitness.fit
+    assert set(fitness.verdicts().values()) == {"passed"}, fitness.reasons()
+    assert fitness.reasons() == {}
+
+
+async def test_an_fcfs_engine_fails_the_priority_probe_even_when_declared() -> None:
+    """vLLM takes a priority under FCFS with a 200 and ignores it: the live-priority probe is
+    answered with the last of the replay-priority ones queued before it."""
+    async with engine_over_http(scheduling_policy="fcfs") as engine:
+        fitness = await engine.self_check(replay_priority=100)
+        declared = await engine.self_check(replay_priority=100, priority_declared=True)
+        request = PrefillRequest(MODEL, ChatPrompt(({"role": "user", "content": "hi"},)), "s",
+                                 100, "r1")  # fmt: skip
+        assert (await engine.prefill(request)).prompt_tokens > 0  # a 200, as vLLM 0.32 answers
+    for result in (fitness, declared):
+        assert not result.fit
+        assert [p.code for p in result.problems] == ["priority_scheduling"]
+        reason = result.reasons()["priority_scheduling"]
+        assert "first-come-first-served" in reason and "--scheduling-policy priority" in reason
+
+
+async def test_an_engine_that_runs_the_whole_queue_in_one_step_leaves_priority_to_a_declaration() -> (
+    None
+):
+    async with engine_over_http(**ONE_STEP) as engine:
         fitness = await engine.self_check(replay_priority=100)
         declared = await engine.self_check(replay_priority=100, priority_declared=True)
     assert fitness.fit
-    verdicts = fitness.verdicts()
-    assert {n: v for n, v in verdicts.items() if v != "passed"} == PASSED_UNLESS_DECLARED
-    assert set(fitness.reasons()) == {"priority_scheduling"}
-    assert declared.fit and {c.verdict for c in declared.checks} == {"passed"}
+    assert {n: v for n, v in fitness.verdicts().items() if v != "passed"} == {
+        "priority_scheduling": "unverified"
+    }
+    assert "--declare-priority-scheduling" in fitness.reasons()["priority_scheduling"]
+    assert declared.fit and set(declared.verdicts().values()) == {"passed"}
 
 
 @pytest.mark.parametrize(
@@ -98,16 +127,6 @@ async def test_the_probe_is_sized_to_the_engines_max_model_len() -> None:
     assert fitness.fit, fitness
 
 
-async def test_an_fcfs_engine_takes_priorities_so_priority_stays_unverified() -> None:
-    async with engine_over_http(scheduling_policy="fcfs") as engine:
-        fitness = await engine.self_check(replay_priority=100)
-        request = PrefillRequest(MODEL, ChatPrompt(({"role": "user", "content": "hi"},)), "s",
-                                 100, "r1")  # fmt: skip
-        assert (await engine.prefill(request)).prompt_tokens > 0  # a 200, as vLLM 0.32 answers
-    assert fitness.fit
-    assert fitness.verdict("priority_scheduling") == "unverified"
-
-
 async def test_an_unreachable_engine_fails_and_leaves_the_rest_unverified() -> None:
     def refuse(request: httpx.Request) -> httpx.Response:
         raise httpx.ConnectError("connection refused", request=request)
@@ -144,12 +163,52 @@ async def test_a_worker_on_an_unfit_engine_takes_no_job_and_says_why() -> None:
         await asyncio.wait_for(task, 5.0)
 
 
+class _PauseLog(LoopClock):
+    """Loop time, with every sleep recorded and cut to a millisecond."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pauses: list[float] = []
+
+    async def sleep(self, seconds: float) -> None:
+        self.pauses.append(seconds)
+        await asyncio.sleep(0.001)
+
+
+async def test_an_unfit_engine_is_checked_again_less_often_each_time() -> None:
+    """The priority probe queues work on the engine (ahead of live requests on an FCFS one):
+    rechecks back off, doubling, up to ``recheck_max_s``."""
+    clock = _PauseLog()
+    async with (
+        engine_over_http(scheduling_policy="fcfs") as engine,
+        InProcessJobBus(jobs_max_per_region=10) as bus,
+    ):
+        engine_checks = 0
+        check = engine.self_check
+
+        async def counted(replay_priority: int, *, priority_declared: bool = False) -> Any:
+            nonlocal engine_checks
+            engine_checks += 1
+            if engine_checks >= 6:
+                worker.request_stop()
+            return await check(replay_priority, priority_declared=priority_declared)
+
+        engine.self_check = counted  # type: ignore[method-assign]
+        settings = WorkerConfig(recheck_s=1.0, recheck_max_s=5.0)
+        worker = ReplayWorker(
+            "w1", "eu", bus, engine, FakeTranscripts(), FakeGate(), clock,
+            random.Random(1), settings, cache_salt_key=bytes(32),
+        )  # fmt: skip
+        assert not await asyncio.wait_for(worker.engine_fit(), 30.0)
+    assert clock.pauses[:5] == [1.0, 2.0, 4.0, 5.0, 5.0]
+
+
 @pytest.mark.parametrize(("declared", "verified"), [(False, False), (True, True)])
 async def test_a_worker_tells_its_gate_whether_priority_is_verified(
     declared: bool, verified: bool
 ) -> None:
     async with (
-        engine_over_http(scheduling_policy="fcfs") as engine,
+        engine_over_http(**ONE_STEP) as engine,
         InProcessJobBus(jobs_max_per_region=10) as bus,
     ):
         gate = FakeGate()

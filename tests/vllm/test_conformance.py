@@ -3,11 +3,13 @@ holds the replicas to PostgreSQL: the same status codes for what replay and the 
 (and for what vLLM refuses), the same usage fields (cached tokens included), and the same
 counter movements on ``/metrics``. The simulator is configured with the server's flags
 (``SimEngineConfig``); token counts differ (another tokenizer, 16- vs 32-token blocks), so
-each engine is held to the same relations of its own counts."""
+each engine is held to the same relations of its own counts. The replay self-check, the
+priority probe's timing included, reaches the same verdicts on both."""
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import secrets
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
@@ -22,6 +24,7 @@ from replay.engines.sim_core import BLOCK_TOKENS as SIM_BLOCK_TOKENS
 from replay.engines.sim_core import SimEngineConfig
 from replay.engines.sim_server import create_app
 from replay.engines.simulated import SimulatedEngine
+from replay.engines.vllm_http import VllmHttpEngine
 from replay.model import EngineMetrics
 from tests import tool_conversation
 from tests.vllm.servers import BLOCK_TOKENS, MODEL_REVISION, VllmServer, common_words
@@ -34,6 +37,9 @@ BADLY = SimEngineConfig(
     max_model_len=2048, trust_request_chat_template=False, enable_auto_tool_choice=False,
     prompt_tokens_details=False, log_stats=False, cache_tokens=0, scheduling_policy="fcfs",
 )  # fmt: skip
+#: the CPU server's pace: 2,048-token scheduler steps (its max_num_batched_tokens), about
+#: 30,000 prompt tokens a second
+PREFILL_TOKENS_PER_S, STEP_TOKENS = 30_000.0, 2048
 
 
 @asynccontextmanager
@@ -160,3 +166,26 @@ async def _settled_metrics(client: httpx.AsyncClient, prompt_tokens_total: float
 def _delta(after: float | None, before: float | None) -> float:
     assert after is not None and before is not None, "the series is exported"
     return after - before
+
+
+@pytest.mark.parametrize("configured", ["well", "badly"])
+async def test_the_self_check_reaches_the_same_verdicts_priority_probe_included(
+    configured: str, request: pytest.FixtureRequest
+) -> None:
+    server: VllmServer = request.getfixturevalue(f"{configured}_configured")
+    config = dataclasses.replace(
+        WELL if configured == "well" else BADLY,
+        prefill_tokens_per_s=PREFILL_TOKENS_PER_S,
+        chunk_tokens=STEP_TOKENS,
+    )
+    real_engine = VllmHttpEngine("real", server.url, MODEL_REVISION)
+    try:
+        real = await real_engine.self_check(replay_priority=100)
+    finally:
+        await real_engine.aclose()
+    async with simulator(config) as client:
+        sim_engine = VllmHttpEngine("sim", "http://sim", MODEL_REVISION, client=client)
+        simulated = await sim_engine.self_check(replay_priority=100)
+    assert simulated.verdicts() == real.verdicts(), (simulated.reasons(), real.reasons())
+    expected = "passed" if configured == "well" else "failed"
+    assert real.verdict("priority_scheduling") == expected, real.reasons()

@@ -1,6 +1,6 @@
 """The replay self-check (``convplane worker --check``) against real vLLM servers: a server
-started as replay needs it is fit; one started with vLLM's defaults and --disable-log-stats
-is unfit, with each missing flag named."""
+started as replay needs it is fit, its priority scheduling seen by the queue probe; one started
+with vLLM's defaults (FCFS) and --disable-log-stats is unfit, with each missing flag named."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ def check_cli(url: str, *flags: str) -> subprocess.CompletedProcess[str]:
     )  # fmt: skip
 
 
-async def test_a_well_configured_server_is_fit_with_priority_unverified_until_declared(
+async def test_a_well_configured_server_passes_every_check_priority_seen_not_declared(
     well_configured: VllmServer,
 ) -> None:
     engine = VllmHttpEngine("well", well_configured.url, MODEL_REVISION)
@@ -29,11 +29,10 @@ async def test_a_well_configured_server_is_fit_with_priority_unverified_until_de
     finally:
         await engine.aclose()
     assert fitness.fit, fitness.reasons()
-    not_passed = {n: v for n, v in fitness.verdicts().items() if v != "passed"}
-    assert not_passed == {"priority_scheduling": "unverified"}, fitness.reasons()
-    declared = check_cli(well_configured.url, "--declare-priority-scheduling")
-    assert declared.returncode == 0, declared.stdout + declared.stderr
-    report = json.loads(declared.stdout)
+    assert set(fitness.verdicts().values()) == {"passed"}, fitness.reasons()
+    result = check_cli(well_configured.url)
+    assert result.returncode == 0, result.stdout + result.stderr
+    report = json.loads(result.stdout)
     assert report["fit"] is True and set(report["checks"].values()) == {"passed"}, report
 
 
@@ -51,7 +50,10 @@ def test_a_badly_configured_server_is_unfit_and_each_missing_flag_is_named(
         "accepts_chat_template": "failed",  # no --trust-request-chat-template
         "caches_prefixes": "unverified",  # cached tokens are not reported ...
         "reports_cached_tokens": "failed",  # ... without --enable-prompt-tokens-details
-        "priority_scheduling": "unverified",  # FCFS takes priorities with a 200
+        "priority_scheduling": "failed",  # FCFS: the live-priority probe waited its turn
     }, report
     assert "--trust-request-chat-template" in report["reasons"]["accepts_chat_template"]
+    assert "first-come-first-served" in report["reasons"]["priority_scheduling"]
+    declared = check_cli(badly_configured.url, "--declare-priority-scheduling")
+    assert json.loads(declared.stdout)["checks"]["priority_scheduling"] == "failed"
     assert set(report["reasons"]) == {n for n, v in report["checks"].items() if v != "passed"}
