@@ -171,11 +171,19 @@ def register(app: typer.Typer) -> None:
     def kafka_up(
         state_dir: str = typer.Option(".state/kafka", help="Broker data and logs."),
         cache_dir: str = typer.Option(".cache/kafka", help="Where the jars are cached."),
+        host: str = typer.Option(
+            "127.0.0.1", help="The IPv4 address of this machine it listens on and advertises."
+        ),
     ) -> None:
         """Start a broker, print its bootstrap servers, and keep it up until Ctrl-C."""
+        from services.local.host import HarnessError
         from services.local.kafka import ensure_kafka_jars, start_broker
 
-        broker = start_broker(state_dir, lib_dir=ensure_kafka_jars(cache_dir))
+        try:
+            broker = start_broker(state_dir, lib_dir=ensure_kafka_jars(cache_dir), host=host)
+        except HarnessError as exc:
+            typer.echo(f"kafka not started: {exc}", err=True)
+            raise typer.Exit(1) from None
         typer.echo(broker.bootstrap_servers, err=False)
         typer.echo(
             f"kafka up in {broker.start_duration_s:.1f}s (pid {broker.pid}, log {broker.log_path})",

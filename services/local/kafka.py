@@ -3,7 +3,8 @@
 The broker's jars come from Maven Central through ``replay/kafka/pom.xml``:
 ``ensure_kafka_jars`` runs ``mvn dependency:copy-dependencies`` once into ``.cache/kafka/lib``
 (git-ignored) and reuses the result while the pom is unchanged. ``start_broker`` writes a KRaft
-``server.properties`` (broker and controller in one JVM, free 127.0.0.1 ports), formats the
+``server.properties`` (broker and controller in one JVM, free ports on ``host``: 127.0.0.1
+unless given an IPv4 address of this machine, which its TLS certificate then names), formats the
 storage with a random cluster id, starts ``java -cp '<lib>/*' kafka.Kafka`` and returns once a
 Metadata request names the broker. A broker that does not come up in time is killed and the error
 carries its log tail.
@@ -31,7 +32,9 @@ from dataclasses import dataclass
 from importlib.resources import files
 from pathlib import Path
 
-from services.local.host import HarnessError, free_port
+from services.local.host import HarnessError, free_port, local_address
+
+LOOPBACK = "127.0.0.1"
 
 _STAMP_FILE = ".pom-sha256"
 _LOG_TAIL_LINES = 60
@@ -132,8 +135,9 @@ class TlsFiles:
     server_pem: Path  # the broker's key (PKCS#8, unencrypted) and certificate, PEM
 
 
-def make_tls_files(directory: Path, timeout_s: float = 60.0) -> TlsFiles:
-    """A throwaway CA and a server certificate for 127.0.0.1 (``openssl``), for tests only."""
+def make_tls_files(directory: Path, host: str = LOOPBACK, timeout_s: float = 60.0) -> TlsFiles:
+    """A throwaway CA and a server certificate for the IP address ``host`` (and ``localhost``
+    when it is loopback) (``openssl``), for tests only."""
     openssl = shutil.which("openssl")
     if openssl is None:
         raise KafkaHarnessError("openssl is not on PATH; a TLS listener needs it")
@@ -141,12 +145,13 @@ def make_tls_files(directory: Path, timeout_s: float = 60.0) -> TlsFiles:
     ca_key, ca_cert = directory / "ca.key", directory / "ca.pem"
     key, csr, cert = directory / "server.key", directory / "server.csr", directory / "server.crt"
     ext = directory / "san.ext"
-    ext.write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n", encoding="utf-8")
+    names = f"IP:{host},DNS:localhost" if host == LOOPBACK else f"IP:{host}"
+    ext.write_text(f"subjectAltName={names}\n", encoding="utf-8")
     steps = [
         ["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", ca_key, "-out", ca_cert,
          "-days", "2", "-subj", "/CN=convplane-test-ca"],
         ["genpkey", "-algorithm", "RSA", "-pkeyopt", "rsa_keygen_bits:2048", "-out", key],
-        ["req", "-new", "-key", key, "-out", csr, "-subj", "/CN=127.0.0.1"],
+        ["req", "-new", "-key", key, "-out", csr, "-subj", f"/CN={host}"],
         ["x509", "-req", "-in", csr, "-CA", ca_cert, "-CAkey", ca_key, "-CAcreateserial",
          "-out", cert, "-days", "2", "-extfile", ext],
     ]  # fmt: skip
@@ -162,18 +167,18 @@ def make_tls_files(directory: Path, timeout_s: float = 60.0) -> TlsFiles:
 
 
 def _security_settings(
-    security: BrokerSecurity, sasl_port: int, ssl_port: int, tls: TlsFiles | None
+    security: BrokerSecurity, host: str, sasl_port: int, ssl_port: int, tls: TlsFiles | None
 ) -> tuple[list[str], dict[str, str]]:
     """(extra listeners, extra settings) for ``server_properties``."""
     users = " ".join(f'user_{u}="{p}"' for u, p in security.sasl_users.items())
     jaas = f"org.apache.kafka.common.security.plain.PlainLoginModule required {users};"
-    listeners = [f"SASL_PLAINTEXT://127.0.0.1:{sasl_port}"]
+    listeners = [f"SASL_PLAINTEXT://{host}:{sasl_port}"]
     settings = {
         "sasl.enabled.mechanisms": "PLAIN",
         "listener.name.sasl_plaintext.plain.sasl.jaas.config": jaas,
     }
     if tls is not None:
-        listeners.append(f"SASL_SSL://127.0.0.1:{ssl_port}")
+        listeners.append(f"SASL_SSL://{host}:{ssl_port}")
         settings.update(
             {
                 "listener.name.sasl_ssl.plain.sasl.jaas.config": jaas,
@@ -190,15 +195,16 @@ def server_properties(
     controller_port: int,
     extra_listeners: Sequence[str] = (),
     extra_settings: Mapping[str, str] | None = None,
+    host: str = LOOPBACK,
 ) -> str:
-    listeners = [f"PLAINTEXT://127.0.0.1:{broker_port}", *extra_listeners]
+    listeners = [f"PLAINTEXT://{host}:{broker_port}", *extra_listeners]
     protocols = ["PLAINTEXT:PLAINTEXT", "CONTROLLER:PLAINTEXT"]
     protocols += [f"{p}:{p}" for p in (lst.split(":", 1)[0] for lst in extra_listeners)]
     settings = {
         "process.roles": "broker,controller",
         "node.id": "1",
-        "controller.quorum.voters": f"1@127.0.0.1:{controller_port}",
-        "listeners": ",".join([*listeners, f"CONTROLLER://127.0.0.1:{controller_port}"]),
+        "controller.quorum.voters": f"1@{host}:{controller_port}",
+        "listeners": ",".join([*listeners, f"CONTROLLER://{host}:{controller_port}"]),
         "advertised.listeners": ",".join(listeners),
         "listener.security.protocol.map": ",".join(protocols),
         "controller.listener.names": "CONTROLLER",
@@ -362,23 +368,25 @@ def start_broker(
     start_timeout_s: float = 90.0,
     heap_max: str = "512m",
     security: BrokerSecurity | None = None,
+    host: str = LOOPBACK,
 ) -> KafkaBroker:
-    """Format and start a one-node KRaft broker under ``base_dir``; return when it serves.
-    With ``security``, SASL (and TLS) listeners besides the PLAINTEXT one."""
+    """Format and start a one-node KRaft broker under ``base_dir``, listening on ``host`` only;
+    return when it serves. With ``security``, SASL (and TLS) listeners besides the PLAINTEXT
+    one. ``host``: an IPv4 address of this machine (``services.local.host.local_address``)."""
+    host = local_address(host)
     base = Path(base_dir).resolve()
     base.mkdir(parents=True, exist_ok=True)
     lib = lib_dir if lib_dir is not None else ensure_kafka_jars()
     java = _java()
-    broker_port, controller_port = free_port(), free_port()
-    sasl_port, ssl_port = free_port(), free_port()
-    tls = make_tls_files(base / "tls") if security is not None and security.tls else None
+    broker_port, controller_port = free_port(host), free_port(host)
+    sasl_port, ssl_port = free_port(host), free_port(host)
+    tls = make_tls_files(base / "tls", host) if security is not None and security.tls else None
     listeners, extra = (
-        _security_settings(security, sasl_port, ssl_port, tls) if security else ([], {})
+        _security_settings(security, host, sasl_port, ssl_port, tls) if security else ([], {})
     )
     config_path = base / "server.properties"
-    config_path.write_text(
-        server_properties(base, broker_port, controller_port, listeners, extra), encoding="utf-8"
-    )
+    properties = server_properties(base, broker_port, controller_port, listeners, extra, host)
+    config_path.write_text(properties, encoding="utf-8")
     log4j_path = base / "log4j.properties"
     log4j_path.write_text(_LOG4J_PROPERTIES, encoding="utf-8")
     _format_storage(java, lib, config_path, base / "format.log")
@@ -405,25 +413,27 @@ def start_broker(
         cmd, stdout=log_file, stderr=subprocess.STDOUT, cwd=base, start_new_session=True
     )
     log_file.close()
-    broker = KafkaBroker(f"127.0.0.1:{broker_port}", process, base, log_path, 0.0)
+    broker = KafkaBroker(f"{host}:{broker_port}", process, base, log_path, 0.0)
     if security is not None:
-        broker.sasl_bootstrap_servers = f"127.0.0.1:{sasl_port}"
+        broker.sasl_bootstrap_servers = f"{host}:{sasl_port}"
         if tls is not None:
-            broker.sasl_ssl_bootstrap_servers = f"127.0.0.1:{ssl_port}"
+            broker.sasl_ssl_bootstrap_servers = f"{host}:{ssl_port}"
             broker.tls = tls
-    _wait_until_serving(broker, broker_port, started, start_timeout_s)
+    _wait_until_serving(broker, host, broker_port, started, start_timeout_s)
     broker.start_duration_s = time.monotonic() - started
     return broker
 
 
-def _wait_until_serving(broker: KafkaBroker, port: int, started: float, timeout_s: float) -> None:
+def _wait_until_serving(
+    broker: KafkaBroker, host: str, port: int, started: float, timeout_s: float
+) -> None:
     while True:
         if not broker.is_running():
             raise KafkaHarnessError(
                 f"Kafka broker exited with rc={broker.process.returncode} before serving; "
                 f"log tail ({broker.log_path}):\n{broker.log_tail()}"
             )
-        if _metadata_names_a_broker("127.0.0.1", port, timeout_s=2.0):
+        if _metadata_names_a_broker(host, port, timeout_s=2.0):
             return
         if time.monotonic() - started > timeout_s:
             tail = broker.log_tail()
