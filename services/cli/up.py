@@ -10,6 +10,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -57,9 +58,18 @@ def up(
         list[str] | None,
         typer.Option(
             help="REGION=URL: a real OpenAI-compatible engine (vLLM) for that region's replay, "
-            "self-checked first (repeatable)."
+            "self-checked first (repeatable). Saved with the plane: a plain `up` attaches "
+            "the same engines again."
         ),
     ] = None,
+    without_engines: Annotated[
+        bool,
+        typer.Option(
+            "--without-engines",
+            help="Resume the saved plane without the engines it was started with (and forget "
+            "them).",
+        ),
+    ] = False,
     declare_priority_scheduling: Annotated[
         bool,
         typer.Option(
@@ -98,14 +108,17 @@ def up(
     except (HarnessError, PlaneError) as exc:
         console.print(f"[red]could not start the plane:[/red] {exc}")
         raise typer.Exit(1) from exc
-    attached = _attached_engines(
-        console,
-        regions,
-        state_dir,
-        engine or [],
-        declare_priority_scheduling,
-        kafka_bootstrap_servers,
-    )
+    try:
+        requested = _engines_requested(
+            engine or [], without_engines, declare_priority_scheduling, kafka_bootstrap_servers,
+            state_dir,
+        )  # fmt: skip
+    except PlaneError as exc:
+        console.print(f"[red]could not start the plane:[/red] {exc}")
+        raise typer.Exit(1) from exc
+    if requested.resumed:
+        console.print(f"attaching the saved plane's engines again: {', '.join(requested.options)}")
+    attached = _attached_engines(console, regions, state_dir, requested)
     plane = LocalPlane(
         regions=regions,
         state_dir=state_dir,
@@ -143,13 +156,49 @@ def up(
             plane.stop()
 
 
-def _attached_engines(
-    console: Console,
-    regions: int,
-    state_dir: Path,
+@dataclass(frozen=True)
+class _EnginesRequested:
+    options: list[str]
+    priority_declared: bool
+    kafka_bootstrap_servers: str
+    resumed: bool  # the saved plane's
+
+
+def _engines_requested(
     options: list[str],
+    without: bool,
     priority_declared: bool,
     kafka_bootstrap_servers: str,
+    state_dir: Path,
+) -> _EnginesRequested:
+    """The ``--engine`` options, or without any, the saved plane's engines (with their
+    declaration and broker, unless given again), or none with ``--without-engines``."""
+    from services.local.plane import PlaneError
+    from services.local.plane_state import STATE_FILE_NAME, load_state
+
+    asked = _EnginesRequested(options, priority_declared, kafka_bootstrap_servers, False)
+    if without:
+        if options:
+            raise PlaneError("--engine and --without-engines: give one or the other")
+        return asked
+    if options:
+        return asked
+    try:
+        saved = load_state(state_dir / STATE_FILE_NAME)
+    except ValueError as exc:
+        raise PlaneError(str(exc)) from exc
+    if saved is None or saved.engines is None:
+        return asked
+    return _EnginesRequested(
+        list(saved.engines.options),
+        priority_declared or saved.engines.priority_declared,
+        kafka_bootstrap_servers or saved.engines.kafka_bootstrap_servers,
+        True,
+    )
+
+
+def _attached_engines(
+    console: Console, regions: int, state_dir: Path, requested: _EnginesRequested
 ) -> AttachedEngines | None:
     """The ``--engine`` engines, each self-checked; exits 1 (nothing started) on a bad option or
     an engine that is unreachable or unfit, saying why."""
@@ -161,6 +210,8 @@ def _attached_engines(
     )
     from services.local.plane import REGION_NAMES
 
+    options, priority_declared = requested.options, requested.priority_declared
+    kafka_bootstrap_servers = requested.kafka_bootstrap_servers
     if not options:
         if kafka_bootstrap_servers or priority_declared:
             console.print(
@@ -175,6 +226,11 @@ def _attached_engines(
         checked = check_engines(parsed, priority_declared=priority_declared)
     except EngineRefused as exc:
         console.print(f"[red]not starting the plane:[/red] {exc}")
+        if requested.resumed:
+            console.print(
+                "(an engine the saved plane was started with: start it again, or resume "
+                "without engines: --without-engines)"
+            )
         raise typer.Exit(1) from exc
     return AttachedEngines(
         checked,

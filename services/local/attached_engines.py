@@ -37,6 +37,7 @@ from urllib.parse import urlsplit
 
 from services.config import api_key_sha256
 from services.local.host import HarnessError, convplane_command
+from services.local.plane_state import SavedEngines
 from services.replay.config import EngineConfig, ReplayConfig
 
 #: the whole self-check of one engine, every probe (``WorkerConfig.check_timeout_s``)
@@ -307,6 +308,14 @@ class AttachedEngines:
 
     def worker_log(self, engine: AttachedEngine) -> Path:
         return self.state_dir / engine.region / f"worker-{engine.engine_id}.log"
+
+    def saved(self) -> SavedEngines:
+        """What a plain ``up`` attaches again (``plane_state``)."""
+        return SavedEngines(
+            tuple(f"{e.region}={e.url}" for e in self.engines),
+            self.priority_declared,
+            self.kafka_bootstrap_servers or "",
+        )
 
     def info(self) -> dict[str, Any]:
         return {

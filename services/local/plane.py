@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import importlib
 import inspect
 import json
@@ -59,6 +60,7 @@ from services.local.plane_state import (
     PlaneState,
     RequestedPlane,
     SavedDatabase,
+    SavedEngines,
     SavedRegion,
     conflicts,
     load_state,
@@ -196,6 +198,9 @@ class LocalPlane:
                 asyncio.run(self._restrict_databases())
             if saved is None:
                 write_private_json(self.state_file, state_json(self._state()))
+            elif saved.engines != (engines := self._saved_engines()):
+                resumed = dataclasses.replace(saved, engines=engines)
+                write_private_json(self.state_file, state_json(resumed))
             for member in self.members:
                 member.node = self.spawn_node(member)
             self.wait_healthy()
@@ -248,7 +253,11 @@ class LocalPlane:
                 SavedRegion(m.name, m.port, m.peer_port, m.db_password, m.database)
                 for m in self.members
             ),
+            engines=self._saved_engines(),
         )
+
+    def _saved_engines(self) -> SavedEngines | None:
+        return self.attached.saved() if self.attached is not None else None
 
     def info(self) -> dict[str, Any]:
         return {

@@ -41,6 +41,16 @@ class SavedRegion:
 
 
 @dataclass(frozen=True, slots=True)
+class SavedEngines:
+    """The real engines ``up --engine`` attached (``services.local.attached_engines``): a plain
+    ``up`` attaches them again, checked again."""
+
+    options: tuple[str, ...]  # each REGION=URL, as given
+    priority_declared: bool
+    kafka_bootstrap_servers: str  # "" = in-process workers
+
+
+@dataclass(frozen=True, slots=True)
 class PlaneState:
     postgres: bool
     tls: bool
@@ -51,6 +61,7 @@ class PlaneState:
     operator_api_key: str
     viewer_api_key: str
     regions: tuple[SavedRegion, ...]
+    engines: SavedEngines | None = None  # absent from files written before stop 44
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,7 +115,10 @@ def load_state(path: Path) -> PlaneState | None:
             )
             for region in raw.pop("regions")
         )
-        return PlaneState(**raw, regions=regions)
+        engines = raw.pop("engines", None)
+        if engines is not None:
+            engines = SavedEngines(**{**engines, "options": tuple(engines["options"])})
+        return PlaneState(**raw, regions=regions, engines=engines)
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise ValueError(f"{path} is not a plane state this version wrote: {exc}") from exc
 

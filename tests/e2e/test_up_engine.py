@@ -121,3 +121,28 @@ def test_a_killed_kafka_worker_is_started_again_by_the_supervisor(
         assert f"replay worker {engine['engine_id']} started again" in said, output
         with pytest.raises(ProcessLookupError):
             os.kill(second, 0)  # the plane stopped it
+
+
+def test_a_plain_up_attaches_the_saved_engines_again_and_without_engines_forgets_them(
+    tmp_path: Path,
+) -> None:
+    """A plane started with ``--engine`` is the same plane after a stop: a plain ``up``
+    checks the same engine again and gives its region the worker again; one that is gone
+    refuses the resume, naming ``--without-engines``, which resumes without (and forgets)."""
+    state_dir = tmp_path / "plane"
+    with sim_engine() as url:
+        for args in (["--engine", f"eu-west={url}"], []):
+            proc, plane = start_plane(state_dir, *args)
+            output = stop_plane(proc)
+            assert proc.returncode == 0, output
+            (engine,) = plane.info["engines"]
+            assert (engine["region"], engine["url"]) == ("eu-west", url), args
+        assert "attaching the saved plane's engines again" in output, output
+    gone = up(state_dir)  # the engine's server has stopped
+    assert gone.returncode == 1, gone.stdout + gone.stderr
+    assert "cannot be reached" in gone.stdout and "--without-engines" in gone.stdout, gone.stdout
+    for args in (["--without-engines"], []):
+        proc, plane = start_plane(state_dir, *args)
+        output = stop_plane(proc)
+        assert proc.returncode == 0, output
+        assert "engines" not in plane.info, (args, plane.info)

@@ -13,6 +13,7 @@ from services.local.plane_state import (
     PlaneState,
     RequestedPlane,
     SavedDatabase,
+    SavedEngines,
     SavedRegion,
     conflicts,
     load_state,
@@ -36,6 +37,17 @@ def test_a_saved_plane_round_trips(tmp_path: Path) -> None:
     path.write_text(json.dumps(state_json(SAVED)))
     assert load_state(path) == SAVED
     assert load_state(tmp_path / "missing.json") is None
+    engines = SavedEngines(("us-east=http://10.0.0.5:8000",), True, "127.0.0.1:9092")
+    path.write_text(json.dumps(state_json(replace(SAVED, engines=engines))))
+    assert load_state(path) == replace(SAVED, engines=engines)
+
+
+def test_a_state_file_written_before_engines_were_saved_has_none(tmp_path: Path) -> None:
+    path = tmp_path / "plane-state.json"
+    older = state_json(SAVED)
+    del older["engines"]
+    path.write_text(json.dumps(older))
+    assert load_state(path) == SAVED and SAVED.engines is None
 
 
 @pytest.mark.parametrize("text", ["{", '{"version": 99}', '{"version": 1, "regions": []}'])
