@@ -195,7 +195,8 @@ def _add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     add("--engine", default="", help="a real engine's base URL: run the scenario of "
         "bench/replay_engine.py on it, beside the simulator")  # fmt: skip
     add("--declare-priority-scheduling", action="store_true",
-        help="with --engine: it runs --scheduling-policy priority")  # fmt: skip
+        help="with --engine: declare to the self-check that it runs --scheduling-policy "
+        "priority (counts only where the check's queue probe cannot tell)")  # fmt: skip
     add("--engine-repeats", type=int, default=3,
         help="with --engine: pairs of runs (with replay, then without)")  # fmt: skip
     add("--engine-moved", type=int, default=EngineParams.moved)
@@ -212,8 +213,11 @@ def main_engine(url: str, p: EngineParams, repeats: int) -> None:
     first = reports[0]
     print(f"engine {url} serving {first.model!r}: measured capacity "
           f"{first.capacity_tokens_per_s:.0f} prefill tokens/s, {first.tokens_per_word:.2f} "
-          f"tokens/word; priority scheduling "
-          f"{'declared' if p.priority_declared else 'unverified'}")  # fmt: skip
+          f"tokens/word; the self-check's priority_scheduling: {first.priority_verdict}"
+          f"{' (declared)' if p.priority_declared else ''}")  # fmt: skip
+    if first.priority_verdict == "failed":
+        print(f"  a worker would not replay on this engine ({first.priority_reason}); "
+              "measured anyway, with the unverified share")  # fmt: skip
     ratios: list[float] = []
     pooled: dict[str, tuple[list[float], list[float]]] = {"all": ([], []), "own": ([], [])}
     for i, report in enumerate(reports):
@@ -241,6 +245,7 @@ def main_engine(url: str, p: EngineParams, repeats: int) -> None:
         "engine": url, "model": first.model, "seed": p.seed, "repeats": repeats,
         "capacity_tokens_per_s": round(first.capacity_tokens_per_s),
         "priority_declared": p.priority_declared,
+        "priority_scheduling": first.priority_verdict,
         "makespan_ratios": [round(r, 4) for r in ratios],
         "live_ttft_p99_ms": [round(v, 1) for v in real_p99["all"]],
         "own_live_ttft_p99_ms": [round(v, 1) for v in real_p99["own"]],

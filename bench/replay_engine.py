@@ -41,6 +41,7 @@ from replay.capacity import CapacityConfig, CapacityController, CapacityPoller, 
 from replay.chat import ChatPrompt, replay_pieces
 from replay.engines.vllm_http import VllmHttpEngine
 from replay.model import EngineMetrics, PrefillRequest
+from replay.worker import WorkerConfig
 
 LIVE_PRIORITY = 0
 REPLAY_PRIORITY = 100
@@ -59,13 +60,14 @@ class EngineParams:
     moved_return_mean_s: float = 60.0  # a moved conversation's next turn: mean wait
     headroom: float = 0.1
     max_concurrent_replays: int = 2
-    piece_tokens: int = 256
+    piece_tokens: int = WorkerConfig().piece_tokens_max  # the worker's default
     tick_s: float = 0.05
     poll_s: float = 0.25
     calibration_requests: int = 24
     calibration_concurrency: int = 4
     horizon_max_s: float = 600.0
-    priority_declared: bool = False  # the server runs --scheduling-policy priority
+    #: the operator's word, for the self-check (counts only where its queue probe cannot tell)
+    priority_declared: bool = False
 
 
 @dataclass
@@ -143,6 +145,9 @@ class EngineBench:
         self.p = params
         self.scenario = Scenario.build(params)
         self.model = ""
+        #: the worker's self-check's priority_scheduling verdict (``check``)
+        self.priority_verdict = ""
+        self.priority_reason = ""
         self.capacity_tokens_per_s = 0.0
         self._client = httpx.AsyncClient(base_url=url, timeout=REQUEST_TIMEOUT_S,
                                          limits=httpx.Limits(max_connections=256))  # fmt: skip
@@ -173,6 +178,16 @@ class EngineBench:
     async def metrics(self) -> EngineMetrics:
         engine = VllmHttpEngine("bench", self.url, self.model, client=self._client)
         return await engine.metrics()
+
+    async def check(self) -> None:
+        """The worker's self-check, as a worker would run it: replay takes the whole spare
+        only where priority scheduling passed (``SpareGate.set_priority_verified``)."""
+        engine = VllmHttpEngine("bench", self.url, self.model, client=self._client)
+        fitness = await engine.self_check(
+            REPLAY_PRIORITY, priority_declared=self.p.priority_declared
+        )
+        self.priority_verdict = fitness.verdict("priority_scheduling") or ""
+        self.priority_reason = fitness.reasons().get("priority_scheduling", "")
 
     async def calibrate(self) -> float:
         """Prefill tokens/s the engine computes, unique prompts of the scenario's size."""
@@ -239,7 +254,7 @@ class EngineBench:
         config = CapacityConfig(self.capacity_tokens_per_s, headroom=self.p.headroom,
                                 max_concurrent_replays=self.p.max_concurrent_replays)  # fmt: skip
         controller = CapacityController(config, clock)
-        controller.set_priority_verified(self.p.priority_declared)
+        controller.set_priority_verified(self.priority_verdict == "passed")
         poller = CapacityPoller(engine, controller, clock, random.Random(self.p.seed),
                                 interval_s=self.p.poll_s)  # fmt: skip
         poll_task = asyncio.create_task(poller.run())
@@ -306,6 +321,8 @@ async def _settled_computed(bench: EngineBench, before: float) -> float:
 @dataclass
 class EngineReport:
     model: str
+    priority_verdict: str
+    priority_reason: str
     capacity_tokens_per_s: float
     tokens_per_word: float
     with_replay: RunResult
@@ -326,6 +343,7 @@ async def measure(url: str, params: EngineParams, repeats: int = 1) -> list[Engi
     reports = []
     try:
         await bench.discover()
+        await bench.check()
         capacity = await bench.calibrate()
         sample = ChatPrompt.of_messages(_history(random.Random(0), params.history_words[1], "s"))
         usage, _ = await bench.complete(sample, secrets.token_hex(16), LIVE_PRIORITY)
@@ -334,7 +352,15 @@ async def measure(url: str, params: EngineParams, repeats: int = 1) -> list[Engi
             with_replay = await bench.run(True, None)
             without = await bench.run(False, with_replay.makespan_s)
             reports.append(
-                EngineReport(bench.model, capacity, tokens_per_word, with_replay, without)
+                EngineReport(
+                    bench.model,
+                    bench.priority_verdict,
+                    bench.priority_reason,
+                    capacity,
+                    tokens_per_word,
+                    with_replay,
+                    without,
+                )
             )
     finally:
         await bench.aclose()
