@@ -47,10 +47,12 @@ all hold, and then takes from all (all or nothing):
 - the spare bucket (rate = current spare, depth ``burst_s`` seconds of capacity x headroom);
 - on an engine whose priority scheduling is unverified (``set_priority_verified``): no live
   request in the engine at the last scrape (running or waiting, replay's own taken off), and
-  ``unverified_priority_share`` of the spare. Such an engine may serve first-come-first-served,
-  where a replay beside live requests shares each step's token budget with them and a live
-  request that arrives during its prefill queues behind it (measured on vLLM's CPU build in
-  FCFS mode: live TTFT p99 2.06x of no replay with the half share alone, bench/RESULTS.md);
+  ``unverified_priority_share`` of the spare. The self-check's queue probe could not tell how
+  such an engine schedules; one it saw serving first-come-first-served is unfit and gets no
+  replay. Under FCFS a replay beside live requests shares each step's token budget with them
+  and a live request that arrives during its prefill queues behind it (measured on vLLM's CPU
+  build in FCFS mode: live TTFT p99 2.06x of no replay with the half share alone,
+  bench/RESULTS.md);
 - the operator's region bucket and the tenant's bucket (``OperatorConfig``, shared by the
   controllers of one region).
 
@@ -110,9 +112,9 @@ class CapacityConfig:
     #: bench/replay.py); a queue that outlives a scrape interval is not
     waiting_scrapes_to_stop: int = 3
     #: the fraction of the spare replay takes on an engine whose priority scheduling is
-    #: unverified (the self-check cannot see it from outside: vLLM takes a priority under
-    #: FCFS and ignores it). There replay queues level with live requests, so it leaves
-    #: room for the live requests that arrive while it prefills.
+    #: unverified (the self-check's queue probe could not tell, and nobody declared it). It
+    #: may serve FCFS, where replay queues level with live requests, so it leaves room for
+    #: the live requests that arrive while it prefills.
     unverified_priority_share: float = 0.5
 
     def __post_init__(self) -> None:

@@ -111,8 +111,8 @@ CheckVerdict = Literal["passed", "failed", "unverified"]
 
 @dataclass(frozen=True, slots=True)
 class EngineCheck:
-    """One finding of the replay self-check. ``unverified``: the engine cannot be asked from
-    outside and the operator did not declare it; it does not make the engine unfit."""
+    """One finding of the replay self-check. ``unverified``: its probe could not tell (or could
+    not run) and the operator did not declare it; it does not make the engine unfit."""
 
     name: str
     verdict: CheckVerdict

@@ -45,7 +45,7 @@ from replay.bus.trace_context import job_span
 from replay.cache_salt import cache_salt_for
 from replay.chat import render_prompt, replay_pieces
 from replay.engines.base import InferenceEngine, ModelRevisionMismatch
-from replay.engines.vllm_check import PRIORITY_SCHEDULING
+from replay.engines.vllm_check import PRIORITY_SCHEDULING, SERVES_REVISION
 from replay.model import (
     EngineCheck,
     EngineFitness,
@@ -104,9 +104,9 @@ class WorkerConfig:
     #: (``replay_pieces``): about half the engine's scheduler step (vLLM's
     #: ``max_num_batched_tokens``; bench/replay.py: 256 with 512-token steps); 0 = whole
     piece_tokens_max: int = 1024
-    #: an unfit engine is checked again after this, doubling per failed check up to
-    #: ``recheck_max_s`` (the priority probe queues work on the engine, ahead of live
-    #: requests on an FCFS one)
+    #: an unfit engine is checked again after this; where it was reachable and the probes ran,
+    #: doubling per failed check up to ``recheck_max_s`` (the priority probe queues work on
+    #: the engine, ahead of live requests on an FCFS one)
     recheck_s: float = 30.0
     recheck_max_s: float = 600.0
 
@@ -191,8 +191,8 @@ class ReplayWorker:
 
     async def engine_fit(self) -> bool:
         """Run the engine's self-check (``InferenceEngine.self_check``) until it passes (True)
-        or the worker is stopped (False), checking again after ``recheck_s``, doubling up to
-        ``recheck_max_s``. While it fails the worker takes no job (it does not even join the
+        or the worker is stopped (False), checking again after ``recheck_s`` (doubling up to
+        ``recheck_max_s`` while the engine is reachable and the probes run on it). While it fails the worker takes no job (it does not even join the
         group, so no partition waits on it); ``engine_fitness`` says why, and
         the reason is logged each time it changes. A fit engine whose priority scheduling is
         unverified gets a smaller share of its spare (``SpareGate.set_priority_verified``)."""
@@ -229,7 +229,10 @@ class ReplayWorker:
                 return True
             self.counts["engine_check_failed"] += 1
             pause = asyncio.create_task(self._clock.sleep(recheck_s))
-            recheck_s = min(recheck_s * 2, max(s.recheck_max_s, s.recheck_s))
+            if fitness.verdict(SERVES_REVISION) == "passed":  # the probes ran on it
+                recheck_s = min(recheck_s * 2, max(s.recheck_max_s, s.recheck_s))
+            else:  # unreachable, starting, another model: nothing was sent, look again soon
+                recheck_s = s.recheck_s
             stop = asyncio.create_task(self._stopping.wait())
             await asyncio.wait([pause, stop], return_when=asyncio.FIRST_COMPLETED)
             for task in (pause, stop):

@@ -67,9 +67,9 @@ class InferenceEngine(ABC):
         """Whether replay on this engine pays off (``replay.engines.vllm_check``: one verdict
         per check; fit when none failed): it must serve the pinned revision, export its
         metrics, take replay's tool-using and stored-template requests, cache prefixes and
-        report cached tokens; priority scheduling (replay runs at ``replay_priority``) is
-        ``passed`` only when ``priority_declared``. Engines that cannot be probed (test
-        fakes) report no checks."""
+        report cached tokens; and schedule by priority (replay runs at ``replay_priority``:
+        seen by a queue probe, or ``priority_declared`` where the probe cannot tell).
+        Engines that cannot be probed (test fakes) report no checks."""
         return EngineFitness(())
 
     @abstractmethod

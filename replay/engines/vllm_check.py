@@ -2,8 +2,8 @@
 
 Replay on an engine only pays off, and only stays out of live traffic's way, when the server
 passes each check below. Every probe is a prefill-only request (one output token) at replay's
-priority under a fresh random ``cache_salt`` (no tenant's cache is touched), sent the way replay
-sends it (``VllmHttpEngine.prefill``).
+priority (the priority probe's short prompt at a live one) under a fresh random ``cache_salt``
+(no tenant's cache is touched), sent the way replay sends it (``VllmHttpEngine.prefill``).
 
 ``serves_revision``
     ``GET /v1/models`` lists the pinned revision as a served model name (vLLM does not expose
@@ -42,7 +42,14 @@ sends it (``VllmHttpEngine.prefill``).
     the operator declares ``--scheduling-policy priority`` (``--declare-priority-scheduling``);
     otherwise the engine stays fit, and replay takes a smaller share of its spare and only
     while no live request is in the engine (``CapacityConfig.unverified_priority_share``). A
-    declaration never outranks a ``failed``.
+    declaration never outranks a ``failed``. The probe also ends ``unverified``, with the
+    reason, when a queued prompt is refused or the engine fails under it (a gateway's size or
+    rate limit is not a scheduling policy; only a refused ``priority`` fails the check), when
+    it takes longer than ``QUEUE_PROBE_BUDGET_S`` (a busy engine runs replay-priority work
+    last; a round's prompts are sized so that the engine's pace, measured by the cache
+    probe, drains them within ``QUEUE_ROUND_S``). The base URL
+    must be one engine: behind a load balancer the short prompt may reach an idle replica and
+    overtake a queue it never joined.
 
 A check whose probe could not run (an earlier probe failed) is ``unverified``.
 """
@@ -96,6 +103,12 @@ SIZING_WORDS = 64  # the first probe: measures the tokenizer's tokens per word
 #: larger after, for a scheduler step budget that took the small queue in too few steps
 QUEUE_PROBE_ROUND_TOKENS = (1024, 4096, 4096)
 QUEUE_PROBE_REQUESTS = 10
+#: the whole priority probe, every round: about half the worker's check timeout (60 s)
+QUEUE_PROBE_BUDGET_S = 30.0
+#: a round's prompts are made smaller where the engine would take longer than this for them
+#: (its pace from the first cache probe): no round outlives the budget, leaving work behind
+QUEUE_ROUND_S = 5.0
+QUEUE_PROBE_TOKENS_MIN = 64  # smaller prompts than this: too slow an engine to probe
 QUEUE_PROBE_LIVE_WORDS = 16
 LIVE_PRIORITY = 0  # vLLM's default: what a live request carries
 #: judging the queue (``judge_queue``), in fractions of the time the queue took to drain
@@ -143,6 +156,10 @@ class _Stop(Exception):
     """A probe could not run (unreachable, wrong revision): the remaining checks stay open."""
 
 
+class _QueueProbeFailed(Exception):
+    """The priority probe could not finish: the message says why (the check stays open)."""
+
+
 async def run_self_check(
     model_revision: str,
     served_models: ServedModels,
@@ -159,7 +176,7 @@ async def run_self_check(
         await check.tools()
         await check.chat_template()
         await check.prefix_cache(max_model_len)
-        await check.priority(max_model_len)
+        await check.priority_probe(max_model_len)
     except _Stop:
         pass
     check.priority_declared(priority_declared)
@@ -207,6 +224,8 @@ class _SelfCheck:
         self._salt = secrets.token_hex(32)
         self._found: dict[str, EngineCheck] = {}
         self._tokens_per_word: float | None = None  # measured by the sizing probe
+        #: seconds per prompt token of the first cache probe, uncached (overhead included)
+        self._seconds_per_token: float | None = None
         self._unclear_queue = ""  # the priority probe's timings when it could not tell
 
     def fitness(self) -> EngineFitness:
@@ -287,6 +306,8 @@ class _SelfCheck:
         self._tokens_per_word = tokens_per_word
         prompt = _words_prompt(max(1, int(target_tokens / tokens_per_word)))
         first = await self._probe(CACHES_PREFIXES, prompt, "cache")
+        if first is not None and first.prompt_tokens > 0:
+            self._seconds_per_token = first.duration_ms / 1000.0 / first.prompt_tokens
         second = await self._probe(CACHES_PREFIXES, prompt, "cache")
         if first is None or second is None:
             return
@@ -309,15 +330,38 @@ class _SelfCheck:
             return
         self._record(CACHES_PREFIXES, "passed")
 
-    async def priority(self, max_model_len: int | None) -> None:
-        """The queue probe (module docstring), a round of each size while it cannot tell; its
-        verdict stands over a declaration."""
+    async def priority_probe(self, max_model_len: int | None) -> None:
+        """The queue probe (module docstring), a round of each size while it cannot tell,
+        within ``QUEUE_PROBE_BUDGET_S``; its verdict stands over a declaration."""
         if self._tokens_per_word is None or self._priority <= LIVE_PRIORITY:
             return  # no sizing, or replay's priority is not below a live one: nothing to see
+        try:
+            async with asyncio.timeout(QUEUE_PROBE_BUDGET_S):
+                await self._priority_rounds(max_model_len)
+        except TimeoutError:
+            self._unclear_queue = (
+                f"it did not finish within {QUEUE_PROBE_BUDGET_S:.0f}s: a busy engine runs "
+                "replay-priority prompts last"
+            )
+        except _QueueProbeFailed as exc:
+            self._unclear_queue = str(exc)
+
+    async def _priority_rounds(self, max_model_len: int | None) -> None:
+        assert self._tokens_per_word is not None
         for attempt, round_tokens in enumerate(QUEUE_PROBE_ROUND_TOKENS):
-            target_tokens = round_tokens
+            # without a max_model_len, no larger prompts than the cache probe's
+            target_tokens = PROBE_TOKENS_MAX
             if max_model_len is not None:
-                target_tokens = min(target_tokens, int(max_model_len * 0.9))
+                target_tokens = min(round_tokens, int(max_model_len * 0.9))
+            if self._seconds_per_token is not None:
+                paced = QUEUE_ROUND_S / self._seconds_per_token / QUEUE_PROBE_REQUESTS
+                target_tokens = min(target_tokens, int(paced))
+            if target_tokens < QUEUE_PROBE_TOKENS_MIN:
+                self._unclear_queue = (
+                    f"not run: the engine prefills too slowly for a queue of "
+                    f"{QUEUE_PROBE_REQUESTS} prompts within {QUEUE_ROUND_S:.0f}s"
+                )
+                return
             words = max(1, int(target_tokens / self._tokens_per_word))
             verdict, timings = await self._queue_round(words, attempt)
             if verdict == "passed":
@@ -334,27 +378,27 @@ class _SelfCheck:
             self._unclear_queue = timings
 
     async def _queue_round(self, words: int, attempt: int) -> tuple[CheckVerdict, str]:
-        """One queue of replay-priority prompts (fresh salts: nothing cached), then the
-        live-priority one; raises ``_Stop`` when a probe fails (recorded)."""
+        """One queue of replay-priority prompts (fresh salts and texts: nothing cached), then
+        the live-priority one; ``_QueueProbeFailed`` when a probe is refused or fails (a
+        refused priority is recorded as failed)."""
         loop = asyncio.get_running_loop()
         answered: dict[int, float] = {}
 
         async def queued(index: int) -> None:
-            prompt = _words_prompt(words, offset=index)
-            tag = f"queue-{attempt}-{index}"
-            await self._probe(PRIORITY_SCHEDULING, prompt, tag, stop=True)
+            offset = (attempt + 1) * QUEUE_PROBE_REQUESTS + index  # no prompt another's prefix
+            await self._queue_probe(_words_prompt(words, offset), f"queue-{attempt}-{index}")
             answered[index] = loop.time()
 
+        live = _words_prompt(QUEUE_PROBE_LIVE_WORDS, offset=attempt)
+        live_tag = f"live-{attempt}"
         tasks = [asyncio.create_task(queued(i)) for i in range(QUEUE_PROBE_REQUESTS)]
         try:
             first, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
             for task in first:
-                task.result()  # a refused or failed probe ends the check here
+                task.result()  # a refused or failed probe ends the probe here
             waiting = [i for i, task in enumerate(tasks) if not task.done()]
             sent_s = loop.time()
-            live = _words_prompt(QUEUE_PROBE_LIVE_WORDS)
-            tag = f"live-{attempt}"
-            await self._probe(PRIORITY_SCHEDULING, live, tag, stop=True, priority=LIVE_PRIORITY)
+            await self._queue_probe(live, live_tag, LIVE_PRIORITY)
             live_s = loop.time() - sent_s
             await asyncio.gather(*tasks)
         finally:
@@ -364,7 +408,7 @@ class _SelfCheck:
         round_trips = []
         for _ in range(2):  # the same short prompt alone, cached: the server's own pace
             started_s = loop.time()
-            await self._probe(PRIORITY_SCHEDULING, live, tag, stop=True, priority=LIVE_PRIORITY)
+            await self._queue_probe(live, live_tag, LIVE_PRIORITY)
             round_trips.append(loop.time() - started_s)
         queued_s = [answered[i] - sent_s for i in waiting]
         timings = (
@@ -374,6 +418,31 @@ class _SelfCheck:
             f"{min(round_trips):.3f}s"
         )
         return judge_queue(live_s, queued_s, min(round_trips)), timings
+
+    async def _queue_probe(
+        self, prompt: ChatPrompt, tag: str, priority: int | None = None
+    ) -> PrefillOutcome:
+        """One prompt of the priority probe. A refused ``priority`` fails the check; any other
+        refusal or failure only ends the probe (``_QueueProbeFailed``): a gateway's limit or an
+        overloaded engine says nothing of its scheduling policy."""
+        request = self._request(prompt, tag, self._priority if priority is None else priority)
+        try:
+            return await self._prefill(request, REPLAY_TOOL_CHOICE)
+        except EngineRejectedRequest as exc:
+            self._note_refused_priority(exc)
+            raise _QueueProbeFailed(f"a probe was refused: {exc.message[:200]}") from exc
+        except (EngineUnavailable, ModelRevisionMismatch) as exc:
+            raise _QueueProbeFailed(f"a probe failed: {exc.message[:200]}") from exc
+
+    def _note_refused_priority(self, exc: EngineRejectedRequest) -> None:
+        """A refusal that names the priority: an older vLLM, without priority scheduling."""
+        if "priority" in exc.message.lower():
+            self._record(
+                PRIORITY_SCHEDULING,
+                "failed",
+                "refuses request priorities: start it with --scheduling-policy "
+                f"priority ({exc.message[:200]})",
+            )
 
     def priority_declared(self, declared: bool) -> None:
         if declared:
@@ -392,31 +461,14 @@ class _SelfCheck:
             "its spare, only while no live request is in it",
         )
 
-    async def _probe(
-        self,
-        name: str,
-        prompt: ChatPrompt,
-        tag: str,
-        *,
-        stop: bool = False,
-        priority: int | None = None,
-    ) -> PrefillOutcome | None:
-        """One probe for check ``name``: its outcome, or None when refused (recorded; with
-        ``stop``, ``_Stop`` is raised instead)."""
-        request = self._request(prompt, tag, self._priority if priority is None else priority)
+    async def _probe(self, name: str, prompt: ChatPrompt, tag: str) -> PrefillOutcome | None:
+        """One probe for check ``name``: its outcome, or None when refused (recorded)."""
+        request = self._request(prompt, tag, self._priority)
         try:
             return await self._prefill(request, REPLAY_TOOL_CHOICE)
         except EngineRejectedRequest as exc:
-            if "priority" in exc.message.lower():
-                self._record(
-                    PRIORITY_SCHEDULING,
-                    "failed",
-                    "refuses request priorities: start it with --scheduling-policy "
-                    f"priority ({exc.message[:200]})",
-                )
+            self._note_refused_priority(exc)
             self._record(name, "failed", _refusal_reason(name, exc.message))
-            if stop:
-                raise _Stop from exc
             return None
         except (EngineUnavailable, ModelRevisionMismatch) as exc:
             self._stop(name, exc)

@@ -211,9 +211,10 @@ async def test_a_sigkilled_worker_leaves_its_job_to_the_group_and_nothing_is_com
 
         await until("both workers joined one stable group", group_stable, everyone)
         # each worker's engine self-check (its probe requests: replay.engines.vllm_check) ran
-        # before it joined: the same number at both engines, the baseline of what follows
+        # before it joined: each engine's count of them is the baseline of what follows (the
+        # priority probe runs as many rounds as its timing needs, so the two may differ)
         probes = {n: (await engines[n].metrics(http)).generation_tokens_total for n in workers}
-        assert probes["wa"] == probes["wb"] > 0, probes
+        assert min(probes.values()) > 0, probes
 
         # J0 (offset 0) is held at the transcript API; J1 (offset 1) finishes first.
         j0 = make_job(region, "j0", long_cid, 1200)

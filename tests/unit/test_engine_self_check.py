@@ -30,8 +30,9 @@ from tests import tool_conversation
 from tests.unit.fakes_replay import FakeGate, FakeTranscripts
 
 MODEL = "llama@r1"
-#: a step of 2,048 tokens takes 5 ms: the priority probe's queue drains in distinct steps
-STEPPED: dict[str, Any] = {"prefill_tokens_per_s": 400_000.0, "chunk_tokens": 2048}
+#: a step of 2,048 tokens takes 20 ms: the priority probe's queue drains in distinct steps, far
+#: slower than requests go through the HTTP face
+STEPPED: dict[str, Any] = {"prefill_tokens_per_s": 100_000.0, "chunk_tokens": 2048}
 #: every probe in one step: the priority probe cannot tell
 ONE_STEP: dict[str, Any] = {"chunk_tokens": 1_000_000, "max_num_seqs": 1024}
 
@@ -175,14 +176,10 @@ class _PauseLog(LoopClock):
         await asyncio.sleep(0.001)
 
 
-async def test_an_unfit_engine_is_checked_again_less_often_each_time() -> None:
-    """The priority probe queues work on the engine (ahead of live requests on an FCFS one):
-    rechecks back off, doubling, up to ``recheck_max_s``."""
+async def _pauses_between_checks(engine: VllmHttpEngine) -> list[float]:
+    """The pauses a worker takes between 6 failing self-checks of ``engine``."""
     clock = _PauseLog()
-    async with (
-        engine_over_http(scheduling_policy="fcfs") as engine,
-        InProcessJobBus(jobs_max_per_region=10) as bus,
-    ):
+    async with InProcessJobBus(jobs_max_per_region=10) as bus:
         engine_checks = 0
         check = engine.self_check
 
@@ -200,7 +197,49 @@ async def test_an_unfit_engine_is_checked_again_less_often_each_time() -> None:
             random.Random(1), settings, cache_salt_key=bytes(32),
         )  # fmt: skip
         assert not await asyncio.wait_for(worker.engine_fit(), 30.0)
-    assert clock.pauses[:5] == [1.0, 2.0, 4.0, 5.0, 5.0]
+    return clock.pauses[:5]
+
+
+async def test_an_unfit_engine_is_checked_again_less_often_each_time() -> None:
+    """The probes (the priority probe's queue above all) put work on the engine, ahead of
+    live requests on an FCFS one: rechecks of an engine they reached back off, doubling, up
+    to ``recheck_max_s``."""
+    async with engine_over_http(trust_request_chat_template=False, **ONE_STEP) as engine:
+        assert await _pauses_between_checks(engine) == [1.0, 2.0, 4.0, 5.0, 5.0]
+
+
+async def test_an_unreachable_engine_is_checked_again_at_the_same_pace() -> None:
+    """Nothing reached it (still starting, say): no backoff, so a worker started before its
+    engine joins soon after the engine is up."""
+
+    def refuse(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("connection refused", request=request)
+
+    async with httpx.AsyncClient(transport=httpx.MockTransport(refuse), base_url="http://x") as c:
+        engine = VllmHttpEngine("x", "http://x", MODEL, client=c)
+        assert await _pauses_between_checks(engine) == [1.0] * 5
+
+
+async def test_a_refused_queue_prompt_leaves_priority_unverified_not_failed() -> None:
+    """A gateway's size or rate limit says nothing of the scheduling policy: only a refused
+    ``priority`` fails the check."""
+    config = SimEngineConfig(**{**STEPPED, "cache_tokens": 100_000})
+    app = create_app(SimulatedEngine("sim-0", MODEL, config, LoopClock()))
+    asgi = httpx.ASGITransport(app=app)
+
+    async def gateway(request: httpx.Request) -> httpx.Response:
+        if b"-queue-" in request.content:  # the priority probe's queued prompts
+            return httpx.Response(413, json={"error": {"message": "request too large"}})
+        return await asgi.handle_async_request(request)
+
+    async with (
+        app.router.lifespan_context(app),
+        httpx.AsyncClient(transport=httpx.MockTransport(gateway), base_url="http://sim") as c,
+    ):
+        fitness = await VllmHttpEngine("sim-0", "http://sim", MODEL, client=c).self_check(100)
+    assert fitness.fit, fitness.reasons()
+    assert fitness.verdict("priority_scheduling") == "unverified"
+    assert "request too large" in fitness.reasons()["priority_scheduling"]
 
 
 @pytest.mark.parametrize(("declared", "verified"), [(False, False), (True, True)])

@@ -23,9 +23,13 @@ from pathlib import Path
 
 import httpx
 
+from replay.engines.vllm_http import VllmHttpEngine
+from replay.model import EngineFitness
 from tests.vllm.environment import MODEL, prepare
 
 BLOCK_TOKENS = 32  # --block-size: the smallest the CPU backend takes
+#: self-checks of one server while the priority probe's timing cannot tell (a loaded machine)
+CHECKS_MAX = 3
 START_TIMEOUT_S = 600.0  # 2 shared cores: several times the idle machine's 58 s
 STOP_TIMEOUT_S = 30.0
 MODEL_REVISION = "tiny-llama@r1"  # --served-model-name, as deployments name it (name@revision)
@@ -123,3 +127,17 @@ def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+async def decisive_check(url: str) -> EngineFitness:
+    """The replay self-check of the server at ``url``, again (up to ``CHECKS_MAX`` times)
+    while the priority probe could not tell: its verdict is by timing."""
+    engine = VllmHttpEngine("real", url, MODEL_REVISION)
+    try:
+        for _ in range(CHECKS_MAX):
+            fitness = await engine.self_check(replay_priority=100)
+            if fitness.verdict("priority_scheduling") != "unverified":
+                break
+    finally:
+        await engine.aclose()
+    return fitness

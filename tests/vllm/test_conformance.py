@@ -27,7 +27,13 @@ from replay.engines.simulated import SimulatedEngine
 from replay.engines.vllm_http import VllmHttpEngine
 from replay.model import EngineMetrics
 from tests import tool_conversation
-from tests.vllm.servers import BLOCK_TOKENS, MODEL_REVISION, VllmServer, common_words
+from tests.vllm.servers import (
+    BLOCK_TOKENS,
+    MODEL_REVISION,
+    VllmServer,
+    common_words,
+    decisive_check,
+)
 
 COUNTERS_SETTLE_S = 10.0  # vLLM records a request's stats just after answering it
 WHOLE_BLOCK_TRIES = 256  # prompt lengths tried to find one of whole blocks
@@ -178,11 +184,7 @@ async def test_the_self_check_reaches_the_same_verdicts_priority_probe_included(
         prefill_tokens_per_s=PREFILL_TOKENS_PER_S,
         chunk_tokens=STEP_TOKENS,
     )
-    real_engine = VllmHttpEngine("real", server.url, MODEL_REVISION)
-    try:
-        real = await real_engine.self_check(replay_priority=100)
-    finally:
-        await real_engine.aclose()
+    real = await decisive_check(server.url)
     async with simulator(config) as client:
         sim_engine = VllmHttpEngine("sim", "http://sim", MODEL_REVISION, client=client)
         simulated = await sim_engine.self_check(replay_priority=100)
