@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from convplane_client import Client
     from services.local.attached_engines import AttachedEngines
     from services.local.plane import LocalPlane
+    from services.local.plane_state import PlaneState, SavedEngines
 
 SUPERVISE_POLL_S = 0.5
 DEMO_DRILL_HOLD_S = 5.0
@@ -104,33 +105,30 @@ def up(
 
     console = Console()
     try:
-        address = _plane_host(host, state_dir)
-    except (HarnessError, PlaneError) as exc:
-        console.print(f"[red]could not start the plane:[/red] {exc}")
-        raise typer.Exit(1) from exc
-    try:
+        saved = _saved_plane(state_dir)
+        address = _plane_host(host, saved)
         requested = _engines_requested(
             engine or [], without_engines, declare_priority_scheduling, kafka_bootstrap_servers,
-            state_dir,
+            sim_engines, saved,
         )  # fmt: skip
-    except PlaneError as exc:
+        plane = LocalPlane(
+            regions=regions,
+            state_dir=state_dir,
+            base_port=base_port,
+            postgres=postgres,
+            shard_count=shard_count,
+            sim_engines=sim_engines,
+            tls=tls,
+            supervised=not detach,
+            host=address,
+        )
+        plane.check_resumable()  # before any engine is probed
+    except (HarnessError, PlaneError) as exc:
         console.print(f"[red]could not start the plane:[/red] {exc}")
         raise typer.Exit(1) from exc
     if requested.resumed:
         console.print(f"attaching the saved plane's engines again: {', '.join(requested.options)}")
-    attached = _attached_engines(console, regions, state_dir, requested)
-    plane = LocalPlane(
-        regions=regions,
-        state_dir=state_dir,
-        base_port=base_port,
-        postgres=postgres,
-        shard_count=shard_count,
-        sim_engines=sim_engines,
-        tls=tls,
-        supervised=not detach,
-        attached=attached,
-        host=address,
-    )
+    plane.attached = _attached_engines(console, regions, state_dir, requested)
     stop = _stop_on_signals()
     try:
         info = plane.start()
@@ -162,6 +160,7 @@ class _EnginesRequested:
     priority_declared: bool
     kafka_bootstrap_servers: str
     resumed: bool  # the saved plane's
+    saved: SavedEngines | None  # the saved plane's: its workers' keys, bus secrets, salt key
 
 
 def _engines_requested(
@@ -169,31 +168,35 @@ def _engines_requested(
     without: bool,
     priority_declared: bool,
     kafka_bootstrap_servers: str,
-    state_dir: Path,
+    sim_engines: int,
+    saved: PlaneState | None,
 ) -> _EnginesRequested:
-    """The ``--engine`` options, or without any, the saved plane's engines (with their
-    declaration and broker, unless given again), or none with ``--without-engines``."""
+    """The ``--engine`` options (replacing the saved plane's), or without any, the saved
+    plane's engines (its declaration and broker, or the ones given), or none with
+    ``--without-engines``."""
     from services.local.plane import PlaneError
-    from services.local.plane_state import STATE_FILE_NAME, load_state
 
-    asked = _EnginesRequested(options, priority_declared, kafka_bootstrap_servers, False)
+    saved_engines = None if saved is None else saved.engines
+    asked = _EnginesRequested(
+        options, priority_declared, kafka_bootstrap_servers, False, saved_engines
+    )
     if without:
         if options:
             raise PlaneError("--engine and --without-engines: give one or the other")
         return asked
-    if options:
+    if options or saved_engines is None:
         return asked
-    try:
-        saved = load_state(state_dir / STATE_FILE_NAME)
-    except ValueError as exc:
-        raise PlaneError(str(exc)) from exc
-    if saved is None or saved.engines is None:
-        return asked
+    if sim_engines > 0:
+        raise PlaneError(
+            f"--sim-engines, and the saved plane has engines ({', '.join(saved_engines.options)})"
+            ": a plane takes one or the other; resume it with --without-engines"
+        )
     return _EnginesRequested(
-        list(saved.engines.options),
-        priority_declared or saved.engines.priority_declared,
-        kafka_bootstrap_servers or saved.engines.kafka_bootstrap_servers,
+        list(saved_engines.options),
+        priority_declared or saved_engines.priority_declared,
+        kafka_bootstrap_servers or saved_engines.kafka_bootstrap_servers,
         True,
+        saved_engines,
     )
 
 
@@ -232,27 +235,35 @@ def _attached_engines(
                 "without engines: --without-engines)"
             )
         raise typer.Exit(1) from exc
-    return AttachedEngines(
+    attached = AttachedEngines(
         checked,
         state_dir.resolve(),
         priority_declared=priority_declared,
         kafka_bootstrap_servers=kafka_bootstrap_servers or None,
     )
+    if requested.saved is not None:  # the same plane: its secrets stay
+        attached.keep_secrets(requested.saved)
+    return attached
 
 
-def _plane_host(requested: str | None, state_dir: Path) -> str:
-    """``--host`` checked, or the saved plane's address (a plane resumes where it was made:
-    its certificates name that address), or loopback."""
-    from services.local.host import local_address
+def _saved_plane(state_dir: Path) -> PlaneState | None:
+    """The plane saved in ``state_dir``, if any (``PlaneError`` for a file it cannot read)."""
     from services.local.plane import PlaneError
     from services.local.plane_state import STATE_FILE_NAME, load_state
 
-    if requested is not None:
-        return local_address(requested)
     try:
-        saved = load_state(state_dir / STATE_FILE_NAME)
+        return load_state(state_dir / STATE_FILE_NAME)
     except ValueError as exc:
         raise PlaneError(str(exc)) from exc
+
+
+def _plane_host(requested: str | None, saved: PlaneState | None) -> str:
+    """``--host`` checked, or the saved plane's address (a plane resumes where it was made:
+    its certificates name that address), or loopback."""
+    from services.local.host import local_address
+
+    if requested is not None:
+        return local_address(requested)
     return "127.0.0.1" if saved is None else saved.host
 
 

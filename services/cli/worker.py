@@ -172,19 +172,43 @@ def register(app: typer.Typer) -> None:
         state_dir: str = typer.Option(".state/kafka", help="Broker data and logs."),
         cache_dir: str = typer.Option(".cache/kafka", help="Where the jars are cached."),
         host: str = typer.Option(
-            "127.0.0.1", help="The IPv4 address of this machine it listens on and advertises."
+            "127.0.0.1",
+            help="An IPv4 address of this machine for other hosts: a SASL-over-TLS listener "
+            "there, with a user, password and CA written to <state-dir>/client.json.",
         ),
     ) -> None:
         """Start a broker, print its bootstrap servers, and keep it up until Ctrl-C."""
-        from services.local.host import HarnessError
-        from services.local.kafka import ensure_kafka_jars, start_broker
+        import secrets
+        from pathlib import Path
+
+        from services.local.host import HarnessError, local_address
+        from services.local.kafka import BrokerSecurity, ensure_kafka_jars, start_broker
+        from services.local.plane import write_private_json
 
         try:
-            broker = start_broker(state_dir, lib_dir=ensure_kafka_jars(cache_dir), host=host)
+            host = local_address(host)
+            security = None
+            if host != "127.0.0.1":
+                security = BrokerSecurity({"convplane": secrets.token_urlsafe(24)}, tls=True)
+            broker = start_broker(
+                state_dir, lib_dir=ensure_kafka_jars(cache_dir), host=host, security=security
+            )
         except HarnessError as exc:
             typer.echo(f"kafka not started: {exc}", err=True)
             raise typer.Exit(1) from None
-        typer.echo(broker.bootstrap_servers, err=False)
+        if security is None:
+            typer.echo(broker.bootstrap_servers, err=False)
+        else:
+            assert broker.tls is not None
+            client_file = Path(state_dir) / "client.json"
+            write_private_json(client_file, {
+                "bootstrap_servers": broker.sasl_ssl_bootstrap_servers,
+                "security_protocol": "SASL_SSL", "sasl_mechanism": "PLAIN",
+                "sasl_username": "convplane", "sasl_password": security.sasl_users["convplane"],
+                "ssl_cafile": str(broker.tls.ca_cert),
+            })  # fmt: skip
+            typer.echo(broker.sasl_ssl_bootstrap_servers, err=False)
+            typer.echo(f"SASL over TLS: user, password and CA in {client_file}", err=True)
         typer.echo(
             f"kafka up in {broker.start_duration_s:.1f}s (pid {broker.pid}, log {broker.log_path})",
             err=True,

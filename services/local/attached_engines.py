@@ -193,9 +193,10 @@ class AttachedEngines:
     _given_up: set[str] = field(default_factory=set)
 
     def __post_init__(self) -> None:
+        """Secrets for regions that have none yet (a resumed plane keeps its own)."""
         for region in {e.region for e in self.engines}:
-            self.worker_keys[region] = "cpw_" + secrets.token_urlsafe(24)
-            self.bus_secrets[region] = secrets.token_hex(32)
+            self.worker_keys.setdefault(region, "cpw_" + secrets.token_urlsafe(24))
+            self.bus_secrets.setdefault(region, secrets.token_hex(32))
 
     def replay_config(self) -> ReplayConfig:
         engines: dict[str, list[EngineConfig]] = {}
@@ -309,12 +310,23 @@ class AttachedEngines:
     def worker_log(self, engine: AttachedEngine) -> Path:
         return self.state_dir / engine.region / f"worker-{engine.engine_id}.log"
 
+    def keep_secrets(self, saved: SavedEngines) -> None:
+        """A resumed plane's workers' keys, bus secrets and cache-salt key: jobs still in Kafka
+        stay verifiable, caches replayed before the stop stay reachable."""
+        regions = {e.region for e in self.engines}
+        self.worker_keys.update({r: k for r, k in saved.worker_keys.items() if r in regions})
+        self.bus_secrets.update({r: k for r, k in saved.bus_secrets.items() if r in regions})
+        self.cache_salt_key = saved.cache_salt_key
+
     def saved(self) -> SavedEngines:
         """What a plain ``up`` attaches again (``plane_state``)."""
         return SavedEngines(
             tuple(f"{e.region}={e.url}" for e in self.engines),
             self.priority_declared,
             self.kafka_bootstrap_servers or "",
+            dict(self.worker_keys),
+            dict(self.bus_secrets),
+            self.cache_salt_key,
         )
 
     def info(self) -> dict[str, Any]:

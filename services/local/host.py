@@ -36,6 +36,11 @@ def local_address(text: str) -> str:
         ) from None
     if address.version != 4:
         raise HarnessError(f"--host {text}: IPv6 is not supported yet; give an IPv4 address")
+    if address.is_unspecified or address.is_multicast:
+        raise HarnessError(
+            f"--host {text} is not one address: give the one the certificates and every URL "
+            "name (this machine's, e.g. 127.0.0.1)"
+        )
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         try:
             sock.bind((str(address), 0))

@@ -3,8 +3,9 @@
 The broker's jars come from Maven Central through ``replay/kafka/pom.xml``:
 ``ensure_kafka_jars`` runs ``mvn dependency:copy-dependencies`` once into ``.cache/kafka/lib``
 (git-ignored) and reuses the result while the pom is unchanged. ``start_broker`` writes a KRaft
-``server.properties`` (broker and controller in one JVM, free ports on ``host``: 127.0.0.1
-unless given an IPv4 address of this machine, which its TLS certificate then names), formats the
+``server.properties`` (broker and controller in one JVM on free 127.0.0.1 ports; given another
+IPv4 address of this machine as ``host``, the SASL-over-TLS listener listens there, its
+certificate naming it, and nothing unauthenticated leaves loopback), formats the
 storage with a random cluster id, starts ``java -cp '<lib>/*' kafka.Kafka`` and returns once a
 Metadata request names the broker. A broker that does not come up in time is killed and the error
 carries its log tail.
@@ -121,9 +122,10 @@ def random_cluster_id() -> str:
 
 @dataclass(frozen=True, slots=True)
 class BrokerSecurity:
-    """Extra listeners of a local broker: SASL/PLAIN users, over plaintext and (with
-    ``tls``) over TLS with a certificate the harness makes (``make_tls_files``). The PLAINTEXT
-    listener stays for the harness's own readiness probe and inter-broker traffic."""
+    """Extra listeners of a local broker: SASL/PLAIN users, over plaintext on loopback and
+    (with ``tls``) over TLS, on the broker's host, with a certificate the harness makes
+    (``make_tls_files``). The PLAINTEXT listener stays on loopback for the harness's own
+    readiness probe and inter-broker traffic."""
 
     sasl_users: Mapping[str, str]  # user -> password
     tls: bool = False
@@ -172,7 +174,7 @@ def _security_settings(
     """(extra listeners, extra settings) for ``server_properties``."""
     users = " ".join(f'user_{u}="{p}"' for u, p in security.sasl_users.items())
     jaas = f"org.apache.kafka.common.security.plain.PlainLoginModule required {users};"
-    listeners = [f"SASL_PLAINTEXT://{host}:{sasl_port}"]
+    listeners = [f"SASL_PLAINTEXT://{LOOPBACK}:{sasl_port}"]  # passwords in clear: loopback
     settings = {
         "sasl.enabled.mechanisms": "PLAIN",
         "listener.name.sasl_plaintext.plain.sasl.jaas.config": jaas,
@@ -195,16 +197,17 @@ def server_properties(
     controller_port: int,
     extra_listeners: Sequence[str] = (),
     extra_settings: Mapping[str, str] | None = None,
-    host: str = LOOPBACK,
 ) -> str:
-    listeners = [f"PLAINTEXT://{host}:{broker_port}", *extra_listeners]
+    """The broker's settings: PLAINTEXT and the controller on loopback only (nothing
+    unauthenticated elsewhere), ``extra_listeners`` wherever they name."""
+    listeners = [f"PLAINTEXT://{LOOPBACK}:{broker_port}", *extra_listeners]
     protocols = ["PLAINTEXT:PLAINTEXT", "CONTROLLER:PLAINTEXT"]
     protocols += [f"{p}:{p}" for p in (lst.split(":", 1)[0] for lst in extra_listeners)]
     settings = {
         "process.roles": "broker,controller",
         "node.id": "1",
-        "controller.quorum.voters": f"1@{host}:{controller_port}",
-        "listeners": ",".join([*listeners, f"CONTROLLER://{host}:{controller_port}"]),
+        "controller.quorum.voters": f"1@{LOOPBACK}:{controller_port}",
+        "listeners": ",".join([*listeners, f"CONTROLLER://{LOOPBACK}:{controller_port}"]),
         "advertised.listeners": ",".join(listeners),
         "listener.security.protocol.map": ",".join(protocols),
         "controller.listener.names": "CONTROLLER",
@@ -370,22 +373,28 @@ def start_broker(
     security: BrokerSecurity | None = None,
     host: str = LOOPBACK,
 ) -> KafkaBroker:
-    """Format and start a one-node KRaft broker under ``base_dir``, listening on ``host`` only;
-    return when it serves. With ``security``, SASL (and TLS) listeners besides the PLAINTEXT
-    one. ``host``: an IPv4 address of this machine (``services.local.host.local_address``)."""
+    """Format and start a one-node KRaft broker under ``base_dir``; return when it serves.
+    With ``security``, SASL (and TLS) listeners besides the PLAINTEXT one. ``host``: an IPv4
+    address of this machine (``services.local.host.local_address``) where the SASL_SSL
+    listener listens; another than loopback needs ``security`` with TLS."""
     host = local_address(host)
+    if host != LOOPBACK and (security is None or not security.tls):
+        raise KafkaHarnessError(
+            f"a broker on {host} takes clients from other hosts: it needs SASL over TLS "
+            "(BrokerSecurity with tls=True); without it, it listens on 127.0.0.1 only"
+        )
     base = Path(base_dir).resolve()
     base.mkdir(parents=True, exist_ok=True)
     lib = lib_dir if lib_dir is not None else ensure_kafka_jars()
     java = _java()
-    broker_port, controller_port = free_port(host), free_port(host)
-    sasl_port, ssl_port = free_port(host), free_port(host)
+    broker_port, controller_port, sasl_port = free_port(), free_port(), free_port()
+    ssl_port = free_port(host)
     tls = make_tls_files(base / "tls", host) if security is not None and security.tls else None
     listeners, extra = (
         _security_settings(security, host, sasl_port, ssl_port, tls) if security else ([], {})
     )
     config_path = base / "server.properties"
-    properties = server_properties(base, broker_port, controller_port, listeners, extra, host)
+    properties = server_properties(base, broker_port, controller_port, listeners, extra)
     config_path.write_text(properties, encoding="utf-8")
     log4j_path = base / "log4j.properties"
     log4j_path.write_text(_LOG4J_PROPERTIES, encoding="utf-8")
@@ -413,27 +422,25 @@ def start_broker(
         cmd, stdout=log_file, stderr=subprocess.STDOUT, cwd=base, start_new_session=True
     )
     log_file.close()
-    broker = KafkaBroker(f"{host}:{broker_port}", process, base, log_path, 0.0)
+    broker = KafkaBroker(f"{LOOPBACK}:{broker_port}", process, base, log_path, 0.0)
     if security is not None:
-        broker.sasl_bootstrap_servers = f"{host}:{sasl_port}"
+        broker.sasl_bootstrap_servers = f"{LOOPBACK}:{sasl_port}"
         if tls is not None:
             broker.sasl_ssl_bootstrap_servers = f"{host}:{ssl_port}"
             broker.tls = tls
-    _wait_until_serving(broker, host, broker_port, started, start_timeout_s)
+    _wait_until_serving(broker, broker_port, started, start_timeout_s)
     broker.start_duration_s = time.monotonic() - started
     return broker
 
 
-def _wait_until_serving(
-    broker: KafkaBroker, host: str, port: int, started: float, timeout_s: float
-) -> None:
+def _wait_until_serving(broker: KafkaBroker, port: int, started: float, timeout_s: float) -> None:
     while True:
         if not broker.is_running():
             raise KafkaHarnessError(
                 f"Kafka broker exited with rc={broker.process.returncode} before serving; "
                 f"log tail ({broker.log_path}):\n{broker.log_tail()}"
             )
-        if _metadata_names_a_broker(host, port, timeout_s=2.0):
+        if _metadata_names_a_broker(LOOPBACK, port, timeout_s=2.0):
             return
         if time.monotonic() - started > timeout_s:
             tail = broker.log_tail()

@@ -213,6 +213,12 @@ class LocalPlane:
         write_private_json(self.info_file, info)
         return info
 
+    def check_resumable(self) -> None:
+        """PlaneError when the state directory holds another plane, or this one running: what
+        ``start`` would refuse, said before anything else (``up`` probes engines after it)."""
+        self.state_dir = self.state_dir.resolve()
+        self._saved_plane()
+
     def _saved_plane(self) -> PlaneState | None:
         """The plane saved in the state directory, its keys adopted; PlaneError when the
         arguments would make it another plane or it is running now."""

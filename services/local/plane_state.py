@@ -48,6 +48,10 @@ class SavedEngines:
     options: tuple[str, ...]  # each REGION=URL, as given
     priority_declared: bool
     kafka_bootstrap_servers: str  # "" = in-process workers
+    #: kept across restarts: jobs still in Kafka stay verifiable, replayed caches reachable
+    worker_keys: dict[str, str]  # region -> its workers' API key
+    bus_secrets: dict[str, str]  # region -> 64 hex
+    cache_salt_key: str  # 64 hex
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,4 +128,7 @@ def load_state(path: Path) -> PlaneState | None:
 
 
 def state_json(state: PlaneState) -> dict[str, Any]:
-    return {"version": STATE_VERSION, **asdict(state)}
+    saved = {"version": STATE_VERSION, **asdict(state)}
+    if state.engines is None:
+        del saved["engines"]  # a plane without engines stays readable by older versions
+    return saved

@@ -130,6 +130,7 @@ def test_a_plain_up_attaches_the_saved_engines_again_and_without_engines_forgets
     checks the same engine again and gives its region the worker again; one that is gone
     refuses the resume, naming ``--without-engines``, which resumes without (and forgets)."""
     state_dir = tmp_path / "plane"
+    salt_keys = []
     with sim_engine() as url:
         for args in (["--engine", f"eu-west={url}"], []):
             proc, plane = start_plane(state_dir, *args)
@@ -137,8 +138,11 @@ def test_a_plain_up_attaches_the_saved_engines_again_and_without_engines_forgets
             assert proc.returncode == 0, output
             (engine,) = plane.info["engines"]
             assert (engine["region"], engine["url"]) == ("eu-west", url), args
+            cluster = json.loads(Path(plane.info["cluster_file"]).read_text())
+            salt_keys.append(cluster["replay"]["cache_salt_key"])
         assert "attaching the saved plane's engines again" in output, output
-    gone = up(state_dir)  # the engine's server has stopped
+    assert salt_keys[0] == salt_keys[1]  # caches replayed before the stop stay reachable
+    gone = up(state_dir, "--shard-count", "16")  # the engine's server has stopped
     assert gone.returncode == 1, gone.stdout + gone.stderr
     assert "cannot be reached" in gone.stdout and "--without-engines" in gone.stdout, gone.stdout
     for args in (["--without-engines"], []):

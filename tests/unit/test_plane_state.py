@@ -37,16 +37,19 @@ def test_a_saved_plane_round_trips(tmp_path: Path) -> None:
     path.write_text(json.dumps(state_json(SAVED)))
     assert load_state(path) == SAVED
     assert load_state(tmp_path / "missing.json") is None
-    engines = SavedEngines(("us-east=http://10.0.0.5:8000",), True, "127.0.0.1:9092")
+    engines = SavedEngines(
+        ("us-east=http://10.0.0.5:8000",), True, "127.0.0.1:9092", {"us-east": "cpw_k"},
+        {"us-east": "ab" * 32}, "cd" * 32,
+    )  # fmt: skip
     path.write_text(json.dumps(state_json(replace(SAVED, engines=engines))))
     assert load_state(path) == replace(SAVED, engines=engines)
 
 
-def test_a_state_file_written_before_engines_were_saved_has_none(tmp_path: Path) -> None:
+def test_a_plane_without_engines_is_written_as_before_engines_were_saved(tmp_path: Path) -> None:
+    """No ``engines`` key: older versions read it, and read files they wrote."""
+    assert "engines" not in state_json(SAVED)
     path = tmp_path / "plane-state.json"
-    older = state_json(SAVED)
-    del older["engines"]
-    path.write_text(json.dumps(older))
+    path.write_text(json.dumps(state_json(SAVED)))
     assert load_state(path) == SAVED and SAVED.engines is None
 
 
