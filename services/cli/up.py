@@ -129,7 +129,7 @@ def up(
     if requested.resumed:
         console.print(f"attaching the saved plane's engines again: {', '.join(requested.options)}")
     plane.attached = _attached_engines(console, regions, state_dir, requested)
-    stop = _stop_on_signals()
+    stop = stop_on_signals()
     try:
         info = plane.start()
     except PlaneError as exc:
@@ -395,7 +395,9 @@ def demo(
     console.print("plane stopped.")
 
 
-def _stop_on_signals() -> threading.Event:
+def stop_on_signals() -> threading.Event:
+    """An event set by SIGINT or SIGTERM (handlers installed even where the shell that started
+    this process made SIGINT ignored)."""
     stop = threading.Event()
 
     def handler(signum: int, _frame: object) -> None:

@@ -181,6 +181,7 @@ def register(app: typer.Typer) -> None:
         import secrets
         from pathlib import Path
 
+        from services.cli.up import stop_on_signals
         from services.local.host import HarnessError, local_address
         from services.local.kafka import BrokerSecurity, ensure_kafka_jars, start_broker
         from services.local.plane import write_private_json
@@ -213,11 +214,14 @@ def register(app: typer.Typer) -> None:
             f"kafka up in {broker.start_duration_s:.1f}s (pid {broker.pid}, log {broker.log_path})",
             err=True,
         )
+        # SIGINT and SIGTERM both stop the broker in order: a supervisor's SIGTERM, and a
+        # SIGINT that a shell running this in the background would have made ignored
+        stop = stop_on_signals()
         try:
-            broker.process.wait()
-        except KeyboardInterrupt:
-            typer.echo("stopping kafka", err=True)
+            while not stop.is_set() and broker.is_running():
+                stop.wait(0.5)
         finally:
+            typer.echo("stopping kafka", err=True)
             broker.stop()
 
     app.add_typer(kafka, name="kafka")

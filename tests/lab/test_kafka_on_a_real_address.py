@@ -93,12 +93,15 @@ def test_a_worker_on_another_host_takes_jobs_from_a_broker_on_a_real_address(
         assert consumer.returncode == 0, err.decode(errors="replace")[-3000:]
         assert json.loads(out.decode().strip().splitlines()[-1]) == {"job_id": job.job_id}
     finally:
-        broker.send_signal(signal.SIGINT)
+        broker.send_signal(signal.SIGTERM)  # as a supervisor stops it
         try:
-            broker.communicate(timeout=60)  # its pipes read to the end and closed
+            _, said = broker.communicate(timeout=60)  # its pipes read to the end and closed
         except subprocess.TimeoutExpired:
             broker.kill()
             broker.communicate()
+            raise
+    assert broker.returncode == 0 and "stopping kafka" in said, said
+    assert not _listening(host, int(port))  # the broker itself is gone, not only the CLI
 
 
 def test_a_broker_on_a_real_address_without_tls_is_refused(lab: Lab, tmp_path: Path) -> None:
