@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import json
-import signal
 import tempfile
 import threading
 import time
@@ -100,6 +99,7 @@ def up(
     state dir that holds a plane, start that plane again on its data (same arguments)."""
     from rich.console import Console
 
+    from services.cli.signals import stop_on_signals
     from services.local.host import HarnessError
     from services.local.plane import LocalPlane, PlaneError, write_private_json
 
@@ -393,19 +393,6 @@ def demo(
         finally:
             plane.stop()
     console.print("plane stopped.")
-
-
-def stop_on_signals() -> threading.Event:
-    """An event set by SIGINT or SIGTERM (handlers installed even where the shell that started
-    this process made SIGINT ignored)."""
-    stop = threading.Event()
-
-    def handler(signum: int, _frame: object) -> None:
-        stop.set()
-
-    signal.signal(signal.SIGINT, handler)
-    signal.signal(signal.SIGTERM, handler)
-    return stop
 
 
 def _print_plane(console: Console, info: dict[str, Any], info_file: Path) -> None:

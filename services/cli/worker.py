@@ -181,7 +181,7 @@ def register(app: typer.Typer) -> None:
         import secrets
         from pathlib import Path
 
-        from services.cli.up import stop_on_signals
+        from services.cli.signals import stop_on_signals
         from services.local.host import HarnessError, local_address
         from services.local.kafka import BrokerSecurity, ensure_kafka_jars, start_broker
         from services.local.plane import write_private_json
