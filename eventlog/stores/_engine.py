@@ -13,6 +13,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
 from eventlog.errors import InvalidRequest, InvariantViolation, ReplicaUnavailable
+from eventlog.stores.sqlite_locks import write_lock_note
 
 #: execution option that makes a SQLite transaction start with BEGIN IMMEDIATE (writer lock)
 SQLITE_WRITE_OPTION = "convplane_sqlite_write"
@@ -130,12 +131,16 @@ def _postgres_engine(dsn: str, limits: StoreConfig, *, autocommit: bool) -> Asyn
 
 
 @asynccontextmanager
-async def translated(region: str, what: str) -> AsyncIterator[None]:
+async def translated(
+    region: str, what: str, *, sqlite_write_to: str | None = None
+) -> AsyncIterator[None]:
     """Driver errors -> ``ReplicaUnavailable`` (raised from the driver's exception), once.
 
     Errors that mean our SQL or data is wrong (integrity, programming, data errors) are bugs:
     ``InvariantViolation``. Everything that means "the database could not be reached or did not
     answer in time" is ``ReplicaUnavailable``, which the core treats as a lost message.
+    ``sqlite_write_to``: the SQLite file a write goes to; its error names the write lock's
+    holder (``sqlite_locks``).
     """
     try:
         yield
@@ -149,8 +154,9 @@ async def translated(region: str, what: str) -> AsyncIterator[None]:
     except (exc.SQLAlchemyError, OSError, TimeoutError, UnicodeError) as error:
         if _is_bad_data(error):  # parameters the driver could not encode: our bug, not an outage
             raise InvariantViolation(f"{region}: {what}: {error}") from error
+        holder = write_lock_note(sqlite_write_to) if sqlite_write_to else ""
         raise ReplicaUnavailable(
-            f"replica {region} unavailable during {what}: {type(error).__name__}: {error}"
+            f"replica {region} unavailable during {what}: {type(error).__name__}: {error}{holder}"
         ) from error
 
 
@@ -191,7 +197,8 @@ async def checked_out(
     PostgreSQL connections run in autocommit (every call is one statement, one round trip);
     ``write`` on SQLite makes the first ``begin()`` a BEGIN IMMEDIATE.
     """
-    async with translated(region, what), asyncio.timeout(timeout_s):
+    sqlite_file = engine.url.database if write and engine.dialect.name == "sqlite" else None
+    async with translated(region, what, sqlite_write_to=sqlite_file), asyncio.timeout(timeout_s):
         async with engine.connect() as connection:
             if engine.dialect.name == "postgresql":
                 if not engine.get_execution_options().get(AUTOCOMMIT_OPTION, False):

@@ -46,7 +46,8 @@ async def migrate(dsn: str, revision: str = "head", *, timeout_s: float = 60.0) 
     limits = StoreConfig(statement_timeout_s=timeout_s, pool_size=1)
     engine = make_engine(dsn, limits)
     try:
-        async with translated("migrate", f"migrate to {revision}"):
+        sqlite_file = engine.url.database if engine.dialect.name == "sqlite" else None
+        async with translated("migrate", f"migrate to {revision}", sqlite_write_to=sqlite_file):
             if revision == "head":
                 async with engine.connect() as conn:
                     if await conn.run_sync(_at_head):

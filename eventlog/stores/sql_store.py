@@ -134,7 +134,8 @@ class SqlReplicaStore(ReplicaStore):
         (a closed one is discarded at checkout, ``_engine``), which is how the store reconnects
         after the database comes back.
         """
-        async with translated(self.region, "append"):
+        sqlite_file = None if self._postgres else self._engine.url.database
+        async with translated(self.region, "append", sqlite_write_to=sqlite_file):
             async with asyncio.timeout(self.limits.statement_timeout_s):
                 conn = await self._writer.get()
                 try:

@@ -56,8 +56,9 @@ MANIFEST_NAME = "backup.json"
 #: quarantined before it writes the copy (a sweep runs every 2 s: services.control.controller)
 QUARANTINE_SEEN_WAIT_S = 30.0
 QUARANTINE_POLL_S = 0.2
-#: each store call of a restore (positions, registries) must answer within this
-STORE_CALL_TIMEOUT_S = 10.0
+#: each store call of a restore (positions, registries) must answer within this; the stores'
+#: own deadline (``OPERATOR_STORE_CALL_TIMEOUT_S``) comes first and says what held it up
+STORE_CALL_TIMEOUT_S = 35.0  # above services.bootstrap.operator.OPERATOR_STORE_CALL_TIMEOUT_S
 #: tries of the comparison with the other stores (SQLite files the running nodes write too: a
 #: write lock held past the store's busy timeout fails one), and the pause between two
 COMPARE_TRIES = 3
