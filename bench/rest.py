@@ -43,6 +43,13 @@ a run are not the benchmark's.
 ``--cpus N`` pins everything (plane, peer, their clients, wrk) to the first N CPUs: how each
 side's throughput grows with cores (``--cpus 1`` against the default, all of them).
 
+``--lab`` (root; ``tests.harness.lab``) runs both sides on hosts of a lab on this machine,
+each with ``--host-cpu`` cores of CPU quota: each region (its node and its PostgreSQL) on its
+own host, and the peer's primary and each standby on their own. wrk and the peer's client run
+outside the lab, unquota'd, as clients would. A lab run compares per host, where a plain run
+compares per machine: the JSON's ``hosts`` gives each host's cores used in the measured runs
+against its quota (the plane's route mode; the peer's best run).
+
 Every process started here is stopped on exit, also on Ctrl-C or SIGTERM.
 """
 
@@ -69,7 +76,9 @@ from bench.cpu import cpu_snapshot, cpu_used
 from bench.pg_peer import Recorder, payload_text, run_peer, run_peer_reads
 from bench.profiling import py_spy
 from services.local.plane import LocalPlane
-from tests.harness.postgres import start_sync_replication_cluster
+from tests.harness.lab import Lab
+from tests.harness.lab_plane import lab_plane, sync_replication_on_lab
+from tests.harness.postgres import SyncReplicationCluster, start_sync_replication_cluster
 
 CALL_TIMEOUT_S = 10.0  # every setup call to the plane
 WRK_TIMEOUT_S = 15  # wrk counts a response slower than this as a timeout error
@@ -282,8 +291,14 @@ def host_port(url: str) -> tuple[str, int]:
     return parts.hostname or "127.0.0.1", parts.port or 80
 
 
-def measure_plane(work: Path, args: argparse.Namespace) -> dict[str, dict[str, Any]]:
-    plane = LocalPlane(
+def start_plane(work: Path, args: argparse.Namespace, lab: Lab | None) -> LocalPlane:
+    """3 regions on PostgreSQL: on this machine's loopback, or each on its own host of ``lab``."""
+    if lab is not None:
+        return lab_plane(
+            lab, work / "plane", args.shards, cpu_quota=args.host_cpu,
+            demo_requests_per_s=BENCH_TENANT_REQUESTS_PER_S,
+        )  # fmt: skip
+    return LocalPlane(
         regions=3,
         state_dir=work / "plane",
         base_port=0,
@@ -291,6 +306,22 @@ def measure_plane(work: Path, args: argparse.Namespace) -> dict[str, dict[str, A
         shard_count=args.shards,
         demo_requests_per_s=BENCH_TENANT_REQUESTS_PER_S,
     )
+
+
+def start_peer(
+    work: Path, label: str, args: argparse.Namespace, lab: Lab | None
+) -> SyncReplicationCluster:
+    base = work / f"peer-{label}"
+    if lab is None:
+        return start_sync_replication_cluster(base, standbys=2)
+    peer, _hosts = sync_replication_on_lab(lab, base, cpu_quota=args.host_cpu)
+    return peer
+
+
+def measure_plane(
+    work: Path, args: argparse.Namespace, lab: Lab | None
+) -> dict[str, dict[str, Any]]:
+    plane = start_plane(work, args, lab)
     try:
         info = plane.start()
         by_region = create_conversations(info, args.conversations)
@@ -315,9 +346,9 @@ def measure_plane(work: Path, args: argparse.Namespace) -> dict[str, dict[str, A
 
 
 def measure_peer(
-    work: Path, args: argparse.Namespace, writer_counts: list[int], label: str
+    work: Path, args: argparse.Namespace, writer_counts: list[int], label: str, lab: Lab | None
 ) -> dict[str, dict[str, Any]]:
-    peer = start_sync_replication_cluster(work / f"peer-{label}", standbys=2)
+    peer = start_peer(work, label, args, lab)
     try:
         results = {}
         servers = {"postgres-primary": peer.primary.pid}
@@ -385,6 +416,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="also linearizable reads, route-following, against the peer's primary")  # fmt: skip
     p.add_argument("--cpus", type=int, default=0,
                    help="run everything (plane, peer, wrk) on the first N CPUs (0: all)")  # fmt: skip
+    p.add_argument("--lab", action="store_true",
+                   help="each region and each peer server on its own lab host (root)")  # fmt: skip
+    p.add_argument("--host-cpu", type=float, default=0.5,
+                   help="with --lab: each host's CPU quota, in cores")  # fmt: skip
     p.add_argument("--py-spy", type=Path, help="record the first node with py-spy into DIR")
     p.add_argument("--py-spy-region", type=int, default=0, choices=(0, 1, 2),
                    help="record this region's node instead (0: the any-region entry node)")  # fmt: skip
@@ -411,6 +446,30 @@ def reads_summary(
     }
 
 
+def hosts_summary(
+    route: dict[str, Any], peer: dict[str, dict[str, Any]], quota: float
+) -> dict[str, dict[str, float]]:
+    """Each lab host's cores in use during a measured run, and that as a share of its quota:
+    a region's host (its node and its PostgreSQL) in the route mode, each peer server's host in
+    the peer's best write run. A host near 1.0 is the one that bounds its side."""
+    cores: dict[str, float] = {}
+    rate = route["events_per_s"] / 1000
+    for process, per_1000 in route["cpu_s_per_1000_events"].items():
+        region = process.split("-", 1)[1]  # node-us-east, postgres-us-east
+        cores[region] = cores.get(region, 0.0) + per_1000 * rate
+    writes = [p for p in peer.values() if "events_per_s" in p]
+    if writes:
+        best = max(writes, key=lambda p: p["events_per_s"])
+        for process, per_1000 in best["cpu_s_per_1000_events"].items():
+            if process.startswith("postgres-"):  # postgres-primary, postgres-standby-1
+                name = "pg-" + process.removeprefix("postgres-").replace("standby-", "s")
+                cores[name] = per_1000 * best["events_per_s"] / 1000
+    return {
+        host: {"cores": round(used, 3), "of_quota": round(used / quota, 3)}
+        for host, used in cores.items()
+    }
+
+
 def _interrupt(signum: int, _frame: Any) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
@@ -432,15 +491,19 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="convplane-bench-rest-"))
     os.chmod(work, 0o711)  # the postgres user must reach the data directories
     cleanup: list[Callable[[], None]] = [lambda: shutil.rmtree(work, ignore_errors=True)]
+    lab = Lab() if args.lab else None
     try:
+        if lab is not None:
+            lab.start()
+            cleanup.insert(0, lab.close)  # its processes stopped before their files go
         print(f"load average before: {os.getloadavg()}", flush=True)
         # the peer before and after the plane: this machine's speed drifts by tens of percent
         # within minutes, and a ratio against one side of the drift would say more about it
-        peer = {} if args.no_peer else measure_peer(work, args, [args.connections], "before")
-        modes = measure_plane(work, args)
+        peer = {} if args.no_peer else measure_peer(work, args, [args.connections], "before", lab)
+        modes = measure_plane(work, args, lab)
         if not args.no_peer:
             counts = sorted({args.connections, PEER_WRITERS_MAX})
-            peer |= measure_peer(work, args, counts, "after")
+            peer |= measure_peer(work, args, counts, "after", lab)
         print(f"load average after: {os.getloadavg()}", flush=True)
     finally:
         for step in cleanup:
@@ -468,6 +531,9 @@ def main(argv: list[str] | None = None) -> int:
     for kind in ("reads", "pages"):
         if kind in modes:
             result[kind] = reads_summary(modes[kind], peer, kind)
+    if args.lab:
+        result["host_cpu_quota"] = args.host_cpu
+        result["hosts"] = hosts_summary(route, peer, args.host_cpu)
     print(json.dumps(result))
     return 0
 

@@ -30,6 +30,7 @@ from services.local.postgres import (
 )
 from tests.harness.chaos import ChaosPlane
 from tests.harness.lab import Host, Lab
+from tests.harness.postgres import SyncReplicationCluster, start_sync_replication_cluster
 
 #: seconds the nodes may take to become healthy: a plane of several hosts on a shared 2-core
 #: machine starts slower than one on loopback (LocalPlane's READY_TIMEOUT_S)
@@ -153,3 +154,34 @@ def lab_plane(lab: Lab, state_dir: Path, shard_count: int, **options: Any) -> La
         regions=3, state_dir=state_dir, base_port=0, postgres=True, shard_count=shard_count,
         ready_timeout_s=LAB_READY_TIMEOUT_S, lab=lab, **options,
     )  # fmt: skip
+
+
+def sync_replication_on_lab(
+    lab: Lab, base_dir: Path, *, standbys: int = 2, cpu_quota: float | None = None
+) -> tuple[SyncReplicationCluster, dict[str, Host]]:
+    """PostgreSQL's quorum replication (``start_sync_replication_cluster``) with each server on
+    its own host of ``lab`` (``pg-primary``, ``pg-s1``, ...) with ``cpu_quota`` cores: the peer
+    of a plane whose regions are lab hosts (the hosts of an earlier one, stopped, are used
+    again; ``cpu_quota`` must then be theirs). Plain TCP with SCRAM from the lab's subnet (the
+    plane's databases take TLS only: the peer is spared that cost). The hosts by server name."""
+    assert lab.subnet is not None, "the lab is not started"
+    hosts: dict[str, Host] = {}
+    allowed = (
+        f"host all all {lab.subnet} scram-sha-256\n"
+        f"host replication all {lab.subnet} scram-sha-256\n"
+    )
+
+    def place(instance: PgInstance) -> PgInstance:
+        name = f"pg-{instance.name}"  # a host an earlier peer of this lab left is taken again
+        host = lab.hosts.get(name) or lab.add_host(name, cpu_quota=cpu_quota)
+        hosts[instance.name] = host
+        hba = instance.data_dir / "pg_hba.conf"
+        if allowed not in hba.read_text():  # a standby's copy has the primary's already
+            with hba.open("a") as lines:
+                lines.write(allowed)
+        return HostedPgInstance(
+            name=instance.name, port=DATABASE_PORT, data_dir=instance.data_dir,
+            bindir=instance.bindir, host=host.address, password=instance.password, lab_host=host,
+        )  # fmt: skip
+
+    return start_sync_replication_cluster(base_dir, standbys, place=place), hosts

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -79,23 +80,34 @@ class SyncReplicationCluster:
             server.stop("fast")
 
 
+#: where a server of the cluster runs: given one made on this machine's loopback, the one to
+#: start (``tests.harness.lab_plane``: the same data directory, on a lab host's address)
+Placement = Callable[[PgInstance], PgInstance]
+
+
 def start_sync_replication_cluster(
-    base_dir: Path | str, standbys: int = 2, *, bindir: Path | None = None
+    base_dir: Path | str,
+    standbys: int = 2,
+    *,
+    bindir: Path | None = None,
+    place: Placement | None = None,
 ) -> SyncReplicationCluster:
     """A primary plus ``standbys`` streaming standbys (pg_basebackup -R), application names
-    s1..sN, ``synchronous_standby_names = 'ANY 1 (s1, ..., sN)'``, synchronous_commit on."""
+    s1..sN, ``synchronous_standby_names = 'ANY 1 (s1, ..., sN)'``, synchronous_commit on;
+    each server where ``place`` puts it (default: this machine's loopback)."""
     bindir = bindir or find_bindir()
     if bindir is None:
         raise PgHarnessError("no PostgreSQL binaries under /usr/lib/postgresql/*/bin")
+    place = place or (lambda instance: instance)
     base = _prepare_base_dir(Path(base_dir))
-    primary = _init_instance("primary", base, bindir)
+    primary = place(_init_instance("primary", base, bindir))
     started = [primary]
     try:
         primary.start()
         primary.psql(f"CREATE DATABASE {DATABASE}")  # before sync names: nothing to wait for
         names = [f"s{i}" for i in range(1, standbys + 1)]
         for name in names:
-            standby = _clone_standby(primary, name, base, bindir)
+            standby = place(_clone_standby(primary, name, base, bindir))
             started.append(standby)
             standby.start()
         primary.psql(f"ALTER SYSTEM SET synchronous_standby_names = 'ANY 1 ({', '.join(names)})'")
