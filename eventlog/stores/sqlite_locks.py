@@ -33,8 +33,12 @@ def write_lock_holders(database: str, proc_locks: Path = PROC_LOCKS) -> list[int
         _, kind, _, _, pid, device, start, end = fields[:8]
         if kind != "POSIX" or device.rsplit(":", 1)[-1] != str(shm_inode):
             continue
-        if int(start) <= WAL_WRITE_LOCK_BYTE <= (int(end) if end != "EOF" else WAL_WRITE_LOCK_BYTE):
-            holders.append(int(pid))
+        try:  # a line of another shape is nobody's: an error path must not raise its own
+            first, last = int(start), WAL_WRITE_LOCK_BYTE if end == "EOF" else int(end)
+            if first <= WAL_WRITE_LOCK_BYTE <= last:
+                holders.append(int(pid))
+        except ValueError:
+            continue
     return holders
 
 

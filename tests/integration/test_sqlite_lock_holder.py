@@ -85,5 +85,6 @@ def test_waiters_and_other_files_are_not_holders(tmp_path: Path) -> None:
         f"2: POSIX  ADVISORY  READ 103 fe:00:{inode} 124 124\n"  # a reader's lock
         f"3: POSIX  ADVISORY  WRITE 104 fe:00:{inode + 1} 120 120\n"  # another file
         f"4: POSIX  ADVISORY  WRITE 105 fe:00:{inode} 0 EOF\n"  # the whole file
+        f"5: POSIX  ADVISORY  WRITE x fe:00:{inode} ? 120\n"  # a shape not known: skipped
     )
     assert write_lock_holders(str(database), proc_locks) == [101, 105]
