@@ -20,9 +20,11 @@ def test_each_host_gets_the_cores_of_its_own_processes() -> None:
         "63-after": {
             "events_per_s": 4000.0,
             "cpu_s_per_1000_events": {
-                "postgres-primary": 0.1, "postgres-standby-1": 0.02, "bench process": 0.5,
+                "postgres-primary": 0.1,
+                "postgres-standby-1": 0.02,
+                "bench process": 0.5,
             },
-        },  # fmt: skip
+        },
         "reads-63-after": {"reads_per_s": 9000.0, "cpu_s_per_1000_reads": {}},
     }
     hosts = hosts_summary(route, peer, quota=0.5)
