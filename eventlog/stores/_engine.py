@@ -56,6 +56,12 @@ def dialect_of(dsn: str) -> str:
     )
 
 
+def sqlite_file(engine: AsyncEngine) -> str | None:
+    """The file of a SQLite engine (what ``translated`` names the write lock's holder of);
+    None for PostgreSQL."""
+    return engine.url.database if engine.dialect.name == "sqlite" else None
+
+
 def make_engine(dsn: str, limits: StoreConfig, *, autocommit: bool = False) -> AsyncEngine:
     """A small pooled engine. PostgreSQL: asyncpg with a per-command timeout; ``autocommit``
     (the replica store's engine) makes every statement its own transaction. SQLite: WAL,
@@ -197,8 +203,8 @@ async def checked_out(
     PostgreSQL connections run in autocommit (every call is one statement, one round trip);
     ``write`` on SQLite makes the first ``begin()`` a BEGIN IMMEDIATE.
     """
-    sqlite_file = engine.url.database if write and engine.dialect.name == "sqlite" else None
-    async with translated(region, what, sqlite_write_to=sqlite_file), asyncio.timeout(timeout_s):
+    written = sqlite_file(engine) if write else None
+    async with translated(region, what, sqlite_write_to=written), asyncio.timeout(timeout_s):
         async with engine.connect() as connection:
             if engine.dialect.name == "postgresql":
                 if not engine.get_execution_options().get(AUTOCOMMIT_OPTION, False):

@@ -20,7 +20,13 @@ from alembic.script import ScriptDirectory
 from sqlalchemy import text
 from sqlalchemy.engine import Connection
 
-from eventlog.stores._engine import SQLITE_WRITE_OPTION, StoreConfig, make_engine, translated
+from eventlog.stores._engine import (
+    SQLITE_WRITE_OPTION,
+    StoreConfig,
+    make_engine,
+    sqlite_file,
+    translated,
+)
 
 MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
 _LOCK_KEY = 0x636F6E76  # "conv": the advisory lock key of convplane's migrations
@@ -46,8 +52,8 @@ async def migrate(dsn: str, revision: str = "head", *, timeout_s: float = 60.0) 
     limits = StoreConfig(statement_timeout_s=timeout_s, pool_size=1)
     engine = make_engine(dsn, limits)
     try:
-        sqlite_file = engine.url.database if engine.dialect.name == "sqlite" else None
-        async with translated("migrate", f"migrate to {revision}", sqlite_write_to=sqlite_file):
+        written = sqlite_file(engine)
+        async with translated("migrate", f"migrate to {revision}", sqlite_write_to=written):
             if revision == "head":
                 async with engine.connect() as conn:
                     if await conn.run_sync(_at_head):

@@ -39,6 +39,7 @@ from eventlog.stores._engine import (
     SQLITE_WRITE_OPTION,
     StoreConfig,
     checked_out,
+    sqlite_file,
     translated,
 )
 from eventlog.stores._plan import AppendRequest, check_append_request, check_storable
@@ -76,6 +77,7 @@ class SqlReplicaStore(ReplicaStore):
         self.limits = limits
         self._engine = engine
         self._postgres = engine.dialect.name == "postgresql"
+        self._sqlite_file = sqlite_file(engine)  # what a group's lock timeout names the holder of
         self._writes: _WritePath = _pg_writes if self._postgres else _sqlite_writes
         self._writer = _KeptConnection(engine, sqlite_write=True)  # the group committer's only
         #: kept for the status reads (PostgreSQL), which go many shards to a query
@@ -134,8 +136,7 @@ class SqlReplicaStore(ReplicaStore):
         (a closed one is discarded at checkout, ``_engine``), which is how the store reconnects
         after the database comes back.
         """
-        sqlite_file = None if self._postgres else self._engine.url.database
-        async with translated(self.region, "append", sqlite_write_to=sqlite_file):
+        async with translated(self.region, "append", sqlite_write_to=self._sqlite_file):
             async with asyncio.timeout(self.limits.statement_timeout_s):
                 conn = await self._writer.get()
                 try:
