@@ -38,6 +38,16 @@ def api_key_sha256(api_key: str) -> str:
     return hashlib.sha256(api_key.encode("utf-8")).hexdigest()
 
 
+class NodeAddress(BaseModel):
+    """Where one further node of a region listens (``RegionConfig.more_nodes``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    url: str = Field(description="base URL of the node's client listener")
+    #: the node's peer listener (absent: peers use ``url``)
+    peer_url: str | None = None
+
+
 class RegionConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -56,11 +66,29 @@ class RegionConfig(BaseModel):
     #: the node's peer listener (probes, placement, forwards; ``services.listeners``): its own
     #: connection limits, so client connections cannot starve it. Absent: peers use ``url``.
     peer_url: str | None = None
+    #: the region's further nodes (its first is at ``url`` / ``peer_url``): they share its
+    #: replica database, and whichever holds the region's lease leads the region's shards
+    #: while the others stand by to take over (``services.control.region_lease``)
+    more_nodes: list[NodeAddress] = Field(default_factory=list, max_length=15)
 
     def peer_url_for(self, source: str) -> str:
-        """The URL a node of region ``source`` uses for peer traffic to this region: a
-        per-source override (``url_from``: a fault proxy) first, then the peer listener."""
+        """The URL a node of region ``source`` uses for peer traffic to this region's first
+        node: a per-source override (``url_from``: a fault proxy) first, then the peer
+        listener."""
         return self.url_from.get(source) or self.peer_url or self.url
+
+    @property
+    def node_count(self) -> int:
+        return 1 + len(self.more_nodes)
+
+    def node_peer_urls(self, source: str) -> list[str]:
+        """Every node's peer URL as a node of region ``source`` reaches it, the first node
+        first (``peer_url_for``; the further nodes have no per-source overrides)."""
+        return [self.peer_url_for(source)] + [n.peer_url or n.url for n in self.more_nodes]
+
+    def node_urls(self) -> list[str]:
+        """Every node's client URL, the first node first."""
+        return [self.url] + [n.url for n in self.more_nodes]
 
 
 class TenantConfig(BaseModel):
@@ -164,6 +192,9 @@ class NodeSettings(BaseSettings):
 
     #: this node's region, as the cluster file names it
     region: str
+    #: which of the region's nodes this is: 0 the one at the region's ``url``, 1.. its
+    #: ``more_nodes`` in order
+    node_index: int = Field(default=0, ge=0)
     #: the cluster file (JSON) every node of the plane shares
     cluster_file: Path | None = None
     #: the cluster given directly instead of a file (tests, embedding)
@@ -268,6 +299,9 @@ class NodeSettings(BaseSettings):
     never_seen_grace_s: float = Field(default=5.0, ge=0.0)
     #: how often a node learns the committed placement and reconciles its leadership
     placement_poll_s: float = Field(default=0.1, gt=0.0)
+    #: in a region of several nodes: how often a standby tries to take the region's lease,
+    #: and the lease holder checks that it still holds it (``services.control.region_lease``)
+    region_lease_poll_s: float = Field(default=0.1, gt=0.0)
     #: one replica read of the control shard
     control_read_timeout_s: float = Field(default=1.0, gt=0.0)
     #: failback: a region must be up this long; then at most N shards move per step
@@ -336,7 +370,12 @@ class NodeSettings(BaseSettings):
             cluster = load_cluster(self.cluster_file)
         else:
             raise ValueError("NodeSettings needs cluster or cluster_file")
-        cluster.region(self.region)  # the node's own region must be listed
+        nodes = cluster.region(self.region).node_count  # the node's own region must be listed
+        if self.node_index >= nodes:
+            raise ValueError(
+                f"node_index {self.node_index}: region {self.region} has {nodes} node(s) in "
+                "the cluster file (its url and its more_nodes)"
+            )
         peer_connections_min = 2 * (len(cluster.regions) - 1)
         if self.peer_connections_max < peer_connections_min:
             raise ValueError(

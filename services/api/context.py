@@ -54,6 +54,9 @@ class ApiState:
     rng: random.Random
     readiness: Callable[[], tuple[int, int]]  # (shards placed here, shards led now)
     tracing: NodeTracing | None = None  # None: tracing off (services.tracing)
+    #: whether this node stands by while another node of its region leads the region
+    #: (``services.control.region_nodes``): what it is sent for the region goes there
+    standby: Callable[[], bool] = lambda: False
 
 
 @dataclass
@@ -128,7 +131,11 @@ class RequestContext:
             raise DeadlineExceeded("the request's deadline passed") from exc
         except NotLeader as exc:
             leader = exc.leader_region
-            if leader is None or leader == self.api.region:
+            if leader in (None, self.api.region) and self.api.standby():
+                # a standby names its own region as no leader (``LogNode``): the region's
+                # shards are led by its node that holds the region's lease
+                leader = self.api.region
+            elif leader is None or leader == self.api.region:
                 if exc.retry_after_s is None:
                     exc.retry_after_s = self.api.settings.retry_after_default_s
                 raise

@@ -159,9 +159,14 @@ def _require_peer(request: Request) -> None:
 
 @peer_router.get("/health", response_model=bodies.PeerHealth)
 async def peer_health(request: Request) -> dict[str, Any]:
-    """Internal: a node's probe reply (its suspects and led shards) for failure detection."""
+    """Internal: a node's probe reply (its suspects and led shards) for failure detection.
+    A standby whose region nobody leads answers 503: its peers must not count the region up
+    on its word (``Controller.answers_probes``)."""
     _require_peer(request)
-    return _controller(request).health_reply()
+    controller = _controller(request)
+    if not controller.answers_probes():
+        raise Unavailable(f"a standby of {controller.region}, which no node of it leads now")
+    return controller.health_reply()
 
 
 @peer_router.get("/placement", response_model=bodies.Placement)

@@ -144,6 +144,10 @@ class PeerHealth(BaseModel):
     )
 
     region: str
+    #: which of the region's nodes answered (``RegionConfig.more_nodes``)
+    node: int = 0
+    #: whether that node leads the region (holds its lease); a standby does not
+    leads_region: bool = True
     suspects: list[str]
     led_shards: list[int]
     placement_version: int

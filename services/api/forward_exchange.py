@@ -187,6 +187,8 @@ class _Connection:
     #: since when the peer waits for a request on it (it connected, or it answered one): the
     #: peer listener's keep-alive time runs from there
     idle_since_s: float
+    #: the node it reaches (``host``, ``port``): a region's leading node may change
+    address: tuple[str, int] = ("", 0)
 
     def close(self) -> None:
         self.writer.close()
@@ -298,7 +300,7 @@ class StreamBatchExchange:
         sent = False  # whether any byte of the request may have left
         try:
             async with asyncio.timeout(timeout_s):
-                connection = self._kept(region) or await self._connect(region, target)
+                connection = self._kept(region, target) or await self._connect(region, target)
                 try:
                     content = body()
                     if content is None:  # every item was answered while it connected
@@ -346,12 +348,14 @@ class StreamBatchExchange:
             target = self._targets[key] = _Target(host, port, tls, head)
         return target
 
-    def _kept(self, region: str) -> _Connection | None:
+    def _kept(self, region: str, target: _Target) -> _Connection | None:
         idle = self._idle.get(region)
         now_s = time.monotonic()
         while idle:
             connection = idle.pop()  # the most recently used: the likeliest to be alive
-            if connection.reusable(now_s, self._idle_reuse_s):
+            if connection.address == (target.host, target.port) and connection.reusable(
+                now_s, self._idle_reuse_s
+            ):
                 return connection
             self._discard(connection)
         return None
@@ -369,7 +373,7 @@ class StreamBatchExchange:
             )
         except OSError as exc:  # refused, unreachable, a failed handshake: nothing was sent
             raise BatchNotSent(f"{region}: {exc!r}") from exc
-        connection = _Connection(reader, writer, time.monotonic())
+        connection = _Connection(reader, writer, time.monotonic(), (target.host, target.port))
         self._open.add(connection)
         return connection
 

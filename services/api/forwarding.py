@@ -121,7 +121,7 @@ class Forwarder:
         self._peer_reachable = peer_reachable
         self._peer_secret = peer_secret
         self._source_region = source_region
-        self._peer_urls = dict(peer_urls)
+        self._peer_urls = peer_urls  # read live: a region's leading node may change
         self._clock = clock
         self._rng = rng
         self._metrics = metrics

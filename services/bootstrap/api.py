@@ -4,7 +4,7 @@ admission, the console's origins and counters, and the replay routes' state. The
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
@@ -48,7 +48,7 @@ async def open_api(
 ) -> AsyncIterator[AppServices]:
     forwarder = Forwarder(
         client=runtime.peers,
-        peer_urls={r.name: r.peer_url_for(settings.region) for r in runtime.cluster.regions},
+        peer_urls=_leading_node_urls(runtime, settings),
         clock=runtime.clock,
         rng=runtime.rng,
         metrics=metrics,
@@ -93,6 +93,7 @@ async def open_api(
         rng=runtime.rng,
         readiness=runtime.readiness,
         tracing=tracing,
+        standby=_standby(runtime, settings),
     )
     if runtime.controller is not None:
         metrics.watch_loops(runtime.controller.supervisor)
@@ -131,6 +132,24 @@ async def open_api(
             fast_lane.close()
         await forwarder.close()
         await admission.close()
+
+
+def _standby(runtime: NodeRuntime, settings: NodeSettings) -> Callable[[], bool]:
+    controller = runtime.controller
+    if controller is None:
+        return lambda: False
+    return lambda: (
+        not controller.leads_region
+        and controller.nodes.leading_node(settings.region) != settings.node_index
+    )
+
+
+def _leading_node_urls(runtime: NodeRuntime, settings: NodeSettings) -> Mapping[str, str]:
+    """Where forwards to each region go: the peer listener of the node leading it, as the
+    controller last heard (``services.control.region_nodes``)."""
+    if runtime.controller is None:
+        return {r.name: r.peer_url_for(settings.region) for r in runtime.cluster.regions}
+    return runtime.controller.nodes.peer_urls()
 
 
 def _peer_reachable(runtime: NodeRuntime) -> Callable[[str], bool] | None:

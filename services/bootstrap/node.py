@@ -27,6 +27,7 @@ from eventlog.http_headers import PEER_AUTH_HEADER, SOURCE_REGION_HEADER
 from eventlog.node import LogNode
 from eventlog.replica import ReplicaStore
 from eventlog.stores import open_replica_store
+from eventlog.stores.region_lease import RegionLease, open_region_lease
 from regions.error_budget import BurnPolicy
 from regions.ops_state import OpsState
 from regions.practice_state import PracticeState
@@ -52,6 +53,7 @@ from services.control.drills.load import LoadMeter, PlaneLoad, plane_load
 from services.control.peer_probe import HttpPeerProber, OwnedPeerProber, PeerProber
 from services.control.practice import PracticeRunner
 from services.control.readiness import LoadSampler, ReadinessMonitor
+from services.control.region_nodes import RegionNodes, node_target, target_region
 from services.peer_protocol import PEER_PROTOCOL_HEADERS
 from services.replay.service import ReplayService
 
@@ -103,6 +105,30 @@ async def open_replica_stores(
     return stores
 
 
+#: each call of a region lease (``eventlog.stores.region_lease``): a holder whose own database
+#: does not answer within it gives the lease up (the database is gone for it, so is the region)
+LEASE_CALL_TIMEOUT_S = 5.0
+
+
+async def open_own_lease(settings: NodeSettings, cluster: ClusterConfig) -> RegionLease | None:
+    """The lease of this node's region, when the region has several nodes (None: one)."""
+    own = cluster.region(settings.region)
+    if own.node_count == 1:
+        return None
+    dsn = own.dsn_from.get(settings.region, own.dsn)
+    return await open_region_lease(dsn, settings.region, timeout_s=LEASE_CALL_TIMEOUT_S)
+
+
+def _region_of(by_address: Callable[[str], str | None]) -> Callable[[str], str | None]:
+    """``host:port`` -> region, where ``by_address`` may answer a node's probe target."""
+
+    def region_of(address: str) -> str | None:
+        found = by_address(address)
+        return None if found is None else target_region(found)
+
+    return region_of
+
+
 def build_log_node(
     settings: NodeSettings,
     cluster: ClusterConfig,
@@ -122,10 +148,12 @@ def build_controller(
     prober: PeerProber,
     clock: Clock,
     rng: random.Random,
+    lease: RegionLease | None = None,
 ) -> Controller:
     """The controller over ``node``, and the node told which regions the controller suspects
     (a suspected region's replica is not waited for). The whole-plane simulator
-    (``services.plane_sim``) wires its nodes with this too."""
+    (``services.plane_sim``) wires its nodes with this too. ``lease``: the region's, where it
+    has several nodes."""
     controller = Controller(
         settings=settings,
         cluster=cluster,
@@ -134,6 +162,7 @@ def build_controller(
         prober=prober,
         clock=clock,
         rng=rng,
+        lease=lease,
     )
     # the own region's replica never counts as unreachable: the node reaches it directly
     node.set_region_health(
@@ -185,12 +214,12 @@ def peer_prober(settings: NodeSettings, cluster: ClusterConfig, hole: BlackHole)
     the probe is the one call a drill's target still makes)."""
     tls = node_tls(settings)
     return HttpPeerProber(
-        {r.name: r.peer_url_for(settings.region) for r in cluster.regions},
+        RegionNodes(cluster, settings.region).target_urls(),  # every node of every region
         timeout_s=settings.probe_timeout_s,
         peer_secret=cluster.peer_secret,
         ssl_context=client_ssl_context(tls) if tls is not None else None,
         source_region=settings.region,
-        blocked=lambda region: hole.blocks(region, read_only=True),
+        blocked=lambda target: hole.blocks(target_region(target), read_only=True),
     )
 
 
@@ -261,6 +290,13 @@ async def open_runtime(
     hole = BlackHole(region=settings.region, ops=ops, clock=clock)
     peer_urls = {r.name: r.url_from.get(settings.region, r.url) for r in cluster.regions}
     peer_listener_urls = {r.name: r.peer_url_for(settings.region) for r in cluster.regions}
+    # a drill's black-hole drops calls to a region's every node
+    more_node_urls = {
+        node_target(r.name, i): url
+        for r in cluster.regions
+        for i, url in enumerate([*r.node_urls(), *r.node_peer_urls(settings.region)])
+        if url not in (peer_urls[r.name], peer_listener_urls[r.name])
+    }
     async with AsyncExitStack() as stack:
         opened = await open_replica_stores(
             cluster, clock, stack, settings.region, adapters.open_store
@@ -277,7 +313,9 @@ async def open_runtime(
             adapters.peer_client(
                 settings,
                 lambda inner: BlackHoleTransport(
-                    inner, hole, region_by_address(peer_urls, peer_listener_urls)
+                    inner,
+                    hole,
+                    _region_of(region_by_address(peer_urls, peer_listener_urls, more_node_urls)),
                 ),
             )
         )
@@ -299,7 +337,10 @@ async def open_runtime(
         # place_shards) assigns here, follows failovers and failbacks, and sets leader hints.
         prober = adapters.peer_prober(settings, cluster, hole)
         stack.push_async_callback(prober.close)
-        controller = build_controller(settings, cluster, node, replicas, prober, clock, rng)
+        lease = await open_own_lease(settings, cluster)
+        if lease is not None:  # released once the controller stopped and its leaders resigned
+            stack.push_async_callback(lease.close)
+        controller = build_controller(settings, cluster, node, replicas, prober, clock, rng, lease)
         controller.record_listeners.append(ops.apply_entry)
         controller.control_excluded = ops.region_loss_targets
         drills = DrillDriver(

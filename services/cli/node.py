@@ -17,14 +17,26 @@ def node(
         int | None, typer.Option(help="Port of the peer listener (other nodes only).")
     ] = None,
     log_level: Annotated[str, typer.Option(help="One of debug, info, warning, error.")] = "info",
+    node_index: Annotated[
+        int | None,
+        typer.Option(
+            help="Which of the region's nodes this is: 0 at its url, 1.. its more_nodes "
+            "(default: CONVPLANE_NODE_INDEX, else 0).",
+            min=0,
+        ),
+    ] = None,
 ) -> None:
     """Run one region node: public API, forwarding, leadership of its shards."""
     from services.bootstrap.serve import run_node
     from services.config import NodeSettings
     from services.deploy.compose_secrets import refuse_demo_secrets
 
-    settings = NodeSettings(region=region, cluster_file=cluster_file)
     try:
+        settings = NodeSettings(region=region, cluster_file=cluster_file)
+        if node_index is not None:
+            settings = NodeSettings.model_validate(
+                {**settings.model_dump(exclude_unset=True), "node_index": node_index}
+            )
         cluster = settings.load_cluster()
         if not settings.allow_demo_secrets:
             refuse_demo_secrets(cluster)

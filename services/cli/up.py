@@ -94,9 +94,17 @@ def up(
             "else 127.0.0.1)."
         ),
     ] = None,
+    nodes_per_region: Annotated[
+        int,
+        typer.Option(
+            help="Node processes per region (1..8): one leads the region, the others stand by "
+            "on its database and take over when it dies, without a failover to another region."
+        ),
+    ] = 1,
 ) -> None:
-    """Start a local plane: per region a database and a node process. Ctrl-C stops it. On a
-    state dir that holds a plane, start that plane again on its data (same arguments)."""
+    """Start a local plane: per region a database and a node process (or several:
+    --nodes-per-region). Ctrl-C stops it. On a state dir that holds a plane, start that plane
+    again on its data (same arguments)."""
     from rich.console import Console
 
     from services.cli.signals import stop_on_signals
@@ -121,6 +129,7 @@ def up(
             tls=tls,
             supervised=not detach,
             host=address,
+            nodes_per_region=nodes_per_region,
         )
         plane.check_resumable()  # before any engine is probed
     except (HarnessError, PlaneError) as exc:

@@ -51,6 +51,7 @@ from eventlog.leader import ShardLeader
 from eventlog.model import LogEntry
 from eventlog.node import LogNode
 from eventlog.replica import ReplicaStore
+from eventlog.stores.region_lease import RegionLease
 from regions.control import (
     PLACEMENT_RECORD,
     ControlConfig,
@@ -64,6 +65,7 @@ from regions.membership import Membership, MembershipConfig, statuses
 from regions.ops_state import AUDIT_KEY
 from services.config import ClusterConfig, NodeSettings
 from services.control.peer_probe import PeerProber
+from services.control.region_nodes import RegionNodes, node_target
 from services.supervisor import Supervisor
 
 log = logging.getLogger("convplane.controller")
@@ -91,6 +93,7 @@ class Controller:
         prober: PeerProber,
         clock: Clock,
         rng: random.Random,
+        lease: RegionLease | None = None,
     ) -> None:
         self.region = settings.region
         self.settings = settings
@@ -99,6 +102,14 @@ class Controller:
         self.replicas = dict(replicas)
         self.control_shard = cluster.shard_count
         self._prober = prober
+        #: where each region's nodes listen and which one leads it (``region_nodes``)
+        self.nodes = RegionNodes(cluster, self.region)
+        #: the region's lease, in a region of several nodes (None: this node is the region's
+        #: only one and always leads it); only the holder leads the region's shards
+        self.lease = lease
+        self.leads_region = lease is None
+        #: when a standby last heard a sibling say it leads the region (``answers_probes``)
+        self._sibling_leading_heard_s: float | None = None
         self._clock = clock
         self._rng = rng
         weights = cluster.weights()
@@ -150,6 +161,10 @@ class Controller:
         self.supervisor.start("learn-reconcile", self._tick, self.settings.placement_poll_s)
         self.supervisor.start("control", self._control, self.settings.placement_poll_s)
         self.supervisor.start("verify-replicas", self._verify_replicas, VERIFY_REPLICAS_EVERY_S)
+        if self.lease is not None:
+            self.supervisor.start(
+                "region-lease", self._keep_lease, self.settings.region_lease_poll_s
+            )
 
     async def close(self) -> None:
         await self.supervisor.close()
@@ -166,6 +181,9 @@ class Controller:
         return self.state.effective()
 
     def readiness(self) -> tuple[int, int]:
+        """(shards this node should lead, shards it leads): a standby should lead none."""
+        if not self.leads_region:
+            return 0, 0
         mine = self.placement().shards_of(self.region)
         return len(mine), sum(1 for s in mine if self.node.leads(s))
 
@@ -185,6 +203,8 @@ class Controller:
         now_s = self._clock.monotonic()
         return {
             "region": self.region,
+            "node": self.settings.node_index,
+            "leads_region": self.leads_region,
             "suspects": sorted(self.membership.suspects(now_s)),
             "led_shards": self.node.led_shards(),
             "placement_version": self.state.version,
@@ -246,19 +266,44 @@ class Controller:
 
     async def _probe_all(self) -> None:
         peers = [r for r in self.membership.regions if r != self.region]
-        await asyncio.gather(*(self._probe(r) for r in peers))
+        probes = [self._probe(r) for r in peers]
+        if self.nodes.node_count(self.region) > 1:
+            probes.append(self._probe_siblings())
+        await asyncio.gather(*probes)
+
+    async def _ask(self, region: str, index: int) -> dict[str, Any] | None:
+        """Node ``index`` of ``region``'s health reply, or None (no answer, or not that
+        region's)."""
+        try:
+            body = await bounded(
+                self._prober.health(node_target(region, index)), self.settings.probe_timeout_s
+            )
+        except TimeoutError:
+            return None
+        return body if isinstance(body, dict) and body.get("region") == region else None
 
     async def _probe(self, region: str) -> None:
-        try:
-            body = await bounded(self._prober.health(region), self.settings.probe_timeout_s)
-        except TimeoutError:
-            body = None
+        """Ask every node of ``region``: it is up while any answers. What the node leading it
+        says counts (suspects, control leader, loops), and forwards go to it from now on; the
+        shards it leads are those any of its nodes says it leads (a handoff inside the region
+        may show one shard at two)."""
+        count = self.nodes.node_count(region)
+        replies = await asyncio.gather(*(self._ask(region, i) for i in range(count)))
+        answered = [(i, body) for i, body in enumerate(replies) if body is not None]
         now_s = self._clock.monotonic()
-        if not isinstance(body, dict) or body.get("region") != region:
+        if not answered:
             self.membership.probe_failed(region, now_s)
             return
+        leading = [(i, body) for i, body in answered if body.get("leads_region", True) is True]
+        index, body = leading[0] if leading else answered[0]
+        if leading:
+            self.nodes.heard(region, index)
+        led_shards: list[Any] = []
+        for _, reply in answered:
+            shards = reply.get("led_shards", ())
+            led_shards.extend(shards if isinstance(shards, list) else ())
         self.membership.probe_ok(
-            region, now_s, suspects=body.get("suspects", ()), led_shards=body.get("led_shards", ())
+            region, now_s, suspects=body.get("suspects", ()), led_shards=led_shards
         )
         named = body.get("control_leader")
         if isinstance(named, str) and named in self.membership.regions:
@@ -266,6 +311,58 @@ class Controller:
         loops = body.get("unhealthy_loops", [])
         if isinstance(loops, list):
             self._peer_unhealthy_loops[region] = [str(x)[:64] for x in loops[:16]]
+
+    async def _probe_siblings(self) -> None:
+        """Which node of this region leads it: where a standby forwards what it is sent."""
+        own = self.settings.node_index
+        if self.leads_region:
+            self.nodes.heard(self.region, own)
+            return
+        count = self.nodes.node_count(self.region)
+        siblings = [i for i in range(count) if i != own]
+        replies = await asyncio.gather(*(self._ask(self.region, i) for i in siblings))
+        for index, body in zip(siblings, replies, strict=True):
+            if body is not None and body.get("leads_region") is True:
+                self.nodes.heard(self.region, index)
+                self._sibling_leading_heard_s = self._clock.monotonic()
+
+    def answers_probes(self) -> bool:
+        """Whether peers may count this node's region up on its word: it leads the region, or
+        it stands by and heard a sibling that leads it within ``detection_s``. A leader that
+        hangs (a pause, a stuck loop) keeps its lease, so no standby takes over; its standbys
+        then fall silent too, and the region fails over as a region of one hung node does."""
+        if self.leads_region:
+            return True
+        heard_s = self._sibling_leading_heard_s
+        return heard_s is not None and (
+            self._clock.monotonic() - heard_s < self.settings.detection_s
+        )
+
+    async def _keep_lease(self) -> None:
+        """A standby takes the region's lease when it is free and leads the region's shards at
+        once; the holder checks it still holds it, and resigns every shard when it does not."""
+        lease = self.lease
+        assert lease is not None
+        if self.leads_region:
+            if await lease.still_held():
+                return
+            self.leads_region = False
+            log.error(
+                "node %d lost region %s's lease: resigning", self.settings.node_index, self.region
+            )
+            for shard in self.node.led_shards():
+                await self.node.resign_shard(shard)
+            return
+        if not await lease.try_acquire():
+            return
+        self.leads_region = True
+        self.nodes.heard(self.region, self.settings.node_index)
+        log.warning(
+            "node %d holds region %s's lease: leading its shards",
+            self.settings.node_index,
+            self.region,
+        )
+        await self._reconcile()
 
     async def _verify_replicas(self) -> None:
         for region in await self.node.verify_replicas():
@@ -370,7 +467,7 @@ class Controller:
 
     async def _reconcile(self) -> None:
         for shard, owner in sorted(self.placement().assignment.items()):
-            if owner == self.region:
+            if owner == self.region and self.leads_region:
                 if not self.node.leads(shard) and shard not in self._leading:
                     task = asyncio.create_task(self._lead(shard), name=f"lead-{shard}")
                     self._leading[shard] = task
@@ -385,7 +482,7 @@ class Controller:
         self._leading.pop(shard, None)
 
     def _assigned_here(self, shard: int) -> bool:
-        return self.placement().assignment.get(shard) == self.region
+        return self.leads_region and self.placement().assignment.get(shard) == self.region
 
     async def _lead(self, shard: int) -> None:
         """Lead an assigned shard; retry with jittered, doubling backoff under
@@ -439,7 +536,7 @@ class Controller:
                 self.succession.wait_s,
             )
         leader = self.control_leader()
-        if leader != self.region:
+        if leader != self.region or not self.leads_region:
             self.node.set_leader_hint(shard, leader)
             await self._hand_over_control(leader)
             return

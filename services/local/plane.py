@@ -43,9 +43,11 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from regions.placement import place_shards
 from services.cluster_tls import NodeTls, issue_certificate, issue_cluster_tls
 from services.config import (
     ClusterConfig,
+    NodeAddress,
     RegionConfig,
     TenantConfig,
     api_key_sha256,
@@ -83,6 +85,9 @@ LIMITED_BURST = 20
 READY_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 10.0
 HEALTH_POLL_S = 0.1
+#: the most node processes a region may run (``--nodes-per-region``; the cluster file's
+#: ``more_nodes`` allows one more than its own limit)
+NODES_PER_REGION_MAX = 8
 #: a region's peer listener (services.listeners) is at its client port + this (with --base-port)
 PEER_PORT_OFFSET = 100
 
@@ -108,6 +113,22 @@ class DbHandle(Protocol):
 
 
 @dataclass
+class FurtherNode:
+    """A region's node beyond its first (``RegionConfig.more_nodes``): it stands by on the
+    region's database and leads the region once it holds the region's lease. Its ports are
+    chosen at every start (the cluster file says them): nothing of it is saved."""
+
+    index: int
+    port: int
+    url: str
+    peer_port: int
+    peer_url: str
+    log_path: Path
+    node: subprocess.Popen[bytes] | None = None
+    exit_reported: bool = False
+
+
+@dataclass
 class RegionProcess:
     name: str
     port: int
@@ -124,6 +145,12 @@ class RegionProcess:
     database: SavedDatabase | None = None  # how to start its PostgreSQL again, when PostgreSQL
     node: subprocess.Popen[bytes] | None = None
     exit_reported: bool = False
+    more_nodes: list[FurtherNode] = field(default_factory=list)
+
+    def processes(self) -> list[subprocess.Popen[bytes]]:
+        """The region's node processes that were started, its first node's first."""
+        nodes = [self.node, *(n.node for n in self.more_nodes)]
+        return [n for n in nodes if n is not None]
 
 
 @dataclass
@@ -151,6 +178,9 @@ class LocalPlane:
     supervised: bool = False
     #: the demo tenant's quota at each node (a load benchmark raises it: bench/rest.py)
     demo_requests_per_s: float = 1000.0
+    #: node processes per region: one leads the region, the others stand by to take over
+    #: (``services.control.region_nodes``)
+    nodes_per_region: int = 1
 
     @property
     def cluster_file(self) -> Path:
@@ -174,6 +204,8 @@ class LocalPlane:
             )
         if self.sim_engines > 0 and self.attached is not None:
             raise PlaneError("--sim-engines and --engine: a plane takes one or the other")
+        if not 1 <= self.nodes_per_region <= NODES_PER_REGION_MAX:
+            raise PlaneError(f"--nodes-per-region must be 1..{NODES_PER_REGION_MAX}")
         self.state_dir = self.state_dir.resolve()
         saved = self._saved_plane()  # before anything in the directory changes
         if saved is None and self.postgres and (self.state_dir / "postgres").exists():
@@ -203,6 +235,8 @@ class LocalPlane:
                 write_private_json(self.state_file, state_json(resumed))
             for member in self.members:
                 member.node = self.spawn_node(member)
+                for further in member.more_nodes:
+                    further.node = self.spawn_further_node(member, further)
             self.wait_healthy()
             if self.attached is not None:
                 self.attached.start_workers({m.name: m.url for m in self.members})
@@ -297,6 +331,16 @@ class LocalPlane:
                     "node_pid": m.node.pid if m.node else None,
                     "db_pid": m.db.pid if m.db else None,
                     "log": str(m.log_path),
+                    "more_nodes": [
+                        {
+                            "index": n.index,
+                            "url": n.url,
+                            "peer_url": n.peer_url,
+                            "node_pid": n.node.pid if n.node else None,
+                            "log": str(n.log_path),
+                        }
+                        for n in m.more_nodes
+                    ],
                 }
                 for m in self.members
             ],
@@ -340,6 +384,27 @@ class LocalPlane:
             if saved is not None:
                 self.members[-1].db_password = saved.regions[index].db_password
                 self.members[-1].database = saved.regions[index].database
+        self._prepare_more_nodes(peer_scheme)
+
+    def _prepare_more_nodes(self, peer_scheme: str) -> None:
+        """Each region's further nodes, on free ports (``FurtherNode``)."""
+        per_region = self.nodes_per_region - 1
+        if per_region < 1:
+            return
+        ports = iter(_choose_ports(self.host, 0, 2 * per_region * len(self.members)))
+        for member in self.members:
+            for index in range(1, self.nodes_per_region):
+                port, peer_port = next(ports), next(ports)
+                member.more_nodes.append(
+                    FurtherNode(
+                        index=index,
+                        port=port,
+                        url=f"http://{self.host}:{port}",
+                        peer_port=peer_port,
+                        peer_url=f"{peer_scheme}://{self.host}:{peer_port}",
+                        log_path=member.log_path.with_name(f"node-{index}.log"),
+                    )
+                )
 
     def _start_databases(self, saved: PlaneState | None) -> None:
         if not self.postgres:
@@ -382,6 +447,7 @@ class LocalPlane:
                     name=m.name,
                     url=m.url,
                     peer_url=m.peer_url,
+                    more_nodes=[NodeAddress(url=n.url, peer_url=n.peer_url) for n in m.more_nodes],
                     # the owner's DSN without its password: every node has its own in dsn_from
                     dsn=without_password(m.dsn),
                     dsn_from={s.name: self.node_dsn(s, m) for s in self.members}
@@ -465,15 +531,19 @@ class LocalPlane:
         return self.state_dir / "tls" / "ca.pem" if self.tls and self.postgres else None
 
     def spawn_node(self, member: RegionProcess) -> subprocess.Popen[bytes]:
-        with member.log_path.open("ab") as log_file:
-            return subprocess.Popen(
-                self.node_command(member, self.host),
-                stdin=subprocess.DEVNULL,
-                stdout=log_file,
-                stderr=subprocess.STDOUT,
-                env=self.node_env(member),
-                start_new_session=True,  # signals reach it only through this supervisor
-            )
+        return _spawn(self.node_command(member, self.host), self.node_env(member), member.log_path)
+
+    def spawn_further_node(
+        self, member: RegionProcess, further: FurtherNode
+    ) -> subprocess.Popen[bytes]:
+        """``further``, a node of ``member``'s region beyond its first (``FurtherNode``)."""
+        command = convplane_command(
+            "node", "--cluster-file", str(self.cluster_file), "--region", member.name,
+            "--node-index", str(further.index), "--host", self.host,
+            "--port", str(further.port), "--peer-port", str(further.peer_port),
+            "--log-level", "warning",
+        )  # fmt: skip
+        return _spawn(command, self.node_env(member), further.log_path)
 
     def node_command(self, member: RegionProcess, host: str) -> list[str]:
         """``convplane node`` for ``member``, listening on ``host``."""
@@ -504,17 +574,35 @@ class LocalPlane:
             while pending:
                 for member in list(pending):
                     self._check_alive(member)
-                    try:
-                        reply = client.get(member.url + "/healthz")
-                    except httpx.HTTPError as exc:
-                        last_reply[member.name] = f"no answer ({type(exc).__name__})"
-                        continue
-                    if reply.status_code == 200:
+                    ready, last_reply[member.name] = self._region_health(client, member)
+                    if ready:
                         pending.remove(member)
-                    last_reply[member.name] = f"{reply.status_code} {reply.text[:300]}"
                 if pending and time.monotonic() > deadline_s:
                     raise PlaneError(self._not_healthy(pending, last_reply))
                 time.sleep(HEALTH_POLL_S)
+
+    def _region_health(self, client: httpx.Client, member: RegionProcess) -> tuple[bool, str]:
+        """Whether the region is ready, and what its nodes said. A region of one node: its
+        ``/healthz``. Of several: one node says it is ready and leads shards (the others,
+        standing by, are ready with none; all of them when the placement gives it none)."""
+        urls = [member.url, *(n.url for n in member.more_nodes)]
+        said: list[str] = []
+        ready_without_shards = 0
+        for url in urls:
+            try:
+                reply = client.get(url + "/healthz")
+            except httpx.HTTPError as exc:
+                said.append(f"{url}: no answer ({type(exc).__name__})")
+                continue
+            said.append(f"{url}: {reply.status_code} {reply.text[:300]}")
+            if reply.status_code != 200:
+                continue
+            if len(urls) == 1 or reply.json().get("shards_placed", 0) > 0:
+                return True, said[-1]
+            ready_without_shards += 1
+        placed = place_shards(self.shard_count, {m.name: 1.0 for m in self.members})
+        places_none = member.name not in placed.values()
+        return ready_without_shards == len(urls) and places_none, "; ".join(said)
 
     def _not_healthy(self, pending: list[RegionProcess], last_reply: dict[str, str]) -> str:
         """What the user needs to see why: each pending node's last /healthz and log tail."""
@@ -533,6 +621,14 @@ class LocalPlane:
         if code is not None:
             tail = _tail(member.log_path)
             raise PlaneError(f"node {member.name} exited with code {code}; log tail:\n{tail}")
+        for further in member.more_nodes:
+            code = further.node.poll() if further.node else None
+            if code is not None:
+                tail = _tail(further.log_path)
+                raise PlaneError(
+                    f"node {further.index} of {member.name} exited with code {code}; log "
+                    f"tail:\n{tail}"
+                )
 
     def exited_nodes(self) -> list[tuple[str, int]]:
         """Nodes that exited since last asked. ``up``'s supervisor reports them and restarts
@@ -544,6 +640,11 @@ class LocalPlane:
             if code is not None and not m.exit_reported:
                 m.exit_reported = True
                 exited.append((m.name, code))
+            for n in m.more_nodes:
+                code = n.node.poll() if n.node else None
+                if code is not None and not n.exit_reported:
+                    n.exit_reported = True
+                    exited.append((f"{m.name}/{n.index}", code))
         return exited
 
     def supervise_workers(self) -> list[str]:
@@ -562,10 +663,13 @@ class LocalPlane:
         """A kill drill's fault: SIGKILL the region's node; its PostgreSQL (if any) crashes too
         (an immediate stop: no checkpoint, crash recovery at restart)."""
         member = self._member(name)
-        if member.node is not None and member.node.poll() is None:
-            _signal(member.node, signal.SIGKILL)
-            member.node.wait(timeout=STOP_TIMEOUT_S)
+        for node in member.processes():
+            if node.poll() is None:
+                _signal(node, signal.SIGKILL)
+                node.wait(timeout=STOP_TIMEOUT_S)
         member.exit_reported = True  # the drill did it: not an exit to report
+        for further in member.more_nodes:
+            further.exit_reported = True
         if member.db is not None:
             member.db.stop("immediate")
 
@@ -573,12 +677,14 @@ class LocalPlane:
         """Start the region's node again on its data (stopping it first if it runs), and its
         database if that is down: the end of a kill drill, or ``convplane restart-region``."""
         member = self._member(name)
-        if member.node is not None:
-            _stop_processes([member.node])
+        _stop_processes(member.processes())
         if member.db is not None:
             member.db.start()
         member.node = self.spawn_node(member)
         member.exit_reported = False
+        for further in member.more_nodes:
+            further.node = self.spawn_further_node(member, further)
+            further.exit_reported = False
         if self.attached is not None:
             self.attached.restart_region_workers(name)
         write_private_json(self.info_file, self.info())
@@ -609,7 +715,7 @@ class LocalPlane:
         """SIGTERM every node, SIGKILL those still running after STOP_TIMEOUT_S, stop DBs."""
         if self.attached is not None:
             _stop_processes(list(self.attached.workers.values()))
-        _stop_processes([m.node for m in self.members if m.node is not None])
+        _stop_processes([node for m in self.members for node in m.processes()])
         if self.engines is not None:
             self.engines.stop()
         for m in self.members:
@@ -618,6 +724,18 @@ class LocalPlane:
                 if inspect.isawaitable(stopped):
                     asyncio.run(_awaited(stopped))
                 m.db = None
+
+
+def _spawn(command: list[str], env: dict[str, str], log_path: Path) -> subprocess.Popen[bytes]:
+    with log_path.open("ab") as log_file:
+        return subprocess.Popen(
+            command,
+            stdin=subprocess.DEVNULL,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,  # signals reach it only through this supervisor
+        )
 
 
 def _stop_processes(processes: list[subprocess.Popen[bytes]]) -> None:

@@ -40,6 +40,9 @@ def plane_processes(info: dict[str, Any]) -> list[tuple[str, str, int]]:
         for key in ("node_pid", "db_pid"):
             if isinstance(pid := region.get(key), int):
                 found.append((f"{region['name']} {key.removesuffix('_pid')}", key, pid))
+        for further in region.get("more_nodes", []):
+            if isinstance(pid := further.get("node_pid"), int):
+                found.append((f"{region['name']} node {further['index']}", "node_pid", pid))
     return found
 
 

@@ -288,6 +288,8 @@ class SimPlane:
         process = self.processes[region]
         if process.controller is None or process.paused:
             return None
+        if not process.controller.answers_probes():
+            return None
         return process.controller.health_reply()
 
     # --- databases ------------------------------------------------------------------------

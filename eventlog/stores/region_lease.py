@@ -1,0 +1,135 @@
+"""A region's lease: which one of a region's nodes leads the shards placed on the region.
+
+The region's nodes share its replica database, so the database decides, and the holder's death
+releases the lease by itself, with no timeout to wait out:
+
+* **PostgreSQL**: a session-level advisory lock in the region's own database, on a connection
+  kept open for it. A node that dies closes its connection (its process: at once; its host: when
+  TCP gives up), the server ends the session and the lock goes to the next node that asks.
+* **SQLite** (every node on one machine): an exclusive ``flock`` on a file beside the database,
+  which the kernel releases when the holding process exits.
+
+The lease only says who *should* lead. Safety does not rest on it: two nodes that both believe
+they hold it (a holder cut from its database while a standby takes the lock) only fence each
+other's epochs on the replicas, as any two leaders of a shard do.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import os
+from typing import Protocol
+
+from sqlalchemy import text
+from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from eventlog.sharding import stable_hash
+from eventlog.stores._engine import StoreConfig, dialect_of, make_engine
+
+#: the advisory lock's first key ("conl"); the second is the region's hash, so regions that
+#: share one database (tests) hold leases of their own
+LEASE_KEY = 0x636F6E6C
+#: the suffix of the SQLite lease file, beside the database file
+SQLITE_LEASE_SUFFIX = "-region-lease"
+
+
+class RegionLease(Protocol):
+    async def try_acquire(self) -> bool:
+        """Take the lease if it is free; whether this node holds it now."""
+
+    async def still_held(self) -> bool:
+        """Whether this node still holds the lease it took (False once it is lost)."""
+
+    async def close(self) -> None:
+        """Release the lease, if held, and what it holds."""
+
+
+async def open_region_lease(dsn: str, region: str, *, timeout_s: float) -> RegionLease:
+    """The lease of ``region``, whose replica database is at ``dsn``; each call under
+    ``timeout_s``."""
+    if dialect_of(dsn) == "postgresql":
+        return PostgresRegionLease(dsn, region, timeout_s=timeout_s)
+    path = dsn.split(":///", 1)[1]
+    return FileRegionLease(path + SQLITE_LEASE_SUFFIX)
+
+
+class PostgresRegionLease:
+    def __init__(self, dsn: str, region: str, *, timeout_s: float) -> None:
+        limits = StoreConfig(
+            statement_timeout_s=timeout_s,
+            connect_timeout_s=timeout_s,
+            pool_size=1,
+            pool_max_overflow=0,
+        )
+        self._engine = make_engine(dsn, limits, autocommit=True)
+        self._keys = {"key": LEASE_KEY, "region": stable_hash(region) & 0x7FFFFFFF}
+        self._timeout_s = timeout_s
+        self._connection: AsyncConnection | None = None
+        self._held = False
+
+    async def try_acquire(self) -> bool:
+        if self._held:
+            return True
+        statement = text("SELECT pg_try_advisory_lock(:key, :region)")
+        try:
+            async with asyncio.timeout(self._timeout_s):
+                if self._connection is None:
+                    self._connection = await self._engine.connect()
+                result = await self._connection.execute(statement, self._keys)
+                self._held = bool(result.scalar_one())
+        except (OSError, SQLAlchemyError, TimeoutError):
+            await self._drop()
+        return self._held
+
+    async def still_held(self) -> bool:
+        if not self._held or self._connection is None:
+            return False
+        try:  # the session lives, so its lock does (nothing here ever unlocks it)
+            async with asyncio.timeout(self._timeout_s):
+                await self._connection.execute(text("SELECT 1"))
+        except (OSError, SQLAlchemyError, TimeoutError):
+            await self._drop()
+        return self._held
+
+    async def close(self) -> None:
+        await self._drop()
+        await self._engine.dispose()
+
+    async def _drop(self) -> None:
+        """Forget the lease and close its connection: the session ends and the server
+        releases the lock (if the connection still reaches it)."""
+        self._held = False
+        connection, self._connection = self._connection, None
+        if connection is not None:
+            with contextlib.suppress(Exception):
+                async with asyncio.timeout(self._timeout_s):
+                    await connection.close()
+
+
+class FileRegionLease:
+    def __init__(self, path: str) -> None:
+        self._path = path
+        self._fd: int | None = None
+
+    async def try_acquire(self) -> bool:
+        if self._fd is not None:
+            return True
+        fd = os.open(self._path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return False
+        self._fd = fd
+        return True
+
+    async def still_held(self) -> bool:
+        return self._fd is not None  # the kernel never takes a flock back from a live holder
+
+    async def close(self) -> None:
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)  # releases the lock

@@ -1,0 +1,123 @@
+"""The region lease (``eventlog.stores.region_lease``) on real PostgreSQL and on a real file:
+one holder at a time per region, the next one gets it once the holder is gone (closed, its
+session ended by the server, its process killed), and regions do not share one."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+from pathlib import Path
+
+import asyncpg
+import pytest
+
+from eventlog.stores.region_lease import (
+    SQLITE_LEASE_SUFFIX,
+    FileRegionLease,
+    RegionLease,
+    open_region_lease,
+)
+from services.deploy.db_roles import asyncpg_dsn
+
+TIMEOUT_S = 5.0
+
+
+async def _open(dsn: str, region: str = "eu-west") -> RegionLease:
+    return await open_region_lease(dsn, region, timeout_s=TIMEOUT_S)
+
+
+@pytest.mark.postgres
+async def test_one_holder_per_region_on_postgres(pg_databases: list[str]) -> None:
+    dsn = pg_databases[0]
+    first, second, other_region = await _open(dsn), await _open(dsn), await _open(dsn, "us-east")
+    try:
+        assert await first.try_acquire()
+        assert not await second.try_acquire()
+        assert await other_region.try_acquire()  # another region's lease is another lock
+        assert await first.still_held()
+        assert not await second.still_held()
+        await first.close()
+        assert await second.try_acquire()
+        assert await second.still_held()
+    finally:
+        for lease in (first, second, other_region):
+            await lease.close()
+
+
+@pytest.mark.postgres
+async def test_a_holder_whose_session_ended_lost_the_lease(pg_databases: list[str]) -> None:
+    """The server ends the holder's session (what a restart or a cut connection does): the
+    holder says it lost the lease, and a standby takes it."""
+    dsn = pg_databases[0]
+    holder, standby = await _open(dsn), await _open(dsn)
+    try:
+        assert await holder.try_acquire()
+        admin = await asyncpg.connect(asyncpg_dsn(dsn))
+        try:
+            ended = await admin.fetchval(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_locks "
+                "WHERE locktype = 'advisory' AND granted AND pid <> pg_backend_pid()"
+            )
+        finally:
+            await admin.close()
+        assert ended == 1
+        assert not await holder.still_held()
+        assert await standby.try_acquire()
+        assert not await holder.try_acquire()  # it asks again, as a standby does
+    finally:
+        await holder.close()
+        await standby.close()
+
+
+async def test_one_holder_per_file(tmp_path: Path) -> None:
+    dsn = f"sqlite+aiosqlite:///{tmp_path / 'replica.sqlite3'}"
+    first, second = await _open(dsn), await _open(dsn)
+    try:
+        assert isinstance(first, FileRegionLease)
+        assert await first.try_acquire()
+        assert await first.try_acquire()  # still its own
+        assert not await second.try_acquire()
+        await first.close()
+        assert not await first.still_held()
+        assert await second.try_acquire()
+    finally:
+        await first.close()
+        await second.close()
+
+
+async def test_a_killed_holder_process_frees_the_file_lease(tmp_path: Path) -> None:
+    """Another process holds the lease and is killed with SIGKILL: the kernel releases the
+    lock, with no timeout to wait out."""
+    path = tmp_path / "replica.sqlite3"
+    lease_file = f"{path}{SQLITE_LEASE_SUFFIX}"
+    holder = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", _HOLD, lease_file, stdout=asyncio.subprocess.PIPE
+    )
+    try:
+        assert holder.stdout is not None
+        assert (await holder.stdout.readline()).strip() == b"held"
+        standby = await _open(f"sqlite+aiosqlite:///{path}")
+        try:
+            assert not await standby.try_acquire()
+            holder.kill()
+            await holder.wait()
+            deadline_s = time.monotonic() + TIMEOUT_S
+            while not await standby.try_acquire():
+                assert time.monotonic() < deadline_s, "the lease was not released"
+                await asyncio.sleep(0.01)
+        finally:
+            await standby.close()
+    finally:
+        if holder.returncode is None:
+            holder.kill()
+            await holder.wait()
+
+
+_HOLD = """
+import fcntl, os, sys, time
+fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o600)
+fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+print("held", flush=True)
+time.sleep(600)
+"""
