@@ -43,8 +43,10 @@ class SimNetwork:
         self.frozen: set[str] = set()
         self._background: list[asyncio.Task[object]] = []
 
-    def link(self, src: str, dst: str) -> SimLink:
-        return SimLink(self, src, dst)
+    def link(self, src: str, dst: str, *, node: str | None = None) -> SimLink:
+        """``dst``'s replica as a node of region ``src`` reaches it; ``node``: which of the
+        region's nodes, when it has several (what ``frozen`` names; default: ``src``)."""
+        return SimLink(self, src, dst, node=node)
 
     def partition(self, region: str) -> None:
         for other in self.replicas:
@@ -59,10 +61,13 @@ class SimNetwork:
     def reachable(self, src: str, dst: str) -> bool:
         return (src, dst) not in self.cut and dst not in self.crashed
 
-    async def deliver(self, src: str, dst: str, op: Callable[[], Awaitable[T]]) -> T:
+    async def deliver(
+        self, src: str, dst: str, op: Callable[[], Awaitable[T]], *, node: str | None = None
+    ) -> T:
         faults = self.faults
+        frozen = node or src
         await asyncio.sleep(self.rng.uniform(faults.delay_min_s, faults.delay_max_s))
-        if src in self.frozen or (src, dst) in self.link_cut:
+        if frozen in self.frozen or (src, dst) in self.link_cut:
             await asyncio.sleep(_HANG_S)
         if not self.reachable(src, dst):
             raise ReplicaUnavailable(f"{dst} unreachable from {src}")
@@ -77,7 +82,7 @@ class SimNetwork:
         await asyncio.sleep(self.rng.uniform(faults.delay_min_s, faults.delay_max_s))
         if (
             not self.reachable(dst, src)
-            or src in self.frozen
+            or frozen in self.frozen
             or (src, dst) in self.link_cut
             or self.rng.random() < faults.drop_p
         ):
@@ -99,10 +104,11 @@ class SimLink(ReplicaStoreWrapper):
     """The replica of ``dst`` as seen from a node in ``src``: every call crosses the simulated
     network, which may delay, lose, duplicate or cut it."""
 
-    def __init__(self, network: SimNetwork, src: str, dst: str) -> None:
+    def __init__(self, network: SimNetwork, src: str, dst: str, *, node: str | None = None) -> None:
         super().__init__(network.replicas[dst])
         self._net = network
         self._src = src
+        self._node = node
 
     async def around(self, call: str, read_only: bool, thunk: Callable[[], Awaitable[T]]) -> T:
-        return await self._net.deliver(self._src, self.region, thunk)
+        return await self._net.deliver(self._src, self.region, thunk, node=self._node)

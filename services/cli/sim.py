@@ -23,6 +23,16 @@ def sim(
     log_only: Annotated[
         bool, typer.Option("--log-only", help="The log core alone (no controllers), 3 regions.")
     ] = False,
+    nodes_per_region: Annotated[
+        int,
+        typer.Option(
+            help="Nodes per region (1..3); above 1 the faults hit single nodes (crashes, "
+            "restarts, pauses) and odd seeds check that node crashes move no shard to "
+            "another region.",
+            min=1,
+            max=3,
+        ),
+    ] = 1,
 ) -> None:
     """Run seeded simulations on virtual time and check every invariant.
 
@@ -43,7 +53,7 @@ def sim(
     faults: Counter[str] = Counter()
     counts: Counter[str] = Counter()
     for seed in range(start, start + seeds):
-        violations = _run(seed, regions, clients, ops, log_only, faults, counts)
+        violations = _run(seed, regions, clients, ops, log_only, faults, counts, nodes_per_region)
         if violations:
             typer.echo(f"FAILED seed {seed} ({regions} regions):")
             for violation in violations[:20]:
@@ -51,6 +61,8 @@ def sim(
             raise typer.Exit(1)
     elapsed_s = time.monotonic() - started
     kind = "log-only" if log_only else f"whole-plane, {regions} regions"
+    if nodes_per_region > 1 and not log_only:
+        kind += f" of {nodes_per_region} nodes"
     typer.echo(
         f"sim ({kind}): {seeds} seeds ({start}..{start + seeds - 1}) passed in {elapsed_s:.1f}s"
     )
@@ -66,6 +78,7 @@ def _run(
     log_only: bool,
     faults: Counter[str],
     counts: Counter[str],
+    nodes_per_region: int = 1,
 ) -> list[str]:
     if log_only:
         from eventlog.sim import run_seed
@@ -80,7 +93,9 @@ def _run(
         return result.violations
     from services.plane_sim import run_plane_seed
 
-    plane = run_plane_seed(seed, regions=regions, clients=clients, ops=ops)
+    plane = run_plane_seed(
+        seed, regions=regions, clients=clients, ops=ops, nodes_per_region=nodes_per_region
+    )
     faults.update(plane.faults)
     per_seed_times = ("recovered_in_ms", "control_led_in_ms")
     counts.update({k: v for k, v in plane.counts.items() if k not in per_seed_times})

@@ -537,13 +537,19 @@ class LocalPlane:
         self, member: RegionProcess, further: FurtherNode
     ) -> subprocess.Popen[bytes]:
         """``further``, a node of ``member``'s region beyond its first (``FurtherNode``)."""
-        command = convplane_command(
+        command = self.further_node_command(member, further, self.host)
+        return _spawn(command, self.node_env(member), further.log_path)
+
+    def further_node_command(
+        self, member: RegionProcess, further: FurtherNode, host: str
+    ) -> list[str]:
+        """``convplane node`` for ``further`` of ``member``'s region, listening on ``host``."""
+        return convplane_command(
             "node", "--cluster-file", str(self.cluster_file), "--region", member.name,
-            "--node-index", str(further.index), "--host", self.host,
+            "--node-index", str(further.index), "--host", host,
             "--port", str(further.port), "--peer-port", str(further.peer_port),
             "--log-level", "warning",
         )  # fmt: skip
-        return _spawn(command, self.node_env(member), further.log_path)
 
     def node_command(self, member: RegionProcess, host: str) -> list[str]:
         """``convplane node`` for ``member``, listening on ``host``."""

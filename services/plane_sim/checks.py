@@ -30,6 +30,8 @@ import json
 
 from eventlog.model import LogEntry
 from eventlog.sim.checker import check_acknowledged, check_final_log, check_replica_prefix
+from regions.placement import place_shards
+from services.control.region_nodes import target_region
 from services.plane_sim.plane import SimPlane
 from services.plane_sim.workload import Observed, ReadSeen
 
@@ -133,6 +135,39 @@ def drill_problems(plane: SimPlane) -> list[str]:
     return problems
 
 
+def regions_led_once(plane: SimPlane) -> list[str]:
+    """Regions of several nodes: exactly one running node of each says it leads the region."""
+    problems = []
+    for region in plane.names:
+        if plane.cluster.region(region).node_count == 1:
+            continue
+        leading = [
+            p.name
+            for p in plane.serving()
+            if p.region == region and p.controller is not None and p.controller.leads_region
+        ]
+        if len(leading) != 1:
+            problems.append(f"region {region}: led by nodes {leading}, not by one")
+    return problems
+
+
+def node_fault_problems(plane: SimPlane, now_s: float) -> list[str]:
+    """While only single nodes crash (never a region's last), no shard may be placed on another
+    region: every running node's placement is the static one, nothing down or evacuated."""
+    static = place_shards(plane.cluster.shard_count, plane.cluster.weights())
+    problems = []
+    for process in plane.serving():
+        placement = process.controller.placement() if process.controller is not None else None
+        if placement is None:
+            continue
+        if dict(placement.assignment) != static or placement.down or placement.evacuated:
+            problems.append(
+                f"t={now_s:.1f}s {process.name}: placement v{placement.version} moved shards "
+                f"after node crashes ({placement.reason})"
+            )
+    return problems
+
+
 class StandoffWatch:
     """Looks, every few hundred ms of the run, for two serving nodes that name each other as the
     control leader while neither leads it; a pair that stays so longer than ``bound_s`` is a
@@ -148,9 +183,11 @@ class StandoffWatch:
     def look(self, now_s: float, plane: SimPlane) -> None:
         serving = [p for p in plane.serving() if p.controller is not None and p.node is not None]
         views = {p.name: p.controller.control_leader() for p in serving if p.controller}
-        leading = {p.name for p in serving if p.node is not None and p.node.leads(self._shard)}
+        leading = {p.region for p in serving if p.node is not None and p.node.leads(self._shard)}
         pairs = {
-            (x, y) for x, y in views.items() if x < y and views.get(y) == x and not {x, y} & leading
+            (x, y)
+            for x, y in views.items()
+            if x < y and views.get(y) == x and not {target_region(x), target_region(y)} & leading
         }
         for pair in list(self._since):
             if pair not in pairs:

@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from eventlog.sim.network import SimNetwork
+from services.control.region_nodes import target_region
 
 #: a probe that is lost never gets a reply; the prober's deadline ends the wait
 _LOST_S = 3600.0
@@ -36,22 +37,25 @@ class SimProber:
         #: a drill's black-hole drops the probe at once (as ``HttpPeerProber``'s ``blocked``)
         self._blocked = blocked
 
-    async def health(self, region: str) -> Mapping[str, Any] | None:
+    async def health(self, target: str) -> Mapping[str, Any] | None:
+        """``target``: a region's node (``services.control.region_nodes.node_target``); cuts
+        are between regions, freezes of single nodes."""
         net = self._net
+        region, src_region = target_region(target), target_region(self._src)
         if self._blocked(region):
             return None
         await asyncio.sleep(net.rng.uniform(net.faults.delay_min_s, net.faults.delay_max_s))
         if (
             self._src in net.frozen
-            or region in net.frozen
-            or (self._src, region) in net.cut
+            or target in net.frozen
+            or (src_region, region) in net.cut
             or net.rng.random() < net.faults.drop_p
         ):
             await asyncio.sleep(_LOST_S)
-        reply = self._health_of(region)
+        reply = self._health_of(target)
         if reply is None:
             await asyncio.sleep(_LOST_S)
         await asyncio.sleep(net.rng.uniform(net.faults.delay_min_s, net.faults.delay_max_s))
-        if (region, self._src) in net.cut or self._src in net.frozen or region in net.frozen:
+        if (region, src_region) in net.cut or self._src in net.frozen or target in net.frozen:
             await asyncio.sleep(_LOST_S)
         return reply

@@ -17,6 +17,11 @@ What the simulation can do to a region (each counted as a fault by kind in ``Pla
 * ``wipe_replica``: the region's database comes back empty (disk loss, re-provisioning);
   ``rebuild_replica`` is the operator's ``convplane replica rebuild``.
 
+With ``nodes_per_region`` above 1 each region runs that many nodes on its one database, each a
+process of its own (named by ``services.control.region_nodes.node_target``: ``a``, ``a/1``,
+...) with the region's lease (``SimLease``: a crashed process's lease comes free, a paused one
+keeps it, as a database session does); crashes and pauses then hit one node.
+
 Nothing here decides anything the product decides: it only runs the product's code.
 """
 
@@ -42,7 +47,7 @@ from eventlog.sim.network import SimNetwork
 from eventlog.sim.witnessed_replica import WitnessedReplica
 from regions.ops_state import OpsState
 from services.bootstrap.node import build_controller
-from services.config import ClusterConfig, NodeSettings, RegionConfig
+from services.config import ClusterConfig, NodeAddress, NodeSettings, RegionConfig
 from services.control.controller import Controller
 from services.control.drills.driver import DrillDriver
 from services.control.drills.faults import (
@@ -52,6 +57,7 @@ from services.control.drills.faults import (
     region_by_address,
 )
 from services.control.drills.load import LoadMeter
+from services.control.region_nodes import node_target, target_region
 from services.plane_sim.network import SimProber
 from services.plane_sim.peers import SimPeerTransport
 
@@ -73,11 +79,38 @@ class SkewedClock(LoopClock):
         return super().wall_ms() + self.skew_ms
 
 
+class SimRegionLock:
+    """What a region's database is to its nodes' leases: one holder at a time."""
+
+    def __init__(self) -> None:
+        self.holder: SimLease | None = None
+
+
+class SimLease:
+    """A node's ``RegionLease`` on the simulated region database (``SimRegionLock``)."""
+
+    def __init__(self, lock: SimRegionLock) -> None:
+        self._lock = lock
+
+    async def try_acquire(self) -> bool:
+        if self._lock.holder is None:
+            self._lock.holder = self
+        return self._lock.holder is self
+
+    async def still_held(self) -> bool:
+        return self._lock.holder is self
+
+    async def close(self) -> None:
+        if self._lock.holder is self:
+            self._lock.holder = None
+
+
 @dataclass
 class RegionProcess:
-    """One region's node process as the simulation sees it."""
+    """One region's node process as the simulation sees it (``name``: its node target)."""
 
     name: str
+    lease: SimLease | None = None
     node: LogNode | None = None
     controller: Controller | None = None
     paused: bool = False
@@ -88,6 +121,10 @@ class RegionProcess:
     @property
     def serving(self) -> bool:
         return self.node is not None and not self.paused
+
+    @property
+    def region(self) -> str:
+        return target_region(self.name)
 
 
 class _LeaderChanges:
@@ -139,9 +176,12 @@ class SimPlane:
         config: LogConfig | None = None,
         settings: Mapping[str, Any] | None = None,
         drive_drills: bool = True,
+        nodes_per_region: int = 1,
     ) -> None:
         self.rng = rng
         self.names = list(REGION_NAMES[:regions])
+        #: every node of every region, by node target (a region of one node: its name)
+        self.targets = [node_target(r, i) for r in self.names for i in range(nodes_per_region)]
         self.history = History()
         self.replicas: dict[str, MemoryReplica] = {
             r: WitnessedReplica(r, self.history) for r in self.names
@@ -151,7 +191,14 @@ class SimPlane:
         self.cluster = ClusterConfig(
             shard_count=shard_count,
             regions=[
-                RegionConfig(name=r, url=f"http://{r}.sim", dsn=f"sqlite+aiosqlite:///{r}.sim")
+                RegionConfig(
+                    name=r,
+                    url=f"http://{r}.sim",
+                    dsn=f"sqlite+aiosqlite:///{r}.sim",
+                    more_nodes=[
+                        NodeAddress(url=f"http://{r}{i}.sim") for i in range(1, nodes_per_region)
+                    ],
+                )
                 for r in self.names
             ],
             local_supervisor=True,  # kill drills: the run kills and restarts their targets
@@ -172,22 +219,32 @@ class SimPlane:
             records_commit_push_delay_s=rng.choice(RECORDS_PUSH_DELAYS_S),
         )
         self.skews_ms = {r: rng.choice([0, 0, -1500, 2500]) for r in self.names}
-        self.processes = {r: RegionProcess(r) for r in self.names}
+        self.processes = {t: RegionProcess(t) for t in self.targets}
+        self.region_locks = {r: SimRegionLock() for r in self.names}
         self.wiped: set[str] = set()
         self.commit_watchers: list[CommitWatcher] = []
 
     # --- processes ------------------------------------------------------------------------
 
-    def settings(self, region: str) -> NodeSettings:
-        return NodeSettings(region=region, cluster=self.cluster, **self._settings)
+    def settings(self, region: str, node_index: int = 0) -> NodeSettings:
+        return NodeSettings(
+            region=region, node_index=node_index, cluster=self.cluster, **self._settings
+        )
 
-    async def start_node(self, region: str) -> None:
-        process = self.processes[region]
+    async def start_node(self, target: str) -> None:
+        """Start the node process ``target`` (a region's name: its only or first node)."""
+        process = self.processes[target]
         assert process.node is None
+        region = target_region(target)
+        index = self.targets.index(target) - self.targets.index(region)
+        if self.cluster.region(region).node_count > 1:
+            process.lease = SimLease(self.region_locks[region])
         clock = SkewedClock(self.skews_ms[region])
         ops = OpsState()  # drills, halt, audit: folded from the control shard
         hole = BlackHole(region=region, ops=ops, clock=clock)
-        links = black_holed_replicas({dst: self.net.link(region, dst) for dst in self.names}, hole)
+        links = black_holed_replicas(
+            {dst: self.net.link(region, dst, node=target) for dst in self.names}, hole
+        )
         node = LogNode(
             region=region,
             replicas=links,
@@ -198,18 +255,19 @@ class SimPlane:
             listeners=[_LeaderChanges(self.counts)],
         )
         controller = build_controller(
-            self.settings(region),
+            self.settings(region, index),
             self.cluster,
             node,
             links,
             SimProber(
                 self.net,
-                region,
+                target,
                 self._health_of,
                 blocked=lambda peer: hole.blocks(peer, read_only=True),
             ),
             clock,
             random.Random(self.rng.getrandbits(64)),
+            process.lease,
         )
         controller.record_listeners.append(ops.apply_entry)
         controller.control_excluded = ops.region_loss_targets
@@ -242,8 +300,9 @@ class SimPlane:
         if self._drive_drills:
             drills.start()
 
-    async def stop_node(self, region: str) -> None:
-        process = self.processes[region]
+    async def stop_node(self, target: str) -> None:
+        """The node process ``target`` dies: its memory is gone, its lease comes free."""
+        process = self.processes[target]
         if process.drills is not None:
             await process.drills.close()
         if process.peers is not None:
@@ -252,17 +311,21 @@ class SimPlane:
             await process.controller.close()
         if process.node is not None:
             await process.node.close()
+        if process.lease is not None:
+            await process.lease.close()
         process.node = process.controller = process.ops = process.drills = process.peers = None
-        self.pause_node(region, False)
+        process.lease = None
+        self.pause_node(target, False)
 
-    def pause_node(self, region: str, paused: bool) -> None:
+    def pause_node(self, target: str, paused: bool) -> None:
         """A paused node sends nothing and answers nothing (its calls hang), then wakes up with
-        all its memory: leaders that believe they still lead, a stale placement."""
-        self.processes[region].paused = paused
+        all its memory: leaders that believe they still lead, a stale placement, and the
+        region's lease, if it held it."""
+        self.processes[target].paused = paused
         if paused:
-            self.net.frozen.add(region)
+            self.net.frozen.add(target)
         else:
-            self.net.frozen.discard(region)
+            self.net.frozen.discard(target)
 
     def blip(self, region: str, on: bool) -> None:
         """A network blip at ``region``'s node: every packet it sends or is sent is lost (its
@@ -284,8 +347,8 @@ class SimPlane:
         for watcher in self.commit_watchers:
             watcher(region, shard, entries)
 
-    def _health_of(self, region: str) -> Mapping[str, Any] | None:
-        process = self.processes[region]
+    def _health_of(self, target: str) -> Mapping[str, Any] | None:
+        process = self.processes[target]
         if process.controller is None or process.paused:
             return None
         if not process.controller.answers_probes():
@@ -314,15 +377,28 @@ class SimPlane:
         return [p.controller for p in self.processes.values() if p.controller is not None]
 
     def leaders_of(self, shard: int) -> list[str]:
-        return [p.name for p in self.serving() if p.node is not None and p.node.leads(shard)]
+        """The regions of the serving nodes that lead ``shard`` (a region twice: two of its
+        nodes do)."""
+        return [
+            target_region(p.name)
+            for p in self.serving()
+            if p.node is not None and p.node.leads(shard)
+        ]
 
-    def node(self, region: str) -> LogNode | None:
-        process = self.processes[region]
-        return process.node if process.serving else None
+    def node(self, name: str) -> LogNode | None:
+        """A serving node by its target, or by its region's name: the region's serving node
+        that holds the region's lease (its first node, in a region of one)."""
+        if "/" in name or self.cluster.region(name).node_count == 1:
+            process = self.processes[name]
+            return process.node if process.serving else None
+        of_region = [p for p in self.serving() if target_region(p.name) == name]
+        leading = [p for p in of_region if p.controller is not None and p.controller.leads_region]
+        chosen = leading or of_region
+        return chosen[0].node if chosen else None
 
     async def close(self) -> None:
-        for region in self.names:
-            await self.stop_node(region)
+        for target in self.targets:
+            await self.stop_node(target)
         await self.net.close()
 
 

@@ -19,6 +19,15 @@ because a drill mostly ends then and its end is what hands the control shard bac
 
 Throughout the run, no two nodes may defer the control shard to each other for longer than
 ``STANDOFF_BOUND_S`` (``StandoffWatch``). Then the checker reads every shard's final log.
+
+``nodes_per_region`` above 1 runs regions of several nodes on one database each
+(``SimPlane``), with faults on single nodes instead (``_inject_node_faults``: crashes,
+restarts, pauses, resumes, network loss and delay; no drills, no database or region faults).
+Odd seeds crash nodes only, and never a region's last one: then no shard may ever be placed
+on another region (``node_fault_problems``), since a node's death is its region's business.
+Even seeds also pause nodes, the lease holder too, which keeps its lease and so fails its
+region over as a hung single node does. Liveness after healing also wants one node per region
+leading it.
 """
 
 from __future__ import annotations
@@ -48,6 +57,8 @@ from services.plane_sim.checks import (
     control_problems,
     drill_problems,
     failback_moves_problem,
+    node_fault_problems,
+    regions_led_once,
 )
 from services.plane_sim.plane import SimPlane
 from services.plane_sim.workload import Client, Observed
@@ -115,10 +126,13 @@ class PlaneResult:
         return not self.violations
 
 
-def run_plane_seed(seed: int, *, regions: int = 3, clients: int = 3, ops: int = 25) -> PlaneResult:
+def run_plane_seed(
+    seed: int, *, regions: int = 3, clients: int = 3, ops: int = 25, nodes_per_region: int = 1
+) -> PlaneResult:
     loop = VirtualTimeLoop()
     try:
-        return loop.run_until_complete(_PlaneRun(seed, regions, clients, ops).run())
+        run = _PlaneRun(seed, regions, clients, ops, nodes_per_region)
+        return loop.run_until_complete(run.run())
     finally:
         for task in asyncio.all_tasks(loop):
             task.cancel()
@@ -127,10 +141,22 @@ def run_plane_seed(seed: int, *, regions: int = 3, clients: int = 3, ops: int = 
 
 
 class _PlaneRun:
-    def __init__(self, seed: int, regions: int, clients: int, ops: int) -> None:
+    def __init__(
+        self, seed: int, regions: int, clients: int, ops: int, nodes_per_region: int = 1
+    ) -> None:
         self.rng = random.Random(seed)
         self.result = PlaneResult(seed, regions)
-        self.plane = SimPlane(random.Random(self.rng.getrandbits(64)), regions, shard_count=4)
+        self.plane = SimPlane(
+            random.Random(self.rng.getrandbits(64)),
+            regions,
+            shard_count=4,
+            nodes_per_region=nodes_per_region,
+        )
+        #: regions of several nodes: faults hit single nodes (``_inject_node_faults``)
+        self.node_faults = nodes_per_region > 1
+        #: with node faults, odd seeds crash nodes only: no shard may leave its region
+        self.crashes_only = self.node_faults and seed % 2 == 1
+        self.shards_left_region = False  # node_fault_problems said so once (not every look)
         self.observed = Observed()
         self.clients = [
             Client(self.plane, self.observed, random.Random(self.rng.getrandbits(64)), f"u{i}")
@@ -152,8 +178,8 @@ class _PlaneRun:
     async def run(self) -> PlaneResult:
         plane = self.plane
         try:
-            for region in plane.names:
-                await plane.start_node(region)
+            for target in plane.targets:
+                await plane.start_node(target)
             await asyncio.sleep(3.0)  # the regions find each other and lead their shards
             watch = asyncio.ensure_future(self._watch())
             injector = asyncio.ensure_future(self._inject_faults())
@@ -192,6 +218,9 @@ class _PlaneRun:
     # --- faults ---------------------------------------------------------------------------
 
     async def _inject_faults(self) -> None:
+        if self.node_faults:
+            await self._inject_node_faults()
+            return
         rng = random.Random(self.rng.getrandbits(64))
         plane, net = self.plane, self.plane.net
         names = plane.names
@@ -252,6 +281,55 @@ class _PlaneRun:
             else:
                 await self._operator(rng)
 
+    async def _inject_node_faults(self) -> None:
+        """Faults on single nodes of regions of several nodes (module docstring)."""
+        rng = random.Random(self.rng.getrandbits(64))
+        plane, net = self.plane, self.plane.net
+        while not self.workload_done:
+            await asyncio.sleep(rng.uniform(0.1, 0.8))
+            running = [t for t in plane.targets if plane.processes[t].node is not None]
+            choice = rng.random()
+            if choice < 0.35:
+                # never a region's last running node: then its region is lost, not a node
+                spare = [t for t in running if self._siblings_running(t) > 0]
+                if spare:
+                    target = rng.choice(spare)
+                    await plane.stop_node(target)
+                    self.crashed_nodes.add(target)
+                    self._fault("node_crash")
+            elif choice < 0.60 and self.crashed_nodes:
+                back = rng.choice(sorted(self.crashed_nodes))
+                self.crashed_nodes.discard(back)
+                await plane.start_node(back)
+                self._fault("node_restart")
+            elif choice < 0.72 and not self.crashes_only:
+                paused_regions = {p.region for p in plane.processes.values() if p.paused}
+                if not paused_regions:  # one region's nodes at a time (a minority)
+                    target = rng.choice(running)
+                    plane.pause_node(target, True)
+                    self._fault("node_pause")
+            elif choice < 0.84:
+                for process in plane.processes.values():
+                    if process.paused:
+                        plane.pause_node(process.name, False)
+                self._fault("node_resume")
+            else:
+                net.faults = NetworkFaults(
+                    delay_min_s=0.001,
+                    delay_max_s=rng.choice([0.005, 0.03, 0.1]),
+                    drop_p=rng.choice([0.0, 0.02, 0.08]),
+                    duplicate_p=rng.choice([0.0, 0.05, 0.2]),
+                )
+                self._fault("loss_delay_duplication")
+
+    def _siblings_running(self, target: str) -> int:
+        region = self.plane.processes[target].region
+        return sum(
+            1
+            for p in self.plane.processes.values()
+            if p.region == region and p.name != target and p.node is not None
+        )
+
     def _faulted(self) -> set[str]:
         plane, net = self.plane, self.plane.net
         cut = {src for src, _ in net.cut} | {dst for _, dst in net.cut}
@@ -275,7 +353,10 @@ class _PlaneRun:
     async def _start_drills(self) -> None:
         """An SRE starts a drill every few seconds while the workload runs; now and then the
         control leader's network blips instead (shorter than detection, or a little longer),
-        which catches it committing, learning and handing over drill records."""
+        which catches it committing, learning and handing over drill records. (Not with node
+        faults: those runs have no drills.)"""
+        if self.node_faults:
+            return
         rng = random.Random(self.rng.getrandbits(64))
         blips: list[asyncio.Task[None]] = []
         while not self.workload_done:
@@ -402,6 +483,10 @@ class _PlaneRun:
         while True:
             await self._kill_drills()
             self.standoffs.look(loop.time(), self.plane)
+            if self.crashes_only and not self.shards_left_region:
+                moved = node_fault_problems(self.plane, loop.time())
+                self.shards_left_region = bool(moved)
+                self.result.violations += moved[:3]
             await asyncio.sleep(WATCH_EVERY_S)
 
     async def _operator(self, rng: random.Random) -> None:
@@ -513,7 +598,7 @@ class _PlaneRun:
 
     async def _liveness_problems(self) -> list[str]:
         plane = self.plane
-        problems = []
+        problems = regions_led_once(plane)
         versions = {c.region: c.state.version for c in plane.controllers()}
         if len(set(versions.values())) > 1:
             problems.append(f"placement not converged: {versions}")

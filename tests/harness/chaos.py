@@ -30,7 +30,7 @@ import httpx
 from eventlog.http_headers import DEADLINE_HEADER, IDEMPOTENCY_KEY_HEADER, SERVED_BY_HEADER
 from eventlog.sharding import shard_of
 from regions.placement import place_shards
-from services.config import ClusterConfig, RegionConfig
+from services.config import ClusterConfig
 from services.deploy.db_roles import asyncpg_dsn
 from services.local.faultproxy import HEALED, FaultProxy, ProxySpec
 from services.local.plane import LocalPlane, RegionProcess
@@ -66,17 +66,15 @@ class ChaosPlane(LocalPlane):
         future = asyncio.run_coroutine_threadsafe(self._start_proxies(), self.loop)
         future.result(timeout=30)
         regions = [
-            RegionConfig(
-                name=r.name, url=r.url, dsn=r.dsn, capacity_weight=r.capacity_weight,
-                dsn_from={**r.dsn_from,  # the nodes' own roles; other regions via proxies
-                          **{s.name: _with_port(r.dsn_from.get(s.name, r.dsn),
-                                                self.proxies[f"{s.name}->{r.name}:db"].port)
-                             for s in self.members if s.name != r.name}},
-                peer_url=r.peer_url,
-                url_from={s.name: _with_port(r.peer_url or r.url,
-                                             self.proxies[f"{s.name}->{r.name}:http"].port)
-                          for s in self.members if s.name != r.name},
-            )
+            r.model_copy(update={
+                "dsn_from": {**r.dsn_from,  # the nodes' own roles; other regions via proxies
+                             **{s.name: _with_port(r.dsn_from.get(s.name, r.dsn),
+                                                   self.proxies[f"{s.name}->{r.name}:db"].port)
+                                for s in self.members if s.name != r.name}},
+                "url_from": {s.name: _with_port(r.peer_url or r.url,
+                                                self.proxies[f"{s.name}->{r.name}:http"].port)
+                             for s in self.members if s.name != r.name},
+            })
             for r in base.regions
         ]  # fmt: skip
         return base.model_copy(update={"regions": regions})

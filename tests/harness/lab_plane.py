@@ -16,7 +16,13 @@ from pathlib import Path
 from typing import Any
 
 from services.cluster_tls import issue_certificate, issue_cluster_tls
-from services.local.plane import REGION_NAMES, PlaneError, RegionProcess, _private_dir
+from services.local.plane import (
+    REGION_NAMES,
+    FurtherNode,
+    PlaneError,
+    RegionProcess,
+    _private_dir,
+)
 from services.local.plane_state import PlaneState, SavedDatabase
 from services.local.postgres import (
     DATABASE,
@@ -62,7 +68,10 @@ class HostedPgInstance(PgInstance):
 
 @dataclass
 class LabPlane(ChaosPlane):
-    """3 regions (``regions``), each on its own host of ``lab`` with ``cpu_quota`` cores."""
+    """3 regions (``regions``), each on its own host of ``lab`` with ``cpu_quota`` cores. With
+    ``nodes_per_region`` above 1 the region's host runs its PostgreSQL only, and each of its
+    nodes has a host of its own (``<region>-n<index>``), so that a node's host can crash
+    without its database."""
 
     lab: Lab | None = None
     cpu_quota: float | None = None
@@ -75,11 +84,16 @@ class LabPlane(ChaosPlane):
         names = REGION_NAMES[: self.regions]
         for name in names:
             self.hosts[name] = self.lab.add_host(name, cpu_quota=self.cpu_quota)
-        issued = issue_cluster_tls(
-            self.state_dir / "tls", names, [], hosts_of={n: [self.hosts[n].address] for n in names}
-        )
+            if self.nodes_per_region > 1:
+                for index in range(self.nodes_per_region):
+                    node_host = self.node_host_name(name, index)
+                    self.hosts[node_host] = self.lab.add_host(node_host, cpu_quota=self.cpu_quota)
+        addresses = {
+            n: [self.node_host(n, i).address for i in range(self.nodes_per_region)] for n in names
+        }
+        issued = issue_cluster_tls(self.state_dir / "tls", names, [], hosts_of=addresses)
         for name in names:
-            address = self.hosts[name].address
+            address = self.node_host(name, 0).address
             region_dir = self.state_dir / name
             _private_dir(region_dir, 0o700)
             self.members.append(
@@ -95,6 +109,32 @@ class LabPlane(ChaosPlane):
                     log_path=region_dir / "node.log",
                 )
             )
+            self.members[-1].more_nodes = [
+                FurtherNode(
+                    index=index,
+                    port=NODE_PORT,
+                    url=f"http://{addresses[name][index]}:{NODE_PORT}",
+                    peer_port=PEER_PORT,
+                    peer_url=f"https://{addresses[name][index]}:{PEER_PORT}",
+                    log_path=region_dir / f"node-{index}.log",
+                )
+                for index in range(1, self.nodes_per_region)
+            ]
+
+    @staticmethod
+    def node_host_name(region: str, index: int) -> str:
+        return f"{region}-n{index}"
+
+    def node_host(self, region: str, index: int) -> Host:
+        """The host of ``region``'s node ``index`` (its region's host, in a region of one)."""
+        if self.nodes_per_region == 1:
+            return self.hosts[region]
+        return self.hosts[self.node_host_name(region, index)]
+
+    def region_hosts(self, region: str) -> list[Host]:
+        """The hosts of ``region``: its database's and its nodes'."""
+        nodes = [self.node_host(region, i) for i in range(self.nodes_per_region)]
+        return [self.hosts[region], *(h for h in nodes if h is not self.hosts[region])]
 
     def _start_databases(self, saved: PlaneState | None) -> None:
         bindir = find_bindir()
@@ -123,7 +163,7 @@ class LabPlane(ChaosPlane):
             member.database = SavedDatabase(instance.name, instance.port, instance.password, True)
 
     def spawn_node(self, member: RegionProcess) -> subprocess.Popen[bytes]:
-        host = self.hosts[member.name]
+        host = self.node_host(member.name, 0)
         with member.log_path.open("ab") as log:
             return host.run(
                 self.node_command(member, host.address),
@@ -132,16 +172,33 @@ class LabPlane(ChaosPlane):
                 stderr=subprocess.STDOUT,
             )
 
+    def spawn_further_node(
+        self, member: RegionProcess, further: FurtherNode
+    ) -> subprocess.Popen[bytes]:
+        host = self.node_host(member.name, further.index)
+        with further.log_path.open("ab") as log:
+            return host.run(
+                self.further_node_command(member, further, host.address),
+                env=self.node_env(member),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+
     def kill_region(self, name: str) -> None:
-        """Crash the region's host: its node and its PostgreSQL killed at once."""
+        """Crash the region's hosts: its nodes and its PostgreSQL killed at once."""
         self.hosts[name].kill()
+        if self.nodes_per_region > 1:
+            for index in range(self.nodes_per_region):
+                self.node_host(name, index).kill()
 
     def partition(self, region: str) -> None:
         """Drop every packet between ``region``'s host and every other region's host."""
         assert self.lab is not None
-        for other in self.hosts:
-            if other != region:
-                self.lab.partition(self.hosts[region], self.hosts[other])
+        inside = self.region_hosts(region)
+        for host in self.hosts.values():
+            if host not in inside:
+                for own in inside:
+                    self.lab.partition(own, host)
 
     def heal(self) -> None:
         assert self.lab is not None

@@ -1,0 +1,202 @@
+"""Killing the node that leads a region of several nodes, under load, and what came of it.
+
+``node_kill`` runs appends without pause to conversations placed on the victim region (half
+through another region's node, forwarded; half through the victim's standby, forwarded inside
+the region), kills the victim's leading node with the caller's ``kill`` once every conversation
+was acked a few times, and goes on until each is acked a few times more. It reports the node's
+RTO (the kill to the last conversation's first ack after it), the placement before and after,
+what the standby's ``/healthz`` says, and every acked event missing from, or out of order in,
+the transcripts read at the end. The e2e test kills a process on loopback; the lab test kills a
+host. Both assert the same report.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from eventlog.http_headers import IDEMPOTENCY_KEY_HEADER
+from eventlog.sharding import shard_of
+from regions.placement import place_shards
+
+CONVERSATIONS = 4
+ACKS_BEFORE_KILL = 5
+ACKS_AFTER_KILL = 5
+RETRY_PAUSE_S = 0.05
+#: how long the load may go on without a conversation acked again: the test fails past it
+STALL_LIMIT_S = 60.0
+
+
+class Writer(threading.Thread):
+    """Appends to one conversation until told to stop, each with its own Idempotency-Key,
+    retrying a retryable answer or a lost connection with the same key; keeps what was acked
+    and when."""
+
+    def __init__(self, base_url: str, headers: dict[str, str], cid: str) -> None:
+        super().__init__(daemon=True)
+        self.client = httpx.Client(base_url=base_url, headers=headers, timeout=10.0)
+        self.cid = cid
+        self.acked: list[tuple[int, int, float]] = []  # (seq, n, monotonic time of the ack)
+        self.stop = threading.Event()
+        self.error: str | None = None
+
+    def run(self) -> None:
+        try:
+            n = 0
+            while not self.stop.is_set():
+                seq = self._append(n)
+                self.acked.append((seq, n, time.monotonic()))
+                n += 1
+        except Exception as exc:  # reported by the test, not lost in a thread
+            self.error = repr(exc)
+        finally:
+            self.client.close()
+
+    def _append(self, n: int) -> int:
+        body = {"type": "note", "payload": {"n": n}}
+        headers = {IDEMPOTENCY_KEY_HEADER: f"{self.cid}-{n}"}
+        give_up_s = time.monotonic() + STALL_LIMIT_S
+        while time.monotonic() < give_up_s:
+            try:
+                reply = self.client.post(
+                    f"/v1/conversations/{self.cid}/events", json=body, headers=headers
+                )
+            except httpx.TransportError:
+                time.sleep(RETRY_PAUSE_S)
+                continue
+            if reply.status_code in (200, 201):
+                return int(reply.json()["seq"])
+            assert reply.json()["error"]["retryable"] is True, reply.text
+            time.sleep(RETRY_PAUSE_S)
+        raise AssertionError(f"{self.cid}: append {n} not acked within {STALL_LIMIT_S} s")
+
+    def acks_after(self, t: float) -> int:
+        return sum(1 for _, _, at in self.acked if at > t)
+
+
+@dataclass
+class NodeKillReport:
+    killed: dict[str, Any]  # the node killed: index, url, node_pid
+    standby: dict[str, Any]  # the node that took over
+    rto_s: float
+    placement_before: dict[str, Any]
+    placement_after: dict[str, Any]
+    standby_health: dict[str, Any]
+    writer_errors: list[str] = field(default_factory=list)
+    #: per conversation: (acked, read back) where they differ
+    not_read_back: dict[str, tuple[list[tuple[int, int]], list[tuple[int, int]]]] = field(
+        default_factory=dict
+    )
+
+
+def nodes_of(info: dict[str, Any], region: str) -> list[dict[str, Any]]:
+    """The region's nodes as the plane's info names them: index, url, node_pid."""
+    found = next(r for r in info["regions"] if r["name"] == region)
+    first = {"index": 0, "url": found["url"], "node_pid": found["node_pid"]}
+    return [first, *found["more_nodes"]]
+
+
+def health(url: str) -> dict[str, Any]:
+    return dict(httpx.get(url + "/healthz", timeout=5.0, trust_env=False).json())
+
+
+def leading_node(info: dict[str, Any], region: str) -> dict[str, Any]:
+    """The region's node that says it leads shards (exactly one, asserted)."""
+    nodes = nodes_of(info, region)
+    leading = [n for n in nodes if health(n["url"])["shards_placed"] > 0]
+    assert len(leading) == 1, (region, [health(n["url"]) for n in nodes])
+    return leading[0]
+
+
+def conversations_on(info: dict[str, Any], region: str, count: int, prefix: str) -> list[str]:
+    cluster = json.loads(Path(info["cluster_file"]).read_text())
+    shard_count = int(cluster["shard_count"])
+    weights = {r["name"]: float(r["capacity_weight"]) for r in cluster["regions"]}
+    placement = place_shards(shard_count, weights)
+    cids = (f"{prefix}-{i}" for i in range(100_000))
+    return [c for c in cids if placement[shard_of(c, shard_count)] == region][:count]
+
+
+def node_kill(
+    info: dict[str, Any], victim: str, entry: str, kill: Callable[[dict[str, Any]], None]
+) -> NodeKillReport:
+    """Kill ``victim``'s leading node (``kill(node)``) under load entering at ``entry``."""
+    entry_url = next(r["url"] for r in info["regions"] if r["name"] == entry)
+    headers = {"Authorization": f"Bearer {info['api_key']}"}
+    operator = {"Authorization": f"Bearer {info['operator_api_key']}"}
+    killed = leading_node(info, victim)
+    standby = next(n for n in nodes_of(info, victim) if n["index"] != killed["index"])
+    with httpx.Client(base_url=entry_url, headers=operator, timeout=10.0) as client:
+        before = _answered(client, "GET", "/v1/placement")
+    cids = conversations_on(info, victim, CONVERSATIONS, f"node-kill-{time.time_ns()}")
+    with httpx.Client(base_url=entry_url, headers=headers, timeout=10.0) as client:
+        for cid in cids:
+            _answered(client, "POST", "/v1/conversations", {"conversation_id": cid})
+    entries = [entry_url, standby["url"]]
+    writers = [Writer(entries[i % 2], headers, cid) for i, cid in enumerate(cids)]
+    try:
+        for writer in writers:
+            writer.start()
+        _wait_for(lambda: all(len(w.acked) >= ACKS_BEFORE_KILL or w.error for w in writers))
+        killed_s = time.monotonic()
+        kill(killed)
+        _wait_for(
+            lambda: all(w.acks_after(killed_s) >= ACKS_AFTER_KILL or w.error for w in writers)
+        )
+    finally:
+        for writer in writers:
+            writer.stop.set()
+        for writer in writers:
+            writer.join(timeout=STALL_LIMIT_S)
+    errors = [f"{w.cid}: {w.error}" for w in writers if w.error]
+    rto_s = (
+        max(
+            (min(at for _, _, at in w.acked if at > killed_s) for w in writers if not w.error),
+            default=float("inf"),
+        )
+        - killed_s
+    )
+    with httpx.Client(base_url=entry_url, headers=operator, timeout=10.0) as client:
+        after = _answered(client, "GET", "/v1/placement")
+    report = NodeKillReport(killed, standby, rto_s, before, after, health(standby["url"]), errors)
+    with httpx.Client(base_url=entry_url, headers=headers, timeout=10.0) as client:
+        for writer in writers:
+            page = _answered(client, "GET", f"/v1/conversations/{writer.cid}/events?limit=1000")
+            read = [(e["seq"], e["payload"]["n"]) for e in page["events"]]
+            acked = [(seq, n) for seq, n, _ in writer.acked]
+            if read != acked:
+                report.not_read_back[writer.cid] = (acked, read)
+    return report
+
+
+def _answered(
+    client: httpx.Client, method: str, path: str, body: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """The request's JSON answer once it is 200 or 201 (a retryable 503 and a lost connection
+    are tried again, within ``STALL_LIMIT_S``)."""
+    give_up_s = time.monotonic() + STALL_LIMIT_S
+    while True:
+        try:
+            reply = client.request(method, path, json=body)
+        except httpx.TransportError:
+            reply = None
+        if reply is not None and reply.status_code in (200, 201):
+            return dict(reply.json())
+        if reply is not None and reply.status_code not in (503, 504):
+            raise AssertionError(f"{method} {path}: {reply.status_code} {reply.text}")
+        assert time.monotonic() < give_up_s, f"{method} {path} not answered: {reply}"
+        time.sleep(RETRY_PAUSE_S)
+
+
+def _wait_for(done: Callable[[], bool]) -> None:
+    deadline_s = time.monotonic() + STALL_LIMIT_S
+    while not done():
+        assert time.monotonic() < deadline_s, f"the load stalled for {STALL_LIMIT_S} s"
+        time.sleep(RETRY_PAUSE_S)
