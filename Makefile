@@ -33,7 +33,7 @@ test: install
 	$(BIN)/pytest -q -p no:cacheprovider tests
 
 test-fast: install
-	CONVPLANE_SIM_SEEDS=200 CONVPLANE_PLANE_SEEDS=100 $(BIN)/pytest -q -p no:cacheprovider tests/unit tests/sim
+	CONVPLANE_SIM_SEEDS=200 CONVPLANE_PLANE_SEEDS=100 CONVPLANE_NODE_SEEDS=40 $(BIN)/pytest -q -p no:cacheprovider tests/unit tests/sim
 
 sim: install
 	$(BIN)/convplane sim --seeds 2000

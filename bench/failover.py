@@ -9,6 +9,14 @@ directly: every acknowledged event must be on a quorum, exactly once, in order (
 must be 0). The last line printed is one JSON object.
 
     .venv/bin/python -m bench.failover [--rounds 20] [--shards 24]
+
+``--nodes-per-region 2`` kills, in each round, the node leading a region (SIGKILL of its
+process, its PostgreSQL untouched) instead of the whole region; the region's other node takes
+over. RTO per shard is then the kill to the first write *sent after it* and acknowledged
+(served by any region: it should be the victim's own), and a round whose placement changed
+counts in ``rounds_moved`` (it should be 0: a node's death moves no shard). The killed node is
+started again (a standby now) before the next round. ``--compare`` runs that, then the same
+rounds of region losses on a plane of one node per region, and prints the ratio of their p99.
 """
 
 from __future__ import annotations
@@ -21,10 +29,14 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
+
+import httpx
 
 from eventlog.sharding import shard_of
 from tests.harness.chaos import (
     FAST_ENV,
+    Ack,
     ChaosPlane,
     Writers,
     conversations_per_shard,
@@ -56,11 +68,16 @@ def explain_slowest(writers: Writers, times: dict[int, float | None], fault_s: f
             )
 
 
-async def run(rounds: int, shards: int, state_dir: Path) -> dict[str, object]:
+async def run(
+    rounds: int, shards: int, state_dir: Path, nodes_per_region: int = 1
+) -> dict[str, object]:
     os.environ.update(FAST_ENV)
     plane = ChaosPlane(
-        regions=3, state_dir=state_dir, base_port=0, postgres=True, shard_count=shards
-    )
+        regions=3, state_dir=state_dir, base_port=0, postgres=True, shard_count=shards,
+        nodes_per_region=nodes_per_region,
+    )  # fmt: skip
+    if nodes_per_region > 1:
+        return await _node_kills(plane, rounds, shards)
     info = await asyncio.to_thread(plane.start)
     urls = {r["name"]: r["url"] for r in info["regions"]}
     key = info["api_key"]
@@ -138,18 +155,133 @@ async def run(rounds: int, shards: int, state_dir: Path) -> dict[str, object]:
     }
 
 
+async def _node_kills(plane: ChaosPlane, rounds: int, shards: int) -> dict[str, object]:
+    """The rounds of ``--nodes-per-region``: kill a region's leading node, measure, restart it."""
+    info = await asyncio.to_thread(plane.start)
+    urls = {r["name"]: r["url"] for r in info["regions"]}
+    key = info["api_key"]
+    writers = Writers(urls, key, conversations_per_shard(shards), shards)
+    running = asyncio.create_task(writers.run())
+    rtos: list[float] = []
+    unrecovered = rounds_moved = 0
+    try:
+        await asyncio.sleep(2.0)
+        for i in range(rounds):
+            victim = sorted(urls)[i % len(urls)]
+            observer = next(r for r in sorted(urls) if r != victim)
+            before = await get_json(urls[observer], "/v1/placement", key)
+            led = sorted(int(s) for s, r in before["assignment"].items() if r == victim)
+            index = await asyncio.to_thread(leading_node_index, plane.info(), victim)
+            fault_s = time.monotonic()
+            await asyncio.to_thread(plane.kill_node, victim, index)
+
+            def times(led: list[int] = led, fault_s: float = fault_s) -> dict[int, float | None]:
+                return first_acks_sent_after(writers.acks, led, fault_s)
+
+            async def recovered(times: Any = times) -> bool:
+                if running.done():
+                    running.result()
+                return all(v is not None for v in times().values())
+
+            try:
+                await wait_until(recovered, RECOVERY_WAIT_S, "the victim's shards to ack")
+            except TimeoutError as exc:
+                print(f"round {i + 1}: {exc}", flush=True)
+            got = [v for v in times().values() if v is not None]
+            unrecovered += len(led) - len(got)
+            rtos.extend(got)
+            after = await get_json(urls[observer], "/v1/placement", key)
+            moved = after["assignment"] != before["assignment"] or after["down"] != []
+            rounds_moved += moved
+            print(
+                f"round {i + 1:2d}: killed {victim} node {index}, {len(led):2d} shards, "
+                f"rto max {max(got, default=float('nan')):.2f}s"
+                f"{', PLACEMENT CHANGED' if moved else ''}",
+                flush=True,
+            )
+            await asyncio.to_thread(plane.restart_node, victim, index)
+            await asyncio.to_thread(plane.wait_healthy)
+            await asyncio.sleep(1.0)
+        report = await audit_after_writers(plane, writers, running)
+    finally:
+        await tear_down(plane, writers, running)
+    for problem in report.problems:
+        print("audit:", problem)
+    print(
+        f"node RTO over {len(rtos)} shards in {rounds} node kills: "
+        f"p50 {percentile(rtos, 50):.2f}s p99 {percentile(rtos, 99):.2f}s "
+        f"max {max(rtos, default=float('nan')):.2f}s; unrecovered {unrecovered}; "
+        f"rounds that moved shards {rounds_moved}"
+    )
+    print(f"acked {report.acked} events, lost {report.acked_lost}")
+    return {
+        "nodes_per_region": plane.nodes_per_region,
+        "rounds": rounds,
+        "shards": shards,
+        "killed_leaders_shards": len(rtos) + unrecovered,
+        "unrecovered_shards": unrecovered,
+        "rounds_moved": rounds_moved,
+        "rto_p50_s": round(percentile(rtos, 50), 3),
+        "rto_p99_s": round(percentile(rtos, 99), 3),
+        "rto_max_s": round(max(rtos, default=float("nan")), 3),
+        "acked_events": report.acked,
+        "acked_lost": report.acked_lost,
+        "audit_problems": len(report.problems),
+    }
+
+
+def leading_node_index(info: dict[str, Any], region: str) -> int:
+    """Which node of ``region`` leads it: the one whose ``/healthz`` counts shards placed."""
+    found = next(r for r in info["regions"] if r["name"] == region)
+    for index, url in enumerate([found["url"], *(n["url"] for n in found["more_nodes"])]):
+        reply = httpx.get(url + "/healthz", timeout=5.0, trust_env=False)
+        if reply.status_code == 200 and reply.json()["shards_placed"] > 0:
+            return index
+    raise RuntimeError(f"no node of {region} leads it")
+
+
+def first_acks_sent_after(
+    acks: list[Ack], shards: list[int], fault_s: float
+) -> dict[int, float | None]:
+    """Per shard: the fault -> the first ack of a write sent after it (None: not yet)."""
+    out: dict[int, float | None] = {}
+    for shard in shards:
+        times = [a.acked_s for a in acks if a.shard == shard and a.sent_s >= fault_s]
+        out[shard] = min(times) - fault_s if times else None
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--shards", type=int, default=24)
+    parser.add_argument("--nodes-per-region", type=int, default=1)
+    parser.add_argument(
+        "--compare",
+        action="store_true",
+        help="--nodes-per-region 2 node kills, then as many region losses on one node each",
+    )
     args = parser.parse_args()
+    nodes = 2 if args.compare else args.nodes_per_region
+    results = [_in_temp_dir(args.rounds, args.shards, nodes)]
+    if args.compare:
+        results.append(_in_temp_dir(args.rounds, args.shards, 1))
+        node_p99, region_p99 = (float(str(r["rto_p99_s"])) for r in results)
+        ratio = node_p99 / region_p99 if region_p99 else float("nan")
+        print(f"node kill RTO p99 / region loss RTO p99, same run: {ratio:.3f}")
+        print(json.dumps({"node_kill": results[0], "region_loss": results[1],
+                          "p99_ratio": round(ratio, 3)}))  # fmt: skip
+        return
+    print(json.dumps(results[0]))
+
+
+def _in_temp_dir(rounds: int, shards: int, nodes_per_region: int) -> dict[str, object]:
     base = tempfile.mkdtemp(prefix="convplane-failover-")
     os.chmod(base, 0o711)  # the postgres user must traverse it
     try:
-        result = asyncio.run(run(args.rounds, args.shards, Path(base) / "plane"))
+        return asyncio.run(run(rounds, shards, Path(base) / "plane", nodes_per_region))
     finally:
         shutil.rmtree(base, ignore_errors=True)
-    print(json.dumps(result))
 
 
 if __name__ == "__main__":

@@ -695,6 +695,33 @@ class LocalPlane:
             self.attached.restart_region_workers(name)
         write_private_json(self.info_file, self.info())
 
+    def kill_node(self, name: str, index: int) -> None:
+        """SIGKILL node ``index`` of region ``name`` (its database untouched)."""
+        member = self._member(name)
+        node = member.node if index == 0 else member.more_nodes[index - 1].node
+        if node is not None and node.poll() is None:
+            _signal(node, signal.SIGKILL)
+            node.wait(timeout=STOP_TIMEOUT_S)
+        if index == 0:
+            member.exit_reported = True
+        else:
+            member.more_nodes[index - 1].exit_reported = True
+
+    def restart_node(self, name: str, index: int) -> None:
+        """Start node ``index`` of region ``name`` again (stopping it first if it runs): in a
+        region of several nodes, it comes back as a standby while another leads."""
+        member = self._member(name)
+        if index == 0:
+            _stop_processes([member.node] if member.node is not None else [])
+            member.node = self.spawn_node(member)
+            member.exit_reported = False
+        else:
+            further = member.more_nodes[index - 1]
+            _stop_processes([further.node] if further.node is not None else [])
+            further.node = self.spawn_further_node(member, further)
+            further.exit_reported = False
+        write_private_json(self.info_file, self.info())
+
     def adopt(self, saved: PlaneState) -> None:
         """Take the saved plane's keys and regions without starting anything (a tool acting on
         a detached plane: ``services.local.region_restart``)."""

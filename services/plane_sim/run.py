@@ -254,10 +254,7 @@ class _PlaneRun:
                 self.crashed_nodes.add(region)
                 self._fault("node_crash")
             elif choice < 0.58 and self.crashed_nodes:
-                back = rng.choice(sorted(self.crashed_nodes))
-                self.crashed_nodes.discard(back)
-                await plane.start_node(back)
-                self._fault("node_restart")
+                await self._restart_a_crashed_node(rng)
             elif choice < 0.63 and len(faulted | {region}) <= minority:
                 if plane.processes[region].node is not None:
                     plane.pause_node(region, True)
@@ -271,12 +268,7 @@ class _PlaneRun:
                 plane.wipe_replica(region)
                 self._fault("replica_disk_loss")
             elif choice < 0.80:
-                net.faults = NetworkFaults(
-                    delay_min_s=0.001,
-                    delay_max_s=rng.choice([0.005, 0.03, 0.1]),
-                    drop_p=rng.choice([0.0, 0.02, 0.08]),
-                    duplicate_p=rng.choice([0.0, 0.05, 0.2]),
-                )
+                net.faults = _network_faults(rng)
                 self._fault("loss_delay_duplication")
             else:
                 await self._operator(rng)
@@ -298,10 +290,7 @@ class _PlaneRun:
                     self.crashed_nodes.add(target)
                     self._fault("node_crash")
             elif choice < 0.60 and self.crashed_nodes:
-                back = rng.choice(sorted(self.crashed_nodes))
-                self.crashed_nodes.discard(back)
-                await plane.start_node(back)
-                self._fault("node_restart")
+                await self._restart_a_crashed_node(rng)
             elif choice < 0.72 and not self.crashes_only:
                 paused_regions = {p.region for p in plane.processes.values() if p.paused}
                 if not paused_regions:  # one region's nodes at a time (a minority)
@@ -314,13 +303,14 @@ class _PlaneRun:
                         plane.pause_node(process.name, False)
                 self._fault("node_resume")
             else:
-                net.faults = NetworkFaults(
-                    delay_min_s=0.001,
-                    delay_max_s=rng.choice([0.005, 0.03, 0.1]),
-                    drop_p=rng.choice([0.0, 0.02, 0.08]),
-                    duplicate_p=rng.choice([0.0, 0.05, 0.2]),
-                )
+                net.faults = _network_faults(rng)
                 self._fault("loss_delay_duplication")
+
+    async def _restart_a_crashed_node(self, rng: random.Random) -> None:
+        back = rng.choice(sorted(self.crashed_nodes))
+        self.crashed_nodes.discard(back)
+        await self.plane.start_node(back)
+        self._fault("node_restart")
 
     def _siblings_running(self, target: str) -> int:
         region = self.plane.processes[target].region
@@ -630,6 +620,16 @@ class _PlaneRun:
                 continue
             assert isinstance(written, AppendedEvent)
         return problems
+
+
+def _network_faults(rng: random.Random) -> NetworkFaults:
+    """Loss, delay and duplication, drawn from ``rng``."""
+    return NetworkFaults(
+        delay_min_s=0.001,
+        delay_max_s=rng.choice([0.005, 0.03, 0.1]),
+        drop_p=rng.choice([0.0, 0.02, 0.08]),
+        duplicate_p=rng.choice([0.0, 0.05, 0.2]),
+    )
 
 
 def _moves_control(entry: LogEntry) -> bool:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 from collections import Counter
+from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
 
 import pytest
@@ -42,8 +43,18 @@ def test_every_seed_keeps_every_invariant() -> None:
     assert not failures, f"failing seeds (--nodes-per-region 2 --start SEED): {failures}"
 
 
-def test_node_crashes_stay_inside_their_region_and_hung_holders_fail_it_over() -> None:
+@pytest.fixture
+def quiet() -> Iterator[None]:
+    """A seed logs every fault it survives; this process's logging is left as it was."""
     logging.disable(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        logging.disable(logging.NOTSET)
+
+
+@pytest.mark.usefixtures("quiet")
+def test_node_crashes_stay_inside_their_region_and_hung_holders_fail_it_over() -> None:
     faults: Counter[str] = Counter()
     moved_after_pauses = 0
     for seed in range(20):
@@ -58,16 +69,17 @@ def test_node_crashes_stay_inside_their_region_and_hung_holders_fail_it_over() -
     assert moved_after_pauses > 0  # a paused lease holder's region did fail over
 
 
+@pytest.mark.usefixtures("quiet")
 def test_the_same_seed_replays_exactly() -> None:
     assert run_plane_seed(3, nodes_per_region=2) == run_plane_seed(3, nodes_per_region=2)
 
 
+@pytest.mark.usefixtures("quiet")
 def test_the_checker_catches_a_dead_holder_whose_lease_never_frees(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A lease that outlives its crashed holder leaves the region to nobody: its standby cannot
     take over, falls silent and the region fails over, which node crashes must never cause."""
-    logging.disable(logging.CRITICAL)
 
     async def kept(self: SimLease) -> None:
         return None

@@ -18,6 +18,7 @@ from eventlog.node import LogNode
 from services.config import ClusterConfig, NodeAddress, NodeSettings, RegionConfig
 from services.control.controller import Controller
 from services.control.region_nodes import RegionNodes, node_target, target_region
+from services.plane_sim.plane import SimLease, SimRegionLock
 
 REGIONS = ("a", "b", "c")
 SHARDS = 6
@@ -42,30 +43,6 @@ def cluster(more_nodes: int = 1) -> ClusterConfig:
     )
 
 
-class SharedLock:
-    """What the region's database is to its nodes' leases: one holder at a time."""
-
-    def __init__(self) -> None:
-        self.holder: object | None = None
-
-
-class MemoryLease:
-    def __init__(self, lock: SharedLock) -> None:
-        self.lock = lock
-
-    async def try_acquire(self) -> bool:
-        if self.lock.holder is None:
-            self.lock.holder = self
-        return self.lock.holder is self
-
-    async def still_held(self) -> bool:
-        return self.lock.holder is self
-
-    async def close(self) -> None:
-        if self.lock.holder is self:
-            self.lock.holder = None
-
-
 class Replies:
     """A prober answering each probe target from a table (None: no answer)."""
 
@@ -80,7 +57,7 @@ def controller(
     region: str,
     index: int,
     replicas: dict[str, MemoryReplica],
-    lease: MemoryLease | None,
+    lease: SimLease | None,
     prober: Any = None,
 ) -> Controller:
     plane = cluster()
@@ -101,9 +78,9 @@ async def _reconciled(control: Controller) -> None:
 
 async def test_only_the_lease_holder_leads_and_a_standby_takes_over_when_it_dies() -> None:
     replicas = {r: MemoryReplica(r) for r in REGIONS}
-    lock = SharedLock()
-    first = controller("a", 0, replicas, MemoryLease(lock))
-    second = controller("a", 1, replicas, MemoryLease(lock))
+    lock = SimRegionLock()
+    first = controller("a", 0, replicas, SimLease(lock))
+    second = controller("a", 1, replicas, SimLease(lock))
     placed = first.placement().shards_of("a")
     assert placed  # the static placement gives region a shards
 
@@ -127,11 +104,11 @@ async def test_only_the_lease_holder_leads_and_a_standby_takes_over_when_it_dies
 
 async def test_a_holder_that_loses_the_lease_resigns_every_shard() -> None:
     replicas = {r: MemoryReplica(r) for r in REGIONS}
-    lock = SharedLock()
-    holder = controller("a", 0, replicas, MemoryLease(lock))
+    lock = SimRegionLock()
+    holder = controller("a", 0, replicas, SimLease(lock))
     await _reconciled(holder)
     assert holder.node.led_shards()
-    lock.holder = object()  # its session ended and another node took the lock
+    lock.holder = SimLease(lock)  # its session ended and another node took the lock
     await holder._keep_lease()
     assert not holder.leads_region
     assert holder.node.led_shards() == []
@@ -185,9 +162,9 @@ async def test_peers_follow_the_node_that_leads_a_region() -> None:
 async def test_a_standby_learns_which_sibling_leads_its_region() -> None:
     replicas = {r: MemoryReplica(r) for r in REGIONS}
     replies: dict[str, dict[str, Any] | None] = {"a/1": _reply("a", 1, leads=True, led=[0])}
-    lock = SharedLock()
-    lock.holder = object()  # a sibling holds the lease
-    standby = controller("a", 0, replicas, MemoryLease(lock), Replies(replies))
+    lock = SimRegionLock()
+    lock.holder = SimLease(lock)  # a sibling holds the lease
+    standby = controller("a", 0, replicas, SimLease(lock), Replies(replies))
     await standby._keep_lease()
     assert not standby.answers_probes()  # it has not heard the region led yet
     await standby._probe_siblings()
@@ -201,9 +178,9 @@ async def test_a_standby_falls_silent_when_the_node_leading_its_region_hangs() -
     stops answering probes, and the region fails over as a region of one hung node would."""
     replicas = {r: MemoryReplica(r) for r in REGIONS}
     replies: dict[str, dict[str, Any] | None] = {"a/1": _reply("a", 1, leads=True, led=[0])}
-    lock = SharedLock()
-    lock.holder = object()
-    standby = controller("a", 0, replicas, MemoryLease(lock), Replies(replies))
+    lock = SimRegionLock()
+    lock.holder = SimLease(lock)
+    standby = controller("a", 0, replicas, SimLease(lock), Replies(replies))
     await standby._probe_siblings()
     assert standby.answers_probes()
     replies["a/1"] = None  # hung: no answer, lease kept
