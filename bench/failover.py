@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import os
 import shutil
@@ -200,7 +201,11 @@ async def _node_kills(plane: ChaosPlane, rounds: int, shards: int) -> dict[str, 
                 flush=True,
             )
             await asyncio.to_thread(plane.restart_node, victim, index)
-            await asyncio.to_thread(plane.wait_healthy)
+            await wait_until(
+                functools.partial(node_answers, plane.info(), victim, index),
+                RECOVERY_WAIT_S,
+                "the killed node to answer again",
+            )
             await asyncio.sleep(1.0)
         report = await audit_after_writers(plane, writers, running)
     finally:
@@ -228,6 +233,17 @@ async def _node_kills(plane: ChaosPlane, rounds: int, shards: int) -> dict[str, 
         "acked_lost": report.acked_lost,
         "audit_problems": len(report.problems),
     }
+
+
+async def node_answers(info: dict[str, Any], region: str, index: int) -> bool:
+    """Whether node ``index`` of ``region`` answers ``/healthz`` with 200 (a standby does)."""
+    found = next(r for r in info["regions"] if r["name"] == region)
+    url = [found["url"], *(n["url"] for n in found["more_nodes"])][index]
+    async with httpx.AsyncClient(timeout=1.0, trust_env=False) as client:
+        try:
+            return (await client.get(url + "/healthz")).status_code == 200
+        except httpx.HTTPError:
+            return False
 
 
 def leading_node_index(info: dict[str, Any], region: str) -> int:

@@ -16,10 +16,17 @@ import signal
 import time
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 
-from services.local.plane import HEALTH_POLL_S, LocalPlane, PlaneError, write_private_json
+from services.local.plane import (
+    HEALTH_POLL_S,
+    FurtherNode,
+    LocalPlane,
+    PlaneError,
+    write_private_json,
+)
 from services.local.plane_processes import pid_alive, stop_pids
 from services.local.plane_state import STATE_FILE_NAME, load_state
 
@@ -47,11 +54,18 @@ def stop_region(state_dir: Path, region: str) -> str:
     Its shards fail over as they would at the region's loss; ``up``'s supervisor reports the
     exit and leaves it stopped until ``restart_region``."""
     info = read_info(state_dir.resolve())
-    pid = region_entry(info, state_dir, region).get("node_pid")
-    if not (isinstance(pid, int) and pid_alive(pid)):
+    entry = region_entry(info, state_dir, region)
+    pids = [p for p in _node_pids(entry) if pid_alive(p)]
+    if not pids:
         return f"{region}'s node is not running"
-    stop_pids({pid: signal.SIGTERM})
-    return f"{region}'s node stopped (pid {pid})"
+    stop_pids(dict.fromkeys(pids, signal.SIGTERM))
+    return f"{region}'s node stopped (pid {', '.join(map(str, pids))})"
+
+
+def _node_pids(entry: dict[str, Any]) -> list[int]:
+    """The pids of a region's nodes in cluster.json: its first node's, then its further ones'."""
+    pids = [entry.get("node_pid"), *(n.get("node_pid") for n in entry.get("more_nodes", []))]
+    return [p for p in pids if isinstance(p, int)]
 
 
 def restart_requests(state_dir: Path) -> list[str]:
@@ -92,8 +106,8 @@ def _restart_detached(state_dir: Path, info: dict[str, Any], region: str) -> Non
     plane.adopt(saved)
     entry = next(r for r in info["regions"] if r["name"] == region)
     member = next(m for m in plane.members if m.name == region)
-    if isinstance(old_node := entry.get("node_pid"), int) and pid_alive(old_node):
-        stop_pids({old_node: signal.SIGTERM})
+    if running := [p for p in _node_pids(entry) if pid_alive(p)]:
+        stop_pids(dict.fromkeys(running, signal.SIGTERM))
     if saved.postgres:
         db_pid = entry.get("db_pid")
         if not (isinstance(db_pid, int) and pid_alive(db_pid)):
@@ -103,8 +117,25 @@ def _restart_detached(state_dir: Path, info: dict[str, Any], region: str) -> Non
             entry["db_pid"] = member.db.pid
     member.node = plane.spawn_node(member)
     entry["node_pid"] = member.node.pid
+    for further_entry in entry.get("more_nodes", []):  # on the ports the cluster file says
+        further = FurtherNode(
+            index=further_entry["index"],
+            port=_port(further_entry["url"]),
+            url=further_entry["url"],
+            peer_port=_port(further_entry["peer_url"]),
+            peer_url=further_entry["peer_url"],
+            log_path=Path(further_entry["log"]),
+        )
+        member.more_nodes.append(further)
+        further_entry["node_pid"] = plane.spawn_further_node(member, further).pid
     write_private_json(state_dir / "cluster.json", info)
     plane.wait_healthy([member])
+
+
+def _port(url: str) -> int:
+    port = urlsplit(url).port
+    assert port is not None, url
+    return port
 
 
 def _wait_healthy(url: str, request_pending: Any) -> None:
