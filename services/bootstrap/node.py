@@ -349,7 +349,7 @@ async def open_runtime(
             ops=ops,
             replicas=replicas,
             peers=peers,
-            peer_urls=peer_listener_urls,
+            peer_urls=controller.nodes.peer_urls(),  # each region's leading node
             peer_secret=cluster.peer_secret,
             load=load,
             clock=clock,
@@ -360,7 +360,7 @@ async def open_runtime(
         def sample_load() -> Awaitable[PlaneLoad]:
             return plane_load(
                 peers,
-                peer_listener_urls,
+                controller.nodes.peer_urls(),
                 settings.region,
                 {PEER_AUTH_HEADER: cluster.peer_secret} if cluster.peer_secret else {},
                 load,

@@ -594,21 +594,26 @@ class LocalPlane:
         urls = [member.url, *(n.url for n in member.more_nodes)]
         said: list[str] = []
         ready_without_shards = 0
+
+        def label(url: str) -> str:  # which node said it, where the region has several
+            return f"{url}: " if len(urls) > 1 else ""
+
         for url in urls:
             try:
                 reply = client.get(url + "/healthz")
             except httpx.HTTPError as exc:
-                said.append(f"{url}: no answer ({type(exc).__name__})")
+                said.append(f"{label(url)}no answer ({type(exc).__name__})")
                 continue
-            said.append(f"{url}: {reply.status_code} {reply.text[:300]}")
+            said.append(f"{label(url)}{reply.status_code} {reply.text[:300]}")
             if reply.status_code != 200:
                 continue
             if len(urls) == 1 or reply.json().get("shards_placed", 0) > 0:
                 return True, said[-1]
             ready_without_shards += 1
+        if ready_without_shards < len(urls):
+            return False, "; ".join(said)
         placed = place_shards(self.shard_count, {m.name: 1.0 for m in self.members})
-        places_none = member.name not in placed.values()
-        return ready_without_shards == len(urls) and places_none, "; ".join(said)
+        return member.name not in placed.values(), "; ".join(said)
 
     def _not_healthy(self, pending: list[RegionProcess], last_reply: dict[str, str]) -> str:
         """What the user needs to see why: each pending node's last /healthz and log tail."""

@@ -277,7 +277,7 @@ class CanaryFleet:
         self._owners = owners
         self._drill_of = drill_of
         self._peers = peers
-        self._peer_urls = dict(peer_urls)
+        self._peer_urls = peer_urls  # read live: a region's leading node may change
         self._peer_headers = {PEER_AUTH_HEADER: peer_secret} if peer_secret else {}
         self._peer_call_timeout_s = peer_call_timeout_s
         self._model_revision = model_revision

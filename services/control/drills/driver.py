@@ -122,7 +122,7 @@ class DrillDriver:
         self.load = load
         self._replicas = dict(replicas)
         self._peers = peers
-        self._peer_urls = dict(peer_urls)
+        self._peer_urls = peer_urls  # read live: a region's leading node may change
         self._peer_headers = {PEER_AUTH_HEADER: peer_secret} if peer_secret else {}
         self._clock = clock
         self._capacity_per_s = region_append_capacity_per_s
