@@ -12,19 +12,22 @@ from typing import Any, Generic, Self, TypeVar
 from convplane_client._cluster_file import read_cluster_file
 from convplane_client._config import ClientConfig, Clock, SystemClock
 from convplane_client._operations import Operations
+from convplane_client._routing import RegionUrls
 
 H = TypeVar("H")
 
 
 class ClientBase(Generic[H]):
     """``regions``: ``{region name: base url}`` of the plane's nodes (any of them takes any
-    request; a conversation's requests go to the region serving it while it answers).
+    request; a conversation's requests go to the region serving it while it answers), or
+    ``{region name: [base url, ...]}`` for regions of several nodes (the next is tried when
+    one does not answer).
     ``api_key``: a tenant key. ``http_client``, ``clock`` and ``rng`` are injectable (tests,
     proxies, TLS settings)."""
 
     def __init__(
         self,
-        regions: Mapping[str, str],
+        regions: Mapping[str, RegionUrls],
         api_key: str,
         *,
         config: ClientConfig | None = None,
@@ -52,7 +55,7 @@ class ClientBase(Generic[H]):
 
     @property
     def regions(self) -> Mapping[str, str]:
-        """Base url per region name."""
+        """Base url per region name (of a region of several nodes: the one in use now)."""
         return self._ops.routing.urls
 
     def routed_region(self, conversation_id: str) -> str | None:

@@ -7,11 +7,15 @@ import json
 from pathlib import Path
 
 
-def read_cluster_file(path: Path) -> tuple[dict[str, str], str]:
-    """``({region name: url}, tenant api key)`` from a local plane's ``cluster.json``."""
+def read_cluster_file(path: Path) -> tuple[dict[str, list[str]], str]:
+    """``({region name: its nodes' urls}, tenant api key)`` from a local plane's
+    ``cluster.json`` (a region's first node first, then its ``more_nodes``)."""
     info = json.loads(path.read_text())
     try:
-        regions = {str(r["name"]): str(r["url"]) for r in info["regions"]}
+        regions = {
+            str(r["name"]): [str(r["url"]), *(str(n["url"]) for n in r.get("more_nodes", []))]
+            for r in info["regions"]
+        }
         return regions, str(info["api_key"])
     except (KeyError, TypeError) as exc:
         raise ValueError(

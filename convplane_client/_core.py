@@ -34,7 +34,7 @@ from convplane_client._errors import (
     error_from_response,
 )
 from convplane_client._headers import DEADLINE_HEADER, IDEMPOTENCY_KEY_HEADER, SERVED_BY_HEADER
-from convplane_client._routing import RoutingTable
+from convplane_client._routing import RegionUrls, RoutingTable
 
 T = TypeVar("T")
 
@@ -89,7 +89,7 @@ class Call:
 class Core:
     def __init__(
         self,
-        regions: Mapping[str, str],
+        regions: Mapping[str, RegionUrls],
         api_key: str,
         *,
         config: ClientConfig,

@@ -6,22 +6,38 @@ conversation, the region that serves it (from ``/route``, a create's ``leader_re
 ``not_leader`` hint and every answer's ``X-Convplane-Served-By``), sends there while that region
 answers, and otherwise falls back to the first region, in the caller's order, that has not
 failed to answer within ``region_unreachable_s``.
+
+A region may be given several node URLs (a region of several nodes: ``convplane up
+--nodes-per-region``). A node that does not answer passes the region's traffic to its next
+node; the region counts as not answering only once each of its nodes failed in a row.
 """
 
 from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+
+#: a region's base url, or its nodes' (the first tried first)
+RegionUrls = str | Sequence[str]
 
 
 class RoutingTable:
     def __init__(
-        self, regions: Mapping[str, str], *, routes_max: int, region_unreachable_s: float
+        self, regions: Mapping[str, RegionUrls], *, routes_max: int, region_unreachable_s: float
     ) -> None:
         if not regions:
             raise ValueError("the client needs at least one region: {name: base url}")
-        self.urls = {name: url.rstrip("/") for name, url in regions.items()}
+        self._nodes = {
+            name: [u.rstrip("/") for u in ([urls] if isinstance(urls, str) else urls)]
+            for name, urls in regions.items()
+        }
+        if not all(self._nodes.values()):
+            raise ValueError("every region needs at least one url")
+        #: the url each region's requests go to now: its node that last answered
+        self.urls = {name: nodes[0] for name, nodes in self._nodes.items()}
+        #: nodes of each region that failed in a row since one answered
+        self._failed_in_row: dict[str, int] = {}
         self._order = list(self.urls)
         self._routes_max = routes_max
         self._unreachable_s = region_unreachable_s
@@ -60,9 +76,17 @@ class RoutingTable:
                 self._routes.popitem(last=False)
 
     def unreachable(self, region: str, conversation_id: str | None, now_s: float) -> None:
-        """``region`` did not answer: pass it over for a while, and forget it as the
-        conversation's route (the next answer teaches the new one)."""
+        """``region`` did not answer: its next node takes its traffic, if it has one that has
+        not failed since one answered; else pass the region over for a while, and forget it as
+        the conversation's route (the next answer teaches the new one)."""
         with self._lock:
+            nodes = self._nodes[region]
+            failed = self._failed_in_row.get(region, 0) + 1
+            self._failed_in_row[region] = failed
+            if len(nodes) > 1:
+                self.urls[region] = nodes[(nodes.index(self.urls[region]) + 1) % len(nodes)]
+                if failed < len(nodes):
+                    return
             self._unreachable_until[region] = now_s + self._unreachable_s
             if conversation_id is not None and self._routes.get(conversation_id) == region:
                 del self._routes[conversation_id]
@@ -70,6 +94,7 @@ class RoutingTable:
     def answered(self, region: str) -> None:
         with self._lock:
             self._unreachable_until.pop(region, None)
+            self._failed_in_row.pop(region, None)
 
     def any_reachable(self, now_s: float) -> bool:
         with self._lock:
