@@ -12,15 +12,17 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    SerializerFunctionWrapHandler,
     StringConstraints,
     ValidationInfo,
     field_validator,
+    model_serializer,
     model_validator,
 )
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -70,6 +72,16 @@ class RegionConfig(BaseModel):
     #: replica database, and whichever holds the region's lease leads the region's shards
     #: while the others stand by to take over (``services.control.region_lease``)
     more_nodes: list[NodeAddress] = Field(default_factory=list, max_length=15)
+
+    @model_serializer(mode="wrap")
+    def _without_empty_more_nodes(self, serialize: SerializerFunctionWrapHandler) -> Any:
+        """A region of one node is written as before ``more_nodes`` existed: a node of an
+        earlier release (which forbids unknown fields) still reads a cluster file this
+        release wrote, during a rolling upgrade or after a rollback."""
+        data = serialize(self)
+        if isinstance(data, dict) and not self.more_nodes:
+            data.pop("more_nodes", None)
+        return data
 
     def peer_url_for(self, source: str) -> str:
         """The URL a node of region ``source`` uses for peer traffic to this region's first

@@ -6,6 +6,7 @@ leads the region, and count the region up while any of its nodes answers."""
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 from typing import Any
 
@@ -203,3 +204,15 @@ def test_probe_targets_name_a_region_and_its_node() -> None:
 def test_a_node_index_the_region_does_not_have_is_refused() -> None:
     with pytest.raises(ValueError, match="node_index 2"):
         NodeSettings(region="a", node_index=2, cluster=cluster(more_nodes=1)).load_cluster()
+
+
+def test_a_cluster_file_of_one_node_regions_is_written_as_before_more_nodes() -> None:
+    """An earlier release forbids unknown fields: during a rolling upgrade (or after a
+    rollback) its nodes must still read a cluster file this release wrote (``convplane keys``
+    rewrites it), as long as no region has further nodes."""
+    one_node = cluster(more_nodes=0)
+    written = json.loads(one_node.model_dump_json())
+    assert all("more_nodes" not in region for region in written["regions"])
+    two_nodes = cluster(more_nodes=1)
+    read_back = ClusterConfig.model_validate_json(two_nodes.model_dump_json())
+    assert read_back == two_nodes and read_back.regions[0].node_count == 2
