@@ -303,6 +303,9 @@ async def open_runtime(
         )
         instruments = ReplicaInstruments(replica_call_histogram())
         replicas = timed_replicas(black_holed_replicas(opened, hole), instruments, clock)
+        lease = await open_own_lease(settings, cluster)
+        if lease is not None:  # released last: once every leader of this node has stopped
+            stack.push_async_callback(lease.close)
         node = build_log_node(settings, cluster, replicas, clock, rng)
         stack.push_async_callback(node.close)
         # runs first, once everything that could still lead or write has stopped
@@ -337,9 +340,6 @@ async def open_runtime(
         # place_shards) assigns here, follows failovers and failbacks, and sets leader hints.
         prober = adapters.peer_prober(settings, cluster, hole)
         stack.push_async_callback(prober.close)
-        lease = await open_own_lease(settings, cluster)
-        if lease is not None:  # released once the controller stopped and its leaders resigned
-            stack.push_async_callback(lease.close)
         controller = build_controller(settings, cluster, node, replicas, prober, clock, rng, lease)
         controller.record_listeners.append(ops.apply_entry)
         controller.control_excluded = ops.region_loss_targets

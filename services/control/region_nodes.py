@@ -36,6 +36,9 @@ class RegionNodes:
         self._peer_urls = {r.name: r.node_peer_urls(source_region) for r in cluster.regions}
         self._leading: dict[str, int] = {r.name: 0 for r in cluster.regions}
 
+    def regions(self) -> list[str]:
+        return list(self._peer_urls)
+
     def node_count(self, region: str) -> int:
         return len(self._peer_urls[region])
 
@@ -79,7 +82,7 @@ class _LeadingUrls(Mapping[str, str]):
             raise KeyError(region) from None
 
     def __iter__(self) -> Iterator[str]:
-        return iter(self._nodes._peer_urls)
+        return iter(self._nodes.regions())
 
     def __len__(self) -> int:
-        return len(self._nodes._peer_urls)
+        return len(self._nodes.regions())
