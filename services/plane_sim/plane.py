@@ -327,6 +327,12 @@ class SimPlane:
         else:
             self.net.frozen.discard(target)
 
+    def resume_all(self) -> None:
+        """Every paused node wakes up (``pause_node``)."""
+        for process in self.processes.values():
+            if process.paused:
+                self.pause_node(process.name, False)
+
     def blip(self, region: str, on: bool) -> None:
         """A network blip at ``region``'s node: every packet it sends or is sent is lost (its
         calls hang until their deadlines), while its process runs on with all its memory."""

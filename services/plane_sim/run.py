@@ -260,9 +260,7 @@ class _PlaneRun:
                     plane.pause_node(region, True)
                     self._fault("node_pause")
             elif choice < 0.68:
-                for process in plane.processes.values():
-                    if process.paused:
-                        plane.pause_node(process.name, False)
+                plane.resume_all()
                 self._fault("node_resume")
             elif choice < 0.70 and not plane.wiped and len(faulted | {region}) <= minority:
                 plane.wipe_replica(region)
@@ -298,9 +296,7 @@ class _PlaneRun:
                     plane.pause_node(target, True)
                     self._fault("node_pause")
             elif choice < 0.84:
-                for process in plane.processes.values():
-                    if process.paused:
-                        plane.pause_node(process.name, False)
+                plane.resume_all()
                 self._fault("node_resume")
             else:
                 net.faults = _network_faults(rng)
@@ -504,9 +500,7 @@ class _PlaneRun:
         net.crashed.clear()
         net.stalled_s.clear()
         net.faults = NetworkFaults()
-        for process in plane.processes.values():
-            if process.paused:
-                plane.pause_node(process.name, False)
+        plane.resume_all()
         for region in sorted(self.crashed_nodes):
             await plane.start_node(region)
         self.crashed_nodes.clear()
