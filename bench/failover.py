@@ -10,12 +10,13 @@ must be 0). The last line printed is one JSON object.
 
     .venv/bin/python -m bench.failover [--rounds 20] [--shards 24]
 
-``--nodes-per-region 2`` kills, in each round, the node leading a region (SIGKILL of its
-process, its PostgreSQL untouched) instead of the whole region; the region's other node takes
-over. RTO per shard is then the kill to the first write *sent after it* and acknowledged
-(served by any region: it should be the victim's own), and a round whose placement changed
-counts in ``rounds_moved`` (it should be 0: a node's death moves no shard). The killed node is
-started again (a standby now) before the next round. ``--compare`` runs that, then the same
+``--nodes-per-region 2`` kills, in each round, one node of a region (SIGKILL of its process,
+its PostgreSQL untouched; the first and second node in turn) instead of the whole region; the
+region's other node takes over the shards of its node slot. RTO per shard is then the kill to
+the first write *sent after it* and acknowledged (served by any region: it should be the
+victim's own), and a round whose placement changed counts in ``rounds_moved`` (it should be 0:
+a node's death moves no shard). The killed node is started again, and takes its slot back,
+before the next round. ``--compare`` runs that, then the same
 rounds of region losses on a plane of one node per region, and prints the ratio of their p99.
 """
 
@@ -35,6 +36,7 @@ from typing import Any
 import httpx
 
 from eventlog.sharding import shard_of
+from regions.placement import node_slot
 from tests.harness.chaos import (
     FAST_ENV,
     Ack,
@@ -157,7 +159,7 @@ async def run(
 
 
 async def _node_kills(plane: ChaosPlane, rounds: int, shards: int) -> dict[str, object]:
-    """The rounds of ``--nodes-per-region``: kill a region's leading node, measure, restart it."""
+    """The rounds of ``--nodes-per-region``: kill one node of a region, measure, restart it."""
     info = await asyncio.to_thread(plane.start)
     urls = {r["name"]: r["url"] for r in info["regions"]}
     key = info["api_key"]
@@ -170,9 +172,18 @@ async def _node_kills(plane: ChaosPlane, rounds: int, shards: int) -> dict[str, 
         for i in range(rounds):
             victim = sorted(urls)[i % len(urls)]
             observer = next(r for r in sorted(urls) if r != victim)
+            await wait_until(
+                functools.partial(slots_led_by_their_nodes, plane.info(), victim),
+                RECOVERY_WAIT_S,
+                "the victim's nodes to split its shards",
+            )
             before = await get_json(urls[observer], "/v1/placement", key)
-            led = sorted(int(s) for s, r in before["assignment"].items() if r == victim)
-            index = await asyncio.to_thread(leading_node_index, plane.info(), victim)
+            index = (i // len(urls)) % plane.nodes_per_region
+            led = sorted(
+                int(s)
+                for s, r in before["assignment"].items()
+                if r == victim and node_slot(int(s), plane.nodes_per_region) == index
+            )
             fault_s = time.monotonic()
             await asyncio.to_thread(plane.kill_node, victim, index)
 
@@ -202,9 +213,9 @@ async def _node_kills(plane: ChaosPlane, rounds: int, shards: int) -> dict[str, 
             )
             await asyncio.to_thread(plane.restart_node, victim, index)
             await wait_until(
-                functools.partial(node_answers, plane.info(), victim, index),
+                functools.partial(slots_led_by_their_nodes, plane.info(), victim),
                 RECOVERY_WAIT_S,
-                "the killed node to answer again",
+                "the killed node to lead its slot again",
             )
             await asyncio.sleep(1.0)
         report = await audit_after_writers(plane, writers, running)
@@ -235,25 +246,20 @@ async def _node_kills(plane: ChaosPlane, rounds: int, shards: int) -> dict[str, 
     }
 
 
-async def node_answers(info: dict[str, Any], region: str, index: int) -> bool:
-    """Whether node ``index`` of ``region`` answers ``/healthz`` with 200 (a standby does)."""
+async def slots_led_by_their_nodes(info: dict[str, Any], region: str) -> bool:
+    """Whether every node of ``region`` answers ``/healthz`` leading all the shards of its own
+    node slot, and some."""
     found = next(r for r in info["regions"] if r["name"] == region)
-    url = [found["url"], *(n["url"] for n in found["more_nodes"])][index]
     async with httpx.AsyncClient(timeout=1.0, trust_env=False) as client:
-        try:
-            return (await client.get(url + "/healthz")).status_code == 200
-        except httpx.HTTPError:
-            return False
-
-
-def leading_node_index(info: dict[str, Any], region: str) -> int:
-    """Which node of ``region`` leads it: the one whose ``/healthz`` counts shards placed."""
-    found = next(r for r in info["regions"] if r["name"] == region)
-    for index, url in enumerate([found["url"], *(n["url"] for n in found["more_nodes"])]):
-        reply = httpx.get(url + "/healthz", timeout=5.0, trust_env=False)
-        if reply.status_code == 200 and reply.json()["shards_placed"] > 0:
-            return index
-    raise RuntimeError(f"no node of {region} leads it")
+        for url in [found["url"], *(n["url"] for n in found["more_nodes"])]:
+            try:
+                reply = await client.get(url + "/healthz")
+            except httpx.HTTPError:
+                return False
+            body = reply.json() if reply.status_code == 200 else {}
+            if not 0 < body.get("shards_led", 0) == body.get("shards_placed"):
+                return False
+    return True
 
 
 def first_acks_sent_after(

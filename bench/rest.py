@@ -45,10 +45,17 @@ side's throughput grows with cores (``--cpus 1`` against the default, all of the
 
 ``--lab`` (root; ``tests.harness.lab``) runs both sides on hosts of a lab on this machine,
 each with ``--host-cpu`` cores of CPU quota: each region (its node and its PostgreSQL) on its
-own host, and the peer's primary and each standby on their own. wrk and the peer's client run
+own host (with ``--growth`` or several nodes per region: its PostgreSQL, and each node on a
+host of its own), and the peer's primary and each standby on their own. wrk and the peer's client run
 outside the lab, unquota'd, as clients would. A lab run compares per host, where a plain run
 compares per machine: the JSON's ``hosts`` gives each host's cores used in the measured runs
 against its quota (the plane's route mode; the peer's best run).
+
+``--nodes-per-region N`` runs the plane with N nodes per region (``convplane up
+--nodes-per-region``; on the lab, each node on a host of its own), the route mode sending each
+conversation to the node that ``/route`` says leads it (``node_url``). ``--growth`` measures
+the route mode on a plane of one node per region first, in the same run, and reports
+``growth_ratio``: the events/s of N nodes per region over that of one.
 
 Every process started here is stopped on exit, also on Ctrl-C or SIGTERM.
 """
@@ -212,7 +219,7 @@ def measure_mode(
         {"type": "message.user", "payload": {"content": payload_text(args.payload_bytes, 1)}}
     )
     regions = plane_info["regions"]
-    groups = {f"node-{r['name']}": int(r["node_pid"]) for r in regions}
+    groups = node_pids(plane_info)
     groups |= {f"postgres-{r['name']}": int(r["db_pid"]) for r in regions}
     url = regions[0]["url"]
     threads = len(targets)
@@ -251,12 +258,29 @@ def measure_mode(
     return result
 
 
+def node_pids(plane_info: dict[str, Any]) -> dict[str, int]:
+    """Each node process's pid by group name: ``node-<region>`` for a region of one node,
+    ``node-<region>/<index>`` for each node of a region of several (each a host of its own on
+    the lab, apart from the region's PostgreSQL)."""
+    groups = {}
+    for region in plane_info["regions"]:
+        nodes = [region, *region.get("more_nodes", [])]
+        for index, node in enumerate(nodes):
+            name = region["name"] if len(nodes) == 1 else f"{region['name']}/{index}"
+            groups[f"node-{name}"] = int(node["node_pid"])
+    return groups
+
+
+def node_urls(plane_info: dict[str, Any]) -> list[str]:
+    return [node["url"] for r in plane_info["regions"] for node in [r, *r.get("more_nodes", [])]]
+
+
 def append_statuses(plane_info: dict[str, Any]) -> dict[str, float]:
     """Appends answered so far, by status, summed over the nodes' /metrics (warm-ups and
     forwards included: a forwarded append is counted at its entry node and at its leader)."""
     counts: dict[str, float] = {}
-    for region in plane_info["regions"]:
-        text = httpx.get(region["url"] + "/metrics", timeout=CALL_TIMEOUT_S).text
+    for url in node_urls(plane_info):
+        text = httpx.get(url + "/metrics", timeout=CALL_TIMEOUT_S).text
         for line in text.splitlines():
             if line.startswith("convplane_http_requests_total{") and all(
                 label in line for label in APPEND_LABELS
@@ -270,10 +294,11 @@ def append_statuses(plane_info: dict[str, Any]) -> dict[str, float]:
 
 
 def create_conversations(plane_info: dict[str, Any], count: int) -> dict[str, list[str]]:
-    """``count`` conversations created through the first region; their ids by serving region."""
+    """``count`` conversations created through the first region; their ids by the client URL
+    of the node serving them (``/route``'s ``node_url``)."""
     regions = plane_info["regions"]
     headers = {"Authorization": f"Bearer {plane_info['api_key']}"}
-    by_region: dict[str, list[str]] = {r["name"]: [] for r in regions}
+    by_node: dict[str, list[str]] = {url: [] for url in node_urls(plane_info)}
     with httpx.Client(base_url=regions[0]["url"], headers=headers, timeout=CALL_TIMEOUT_S) as http:
         for index in range(count):
             conversation_id = f"bench-rest-{index}"
@@ -282,8 +307,8 @@ def create_conversations(plane_info: dict[str, Any], count: int) -> dict[str, li
             ).raise_for_status()
             route = http.get(f"/v1/conversations/{conversation_id}/route")
             route.raise_for_status()
-            by_region[route.json()["region"]].append(conversation_id)
-    return by_region
+            by_node[route.json()["node_url"]].append(conversation_id)
+    return by_node
 
 
 def host_port(url: str) -> tuple[str, int]:
@@ -291,20 +316,26 @@ def host_port(url: str) -> tuple[str, int]:
     return parts.hostname or "127.0.0.1", parts.port or 80
 
 
-def start_plane(work: Path, args: argparse.Namespace, lab: Lab | None) -> LocalPlane:
-    """3 regions on PostgreSQL: on this machine's loopback, or each on its own host of ``lab``."""
+def start_plane(
+    work: Path, args: argparse.Namespace, lab: Lab | None, nodes_per_region: int
+) -> LocalPlane:
+    """3 regions on PostgreSQL: on this machine's loopback, or each on its own host of ``lab``
+    (each of its nodes on another, with several)."""
+    state_dir = work / f"plane-{nodes_per_region}"
     if lab is not None:
         return lab_plane(
-            lab, work / "plane", args.shards, cpu_quota=args.host_cpu,
-            demo_requests_per_s=BENCH_TENANT_REQUESTS_PER_S,
+            lab, state_dir, args.shards, cpu_quota=args.host_cpu,
+            demo_requests_per_s=BENCH_TENANT_REQUESTS_PER_S, nodes_per_region=nodes_per_region,
+            node_hosts=args.growth,  # one node per region on its own host too: like for like
         )  # fmt: skip
     return LocalPlane(
         regions=3,
-        state_dir=work / "plane",
+        state_dir=state_dir,
         base_port=0,
         postgres=True,
         shard_count=args.shards,
         demo_requests_per_s=BENCH_TENANT_REQUESTS_PER_S,
+        nodes_per_region=nodes_per_region,
     )
 
 
@@ -319,19 +350,24 @@ def start_peer(
 
 
 def measure_plane(
-    work: Path, args: argparse.Namespace, lab: Lab | None
+    work: Path,
+    args: argparse.Namespace,
+    lab: Lab | None,
+    nodes_per_region: int,
+    *,
+    route_only: bool = False,
 ) -> dict[str, dict[str, Any]]:
-    plane = start_plane(work, args, lab)
+    plane = start_plane(work, args, lab, nodes_per_region)
     try:
         info = plane.start()
-        by_region = create_conversations(info, args.conversations)
-        print(f"conversations by serving region: { {r: len(c) for r, c in by_region.items()} }")
-        route_targets = []
-        for region in info["regions"]:
-            host, port = host_port(region["url"])
-            route_targets.append(Target(host, port, by_region[region["name"]]))
+        by_node = create_conversations(info, args.conversations)
+        print(f"conversations by serving node: { {u: len(c) for u, c in by_node.items()} }")
+        route_targets = [Target(*host_port(url), ids) for url, ids in by_node.items() if ids]
+        if route_only:
+            label = f"route-{nodes_per_region}"
+            return {"route": measure_mode(label, route_targets, info, work, args)}
         host, port = host_port(info["regions"][0]["url"])
-        everything = [c for ids in by_region.values() for c in ids]
+        everything = [c for ids in by_node.values() for c in ids]
         any_targets = [Target(host, port, everything[i::3]) for i in range(3)]
         modes = {
             "route": measure_mode("route", route_targets, info, work, args),
@@ -420,6 +456,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="each region and each peer server on its own lab host (root)")  # fmt: skip
     p.add_argument("--host-cpu", type=float, default=0.5,
                    help="with --lab: each host's CPU quota, in cores")  # fmt: skip
+    p.add_argument("--nodes-per-region", type=int, default=1, choices=range(1, 9),
+                   help="node processes per region (each on a host of its own with --lab)")  # fmt: skip
+    p.add_argument("--growth", action="store_true",
+                   help="also the route mode with 1 node per region, for growth_ratio")  # fmt: skip
     p.add_argument("--py-spy", type=Path, help="record the first node with py-spy into DIR")
     p.add_argument("--py-spy-region", type=int, default=0, choices=(0, 1, 2),
                    help="record this region's node instead (0: the any-region entry node)")  # fmt: skip
@@ -500,7 +540,12 @@ def main(argv: list[str] | None = None) -> int:
         # the peer before and after the plane: this machine's speed drifts by tens of percent
         # within minutes, and a ratio against one side of the drift would say more about it
         peer = {} if args.no_peer else measure_peer(work, args, [args.connections], "before", lab)
-        modes = measure_plane(work, args, lab)
+        single = (
+            measure_plane(work, args, lab, 1, route_only=True)["route"]
+            if args.growth and args.nodes_per_region > 1
+            else None
+        )
+        modes = measure_plane(work, args, lab, args.nodes_per_region)
         if not args.no_peer:
             counts = sorted({args.connections, PEER_WRITERS_MAX})
             peer |= measure_peer(work, args, counts, "after", lab)
@@ -527,7 +572,11 @@ def main(argv: list[str] | None = None) -> int:
         "connections": route["connections"],
         "seconds": args.seconds,
         "cpus": len(cpus),
+        "nodes_per_region": args.nodes_per_region,
     }
+    if single is not None:
+        result["one_node_per_region_events_per_s"] = single["events_per_s"]
+        result["growth_ratio"] = round(route["events_per_s"] / single["events_per_s"], 3)
     for kind in ("reads", "pages"):
         if kind in modes:
             result[kind] = reads_summary(modes[kind], peer, kind)

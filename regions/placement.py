@@ -31,3 +31,12 @@ def place_shards(shard_count: int, weights: Mapping[str, float]) -> dict[int, st
     if not any(w > 0 for w in weights.values()):
         raise ValueError("no region with positive capacity weight")
     return {shard: rank_regions(shard, weights)[0] for shard in range(shard_count)}
+
+
+def node_slot(shard: int, node_count: int) -> int:
+    """Which of a region's ``node_count`` node slots leads ``shard`` while the region leads it:
+    a stable hash, so a shard keeps its slot through every failover and failback of regions
+    (the node holding that slot's lease leads it, ``eventlog.stores.region_lease``)."""
+    if node_count == 1:
+        return 0
+    return stable_hash(f"slot/{shard}") % node_count

@@ -69,8 +69,9 @@ class RegionConfig(BaseModel):
     #: connection limits, so client connections cannot starve it. Absent: peers use ``url``.
     peer_url: str | None = None
     #: the region's further nodes (its first is at ``url`` / ``peer_url``): they share its
-    #: replica database, and whichever holds the region's lease leads the region's shards
-    #: while the others stand by to take over (``services.control.region_lease``)
+    #: replica database and split the region's shards by node slot, each led by the node
+    #: holding the slot's lease; a node takes over a dead sibling's slot
+    #: (``services.control.node_slots``)
     more_nodes: list[NodeAddress] = Field(default_factory=list, max_length=15)
 
     @model_serializer(mode="wrap")
@@ -311,8 +312,8 @@ class NodeSettings(BaseSettings):
     never_seen_grace_s: float = Field(default=5.0, ge=0.0)
     #: how often a node learns the committed placement and reconciles its leadership
     placement_poll_s: float = Field(default=0.1, gt=0.0)
-    #: in a region of several nodes: how often a standby tries to take the region's lease,
-    #: and the lease holder checks that it still holds it (``services.control.region_lease``)
+    #: in a region of several nodes: how often a node asks for the node slot leases it may
+    #: take, and checks that it still holds its own (``services.control.node_slots``)
     region_lease_poll_s: float = Field(default=0.1, gt=0.0)
     #: one replica read of the control shard
     control_read_timeout_s: float = Field(default=1.0, gt=0.0)

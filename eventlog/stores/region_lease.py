@@ -1,7 +1,9 @@
-"""A region's lease: which one of a region's nodes leads the shards placed on the region.
+"""A region's slot leases: which of a region's nodes leads which of the shards placed on it.
 
-The region's nodes share its replica database, so the database decides, and the holder's death
-releases the lease by itself, with no timeout to wait out:
+A region of N nodes splits the shards placed on it into N slots (``regions.placement.node_slot``); the
+node that holds a slot's lease leads that slot's shards. The region's nodes share its replica
+database, so the database decides, and a holder's death releases its leases by itself, with no
+timeout to wait out:
 
 * **PostgreSQL**: a session-level advisory lock in the region's own database, on a connection
   kept open for it. A node that dies closes its connection (its process: at once; its host: when
@@ -9,7 +11,7 @@ releases the lease by itself, with no timeout to wait out:
 * **SQLite** (every node on one machine): an exclusive ``flock`` on a file beside the database,
   which the kernel releases when the holding process exits.
 
-The lease only says who *should* lead. Safety does not rest on it: two nodes that both believe
+A lease only says who *should* lead. Safety does not rest on it: two nodes that both believe
 they hold it (a holder cut from its database while a standby takes the lock) only fence each
 other's epochs on the replicas, as any two leaders of a shard do.
 """
@@ -29,10 +31,10 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from eventlog.sharding import stable_hash
 from eventlog.stores._engine import StoreConfig, dialect_of, make_engine
 
-#: the advisory lock's first key ("conl"); the second is the region's hash, so regions that
-#: share one database (tests) hold leases of their own
+#: the advisory lock's first key ("conl"); the second is the slot's hash, so regions that share
+#: one database (tests) hold leases of their own
 LEASE_KEY = 0x636F6E6C
-#: the suffix of the SQLite lease file, beside the database file
+#: the suffix of the SQLite lease file of slot 0, beside the database file (slot i: ``-i`` more)
 SQLITE_LEASE_SUFFIX = "-region-lease"
 
 
@@ -43,21 +45,32 @@ class RegionLease(Protocol):
     async def still_held(self) -> bool:
         """Whether this node still holds the lease it took (False once it is lost)."""
 
+    async def release(self) -> None:
+        """Give the lease up, if held; it may be taken again later."""
+
     async def close(self) -> None:
         """Release the lease, if held, and what it holds."""
 
+    @property
+    def reachable(self) -> bool:
+        """Whether the last call reached the lease's store (a node that cannot reach it could
+        not lead the slot, so does not ask for it back)."""
 
-async def open_region_lease(dsn: str, region: str, *, timeout_s: float) -> RegionLease:
-    """The lease of ``region``, whose replica database is at ``dsn``; each call under
-    ``timeout_s``."""
+
+async def open_region_lease(
+    dsn: str, region: str, slot: int = 0, *, timeout_s: float
+) -> RegionLease:
+    """The lease of ``region``'s node slot ``slot``, whose replica database is at ``dsn``; each
+    call under ``timeout_s``. Slot 0's lease is the one a region of an earlier release had."""
     if dialect_of(dsn) == "postgresql":
-        return PostgresRegionLease(dsn, region, timeout_s=timeout_s)
-    path = dsn.split(":///", 1)[1]
-    return FileRegionLease(path + SQLITE_LEASE_SUFFIX)
+        name = region if slot == 0 else f"{region}/{slot}"
+        return PostgresRegionLease(dsn, name, timeout_s=timeout_s)
+    path = dsn.split(":///", 1)[1] + SQLITE_LEASE_SUFFIX
+    return FileRegionLease(path if slot == 0 else f"{path}-{slot}")
 
 
 class PostgresRegionLease:
-    def __init__(self, dsn: str, region: str, *, timeout_s: float) -> None:
+    def __init__(self, dsn: str, name: str, *, timeout_s: float) -> None:
         limits = StoreConfig(
             statement_timeout_s=timeout_s,
             connect_timeout_s=timeout_s,
@@ -65,10 +78,15 @@ class PostgresRegionLease:
             pool_max_overflow=0,
         )
         self._engine = make_engine(dsn, limits, autocommit=True)
-        self._keys = {"key": LEASE_KEY, "region": stable_hash(region) & 0x7FFFFFFF}
+        self._keys = {"key": LEASE_KEY, "region": stable_hash(name) & 0x7FFFFFFF}
         self._timeout_s = timeout_s
         self._connection: AsyncConnection | None = None
         self._held = False
+        self._reachable = True
+
+    @property
+    def reachable(self) -> bool:
+        return self._reachable
 
     async def try_acquire(self) -> bool:
         if self._held:
@@ -80,8 +98,10 @@ class PostgresRegionLease:
                     self._connection = await self._engine.connect()
                 result = await self._connection.execute(statement, self._keys)
                 self._held = bool(result.scalar_one())
+            self._reachable = True
         except (OSError, SQLAlchemyError, TimeoutError):
-            await self._drop()
+            self._reachable = False
+            await self.release()
         return self._held
 
     async def still_held(self) -> bool:
@@ -90,20 +110,26 @@ class PostgresRegionLease:
         try:  # the session lives, so its lock does (nothing here ever unlocks it)
             async with asyncio.timeout(self._timeout_s):
                 await self._connection.execute(text("SELECT 1"))
+            self._reachable = True
         except (OSError, SQLAlchemyError, TimeoutError):
-            await self._drop()
+            self._reachable = False
+            await self.release()
         return self._held
 
     async def close(self) -> None:
-        await self._drop()
+        await self.release()
         await self._engine.dispose()
 
-    async def _drop(self) -> None:
-        """Forget the lease and close its connection: the session ends and the server
-        releases the lock (if the connection still reaches it)."""
+    async def release(self) -> None:
+        """Forget the lease and end its session: the server releases the lock (at once, if
+        the connection still reaches it). The connection is invalidated, not returned to the
+        pool: a pooled connection keeps its session, and so the lock."""
         self._held = False
         connection, self._connection = self._connection, None
         if connection is not None:
+            with contextlib.suppress(Exception):
+                async with asyncio.timeout(self._timeout_s):
+                    await connection.invalidate()
             with contextlib.suppress(Exception):
                 async with asyncio.timeout(self._timeout_s):
                     await connection.close()
@@ -113,6 +139,10 @@ class FileRegionLease:
     def __init__(self, path: str) -> None:
         self._path = path
         self._fd: int | None = None
+
+    @property
+    def reachable(self) -> bool:
+        return True  # a file beside the database, on the node's own machine
 
     async def try_acquire(self) -> bool:
         if self._fd is not None:
@@ -130,6 +160,9 @@ class FileRegionLease:
         return self._fd is not None  # the kernel never takes a flock back from a live holder
 
     async def close(self) -> None:
+        await self.release()
+
+    async def release(self) -> None:
         fd, self._fd = self._fd, None
         if fd is not None:
             os.close(fd)  # releases the lock

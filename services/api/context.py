@@ -26,6 +26,7 @@ from services.api.auth import Tenants
 from services.api.errors import ForwardFailed, OutcomeUnknown
 from services.api.forwarding import FORWARDED_HEADER, Forwarder
 from services.api.metrics import Metrics
+from services.api.peer_trust import peer_region
 from services.api.roles import require_read_only_viewer
 from services.config import ClusterConfig, NodeSettings, TenantConfig
 from services.control.audit_log import AuditPostLimiter
@@ -54,9 +55,9 @@ class ApiState:
     rng: random.Random
     readiness: Callable[[], tuple[int, int]]  # (shards placed here, shards led now)
     tracing: NodeTracing | None = None  # None: tracing off (services.tracing)
-    #: whether this node stands by while another node of its region leads the region
-    #: (``services.control.region_nodes``): what it is sent for the region goes there
-    standby: Callable[[], bool] = lambda: False
+    #: whether another node of this node's region leads the shard while the region does
+    #: (``services.control.node_slots``): what this node is sent for it goes there
+    led_by_sibling: Callable[[int], bool] = lambda shard: False
 
 
 @dataclass
@@ -131,15 +132,15 @@ class RequestContext:
             raise DeadlineExceeded("the request's deadline passed") from exc
         except NotLeader as exc:
             leader = exc.leader_region
-            if leader in (None, self.api.region) and self.api.standby():
-                # a standby names its own region as no leader (``LogNode``): the region's
-                # shards are led by its node that holds the region's lease
+            if leader in (None, self.api.region) and self.api.led_by_sibling(exc.shard):
+                # a node names its own region (or no leader) for a shard of its region that
+                # a sibling leads (``LogNode``): the sibling holds the shard's node slot
                 leader = self.api.region
             elif leader is None or leader == self.api.region:
                 if exc.retry_after_s is None:
                     exc.retry_after_s = self.api.settings.retry_after_default_s
                 raise
-            if self.forwarded:
+            if self.forwarded and not self._may_hop_in_region(leader):
                 raise ForwardFailed(
                     f"forwarded request reached {self.api.region}, which does not lead shard "
                     f"{exc.shard} (hint: {leader}); not forwarding twice",
@@ -148,12 +149,22 @@ class RequestContext:
             return await self.api.forwarder.forward(
                 self.request,
                 target_region=leader,
+                shard=exc.shard,
                 deadline_s=self.deadline_s,
                 is_write=is_write,
                 body=forward_body,
                 batchable=batchable,
                 repeatable=repeatable,
             )
+
+    def _may_hop_in_region(self, leader: str) -> bool:
+        """A request another region forwarded here may go on to a sibling node of this region
+        once (the forwarding peer's view of which node leads the shard lagged); one a sibling
+        forwarded here may not, so no request circles."""
+        return leader == self.api.region and peer_region(self.request.scope) not in (
+            None,
+            self.api.region,
+        )
 
 
 def _deadline_s(api: ApiState, request: Request) -> float:

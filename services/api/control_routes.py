@@ -29,6 +29,7 @@ from services.api import schemas
 from services.api.context import RequestContext, app_services, request_context
 from services.api.forwarding import PEER_AUTH_HEADER
 from services.api.openapi import CHAT_APPS, OPERATORS, errors
+from services.api.peer_trust import peer_region
 from services.api.replay_routes import affinity_body, live_request_fields
 from services.api.roles import OPERATOR_ROLES, require_role
 from services.control.controller import Controller
@@ -102,6 +103,10 @@ async def get_route(ctx: Context, conversation_id: ConversationIdPath) -> Any:
         return {
             "conversation_id": conversation_id,
             "region": controller.region,
+            "node": controller.settings.node_index,
+            "node_url": ctx.api.cluster.region(controller.region).node_urls()[
+                controller.settings.node_index
+            ],
             "shard": shard,
             "epoch": leader.epoch,
             "placement_version": controller.placement().version,
@@ -160,12 +165,14 @@ def _require_peer(request: Request) -> None:
 @peer_router.get("/health", response_model=bodies.PeerHealth)
 async def peer_health(request: Request) -> dict[str, Any]:
     """Internal: a node's probe reply (its suspects and led shards) for failure detection.
-    A standby whose region nobody leads answers 503: its peers must not count the region up
-    on its word (``Controller.answers_probes``)."""
+    A node of a region some of whose node slots nobody leads now answers other regions 503:
+    they must not count the region up on its word (``Controller.answers_probes``). Its
+    siblings always get the reply: it is how they learn which slots it holds."""
     _require_peer(request)
     controller = _controller(request)
-    if not controller.answers_probes():
-        raise Unavailable(f"a standby of {controller.region}, which no node of it leads now")
+    sibling = peer_region(request.scope) == controller.region
+    if not sibling and not controller.answers_probes():
+        raise Unavailable(f"a node of {controller.region}, some of whose slots nobody leads now")
     return controller.health_reply()
 
 

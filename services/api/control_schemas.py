@@ -113,6 +113,16 @@ class Route(BaseModel):
 
     conversation_id: str
     region: str = Field(description="the region that should serve the next turn")
+    node: int = Field(
+        default=0,
+        description="which of the region's nodes leads the conversation's shard (0: its first, "
+        "at the region's url; 1..: its more_nodes, in the cluster file's order)",
+    )
+    node_url: str | None = Field(
+        default=None,
+        description="that node's client URL: a client that sends the conversation there saves "
+        "a hop inside a region of several nodes",
+    )
     shard: int
     epoch: int
     placement_version: int
@@ -146,8 +156,12 @@ class PeerHealth(BaseModel):
     region: str
     #: which of the region's nodes answered (``RegionConfig.more_nodes``)
     node: int = 0
-    #: whether that node leads the region (holds its lease); a standby does not
+    #: whether that node leads any of the region's node slots (holds its lease)
     leads_region: bool = True
+    #: the region's node slots whose leases that node holds (``services.control.node_slots``)
+    slots: list[int] = Field(default_factory=lambda: [0])
+    #: whether that node asks for its own slot back from the sibling that holds it
+    wants_own_slot: bool = False
     suspects: list[str]
     led_shards: list[int]
     placement_version: int

@@ -368,7 +368,7 @@ class AppendBatcher:
         repeatable: bool,
         deadline_s: float,
     ) -> Response:
-        lane = self._lanes.setdefault(target_region, _Lane())
+        lane = self._lanes.setdefault(f"{target_region} {base_url}", _Lane())
         if len(lane.queue) >= self._limits.queue_max:
             self._count(target_region, "queue_full")
             raise Overloaded(f"too many appends waiting to be forwarded to {target_region}")

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 from urllib.parse import quote
 
@@ -50,6 +50,7 @@ from services.api.forward_batch import (
 )
 from services.api.forward_exchange import BatchExchange, HttpxBatchExchange
 from services.api.metrics import Metrics
+from services.control.region_nodes import PeerUrlOf
 from services.peer_protocol import PEER_PROTOCOL_HEADERS
 
 __all__ = ["DEADLINE_HEADER", "FORWARDED_HEADER", "PEER_AUTH_HEADER", "Forwarder"]
@@ -84,7 +85,7 @@ class Forwarder:
         self,
         *,
         client: httpx.AsyncClient,
-        peer_urls: Mapping[str, str],
+        peer_url: PeerUrlOf,
         clock: Clock,
         rng: random.Random,
         metrics: Metrics,
@@ -121,7 +122,7 @@ class Forwarder:
         self._peer_reachable = peer_reachable
         self._peer_secret = peer_secret
         self._source_region = source_region
-        self._peer_urls = peer_urls  # read live: a region's leading node may change
+        self._peer_url = peer_url  # read live: the node leading a shard may change
         self._clock = clock
         self._rng = rng
         self._metrics = metrics
@@ -133,18 +134,20 @@ class Forwarder:
         request: Request,
         *,
         target_region: str,
+        shard: int | None = None,
         deadline_s: float,
         is_write: bool,
         body: bytes | None = None,
         batchable: bool = False,
         repeatable: bool = False,
     ) -> Response:
-        """Send ``request`` (or it with ``body`` instead of its own) to ``target_region``;
+        """Send ``request`` (or it with ``body`` instead of its own) to ``target_region``'s node
+        that leads ``shard`` (None: the control shard's node);
         ``batchable``: an append, which may travel in a batch with others; ``repeatable``: an
         append the leader answers again with the first one's result (an Idempotency-Key or a
         tool event, ``eventlog.conversation_state.repeat_gets_first_result``), which may be
         sent again after a lost attempt."""
-        base_url = self._peer_urls.get(target_region)
+        base_url = self._peer_url(target_region, shard)
         if base_url is None:
             raise ForwardFailed(f"leader region {target_region!r} is not in the cluster file")
         if self._peer_reachable is not None and not self._peer_reachable(target_region):

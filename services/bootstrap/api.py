@@ -4,7 +4,7 @@ admission, the console's origins and counters, and the replay routes' state. The
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
@@ -30,6 +30,7 @@ from services.control.node_metrics import (
     ReplayJobRecorder,
 )
 from services.control.readiness import ReadinessCollector
+from services.control.region_nodes import PeerUrlOf, fixed_peer_urls
 from services.tracing import NodeTracing
 
 
@@ -48,7 +49,7 @@ async def open_api(
 ) -> AsyncIterator[AppServices]:
     forwarder = Forwarder(
         client=runtime.peers,
-        peer_urls=_leading_node_urls(runtime, settings),
+        peer_url=_leading_node_url(runtime, settings),
         clock=runtime.clock,
         rng=runtime.rng,
         metrics=metrics,
@@ -93,7 +94,7 @@ async def open_api(
         rng=runtime.rng,
         readiness=runtime.readiness,
         tracing=tracing,
-        standby=_standby(runtime, settings),
+        led_by_sibling=_led_by_sibling(runtime, settings),
     )
     if runtime.controller is not None:
         metrics.watch_loops(runtime.controller.supervisor)
@@ -134,22 +135,25 @@ async def open_api(
         await admission.close()
 
 
-def _standby(runtime: NodeRuntime, settings: NodeSettings) -> Callable[[], bool]:
+def _led_by_sibling(runtime: NodeRuntime, settings: NodeSettings) -> Callable[[int], bool]:
     controller = runtime.controller
     if controller is None:
-        return lambda: False
-    return lambda: (
-        not controller.leads_region
-        and controller.nodes.leading_node(settings.region) != settings.node_index
+        return lambda shard: False
+    return lambda shard: (
+        not controller.slots.leads(shard)
+        and controller.nodes.leading_node(settings.region, shard) != settings.node_index
     )
 
 
-def _leading_node_urls(runtime: NodeRuntime, settings: NodeSettings) -> Mapping[str, str]:
-    """Where forwards to each region go: the peer listener of the node leading it, as the
-    controller last heard (``services.control.region_nodes``)."""
-    if runtime.controller is None:
-        return {r.name: r.peer_url_for(settings.region) for r in runtime.cluster.regions}
-    return runtime.controller.nodes.peer_urls()
+def _leading_node_url(runtime: NodeRuntime, settings: NodeSettings) -> PeerUrlOf:
+    """Where forwards of each shard to each region go: the peer listener of the region's node
+    that leads it, as the controller last heard (``services.control.region_nodes``)."""
+    controller = runtime.controller
+    if controller is None:
+        return fixed_peer_urls(
+            {r.name: r.peer_url_for(settings.region) for r in runtime.cluster.regions}
+        )
+    return controller.nodes.peer_url_of()
 
 
 def _peer_reachable(runtime: NodeRuntime) -> Callable[[str], bool] | None:

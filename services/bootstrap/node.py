@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import random
 import ssl
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
 
@@ -110,13 +110,17 @@ async def open_replica_stores(
 LEASE_CALL_TIMEOUT_S = 5.0
 
 
-async def open_own_lease(settings: NodeSettings, cluster: ClusterConfig) -> RegionLease | None:
-    """The lease of this node's region, when the region has several nodes (None: one)."""
+async def open_own_leases(settings: NodeSettings, cluster: ClusterConfig) -> list[RegionLease]:
+    """The leases of this node's region's node slots, one per node, when the region has several
+    nodes (none: one)."""
     own = cluster.region(settings.region)
     if own.node_count == 1:
-        return None
+        return []
     dsn = own.dsn_from.get(settings.region, own.dsn)
-    return await open_region_lease(dsn, settings.region, timeout_s=LEASE_CALL_TIMEOUT_S)
+    return [
+        await open_region_lease(dsn, settings.region, slot, timeout_s=LEASE_CALL_TIMEOUT_S)
+        for slot in range(own.node_count)
+    ]
 
 
 def _region_of(by_address: Callable[[str], str | None]) -> Callable[[str], str | None]:
@@ -148,12 +152,12 @@ def build_controller(
     prober: PeerProber,
     clock: Clock,
     rng: random.Random,
-    lease: RegionLease | None = None,
+    leases: Sequence[RegionLease] = (),
 ) -> Controller:
     """The controller over ``node``, and the node told which regions the controller suspects
     (a suspected region's replica is not waited for). The whole-plane simulator
-    (``services.plane_sim``) wires its nodes with this too. ``lease``: the region's, where it
-    has several nodes."""
+    (``services.plane_sim``) wires its nodes with this too. ``leases``: the region's node
+    slots', where it has several nodes."""
     controller = Controller(
         settings=settings,
         cluster=cluster,
@@ -162,7 +166,7 @@ def build_controller(
         prober=prober,
         clock=clock,
         rng=rng,
-        lease=lease,
+        leases=leases,
     )
     # the own region's replica never counts as unreachable: the node reaches it directly
     node.set_region_health(
@@ -303,8 +307,8 @@ async def open_runtime(
         )
         instruments = ReplicaInstruments(replica_call_histogram())
         replicas = timed_replicas(black_holed_replicas(opened, hole), instruments, clock)
-        lease = await open_own_lease(settings, cluster)
-        if lease is not None:  # released last: once every leader of this node has stopped
+        leases = await open_own_leases(settings, cluster)
+        for lease in leases:  # released last: once every leader of this node has stopped
             stack.push_async_callback(lease.close)
         node = build_log_node(settings, cluster, replicas, clock, rng)
         stack.push_async_callback(node.close)
@@ -340,7 +344,7 @@ async def open_runtime(
         # place_shards) assigns here, follows failovers and failbacks, and sets leader hints.
         prober = adapters.peer_prober(settings, cluster, hole)
         stack.push_async_callback(prober.close)
-        controller = build_controller(settings, cluster, node, replicas, prober, clock, rng, lease)
+        controller = build_controller(settings, cluster, node, replicas, prober, clock, rng, leases)
         controller.record_listeners.append(ops.apply_entry)
         controller.control_excluded = ops.region_loss_targets
         drills = DrillDriver(
@@ -349,7 +353,7 @@ async def open_runtime(
             ops=ops,
             replicas=replicas,
             peers=peers,
-            peer_urls=controller.nodes.peer_urls(),  # each region's leading node
+            peer_url=controller.nodes.peer_url_of(),  # the node leading each shard
             peer_secret=cluster.peer_secret,
             load=load,
             clock=clock,
@@ -360,7 +364,8 @@ async def open_runtime(
         def sample_load() -> Awaitable[PlaneLoad]:
             return plane_load(
                 peers,
-                controller.nodes.peer_urls(),
+                controller.nodes.peer_url_of(),
+                [r.name for r in cluster.regions],
                 settings.region,
                 {PEER_AUTH_HEADER: cluster.peer_secret} if cluster.peer_secret else {},
                 load,

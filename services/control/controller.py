@@ -40,7 +40,7 @@ import asyncio
 import functools
 import logging
 import random
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from eventlog.aio import bounded
@@ -64,6 +64,7 @@ from regions.control_succession import ControlSuccession
 from regions.membership import Membership, MembershipConfig, statuses
 from regions.ops_state import AUDIT_KEY
 from services.config import ClusterConfig, NodeSettings
+from services.control.node_slots import NodeSlots, reply_slots
 from services.control.peer_probe import PeerProber
 from services.control.region_nodes import RegionNodes, node_target
 from services.supervisor import Supervisor
@@ -93,7 +94,7 @@ class Controller:
         prober: PeerProber,
         clock: Clock,
         rng: random.Random,
-        lease: RegionLease | None = None,
+        leases: Sequence[RegionLease] = (),
     ) -> None:
         self.region = settings.region
         self.settings = settings
@@ -104,12 +105,17 @@ class Controller:
         self._prober = prober
         #: where each region's nodes listen and which one leads it (``region_nodes``)
         self.nodes = RegionNodes(cluster, self.region)
-        #: the region's lease, in a region of several nodes (None: this node is the region's
-        #: only one and always leads it); only the holder leads the region's shards
-        self.lease = lease
-        self.leads_region = lease is None
-        #: when a standby last heard a sibling say it leads the region (``answers_probes``)
-        self._sibling_leading_heard_s: float | None = None
+        #: which of the region's node slots this node leads (``node_slots``); a region of one
+        #: node has one slot, always led by its node
+        self.slots = NodeSlots(
+            region=self.region,
+            node_index=settings.node_index,
+            leases=leases,
+            detection_s=settings.detection_s,
+            # a sibling handed its slot takes it within a lease poll or two
+            handback_wait_s=5 * settings.region_lease_poll_s,
+            clock=clock,
+        )
         self._clock = clock
         self._rng = rng
         weights = cluster.weights()
@@ -161,9 +167,9 @@ class Controller:
         self.supervisor.start("learn-reconcile", self._tick, self.settings.placement_poll_s)
         self.supervisor.start("control", self._control, self.settings.placement_poll_s)
         self.supervisor.start("verify-replicas", self._verify_replicas, VERIFY_REPLICAS_EVERY_S)
-        if self.lease is not None:
+        if self.slots.shared:
             self.supervisor.start(
-                "region-lease", self._keep_lease, self.settings.region_lease_poll_s
+                "region-lease", self._keep_slots, self.settings.region_lease_poll_s
             )
 
     async def close(self) -> None:
@@ -180,11 +186,15 @@ class Controller:
     def placement(self) -> Placement:
         return self.state.effective()
 
+    @property
+    def leads_region(self) -> bool:
+        """Whether this node leads any of its region's node slots."""
+        return bool(self.slots.held)
+
     def readiness(self) -> tuple[int, int]:
-        """(shards this node should lead, shards it leads): a standby should lead none."""
-        if not self.leads_region:
-            return 0, 0
-        mine = self.placement().shards_of(self.region)
+        """(shards this node should lead, shards it leads): those of its region's shards in the
+        slots it holds (a node holding none should lead none)."""
+        mine = [s for s in self.placement().shards_of(self.region) if self.slots.leads(s)]
         return len(mine), sum(1 for s in mine if self.node.leads(s))
 
     def control_leader(self) -> str:
@@ -205,6 +215,8 @@ class Controller:
             "region": self.region,
             "node": self.settings.node_index,
             "leads_region": self.leads_region,
+            "slots": sorted(self.slots.held),
+            "wants_own_slot": self.slots.wants_own_slot(),
             "suspects": sorted(self.membership.suspects(now_s)),
             "led_shards": self.node.led_shards(),
             "placement_version": self.state.version,
@@ -283,23 +295,23 @@ class Controller:
         return body if isinstance(body, dict) and body.get("region") == region else None
 
     async def _probe(self, region: str) -> None:
-        """Ask every node of ``region``: it is up while any answers. What the node leading it
-        says counts (suspects, control leader, loops), and forwards go to it from now on; the
-        shards it leads are those any of its nodes says it leads (a handoff inside the region
-        may show one shard at two)."""
+        """Ask every node of ``region``: it is up while any answers. Forwards of each shard go
+        to the node that says it holds the shard's slot from now on; what the node leading the
+        control shard's slot says counts (suspects, control leader, loops); the shards the
+        region leads are those any of its nodes says it leads (a handoff inside the region may
+        show one shard at two)."""
         count = self.nodes.node_count(region)
         replies = await asyncio.gather(*(self._ask(region, i) for i in range(count)))
-        answered = [(i, body) for i, body in enumerate(replies) if body is not None]
+        answered = dict((i, body) for i, body in enumerate(replies) if body is not None)
         now_s = self._clock.monotonic()
         if not answered:
             self.membership.probe_failed(region, now_s)
             return
-        leading = [(i, body) for i, body in answered if body.get("leads_region", True) is True]
-        index, body = leading[0] if leading else answered[0]
-        if leading:
-            self.nodes.heard(region, index)
+        for index, reply in answered.items():
+            self.nodes.heard(region, index, reply_slots(reply, count))
+        body = answered.get(self.nodes.leading_node(region), next(iter(answered.values())))
         led_shards: list[Any] = []
-        for _, reply in answered:
+        for reply in answered.values():
             shards = reply.get("led_shards", ())
             led_shards.extend(shards if isinstance(shards, list) else ())
         self.membership.probe_ok(
@@ -313,56 +325,30 @@ class Controller:
             self._peer_unhealthy_loops[region] = [str(x)[:64] for x in loops[:16]]
 
     async def _probe_siblings(self) -> None:
-        """Which node of this region leads it: where a standby forwards what it is sent."""
+        """Which slots this region's other nodes hold (where what this node is sent for them
+        goes), and which of them ask for their own slot back (``node_slots``)."""
         own = self.settings.node_index
-        if self.leads_region:
-            self.nodes.heard(self.region, own)
-            return
-        count = self.nodes.node_count(self.region)
-        siblings = [i for i in range(count) if i != own]
+        self.nodes.heard(self.region, own, self.slots.held)
+        siblings = [i for i in range(self.nodes.node_count(self.region)) if i != own]
         replies = await asyncio.gather(*(self._ask(self.region, i) for i in siblings))
         for index, body in zip(siblings, replies, strict=True):
-            if body is not None and body.get("leads_region") is True:
-                self.nodes.heard(self.region, index)
-                self._sibling_leading_heard_s = self._clock.monotonic()
+            if body is not None:
+                self.nodes.heard(self.region, index, self.slots.heard_sibling(index, body))
 
     def answers_probes(self) -> bool:
-        """Whether peers may count this node's region up on its word: it leads the region, or
-        it stands by and heard a sibling that leads it within ``detection_s``. A leader that
-        hangs (a pause, a stuck loop) keeps its lease, so no standby takes over; its standbys
-        then fall silent too, and the region fails over as a region of one hung node does."""
-        if self.leads_region:
-            return True
-        heard_s = self._sibling_leading_heard_s
-        return heard_s is not None and (
-            self._clock.monotonic() - heard_s < self.settings.detection_s
-        )
+        """Whether peers may count this node's region up on its word (``node_slots``)."""
+        return self.slots.answers_probes()
 
-    async def _keep_lease(self) -> None:
-        """A standby takes the region's lease when it is free and leads the region's shards at
-        once; the holder checks it still holds it, and resigns every shard when it does not."""
-        lease = self.lease
-        assert lease is not None
-        if self.leads_region:
-            if await lease.still_held():
-                return
-            self.leads_region = False
-            log.error(
-                "node %d lost region %s's lease: resigning", self.settings.node_index, self.region
-            )
-            for shard in self.node.led_shards():
+    async def _keep_slots(self) -> None:
+        """Keep this node's slot leases (``node_slots``), and lead the shards of slots taken."""
+        if await self.slots.keep(self._resign_slot):
+            self.nodes.heard(self.region, self.settings.node_index, self.slots.held)
+            await self._reconcile()
+
+    async def _resign_slot(self, slot: int) -> None:
+        for shard in self.node.led_shards():
+            if self.slots.slot_of(shard) == slot:
                 await self.node.resign_shard(shard)
-            return
-        if not await lease.try_acquire():
-            return
-        self.leads_region = True
-        self.nodes.heard(self.region, self.settings.node_index)
-        log.warning(
-            "node %d holds region %s's lease: leading its shards",
-            self.settings.node_index,
-            self.region,
-        )
-        await self._reconcile()
 
     async def _verify_replicas(self) -> None:
         for region in await self.node.verify_replicas():
@@ -467,7 +453,7 @@ class Controller:
 
     async def _reconcile(self) -> None:
         for shard, owner in sorted(self.placement().assignment.items()):
-            if owner == self.region and self.leads_region:
+            if owner == self.region and self.slots.leads(shard):
                 if not self.node.leads(shard) and shard not in self._leading:
                     task = asyncio.create_task(self._lead(shard), name=f"lead-{shard}")
                     self._leading[shard] = task
@@ -482,7 +468,7 @@ class Controller:
         self._leading.pop(shard, None)
 
     def _assigned_here(self, shard: int) -> bool:
-        return self.leads_region and self.placement().assignment.get(shard) == self.region
+        return self.slots.leads(shard) and self.placement().assignment.get(shard) == self.region
 
     async def _lead(self, shard: int) -> None:
         """Lead an assigned shard; retry with jittered, doubling backoff under
@@ -536,7 +522,7 @@ class Controller:
                 self.succession.wait_s,
             )
         leader = self.control_leader()
-        if leader != self.region or not self.leads_region:
+        if leader != self.region or not self.slots.leads(shard):
             self.node.set_leader_hint(shard, leader)
             await self._hand_over_control(leader)
             return

@@ -1,10 +1,12 @@
-"""A region's nodes as its peers see them: where each listens, and which one leads the region.
+"""A region's nodes as its peers see them: where each listens, and which slot each one leads.
 
-A region may run several nodes on its one replica database (``RegionConfig.more_nodes``). One of
-them holds the region's lease (``eventlog.stores.region_lease``) and leads every shard placed on
-the region; the others stand by, answer probes and forward what they are sent to the lease
-holder. Its peers probe every node of the region and say where the region's traffic goes: to
-the node whose last health reply said it leads the region (``RegionNodes.heard``).
+A region may run several nodes on its one replica database (``RegionConfig.more_nodes``). The
+shards placed on a region of N nodes fall into N node slots (``regions.placement.node_slot``);
+the node that holds a slot's lease (``eventlog.stores.region_lease``) leads that slot's shards.
+Node ``i`` holds slot ``i`` while it lives; a sibling takes the slot of a node that died and
+hands it back once that node asks for it again. Peers probe every node of the region and send
+each shard's traffic to the node whose last health reply said it holds the shard's slot
+(``RegionNodes.heard``).
 
 A probe target names one node: the region's name for its first node (so a region of one node
 is probed, black-holed and counted exactly as before) and ``region/index`` for the others.
@@ -13,9 +15,19 @@ Region names cannot hold a slash (``services.config.RegionName``).
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
+from regions.placement import node_slot
 from services.config import ClusterConfig
+
+#: (region, shard) -> the peer URL of the node of ``region`` that leads ``shard`` while the
+#: region does (shard None: the control shard's node); None: no such region
+PeerUrlOf = Callable[[str, int | None], str | None]
+
+
+def fixed_peer_urls(urls: Mapping[str, str]) -> PeerUrlOf:
+    """Regions of one node each, at fixed peer URLs."""
+    return lambda region, _shard: urls.get(region)
 
 
 def node_target(region: str, index: int) -> str:
@@ -29,12 +41,16 @@ def target_region(target: str) -> str:
 
 
 class RegionNodes:
-    """Each region's nodes' peer URLs (as ``source_region`` reaches them) and which node leads
-    the region by the last health replies heard."""
+    """Each region's nodes' peer URLs (as ``source_region`` reaches them) and which node holds
+    each of its node slots by the last health replies heard."""
 
     def __init__(self, cluster: ClusterConfig, source_region: str) -> None:
         self._peer_urls = {r.name: r.node_peer_urls(source_region) for r in cluster.regions}
-        self._leading: dict[str, int] = {r.name: 0 for r in cluster.regions}
+        #: region -> slot -> the node index last heard holding it (at first: slot i, node i)
+        self._holders: dict[str, list[int]] = {
+            r.name: list(range(r.node_count)) for r in cluster.regions
+        }
+        self._control_shard = cluster.shard_count
 
     def regions(self) -> list[str]:
         return list(self._peer_urls)
@@ -54,35 +70,29 @@ class RegionNodes:
             for i, url in enumerate(urls)
         }
 
-    def heard(self, region: str, index: int) -> None:
-        """Node ``index`` of ``region`` said it leads the region."""
-        if 0 <= index < self.node_count(region):
-            self._leading[region] = index
+    def heard(self, region: str, index: int, slots: Iterable[int]) -> None:
+        """Node ``index`` of ``region`` said it holds ``slots``."""
+        holders = self._holders[region]
+        if not 0 <= index < len(holders):
+            return
+        for slot in slots:
+            if isinstance(slot, int) and 0 <= slot < len(holders):
+                holders[slot] = index
 
-    def leading_node(self, region: str) -> int:
-        return self._leading[region]
+    def leading_node(self, region: str, shard: int | None = None) -> int:
+        """The node of ``region`` that leads ``shard`` (as last heard) while the region leads
+        it; None: the control shard."""
+        shard = self._control_shard if shard is None else shard
+        return self._holders[region][node_slot(shard, self.node_count(region))]
 
-    def peer_url(self, region: str) -> str:
-        """The peer URL of the node leading ``region`` (as last heard)."""
-        return self._peer_urls[region][self._leading[region]]
+    def peer_url(self, region: str, shard: int | None = None) -> str:
+        """The peer URL of the node of ``region`` leading ``shard`` (None: the control shard)."""
+        return self._peer_urls[region][self.leading_node(region, shard)]
 
-    def peer_urls(self) -> Mapping[str, str]:
-        """region -> the peer URL of its leading node, read live (a forwarder keeps it)."""
-        return _LeadingUrls(self)
+    def peer_url_of(self) -> PeerUrlOf:
+        """``peer_url``, read live (forwarders, the drill driver and its canaries keep it)."""
 
+        def peer_url(region: str, shard: int | None) -> str | None:
+            return self.peer_url(region, shard) if region in self._peer_urls else None
 
-class _LeadingUrls(Mapping[str, str]):
-    def __init__(self, nodes: RegionNodes) -> None:
-        self._nodes = nodes
-
-    def __getitem__(self, region: str) -> str:
-        try:
-            return self._nodes.peer_url(region)
-        except KeyError:
-            raise KeyError(region) from None
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._nodes.regions())
-
-    def __len__(self) -> int:
-        return len(self._nodes.regions())
+        return peer_url

@@ -31,7 +31,7 @@ import json
 from eventlog.model import LogEntry
 from eventlog.sim.checker import check_acknowledged, check_final_log, check_replica_prefix
 from regions.placement import place_shards
-from services.control.region_nodes import target_region
+from services.control.region_nodes import node_target, target_region
 from services.plane_sim.plane import SimPlane
 from services.plane_sim.workload import Observed, ReadSeen
 
@@ -41,7 +41,7 @@ async def check_plane(plane: SimPlane, observed: Observed) -> list[str]:
     logs: dict[int, list[LogEntry]] = {}
     placement = plane.controllers()[0].placement()
     for shard in range(plane.cluster.shard_count):
-        node = plane.node(placement.assignment[shard])
+        node = plane.node(placement.assignment[shard], shard)
         leader = node.leader(shard) if node is not None else None
         if leader is None or not leader.serving:
             violations.append(f"shard {shard}: no serving leader to read the final log from")
@@ -136,18 +136,24 @@ def drill_problems(plane: SimPlane) -> list[str]:
 
 
 def regions_led_once(plane: SimPlane) -> list[str]:
-    """Regions of several nodes: exactly one running node of each says it leads the region."""
+    """Regions of several nodes: exactly one running node of each holds each of its node
+    slots, and once all its nodes run, each holds its own (a slot taken over is handed back)."""
     problems = []
     for region in plane.names:
-        if plane.cluster.region(region).node_count == 1:
+        count = plane.cluster.region(region).node_count
+        if count == 1:
             continue
-        leading = [
-            p.name
+        running = {
+            p.name: p.controller.slots.held
             for p in plane.serving()
-            if p.region == region and p.controller is not None and p.controller.leads_region
-        ]
-        if len(leading) != 1:
-            problems.append(f"region {region}: led by nodes {leading}, not by one")
+            if p.region == region and p.controller is not None
+        }
+        for slot in range(count):
+            holders = [name for name, held in running.items() if slot in held]
+            if len(holders) != 1:
+                problems.append(f"region {region}: slot {slot} held by {holders}, not by one")
+            elif len(running) == count and holders[0] != node_target(region, slot):
+                problems.append(f"region {region}: slot {slot} still held by {holders[0]}")
     return problems
 
 

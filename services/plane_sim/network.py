@@ -27,13 +27,14 @@ class SimProber:
         self,
         net: SimNetwork,
         src: str,
-        health_of: Callable[[str], Mapping[str, Any] | None],
+        health_of: Callable[[str, str], Mapping[str, Any] | None],
         *,
         blocked: Callable[[str], bool] = lambda region: False,
     ) -> None:
         self._net = net
         self._src = src
-        self._health_of = health_of  # None while that region's node is down or paused
+        #: (target, asking region) -> its reply; None while that node is down or paused
+        self._health_of = health_of
         #: a drill's black-hole drops the probe at once (as ``HttpPeerProber``'s ``blocked``)
         self._blocked = blocked
 
@@ -52,7 +53,7 @@ class SimProber:
             or net.rng.random() < net.faults.drop_p
         ):
             await asyncio.sleep(_LOST_S)
-        reply = self._health_of(target)
+        reply = self._health_of(target, src_region)
         if reply is None:
             await asyncio.sleep(_LOST_S)
         await asyncio.sleep(net.rng.uniform(net.faults.delay_min_s, net.faults.delay_max_s))

@@ -35,12 +35,14 @@ class SimPeerTransport(httpx.AsyncBaseTransport):
         self,
         net: SimNetwork,
         src: str,
-        node_of: Callable[[str], LogNode | None],
+        node_of: Callable[[str, int | None], LogNode | None],
         model_revision: str,
     ) -> None:
         self._net = net
         self._src = src
-        self._node_of = node_of  # None while that region's node is down or paused
+        #: (region, shard) -> its node that leads the shard while the region does (None: the
+        #: control shard's); None while that node is down or paused
+        self._node_of = node_of
         self._model_revision = model_revision
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
@@ -55,7 +57,7 @@ class SimPeerTransport(httpx.AsyncBaseTransport):
     async def _exchange(self, region: str, request: httpx.Request) -> httpx.Response:
         net = self._net
         await asyncio.sleep(net.rng.uniform(net.faults.delay_min_s, net.faults.delay_max_s))
-        node = self._node_of(region)
+        node = self._node_of(region, _canary_shard(self._node_of(region, None), request))
         frozen = self._src in net.frozen or region in net.frozen
         if node is None or frozen or not net.reachable(self._src, region):
             raise httpx.ConnectError(f"{region} unreachable from {self._src}", request=request)
@@ -88,3 +90,15 @@ class SimPeerTransport(httpx.AsyncBaseTransport):
         if path == LOAD_PATH:
             return httpx.Response(200, json={"append_rate_per_s": 0.0})
         return httpx.Response(404, json={"error": {"code": "not_found"}})
+
+
+def _canary_shard(node: LogNode | None, request: httpx.Request) -> int | None:
+    """The shard of the canary conversation ``request`` writes or reads (None: not a canary
+    call, or no node to ask)."""
+    if node is None or request.url.path != CANARY_PATH:
+        return None
+    if request.method == "POST":
+        conversation_id = json.loads(request.content)["conversation_id"]
+    else:
+        conversation_id = request.url.params["conversation_id"]
+    return node.shard_of(str(conversation_id))

@@ -19,8 +19,9 @@ What the simulation can do to a region (each counted as a fault by kind in ``Pla
 
 With ``nodes_per_region`` above 1 each region runs that many nodes on its one database, each a
 process of its own (named by ``services.control.region_nodes.node_target``: ``a``, ``a/1``,
-...) with the region's lease (``SimLease``: a crashed process's lease comes free, a paused one
-keeps it, as a database session does); crashes and pauses then hit one node.
+...) with a lease per node slot of the region (``SimLease``: a crashed process's leases come
+free, a paused one keeps them, as a database session does); crashes and pauses then hit one
+node.
 
 Nothing here decides anything the product decides: it only runs the product's code.
 """
@@ -30,7 +31,7 @@ from __future__ import annotations
 import random
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
@@ -57,7 +58,7 @@ from services.control.drills.faults import (
     region_by_address,
 )
 from services.control.drills.load import LoadMeter
-from services.control.region_nodes import node_target, target_region
+from services.control.region_nodes import fixed_peer_urls, node_target, target_region
 from services.plane_sim.network import SimProber
 from services.plane_sim.peers import SimPeerTransport
 
@@ -80,14 +81,18 @@ class SkewedClock(LoopClock):
 
 
 class SimRegionLock:
-    """What a region's database is to its nodes' leases: one holder at a time."""
+    """What a region's database is to its nodes' leases of one node slot: one holder at a
+    time."""
 
     def __init__(self) -> None:
         self.holder: SimLease | None = None
 
 
 class SimLease:
-    """A node's ``RegionLease`` on the simulated region database (``SimRegionLock``)."""
+    """A node's ``RegionLease`` of one node slot on the simulated region database
+    (``SimRegionLock``)."""
+
+    reachable = True  # a node that runs reaches its region's simulated database
 
     def __init__(self, lock: SimRegionLock) -> None:
         self._lock = lock
@@ -100,9 +105,12 @@ class SimLease:
     async def still_held(self) -> bool:
         return self._lock.holder is self
 
-    async def close(self) -> None:
+    async def release(self) -> None:
         if self._lock.holder is self:
             self._lock.holder = None
+
+    async def close(self) -> None:
+        await self.release()
 
 
 @dataclass
@@ -110,7 +118,7 @@ class RegionProcess:
     """One region's node process as the simulation sees it (``name``: its node target)."""
 
     name: str
-    lease: SimLease | None = None
+    leases: list[SimLease] = field(default_factory=list)
     node: LogNode | None = None
     controller: Controller | None = None
     paused: bool = False
@@ -220,7 +228,9 @@ class SimPlane:
         )
         self.skews_ms = {r: rng.choice([0, 0, -1500, 2500]) for r in self.names}
         self.processes = {t: RegionProcess(t) for t in self.targets}
-        self.region_locks = {r: SimRegionLock() for r in self.names}
+        self.region_locks = {
+            r.name: [SimRegionLock() for _ in range(r.node_count)] for r in self.cluster.regions
+        }
         self.wiped: set[str] = set()
         self.commit_watchers: list[CommitWatcher] = []
 
@@ -238,7 +248,7 @@ class SimPlane:
         region = target_region(target)
         index = self.targets.index(target) - self.targets.index(region)
         if self.cluster.region(region).node_count > 1:
-            process.lease = SimLease(self.region_locks[region])
+            process.leases = [SimLease(lock) for lock in self.region_locks[region]]
         clock = SkewedClock(self.skews_ms[region])
         ops = OpsState()  # drills, halt, audit: folded from the control shard
         hole = BlackHole(region=region, ops=ops, clock=clock)
@@ -267,7 +277,7 @@ class SimPlane:
             ),
             clock,
             random.Random(self.rng.getrandbits(64)),
-            process.lease,
+            process.leases,
         )
         controller.record_listeners.append(ops.apply_entry)
         controller.control_excluded = ops.region_loss_targets
@@ -287,7 +297,7 @@ class SimPlane:
             ops=ops,
             replicas=links,
             peers=peers,
-            peer_urls=urls,
+            peer_url=fixed_peer_urls(urls),  # the transport finds the node (``SimPlane.node``)
             peer_secret=None,
             load=load,
             clock=clock,
@@ -311,10 +321,10 @@ class SimPlane:
             await process.controller.close()
         if process.node is not None:
             await process.node.close()
-        if process.lease is not None:
-            await process.lease.close()
+        for lease in process.leases:
+            await lease.close()
         process.node = process.controller = process.ops = process.drills = process.peers = None
-        process.lease = None
+        process.leases = []
         self.pause_node(target, False)
 
     def pause_node(self, target: str, paused: bool) -> None:
@@ -353,11 +363,11 @@ class SimPlane:
         for watcher in self.commit_watchers:
             watcher(region, shard, entries)
 
-    def _health_of(self, target: str) -> Mapping[str, Any] | None:
+    def _health_of(self, target: str, asking_region: str) -> Mapping[str, Any] | None:
         process = self.processes[target]
         if process.controller is None or process.paused:
             return None
-        if not process.controller.answers_probes():
+        if asking_region != process.region and not process.controller.answers_probes():
             return None
         return process.controller.health_reply()
 
@@ -391,14 +401,18 @@ class SimPlane:
             if p.node is not None and p.node.leads(shard)
         ]
 
-    def node(self, name: str) -> LogNode | None:
+    def node(self, name: str, shard: int | None = None) -> LogNode | None:
         """A serving node by its target, or by its region's name: the region's serving node
-        that holds the region's lease (its first node, in a region of one)."""
+        that leads ``shard`` while the region does (None: the control shard; the region's only
+        node, in a region of one)."""
         if "/" in name or self.cluster.region(name).node_count == 1:
             process = self.processes[name]
             return process.node if process.serving else None
+        shard = self.cluster.shard_count if shard is None else shard
         of_region = [p for p in self.serving() if target_region(p.name) == name]
-        leading = [p for p in of_region if p.controller is not None and p.controller.leads_region]
+        leading = [
+            p for p in of_region if p.controller is not None and p.controller.slots.leads(shard)
+        ]
         chosen = leading or of_region
         return chosen[0].node if chosen else None
 

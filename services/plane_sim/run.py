@@ -25,9 +25,9 @@ Throughout the run, no two nodes may defer the control shard to each other for l
 restarts, pauses, resumes, network loss and delay; no drills, no database or region faults).
 Odd seeds crash nodes only, and never a region's last one: then no shard may ever be placed
 on another region (``node_fault_problems``), since a node's death is its region's business.
-Even seeds also pause nodes, the lease holder too, which keeps its lease and so fails its
-region over as a hung single node does. Liveness after healing also wants one node per region
-leading it.
+Even seeds also pause nodes, which keep their slot leases and so fail their region over as a
+hung single node does. Liveness after healing also wants each node slot held by exactly one
+node, its own node once all of the region's nodes run (``regions_led_once``).
 """
 
 from __future__ import annotations
@@ -601,7 +601,7 @@ class _PlaneRun:
             if plane.leaders_of(shard) != [owner]:
                 problems.append(f"shard {shard}: led by {plane.leaders_of(shard)}, not {owner}")
                 continue
-            node = plane.node(owner)
+            node = plane.node(owner, shard)
             assert node is not None
             probe = f"probe-{shard}"
             while node.shard_of(probe) != shard:

@@ -87,8 +87,8 @@ class Client:
             return await asyncio.wait_for(fn(node), CALL_TIMEOUT_S)
         except NotLeader as exc:
             hint = exc.leader_region
-            target = self.plane.node(hint) if hint is not None and hint != region else None
-            if target is None:
+            target = self.plane.node(hint, exc.shard) if hint is not None else None
+            if target is None or target is node:
                 raise
             return await asyncio.wait_for(fn(target), CALL_TIMEOUT_S)  # forwarded once
 

@@ -1,9 +1,9 @@
-"""Several nodes per region (``convplane up --nodes-per-region 2``): SIGKILL of the node that
-leads a region, under load (``tests.harness.node_kill``), is taken over by the region's other
-node, not by another region: every conversation is acked again, the placement is the one from
-before the kill (no region declared down, no shard moved, so nothing is replayed), the standby
-leads every shard placed on the region, and every acked event is there, in order. The node's
-RTO is printed, not bounded."""
+"""Several nodes per region (``convplane up --nodes-per-region 2``): the region's two nodes
+split its shards; SIGKILL of one of them, under load on its shards (``tests.harness.node_kill``),
+is taken over by the region's other node, not by another region: every conversation is acked
+again, the placement is the one from before the kill (no region declared down, no shard moved,
+so nothing is replayed), the survivor leads every shard placed on the region, and every acked
+event is there, in order. The node's RTO is printed, not bounded."""
 
 from __future__ import annotations
 
@@ -35,8 +35,11 @@ def check_stayed_in_region(report: NodeKillReport) -> None:
     assert after["version"] == before["version"], (before, after)
     assert after["assignment"] == before["assignment"]
     assert after["down"] == []
-    health = report.standby_health
-    assert health["shards_placed"] == health["shards_led"] > 0, health
+    killed, survivor = report.health_before
+    assert killed["shards_led"] > 0 and survivor["shards_led"] > 0, report.health_before
+    health = report.survivor_health
+    region_shards = killed["shards_placed"] + survivor["shards_placed"]
+    assert health["shards_placed"] == health["shards_led"] == region_shards, health
     assert report.not_read_back == {}
 
 

@@ -69,13 +69,28 @@ class HostedPgInstance(PgInstance):
 @dataclass
 class LabPlane(ChaosPlane):
     """3 regions (``regions``), each on its own host of ``lab`` with ``cpu_quota`` cores. With
-    ``nodes_per_region`` above 1 the region's host runs its PostgreSQL only, and each of its
-    nodes has a host of its own (``<region>-n<index>``), so that a node's host can crash
-    without its database."""
+    ``nodes_per_region`` above 1 (or ``node_hosts``) the region's host runs its PostgreSQL
+    only, and each of its nodes has a host of its own (``<region>-n<index>``), so that a node's
+    host can crash without its database. Hosts a plane stopped earlier on ``lab`` left are
+    used again."""
 
     lab: Lab | None = None
     cpu_quota: float | None = None
+    #: each node on a host of its own even in a region of one node (a like-for-like baseline
+    #: for regions of several)
+    node_hosts: bool = False
     hosts: dict[str, Host] = field(default_factory=dict)
+
+    @property
+    def nodes_apart(self) -> bool:
+        """Whether each node runs on a host of its own, apart from its region's PostgreSQL."""
+        return self.nodes_per_region > 1 or self.node_hosts
+
+    def _host(self, name: str) -> Host:
+        assert self.lab is not None
+        host = self.lab.hosts.get(name) or self.lab.add_host(name, cpu_quota=self.cpu_quota)
+        self.hosts[name] = host
+        return host
 
     def _prepare_members(self, saved: PlaneState | None, *, check_ports: bool = True) -> None:
         if saved is not None:
@@ -83,11 +98,10 @@ class LabPlane(ChaosPlane):
         assert self.lab is not None and self.postgres, "a lab plane runs PostgreSQL on its hosts"
         names = REGION_NAMES[: self.regions]
         for name in names:
-            self.hosts[name] = self.lab.add_host(name, cpu_quota=self.cpu_quota)
-            if self.nodes_per_region > 1:
+            self._host(name)
+            if self.nodes_apart:
                 for index in range(self.nodes_per_region):
-                    node_host = self.node_host_name(name, index)
-                    self.hosts[node_host] = self.lab.add_host(node_host, cpu_quota=self.cpu_quota)
+                    self._host(self.node_host_name(name, index))
         addresses = {
             n: [self.node_host(n, i).address for i in range(self.nodes_per_region)] for n in names
         }
@@ -126,8 +140,9 @@ class LabPlane(ChaosPlane):
         return f"{region}-n{index}"
 
     def node_host(self, region: str, index: int) -> Host:
-        """The host of ``region``'s node ``index`` (its region's host, in a region of one)."""
-        if self.nodes_per_region == 1:
+        """The host of ``region``'s node ``index`` (its region's host, unless nodes run
+        apart)."""
+        if not self.nodes_apart:
             return self.hosts[region]
         return self.hosts[self.node_host_name(region, index)]
 
@@ -187,7 +202,7 @@ class LabPlane(ChaosPlane):
     def kill_region(self, name: str) -> None:
         """Crash the region's hosts: its nodes and its PostgreSQL killed at once."""
         self.hosts[name].kill()
-        if self.nodes_per_region > 1:
+        if self.nodes_apart:
             for index in range(self.nodes_per_region):
                 self.node_host(name, index).kill()
 

@@ -1,13 +1,15 @@
-"""Killing the node that leads a region of several nodes, under load, and what came of it.
+"""Killing one node of a region of two, under load, and what came of it.
 
-``node_kill`` runs appends without pause to conversations placed on the victim region (half
-through another region's node, forwarded; half through the victim's standby, forwarded inside
-the region), kills the victim's leading node with the caller's ``kill`` once every conversation
-was acked a few times, and goes on until each is acked a few times more. It reports the node's
-RTO (the kill to the last conversation's first ack after it), the placement before and after,
-what the standby's ``/healthz`` says, and every acked event missing from, or out of order in,
-the transcripts read at the end. The e2e test kills a process on loopback; the lab test kills a
-host. Both assert the same report.
+``node_kill`` waits until the victim region's two nodes split its shards (each leads the shards
+of its own node slot, ``regions.placement.node_slot``), then runs appends without pause to
+conversations placed on the region in the slot of the node to be killed (half through another
+region's node, forwarded; half through the region's other node, forwarded inside the region).
+It kills the node with the caller's ``kill`` once every conversation was acked a few times, and
+goes on until each is acked a few times more. It reports the node's RTO (the kill to the last
+conversation's first ack after it), the placement before and after, what each node's
+``/healthz`` said before and what the survivor's says after, and every acked event missing
+from, or out of order in, the transcripts read at the end. The e2e test kills a process on
+loopback; the lab test kills a host. Both assert the same report.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import httpx
 
 from eventlog.http_headers import IDEMPOTENCY_KEY_HEADER
 from eventlog.sharding import shard_of
-from regions.placement import place_shards
+from regions.placement import node_slot, place_shards
 
 CONVERSATIONS = 4
 ACKS_BEFORE_KILL = 5
@@ -84,11 +86,13 @@ class Writer(threading.Thread):
 @dataclass
 class NodeKillReport:
     killed: dict[str, Any]  # the node killed: index, url, node_pid
-    standby: dict[str, Any]  # the node that took over
+    survivor: dict[str, Any]  # the region's other node, which took the killed one's slot over
     rto_s: float
     placement_before: dict[str, Any]
     placement_after: dict[str, Any]
-    standby_health: dict[str, Any]
+    #: each node's /healthz before the kill (killed, survivor) and the survivor's after it
+    health_before: tuple[dict[str, Any], dict[str, Any]]
+    survivor_health: dict[str, Any]
     writer_errors: list[str] = field(default_factory=list)
     #: per conversation: (acked, read back) where they differ
     not_read_back: dict[str, tuple[list[tuple[int, int]], list[tuple[int, int]]]] = field(
@@ -107,39 +111,52 @@ def health(url: str) -> dict[str, Any]:
     return dict(httpx.get(url + "/healthz", timeout=5.0, trust_env=False).json())
 
 
-def leading_node(info: dict[str, Any], region: str) -> dict[str, Any]:
-    """The region's node that says it leads shards (exactly one, asserted)."""
-    nodes = nodes_of(info, region)
-    leading = [n for n in nodes if health(n["url"])["shards_placed"] > 0]
-    assert len(leading) == 1, (region, [health(n["url"]) for n in nodes])
-    return leading[0]
+def split_between(nodes: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each node's /healthz once every one leads all the shards of its own node slot and some
+    (a node that started first may hold a later sibling's slot a moment, then hands it back)."""
+
+    def healths() -> list[dict[str, Any]]:
+        return [health(n["url"]) for n in nodes]
+
+    _wait_for(lambda: all(0 < h["shards_led"] == h["shards_placed"] for h in healths()))
+    return healths()
 
 
-def conversations_on(info: dict[str, Any], region: str, count: int, prefix: str) -> list[str]:
+def conversations_on(
+    info: dict[str, Any], region: str, slot: int, count: int, prefix: str
+) -> list[str]:
+    """``count`` conversations placed on ``region`` whose shards are in its node slot ``slot``."""
     cluster = json.loads(Path(info["cluster_file"]).read_text())
     shard_count = int(cluster["shard_count"])
     weights = {r["name"]: float(r["capacity_weight"]) for r in cluster["regions"]}
     placement = place_shards(shard_count, weights)
+    node_count = len(nodes_of(info, region))
     cids = (f"{prefix}-{i}" for i in range(100_000))
-    return [c for c in cids if placement[shard_of(c, shard_count)] == region][:count]
+    return [
+        c
+        for c in cids
+        if placement[shard_of(c, shard_count)] == region
+        and node_slot(shard_of(c, shard_count), node_count) == slot
+    ][:count]
 
 
 def node_kill(
     info: dict[str, Any], victim: str, entry: str, kill: Callable[[dict[str, Any]], None]
 ) -> NodeKillReport:
-    """Kill ``victim``'s leading node (``kill(node)``) under load entering at ``entry``."""
+    """Kill ``victim``'s first node (``kill(node)``) under load entering at ``entry``."""
     entry_url = next(r["url"] for r in info["regions"] if r["name"] == entry)
     headers = {"Authorization": f"Bearer {info['api_key']}"}
     operator = {"Authorization": f"Bearer {info['operator_api_key']}"}
-    killed = leading_node(info, victim)
-    standby = next(n for n in nodes_of(info, victim) if n["index"] != killed["index"])
+    killed, survivor = nodes_of(info, victim)
+    killed_health, survivor_health = split_between([killed, survivor])
     with httpx.Client(base_url=entry_url, headers=operator, timeout=10.0) as client:
         before = _answered(client, "GET", "/v1/placement")
-    cids = conversations_on(info, victim, CONVERSATIONS, f"node-kill-{time.time_ns()}")
+    slot = killed["index"]
+    cids = conversations_on(info, victim, slot, CONVERSATIONS, f"node-kill-{time.time_ns()}")
     with httpx.Client(base_url=entry_url, headers=headers, timeout=10.0) as client:
         for cid in cids:
             _answered(client, "POST", "/v1/conversations", {"conversation_id": cid})
-    entries = [entry_url, standby["url"]]
+    entries = [entry_url, survivor["url"]]
     writers = [Writer(entries[i % 2], headers, cid) for i, cid in enumerate(cids)]
     try:
         for writer in writers:
@@ -165,7 +182,16 @@ def node_kill(
     )
     with httpx.Client(base_url=entry_url, headers=operator, timeout=10.0) as client:
         after = _answered(client, "GET", "/v1/placement")
-    report = NodeKillReport(killed, standby, rto_s, before, after, health(standby["url"]), errors)
+    report = NodeKillReport(
+        killed,
+        survivor,
+        rto_s,
+        before,
+        after,
+        (killed_health, survivor_health),
+        health(survivor["url"]),
+        errors,
+    )
     with httpx.Client(base_url=entry_url, headers=headers, timeout=10.0) as client:
         for writer in writers:
             page = _answered(client, "GET", f"/v1/conversations/{writer.cid}/events?limit=1000")

@@ -1,6 +1,7 @@
-"""The region lease (``eventlog.stores.region_lease``) on real PostgreSQL and on a real file:
-one holder at a time per region, the next one gets it once the holder is gone (closed, its
-session ended by the server, its process killed), and regions do not share one."""
+"""The region's slot leases (``eventlog.stores.region_lease``) on real PostgreSQL and on a real
+file: one holder at a time per slot, the next one gets it once the holder is gone (closed,
+released, its session ended by the server, its process killed), and neither regions nor a
+region's slots share one."""
 
 from __future__ import annotations
 
@@ -23,8 +24,39 @@ from services.deploy.db_roles import asyncpg_dsn
 TIMEOUT_S = 5.0
 
 
-async def _open(dsn: str, region: str = "eu-west") -> RegionLease:
-    return await open_region_lease(dsn, region, timeout_s=TIMEOUT_S)
+async def _open(dsn: str, region: str = "eu-west", slot: int = 0) -> RegionLease:
+    return await open_region_lease(dsn, region, slot, timeout_s=TIMEOUT_S)
+
+
+async def _slots_are_leases_of_their_own(dsn: str) -> None:
+    """Slot 0 and slot 1 of one region are held by different nodes at once; a released slot
+    goes to the next node that asks, and its old holder may take it again later."""
+    first, second, taker = await _open(dsn), await _open(dsn, slot=1), await _open(dsn, slot=1)
+    try:
+        assert await first.try_acquire()
+        assert await second.try_acquire()  # another slot of the same region
+        assert not await taker.try_acquire()
+        assert second.reachable and taker.reachable  # a refusal reached the store
+        await second.release()
+        assert not await second.still_held()
+        assert await taker.try_acquire()
+        await taker.release()
+        assert await second.try_acquire()  # released, not closed: it can ask again
+    finally:
+        for lease in (first, second, taker):
+            await lease.close()
+
+
+@pytest.mark.postgres
+async def test_a_regions_slots_are_leases_of_their_own_on_postgres(
+    pg_databases: list[str],
+) -> None:
+    await _slots_are_leases_of_their_own(pg_databases[0])
+
+
+async def test_a_regions_slots_are_leases_of_their_own_on_files(tmp_path: Path) -> None:
+    await _slots_are_leases_of_their_own(f"sqlite+aiosqlite:///{tmp_path / 'replica.sqlite3'}")
+    assert (tmp_path / f"replica.sqlite3{SQLITE_LEASE_SUFFIX}-1").exists()
 
 
 @pytest.mark.postgres

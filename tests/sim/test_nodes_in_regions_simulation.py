@@ -1,6 +1,7 @@
 """The whole-plane simulation with two nodes per region (``run_plane_seed(nodes_per_region=2)``):
-faults on single nodes (crashes, restarts, pauses of the lease holder too), the same checker as
-every other seed, and, on odd seeds that only crash nodes, no shard placed on another region.
+faults on single nodes (crashes, restarts, pauses of slot holders), the same checker as every
+other seed, each node slot led by one node (its own, once all run), and, on odd seeds that
+only crash nodes, no shard placed on another region.
 
 CI runs CONVPLANE_NODE_SEEDS seeds (default 200). Rerun one failing seed with
 ``convplane sim --nodes-per-region 2 --start SEED --seeds 1``.
@@ -66,7 +67,7 @@ def test_node_crashes_stay_inside_their_region_and_hung_holders_fail_it_over() -
         else:
             moved_after_pauses += result.counts["placement_changes"] > 1
     assert {"node_crash", "node_restart", "node_pause", "node_resume"} <= set(faults)
-    assert moved_after_pauses > 0  # a paused lease holder's region did fail over
+    assert moved_after_pauses > 0  # a paused slot holder's region did fail over
 
 
 @pytest.mark.usefixtures("quiet")
@@ -78,8 +79,8 @@ def test_the_same_seed_replays_exactly() -> None:
 def test_the_checker_catches_a_dead_holder_whose_lease_never_frees(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """A lease that outlives its crashed holder leaves the region to nobody: its standby cannot
-    take over, falls silent and the region fails over, which node crashes must never cause."""
+    """A lease that outlives its crashed holder leaves its slot to nobody: the sibling cannot
+    take it over, falls silent and the region fails over, which node crashes must never cause."""
 
     async def kept(self: SimLease) -> None:
         return None

@@ -21,6 +21,7 @@ from regions.placement import place_shards
 from services.config import ClusterConfig, RegionConfig
 from services.control.drills.driver import DrillDriver, PreflightFailed
 from services.control.drills.load import LoadMeter
+from services.control.region_nodes import fixed_peer_urls
 from tests.unit.clocks import WALL_ORIGIN_MS, ManualClock
 
 REGIONS = ("ap-south", "eu-west", "us-east")
@@ -130,7 +131,7 @@ async def world() -> AsyncIterator[World]:
             ops=ops,
             replicas={},
             peers=peers,
-            peer_urls={r: f"http://{r}.test" for r in REGIONS},
+            peer_url=fixed_peer_urls({r: f"http://{r}.test" for r in REGIONS}),
             peer_secret=None,
             load=LoadMeter(clock),
             clock=clock,

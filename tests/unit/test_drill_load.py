@@ -6,6 +6,7 @@ from __future__ import annotations
 import httpx
 
 from services.control.drills.load import LOAD_PATH, LoadMeter, plane_load
+from services.control.region_nodes import fixed_peer_urls
 from tests.unit.clocks import ManualClock
 
 
@@ -23,7 +24,8 @@ async def test_live_outcomes_are_summed_over_the_regions_that_answer() -> None:
     async with httpx.AsyncClient(transport=httpx.MockTransport(peer)) as client:
         load = await plane_load(
             client,
-            {"east": "http://east", "west": "http://west", "south": "http://south"},
+            fixed_peer_urls({r: f"http://{r}" for r in ("east", "west", "south")}),
+            ["east", "west", "south"],
             "east",
             {},
             own,
@@ -37,6 +39,6 @@ async def test_live_outcomes_are_summed_over_the_regions_that_answer() -> None:
 async def test_no_ended_append_is_no_ratio() -> None:
     own = LoadMeter(ManualClock())
     async with httpx.AsyncClient(transport=httpx.MockTransport(lambda r: httpx.Response(503))) as c:
-        load = await plane_load(c, {"east": "http://east", "west": "http://west"}, "east", {},
-                                own, None)  # fmt: skip
+        urls = fixed_peer_urls({"east": "http://east", "west": "http://west"})
+        load = await plane_load(c, urls, ["east", "west"], "east", {}, own, None)
     assert load.live_error_ratio() is None

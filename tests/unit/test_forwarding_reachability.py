@@ -15,6 +15,7 @@ from services.api.errors import ForwardFailed, OutcomeUnknown
 from services.api.forward_batch import BatchConfig
 from services.api.forwarding import Forwarder
 from services.api.metrics import Metrics
+from services.control.region_nodes import fixed_peer_urls
 
 
 def make_request(method: str = "POST") -> Request:
@@ -35,7 +36,7 @@ def make_request(method: str = "POST") -> Request:
 def forwarder(client: httpx.AsyncClient, reachable: dict[str, bool]) -> Forwarder:
     return Forwarder(
         client=client,
-        peer_urls={"west": "http://west.test"},
+        peer_url=fixed_peer_urls({"west": "http://west.test"}),
         source_region="us-east",
         clock=LoopClock(),
         rng=random.Random(1),
@@ -106,7 +107,7 @@ async def test_a_batch_whose_target_stops_answering_probes_is_outcome_unknown() 
     async with httpx.AsyncClient(transport=httpx.MockTransport(hang)) as client:
         batched = Forwarder(
             client=client,
-            peer_urls={"west": "http://west.test"},
+            peer_url=fixed_peer_urls({"west": "http://west.test"}),
             source_region="us-east",
             clock=LoopClock(),
             rng=random.Random(1),

@@ -19,6 +19,7 @@ from services.api.forwarding import Forwarder
 from services.api.metrics import Metrics
 from services.config import NodeSettings
 from services.control.controller import Controller
+from services.control.region_nodes import fixed_peer_urls
 from tests.unit.api_fakes import cluster_config
 
 SECRET = "s" * 40
@@ -45,7 +46,7 @@ def peer_app(peer_secret: str | None) -> FastAPI:
     app.include_router(peer_router)
     forwarder = Forwarder(
         client=PEERS,
-        peer_urls={},
+        peer_url=fixed_peer_urls({}),
         clock=clock,
         rng=rng,
         metrics=metrics,

@@ -1,13 +1,16 @@
-"""Several nodes in one region (``services.control.region_nodes``): only the node holding the
-region's lease leads the region's shards, another takes them over when the lease comes free,
-a holder that loses the lease resigns; peers send a region's traffic to the node that says it
-leads the region, and count the region up while any of its nodes answers."""
+"""Several nodes in one region (``services.control.region_nodes``, ``node_slots``): a region's
+shards are split over its nodes by node slot, each led by the node holding the slot's lease; a
+node takes a dead sibling's slot and hands it back once the sibling asks; a holder that loses a
+lease resigns that slot's shards; peers send each shard's traffic to the node that says it
+holds the shard's slot, and count the region up while any of its nodes answers."""
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import random
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
@@ -16,13 +19,16 @@ from eventlog.clock import LoopClock
 from eventlog.config import LogConfig
 from eventlog.memory_replica import MemoryReplica
 from eventlog.node import LogNode
+from eventlog.stores.region_lease import RegionLease
+from regions.placement import node_slot
 from services.config import ClusterConfig, NodeAddress, NodeSettings, RegionConfig
 from services.control.controller import Controller
+from services.control.node_slots import reply_slots
 from services.control.region_nodes import RegionNodes, node_target, target_region
 from services.plane_sim.plane import SimLease, SimRegionLock
 
 REGIONS = ("a", "b", "c")
-SHARDS = 6
+SHARDS = 24
 
 
 def cluster(more_nodes: int = 1) -> ClusterConfig:
@@ -58,7 +64,7 @@ def controller(
     region: str,
     index: int,
     replicas: dict[str, MemoryReplica],
-    lease: SimLease | None,
+    leases: Sequence[RegionLease],
     prober: Any = None,
 ) -> Controller:
     plane = cluster()
@@ -68,49 +74,98 @@ def controller(
     settings = NodeSettings(region=region, node_index=index, cluster=plane)
     return Controller(settings=settings, cluster=plane, node=node, replicas=replicas,
                       prober=prober or Replies({}), clock=clock, rng=random.Random(index + 7),
-                      lease=lease)  # fmt: skip
+                      leases=leases)  # fmt: skip
+
+
+def leases_on(locks: list[SimRegionLock]) -> list[SimLease]:
+    return [SimLease(lock) for lock in locks]
 
 
 async def _reconciled(control: Controller) -> None:
-    await control._keep_lease()
+    await control._keep_slots()
     await control._reconcile()
     await asyncio.gather(*control._leading.values())
 
 
-async def test_only_the_lease_holder_leads_and_a_standby_takes_over_when_it_dies() -> None:
+def _by_slot(shards: list[int]) -> dict[int, list[int]]:
+    """``shards`` by their node slot in a region of two nodes."""
+    split: dict[int, list[int]] = {0: [], 1: []}
+    for shard in shards:
+        split[node_slot(shard, 2)].append(shard)
+    return split
+
+
+async def test_two_nodes_split_their_regions_shards_by_slot() -> None:
     replicas = {r: MemoryReplica(r) for r in REGIONS}
-    lock = SimRegionLock()
-    first = controller("a", 0, replicas, SimLease(lock))
-    second = controller("a", 1, replicas, SimLease(lock))
+    locks = [SimRegionLock(), SimRegionLock()]
+    first = controller("a", 0, replicas, leases_on(locks))
+    second = controller("a", 1, replicas, leases_on(locks))
     placed = first.placement().shards_of("a")
-    assert placed  # the static placement gives region a shards
+    split = _by_slot(placed)
+    assert split[0] and split[1]  # the static placement gives each of a's slots shards
 
     await _reconciled(first)
     await _reconciled(second)
-    assert first.leads_region and first.node.led_shards() == placed
-    assert not second.leads_region and second.node.led_shards() == []
-    assert second.readiness() == (0, 0)  # a standby is ready leading nothing
-    assert second.health_reply()["leads_region"] is False
-    assert second.health_reply()["node"] == 1
-
-    # the holder dies: its process is gone, so is its lock
+    # each took its own slot only: a sibling's is not taken while it may still be starting
+    assert first.slots.held == {0} and second.slots.held == {1}
+    assert first.node.led_shards() == split[0]
+    assert second.node.led_shards() == split[1]
+    assert first.readiness() == (len(split[0]), len(split[0]))
+    assert second.health_reply()["slots"] == [1] and second.health_reply()["node"] == 1
     await first.node.close()
-    assert first.lease is not None
-    await first.lease.close()
-    await _reconciled(second)
-    assert second.leads_region and second.node.led_shards() == placed
-    assert second.placement().version == 0  # nothing moved to another region
     await second.node.close()
 
 
-async def test_a_holder_that_loses_the_lease_resigns_every_shard() -> None:
+async def test_a_node_takes_a_dead_siblings_slot_and_hands_it_back_when_asked() -> None:
     replicas = {r: MemoryReplica(r) for r in REGIONS}
-    lock = SimRegionLock()
-    holder = controller("a", 0, replicas, SimLease(lock))
+    locks = [SimRegionLock(), SimRegionLock()]
+    replies: dict[str, dict[str, Any] | None] = {}
+    first = controller("a", 0, replicas, leases_on(locks), Replies(replies))
+    second = controller("a", 1, replicas, leases_on(locks))
+    placed = first.placement().shards_of("a")
+    split = _by_slot(placed)
+    await _reconciled(first)
+    await _reconciled(second)
+    replies["a/1"] = second.health_reply()
+    await first._probe_siblings()
+
+    # the second node dies: its process is gone, so are its locks
+    await second.node.close()
+    await second.close()
+    for lease in second.slots._leases:
+        await lease.close()
+    replies["a/1"] = None
+    await _reconciled(first)
+    assert first.slots.held == {0, 1}
+    assert first.node.led_shards() == placed
+    assert first.placement().version == 0  # nothing moved to another region
+
+    # it runs again and asks for its slot back
+    again = controller("a", 1, replicas, leases_on(locks))
+    await _reconciled(again)
+    assert again.slots.held == set() and again.node.led_shards() == []
+    assert again.health_reply()["wants_own_slot"] is True
+    replies["a/1"] = again.health_reply()
+    await first._probe_siblings()
+    await _reconciled(first)  # hands it back: resigns its shards, then releases its lease
+    assert first.slots.held == {0} and first.node.led_shards() == split[0]
+    await _reconciled(first)  # and does not take it again while the sibling asks
+    assert first.slots.held == {0}
+    await _reconciled(again)
+    assert again.slots.held == {1} and again.node.led_shards() == split[1]
+    await first.node.close()
+    await again.node.close()
+
+
+async def test_a_holder_that_loses_a_lease_resigns_that_slots_shards() -> None:
+    replicas = {r: MemoryReplica(r) for r in REGIONS}
+    locks = [SimRegionLock(), SimRegionLock()]
+    holder = controller("a", 0, replicas, leases_on(locks))
+    split = _by_slot(holder.placement().shards_of("a"))
     await _reconciled(holder)
-    assert holder.node.led_shards()
-    lock.holder = SimLease(lock)  # its session ended and another node took the lock
-    await holder._keep_lease()
+    assert holder.node.led_shards() == split[0]
+    locks[0].holder = SimLease(locks[0])  # its session ended and another node took the lock
+    await holder._keep_slots()
     assert not holder.leads_region
     assert holder.node.led_shards() == []
     await holder._reconcile()
@@ -120,77 +175,78 @@ async def test_a_holder_that_loses_the_lease_resigns_every_shard() -> None:
 
 async def test_a_region_of_one_node_has_no_lease_and_always_leads() -> None:
     replicas = {r: MemoryReplica(r) for r in REGIONS}
-    only = controller("a", 0, replicas, None)
-    assert only.leads_region
+    only = controller("a", 0, replicas, [])
+    assert only.leads_region and only.slots.held == {0}
     await only._reconcile()
     await asyncio.gather(*only._leading.values())
     assert only.node.led_shards() == only.placement().shards_of("a")
     await only.node.close()
 
 
-def _reply(region: str, index: int, *, leads: bool, led: list[int]) -> dict[str, Any]:
-    return {"region": region, "node": index, "leads_region": leads, "suspects": [],
-            "led_shards": led}  # fmt: skip
+def _reply(region: str, index: int, *, slots: list[int], led: list[int]) -> dict[str, Any]:
+    return {"region": region, "node": index, "leads_region": bool(slots), "slots": slots,
+            "suspects": [], "led_shards": led}  # fmt: skip
 
 
-async def test_peers_follow_the_node_that_leads_a_region() -> None:
+async def test_peers_send_each_shard_to_the_node_holding_its_slot() -> None:
     replicas = {r: MemoryReplica(r) for r in REGIONS}
     replies: dict[str, dict[str, Any] | None] = {
-        "b": _reply("b", 0, leads=False, led=[]),
-        "b/1": _reply("b", 1, leads=True, led=[1, 4]),
+        "b": _reply("b", 0, slots=[1], led=[1]),
+        "b/1": _reply("b", 1, slots=[0], led=[4]),
     }
-    observer = controller("a", 0, replicas, None, Replies(replies))
-    assert observer.nodes.peer_url("b") == "https://b.invalid:1"  # the first node, until heard
+    observer = controller("a", 0, replicas, [], Replies(replies))
+    split = _by_slot(list(range(SHARDS)))
+    one, other = split[0][0], split[1][0]
+    assert observer.nodes.peer_url("b", one) == "https://b.invalid:1"  # slot i: node i, at first
     await observer._probe("b")
-    assert observer.nodes.leading_node("b") == 1
-    assert observer.nodes.peer_urls()["b"] == "https://b1.invalid:1"
+    assert observer.nodes.peer_url("b", one) == "https://b1.invalid:1"  # as each node said
+    assert observer.nodes.peer_url("b", other) == "https://b.invalid:1"
+    assert observer.nodes.peer_url_of()("b", other) == "https://b.invalid:1"
+    assert observer.nodes.peer_url_of()("nowhere", other) is None
     now_s = observer._clock.monotonic()
     assert observer.membership.status("b", now_s) == "up"
     assert observer.membership.led_shards_of("b") == {1, 4}
 
-    # the leading node is gone, the standby still answers: the region stays up
+    # one node is gone, the other still answers: the region stays up; it then takes both slots
     replies["b/1"] = None
     await observer._probe("b")
     assert observer.membership.status("b", observer._clock.monotonic()) == "up"
-    assert observer.nodes.leading_node("b") == 1  # nobody said otherwise yet
-    # the standby took over
-    replies["b"] = _reply("b", 0, leads=True, led=[1, 4])
+    replies["b"] = _reply("b", 0, slots=[0, 1], led=[1, 4])
     await observer._probe("b")
-    assert observer.nodes.leading_node("b") == 0
+    assert observer.nodes.peer_url("b", one) == observer.nodes.peer_url("b", other)
     await observer.node.close()
 
 
-async def test_a_standby_learns_which_sibling_leads_its_region() -> None:
-    replicas = {r: MemoryReplica(r) for r in REGIONS}
-    replies: dict[str, dict[str, Any] | None] = {"a/1": _reply("a", 1, leads=True, led=[0])}
-    lock = SimRegionLock()
-    lock.holder = SimLease(lock)  # a sibling holds the lease
-    standby = controller("a", 0, replicas, SimLease(lock), Replies(replies))
-    await standby._keep_lease()
-    assert not standby.answers_probes()  # it has not heard the region led yet
-    await standby._probe_siblings()
-    assert standby.nodes.leading_node("a") == 1
-    assert standby.answers_probes()
-    await standby.node.close()
+def test_a_reply_of_an_earlier_release_says_its_node_leads_every_slot() -> None:
+    assert reply_slots({"leads_region": True}, 3) == [0, 1, 2]
+    assert reply_slots({"leads_region": False}, 3) == []
+    assert reply_slots({"slots": [2, 7, "x"]}, 3) == [2]
 
 
-async def test_a_standby_falls_silent_when_the_node_leading_its_region_hangs() -> None:
-    """The leader keeps the lease while it hangs, so no standby can take over: the standby
-    stops answering probes, and the region fails over as a region of one hung node would."""
+async def test_a_node_answers_probes_only_while_every_slot_is_held() -> None:
+    """A sibling that hangs keeps its lease, so nobody can lead its slot: the node that still
+    runs stops answering other regions' probes, and the region fails over as a region of one
+    hung node would."""
     replicas = {r: MemoryReplica(r) for r in REGIONS}
-    replies: dict[str, dict[str, Any] | None] = {"a/1": _reply("a", 1, leads=True, led=[0])}
-    lock = SimRegionLock()
-    lock.holder = SimLease(lock)
-    standby = controller("a", 0, replicas, SimLease(lock), Replies(replies))
-    await standby._probe_siblings()
-    assert standby.answers_probes()
+    locks = [SimRegionLock(), SimRegionLock()]
+    locks[1].holder = SimLease(locks[1])  # the sibling holds its slot
+    replies: dict[str, dict[str, Any] | None] = {"a/1": _reply("a", 1, slots=[1], led=[])}
+    node = controller("a", 0, replicas, leases_on(locks), Replies(replies))
+    await node._keep_slots()
+    assert node.slots.held == {0}
+    assert not node.answers_probes()  # it has not heard who holds slot 1 yet
+    await node._probe_siblings()
+    assert node.answers_probes()
     replies["a/1"] = None  # hung: no answer, lease kept
-    detection_s = standby.settings.detection_s
-    assert standby._sibling_leading_heard_s is not None
-    standby._sibling_leading_heard_s -= detection_s  # as long ago as that
-    await standby._probe_siblings()
-    assert not standby.answers_probes()
-    await standby.node.close()
+    node.slots._siblings[1] = dataclasses.replace(
+        node.slots._siblings[1],
+        heard_s=node.slots._siblings[1].heard_s - node.settings.detection_s,
+    )
+    await node._probe_siblings()
+    await node._keep_slots()  # the lease is not free: nothing to take
+    assert node.slots.held == {0}
+    assert not node.answers_probes()
+    await node.node.close()
 
 
 def test_probe_targets_name_a_region_and_its_node() -> None:

@@ -40,6 +40,7 @@ from eventlog.sharding import shard_of
 from regions.drill_kinds import rules_of
 from regions.drill_report import percentile
 from regions.drills import DRILL_TENANT, SERIES_POINTS_MAX, Drill, Measurements
+from services.control.region_nodes import PeerUrlOf
 
 log = logging.getLogger("convplane.drills")
 
@@ -263,7 +264,7 @@ class CanaryFleet:
         owners: Callable[[], Mapping[int, str]],
         drill_of: Callable[[str], Drill | None],
         peers: httpx.AsyncClient,
-        peer_urls: Mapping[str, str],
+        peer_url: PeerUrlOf,
         peer_secret: str | None,
         peer_call_timeout_s: float,
         model_revision: str,
@@ -277,7 +278,7 @@ class CanaryFleet:
         self._owners = owners
         self._drill_of = drill_of
         self._peers = peers
-        self._peer_urls = peer_urls  # read live: a region's leading node may change
+        self._peer_url_of = peer_url  # read live: the node leading a shard may change
         self._peer_headers = {PEER_AUTH_HEADER: peer_secret} if peer_secret else {}
         self._peer_call_timeout_s = peer_call_timeout_s
         self._model_revision = model_revision
@@ -340,7 +341,7 @@ class CanaryFleet:
             return self._region
         body = {"conversation_id": conversation_id, "idempotency_key": key, "payload": payload}
         reply = await self._peers.post(
-            self._peer_url(region, "/peer/drills/canary"),
+            self._peer_url(region, shard, "/peer/drills/canary"),
             json=body,
             headers=self._peer_headers,
             timeout=self._peer_call_timeout_s,
@@ -352,10 +353,11 @@ class CanaryFleet:
     async def _read(
         self, region: str, conversation_id: str, after_seq: int
     ) -> list[dict[str, Any]]:
-        if self._node.leads(self._node.shard_of(conversation_id)):
+        shard = self._node.shard_of(conversation_id)
+        if self._node.leads(shard):
             return await read_canary(self._node, conversation_id, after_seq)
         reply = await self._peers.get(
-            self._peer_url(region, "/peer/drills/canary"),
+            self._peer_url(region, shard, "/peer/drills/canary"),
             params={"conversation_id": conversation_id, "after_seq": after_seq},
             headers=self._peer_headers,
             timeout=self._peer_call_timeout_s * 5,
@@ -367,5 +369,5 @@ class CanaryFleet:
         events: list[dict[str, Any]] = reply.json()["events"]
         return events
 
-    def _peer_url(self, region: str, path: str) -> str:
-        return self._peer_urls[region].rstrip("/") + path
+    def _peer_url(self, region: str, shard: int, path: str) -> str:
+        return f"{self._peer_url_of(region, shard)}".rstrip("/") + path

@@ -74,6 +74,7 @@ from regions.ops_state import (
 from services.control.controller import Controller
 from services.control.drills.canary import CanaryFleet
 from services.control.drills.load import LoadMeter, PlaneLoad, ReplayView, moved_load, plane_load
+from services.control.region_nodes import PeerUrlOf
 
 log = logging.getLogger("convplane.drills")
 
@@ -105,7 +106,7 @@ class DrillDriver:
         ops: OpsState,
         replicas: Mapping[str, ReplicaStore],
         peers: httpx.AsyncClient,
-        peer_urls: Mapping[str, str],
+        peer_url: PeerUrlOf,
         peer_secret: str | None,
         load: LoadMeter,
         clock: Clock,
@@ -122,7 +123,7 @@ class DrillDriver:
         self.load = load
         self._replicas = dict(replicas)
         self._peers = peers
-        self._peer_urls = peer_urls  # read live: a region's leading node may change
+        self._peer_url = peer_url  # read live: the node leading a shard may change
         self._peer_headers = {PEER_AUTH_HEADER: peer_secret} if peer_secret else {}
         self._clock = clock
         self._capacity_per_s = region_append_capacity_per_s
@@ -136,7 +137,7 @@ class DrillDriver:
             owners=self._owners,
             drill_of=self.ops.drills.get,
             peers=peers,
-            peer_urls=peer_urls,
+            peer_url=peer_url,
             peer_secret=peer_secret,
             peer_call_timeout_s=PEER_CALL_TIMEOUT_S,
             model_revision=controller.cluster.default_model_revision,
@@ -330,7 +331,8 @@ class DrillDriver:
     async def _plane_load(self) -> PlaneLoad:
         return await plane_load(
             self._peers,
-            self._peer_urls,
+            self._peer_url,
+            [r.name for r in self.controller.cluster.regions],
             self.region,
             self._peer_headers,
             self.load,

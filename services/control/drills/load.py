@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,6 +17,7 @@ from eventlog.errors import ConvplaneError
 from eventlog.replica import ReplicaStore
 from regions.drill_plan import MovedLoad
 from regions.drills import DRILL_TENANT, ReplayTally
+from services.control.region_nodes import PeerUrlOf
 
 #: the load meter's window, and the most appends it remembers
 LOAD_WINDOW_S = 10.0
@@ -118,19 +119,21 @@ class PlaneLoad:
 
 async def plane_load(
     peers: httpx.AsyncClient,
-    peer_urls: Mapping[str, str],
+    peer_url: PeerUrlOf,
+    regions: Collection[str],
     region: str,
     headers: Mapping[str, str],
     own: LoadMeter,
     own_replay: ReplayView | None,
 ) -> PlaneLoad:
-    """This node's numbers plus every peer's (``GET /peer/drills/load``); a peer that does not
-    answer adds nothing (preflight refuses a plane with a region down anyway)."""
-    others = [r for r in peer_urls if r != region]
+    """This node's numbers plus those of each other region's node leading its control slot
+    (``GET /peer/drills/load``); a peer that does not answer adds nothing (preflight refuses a
+    plane with a region down anyway)."""
+    others = [r for r in regions if r != region]
     replies = await asyncio.gather(
         *(
             peers.get(
-                peer_urls[r].rstrip("/") + LOAD_PATH,
+                f"{peer_url(r, None)}".rstrip("/") + LOAD_PATH,
                 headers=dict(headers),
                 timeout=PREFLIGHT_CALL_TIMEOUT_S,
             )
