@@ -71,8 +71,10 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -88,6 +90,8 @@ from tests.harness.lab_plane import lab_plane, sync_replication_on_lab
 from tests.harness.postgres import SyncReplicationCluster, start_sync_replication_cluster
 
 CALL_TIMEOUT_S = 10.0  # every setup call to the plane
+SETUP_RETRIES = 50  # a setup call answered 503 is asked again, this many times at most
+SETUP_RETRY_PAUSE_S = 0.1
 WRK_TIMEOUT_S = 15  # wrk counts a response slower than this as a timeout error
 BENCH_TENANT_REQUESTS_PER_S = 1_000_000.0  # the demo tenant's quota, out of the way
 PEER_WRITERS_MAX = 256  # the peer is also measured at bench/append.py's concurrency
@@ -302,13 +306,27 @@ def create_conversations(plane_info: dict[str, Any], count: int) -> dict[str, li
     with httpx.Client(base_url=regions[0]["url"], headers=headers, timeout=CALL_TIMEOUT_S) as http:
         for index in range(count):
             conversation_id = f"bench-rest-{index}"
-            http.post(
-                "/v1/conversations", json={"conversation_id": conversation_id}
-            ).raise_for_status()
-            route = http.get(f"/v1/conversations/{conversation_id}/route")
-            route.raise_for_status()
+            body = {"conversation_id": conversation_id}
+            answered(partial(http.post, "/v1/conversations", json=body), ok=(201, 409))
+            path = f"/v1/conversations/{conversation_id}/route"
+            route = answered(partial(http.get, path), ok=(200,))
             by_node[route.json()["node_url"]].append(conversation_id)
     return by_node
+
+
+def answered(call: Callable[[], httpx.Response], *, ok: tuple[int, ...]) -> httpx.Response:
+    """``call``'s answer once its status is in ``ok``; a retryable 503 (a shard changing hands
+    inside a region that just started: its first node may hold a later one's slot a moment)
+    is asked again, a few times."""
+    for _ in range(SETUP_RETRIES):
+        reply = call()
+        if reply.status_code in ok:
+            return reply
+        if reply.status_code != 503:
+            break
+        time.sleep(SETUP_RETRY_PAUSE_S)
+    reply.raise_for_status()
+    raise RuntimeError(f"{reply.request.url}: {reply.status_code} {reply.text[:300]}")
 
 
 def host_port(url: str) -> tuple[str, int]:

@@ -142,6 +142,10 @@ class Affinity(BaseModel):
     worker: WarmWorker | None
 
 
+def _first_node_slots() -> list[int | None]:
+    return [0]
+
+
 class PeerHealth(BaseModel):
     model_config = _open(
         {
@@ -162,6 +166,11 @@ class PeerHealth(BaseModel):
     slots: list[int] = Field(default_factory=lambda: [0])
     #: whether that node asks for its own slot back from the sibling that holds it
     wants_own_slot: bool = False
+    #: per node slot of the region, the node holding it as that node knows (null: none heard
+    #: lately), so a peer need not ask each node (``Controller._probe``)
+    region_slots: list[int | None] = Field(default_factory=_first_node_slots)
+    #: the shards the region's nodes lead, as that node knows
+    region_led_shards: list[int] = Field(default_factory=list)
     suspects: list[str]
     led_shards: list[int]
     placement_version: int

@@ -146,6 +146,9 @@ class Controller:
         self._peer_unhealthy_loops: dict[str, list[str]] = {}
         #: the control leader each peer's last health reply named
         self._peer_control_leader: dict[str, str] = {}
+        #: regions of several nodes whose node asked first did not answer with its region's
+        #: view last time: all their nodes are asked at once (``_probe``)
+        self._ask_every_node: set[str] = set()
         self.succession = ControlSuccession(self.region, settings.control_handoff_wait_s)
         #: called with every committed control entry, in lsn order, after the placement saw it,
         #: and whether the entry took effect as the new placement (services.control.drills.driver
@@ -164,6 +167,11 @@ class Controller:
     async def start(self) -> None:
         self._reconcile_hints()
         self.supervisor.start("probe", self._probe_all, self.settings.probe_interval_s)
+        if self.nodes.node_count(self.region) > 1:
+            # apart from the peers' probes: a dead sibling's timeouts must not slow them
+            self.supervisor.start(
+                "probe-siblings", self._probe_siblings, self.settings.probe_interval_s
+            )
         self.supervisor.start("learn-reconcile", self._tick, self.settings.placement_poll_s)
         self.supervisor.start("control", self._control, self.settings.placement_poll_s)
         self.supervisor.start("verify-replicas", self._verify_replicas, VERIFY_REPLICAS_EVERY_S)
@@ -211,14 +219,18 @@ class Controller:
 
     def health_reply(self) -> dict[str, Any]:
         now_s = self._clock.monotonic()
+        led_shards = self.node.led_shards()
+        region_slots, region_led_shards = self.slots.region_view(led_shards)
         return {
             "region": self.region,
             "node": self.settings.node_index,
             "leads_region": self.leads_region,
             "slots": sorted(self.slots.held),
             "wants_own_slot": self.slots.wants_own_slot(),
+            "region_slots": region_slots,
+            "region_led_shards": region_led_shards,
             "suspects": sorted(self.membership.suspects(now_s)),
-            "led_shards": self.node.led_shards(),
+            "led_shards": led_shards,
             "placement_version": self.state.version,
             "control_leader": self.control_leader(),
             "unhealthy_loops": self.supervisor.unhealthy(),
@@ -278,10 +290,7 @@ class Controller:
 
     async def _probe_all(self) -> None:
         peers = [r for r in self.membership.regions if r != self.region]
-        probes = [self._probe(r) for r in peers]
-        if self.nodes.node_count(self.region) > 1:
-            probes.append(self._probe_siblings())
-        await asyncio.gather(*probes)
+        await asyncio.gather(*(self._probe(r) for r in peers))
 
     async def _ask(self, region: str, index: int) -> dict[str, Any] | None:
         """Node ``index`` of ``region``'s health reply, or None (no answer, or not that
@@ -295,25 +304,38 @@ class Controller:
         return body if isinstance(body, dict) and body.get("region") == region else None
 
     async def _probe(self, region: str) -> None:
-        """Ask every node of ``region``: it is up while any answers. Forwards of each shard go
-        to the node that says it holds the shard's slot from now on; what the node leading the
-        control shard's slot says counts (suspects, control leader, loops); the shards the
-        region leads are those any of its nodes says it leads (a handoff inside the region may
-        show one shard at two)."""
+        """Ask ``region``'s node leading its control shard's slot: its reply says, as it knows
+        them, which node holds each slot and what the region's nodes lead, so probes grow with
+        regions, not with nodes. When it does not answer with that view (gone, or of an earlier
+        release) the region's other nodes are asked at once, and from then on all its nodes
+        together until it does again. The region is up while any node answers; forwards of
+        each shard go to the node heard holding its slot; what the first node to answer says
+        counts (suspects, control leader, loops)."""
         count = self.nodes.node_count(region)
-        replies = await asyncio.gather(*(self._ask(region, i) for i in range(count)))
-        answered = dict((i, body) for i, body in enumerate(replies) if body is not None)
+        first = self.nodes.leading_node(region)
+        order = [first, *(i for i in range(count) if i != first)]
+        at_once = order if region in self._ask_every_node else order[:1]
+        replies = await self._ask_nodes(region, at_once)
+        if _has_region_view(replies[first]):
+            self._ask_every_node.discard(region)
+        else:
+            self._ask_every_node.add(region)
+            replies |= await self._ask_nodes(region, [i for i in order if i not in replies])
+        answered = {i: body for i, body in replies.items() if body is not None}
         now_s = self._clock.monotonic()
         if not answered:
             self.membership.probe_failed(region, now_s)
             return
-        for index, reply in answered.items():
-            self.nodes.heard(region, index, reply_slots(reply, count))
-        body = answered.get(self.nodes.leading_node(region), next(iter(answered.values())))
         led_shards: list[Any] = []
-        for reply in answered.values():
-            shards = reply.get("led_shards", ())
+        for index, reply in answered.items():
+            view = reply.get("region_slots")
+            for slot, holder in enumerate(view if isinstance(view, list) else ()):
+                if isinstance(holder, int):
+                    self.nodes.heard(region, holder, [slot])
+            self.nodes.heard(region, index, reply_slots(reply, count))
+            shards = reply.get("region_led_shards", reply.get("led_shards", ()))
             led_shards.extend(shards if isinstance(shards, list) else ())
+        body = next(iter(answered.values()))
         self.membership.probe_ok(
             region, now_s, suspects=body.get("suspects", ()), led_shards=led_shards
         )
@@ -323,6 +345,10 @@ class Controller:
         loops = body.get("unhealthy_loops", [])
         if isinstance(loops, list):
             self._peer_unhealthy_loops[region] = [str(x)[:64] for x in loops[:16]]
+
+    async def _ask_nodes(self, region: str, indices: list[int]) -> dict[int, dict[str, Any] | None]:
+        replies = await asyncio.gather(*(self._ask(region, i) for i in indices))
+        return dict(zip(indices, replies, strict=True))
 
     async def _probe_siblings(self) -> None:
         """Which slots this region's other nodes hold (where what this node is sent for them
@@ -616,3 +642,8 @@ class Controller:
             "committed placement v%d at lsn %d: %s", placement.version, lsn, placement.reason
         )
         await self._learn()
+
+
+def _has_region_view(reply: Mapping[str, Any] | None) -> bool:
+    """Whether a health reply says what its node knows of its whole region (this release)."""
+    return reply is not None and isinstance(reply.get("region_slots"), list)

@@ -43,6 +43,7 @@ class SiblingView:
     heard_s: float
     slots: frozenset[int]
     wants_own_slot: bool
+    led_shards: tuple[int, ...] = ()
 
 
 def reply_slots(body: Mapping[str, Any], node_count: int) -> list[int]:
@@ -101,12 +102,32 @@ class NodeSlots:
     def heard_sibling(self, index: int, body: Mapping[str, Any]) -> list[int]:
         """Note sibling ``index``'s health reply; the slots it says it holds."""
         slots = reply_slots(body, self.count)
+        led = body.get("led_shards")
         self._siblings[index] = SiblingView(
             heard_s=self._clock.monotonic(),
             slots=frozenset(slots),
             wants_own_slot=body.get("wants_own_slot") is True,
+            led_shards=tuple(s for s in led if isinstance(s, int)) if isinstance(led, list) else (),
         )
         return slots
+
+    def region_view(self, own_led: list[int]) -> tuple[list[int | None], list[int]]:
+        """What this node knows of its whole region, for peers that ask one node instead of
+        each: per slot, the node holding it (None: none heard within ``detection_s``), and
+        the shards the region's nodes lead (its own, ``own_led``, and its siblings' as last
+        heard within ``detection_s``)."""
+        now_s = self._clock.monotonic()
+        fresh = {i: v for i, v in self._siblings.items() if now_s - v.heard_s < self._detection_s}
+        holders: list[int | None] = []
+        for slot in range(self.count):
+            if slot in self.held:
+                holders.append(self.own)
+            else:
+                holders.append(next((i for i, v in fresh.items() if slot in v.slots), None))
+        led = set(own_led)
+        for view in fresh.values():
+            led.update(view.led_shards)
+        return holders, sorted(led)
 
     def answers_probes(self) -> bool:
         """Whether every slot is held by this node or by a sibling heard holding it within

@@ -217,6 +217,43 @@ async def test_peers_send_each_shard_to_the_node_holding_its_slot() -> None:
     await observer.node.close()
 
 
+async def test_peers_ask_one_node_of_a_region_that_tells_them_the_whole_region() -> None:
+    """The node leading the control shard's slot says which node holds each slot and what
+    the region's nodes lead: its siblings are not asked unless it does not answer."""
+    replicas = {r: MemoryReplica(r) for r in REGIONS}
+    control_node = node_slot(SHARDS, 2)  # the control shard is shard SHARDS
+    other = 1 - control_node
+    asked: list[str] = []
+    replies: dict[str, dict[str, Any] | None] = {
+        node_target("b", control_node): {
+            **_reply("b", control_node, slots=[control_node], led=[1]),
+            "region_slots": [control_node, other] if control_node == 0 else [other, control_node],
+            "region_led_shards": [1, 4],
+        },
+        node_target("b", other): _reply("b", other, slots=[other], led=[4]),
+    }
+
+    class Counting(Replies):
+        async def health(self, target: str) -> dict[str, Any] | None:
+            asked.append(target)
+            return await super().health(target)
+
+    observer = controller("a", 0, replicas, [], Counting(replies))
+    await observer._probe("b")
+    assert asked == [node_target("b", control_node)]
+    assert observer.membership.led_shards_of("b") == {1, 4}
+    shard_of_other = next(s for s in range(SHARDS) if node_slot(s, 2) == other)
+    assert observer.nodes.leading_node("b", shard_of_other) == other
+
+    replies[node_target("b", control_node)] = None  # gone: the sibling is asked at once
+    await observer._probe("b")
+    assert asked[1:] == [node_target("b", control_node), node_target("b", other)]
+    assert observer.membership.status("b", observer._clock.monotonic()) == "up"
+    await observer._probe("b")  # and from then on both together, until a view comes back
+    assert sorted(asked[3:]) == sorted([node_target("b", control_node), node_target("b", other)])
+    await observer.node.close()
+
+
 def test_a_reply_of_an_earlier_release_says_its_node_leads_every_slot() -> None:
     assert reply_slots({"leads_region": True}, 3) == [0, 1, 2]
     assert reply_slots({"leads_region": False}, 3) == []
