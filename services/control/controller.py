@@ -306,21 +306,22 @@ class Controller:
     async def _probe(self, region: str) -> None:
         """Ask ``region``'s node leading its control shard's slot: its reply says, as it knows
         them, which node holds each slot and what the region's nodes lead, so probes grow with
-        regions, not with nodes. When it does not answer with that view (gone, or of an earlier
-        release) the region's other nodes are asked at once, and from then on all its nodes
+        regions, not with nodes. When it does not answer with that view soon (gone, or of an
+        earlier release) the region's other nodes are asked too, and from then on all its nodes
         together until it does again. The region is up while any node answers; forwards of
         each shard go to the node heard holding its slot; what the first node to answer says
         counts (suspects, control leader, loops)."""
         count = self.nodes.node_count(region)
         first = self.nodes.leading_node(region)
-        order = [first, *(i for i in range(count) if i != first)]
-        at_once = order if region in self._ask_every_node else order[:1]
-        replies = await self._ask_nodes(region, at_once)
+        others = [i for i in range(count) if i != first]
+        if region in self._ask_every_node:
+            replies = await self._ask_nodes(region, [first, *others])
+        else:
+            replies = await self._ask_hedged(region, first, others)
         if _has_region_view(replies[first]):
             self._ask_every_node.discard(region)
-        else:
+        elif others:
             self._ask_every_node.add(region)
-            replies |= await self._ask_nodes(region, [i for i in order if i not in replies])
         answered = {i: body for i, body in replies.items() if body is not None}
         now_s = self._clock.monotonic()
         if not answered:
@@ -345,6 +346,22 @@ class Controller:
         loops = body.get("unhealthy_loops", [])
         if isinstance(loops, list):
             self._peer_unhealthy_loops[region] = [str(x)[:64] for x in loops[:16]]
+
+    async def _ask_hedged(
+        self, region: str, first: int, others: list[int]
+    ) -> dict[int, dict[str, Any] | None]:
+        """Node ``first``'s reply, and the ``others``' too when it has not answered with its
+        region's view within a third of the probe timeout: they are asked then, while it may
+        still answer, so a gone first node costs a probe round no more time than before."""
+        asking = asyncio.ensure_future(self._ask(region, first))
+        try:
+            done, _ = await asyncio.wait({asking}, timeout=self.settings.probe_timeout_s / 3)
+            if done and (_has_region_view(asking.result()) or not others):
+                return {first: asking.result()}
+            rest = await self._ask_nodes(region, others)
+            return {first: await asking, **rest}
+        finally:
+            asking.cancel()  # done by now, unless this probe was cancelled
 
     async def _ask_nodes(self, region: str, indices: list[int]) -> dict[int, dict[str, Any] | None]:
         replies = await asyncio.gather(*(self._ask(region, i) for i in indices))
