@@ -10,8 +10,8 @@ after any failure (or a new control leader taking over with the persisted counts
 acknowledged ``n`` stays unique and contiguous. RTO of a moved shard is the time from injection
 to its first acknowledged canary served by another region than the target, or for a node kill
 by another node than the killed one (or, for a loss or a kill whose failover outlasted the hold,
-by the target once it is back); RPO is the count of
-acknowledged ``n`` not found when the canary conversations are read back after the restore.
+by the target once it is back); RPO is the count of acknowledged ``n`` not found when the
+canary conversations are read back after the restore.
 
 Writes go on while the drill restores (a failover still under way is measured), and stop once
 the target is back, before the read-back.
@@ -269,7 +269,6 @@ class CanaryFleet:
     def __init__(
         self,
         *,
-        region: str,
         node: LogNode,
         owners: Callable[[], Mapping[int, str]],
         drill_of: Callable[[str], Drill | None],
@@ -285,7 +284,6 @@ class CanaryFleet:
         """``owners``: the committed placement's shard -> region; ``drill_of``: a drill's
         record as this node applied it (None once it is gone); ``served_by``: this node as a
         probe target (what its own canary writes say served them)."""
-        self._region = region
         self._served_by = served_by
         self._node = node
         self._owners = owners

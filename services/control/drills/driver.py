@@ -133,7 +133,6 @@ class DrillDriver:
         self._shard_count = controller.cluster.shard_count
         self._write_lock = asyncio.Lock()
         self._canaries = CanaryFleet(
-            region=self.region,
             node=node,
             owners=self._owners,
             drill_of=self.ops.drills.get,
