@@ -5,13 +5,15 @@ Preflight refuses a drill (nothing is committed) unless
 * every region is up and none is down or evacuated in the committed placement,
 * no other drill is active and the halt switch is off,
 * the kind can run here (``kill`` needs the local plane's supervisor),
+* a kill of one node (``node``) takes some shard away: the node's slot holds one,
 * the survivors have the capacity to take the target's load: the region-loss arithmetic of
   ``regions.capacity_arithmetic.plan_region_loss`` fed with the live append rate (appends are the log's
   unit of work: one "token" per append, no cache), i.e. per survivor ``Q * N/(N-1)`` must not
   exceed ``region_append_capacity_per_s``. ``force`` overrides this check only.
 
 The dry run answers the same questions and what would happen: the shards that move and to which
-region (weighted rendezvous over the survivors, as the placement planner would place them), the
+region (weighted rendezvous over the survivors, as the placement planner would place them; a
+node kill's slot stays in its region), the
 active conversations on them and their tokens, and the planner's lower bound on replay time
 (``plan_replay``) when a spare prefill rate is known.
 """
@@ -25,7 +27,7 @@ from typing import Any
 from regions.capacity_arithmetic import plan_region_loss, plan_replay
 from regions.control import Placement
 from regions.drill_kinds import rules_of
-from regions.drills import Drill, DrillSpec
+from regions.drills import Drill, DrillSpec, shards_taken, target_name
 from regions.ops_state import Halt
 from regions.placement import rank_regions
 
@@ -87,9 +89,13 @@ class DrillPlan:
 
 
 def moves_for(
-    spec: DrillSpec, placement: Placement, weights: Mapping[str, float]
+    spec: DrillSpec, placement: Placement, weights: Mapping[str, float], node_count: int = 1
 ) -> dict[int, str]:
-    """Where the target's shards would go: the best survivor by weighted rendezvous."""
+    """Where the target's shards would go: the best survivor by weighted rendezvous; a killed
+    node's slot stays in its region (a sibling node leads it meanwhile)."""
+    if spec.node is not None:
+        taken = shards_taken(spec, placement.shards_of(spec.region), node_count)
+        return dict.fromkeys(taken, spec.region)
     survivors = {
         r: w
         for r, w in weights.items()
@@ -111,7 +117,9 @@ def preflight(
     load: LiveLoad,
     moved_load: MovedLoad | None = None,
     kill_supported: bool = False,
+    node_count: int = 1,
 ) -> DrillPlan:
+    """``node_count``: how many nodes the target region runs (a node kill's slot)."""
     failures: list[str] = []
     if spec.region not in weights:
         failures.append(f"no region {spec.region!r}")
@@ -134,8 +142,10 @@ def preflight(
     capacity, capacity_ok = _capacity(len(weights), load)
     if not capacity_ok and not spec.force:
         failures.append(f"capacity: {capacity['verdict']} (force overrides this check)")
-    moves = moves_for(spec, placement, weights) if spec.region in weights else {}
-    if spec.region in weights and not moves and placement.shards_of(spec.region):
+    moves = moves_for(spec, placement, weights, node_count) if spec.region in weights else {}
+    if spec.node is not None and not moves:
+        failures.append(f"{target_name(spec)} leads no shard: a kill of it measures nothing")
+    elif spec.region in weights and not moves and placement.shards_of(spec.region):
         failures.append(f"no region could take the shards of {spec.region}")
     replay_time_min_s = None
     if moved_load and moved_load.conversations > 0 and load.spare_prefill_tokens_per_s:

@@ -2,7 +2,8 @@
 
 Every drill has one, aborted and unfinished ones included (``verdict`` is null while it runs).
 RTO of a moved shard is the time from injection to its first acknowledged canary write served
-by another region; RPO is the count of acknowledged canary events not found when every canary
+by another region (a node kill's: by another node of its region, and ``stayed_in_region`` says
+whether the placement kept its version); RPO is the count of acknowledged canary events not found when every canary
 conversation is read back after the restore (it must be 0). Where engines are attached it also
 has what a chat platform's users feel (``regions.drill_llm_metrics``): the cache-recovery curve
 and its target, live TTFT per survivor before, during and after, and replay's throughput
@@ -24,7 +25,7 @@ from regions.drill_llm_metrics import (
     warm_target,
     window_figures,
 )
-from regions.drills import Drill
+from regions.drills import Drill, placement_changed
 
 #: the windows of live TTFT: name -> (snapshot at its end, snapshot at its start; None: since
 #: the engines started)
@@ -58,6 +59,7 @@ def report(drill: Drill) -> dict[str, Any]:
         "drill_id": drill.drill_id,
         "kind": drill.spec.kind,
         "region": drill.spec.region,
+        "node": drill.spec.node,
         "phase": drill.phase,
         "verdict": drill.verdict,
         "verdict_reason": drill.verdict_reason,
@@ -82,6 +84,8 @@ def report(drill: Drill) -> dict[str, Any]:
         "abort_reason": drill.abort_reason,
         "placement_versions": dict(m.placement_versions),
         "placement_shards": {k: dict(v) for k, v in m.placement_shards.items()},
+        # a node kill's claim: its region's other nodes took its shards, no other region did
+        "stayed_in_region": None if drill.spec.node is None else not placement_changed(m),
         "series": [
             {"t_s": t, "acked": acked, "errors": errors, "ack_p99_ms": p99}
             for t, acked, errors, p99 in m.series
@@ -206,14 +210,17 @@ def summary_lines(body: dict[str, Any]) -> list[str]:
     def seconds(value: Any) -> str:
         return "-" if value is None else f"{value:.2f}s"
 
+    node = body.get("node")
+    target = body["region"] if node is None else f"{body['region']} node {node}"
     return [
-        f"drill {body['drill_id']}: {body['kind']} of {body['region']} -> "
+        f"drill {body['drill_id']}: {body['kind']} of {target} -> "
         f"{body['verdict'] or body['phase']} ({body['verdict_reason'] or 'running'})",
         f"  shards moved {body['shards_moved']}, recovered {body['shards_recovered']}; "
         f"RTO p50 {seconds(body['rto_p50_s'])} p99 {seconds(body['rto_p99_s'])} "
         f"max {seconds(body['rto_max_s'])}",
         f"  canary events acked {body['canary_acked']}, errors {body['canary_errors']}, "
         f"lost {'-' if body['canary_lost'] is None else body['canary_lost']}",
+        *_stayed_lines(body),
         *(
             f"  guard tripped: {g['guard']} measured {g['measured']:.3g} > {g['limit']:.3g}"
             for g in body["guards_tripped"]
@@ -221,6 +228,16 @@ def summary_lines(body: dict[str, Any]) -> list[str]:
         *_replay_lines(body.get("replay")),
         *_llm_lines(body.get("cache_recovery"), body.get("live_ttft")),
     ]
+
+
+def _stayed_lines(body: dict[str, Any]) -> list[str]:
+    """A node kill's placement: the same version before, during and after, or not."""
+    stayed = body.get("stayed_in_region")
+    if stayed is None:
+        return []
+    versions = ", ".join(f"{k} v{v}" for k, v in body["placement_versions"].items())
+    said = "unchanged, no shard left the region" if stayed else "CHANGED"
+    return [f"  placement {said} ({versions})"]
 
 
 def _llm_lines(

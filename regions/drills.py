@@ -28,13 +28,14 @@ calls it, commits what it returns and carries out the phase's action.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal, cast, get_args
 
 from eventlog.errors import InvalidRequest
 from regions.drill_kinds import DrillKind, rules_of
 from regions.drill_llm_metrics import EngineSnapshot, snapshots_of
+from regions.placement import node_slot
 
 Phase = Literal[
     "planned", "preflight", "injecting", "holding", "restoring", "done", "aborted", "failed"
@@ -99,10 +100,18 @@ class DrillSpec:
     force: bool = False
     #: who asked: the key's tenant and role
     requested_by: str = ""
+    #: a kill drill of one node of a region of several (``check_node``): only that node is
+    #: killed, its sibling takes its slot's shards, and no shard leaves the region. None: the
+    #: whole region (every other kind)
+    node: int | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise InvalidRequest(f"kind must be one of {list(KINDS)}")
+        if self.node is not None and rules_of(self.kind).fault != "process":
+            raise InvalidRequest(f"node applies to kill drills only, not to {self.kind}")
+        if self.node is not None and self.node < 0:
+            raise InvalidRequest("node must be 0 or more")
         if not 0 < self.hold_s <= HOLD_S_MAX:
             raise InvalidRequest(f"hold_s must be in (0, {HOLD_S_MAX:g}]")
         if not self.reason.strip() or len(self.reason) > REASON_CHARS_MAX:
@@ -117,10 +126,28 @@ class DrillSpec:
             "guards": self.guards.to_body(),
             "force": self.force,
             "requested_by": self.requested_by,
+            # only where set: a region's drill reads as before nodes could be drilled
+            **({} if self.node is None else {"node": self.node}),
         }
+
+    def check_node(self, node_count: int) -> None:
+        """Refuse a node that the target region does not have: a node kill needs a region of
+        several nodes (one node's region goes down whole: a plain kill drill) and an index
+        below ``node_count``."""
+        if self.node is None:
+            return
+        if node_count < 2:
+            raise InvalidRequest(
+                f"{self.region} runs one node: kill the region (leave out node) instead"
+            )
+        if self.node >= node_count:
+            raise InvalidRequest(
+                f"{self.region} runs nodes 0 to {node_count - 1}: no node {self.node}"
+            )
 
     @classmethod
     def from_body(cls, body: Mapping[str, Any]) -> DrillSpec:
+        node = body.get("node")
         return cls(
             kind=cast(DrillKind, str(body["kind"])),
             region=str(body["region"]),
@@ -129,6 +156,7 @@ class DrillSpec:
             guards=Guards.from_body(body.get("guards")),
             force=bool(body.get("force", False)),
             requested_by=str(body.get("requested_by", "")),
+            node=None if node is None else int(node),
         )
 
 
@@ -504,7 +532,7 @@ def _finish(drill: Drill, obs: Observation, now_ms: int) -> Drill:
     in_steps = rules_of(drill.spec.kind).fault == "placement"
     unrecovered = [s for s in measured.shards_moved if s not in measured.rto_s and not in_steps]
     slow = sorted(s for s, rto_s in measured.rto_s.items() if rto_s > drill.spec.guards.max_rto_s)
-    not_back = "" if obs.restored else f"{drill.spec.region} was not back by the deadline"
+    not_back = "" if obs.restored else f"{target_name(drill.spec)} was not back by the deadline"
     if drill.abort_reason is not None:
         phase, verdict = "aborted", "aborted"
         why = "; ".join(filter(None, (drill.abort_reason, not_back, obs.read_back_failed)))
@@ -514,6 +542,12 @@ def _finish(drill: Drill, obs: Observation, now_ms: int) -> Drill:
     elif obs.read_back_failed is not None or canary_lost is None:
         phase, verdict = "failed", "failed"
         why = f"canary read-back did not finish by the deadline: {obs.read_back_failed}"
+    elif drill.spec.node is not None and placement_changed(measured):
+        phase, verdict = "failed", "failed"
+        why = (
+            f"the placement changed while one node was down ({dict(measured.placement_versions)}):"
+            f" the node's death did not stay inside {drill.spec.region}"
+        )
     elif unrecovered:
         phase, verdict = "failed", "failed"
         why = f"moved shards {unrecovered} never took a canary write again"
@@ -531,6 +565,27 @@ def _finish(drill: Drill, obs: Observation, now_ms: int) -> Drill:
         drill, measurements=measured, ended_at_ms=now_ms, verdict=verdict, verdict_reason=why
     )
     return _bump(ended, phase, now_ms, why)
+
+
+def target_name(spec: DrillSpec) -> str:
+    """What a drill takes away, for people: the region, or one node of it."""
+    return spec.region if spec.node is None else f"{spec.region} node {spec.node}"
+
+
+def shards_taken(spec: DrillSpec, region_shards: Sequence[int], node_count: int) -> list[int]:
+    """The shards a drill takes from its target (``region_shards``: those placed on its
+    region): all of them, or for a node kill those of the node's slot, which its sibling leads
+    meanwhile (``regions.placement.node_slot``)."""
+    if spec.node is None:
+        return sorted(region_shards)
+    return sorted(s for s in region_shards if node_slot(s, node_count) == spec.node)
+
+
+def placement_changed(m: Measurements) -> bool:
+    """Whether the placement's version during or after the fault differs from the one before
+    it (a node kill must leave it as it was: no shard placed on another region)."""
+    before = m.placement_versions.get("before")
+    return any(m.placement_versions.get(k, before) != before for k in ("during", "after"))
 
 
 def _live_point(p: Any) -> tuple[float, float, float, float | None]:

@@ -1,6 +1,7 @@
 """Routes of drills, the halt switch and the audit log (operator and viewer keys only).
 
-* ``POST /v1/drills`` ``{kind, region, hold_s, reason, dry_run?, force?, guards?}``: preflight,
+* ``POST /v1/drills`` ``{kind, region, hold_s, reason, dry_run?, force?, guards?, node?}``
+  (``node``: a kill drill of that one node of a region of several): preflight,
   then 201 with the drill; ``dry_run``: 200 with the plan, nothing committed. A refused
   preflight is 409 ``preflight_failed``. Committed by the control leader (others forward).
 * ``GET /v1/drills``, ``GET /v1/drills/{id}`` (phase, timeline so far),
@@ -52,6 +53,8 @@ drill_peer_router = APIRouter(prefix="/peer/drills")
 Context = Annotated[RequestContext, Depends(request_context)]
 DrillIdPath = Annotated[str, Path(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")]
 DRILLS_LISTED_MAX = 200
+#: the highest node index a region can have (``RegionConfig.more_nodes`` holds at most 15)
+NODE_INDEX_MAX = 15
 AUDIT_PAGE_MAX = 1000
 
 
@@ -76,6 +79,8 @@ class DrillRequest(BaseModel):
     dry_run: bool = False
     force: bool = False
     guards: DrillGuards | None = None
+    #: kill drills only: kill this node of the region (of several nodes) instead of the region
+    node: int | None = Field(default=None, ge=0, le=NODE_INDEX_MAX)
 
 
 class ReasonRequest(BaseModel):
@@ -126,6 +131,7 @@ def _drill_body(drill: Drill) -> dict[str, Any]:
         "verdict": drill.verdict,
         "kind": drill.spec.kind,
         "region": drill.spec.region,
+        "node": drill.spec.node,
         "hold_s": drill.spec.hold_s,
         "guards": drill.spec.guards.to_body(),
         "shards_moved": body["shards_moved"],
@@ -156,17 +162,17 @@ def _drill_body(drill: Drill) -> dict[str, Any]:
 )
 async def create_drill(ctx: Context, body: DrillRequest) -> Any:
     """Start a drill (operator keys): `evacuate`, `region-loss` or `kill` of one region for
-    `hold_s`, after preflight (every region up, no other drill, halt off, capacity by the
+    `hold_s` (`kill` with `node`: only that node of a region of several nodes; 400 for
+    another kind, a region of one node or a node it does not have), after preflight (every region up, no other drill, halt off, capacity by the
     region-loss arithmetic on live load; `force` overrides only capacity). 201 with the drill;
     with `dry_run` 200 and the plan (what would move, replay tokens, time bound), changing
     nothing; 404 for a region the plane does not have; 409 `preflight_failed` with the
     reason, or `approval_required` where the approval policy names the region or kind (ask
     with `POST /v1/practice/runs`); 403 `outside_blast_radius` outside the key's scope."""
     require_role(ctx.tenant, OPERATOR_ROLES)
-    driver = _driver(ctx.request)
-    if body.region not in driver.controller.cluster.weights():
+    cluster = api_state(ctx.request).cluster
+    if body.region not in cluster.weights():
         raise NotFound(f"no region {body.region!r} in this plane")
-    practice = app_services(ctx.request.app).practice
     who = _who(ctx)
     try:
         spec = DrillSpec(
@@ -179,9 +185,13 @@ async def create_drill(ctx: Context, body: DrillRequest) -> Any:
             ),
             force=body.force,
             requested_by=f"{who['by']} ({who['role']})",
+            node=body.node,
         )
     except (TypeError, ValueError) as exc:
         raise InvalidRequest(str(exc)) from exc
+    spec.check_node(cluster.region(body.region).node_count)
+    driver = _driver(ctx.request)
+    practice = app_services(ctx.request.app).practice
 
     async def create() -> Response:
         if practice is not None:  # the key's blast radius, then the approval policy
@@ -355,7 +365,8 @@ async def record_audit(ctx: Context, body: AuditRequest) -> Any:
 
 @drill_peer_router.post("/canary", responses=errors(409))
 async def peer_canary_write(request: Request, body: CanaryWrite) -> dict[str, Any]:
-    """Internal: a drill's canary write, at the node that leads the canary's shard."""
+    """Internal: a drill's canary write, at the node that leads the canary's shard; the answer
+    names the node (a node kill's RTO counts only writes its region's other nodes served)."""
     _require_peer(request)
     api = api_state(request)
     async with asyncio.timeout(CANARY_TIMEOUT_S):
@@ -366,7 +377,7 @@ async def peer_canary_write(request: Request, body: CanaryWrite) -> dict[str, An
             body.idempotency_key,
             body.payload,
         )
-    return {"served_by": api.region}
+    return {"served_by": api.region, "node": api.settings.node_index}
 
 
 @drill_peer_router.get("/canary", responses=errors(404))

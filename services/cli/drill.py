@@ -159,6 +159,7 @@ def drill_body(
     max_error_ratio: float | None,
     max_ack_p99_ms: float | None,
     dry_run: bool,
+    node: int | None = None,
 ) -> dict[str, Any]:
     guards = {
         k: v
@@ -177,6 +178,7 @@ def drill_body(
         "force": force,
         "dry_run": dry_run,
         **({"guards": guards} if guards else {}),
+        **({} if node is None else {"node": node}),
     }
 
 
@@ -217,6 +219,13 @@ RegionOpt = Annotated[str, typer.Option(help="The target region.")]
 HoldOpt = Annotated[float, typer.Option(help="Seconds to hold the fault.")]
 ReasonOpt = Annotated[str, typer.Option(help="Why (kept in the audit log).")]
 ForceOpt = Annotated[bool, typer.Option(help="Override the capacity check (only).")]
+NodeOpt = Annotated[
+    int | None,
+    typer.Option(
+        help="Kill drills only: kill this node (0, 1, ...) of a region of several nodes, "
+        "not the whole region; its sibling takes its shards, none leaves the region."
+    ),
+]
 MaxRto = Annotated[
     float | None,
     typer.Option(
@@ -247,6 +256,7 @@ def plan(
     hold_s: HoldOpt = 10.0,
     reason: ReasonOpt = "dry run",
     force: ForceOpt = False,
+    node: NodeOpt = None,
     state_dir: StateDir = DEFAULT_STATE_DIR,
     url: Url = None,
     key: Key = None,
@@ -254,13 +264,14 @@ def plan(
 ) -> None:
     """Dry run: preflight and what would move. Changes nothing; exits 1 when infeasible."""
     api = api_for(state_dir, url, key)
-    body = drill_body(kind, region, hold_s, reason, force, None, None, None, dry_run=True)
+    body = drill_body(kind, region, hold_s, reason, force, None, None, None, True, node)
     result = api.call("POST", "/v1/drills", body)
     plan = result["plan"]
     if as_json:
         echo_json(plan)
     else:
-        typer.echo("\n".join(plan_lines(kind, region, plan)))
+        target = region if node is None else f"{region} node {node}"
+        typer.echo("\n".join(plan_lines(kind, target, plan)))
     raise typer.Exit(EXIT_OK if plan["ok"] else EXIT_NEGATIVE)
 
 
@@ -284,6 +295,7 @@ def run(
     max_rto_s: MaxRto = None,
     max_error_ratio: MaxErrorRatio = None,
     max_ack_p99_ms: MaxAckP99 = None,
+    node: NodeOpt = None,
     state_dir: StateDir = DEFAULT_STATE_DIR,
     url: Url = None,
     key: Key = None,
@@ -300,9 +312,11 @@ def run(
         max_error_ratio,
         max_ack_p99_ms,
         dry_run=False,
+        node=node,
     )
     drill = api.call("POST", "/v1/drills", body)
-    typer.echo(f"drill {drill['drill_id']}: {kind} of {region}, hold {hold_s:g}s")
+    target = region if node is None else f"{region} node {node}"
+    typer.echo(f"drill {drill['drill_id']}: {kind} of {target}, hold {hold_s:g}s")
     report = watch(api, drill["drill_id"], hold_s)
     typer.echo("\n".join(summary_lines(report)))
     raise typer.Exit(EXIT_OK if report["verdict"] == "passed" else EXIT_NEGATIVE)

@@ -363,6 +363,12 @@ class Controller:
         finally:
             asking.cancel()  # done by now, unless this probe was cancelled
 
+    async def node_answers(self, region: str, index: int) -> bool:
+        """Whether node ``index`` of ``region`` answers a health probe now (within the probe
+        timeout): a drill that kills one node asks that node itself, since its region keeps
+        answering through its other nodes."""
+        return await self._ask(region, index) is not None
+
     async def _ask_nodes(self, region: str, indices: list[int]) -> dict[int, dict[str, Any] | None]:
         replies = await asyncio.gather(*(self._ask(region, i) for i in indices))
         return dict(zip(indices, replies, strict=True))

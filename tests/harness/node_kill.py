@@ -113,13 +113,19 @@ def health(url: str) -> dict[str, Any]:
 
 def split_between(nodes: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Each node's /healthz once every one leads all the shards of its own node slot and some
-    (a node that started first may hold a later sibling's slot a moment, then hands it back)."""
+    (a node that started first may hold a later sibling's slot a moment, then hands it back).
+    A node that does not answer yet is not split: ``convplane up`` is ready once one node of
+    each region is, and a sibling may still be starting."""
 
-    def healths() -> list[dict[str, Any]]:
-        return [health(n["url"]) for n in nodes]
+    def split() -> bool:
+        try:
+            healths = [health(n["url"]) for n in nodes]
+        except httpx.HTTPError:
+            return False
+        return all(0 < h["shards_led"] == h["shards_placed"] for h in healths)
 
-    _wait_for(lambda: all(0 < h["shards_led"] == h["shards_placed"] for h in healths()))
-    return healths()
+    _wait_for(split)
+    return [health(n["url"]) for n in nodes]
 
 
 def conversations_on(

@@ -18,7 +18,7 @@ from regions.drills import RESTORE_GRACE_S, DrillSpec, Observation, ReplayTally,
 from regions.membership import Membership, MembershipConfig
 from regions.ops_state import AUDIT_KEY, AUDIT_RECORD, DRILL_RECORD, HALT_RECORD, OpsState
 from regions.placement import place_shards
-from services.config import ClusterConfig, RegionConfig
+from services.config import ClusterConfig, NodeAddress, NodeSettings, RegionConfig
 from services.control.drills.driver import DrillDriver, PreflightFailed
 from services.control.drills.load import LoadMeter
 from services.control.region_nodes import fixed_peer_urls
@@ -71,6 +71,12 @@ class FakeController:
     membership: Membership
     node: FakeNode
     control_shard: int = CONTROL_SHARD
+    settings: NodeSettings = field(default_factory=lambda: NodeSettings(region="ap-south"))
+    #: (region, node index) of the nodes that do not answer a probe now
+    silent_nodes: set[tuple[str, int]] = field(default_factory=set)
+
+    async def node_answers(self, region: str, index: int) -> bool:
+        return (region, index) not in self.silent_nodes
 
     async def read_barrier(self) -> None:
         """``Controller.read_barrier``: ``ops`` is applied on append here, so only leadership
@@ -88,15 +94,20 @@ class FakeController:
 
 
 def cluster() -> ClusterConfig:
+    """Three regions; us-east runs two nodes, and a supervisor restarts killed ones."""
+    more = {"us-east": [NodeAddress(url="http://us-east-1.test")]}
     return ClusterConfig(
-        regions=[RegionConfig(name=r, url=f"http://{r}.test", dsn=f"memory://{r}") for r in REGIONS],
+        regions=[RegionConfig(name=r, url=f"http://{r}.test", dsn=f"memory://{r}",
+                              more_nodes=more.get(r, [])) for r in REGIONS],
         shard_count=SHARDS,
+        local_supervisor=True,
     )  # fmt: skip
 
 
 @dataclass
 class World:
     driver: DrillDriver
+    controller: FakeController
     node: FakeNode
     ops: OpsState
     clock: ManualClock
@@ -124,9 +135,10 @@ async def world() -> AsyncIterator[World]:
             200, json={"append_rate_per_s": 5.0, "replay": replay if with_engines else None}
         )
 
+    controller = FakeController("ap-south", cluster(), membership, node)
     async with httpx.AsyncClient(transport=httpx.MockTransport(load)) as peers:
         driver = DrillDriver(
-            controller=FakeController("ap-south", cluster(), membership, node),  # type: ignore[arg-type]
+            controller=controller,  # type: ignore[arg-type]
             node=node,  # type: ignore[arg-type]
             ops=ops,
             replicas={},
@@ -137,7 +149,7 @@ async def world() -> AsyncIterator[World]:
             clock=clock,
             region_append_capacity_per_s=2000.0,
         )
-        yield World(driver, node, ops, clock, replay)
+        yield World(driver, controller, node, ops, clock, replay)
 
 
 def spec(**kw: Any) -> DrillSpec:
@@ -282,3 +294,68 @@ async def test_the_fault_end_records_the_survivors_engines_and_the_cache_recover
     end_of_fault = measured.engine_snapshots["restore"]["eu-west"]
     assert end_of_fault.engine_ttft is not None and end_of_fault.engine_ttft.count == 9
     assert "us-east" not in measured.engine_snapshots["restore"]  # no engines there
+
+
+# --- a kill of one node of a region of several ---------------------------------------------------
+
+#: us-east's shards in node 1's slot (``node_slot``), of those ``place_shards`` puts on us-east
+NODE_1_SHARDS = (0, 1, 5)
+
+
+def node_kill(**kw: Any) -> DrillSpec:
+    """A kill of us-east's node 1, held long enough that the canaries' virtual time never
+    reaches its deadline."""
+    return spec(**{"kind": "kill", "node": 1, "hold_s": 3600.0, **kw})
+
+
+async def test_a_node_kill_measures_the_nodes_slot_and_keeps_it_in_its_region(
+    world: World,
+) -> None:
+    plan = await world.driver.plan(node_kill())
+    assert plan.ok and plan.moves == dict.fromkeys(NODE_1_SHARDS, "us-east")
+    drill, _ = await world.driver.create(node_kill(), by="sre", role="operator")
+    assert drill.spec.node == 1 and drill.measurements.shards_moved == NODE_1_SHARDS
+    [entry] = world.ops.audit
+    assert (entry.action, entry.target, entry.detail["node"]) == ("drill.start", "us-east", 1)
+    assert world.ops.black_holed(WALL_ORIGIN_MS + 1) == frozenset()  # a kill holes nobody
+
+
+async def test_a_node_kill_is_in_place_once_that_node_stops_answering_not_its_region(
+    world: World,
+) -> None:
+    drill, _ = await world.driver.create(node_kill(), by="sre", role="operator")
+    try:
+        world.controller.membership.probe_ok("us-east", world.clock.now_s, suspects=())
+        await world.driver.step()
+        assert world.ops.drills[drill.drill_id].phase == "injecting"  # node 1 still answers
+        world.controller.silent_nodes.add(("us-east", 1))
+        # its region still answers (through node 0): a region's kill would still be injecting
+        world.controller.membership.probe_ok("us-east", world.clock.now_s, suspects=())
+        await world.driver.step()
+        holding = world.ops.drills[drill.drill_id]
+        assert holding.phase == "holding" and holding.injected_at_ms == drill.created_at_ms
+    finally:
+        await world.driver.close()
+
+
+async def test_a_killed_node_that_never_answers_again_fails_the_drill_at_its_deadline(
+    world: World,
+) -> None:
+    """us-east answers (its node 0 does) and its placement is whole, but node 1 stays silent:
+    the target is not back, so the drill ends failed at hold_s + grace."""
+    drill, _ = await world.driver.create(node_kill(hold_s=5.0), by="sre", role="operator")
+    holding = advance(drill, Observation(now_ms=world.clock.wall_ms(), injected=True))
+    assert holding is not None
+    world.clock.now_s += 5.0
+    restoring = advance(holding, Observation(now_ms=world.clock.wall_ms()))
+    assert restoring is not None and restoring.phase == "restoring"
+    for record in (holding, restoring):
+        await world.driver.commit_drill(record)
+    world.controller.silent_nodes.add(("us-east", 1))
+    created_s = (drill.created_at_ms - WALL_ORIGIN_MS) / 1000
+    world.clock.now_s = created_s + 5.0 + RESTORE_GRACE_S
+    world.controller.membership.probe_ok("us-east", world.clock.now_s, suspects=())
+    await world.driver.step()
+    ended = world.ops.drills[drill.drill_id]
+    assert (ended.phase, ended.verdict) == ("failed", "failed")
+    assert ended.verdict_reason.startswith("us-east node 1 was not back by the deadline")

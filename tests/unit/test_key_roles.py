@@ -94,6 +94,26 @@ async def test_an_operator_key_passes_the_role_check_and_bad_drills_are_400(
         assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_request", bad
 
 
+async def test_a_drill_of_one_node_is_400_unless_a_kill_of_a_node_the_region_has(
+    east: httpx.AsyncClient,
+) -> None:
+    """Checked before anything else of the plane is asked (this fake node runs no driver:
+    a sound body gets past to its 503). west runs one node."""
+    kill = {**DRILL, "kind": "kill"}
+    for bad, says in (
+        ({**DRILL, "node": 1}, "node applies to kill drills only, not to region-loss"),
+        ({**kill, "node": 0}, "west runs one node: kill the region (leave out node) instead"),
+    ):
+        r = await east.post("/v1/drills", json=bad, headers=auth(OPERATOR_KEY))
+        assert r.status_code == 400, r.text
+        assert r.json()["error"]["code"] == "invalid_request"
+        assert r.json()["error"]["message"] == says
+    r = await east.post("/v1/drills", json={**kill, "node": -1}, headers=auth(OPERATOR_KEY))
+    assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_request"
+    r = await east.post("/v1/drills", json=kill, headers=auth(OPERATOR_KEY))
+    assert r.status_code == 503  # past every check: no drill driver here
+
+
 async def test_a_viewer_key_reads_but_never_writes(east: httpx.AsyncClient) -> None:
     r = await east.post("/v1/conversations", json={}, headers=auth(VIEWER_KEY))
     assert r.status_code == 403 and r.json()["error"]["code"] == "forbidden"

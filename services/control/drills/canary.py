@@ -8,9 +8,10 @@ the others' measurements). A shard's canaries are numbered 1, 2, 3 ... and carry
 ``<drill>:<shard>:<n>``; a failed write is retried in the next round with the same key, so
 after any failure (or a new control leader taking over with the persisted counts) every
 acknowledged ``n`` stays unique and contiguous. RTO of a moved shard is the time from injection
-to its first acknowledged canary served by another region than the target (or, for a loss or a
-kill whose failover outlasted the hold, by the target once it is back); RPO is the count of
-acknowledged ``n`` not found when the canary conversations are read back after the restore.
+to its first acknowledged canary served by another region than the target, or for a node kill
+by another node than the killed one (or, for a loss or a kill whose failover outlasted the hold,
+by the target once it is back); RPO is the count of acknowledged ``n`` not found when the
+canary conversations are read back after the restore.
 
 Writes go on while the drill restores (a failover still under way is measured), and stop once
 the target is back, before the read-back.
@@ -40,7 +41,7 @@ from eventlog.sharding import shard_of
 from regions.drill_kinds import rules_of
 from regions.drill_report import percentile
 from regions.drills import DRILL_TENANT, SERIES_POINTS_MAX, Drill, Measurements
-from services.control.region_nodes import PeerUrlOf
+from services.control.region_nodes import PeerUrlOf, node_target, target_region
 
 log = logging.getLogger("convplane.drills")
 
@@ -62,9 +63,18 @@ READ_PAGE_MAX = 1000
 CANARY_PER_SHARD_MAX = 100_000
 
 CanarySend = Callable[[str, str, str, dict[str, Any]], Awaitable[str]]
-"""(region, conversation_id, idempotency_key, payload) -> the region that served it."""
+"""(region, conversation_id, idempotency_key, payload) -> the node that served it, as its probe
+target (``services.control.region_nodes.node_target``: the region's name for its first node)."""
 CanaryRead = Callable[[str, str, int], Awaitable[list[dict[str, Any]]]]
 """(region, conversation_id, after_seq) -> a page of committed events (dicts with seq, payload)."""
+
+
+def served_elsewhere(drill: Drill, served_by: str) -> bool:
+    """Whether the node that served a canary (``CanarySend``) is outside what the drill took
+    away: another region's, or for a node kill another node of the region too."""
+    if drill.spec.node is None:
+        return target_region(served_by) != drill.spec.region
+    return served_by != node_target(drill.spec.region, drill.spec.node)
 
 
 def canary_conversation(drill_id: str, shard: int, shard_count: int) -> str:
@@ -96,7 +106,6 @@ class CanaryRunner:
         clock: Clock,
     ) -> None:
         self.drill_id = drill.drill_id
-        self.target = drill.spec.region
         self._send = send
         self._read = read
         self._clock = clock
@@ -152,7 +161,8 @@ class CanaryRunner:
                 moved
                 and shard not in self.rto_s
                 and injected_at_ms is not None
-                and (served_by != self.target or back)
+                and served_by is not None
+                and (served_elsewhere(drill, served_by) or back)
             ):
                 self.rto_s[shard] = max(0.0, (now_ms - injected_at_ms) / 1000)
         else:
@@ -259,7 +269,6 @@ class CanaryFleet:
     def __init__(
         self,
         *,
-        region: str,
         node: LogNode,
         owners: Callable[[], Mapping[int, str]],
         drill_of: Callable[[str], Drill | None],
@@ -270,10 +279,12 @@ class CanaryFleet:
         model_revision: str,
         shard_count: int,
         clock: Clock,
+        served_by: str,
     ) -> None:
         """``owners``: the committed placement's shard -> region; ``drill_of``: a drill's
-        record as this node applied it (None once it is gone)."""
-        self._region = region
+        record as this node applied it (None once it is gone); ``served_by``: this node as a
+        probe target (what its own canary writes say served them)."""
+        self._served_by = served_by
         self._node = node
         self._owners = owners
         self._drill_of = drill_of
@@ -338,7 +349,7 @@ class CanaryFleet:
         shard = self._node.shard_of(conversation_id)
         if self._node.leads(shard):
             await append_canary(self._node, self._model_revision, conversation_id, key, payload)
-            return self._region
+            return self._served_by
         body = {"conversation_id": conversation_id, "idempotency_key": key, "payload": payload}
         reply = await self._peers.post(
             self._peer_url(region, shard, "/peer/drills/canary"),
@@ -348,7 +359,9 @@ class CanaryFleet:
         )
         if reply.status_code != 200:
             raise InvalidRequest(f"canary to {region}: {reply.status_code} {reply.text[:300]}")
-        return str(reply.json()["served_by"])
+        answer = reply.json()
+        node = answer.get("node")  # a node of an earlier release names its region only
+        return node_target(str(answer["served_by"]), node if type(node) is int else 0)
 
     async def _read(
         self, region: str, conversation_id: str, after_seq: int

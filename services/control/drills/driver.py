@@ -59,6 +59,7 @@ from regions.drills import (
     out_of_time,
     request_abort,
     shards_by_region,
+    shards_taken,
     start,
     with_measurements,
 )
@@ -74,7 +75,7 @@ from regions.ops_state import (
 from services.control.controller import Controller
 from services.control.drills.canary import CanaryFleet
 from services.control.drills.load import LoadMeter, PlaneLoad, ReplayView, moved_load, plane_load
-from services.control.region_nodes import PeerUrlOf
+from services.control.region_nodes import PeerUrlOf, node_target
 
 log = logging.getLogger("convplane.drills")
 
@@ -132,7 +133,6 @@ class DrillDriver:
         self._shard_count = controller.cluster.shard_count
         self._write_lock = asyncio.Lock()
         self._canaries = CanaryFleet(
-            region=self.region,
             node=node,
             owners=self._owners,
             drill_of=self.ops.drills.get,
@@ -143,6 +143,7 @@ class DrillDriver:
             model_revision=controller.cluster.default_model_revision,
             shard_count=controller.cluster.shard_count,
             clock=clock,
+            served_by=node_target(self.region, controller.settings.node_index),
         )
         self._progress_at_s: dict[str, float] = {}
         self._fenced_for: str | None = None
@@ -281,7 +282,7 @@ class DrillDriver:
         obs = Observation(
             now_ms=self._clock.wall_ms(),
             halt_on=self.ops.halt.on,
-            injected=drill.phase != "injecting" or self._injected(drill),
+            injected=drill.phase != "injecting" or await self._injected(drill),
             # region-loss and kill: the fault follows the first record (at once, or at the
             # supervisor's next poll), so RTO counts from it
             injected_at_ms=drill.created_at_ms if fault != "placement" else None,
@@ -365,18 +366,21 @@ class DrillDriver:
             )
         return replace(drill, measurements=measured)
 
-    def _injected(self, drill: Drill) -> bool:
+    async def _injected(self, drill: Drill) -> bool:
         fault = rules_of(drill.spec.kind).fault
         if fault == "placement":
             return drill.spec.region in self.controller.placement().evacuated
+        if drill.spec.node is not None:  # one node killed: it stops answering, its region not
+            return not await self.controller.node_answers(drill.spec.region, drill.spec.node)
         if fault == "process":  # the local supervisor killed it: nobody hears it
             now_s = self._clock.monotonic()
             return self.controller.membership.status(drill.spec.region, now_s) != "up"
         return True  # a black-hole: the committed injecting record is the fault
 
     async def _restore(self, drill: Drill) -> bool:
-        """Give the target back; True once the placement no longer excludes it. A failed
-        restore is retried next step (until the drill's deadline ends it)."""
+        """Give the target back; True once the placement no longer excludes it (and a killed
+        node answers again). A failed restore is retried next step (until the drill's deadline
+        ends it)."""
         region = drill.spec.region
         placement = self.controller.placement()
         now_s = self._clock.monotonic()
@@ -389,7 +393,11 @@ class DrillDriver:
                 self._step_failed(exc)
                 return False
             placement = self.controller.placement()
-        return region not in placement.down | placement.evacuated
+        if region in placement.down | placement.evacuated:
+            return False
+        return drill.spec.node is None or await self.controller.node_answers(
+            region, drill.spec.node
+        )
 
     # --- canaries -------------------------------------------------------------------------
 
@@ -413,7 +421,8 @@ class DrillDriver:
         now_s = self._clock.monotonic()
         placement = self.controller.placement()
         weights = self.controller.cluster.weights()
-        moved_shards = placement.shards_of(spec.region) if spec.region in weights else []
+        node_count = self._node_count(spec.region)
+        moved_shards = shards_taken(spec, placement.shards_of(spec.region), node_count)
         load = await self._plane_load()
         plan = preflight(
             spec,
@@ -438,8 +447,14 @@ class DrillDriver:
                 - int(self.controller.cluster.replay.replay_window_s * 1000),
             ),
             kill_supported=self.controller.cluster.local_supervisor,
+            node_count=node_count,
         )
         return plan, load
+
+    def _node_count(self, region: str) -> int:
+        """How many nodes ``region`` runs (0: no such region, so it has no shards either)."""
+        known = {r.name: r.node_count for r in self.controller.cluster.regions}
+        return known.get(region, 0)
 
     async def create(self, spec: DrillSpec, *, by: str, role: str) -> tuple[Drill, DrillPlan]:
         """Preflight, then commit the drill's first record and an audit entry; raises
@@ -452,8 +467,11 @@ class DrillDriver:
             day = datetime.fromtimestamp(now_ms / 1000, tz=UTC).strftime("%Y%m%d")
             drill_id = f"d{day}-{self._drill_token()}"
             placement = self.controller.placement()
+            region_shards = placement.shards_of(spec.region)
             measured = Measurements(
-                shards_moved=tuple(placement.shards_of(spec.region)),
+                shards_moved=tuple(
+                    shards_taken(spec, region_shards, self._node_count(spec.region))
+                ),
                 placement_versions={"before": placement.version},
                 placement_shards={"before": shards_by_region(placement.assignment)},
                 replay_before=load.replay_tally(),
@@ -478,6 +496,7 @@ class DrillDriver:
                     "kind": spec.kind,
                     "hold_s": spec.hold_s,
                     "force": spec.force,
+                    **({} if spec.node is None else {"node": spec.node}),
                 },
             )
             await self._commit_locked(drill, audit)

@@ -7,10 +7,14 @@ so the supervisor polls the plane's drills (with the operator key ``up`` created
 drill restores (or ends), the target is started again and the drill's driver restores it in the
 placement. The driver counts the fault from the drill's first record, so the poll's delay makes
 the measured RTO longer, never shorter.
+
+A kill drill that names a ``node`` kills only that node of its region (``kill_node``: its
+database and sibling nodes run on, and a sibling takes its slot) and starts only it again.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import httpx
@@ -28,14 +32,41 @@ class Killable(Protocol):
 
     def restart_region(self, name: str) -> None: ...
 
+    def kill_node(self, name: str, index: int) -> None: ...
+
+    def restart_node(self, name: str, index: int) -> None: ...
+
+
+@dataclass(frozen=True)
+class Target:
+    """What a kill drill kills: a region, or one node of it."""
+
+    region: str
+    node: int | None
+
+    def __str__(self) -> str:
+        return self.region if self.node is None else f"{self.region} node {self.node}"
+
+    def kill(self, plane: Killable) -> None:
+        if self.node is None:
+            plane.kill_region(self.region)
+        else:
+            plane.kill_node(self.region, self.node)
+
+    def restart(self, plane: Killable) -> None:
+        if self.node is None:
+            plane.restart_region(self.region)
+        else:
+            plane.restart_node(self.region, self.node)
+
 
 class KillDrills:
     def __init__(self, plane: Killable, urls: list[str], operator_api_key: str) -> None:
         self._plane = plane
         self._urls = urls
         self._headers = {"Authorization": f"Bearer {operator_api_key}"}
-        #: drill id -> region this supervisor killed and has not restarted yet
-        self._killed: dict[str, str] = {}
+        #: drill id -> what this supervisor killed and has not restarted yet
+        self._killed: dict[str, Target] = {}
         self._done: set[str] = set()
 
     def poll(self, client: httpx.Client) -> list[str]:
@@ -48,19 +79,22 @@ class KillDrills:
             rules = KINDS_BY_NAME.get(str(d.get("kind")))
             if rules is None or rules.fault != "process":
                 continue
-            drill_id, region, phase = str(d["drill_id"]), str(d["region"]), str(d["phase"])
+            drill_id, phase = str(d["drill_id"]), str(d["phase"])
             if (
                 phase in FAULT_PHASES
                 and drill_id not in self._killed
                 and drill_id not in self._done
             ):
-                self._plane.kill_region(region)
-                self._killed[drill_id] = region
-                done.append(f"kill drill {drill_id}: killed {region}")
+                node = d.get("node")  # a node of the plane's own release: int or None
+                target = Target(str(d["region"]), node if type(node) is int else None)
+                target.kill(self._plane)
+                self._killed[drill_id] = target
+                done.append(f"kill drill {drill_id}: killed {target}")
             elif phase not in FAULT_PHASES and drill_id in self._killed:
-                self._plane.restart_region(self._killed.pop(drill_id))
+                target = self._killed.pop(drill_id)
+                target.restart(self._plane)
                 self._done.add(drill_id)
-                done.append(f"kill drill {drill_id}: restarted {region}")
+                done.append(f"kill drill {drill_id}: restarted {target}")
         return done
 
     def _drills(self, client: httpx.Client) -> list[dict[str, Any]] | None:
