@@ -146,9 +146,6 @@ class Controller:
         self._peer_unhealthy_loops: dict[str, list[str]] = {}
         #: the control leader each peer's last health reply named
         self._peer_control_leader: dict[str, str] = {}
-        #: regions of several nodes whose node asked first did not answer with its region's
-        #: view last time: all their nodes are asked at once (``_probe``)
-        self._ask_every_node: set[str] = set()
         self.succession = ControlSuccession(self.region, settings.control_handoff_wait_s)
         #: called with every committed control entry, in lsn order, after the placement saw it,
         #: and whether the entry took effect as the new placement (services.control.drills.driver
@@ -304,24 +301,15 @@ class Controller:
         return body if isinstance(body, dict) and body.get("region") == region else None
 
     async def _probe(self, region: str) -> None:
-        """Ask ``region``'s node leading its control shard's slot: its reply says, as it knows
-        them, which node holds each slot and what the region's nodes lead, so probes grow with
-        regions, not with nodes. When it does not answer with that view soon (gone, or of an
-        earlier release) the region's other nodes are asked too, and from then on all its nodes
-        together until it does again. The region is up while any node answers; forwards of
-        each shard go to the node heard holding its slot; what the first node to answer says
-        counts (suspects, control leader, loops)."""
+        """Ask every node of ``region`` at once: it is up while any answers. Each reply says
+        which slots its node holds and, as it knows them, which node holds each of its
+        region's slots and what its nodes lead (so a node that did not answer this time is
+        still placed); forwards of each shard go to the node heard holding its slot; what the
+        node leading the control shard's slot says counts (suspects, control leader, loops),
+        else the first that answered. Asking only that node would halve the answers a lossy
+        link lets through: the simulator saw a region of two running nodes declared down."""
         count = self.nodes.node_count(region)
-        first = self.nodes.leading_node(region)
-        others = [i for i in range(count) if i != first]
-        if region in self._ask_every_node:
-            replies = await self._ask_nodes(region, [first, *others])
-        else:
-            replies = await self._ask_hedged(region, first, others)
-        if _has_region_view(replies[first]):
-            self._ask_every_node.discard(region)
-        elif others:
-            self._ask_every_node.add(region)
+        replies = await self._ask_nodes(region, list(range(count)))
         answered = {i: body for i, body in replies.items() if body is not None}
         now_s = self._clock.monotonic()
         if not answered:
@@ -336,7 +324,7 @@ class Controller:
             self.nodes.heard(region, index, reply_slots(reply, count))
             shards = reply.get("region_led_shards", reply.get("led_shards", ()))
             led_shards.extend(shards if isinstance(shards, list) else ())
-        body = next(iter(answered.values()))
+        body = answered.get(self.nodes.leading_node(region), next(iter(answered.values())))
         self.membership.probe_ok(
             region, now_s, suspects=body.get("suspects", ()), led_shards=led_shards
         )
@@ -346,22 +334,6 @@ class Controller:
         loops = body.get("unhealthy_loops", [])
         if isinstance(loops, list):
             self._peer_unhealthy_loops[region] = [str(x)[:64] for x in loops[:16]]
-
-    async def _ask_hedged(
-        self, region: str, first: int, others: list[int]
-    ) -> dict[int, dict[str, Any] | None]:
-        """Node ``first``'s reply, and the ``others``' too when it has not answered with its
-        region's view within a third of the probe timeout: they are asked then, while it may
-        still answer, so a gone first node costs a probe round no more time than before."""
-        asking = asyncio.ensure_future(self._ask(region, first))
-        try:
-            done, _ = await asyncio.wait({asking}, timeout=self.settings.probe_timeout_s / 3)
-            if done and (_has_region_view(asking.result()) or not others):
-                return {first: asking.result()}
-            rest = await self._ask_nodes(region, others)
-            return {first: await asking, **rest}
-        finally:
-            asking.cancel()  # done by now, unless this probe was cancelled
 
     async def node_answers(self, region: str, index: int) -> bool:
         """Whether node ``index`` of ``region`` answers a health probe now (within the probe
@@ -665,8 +637,3 @@ class Controller:
             "committed placement v%d at lsn %d: %s", placement.version, lsn, placement.reason
         )
         await self._learn()
-
-
-def _has_region_view(reply: Mapping[str, Any] | None) -> bool:
-    """Whether a health reply says what its node knows of its whole region (this release)."""
-    return reply is not None and isinstance(reply.get("region_slots"), list)

@@ -128,6 +128,20 @@ def split_between(nodes: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [health(n["url"]) for n in nodes]
 
 
+def _settled(url: str, shards: int) -> dict[str, Any]:
+    """The node's /healthz once it leads ``shards`` shards, all it should (the killed node's
+    slot's shards that took no write are led too, each in its own time), or as it is after
+    ``STALL_LIMIT_S``: the caller's assertion then shows what is missing."""
+    deadline_s = time.monotonic() + STALL_LIMIT_S
+    while True:
+        reply = health(url)
+        if reply["shards_led"] == reply["shards_placed"] == shards:
+            return reply
+        if time.monotonic() > deadline_s:
+            return reply
+        time.sleep(RETRY_PAUSE_S)
+
+
 def conversations_on(
     info: dict[str, Any], region: str, slot: int, count: int, prefix: str
 ) -> list[str]:
@@ -195,7 +209,9 @@ def node_kill(
         before,
         after,
         (killed_health, survivor_health),
-        health(survivor["url"]),
+        _settled(
+            survivor["url"], killed_health["shards_placed"] + survivor_health["shards_placed"]
+        ),
         errors,
     )
     with httpx.Client(base_url=entry_url, headers=headers, timeout=10.0) as client:
