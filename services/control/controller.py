@@ -351,8 +351,8 @@ class Controller:
         own = self.settings.node_index
         self.nodes.heard(self.region, own, self.slots.held)
         siblings = [i for i in range(self.nodes.node_count(self.region)) if i != own]
-        replies = await asyncio.gather(*(self._ask(self.region, i) for i in siblings))
-        for index, body in zip(siblings, replies, strict=True):
+        replies = await self._ask_nodes(self.region, siblings)
+        for index, body in replies.items():
             if body is not None:
                 self.nodes.heard(self.region, index, self.slots.heard_sibling(index, body))
 

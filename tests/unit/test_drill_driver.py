@@ -14,7 +14,14 @@ import pytest
 from eventlog.errors import NotFound, NotLeader, Unavailable
 from eventlog.sharding import shard_of
 from regions.control import Placement
-from regions.drills import RESTORE_GRACE_S, DrillSpec, Observation, ReplayTally, advance
+from regions.drills import (
+    RESTORE_GRACE_S,
+    Drill,
+    DrillSpec,
+    Observation,
+    ReplayTally,
+    advance,
+)
 from regions.membership import Membership, MembershipConfig
 from regions.ops_state import AUDIT_KEY, AUDIT_RECORD, DRILL_RECORD, HALT_RECORD, OpsState
 from regions.placement import place_shards
@@ -225,13 +232,10 @@ async def test_only_the_control_leader_writes(world: World) -> None:
     assert world.node.records == []
 
 
-async def test_a_target_that_never_answers_again_ends_the_drill_at_its_deadline(
-    world: World,
-) -> None:
-    """The region-loss target stays silent after the hold (membership: down) and the
-    read-back cannot finish: at hold_s + grace the drill ends, failed, instead of staying in
-    restoring (and blocking the next drill) for good."""
-    drill, _ = await world.driver.create(spec(hold_s=5.0), by="sre", role="operator")
+async def _restoring(world: World, drill_spec: DrillSpec) -> Drill:
+    """A drill of ``drill_spec`` (hold 5 s) created, then moved through holding to restoring
+    and committed so; the drill's first record."""
+    drill, _ = await world.driver.create(drill_spec, by="sre", role="operator")
     holding = advance(drill, Observation(now_ms=world.clock.wall_ms(), injected=True))
     assert holding is not None
     world.clock.now_s += 5.0
@@ -239,6 +243,16 @@ async def test_a_target_that_never_answers_again_ends_the_drill_at_its_deadline(
     assert restoring is not None and restoring.phase == "restoring"
     for record in (holding, restoring):
         await world.driver.commit_drill(record)
+    return drill
+
+
+async def test_a_target_that_never_answers_again_ends_the_drill_at_its_deadline(
+    world: World,
+) -> None:
+    """The region-loss target stays silent after the hold (membership: down) and the
+    read-back cannot finish: at hold_s + grace the drill ends, failed, instead of staying in
+    restoring (and blocking the next drill) for good."""
+    drill = await _restoring(world, spec(hold_s=5.0))
     assert world.ops.drills[drill.drill_id].phase == "restoring"
     created_s = (drill.created_at_ms - WALL_ORIGIN_MS) / 1000
     world.clock.now_s = created_s + 5.0 + RESTORE_GRACE_S  # us-east answered last at 0 s: down
@@ -343,14 +357,7 @@ async def test_a_killed_node_that_never_answers_again_fails_the_drill_at_its_dea
 ) -> None:
     """us-east answers (its node 0 does) and its placement is whole, but node 1 stays silent:
     the target is not back, so the drill ends failed at hold_s + grace."""
-    drill, _ = await world.driver.create(node_kill(hold_s=5.0), by="sre", role="operator")
-    holding = advance(drill, Observation(now_ms=world.clock.wall_ms(), injected=True))
-    assert holding is not None
-    world.clock.now_s += 5.0
-    restoring = advance(holding, Observation(now_ms=world.clock.wall_ms()))
-    assert restoring is not None and restoring.phase == "restoring"
-    for record in (holding, restoring):
-        await world.driver.commit_drill(record)
+    drill = await _restoring(world, node_kill(hold_s=5.0))
     world.controller.silent_nodes.add(("us-east", 1))
     created_s = (drill.created_at_ms - WALL_ORIGIN_MS) / 1000
     world.clock.now_s = created_s + 5.0 + RESTORE_GRACE_S
