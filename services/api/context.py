@@ -42,6 +42,11 @@ from services.tracing import NodeTracing
 T = TypeVar("T")
 
 
+async def _no_lead_under_way(shard: int, timeout_s: float) -> bool:
+    """A node without a controller never prepares a lead for a request to wait for."""
+    return False
+
+
 @dataclass
 class ApiState:
     region: str
@@ -58,6 +63,9 @@ class ApiState:
     #: whether another node of this node's region leads the shard while the region does
     #: (``services.control.node_slots``): what this node is sent for it goes there
     led_by_sibling: Callable[[int], bool] = lambda shard: False
+    #: whether this node leads the shard once the lead of it under way here has ended,
+    #: waiting at most the given seconds (``Controller.await_lead_here``)
+    await_lead_here: Callable[[int, float], Awaitable[bool]] = _no_lead_under_way
 
 
 @dataclass
@@ -117,6 +125,17 @@ class RequestContext:
         """Run ``call`` under the deadline; forward to the leader region on NotLeader (with
         ``forward_body`` instead of the request's own body when given; ``batchable`` and
         ``repeatable``: ``Forwarder.forward``'s)."""
+        try:
+            return await self._within_deadline(call, is_write)
+        except NotLeader as exc:
+            if not await self._led_here_after_wait(exc):
+                return await self._redirect(exc, is_write, forward_body, batchable, repeatable)
+        try:
+            return await self._within_deadline(call, is_write)
+        except NotLeader as exc:  # lost again at once (a fence): no second wait
+            return await self._redirect(exc, is_write, forward_body, batchable, repeatable)
+
+    async def _within_deadline(self, call: Callable[[], Awaitable[T]], is_write: bool) -> T:
         remaining_s = self.remaining_s()
         if remaining_s <= 0:
             raise DeadlineExceeded("the request's deadline passed before it was served")
@@ -130,32 +149,51 @@ class RequestContext:
                     "unknown and retrying with the same Idempotency-Key is safe"
                 ) from exc
             raise DeadlineExceeded("the request's deadline passed") from exc
-        except NotLeader as exc:
-            leader = exc.leader_region
-            if leader in (None, self.api.region) and self.api.led_by_sibling(exc.shard):
-                # a node names its own region (or no leader) for a shard of its region that
-                # a sibling leads (``LogNode``): the sibling holds the shard's node slot
-                leader = self.api.region
-            elif leader is None or leader == self.api.region:
-                if exc.retry_after_s is None:
-                    exc.retry_after_s = self.api.settings.retry_after_default_s
-                raise
-            if self.forwarded and not self._may_hop_in_region(leader):
-                raise ForwardFailed(
-                    f"forwarded request reached {self.api.region}, which does not lead shard "
-                    f"{exc.shard} (hint: {leader}); not forwarding twice",
-                    retry_after_s=self.api.settings.retry_after_default_s,
-                ) from exc
-            return await self.api.forwarder.forward(
-                self.request,
-                target_region=leader,
-                shard=exc.shard,
-                deadline_s=self.deadline_s,
-                is_write=is_write,
-                body=forward_body,
-                batchable=batchable,
-                repeatable=repeatable,
-            )
+
+    async def _led_here_after_wait(self, exc: NotLeader) -> bool:
+        """Whether this node leads the shard after waiting for a lead of it under way here: at
+        most as long as a 503 would tell the client to wait before retrying, and half the
+        deadline left (the other half is the request's own)."""
+        if exc.leader_region not in (None, self.api.region):
+            return False
+        wait_s = min(self.api.settings.retry_after_default_s, self.remaining_s() / 2)
+        return await self.api.await_lead_here(exc.shard, wait_s)
+
+    async def _redirect(
+        self,
+        exc: NotLeader,
+        is_write: bool,
+        forward_body: bytes | None,
+        batchable: bool,
+        repeatable: bool,
+    ) -> Response:
+        """Forward to the shard's leader (``exc``'s hint, or a sibling node), or raise ``exc``
+        when no leader is known elsewhere."""
+        leader = exc.leader_region
+        if leader in (None, self.api.region) and self.api.led_by_sibling(exc.shard):
+            # a node names its own region (or no leader) for a shard of its region that
+            # a sibling leads (``LogNode``): the sibling holds the shard's node slot
+            leader = self.api.region
+        elif leader is None or leader == self.api.region:
+            if exc.retry_after_s is None:
+                exc.retry_after_s = self.api.settings.retry_after_default_s
+            raise exc
+        if self.forwarded and not self._may_hop_in_region(leader):
+            raise ForwardFailed(
+                f"forwarded request reached {self.api.region}, which does not lead shard "
+                f"{exc.shard} (hint: {leader}); not forwarding twice",
+                retry_after_s=self.api.settings.retry_after_default_s,
+            ) from exc
+        return await self.api.forwarder.forward(
+            self.request,
+            target_region=leader,
+            shard=exc.shard,
+            deadline_s=self.deadline_s,
+            is_write=is_write,
+            body=forward_body,
+            batchable=batchable,
+            repeatable=repeatable,
+        )
 
     def _may_hop_in_region(self, leader: str) -> bool:
         """A request another region forwarded here may go on to a sibling node of this region

@@ -332,6 +332,7 @@ class AppendBatcher:
         source_region: str,
         while_reachable: Callable[[str, Coroutine[Any, Any, None]], Awaitable[None]],
         count: Callable[[str, str], None],
+        refused: Callable[[str, str], None] = lambda region, url: None,
     ) -> None:
         self._sender = exchange
         self._clock = clock
@@ -341,6 +342,7 @@ class AppendBatcher:
         self._source_region = source_region
         self._while_reachable = while_reachable
         self._count = count  # (target region, outcome): the forward counter
+        self._refused = refused  # (target region, peer URL): ``Forwarder``'s
         self._lanes: dict[str, _Lane] = {}
         self._senders: set[asyncio.Task[None]] = set()
 
@@ -501,6 +503,7 @@ class AppendBatcher:
                 for item in items:
                     item.may_have_left = False
                 self._count(target_region, "connect_error")
+                self._refused(target_region, base_url)
                 if attempt == limits.retries_max:
                     raise ForwardFailed(f"leader region {target_region} unreachable") from exc
                 await self._clock.sleep(min(backoff.next_s(), remaining_s))

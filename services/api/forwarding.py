@@ -94,6 +94,7 @@ class Forwarder:
         source_region: str,
         peer_secret: str | None = None,
         peer_reachable: Callable[[str], bool] | None = None,
+        refused: Callable[[str, str], None] = lambda region, url: None,
         inject_trace: Callable[[dict[str, str]], None] | None = None,
         batch_limits: BatchConfig | None = None,
         batch_exchange: BatchExchange | None = None,
@@ -111,6 +112,7 @@ class Forwarder:
                 peer_secret=peer_secret,
                 source_region=source_region,
                 while_reachable=self._while_reachable,
+                refused=refused,
                 count=lambda region, outcome: metrics.forwarded.labels(region, outcome).inc(),
             )
             if batch_limits is not None
@@ -123,6 +125,9 @@ class Forwarder:
         self._peer_secret = peer_secret
         self._source_region = source_region
         self._peer_url = peer_url  # read live: the node leading a shard may change
+        #: (region, peer URL): that node refused a connection (``RegionNodes.refused``), so
+        #: the retry, and later forwards, may go to another of the region's nodes
+        self._refused = refused
         self._clock = clock
         self._rng = rng
         self._metrics = metrics
@@ -207,11 +212,14 @@ class Forwarder:
                 raise ForwardFailed(f"leader region {target_region} stopped answering") from exc
             except httpx.ConnectError as exc:
                 self._metrics.forwarded.labels(target_region, "connect_error").inc()
+                self._refused(target_region, base_url)
                 if attempt == self._retries_max:
                     if lost_once:
                         raise outcome_unknown(target_region) from exc
                     raise ForwardFailed(f"leader region {target_region} unreachable") from exc
                 await self._clock.sleep(min(backoff.next_s(), remaining_s))
+                base_url = self._peer_url(target_region, shard) or base_url
+                url = base_url.rstrip("/") + escaped_path(request.url.path)
                 continue
             except httpx.TimeoutException as exc:
                 self._metrics.forwarded.labels(target_region, "timeout").inc()

@@ -58,6 +58,11 @@ async def open_api(
         peer_secret=runtime.cluster.peer_secret,
         source_region=settings.region,
         peer_reachable=_peer_reachable(runtime),
+        refused=(
+            runtime.controller.nodes.refused
+            if runtime.controller is not None
+            else lambda region, url: None
+        ),
         batch_exchange=runtime.forward_exchange,
         inject_trace=tracing.inject if tracing is not None else None,
         # with tracing on, appends are forwarded one by one so each carries its own
@@ -97,6 +102,7 @@ async def open_api(
         led_by_sibling=_led_by_sibling(runtime, settings),
     )
     if runtime.controller is not None:
+        api.await_lead_here = runtime.controller.await_lead_here
         metrics.watch_loops(runtime.controller.supervisor)
         metrics.watch_replicas(runtime.controller.node.identity)
     _watch_node(metrics, runtime)

@@ -311,6 +311,8 @@ class Controller:
         count = self.nodes.node_count(region)
         replies = await self._ask_nodes(region, list(range(count)))
         answered = {i: body for i, body in replies.items() if body is not None}
+        for index, body in replies.items():
+            self.nodes.answering(region, index, body is not None)
         now_s = self._clock.monotonic()
         if not answered:
             self.membership.probe_failed(region, now_s)
@@ -487,6 +489,16 @@ class Controller:
 
     def _lead_done(self, shard: int, _task: asyncio.Task[None]) -> None:
         self._leading.pop(shard, None)
+
+    async def await_lead_here(self, shard: int, timeout_s: float) -> bool:
+        """Whether this node leads ``shard`` once the lead of it under way here has ended,
+        waiting at most ``timeout_s``. A node that has just taken a dead sibling's slot (or
+        just started) is preparing the slot's shards: a request for one of them waits for its
+        leader rather than being told to come back later (503 not_leader)."""
+        task = self._leading.get(shard)
+        if task is not None and timeout_s > 0 and self._assigned_here(shard):
+            await asyncio.wait({task}, timeout=timeout_s)  # never cancels the lead
+        return self.node.leads(shard)
 
     def _assigned_here(self, shard: int) -> bool:
         return self.slots.leads(shard) and self.placement().assignment.get(shard) == self.region

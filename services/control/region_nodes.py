@@ -51,6 +51,9 @@ class RegionNodes:
             r.name: list(range(r.node_count)) for r in cluster.regions
         }
         self._control_shard = cluster.shard_count
+        self._source_region = source_region
+        #: region -> the nodes that did not answer their last probe, or refused a forward since
+        self._silent: dict[str, set[int]] = {r.name: set() for r in cluster.regions}
 
     def regions(self) -> list[str]:
         return list(self._peer_urls)
@@ -85,9 +88,31 @@ class RegionNodes:
         shard = self._control_shard if shard is None else shard
         return self._holders[region][node_slot(shard, self.node_count(region))]
 
+    def answering(self, region: str, index: int, answers: bool) -> None:
+        """Whether node ``index`` of ``region`` answered its last probe."""
+        silent = self._silent.get(region)
+        if silent is not None:
+            (silent.discard if answers else silent.add)(index)
+
+    def refused(self, region: str, url: str) -> None:
+        """The node of ``region`` at peer URL ``url`` refused a connection: silent until it
+        answers a probe again."""
+        for index, node_url in enumerate(self._peer_urls.get(region, [])):
+            if node_url.rstrip("/") == url.rstrip("/"):
+                self._silent[region].add(index)
+
     def peer_url(self, region: str, shard: int | None = None) -> str:
-        """The peer URL of the node of ``region`` leading ``shard`` (None: the control shard)."""
-        return self._peer_urls[region][self.leading_node(region, shard)]
+        """The peer URL of the node of ``region`` leading ``shard`` (None: the control shard).
+        While that node is silent (it died) and another node of another region answers, that
+        one: it leads the shard once it took the dead node's slot, and until then sends the
+        request on to the slot's holder (one hop inside its region). Its own region's silent
+        sibling a node handles itself (``services.api.context``)."""
+        urls = self._peer_urls[region]
+        holder = self.leading_node(region, shard)
+        silent = self._silent[region]
+        if holder in silent and region != self._source_region:
+            holder = next((i for i in range(len(urls)) if i not in silent), holder)
+        return urls[holder]
 
     def peer_url_of(self) -> PeerUrlOf:
         """``peer_url``, read live (forwarders, the drill driver and its canaries keep it)."""

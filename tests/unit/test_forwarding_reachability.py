@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+from collections.abc import Callable
 
 import httpx
 import pytest
@@ -15,7 +16,9 @@ from services.api.errors import ForwardFailed, OutcomeUnknown
 from services.api.forward_batch import BatchConfig
 from services.api.forwarding import Forwarder
 from services.api.metrics import Metrics
-from services.control.region_nodes import fixed_peer_urls
+from services.control.region_nodes import PeerUrlOf, fixed_peer_urls
+
+WEST = fixed_peer_urls({"west": "http://west.test"})
 
 
 def make_request(method: str = "POST") -> Request:
@@ -33,10 +36,15 @@ def make_request(method: str = "POST") -> Request:
     return Request(scope, receive)
 
 
-def forwarder(client: httpx.AsyncClient, reachable: dict[str, bool]) -> Forwarder:
+def forwarder(
+    client: httpx.AsyncClient,
+    reachable: dict[str, bool],
+    peer_url: PeerUrlOf = WEST,
+    refused: Callable[[str, str], None] = lambda region, url: None,
+) -> Forwarder:
     return Forwarder(
         client=client,
-        peer_url=fixed_peer_urls({"west": "http://west.test"}),
+        peer_url=peer_url,
         source_region="us-east",
         clock=LoopClock(),
         rng=random.Random(1),
@@ -44,6 +52,7 @@ def forwarder(client: httpx.AsyncClient, reachable: dict[str, bool]) -> Forwarde
         retries_max=1,
         backoff_s=0.01,
         peer_reachable=lambda region: reachable[region],
+        refused=refused,
     )
 
 
@@ -133,3 +142,31 @@ async def test_a_batch_whose_target_stops_answering_probes_is_outcome_unknown() 
         with pytest.raises(OutcomeUnknown):
             await forward
         await batched.close()
+
+
+async def test_a_node_that_refuses_the_forward_is_passed_over_for_its_sibling() -> None:
+    """A region's node that died refuses the connection: the retry goes to the node the
+    region's view names next (``RegionNodes.refused``), and succeeds there."""
+    silent: set[str] = set()
+    sent: list[str] = []
+
+    def peer_url(region: str, shard: int | None) -> str:
+        return "http://west-1.test" if "http://west.test" in silent else "http://west.test"
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        sent.append(request.url.host)
+        if request.url.host == "west.test":
+            raise httpx.ConnectError("refused", request=request)
+        return httpx.Response(201, json={"seq": 1})
+
+    async with httpx.AsyncClient(transport=httpx.MockTransport(answer)) as client:
+        refused = forwarder(client, {"west": True}, peer_url, lambda region, url: silent.add(url))
+        reply = await refused.forward(
+            make_request(),
+            target_region="west",
+            shard=3,
+            deadline_s=LoopClock().monotonic() + 30,
+            is_write=True,
+        )
+    assert reply.status_code == 201
+    assert sent == ["west.test", "west-1.test"]

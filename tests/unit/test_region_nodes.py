@@ -217,6 +217,37 @@ async def test_peers_send_each_shard_to_the_node_holding_its_slot() -> None:
     await observer.node.close()
 
 
+async def test_a_shard_of_a_silent_node_goes_to_a_sibling_that_answers() -> None:
+    """A node that stopped answering (or refused a forward) is passed over for a sibling of
+    its region until it answers again: the sibling takes the dead node's slot, and leads it."""
+    replicas = {r: MemoryReplica(r) for r in REGIONS}
+    replies: dict[str, dict[str, Any] | None] = {
+        "b": _reply("b", 0, slots=[0], led=[]),
+        "b/1": _reply("b", 1, slots=[1], led=[]),
+    }
+    observer = controller("a", 0, replicas, [], Replies(replies))
+    nodes = observer.nodes
+    shard = _by_slot(list(range(SHARDS)))[1][0]
+    await observer._probe("b")
+    assert nodes.peer_url("b", shard) == "https://b1.invalid:1"
+    replies["b/1"] = None
+    await observer._probe("b")
+    assert nodes.leading_node("b", shard) == 1  # still its slot's holder, as last heard
+    assert nodes.peer_url("b", shard) == "https://b.invalid:1"
+    replies["b/1"] = _reply("b", 1, slots=[1], led=[])
+    await observer._probe("b")
+    assert nodes.peer_url("b", shard) == "https://b1.invalid:1"  # answers again
+
+    nodes.refused("b", "https://b1.invalid:1/")  # a forward found it gone before a probe did
+    assert nodes.peer_url("b", shard) == "https://b.invalid:1"
+    nodes.refused("b", "https://b.invalid:1")
+    assert nodes.peer_url("b", shard) == "https://b1.invalid:1"  # none answers: the holder
+    own = controller("b", 0, replicas, [], Replies(replies)).nodes
+    own.answering("b", 1, False)
+    assert own.peer_url("b", shard) == "https://b1.invalid:1"  # its own region: never rerouted
+    await observer.node.close()
+
+
 async def test_a_reply_places_the_slots_of_its_siblings_that_did_not_answer() -> None:
     """A node's reply says which node holds each of its region's slots as it knows them: a
     sibling whose reply was lost is still placed, and the region's led shards are all there."""
@@ -290,3 +321,30 @@ def test_a_cluster_file_of_one_node_regions_is_written_as_before_more_nodes() ->
     two_nodes = cluster(more_nodes=1)
     read_back = ClusterConfig.model_validate_json(two_nodes.model_dump_json())
     assert read_back == two_nodes and read_back.regions[0].node_count == 2
+
+
+async def test_a_request_waits_for_the_lead_of_a_slot_just_taken() -> None:
+    replicas = {r: MemoryReplica(r) for r in REGIONS}
+    locks = [SimRegionLock(), SimRegionLock()]
+    replies: dict[str, dict[str, Any] | None] = {}
+    first = controller("a", 0, replicas, leases_on(locks), Replies(replies))
+    second = controller("a", 1, replicas, leases_on(locks))
+    await _reconciled(first)
+    await _reconciled(second)
+    replies["a/1"] = second.health_reply()
+    await first._probe_siblings()
+    shard = _by_slot(first.placement().shards_of("a"))[1][0]
+    assert await first.await_lead_here(shard, 5.0) is False  # its sibling's: nothing to wait
+
+    replies["a/1"] = None
+    await second.node.close()
+    await second.close()
+    for lease in second.slots._leases:
+        await lease.close()
+    await first._keep_slots()  # takes the dead sibling's slot, starts leading its shards
+    assert first.slots.held == {0, 1} and not first.node.leads(shard)
+    assert await first.await_lead_here(shard, 0.0) is False  # under way, not waited for
+    assert await first.await_lead_here(shard, 5.0) is True
+    assert first.node.leads(shard)
+    await asyncio.gather(*first._leading.values())
+    await first.node.close()
