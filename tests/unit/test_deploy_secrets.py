@@ -57,11 +57,10 @@ def _dns_names(cert: x509.Certificate) -> set[str]:
     return set(alt_names.get_values_for_type(x509.DNSName))
 
 
-def _with_second_nodes(template: dict[str, Any]) -> dict[str, Any]:
-    """``template`` with a second node per region, as the template of a later release."""
+def _one_node_per_region(template: dict[str, Any]) -> dict[str, Any]:
+    """``template`` as releases before two nodes per region shipped it."""
     for region in template["regions"]:
-        host = f"{urlsplit(region['url']).hostname}-1"
-        region["more_nodes"] = [{"url": f"http://{host}:8700", "peer_url": f"https://{host}:8800"}]
+        del region["more_nodes"]
     return template
 
 
@@ -137,11 +136,9 @@ def test_a_demo_may_allow_published_secrets(monkeypatch: pytest.MonkeyPatch) -> 
 
 def test_a_region_certificate_covers_every_host_of_its_nodes(tmp_path: Path) -> None:
     """Peers verify the host name of the node they call, whichever of the region's nodes."""
-    template = _with_second_nodes(json.loads(TEMPLATE.read_text()))
-    template_file = tmp_path / "template.json"
-    template_file.write_text(json.dumps(template))
+    template = json.loads(TEMPLATE.read_text())
     out = tmp_path / "secrets"
-    ensure_secrets(template_file, out)
+    ensure_secrets(TEMPLATE, out)
     ca = _certificate(out / "tls" / "ca.pem")
     for region in template["regions"]:
         cert = _certificate(out / "tls" / f"{region['name']}.pem")
@@ -155,14 +152,15 @@ def test_an_earlier_releases_certificate_is_issued_again_under_the_same_ca(
 ) -> None:
     """A secrets volume from a release of one node per region: the region certificates gain
     the new nodes' hosts, every other secret (the CA first) stays as it was."""
+    earlier_template = tmp_path / "earlier-template.json"
+    earlier_template.write_text(json.dumps(_one_node_per_region(json.loads(TEMPLATE.read_text()))))
     out = tmp_path / "secrets"
-    ensure_secrets(TEMPLATE, out)  # one node per region, as an earlier release ran it
+    ensure_secrets(earlier_template, out)
     before = _files(out)
-    template = _with_second_nodes(json.loads(TEMPLATE.read_text()))
-    template_file = tmp_path / "template.json"
-    template_file.write_text(json.dumps(template))
-    ensure_secrets(template_file, out)
+    ensure_secrets(TEMPLATE, out)
     after = _files(out)
+    assert set(after) == set(before)
+    template = json.loads(TEMPLATE.read_text())
     regions = [r["name"] for r in template["regions"]]
     reissued = {f"tls/{name}{suffix}.pem" for name in regions for suffix in ("", "-key")}
     assert {name for name in before if before[name] != after[name]} == reissued | {"cluster.json"}
@@ -174,5 +172,5 @@ def test_an_earlier_releases_certificate_is_issued_again_under_the_same_ca(
         uris = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
         identity = uris.get_values_for_type(x509.UniformResourceIdentifier)
         assert identity == [f"urn:convplane:region:{region['name']}"]  # still speaks for it
-    ensure_secrets(template_file, out)
+    ensure_secrets(TEMPLATE, out)
     assert _files(out) == after  # covered now: a later start issues nothing
