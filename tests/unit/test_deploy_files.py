@@ -5,6 +5,7 @@ cluster file the secrets service generates from the template is valid."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -134,3 +135,33 @@ def test_prometheus_and_grafana_are_wired_to_the_shipped_files() -> None:
     # the dashboard picks its datasource by variable, defaulting to the one provisioned here
     (variable,) = [v for v in dashboard["templating"]["list"] if v["name"] == "datasource"]
     assert variable["current"]["value"] == datasource["uid"]
+
+
+def test_prometheus_scrapes_every_node_and_the_dashboard_tells_them_apart() -> None:
+    """Every node of the cluster template is scraped under a `node` label of its own, and the
+    dashboard's region filter picks exactly that region's nodes (a region's second node is
+    `<region>-1`, which a filter equal to the region name would miss)."""
+    template = json.loads((ROOT / "deploy" / "compose-cluster.template.json").read_text())
+    region_of_target = {
+        f"{urlsplit(url).hostname}:{urlsplit(url).port}": region["name"]
+        for region in template["regions"]
+        for url in [region["url"], *(node["url"] for node in region.get("more_nodes", []))]
+    }
+    prometheus = yaml.safe_load((ROOT / "deploy/observability/prometheus.yml").read_text())
+    region_of_label = {}
+    for config in prometheus["scrape_configs"][0]["static_configs"]:
+        (target,) = config["targets"]
+        assert config["labels"]["node"] not in region_of_label, config
+        region_of_label[config["labels"]["node"]] = region_of_target.pop(target)
+    assert not region_of_target, f"nodes nobody scrapes: {region_of_target}"
+    assert len(region_of_label) == 2 * len(template["regions"])
+    dashboard = (ROOT / "deploy/observability/grafana/dashboards/convplane.json").read_text()
+    filters = set(re.findall(r'node=~\\"([^"\\]+)\\"', dashboard))
+    assert filters, "the dashboard filters no panel by node"
+    for node_filter in filters:
+        for region in template["regions"]:
+            # Grafana puts one chosen region into a regex escaped; Prometheus anchors it
+            pattern = node_filter.replace("$region", re.escape(region["name"]))
+            picked = {label for label in region_of_label if re.fullmatch(pattern, label)}
+            wanted = {label for label, r in region_of_label.items() if r == region["name"]}
+            assert picked == wanted, (node_filter, region["name"])
