@@ -15,7 +15,8 @@ from the cluster's CA can neither probe, answer probes nor forward, and nothing 
 (bearer keys, the peer secret) crosses in clear. A certificate speaks for one region only: the
 peer listener (``services.bootstrap.listener_gates.PeerListenerGate``) takes a caller for the region its
 certificate's identity names, and refuses a request that claims another; a certificate without
-a region identity (``issue_certificate``'s, a database server's) speaks for none.
+a region identity (``issue_certificate``'s without ``region``, a database server's) speaks
+for none.
 
 EC P-256 keys; the CA's validity is ``CA_VALIDITY_DAYS``, a node's ``NODE_VALIDITY_DAYS``.
 """
@@ -86,19 +87,33 @@ def issue_cluster_tls(
     return issued
 
 
-def issue_certificate(directory: Path, name: str, hosts: Iterable[str]) -> NodeTls:
+def issue_certificate(
+    directory: Path, name: str, hosts: Iterable[str], *, region: str | None = None
+) -> NodeTls:
     """One more certificate under the CA that ``issue_cluster_tls`` made in ``directory`` (a
-    database server's, say), for ``name`` and ``hosts``."""
+    database server's, say), for ``name`` and ``hosts``; ``region``: the region it speaks for
+    (a region's certificate issued again for more hosts), none if None."""
     ca_cert = x509.load_pem_x509_certificate((directory / "ca.pem").read_bytes())
     ca_key = serialization.load_pem_private_key((directory / "ca-key.pem").read_bytes(), None)
     if not isinstance(ca_key, ec.EllipticCurvePrivateKey):
         raise ValueError(f"{directory / 'ca-key.pem'} is not the EC key this module writes")
     key = ec.generate_private_key(ec.SECP256R1())
-    cert = node_certificate(ca_key, ca_cert, name, [name, *hosts], key.public_key())
+    cert = node_certificate(ca_key, ca_cert, name, [name, *hosts], key.public_key(), region=region)
     cert_file, key_file = directory / f"{name}.pem", directory / f"{name}-key.pem"
     _write(cert_file, cert.public_bytes(serialization.Encoding.PEM), mode=0o644)
     _write(key_file, _key_pem(key), mode=0o600)
     return NodeTls(directory / "ca.pem", cert_file, key_file)
+
+
+def certificate_hosts(cert_file: Path) -> set[str]:
+    """The DNS names and IP addresses the certificate in ``cert_file`` is valid for."""
+    cert = x509.load_pem_x509_certificate(cert_file.read_bytes())
+    try:
+        alt_names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    except x509.ExtensionNotFound:
+        return set()
+    addresses = alt_names.get_values_for_type(x509.IPAddress)
+    return {*alt_names.get_values_for_type(x509.DNSName), *(str(a) for a in addresses)}
 
 
 def node_certificate(

@@ -16,15 +16,19 @@ run it generates, into ``DIR`` (a volume only the stack mounts), each file 0600:
   (``node-<region>``, ``worker-<region>``) and the broker's KRaft cluster id;
 * ``db-role-<region>-password``: the password of each node's database role
   (``services.deploy.db_roles``: the protocol's functions and reads, nothing else);
-* ``tls/``: a cluster CA and a certificate per node (``services.cluster_tls``, host name
-  ``node-<region>``) for the mutual TLS of the peer listeners, and one per database server
-  (``pg-<region>``) and the broker's (``kafka``): nodes reach their databases, nodes and workers
-  the broker, over TLS only, verifying those names.
+* ``tls/``: a cluster CA and a certificate per region (``services.cluster_tls``), shared by
+  the region's nodes and valid for every host name the template gives them (``url``,
+  ``peer_url`` and each of ``more_nodes``: ``node-<region>``, ``node-<region>-1``), for the
+  mutual TLS of the peer listeners, and one per database server (``pg-<region>``) and the
+  broker's (``kafka``): nodes reach their databases, nodes and workers the broker, over TLS
+  only, verifying those names.
 
 ``main`` then writes one directory per service, holding only what that service needs
 (``services.deploy.compose_bundles``); the stack mounts each service's alone.
 
-Later runs keep what exists, so restarts keep their keys and databases. Operators who bring
+Later runs keep what exists, so restarts keep their keys and databases; only a region's
+certificate that lacks one of its nodes' host names (made by an earlier release, or before the
+template named more nodes) is issued again, under the same CA. Operators who bring
 their own secrets write ``DIR`` themselves (or mount it from an env-specific store).
 
 ``refuse_demo_secrets`` is the other half: a node refuses a cluster file that still carries one
@@ -43,8 +47,8 @@ from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from services.cluster_tls import issue_certificate, issue_cluster_tls
-from services.config import ClusterConfig, api_key_sha256
+from services.cluster_tls import certificate_hosts, issue_certificate, issue_cluster_tls
+from services.config import ClusterConfig, RegionConfig, api_key_sha256
 from services.deploy.compose_bundles import (
     KAFKA_CLUSTER_ID,
     KAFKA_HOST,
@@ -116,7 +120,6 @@ def ensure_secrets(template_path: Path, out_dir: Path) -> ClusterConfig:
         for user in kafka_users(region["name"]):
             _secret_file(out_dir / kafka_password_file(user), _role_password)
     _secret_file(out_dir / KAFKA_CLUSTER_ID, _kafka_cluster_id)
-    _ensure_tls(out_dir / "tls", [r["name"] for r in template["regions"]])
     template["tenants"] = [{"tenant_id": DEMO_TENANT, "api_key_sha256": api_key_sha256(api_key)}]
     template["peer_secret"] = peer_secret
     replay = template.setdefault("replay", {})
@@ -138,6 +141,7 @@ def ensure_secrets(template_path: Path, out_dir: Path) -> ClusterConfig:
         for region in template["regions"]
     }
     cluster = ClusterConfig.model_validate(template)
+    _ensure_tls(out_dir / "tls", cluster.regions)
     cluster_file = out_dir / "cluster.json"
     write_private(cluster_file, cluster.model_dump_json(indent=2))
     return cluster
@@ -151,10 +155,24 @@ def _kafka_cluster_id() -> str:
     return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode("ascii").rstrip("=")
 
 
-def _ensure_tls(tls_dir: Path, regions: list[str]) -> None:
+def _node_hosts(region: RegionConfig) -> list[str]:
+    """Every host name at which the template says the region's nodes listen."""
+    peer_urls = [region.peer_url, *(node.peer_url for node in region.more_nodes)]
+    urls = [*region.node_urls(), *(url for url in peer_urls if url is not None)]
+    return list(dict.fromkeys(host for url in urls if (host := urlsplit(url).hostname)))
+
+
+def _ensure_tls(tls_dir: Path, regions: list[RegionConfig]) -> None:
+    hosts_of = {region.name: _node_hosts(region) for region in regions}
     if not (tls_dir / "ca.pem").exists():
-        issue_cluster_tls(tls_dir, regions, [], hosts_of={n: [f"node-{n}"] for n in regions})
-    for region in regions:
+        issue_cluster_tls(tls_dir, list(hosts_of), [], hosts_of=hosts_of)
+    for name, hosts in hosts_of.items():
+        # peers verify the host name of the node they call: a certificate from an earlier
+        # release, made for the region's first node only, would fail its siblings
+        cert_file = tls_dir / f"{name}.pem"
+        if not cert_file.exists() or not set(hosts) <= certificate_hosts(cert_file):
+            issue_certificate(tls_dir, name, hosts, region=name)
+    for region in hosts_of:
         server = pg_server_name(region)
         if not (tls_dir / f"{server}.pem").exists():
             issue_certificate(tls_dir, server, [server])

@@ -1,12 +1,14 @@
 """docker-compose.yml as Docker would run it (compose-go's loader, ``tests/compose_spec``), held
 to what a deployment must be: healthchecks and healthy dependencies, nothing as root, the plain
-HTTP API on loopback only, nodes on their databases as least-privilege roles over TLS, Kafka
-over SASL_SSL, and each container seeing only its own secrets, checked on the files the
-secrets service really writes. Needs Go and, the first time, the Go module proxy (never skipped).
+HTTP API on loopback only, every node of the cluster template a service of its region's
+identity, nodes on their databases as least-privilege roles over TLS, Kafka over SASL_SSL,
+and each container seeing only its own secrets, checked on the files the secrets service
+really writes. Needs Go and, the first time, the Go module proxy (never skipped).
 """
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,7 +33,9 @@ LOOPBACK = {"127.0.0.1", "::1"}
 def expected_secrets(service: str) -> set[str]:
     """What each kind of service needs to read, and nothing more (paths in its mount)."""
     for region in REGIONS:
-        if service == f"node-{region}":  # its cluster file, its role's password, its TLS key
+        # its cluster file, its role's password, its TLS key: both nodes of a region are one
+        # identity
+        if service in {f"node-{region}", f"node-{region}-1"}:
             return {"cluster.json", "pgpass", "tls/ca.pem", f"tls/{region}.pem",
                     f"tls/{region}-key.pem"}  # fmt: skip
         if service == f"worker-{region}":  # its own region's keys and its Kafka password
@@ -78,6 +82,13 @@ def long_running(project: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]
     return ((n, s) for n, s in services(project).items() if n not in shots)
 
 
+def region_nodes(project: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
+    """Every node service with its region: both of each region."""
+    for region in REGIONS:
+        for name in (f"node-{region}", f"node-{region}-1"):
+            yield region, services(project)[name]
+
+
 def visible_secrets(service: dict[str, Any], secrets_dir: Path) -> dict[str, str]:
     """Every file of the secrets volume the service mounts: path in its mount -> content."""
     visible = {}
@@ -121,8 +132,9 @@ def test_every_dependency_waits_for_health_or_completion(project: dict[str, Any]
             wanted = "service_completed_successfully" if dependency in shots else "service_healthy"
             assert how["condition"] == wanted, f"{name} -> {dependency}: {how['condition']}"
     for region in REGIONS:
-        node = services(project)[f"node-{region}"]["depends_on"]
-        assert {"db-init", f"pg-{region}", "kafka"} <= set(node), node
+        for name in (f"node-{region}", f"node-{region}-1"):
+            node = services(project)[name]["depends_on"]
+            assert {"db-init", f"pg-{region}", "kafka"} <= set(node), name
 
 
 def test_published_ports_bind_loopback_only(project: dict[str, Any]) -> None:
@@ -133,7 +145,36 @@ def test_published_ports_bind_loopback_only(project: dict[str, Any]) -> None:
         for port in service.get("ports") or []:
             published += 1
             assert port.get("host_ip") in LOOPBACK, f"{name} publishes {port} beyond loopback"
-    assert published >= len(REGIONS)
+    assert published >= 2 * len(REGIONS)
+
+
+def test_every_node_of_the_cluster_template_runs_as_its_regions_identity(
+    project: dict[str, Any],
+) -> None:
+    """Each node the template lists is the service its URL names, started with its region and
+    node index, mounting its region's bundle and certificate, on a loopback port of its own."""
+    host_ports = [
+        (port.get("host_ip"), port["published"])
+        for service in services(project).values()
+        for port in service.get("ports") or []
+    ]
+    assert len(host_ports) == len(set(host_ports)), f"a host port is published twice: {host_ports}"
+    nodes = {n for n, s in services(project).items() if (s.get("command") or [])[:1] == ["node"]}
+    listed = set()
+    for region in json.loads(TEMPLATE.read_text())["regions"]:
+        first = services(project)[f"node-{region['name']}"]
+        for index, address in enumerate([region, *region.get("more_nodes", [])]):
+            name = urlsplit(address["url"]).hostname
+            listed.add(name)
+            command = services(project)[name]["command"]
+            assert command[command.index("--region") + 1] == region["name"], name
+            given = command[command.index("--node-index") + 1] if "--node-index" in command else 0
+            assert int(given) == index, name
+            node = services(project)[name]
+            for key in ("volumes", "environment", "depends_on", "healthcheck"):
+                assert node[key] == first[key], f"{name}'s {key} differ from its region's first"
+            assert [p.get("host_ip") for p in node["ports"]] == ["127.0.0.1"], name
+    assert listed == nodes and len(nodes) == 2 * len(REGIONS)
 
 
 def dockerfile_user(context: Path, dockerfile: str) -> str | None:
@@ -188,8 +229,7 @@ def test_workers_and_engines_see_no_key_of_the_cluster_or_of_another_region(
 def test_nodes_use_their_own_role_over_tls_never_the_owner(
     project: dict[str, Any], secrets_dir: Path
 ) -> None:
-    for region in REGIONS:
-        node = services(project)[f"node-{region}"]
+    for region, node in region_nodes(project):
         visible = visible_secrets(node, secrets_dir)
         cluster_file = next(a for a in node["command"] if a.endswith("cluster.json"))
         cluster = load_cluster(secrets_dir / "bundles" / f"node-{region}" / "cluster.json")

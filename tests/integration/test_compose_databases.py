@@ -1,7 +1,8 @@
 """The compose stack's database set-up on real PostgreSQL (TLS only, verify-full): from the
 files the secrets service writes, ``db-init`` migrates each database as its owner and
 restricts each node's role; a node then opens every replica as its own role, with nothing but
-its own bundle (cluster file and pgpass), and cannot write outside the protocol."""
+its own bundle (cluster file and pgpass), and cannot write outside the protocol; both nodes of
+a region, one role, take their node slots' leases."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import asyncpg
 import pytest
 
 from eventlog.stores import open_replica_store
+from eventlog.stores.region_lease import open_region_lease
 from services.config import load_cluster
 from services.deploy.compose_bundles import write_bundles
 from services.deploy.compose_databases import prepare_databases
@@ -66,3 +68,14 @@ async def test_nodes_open_their_replicas_as_their_own_restricted_role(
                 await conn.execute("CREATE TABLE intruder (x int)")
         finally:
             await conn.close()
+    # the region's two nodes are one role: each takes its own node slot's lease (the advisory
+    # lock is open to the restricted role), and the slot a sibling holds stays its
+    own = next(region for region in cluster.regions if region.name == node)
+    leases = [await open_region_lease(own.dsn, node, slot, timeout_s=10) for slot in (0, 1)]
+    rival = await open_region_lease(own.dsn, node, 0, timeout_s=10)
+    try:
+        assert [await lease.try_acquire() for lease in leases] == [True, True]
+        assert not await rival.try_acquire() and rival.reachable
+    finally:
+        for lease in (*leases, rival):
+            await lease.close()

@@ -5,7 +5,9 @@ cluster file the secrets service generates from the template is valid."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 import yaml
@@ -24,14 +26,36 @@ def test_compose_has_a_full_stack_per_region(tmp_path: Path) -> None:
     for region in cluster.regions:
         for role in ("pg", "node", "engine", "worker"):
             assert f"{role}-{region.name}" in services
-        node_command = services[f"node-{region.name}"]["command"]
-        assert node_command[node_command.index("--region") + 1] == region.name
         assert f"pg-{region.name}:5432" in region.dsn
-        peer_port = node_command[node_command.index("--peer-port") + 1]
-        assert region.peer_url == f"https://node-{region.name}:{peer_port}"
-        environment = services[f"node-{region.name}"]["environment"]
-        assert environment["CONVPLANE_TLS_CERT_FILE"].endswith(f"/tls/{region.name}.pem")
     assert cluster.replay.kafka_bootstrap_servers == "kafka:9092"
+
+
+def test_every_node_of_the_cluster_file_is_a_service_started_as_that_node(
+    tmp_path: Path,
+) -> None:
+    """A node finds its own addresses in the cluster file by its region and ``--node-index``:
+    each node the file lists must be the service its URLs name, started with that region and
+    index, listening on the ports its URLs say, with its region's certificate."""
+    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    cluster = ensure_secrets(ROOT / "deploy" / "compose-cluster.template.json", tmp_path)
+    services = compose["services"]
+    started = set()
+    for region in cluster.regions:
+        assert region.node_count == 2, region.name  # the stack runs two nodes per region
+        peer_urls = [region.peer_url, *(node.peer_url for node in region.more_nodes)]
+        for index, (url, peer_url) in enumerate(zip(region.node_urls(), peer_urls, strict=True)):
+            host, port = urlsplit(url).hostname, urlsplit(url).port
+            assert peer_url is not None and urlsplit(peer_url).hostname == host, peer_url
+            command = services[host]["command"]
+            assert command[command.index("--region") + 1] == region.name, host
+            given = command[command.index("--node-index") + 1] if "--node-index" in command else 0
+            assert int(given) == index, host
+            assert int(command[command.index("--port") + 1]) == port, host
+            assert int(command[command.index("--peer-port") + 1]) == urlsplit(peer_url).port
+            environment = services[host]["environment"]
+            assert environment["CONVPLANE_TLS_CERT_FILE"].endswith(f"/tls/{region.name}.pem")
+            started.add(host)
+    assert started == {name for name, s in services.items() if s.get("command", [""])[0] == "node"}
 
 
 def test_the_console_urls_name_every_region_at_its_published_port(
@@ -111,3 +135,33 @@ def test_prometheus_and_grafana_are_wired_to_the_shipped_files() -> None:
     # the dashboard picks its datasource by variable, defaulting to the one provisioned here
     (variable,) = [v for v in dashboard["templating"]["list"] if v["name"] == "datasource"]
     assert variable["current"]["value"] == datasource["uid"]
+
+
+def test_prometheus_scrapes_every_node_and_the_dashboard_tells_them_apart() -> None:
+    """Every node of the cluster template is scraped under a `node` label of its own, and the
+    dashboard's region filter picks exactly that region's nodes (a region's second node is
+    `<region>-1`, which a filter equal to the region name would miss)."""
+    template = json.loads((ROOT / "deploy" / "compose-cluster.template.json").read_text())
+    region_of_target = {
+        f"{urlsplit(url).hostname}:{urlsplit(url).port}": region["name"]
+        for region in template["regions"]
+        for url in [region["url"], *(node["url"] for node in region.get("more_nodes", []))]
+    }
+    prometheus = yaml.safe_load((ROOT / "deploy/observability/prometheus.yml").read_text())
+    region_of_label = {}
+    for config in prometheus["scrape_configs"][0]["static_configs"]:
+        (target,) = config["targets"]
+        assert config["labels"]["node"] not in region_of_label, config
+        region_of_label[config["labels"]["node"]] = region_of_target.pop(target)
+    assert not region_of_target, f"nodes nobody scrapes: {region_of_target}"
+    assert len(region_of_label) == 2 * len(template["regions"])
+    dashboard = (ROOT / "deploy/observability/grafana/dashboards/convplane.json").read_text()
+    filters = set(re.findall(r'node=~\\"([^"\\]+)\\"', dashboard))
+    assert filters, "the dashboard filters no panel by node"
+    for node_filter in filters:
+        for region in template["regions"]:
+            # Grafana puts one chosen region into a regex escaped; Prometheus anchors it
+            pattern = node_filter.replace("$region", re.escape(region["name"]))
+            picked = {label for label in region_of_label if re.fullmatch(pattern, label)}
+            wanted = {label for label, r in region_of_label.items() if r == region["name"]}
+            assert picked == wanted, (node_filter, region["name"])

@@ -1,6 +1,7 @@
 """No secret in the repository: the compose stack generates its own at first start, passes
 them as files or environment (never on a command line), and a node refuses the secrets the
-repository once published unless told it is a throwaway demo."""
+repository once published unless told it is a throwaway demo. A region's certificate covers
+every node of the region, also in a secrets volume an earlier release made."""
 
 from __future__ import annotations
 
@@ -8,10 +9,12 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
 import yaml
+from cryptography import x509
 
 from services.config import ClusterConfig, NodeSettings, api_key_sha256, load_cluster
 from services.deploy.compose_secrets import (
@@ -37,6 +40,33 @@ PUBLISHED_CLUSTER = {
 
 def _mode(path: Path) -> int:
     return path.stat().st_mode & 0o777
+
+
+def _node_hosts(region: dict[str, Any]) -> set[str]:
+    """Every host name a region of the template names for its nodes, read from the JSON."""
+    nodes = [region, *region.get("more_nodes", [])]
+    return {urlsplit(node[key]).hostname for node in nodes for key in ("url", "peer_url")}
+
+
+def _certificate(path: Path) -> x509.Certificate:
+    return x509.load_pem_x509_certificate(path.read_bytes())
+
+
+def _dns_names(cert: x509.Certificate) -> set[str]:
+    alt_names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    return set(alt_names.get_values_for_type(x509.DNSName))
+
+
+def _one_node_per_region(template: dict[str, Any]) -> dict[str, Any]:
+    """``template`` as releases before two nodes per region shipped it."""
+    for region in template["regions"]:
+        del region["more_nodes"]
+    return template
+
+
+def _files(directory: Path) -> dict[str, bytes]:
+    return {str(f.relative_to(directory)): f.read_bytes() for f in directory.rglob("*")
+            if f.is_file()}  # fmt: skip
 
 
 def test_secrets_are_generated_once_private_and_consistent(tmp_path: Path) -> None:
@@ -102,3 +132,45 @@ def test_a_demo_may_allow_published_secrets(monkeypatch: pytest.MonkeyPatch) -> 
     assert not NodeSettings(region="us-east", cluster=cluster).allow_demo_secrets
     monkeypatch.setenv("CONVPLANE_ALLOW_DEMO_SECRETS", "1")
     assert NodeSettings(region="us-east", cluster=cluster).allow_demo_secrets
+
+
+def test_a_region_certificate_covers_every_host_of_its_nodes(tmp_path: Path) -> None:
+    """Peers verify the host name of the node they call, whichever of the region's nodes."""
+    template = json.loads(TEMPLATE.read_text())
+    out = tmp_path / "secrets"
+    ensure_secrets(TEMPLATE, out)
+    ca = _certificate(out / "tls" / "ca.pem")
+    for region in template["regions"]:
+        cert = _certificate(out / "tls" / f"{region['name']}.pem")
+        assert _node_hosts(region) == {f"node-{region['name']}", f"node-{region['name']}-1"}
+        assert _node_hosts(region) <= _dns_names(cert), region["name"]
+        cert.verify_directly_issued_by(ca)
+
+
+def test_an_earlier_releases_certificate_is_issued_again_under_the_same_ca(
+    tmp_path: Path,
+) -> None:
+    """A secrets volume from a release of one node per region: the region certificates gain
+    the new nodes' hosts, every other secret (the CA first) stays as it was."""
+    earlier_template = tmp_path / "earlier-template.json"
+    earlier_template.write_text(json.dumps(_one_node_per_region(json.loads(TEMPLATE.read_text()))))
+    out = tmp_path / "secrets"
+    ensure_secrets(earlier_template, out)
+    before = _files(out)
+    ensure_secrets(TEMPLATE, out)
+    after = _files(out)
+    assert set(after) == set(before)
+    template = json.loads(TEMPLATE.read_text())
+    regions = [r["name"] for r in template["regions"]]
+    reissued = {f"tls/{name}{suffix}.pem" for name in regions for suffix in ("", "-key")}
+    assert {name for name in before if before[name] != after[name]} == reissued | {"cluster.json"}
+    ca = _certificate(out / "tls" / "ca.pem")
+    for region in template["regions"]:
+        cert = _certificate(out / "tls" / f"{region['name']}.pem")
+        assert _node_hosts(region) <= _dns_names(cert), region["name"]
+        cert.verify_directly_issued_by(ca)
+        uris = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+        identity = uris.get_values_for_type(x509.UniformResourceIdentifier)
+        assert identity == [f"urn:convplane:region:{region['name']}"]  # still speaks for it
+    ensure_secrets(TEMPLATE, out)
+    assert _files(out) == after  # covered now: a later start issues nothing
