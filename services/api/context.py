@@ -129,7 +129,11 @@ class RequestContext:
             return await self._within_deadline(call, is_write)
         except NotLeader as exc:
             if not await self._led_here_after_wait(exc):
-                return await self._redirect(exc, is_write, forward_body, batchable, repeatable)
+                try:
+                    return await self._redirect(exc, is_write, forward_body, batchable, repeatable)
+                except ForwardFailed:  # nothing was sent: the sibling that held the shard's
+                    if not await self._led_here_after_wait(exc):  # slot died, and this node
+                        raise  # may have taken the slot since
         try:
             return await self._within_deadline(call, is_write)
         except NotLeader as exc:  # lost again at once (a fence): no second wait

@@ -8,6 +8,7 @@ one virtualenv serves the whole module, and the test that breaks it runs last.""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -16,6 +17,7 @@ import venv
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -66,18 +68,28 @@ def test_the_demo_runs_from_any_directory(installed: Path, elsewhere: Path) -> N
 
 
 def test_up_down_and_sim_run_from_any_directory(installed: Path, elsewhere: Path) -> None:
+    """Regions of two nodes each, stopped and started again on their data: every node of the
+    restarted plane answers."""
     convplane = str(installed / "convplane")
     state_dir = elsewhere / "plane"
-    up = [convplane, "up", "--regions", "2", "--state-dir", str(state_dir), "--base-port", "0",
-          "--shard-count", "8", "--detach"]  # fmt: skip
+    up = [convplane, "up", "--regions", "2", "--nodes-per-region", "2", "--state-dir",
+          str(state_dir), "--base-port", "0", "--shard-count", "8", "--detach"]  # fmt: skip
     try:
         _run(up, cwd=elsewhere, timeout=RUN_TIMEOUT_S)
         _run([convplane, "down", "--state-dir", str(state_dir)], cwd=elsewhere)
         _run(up, cwd=elsewhere, timeout=RUN_TIMEOUT_S)  # the same plane, on its data
+        plane = json.loads((state_dir / "cluster.json").read_text())
+        nodes = [
+            u for r in plane["regions"] for u in [r["url"], *(n["url"] for n in r["more_nodes"])]
+        ]
+        assert len(nodes) == 4
+        for url in nodes:
+            assert httpx.get(url + "/healthz", timeout=10, trust_env=False).status_code == 200
     finally:
         subprocess.run([convplane, "down", "--state-dir", str(state_dir)], cwd=elsewhere,
                        env=_clean_env(), capture_output=True, timeout=RUN_TIMEOUT_S)  # fmt: skip
-    sim = _run([convplane, "sim", "--seeds", "2"], cwd=elsewhere, timeout=RUN_TIMEOUT_S)
+    sim = _run([convplane, "sim", "--seeds", "2", "--nodes-per-region", "2"], cwd=elsewhere,
+               timeout=RUN_TIMEOUT_S)  # fmt: skip
     assert "passed" in sim.stdout
     for command in ("node", "worker", "drill"):
         _run([convplane, command, "--help"], cwd=elsewhere)

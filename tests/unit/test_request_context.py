@@ -12,14 +12,25 @@ import pytest
 from eventlog.clock import LoopClock
 from eventlog.errors import NotLeader
 from services.api.context import ApiState, RequestContext
+from services.api.errors import ForwardFailed
 
 DEADLINE_S = 10.0
 
 
-def context(waits: list[float], led_after_wait: bool) -> RequestContext:
+class DeadSibling:
+    """A forwarder whose hop to the sibling holding the shard's slot finds it dead."""
+
+    async def forward(self, *args: Any, **kwargs: Any) -> Any:
+        raise ForwardFailed("leader region a unreachable")
+
+
+def context(waits: list[float], led_after_wait: bool, *, led_only_after: int = 0) -> RequestContext:
+    """A request context whose node leads the shard after waiting (``led_after_wait``) from
+    its ``led_only_after``-th wait on; with ``led_only_after``, a sibling held the slot."""
+
     async def await_lead_here(shard: int, timeout_s: float) -> bool:
         waits.append(timeout_s)
-        return led_after_wait
+        return led_after_wait and len(waits) > led_only_after
 
     clock = LoopClock()
     api = SimpleNamespace(
@@ -27,7 +38,8 @@ def context(waits: list[float], led_after_wait: bool) -> RequestContext:
         clock=clock,
         settings=SimpleNamespace(retry_after_default_s=1.0),
         await_lead_here=await_lead_here,
-        led_by_sibling=lambda shard: False,
+        led_by_sibling=lambda shard: led_only_after > 0,
+        forwarder=DeadSibling(),
     )
     deadline_s = clock.monotonic() + DEADLINE_S
     return RequestContext(cast(ApiState, api), cast(Any, None), cast(Any, None), deadline_s, False)
@@ -74,3 +86,19 @@ async def test_a_shard_another_region_leads_is_not_waited_for() -> None:
     with pytest.raises(Exception, match="not forwarding twice"):
         await ctx.run(elsewhere, is_write=True)
     assert waits == []
+
+
+async def test_a_request_sent_to_a_dead_sibling_waits_for_the_slot_taken_here_since() -> None:
+    waits: list[float] = []
+    call = Leader()
+    ctx = context(waits, led_after_wait=True, led_only_after=1)
+    assert await ctx.run(call, is_write=True) == "ok"
+    assert call.calls == 2 and len(waits) == 2  # none at first; the hop failed; then led here
+
+
+async def test_a_dead_siblings_slot_nobody_here_took_is_answered_forward_failed() -> None:
+    waits: list[float] = []
+    call = Leader()
+    with pytest.raises(ForwardFailed):
+        await context(waits, led_after_wait=False, led_only_after=1).run(call, is_write=True)
+    assert call.calls == 1
