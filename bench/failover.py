@@ -36,7 +36,8 @@ from typing import Any
 import httpx
 
 from eventlog.sharding import shard_of
-from regions.placement import node_slot
+from regions.placement import SlotMap
+from services.config import load_cluster
 from tests.harness.chaos import (
     FAST_ENV,
     Ack,
@@ -175,6 +176,7 @@ async def _node_kills(plane: ChaosPlane, rounds: int, shards: int) -> dict[str, 
     running = asyncio.create_task(writers.run())
     rtos: list[float] = []
     unrecovered = rounds_moved = 0
+    slots = SlotMap(shards, load_cluster(Path(info["cluster_file"])).weights())
     try:
         await asyncio.sleep(2.0)
         for i in range(rounds):
@@ -190,7 +192,7 @@ async def _node_kills(plane: ChaosPlane, rounds: int, shards: int) -> dict[str, 
             led = sorted(
                 int(s)
                 for s, r in before["assignment"].items()
-                if r == victim and node_slot(int(s), plane.nodes_per_region) == index
+                if r == victim and slots.slot(int(s), plane.nodes_per_region) == index
             )
             fault_s = time.monotonic()
             await asyncio.to_thread(plane.kill_node, victim, index)

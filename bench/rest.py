@@ -55,7 +55,10 @@ against its quota (the plane's route mode; the peer's best run).
 --nodes-per-region``; on the lab, each node on a host of its own), the route mode sending each
 conversation to the node that ``/route`` says leads it (``node_url``). ``--growth`` measures
 the route mode on a plane of one node per region first, in the same run, and reports
-``growth_ratio``: the events/s of N nodes per region over that of one.
+``growth_ratio``: the events/s of N nodes per region over that of one. ``--growth-rounds K``
+measures K such pairs (fresh planes each time, the first K-1 alternating which goes first)
+and reports each pair's ratio and their median: on the lab the same plane's events/s moved by
+up to 1.7x between consecutive runs (2026-12-07), so one pair says little.
 
 Every process started here is stopped on exit, also on Ctrl-C or SIGTERM.
 """
@@ -68,6 +71,7 @@ import json
 import os
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -233,9 +237,11 @@ def measure_mode(
     run_wrk(warm, url, threads, connections, args.warmup_s)
     script = wrk_script(work / f"{name}.lua", targets, key, body, name, request)
     spied = regions[args.py_spy_region]
+    spied_nodes = [spied, *spied.get("more_nodes", [])]
+    spied_node = spied_nodes[min(args.py_spy_node, len(spied_nodes) - 1)]
     spy_out = args.py_spy / f"{name}-{spied['name']}.txt" if args.py_spy else None
     before = cpu_snapshot(groups)
-    with py_spy(int(spied["node_pid"]), spy_out):
+    with py_spy(int(spied_node["node_pid"]), spy_out):
         summary = run_wrk(script, url, threads, connections, args.seconds)
     used = cpu_used(before, groups)
     statuses = append_statuses(plane_info) if request == APPEND_REQUEST else {}
@@ -478,9 +484,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="node processes per region (each on a host of its own with --lab)")  # fmt: skip
     p.add_argument("--growth", action="store_true",
                    help="also the route mode with 1 node per region, for growth_ratio")  # fmt: skip
+    p.add_argument("--growth-rounds", type=int, default=1,
+                   help="measure both planes this often; growth_ratio is the median")  # fmt: skip
     p.add_argument("--py-spy", type=Path, help="record the first node with py-spy into DIR")
     p.add_argument("--py-spy-region", type=int, default=0, choices=(0, 1, 2),
                    help="record this region's node instead (0: the any-region entry node)")  # fmt: skip
+    p.add_argument("--py-spy-node", type=int, default=0,
+                   help="record this node of the region (its last where it has fewer)")  # fmt: skip
     return p.parse_args(argv)
 
 
@@ -558,11 +568,18 @@ def main(argv: list[str] | None = None) -> int:
         # the peer before and after the plane: this machine's speed drifts by tens of percent
         # within minutes, and a ratio against one side of the drift would say more about it
         peer = {} if args.no_peer else measure_peer(work, args, [args.connections], "before", lab)
-        single = (
-            measure_plane(work, args, lab, 1, route_only=True)["route"]
-            if args.growth and args.nodes_per_region > 1
-            else None
-        )
+        growth = args.growth and args.nodes_per_region > 1
+        # (events/s with one node per region, with N): the pairs before the last alternate
+        # which goes first, since this machine's speed drifts between runs
+        pairs: list[tuple[float, float]] = []
+        for pair in range(args.growth_rounds - 1 if growth else 0):
+            order = (1, args.nodes_per_region) if pair % 2 else (args.nodes_per_region, 1)
+            rates = {
+                n: measure_plane(work, args, lab, n, route_only=True)["route"]["events_per_s"]
+                for n in order
+            }
+            pairs.append((rates[1], rates[args.nodes_per_region]))
+        single = measure_plane(work, args, lab, 1, route_only=True)["route"] if growth else None
         modes = measure_plane(work, args, lab, args.nodes_per_region)
         if not args.no_peer:
             counts = sorted({args.connections, PEER_WRITERS_MAX})
@@ -593,8 +610,12 @@ def main(argv: list[str] | None = None) -> int:
         "nodes_per_region": args.nodes_per_region,
     }
     if single is not None:
+        pairs.append((single["events_per_s"], route["events_per_s"]))
+        ratios = [round(several / one, 3) for one, several in pairs]
         result["one_node_per_region_events_per_s"] = single["events_per_s"]
-        result["growth_ratio"] = round(route["events_per_s"] / single["events_per_s"], 3)
+        result["growth_pairs_events_per_s"] = pairs
+        result["growth_ratios"] = ratios
+        result["growth_ratio"] = statistics.median(ratios)
     for kind in ("reads", "pages"):
         if kind in modes:
             result[kind] = reads_summary(modes[kind], peer, kind)

@@ -29,7 +29,7 @@ from regions.control import Placement
 from regions.drill_kinds import rules_of
 from regions.drills import Drill, DrillSpec, shards_taken, target_name
 from regions.ops_state import Halt
-from regions.placement import rank_regions
+from regions.placement import SlotMap, rank_regions
 
 #: the live append rate below which the capacity check is not meaningful (an idle plane)
 APPEND_RATE_FLOOR_PER_S = 1.0
@@ -94,7 +94,8 @@ def moves_for(
     """Where the target's shards would go: the best survivor by weighted rendezvous; a killed
     node's slot stays in its region (a sibling node leads it meanwhile)."""
     if spec.node is not None:
-        taken = shards_taken(spec, placement.shards_of(spec.region), node_count)
+        slot_map = SlotMap(len(placement.assignment), weights)  # every shard is placed
+        taken = shards_taken(spec, placement.shards_of(spec.region), node_count, slot_map)
         return dict.fromkeys(taken, spec.region)
     survivors = {
         r: w

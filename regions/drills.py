@@ -35,7 +35,7 @@ from typing import Any, Literal, cast, get_args
 from eventlog.errors import InvalidRequest
 from regions.drill_kinds import DrillKind, rules_of
 from regions.drill_llm_metrics import EngineSnapshot, snapshots_of
-from regions.placement import node_slot
+from regions.placement import SlotMap
 
 Phase = Literal[
     "planned", "preflight", "injecting", "holding", "restoring", "done", "aborted", "failed"
@@ -572,13 +572,15 @@ def target_name(spec: DrillSpec) -> str:
     return spec.region if spec.node is None else f"{spec.region} node {spec.node}"
 
 
-def shards_taken(spec: DrillSpec, region_shards: Sequence[int], node_count: int) -> list[int]:
+def shards_taken(
+    spec: DrillSpec, region_shards: Sequence[int], node_count: int, slot_map: SlotMap
+) -> list[int]:
     """The shards a drill takes from its target (``region_shards``: those placed on its
     region): all of them, or for a node kill those of the node's slot, which its sibling leads
-    meanwhile (``regions.placement.node_slot``)."""
+    meanwhile (``regions.placement.SlotMap``)."""
     if spec.node is None:
         return sorted(region_shards)
-    return sorted(s for s in region_shards if node_slot(s, node_count) == spec.node)
+    return sorted(s for s in region_shards if slot_map.slot(s, node_count) == spec.node)
 
 
 def placement_changed(m: Measurements) -> bool:

@@ -1,6 +1,6 @@
 """A region's slot leases: which of a region's nodes leads which of the shards placed on it.
 
-A region of N nodes splits the shards placed on it into N slots (``regions.placement.node_slot``); the
+A region of N nodes splits the shards placed on it into N slots (``regions.placement.SlotMap``); the
 node that holds a slot's lease leads that slot's shards. The region's nodes share its replica
 database, so the database decides, and a holder's death releases its leases by itself, with no
 timeout to wait out:

@@ -111,6 +111,7 @@ class Controller:
             region=self.region,
             node_index=settings.node_index,
             leases=leases,
+            slot_map=self.nodes.slot_map,
             detection_s=settings.detection_s,
             # a sibling handed its slot takes it within a lease poll or two
             handback_wait_s=5 * settings.region_lease_poll_s,

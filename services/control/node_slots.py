@@ -1,6 +1,6 @@
 """This node's share of its region's node slots: which slot leases it holds, takes and hands back.
 
-A region of N nodes splits the shards placed on it into N slots (``regions.placement.node_slot``),
+A region of N nodes splits the shards placed on it into N slots (``regions.placement.SlotMap``),
 each with a lease in the region's database (``eventlog.stores.region_lease``). Node ``i`` leads
 the shards of the slots whose leases it holds:
 
@@ -31,7 +31,7 @@ from typing import Any
 
 from eventlog.clock import Clock
 from eventlog.stores.region_lease import RegionLease
-from regions.placement import node_slot
+from regions.placement import SlotMap
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +62,7 @@ class NodeSlots:
         region: str,
         node_index: int,
         leases: Sequence[RegionLease],
+        slot_map: SlotMap,
         detection_s: float,
         handback_wait_s: float,
         clock: Clock,
@@ -70,6 +71,7 @@ class NodeSlots:
         self.own = node_index
         self._leases = list(leases)
         self.count = max(1, len(self._leases))
+        self._slot_map = slot_map
         #: the slots this node leads; a region of one node has one slot, always its node's
         self.held: set[int] = set() if self._leases else {0}
         self._detection_s = detection_s
@@ -88,7 +90,7 @@ class NodeSlots:
         return bool(self._leases)
 
     def slot_of(self, shard: int) -> int:
-        return node_slot(shard, self.count)
+        return self._slot_map.slot(shard, self.count)
 
     def leads(self, shard: int) -> bool:
         """Whether this node leads ``shard`` whenever its region does."""

@@ -1,7 +1,7 @@
 """A region's nodes as its peers see them: where each listens, and which slot each one leads.
 
 A region may run several nodes on its one replica database (``RegionConfig.more_nodes``). The
-shards placed on a region of N nodes fall into N node slots (``regions.placement.node_slot``);
+shards placed on a region of N nodes fall into N node slots (``regions.placement.SlotMap``);
 the node that holds a slot's lease (``eventlog.stores.region_lease``) leads that slot's shards.
 Node ``i`` holds slot ``i`` while it lives; a sibling takes the slot of a node that died and
 hands it back once that node asks for it again. Peers probe every node of the region and send
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 
-from regions.placement import node_slot
+from regions.placement import SlotMap
 from services.config import ClusterConfig
 
 #: (region, shard) -> the peer URL of the node of ``region`` that leads ``shard`` while the
@@ -51,6 +51,7 @@ class RegionNodes:
             r.name: list(range(r.node_count)) for r in cluster.regions
         }
         self._control_shard = cluster.shard_count
+        self.slot_map = SlotMap(cluster.shard_count, cluster.weights())
         self._source_region = source_region
         #: region -> the nodes that did not answer their last probe, or refused a forward since
         self._silent: dict[str, set[int]] = {r.name: set() for r in cluster.regions}
@@ -86,7 +87,7 @@ class RegionNodes:
         """The node of ``region`` that leads ``shard`` (as last heard) while the region leads
         it; None: the control shard."""
         shard = self._control_shard if shard is None else shard
-        return self._holders[region][node_slot(shard, self.node_count(region))]
+        return self._holders[region][self.slot_map.slot(shard, self.node_count(region))]
 
     def answering(self, region: str, index: int, answers: bool) -> None:
         """Whether node ``index`` of ``region`` answered its last probe."""

@@ -1,7 +1,7 @@
 """Killing one node of a region of two, under load, and what came of it.
 
 ``node_kill`` waits until the victim region's two nodes split its shards (each leads the shards
-of its own node slot, ``regions.placement.node_slot``), then runs appends without pause to
+of its own node slot, ``regions.placement.SlotMap``), then runs appends without pause to
 conversations placed on the region in the slot of the node to be killed (half through another
 region's node, forwarded; half through the region's other node, forwarded inside the region).
 It kills the node with the caller's ``kill`` once every conversation was acked a few times, and
@@ -26,7 +26,7 @@ import httpx
 
 from eventlog.http_headers import IDEMPOTENCY_KEY_HEADER
 from eventlog.sharding import shard_of
-from regions.placement import node_slot, place_shards
+from regions.placement import SlotMap, place_shards
 
 CONVERSATIONS = 4
 ACKS_BEFORE_KILL = 5
@@ -150,13 +150,14 @@ def conversations_on(
     shard_count = int(cluster["shard_count"])
     weights = {r["name"]: float(r["capacity_weight"]) for r in cluster["regions"]}
     placement = place_shards(shard_count, weights)
+    slots = SlotMap(shard_count, weights)
     node_count = len(nodes_of(info, region))
     cids = (f"{prefix}-{i}" for i in range(100_000))
     return [
         c
         for c in cids
         if placement[shard_of(c, shard_count)] == region
-        and node_slot(shard_of(c, shard_count), node_count) == slot
+        and slots.slot(shard_of(c, shard_count), node_count) == slot
     ][:count]
 
 

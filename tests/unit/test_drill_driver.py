@@ -312,8 +312,8 @@ async def test_the_fault_end_records_the_survivors_engines_and_the_cache_recover
 
 # --- a kill of one node of a region of several ---------------------------------------------------
 
-#: us-east's shards in node 1's slot (``node_slot``), of those ``place_shards`` puts on us-east
-NODE_1_SHARDS = (0, 1, 5)
+#: us-east's shards in node 1's slot (``SlotMap``), of 0, 1, 4, 5 ``place_shards`` puts on us-east
+NODE_1_SHARDS = (0, 5)
 
 
 def node_kill(**kw: Any) -> DrillSpec:

@@ -16,14 +16,15 @@ from regions.drill_plan import LiveLoad, preflight
 from regions.drill_report import report, summary_lines
 from regions.drills import Drill, DrillSpec, Observation, advance, shards_taken, start
 from regions.ops_state import Halt
-from regions.placement import node_slot
+from regions.placement import SlotMap
 from services.control.drills.canary import served_elsewhere
 
 T0 = 1_767_225_600_000
 REGIONS = {"ap-south": 1.0, "eu-west": 1.0, "us-east": 1.0}
-#: us-east leads 0, 1, 4, 5: node 1's slot of two holds 0, 1 and 5 (``node_slot``)
+#: us-east leads 0, 1, 4, 5 (``place_shards``): its slots of two deal them in turn (``SlotMap``)
 ASSIGNMENT = {0: "us-east", 1: "us-east", 2: "ap-south", 3: "eu-west", 4: "us-east", 5: "us-east"}
-NODE_1_SHARDS = [0, 1, 5]
+NODE_1_SHARDS = [0, 5]
+SLOTS = SlotMap(len(ASSIGNMENT), REGIONS)
 
 
 def node_kill(**kw: object) -> DrillSpec:
@@ -33,10 +34,10 @@ def node_kill(**kw: object) -> DrillSpec:
     return DrillSpec(**fields)  # type: ignore[arg-type]
 
 
-def test_the_slot_shards_are_those_node_slot_gives_the_node() -> None:
-    assert [node_slot(s, 2) for s in NODE_1_SHARDS] == [1, 1, 1] and node_slot(4, 2) == 0
-    assert shards_taken(node_kill(), [5, 4, 1, 0], 2) == NODE_1_SHARDS
-    assert shards_taken(node_kill(node=None), [5, 4, 1, 0], 2) == [0, 1, 4, 5]
+def test_the_slot_shards_are_those_the_slot_map_gives_the_node() -> None:
+    assert [SLOTS.slot(s, 2) for s in (0, 1, 4, 5)] == [1, 0, 0, 1]
+    assert shards_taken(node_kill(), [5, 4, 1, 0], 2, SLOTS) == NODE_1_SHARDS
+    assert shards_taken(node_kill(node=None), [5, 4, 1, 0], 2, SLOTS) == [0, 1, 4, 5]
 
 
 @pytest.mark.parametrize(
@@ -126,7 +127,7 @@ def test_a_node_kill_that_left_the_placement_alone_passes_and_says_so() -> None:
     assert (done.phase, done.verdict) == ("done", "passed")
     body = report(done)
     assert body["node"] == 1 and body["stayed_in_region"] is True and body["canary_lost"] == 0
-    assert body["rto_by_shard_s"] == {"0": 0.8, "1": 0.8, "5": 0.8}
+    assert body["rto_by_shard_s"] == {"0": 0.8, "5": 0.8}
     lines = summary_lines(body)
     assert lines[0].startswith("drill d1: kill of us-east node 1 -> passed")
     assert (

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from regions.placement import SlotMap
 from services.control.node_slots import NodeSlots
 from services.plane_sim.plane import SimLease, SimRegionLock
 from tests.unit.clocks import ManualClock
@@ -19,6 +20,7 @@ def slots(locks: list[SimRegionLock], index: int, clock: ManualClock) -> NodeSlo
         region="a",
         node_index=index,
         leases=[SimLease(lock) for lock in locks],
+        slot_map=SlotMap(8, {"a": 1.0}),
         detection_s=DETECTION_S,
         handback_wait_s=HANDBACK_WAIT_S,
         clock=clock,

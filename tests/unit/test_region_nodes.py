@@ -20,7 +20,7 @@ from eventlog.config import LogConfig
 from eventlog.memory_replica import MemoryReplica
 from eventlog.node import LogNode
 from eventlog.stores.region_lease import RegionLease
-from regions.placement import node_slot
+from regions.placement import SlotMap
 from services.config import ClusterConfig, NodeAddress, NodeSettings, RegionConfig
 from services.control.controller import Controller
 from services.control.node_slots import reply_slots
@@ -29,6 +29,7 @@ from services.plane_sim.plane import SimLease, SimRegionLock
 
 REGIONS = ("a", "b", "c")
 SHARDS = 24
+SLOTS = SlotMap(SHARDS, dict.fromkeys(REGIONS, 1.0))
 
 
 def cluster(more_nodes: int = 1) -> ClusterConfig:
@@ -91,7 +92,7 @@ def _by_slot(shards: list[int]) -> dict[int, list[int]]:
     """``shards`` by their node slot in a region of two nodes."""
     split: dict[int, list[int]] = {0: [], 1: []}
     for shard in shards:
-        split[node_slot(shard, 2)].append(shard)
+        split[SLOTS.slot(shard, 2)].append(shard)
     return split
 
 

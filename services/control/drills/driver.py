@@ -72,6 +72,7 @@ from regions.ops_state import (
     OpsState,
     audit_body,
 )
+from regions.placement import SlotMap
 from services.control.controller import Controller
 from services.control.drills.canary import CanaryFleet
 from services.control.drills.load import LoadMeter, PlaneLoad, ReplayView, moved_load, plane_load
@@ -131,6 +132,7 @@ class DrillDriver:
         self._replay_view = replay_view
         self._drill_token = drill_token
         self._shard_count = controller.cluster.shard_count
+        self._slot_map = SlotMap(controller.cluster.shard_count, controller.cluster.weights())
         self._write_lock = asyncio.Lock()
         self._canaries = CanaryFleet(
             node=node,
@@ -422,7 +424,9 @@ class DrillDriver:
         placement = self.controller.placement()
         weights = self.controller.cluster.weights()
         node_count = self._node_count(spec.region)
-        moved_shards = shards_taken(spec, placement.shards_of(spec.region), node_count)
+        moved_shards = shards_taken(
+            spec, placement.shards_of(spec.region), node_count, self._slot_map
+        )
         load = await self._plane_load()
         plan = preflight(
             spec,
@@ -470,7 +474,12 @@ class DrillDriver:
             region_shards = placement.shards_of(spec.region)
             measured = Measurements(
                 shards_moved=tuple(
-                    shards_taken(spec, region_shards, self._node_count(spec.region))
+                    shards_taken(
+                        spec,
+                        region_shards,
+                        self._node_count(spec.region),
+                        self._slot_map,
+                    )
                 ),
                 placement_versions={"before": placement.version},
                 placement_shards={"before": shards_by_region(placement.assignment)},
