@@ -345,7 +345,8 @@ def start_plane(
 ) -> LocalPlane:
     """3 regions on PostgreSQL: on this machine's loopback, or each on its own host of ``lab``
     (each of its nodes on another, with several)."""
-    state_dir = work / f"plane-{nodes_per_region}"
+    planes = len(list(work.glob("plane-*")))  # a fresh directory for each plane started
+    state_dir = work / f"plane-{planes}-{nodes_per_region}"
     if lab is not None:
         return lab_plane(
             lab, state_dir, args.shards, cpu_quota=args.host_cpu,
