@@ -484,7 +484,8 @@ class Controller:
                     task.add_done_callback(functools.partial(self._lead_done, shard))
             else:
                 if self.node.leader(shard) is not None:
-                    log.warning("shard %d: resigning, now assigned to %s", shard, owner)
+                    now = owner if owner != self.region else "another node of this region"
+                    log.warning("shard %d: resigning, now led by %s", shard, now)
                     await self.node.resign_shard(shard)
                 self.node.set_leader_hint(shard, owner)
 
