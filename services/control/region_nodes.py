@@ -104,10 +104,11 @@ class RegionNodes:
 
     def peer_url(self, region: str, shard: int | None = None) -> str:
         """The peer URL of the node of ``region`` leading ``shard`` (None: the control shard).
-        While that node is silent (it died) and another node of another region answers, that
-        one: it leads the shard once it took the dead node's slot, and until then sends the
-        request on to the slot's holder (one hop inside its region). Its own region's silent
-        sibling a node handles itself (``services.api.context``)."""
+        While that node is silent (it died) and another node of that region answers, that
+        one: it leads the shard once it has taken the dead node's slot (a request waits for a
+        lead under way there), and until then sends the request on to the slot's holder (one
+        hop inside its region). A node handles a silent sibling of its own region itself
+        (``services.api.context``)."""
         urls = self._peer_urls[region]
         holder = self.leading_node(region, shard)
         silent = self._silent[region]

@@ -157,8 +157,7 @@ def _kafka_cluster_id() -> str:
 
 def _node_hosts(region: RegionConfig) -> list[str]:
     """Every host name at which the template says the region's nodes listen."""
-    peer_urls = [region.peer_url, *(node.peer_url for node in region.more_nodes)]
-    urls = [*region.node_urls(), *(url for url in peer_urls if url is not None)]
+    urls = [*region.node_urls(), *region.node_peer_urls(region.name)]
     return list(dict.fromkeys(host for url in urls if (host := urlsplit(url).hostname)))
 
 

@@ -88,6 +88,23 @@ async def _reconciled(control: Controller) -> None:
     await asyncio.gather(*control._leading.values())
 
 
+def _two_nodes() -> tuple[Controller, Controller, dict[str, dict[str, Any] | None]]:
+    """Region a's two nodes on one database; the first probes its sibling from ``replies``."""
+    replicas = {r: MemoryReplica(r) for r in REGIONS}
+    locks = [SimRegionLock(), SimRegionLock()]
+    replies: dict[str, dict[str, Any] | None] = {}
+    first = controller("a", 0, replicas, leases_on(locks), Replies(replies))
+    return first, controller("a", 1, replicas, leases_on(locks)), replies
+
+
+async def _dies(control: Controller) -> None:
+    """A node's process is gone, and so are its locks."""
+    await control.node.close()
+    await control.close()
+    for lease in control.slots._leases:
+        await lease.close()
+
+
 def _by_slot(shards: list[int]) -> dict[int, list[int]]:
     """``shards`` by their node slot in a region of two nodes."""
     split: dict[int, list[int]] = {0: [], 1: []}
@@ -130,11 +147,8 @@ async def test_a_node_takes_a_dead_siblings_slot_and_hands_it_back_when_asked() 
     replies["a/1"] = second.health_reply()
     await first._probe_siblings()
 
-    # the second node dies: its process is gone, so are its locks
-    await second.node.close()
-    await second.close()
-    for lease in second.slots._leases:
-        await lease.close()
+    # the second node dies
+    await _dies(second)
     replies["a/1"] = None
     await _reconciled(first)
     assert first.slots.held == {0, 1}
@@ -325,11 +339,7 @@ def test_a_cluster_file_of_one_node_regions_is_written_as_before_more_nodes() ->
 
 
 async def test_a_request_waits_for_the_lead_of_a_slot_just_taken() -> None:
-    replicas = {r: MemoryReplica(r) for r in REGIONS}
-    locks = [SimRegionLock(), SimRegionLock()]
-    replies: dict[str, dict[str, Any] | None] = {}
-    first = controller("a", 0, replicas, leases_on(locks), Replies(replies))
-    second = controller("a", 1, replicas, leases_on(locks))
+    first, second, replies = _two_nodes()
     await _reconciled(first)
     await _reconciled(second)
     replies["a/1"] = second.health_reply()
@@ -338,10 +348,7 @@ async def test_a_request_waits_for_the_lead_of_a_slot_just_taken() -> None:
     assert await first.await_lead_here(shard, 5.0) is False  # its sibling's: nothing to wait
 
     replies["a/1"] = None
-    await second.node.close()
-    await second.close()
-    for lease in second.slots._leases:
-        await lease.close()
+    await _dies(second)
     await first._keep_slots()  # takes the dead sibling's slot, starts leading its shards
     assert first.slots.held == {0, 1} and not first.node.leads(shard)
     assert await first.await_lead_here(shard, 0.0) is False  # under way, not waited for
