@@ -6,8 +6,12 @@ database, so the database decides, and a holder's death releases its leases by i
 timeout to wait out:
 
 * **PostgreSQL**: a session-level advisory lock in the region's own database, on a connection
-  kept open for it. A node that dies closes its connection (its process: at once; its host: when
-  TCP gives up), the server ends the session and the lock goes to the next node that asks.
+  kept open for it. A node that dies closes its connection (its process: at once), the server
+  ends the session and the lock goes to the next node that asks. A holder whose host died or
+  whose packets are dropped closes nothing: the session asks the server to give such a peer up
+  within about ``DEAD_HOLDER_S`` (TCP keepalives, and ``tcp_user_timeout`` for what it sent
+  and was never acknowledged), instead of TCP's defaults (two hours before the first
+  keepalive), for which the slot's shards would have no leader.
 * **SQLite** (every node on one machine): an exclusive ``flock`` on a file beside the database,
   which the kernel releases when the holding process exits.
 
@@ -36,6 +40,16 @@ from eventlog.stores._engine import StoreConfig, dialect_of, make_engine
 LEASE_KEY = 0x636F6E6C
 #: the suffix of the SQLite lease file of slot 0, beside the database file (slot i: ``-i`` more)
 SQLITE_LEASE_SUFFIX = "-region-lease"
+#: seconds after which the server ends the session of a holder it no longer hears (module
+#: docstring): keepalives after 1 s of silence, each second, the last unanswered at this
+DEAD_HOLDER_S = 3
+#: the lease session's TCP settings for that (per session; ignored over a Unix socket)
+_DEAD_HOLDER_SETTINGS = (
+    "SET tcp_keepalives_idle = 1",
+    "SET tcp_keepalives_interval = 1",
+    f"SET tcp_keepalives_count = {DEAD_HOLDER_S - 1}",
+    f"SET tcp_user_timeout = {DEAD_HOLDER_S * 1000}",
+)
 
 
 class RegionLease(Protocol):
@@ -96,6 +110,8 @@ class PostgresRegionLease:
             async with asyncio.timeout(self._timeout_s):
                 if self._connection is None:
                     self._connection = await self._engine.connect()
+                    for setting in _DEAD_HOLDER_SETTINGS:
+                        await self._connection.execute(text(setting))
                 result = await self._connection.execute(statement, self._keys)
                 self._held = bool(result.scalar_one())
             self._reachable = True

@@ -16,9 +16,13 @@ the shards of the slots whose leases it holds:
   again, and only a reply heard after that asks for it anew.
 
 A node answers its peers' probes only while every slot is held by itself or by a sibling heard
-holding it within ``detection_s`` (``answers_probes``). A holder that hangs keeps its leases, so no
-sibling could lead its slots; its siblings then fall silent too, and the region fails over as a
-region of one hung node does.
+holding it within ``detection_s`` + ``lease_freed_s`` (``answers_probes``). A holder whose host
+died or drops every packet closes nothing: the database ends its session, and frees its leases,
+only once it has not heard it for ``DEAD_HOLDER_S`` (``eventlog.stores.region_lease``), so its
+siblings keep the region up that long while they wait to take its slots. A holder that hangs
+keeps its leases for good (the kernel still answers for it), so no sibling could lead its slots;
+past that time its siblings fall silent too, and the region fails over as a region of one hung
+node does.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from eventlog.clock import Clock
-from eventlog.stores.region_lease import RegionLease
+from eventlog.stores.region_lease import DEAD_HOLDER_S, RegionLease
 from regions.placement import SlotMap
 
 log = logging.getLogger(__name__)
@@ -66,6 +70,7 @@ class NodeSlots:
         detection_s: float,
         handback_wait_s: float,
         clock: Clock,
+        lease_freed_s: float = DEAD_HOLDER_S,
     ) -> None:
         self.region = region
         self.own = node_index
@@ -75,6 +80,8 @@ class NodeSlots:
         #: the slots this node leads; a region of one node has one slot, always its node's
         self.held: set[int] = set() if self._leases else {0}
         self._detection_s = detection_s
+        #: how long after a holder fell silent the database frees its leases at the latest
+        self._lease_freed_s = lease_freed_s
         self._handback_wait_s = handback_wait_s
         self._clock = clock
         self._started_s = clock.monotonic()
@@ -133,9 +140,11 @@ class NodeSlots:
 
     def answers_probes(self) -> bool:
         """Whether every slot is held by this node or by a sibling heard holding it within
-        ``detection_s``: only then may peers count the region up on this node's word."""
+        ``detection_s`` + ``lease_freed_s``: only then may peers count the region up on this
+        node's word (past it a silent holder's lease should be free, and it is not)."""
         now_s = self._clock.monotonic()
-        fresh = [v for v in self._siblings.values() if now_s - v.heard_s < self._detection_s]
+        window_s = self._detection_s + self._lease_freed_s
+        fresh = [v for v in self._siblings.values() if now_s - v.heard_s < window_s]
         return all(
             slot in self.held or any(slot in v.slots for v in fresh) for slot in range(self.count)
         )

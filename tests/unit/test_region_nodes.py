@@ -19,7 +19,7 @@ from eventlog.clock import LoopClock
 from eventlog.config import LogConfig
 from eventlog.memory_replica import MemoryReplica
 from eventlog.node import LogNode
-from eventlog.stores.region_lease import RegionLease
+from eventlog.stores.region_lease import DEAD_HOLDER_S, RegionLease
 from regions.placement import SlotMap
 from services.config import ClusterConfig, NodeAddress, NodeSettings, RegionConfig
 from services.control.controller import Controller
@@ -290,7 +290,8 @@ def test_a_reply_of_an_earlier_release_says_its_node_leads_every_slot() -> None:
 async def test_a_node_answers_probes_only_while_every_slot_is_held() -> None:
     """A sibling that hangs keeps its lease, so nobody can lead its slot: the node that still
     runs stops answering other regions' probes, and the region fails over as a region of one
-    hung node would."""
+    hung node would; not before the database would have freed the lease of a sibling whose
+    host died (``DEAD_HOLDER_S`` past the detection time), which it would then take."""
     replicas = {r: MemoryReplica(r) for r in REGIONS}
     locks = [SimRegionLock(), SimRegionLock()]
     locks[1].holder = SimLease(locks[1])  # the sibling holds its slot
@@ -302,15 +303,38 @@ async def test_a_node_answers_probes_only_while_every_slot_is_held() -> None:
     await node._probe_siblings()
     assert node.answers_probes()
     replies["a/1"] = None  # hung: no answer, lease kept
-    node.slots._siblings[1] = dataclasses.replace(
-        node.slots._siblings[1],
-        heard_s=node.slots._siblings[1].heard_s - node.settings.detection_s,
-    )
+
+    def silent_for(seconds: float) -> None:
+        heard_s = node.slots._siblings[1].heard_s - seconds
+        node.slots._siblings[1] = dataclasses.replace(node.slots._siblings[1], heard_s=heard_s)
+
+    silent_for(node.settings.detection_s)
     await node._probe_siblings()
     await node._keep_slots()  # the lease is not free: nothing to take
     assert node.slots.held == {0}
+    assert node.answers_probes()  # the lease of a dead host's node may yet be freed
+    silent_for(DEAD_HOLDER_S)
+    await node._keep_slots()
+    assert node.slots.held == {0}
     assert not node.answers_probes()
     await node.node.close()
+
+
+def test_a_node_silent_for_the_detection_time_is_lost_until_it_answers() -> None:
+    """``lost``: silent (a missed probe, a refused forward) for ``lost_after_s`` since it
+    first went silent; another miss does not restart that time, an answer ends it."""
+    now = [100.0]
+    nodes = RegionNodes(cluster(more_nodes=1), "a", lost_after_s=1.0, now_s=lambda: now[0])
+    url = "https://b1.invalid:1"
+    nodes.answering("b", 1, False)
+    now[0] += 0.6
+    nodes.refused("b", url + "/")
+    assert not nodes.lost("b", url)
+    now[0] += 0.4
+    assert nodes.lost("b", url) and not nodes.lost("b", "https://b.invalid:1")
+    nodes.answering("b", 1, True)
+    assert not nodes.lost("b", url)
+    assert not nodes.lost("b", "https://elsewhere.invalid:1")  # not a node of b
 
 
 def test_probe_targets_name_a_region_and_its_node() -> None:
