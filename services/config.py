@@ -277,6 +277,10 @@ class NodeSettings(BaseSettings):
     forward_retries_max: int = Field(default=1, ge=0, le=5)
     #: the pause before a forward is retried (see forward_retries_max)
     forward_backoff_s: float = Field(default=0.05, gt=0.0)
+    #: a forward's connection (TCP and TLS handshake) must be made within this: past it
+    #: nothing was sent, and the node is passed over as one that refused (a host whose packets
+    #: are dropped never refuses), so the retry goes to a sibling that answers probes
+    forward_connect_timeout_s: float = Field(default=0.5, gt=0.0)
     #: connections kept to each peer region
     forward_connections_max: int = Field(default=64, ge=1)
     #: forwarded appends travel to their leader in batches (services.api.forward_batch): at

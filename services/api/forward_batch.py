@@ -23,8 +23,10 @@ shard must not stall every append to its region), and at most ``forward_batches_
 batches are open per peer, stragglers included.
 
 Outcomes are the single forward's (``services.api.forwarding``): an item's deadline bounds its
-wait; a batch that could not be sent (no connection: refused, failed, or not made in time) is
-retried under the same budget; an item whose deadline passed while nothing of it had left (still
+wait; a batch that could not be sent (no connection: refused, failed, or not made within the
+connect timeout) is retried under the same budget, at the node the forwarder's ``peer_url``
+names for its first item's shard now (a sibling, once the refusing node is marked silent); an
+item whose deadline passed while nothing of it had left (still
 queued, its batch still connecting, or only attempts that made no connection) is 504
 ``deadline_exceeded``: it was not applied, and it is withdrawn from its batch (a batch's body is
 built once its connection is ready, ``forward_exchange.BodyBuilder``); the batch's own refusal
@@ -293,6 +295,8 @@ class _Item:
     #: an earlier attempt carried it and was lost (``BatchLost``): it may have been applied,
     #: whatever later attempts do
     lost_once: bool = False
+    #: the shard it appends to (None: unknown): where an attempt that sent nothing goes next
+    shard: int | None = None
 
     def may_be_applied(self) -> bool:
         return self.may_have_left or self.lost_once
@@ -330,9 +334,12 @@ class AppendBatcher:
         limits: BatchConfig,
         peer_secret: str | None,
         source_region: str,
-        while_reachable: Callable[[str, Coroutine[Any, Any, None]], Awaitable[None]],
+        #: (target region, peer URL, the exchange): awaits it unless the target stops
+        #: answering probes first (``Forwarder``'s)
+        while_reachable: Callable[[str, str, Coroutine[Any, Any, None]], Awaitable[None]],
         count: Callable[[str, str], None],
         refused: Callable[[str, str], None] = lambda region, url: None,
+        peer_url: Callable[[str, int | None], str | None] = lambda region, shard: None,
     ) -> None:
         self._sender = exchange
         self._clock = clock
@@ -343,6 +350,9 @@ class AppendBatcher:
         self._while_reachable = while_reachable
         self._count = count  # (target region, outcome): the forward counter
         self._refused = refused  # (target region, peer URL): ``Forwarder``'s
+        #: (target region, shard) -> the node to send to now (``Forwarder``'s, read live): after
+        #: an attempt that sent nothing, the next goes where it names (a sibling that answers)
+        self._peer_url = peer_url
         self._lanes: dict[str, _Lane] = {}
         self._senders: set[asyncio.Task[None]] = set()
 
@@ -369,6 +379,7 @@ class AppendBatcher:
         idempotency_key: str | None,
         repeatable: bool,
         deadline_s: float,
+        shard: int | None = None,
     ) -> Response:
         lane = self._lanes.setdefault(f"{target_region} {base_url}", _Lane())
         if len(lane.queue) >= self._limits.queue_max:
@@ -387,6 +398,7 @@ class AppendBatcher:
             deadline_s,
             answer,
             repeatable=repeatable,
+            shard=shard,
         )
         lane.queue.append(item)
         self._pump(target_region, base_url, lane)
@@ -444,6 +456,7 @@ class AppendBatcher:
     ) -> None:
         exchange = asyncio.ensure_future(self._exchange(target_region, base_url, items))
         straggling = False
+        lost = False  # its target stopped answering probes while it was under way
         try:
             done, _ = await asyncio.wait({exchange}, timeout=self._limits.straggler_s)
             if not done:  # a straggler: the next batch leaves without waiting for it
@@ -463,12 +476,15 @@ class AppendBatcher:
             # a broken stream): what was not answered is unknown (below)
             log.warning("forward batch to %s lost: %r", target_region, exc)
             self._count(target_region, "peer_lost")
+            lost = True
         finally:
             for item in items:
                 if item.answer.done():
                     continue
                 if item.may_be_applied():
                     item.answer.set_exception(outcome_unknown(target_region))
+                elif lost:  # its batch was still connecting: not applied
+                    item.answer.set_exception(_not_sent_to_lost(target_region))
                 else:  # left out of every attempt (its deadline passed): not applied
                     item.answer.set_exception(_not_forwarded_in_time(target_region))
             if not straggling:
@@ -496,6 +512,7 @@ class AppendBatcher:
             try:
                 await self._while_reachable(
                     target_region,
+                    base_url,
                     self._post(target_region, base_url + BATCH_PATH, headers, items, remaining_s),
                 )
                 return
@@ -507,6 +524,7 @@ class AppendBatcher:
                 if attempt == limits.retries_max:
                     raise ForwardFailed(f"leader region {target_region} unreachable") from exc
                 await self._clock.sleep(min(backoff.next_s(), remaining_s))
+                base_url = (self._peer_url(target_region, live[0].shard) or base_url).rstrip("/")
             except BatchLost as exc:
                 self._count(target_region, "error")
                 if attempt == limits.retries_max or not self._resendable(target_region, items):
@@ -643,6 +661,13 @@ def _not_forwarded_in_time(target_region: str) -> DeadlineExceeded:
     return DeadlineExceeded(
         f"the deadline passed before the append could be forwarded to {target_region}; it was "
         "not applied"
+    )
+
+
+def _not_sent_to_lost(target_region: str) -> ForwardFailed:
+    return ForwardFailed(
+        f"the node of {target_region} this append was to go to stopped answering before a "
+        "connection to it was made; it was not applied"
     )
 
 

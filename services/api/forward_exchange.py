@@ -58,6 +58,9 @@ REFUSAL_BYTES_MAX = 64 * 1024
 IDLE_REUSE_S = 2.0
 #: kept connections per region, at most (as many as batches a region may have open)
 IDLE_MAX = 16
+#: a connection (its TCP and TLS handshake) not made within this sent nothing: the batcher
+#: passes over the node (``NodeSettings.forward_connect_timeout_s``)
+CONNECT_TIMEOUT_S = 0.5
 _READ_BYTES = 64 * 1024
 NDJSON = "application/x-ndjson"
 
@@ -127,9 +130,12 @@ class HttpxBatchExchange:
         *,
         blocked: Callable[[str], bool] = lambda region: False,
         owned: bool = False,
+        connect_timeout_s: float = CONNECT_TIMEOUT_S,
     ) -> None:
-        """``blocked``: as ``StreamBatchExchange``'s; ``owned``: ``close`` closes ``client``."""
+        """``blocked``, ``connect_timeout_s``: as ``StreamBatchExchange``'s; ``owned``:
+        ``close`` closes ``client``."""
         self._client = client
+        self._connect_timeout_s = connect_timeout_s
         self._blocked = blocked
         self._owned = owned
 
@@ -149,7 +155,11 @@ class HttpxBatchExchange:
             return None
         try:
             async with self._client.stream(
-                "POST", url, content=content, headers=dict(headers), timeout=timeout_s
+                "POST",
+                url,
+                content=content,
+                headers=dict(headers),
+                timeout=httpx.Timeout(timeout_s, connect=min(self._connect_timeout_s, timeout_s)),
             ) as reply:
                 content_type = reply.headers.get("content-type", "")
                 if reply.status_code != 200 or not content_type.startswith(NDJSON):
@@ -273,11 +283,14 @@ class StreamBatchExchange:
         blocked: Callable[[str], bool] = lambda region: False,
         idle_max: int = IDLE_MAX,
         idle_reuse_s: float = IDLE_REUSE_S,
+        connect_timeout_s: float = CONNECT_TIMEOUT_S,
     ) -> None:
         """``ssl_context``: the cluster's client context for ``https`` peers (None: the
         system's trust store); ``blocked(region)``: whether a drill's black-hole drops calls to
-        it now; ``idle_reuse_s``: ``idle_reuse_s(header_timeout_s)`` of the cluster."""
+        it now; ``idle_reuse_s``: ``idle_reuse_s(header_timeout_s)`` of the cluster;
+        ``connect_timeout_s``: a connection not made within it sent nothing."""
         self._ssl = ssl_context
+        self._connect_timeout_s = connect_timeout_s
         self._blocked = blocked
         self._idle_max = idle_max
         self._idle_reuse_s = idle_reuse_s
@@ -365,12 +378,18 @@ class StreamBatchExchange:
         if target.tls:  # the cluster's mutual TLS, else the system's trust store
             context = self._ssl or ssl.create_default_context()
         try:
-            reader, writer = await asyncio.open_connection(
-                target.host,
-                target.port,
-                ssl=context,
-                server_hostname=target.host if context else None,
-            )
+            async with asyncio.timeout(self._connect_timeout_s):
+                reader, writer = await asyncio.open_connection(
+                    target.host,
+                    target.port,
+                    ssl=context,
+                    server_hostname=target.host if context else None,
+                )
+        except TimeoutError as exc:  # dropped packets, or a handshake that never ends (an
+            # OSError too: caught first)
+            raise BatchNotSent(
+                f"{region}: no connection within {self._connect_timeout_s:.3f} s"
+            ) from exc
         except OSError as exc:  # refused, unreachable, a failed handshake: nothing was sent
             raise BatchNotSent(f"{region}: {exc!r}") from exc
         connection = _Connection(reader, writer, time.monotonic(), (target.host, target.port))

@@ -3,8 +3,10 @@
 One hop only: a request carrying ``X-Convplane-Forwarded`` is never forwarded again (the peer
 answers 503 instead), so a stale leader hint cannot make requests circle. The caller's remaining
 deadline travels in ``X-Convplane-Deadline-Ms`` and bounds the whole forward. A peer that could
-not be reached at all (connection refused) is retried under a small budget with jittered
-backoff; any other failure of a write after it was sent means its outcome is unknown. One
+not be reached at all (connection refused, or none made within ``forward_connect_timeout_s``:
+a host whose packets are dropped never refuses) is retried under a small budget with jittered
+backoff, at the node of its region that ``peer_url`` names now (a sibling that answers, once
+the refusing node is marked silent); any other failure of a write after it was sent means its outcome is unknown. One
 exception: an append the leader answers again with the first one's result (an ``Idempotency-Key``,
 or a tool event) whose connection broke after it was sent (not a timeout, not a peer that stopped
 answering probes) is sent again under the same budget (an answer that does not settle the
@@ -48,7 +50,11 @@ from services.api.forward_batch import (
     outcome_unknown,
     settles_outcome,
 )
-from services.api.forward_exchange import BatchExchange, HttpxBatchExchange
+from services.api.forward_exchange import (
+    CONNECT_TIMEOUT_S,
+    BatchExchange,
+    HttpxBatchExchange,
+)
 from services.api.metrics import Metrics
 from services.control.region_nodes import PeerUrlOf
 from services.peer_protocol import PEER_PROTOCOL_HEADERS
@@ -95,6 +101,8 @@ class Forwarder:
         peer_secret: str | None = None,
         peer_reachable: Callable[[str], bool] | None = None,
         refused: Callable[[str, str], None] = lambda region, url: None,
+        node_lost: Callable[[str, str], bool] = lambda region, url: False,
+        connect_timeout_s: float = CONNECT_TIMEOUT_S,
         inject_trace: Callable[[dict[str, str]], None] | None = None,
         batch_limits: BatchConfig | None = None,
         batch_exchange: BatchExchange | None = None,
@@ -105,7 +113,8 @@ class Forwarder:
         #: appends go to their leader in batches (``services.api.forward_batch``) when given
         self._batcher = (
             AppendBatcher(
-                exchange=batch_exchange or HttpxBatchExchange(client),
+                exchange=batch_exchange
+                or HttpxBatchExchange(client, connect_timeout_s=connect_timeout_s),
                 clock=clock,
                 rng=rng,
                 limits=batch_limits,
@@ -113,6 +122,7 @@ class Forwarder:
                 source_region=source_region,
                 while_reachable=self._while_reachable,
                 refused=refused,
+                peer_url=peer_url,
                 count=lambda region, outcome: metrics.forwarded.labels(region, outcome).inc(),
             )
             if batch_limits is not None
@@ -128,6 +138,11 @@ class Forwarder:
         #: (region, peer URL): that node refused a connection (``RegionNodes.refused``), so
         #: the retry, and later forwards, may go to another of the region's nodes
         self._refused = refused
+        #: (region, peer URL): that node has been silent for the detection time
+        #: (``RegionNodes.lost``): a forward in flight to it is given up as to a lost region
+        self._node_lost = node_lost
+        #: a connection not made within it sent nothing: passed over as a refusal is
+        self._connect_timeout_s = connect_timeout_s
         self._clock = clock
         self._rng = rng
         self._metrics = metrics
@@ -158,6 +173,9 @@ class Forwarder:
         if self._peer_reachable is not None and not self._peer_reachable(target_region):
             self._metrics.forwarded.labels(target_region, "suspected").inc()
             raise ForwardFailed(f"leader region {target_region} is not answering probes")
+        if self._node_lost(target_region, base_url):  # no sibling of it answers either
+            self._metrics.forwarded.labels(target_region, "suspected").inc()
+            raise ForwardFailed(f"the node of {target_region} leading the shard is not answering")
         if batchable and body is None and self._batcher is not None:
             raw = await request.body()
             if self._batcher.fits(raw):
@@ -171,6 +189,7 @@ class Forwarder:
                     idempotency_key=request.headers.get(IDEMPOTENCY_KEY_HEADER),
                     repeatable=repeatable,
                     deadline_s=deadline_s,
+                    shard=shard,
                 )
                 self._metrics.observe_forward(target_region, self._clock.monotonic() - sent_s)
                 return answer
@@ -196,13 +215,16 @@ class Forwarder:
             try:
                 reply = await self._while_reachable(
                     target_region,
+                    base_url,
                     self._client.request(
                         request.method,
                         url,
                         params=request.url.query or None,
                         content=body or None,
                         headers={**headers, DEADLINE_HEADER: str(max(1, int(remaining_s * 1000)))},
-                        timeout=remaining_s,
+                        timeout=httpx.Timeout(
+                            remaining_s, connect=min(self._connect_timeout_s, remaining_s)
+                        ),
                     ),
                 )
             except _PeerLost as exc:
@@ -210,7 +232,7 @@ class Forwarder:
                 if is_write:
                     raise outcome_unknown(target_region) from exc
                 raise ForwardFailed(f"leader region {target_region} stopped answering") from exc
-            except httpx.ConnectError as exc:
+            except (httpx.ConnectError, httpx.ConnectTimeout) as exc:  # nothing was sent
                 self._metrics.forwarded.labels(target_region, "connect_error").inc()
                 self._refused(target_region, base_url)
                 if attempt == self._retries_max:
@@ -244,17 +266,22 @@ class Forwarder:
         if self._batcher is not None:
             await self._batcher.close()
 
-    async def _while_reachable(self, target_region: str, call: Coroutine[Any, Any, T]) -> T:
-        """Await ``call`` unless the target stops answering probes first: a forward on a
-        black-holed link (partition) then fails in about the detection time instead of the
-        caller's whole deadline, and the client retries through a region that can help."""
+    async def _while_reachable(
+        self, target_region: str, url: str, call: Coroutine[Any, Any, T]
+    ) -> T:
+        """Await ``call`` unless the target stops answering probes first (its region, or
+        the node at ``url`` for the detection time): a forward on a black-holed link
+        (partition, a node's dead host) then fails in about the detection time instead of the
+        caller's whole deadline, and the client retries through a node that can help."""
         task = asyncio.ensure_future(call)
         try:
             while True:
                 done, _ = await asyncio.wait({task}, timeout=_REACHABILITY_CHECK_S)
                 if done:
                     return task.result()
-                if self._peer_reachable is not None and not self._peer_reachable(target_region):
+                if (
+                    self._peer_reachable is not None and not self._peer_reachable(target_region)
+                ) or self._node_lost(target_region, url):
                     abandon(task)
                     raise _PeerLost(target_region)
         except asyncio.CancelledError:

@@ -63,6 +63,12 @@ async def open_api(
             if runtime.controller is not None
             else lambda region, url: None
         ),
+        node_lost=(
+            runtime.controller.nodes.lost
+            if runtime.controller is not None
+            else lambda region, url: False
+        ),
+        connect_timeout_s=settings.forward_connect_timeout_s,
         batch_exchange=runtime.forward_exchange,
         inject_trace=tracing.inject if tracing is not None else None,
         # with tracing on, appends are forwarded one by one so each carries its own

@@ -240,6 +240,7 @@ def forward_exchange(settings: NodeSettings, hole: BlackHole) -> BatchExchange:
         ssl_context=client_ssl_context(tls) if tls is not None else None,
         blocked=lambda region: hole.blocks(region, read_only=False),
         idle_reuse_s=idle_reuse_s(settings.header_timeout_s),
+        connect_timeout_s=settings.forward_connect_timeout_s,
     )
 
 

@@ -15,7 +15,8 @@ Four loops, all bounded and under timeouts, around the pure cores in ``regions``
   (``regions.control_succession``).
 
 Learning reads the control shard's committed entries straight from the replicas (the one with
-the highest commit hint among those reachable, up to that hint), not from the control leader over
+the highest commit hint among those reachable, up to that hint; between reads of all, at least
+every ``LEARN_READ_ALL_EVERY_S``, its own region's alone), not from the control leader over
 HTTP: entries at or below a replica's commit hint are committed, the read needs no particular
 node to be up, and a node that can reach no replica learns nothing new, which is right because
 it can commit nothing either. The control leader itself reads through its own leader, and
@@ -81,6 +82,11 @@ VERIFY_REPLICAS_EVERY_S = 2.0
 #: longer is stuck somewhere below, and it must not keep the fold's lock (the node would
 #: never learn another control record)
 LEARN_READ_DEADLINE_S = 10.0
+#: a node that is not the control leader learns from its own region's replica alone (one
+#: status read a poll, on its own host) and asks every replica at least this often: the
+#: leader applies a record once a write quorum's commit hints hold it, which the node's own
+#: replica almost always is part of; the read of all catches up a replica that was not
+LEARN_READ_ALL_EVERY_S = 1.0
 
 
 class Controller:
@@ -104,7 +110,9 @@ class Controller:
         self.control_shard = cluster.shard_count
         self._prober = prober
         #: where each region's nodes listen and which one leads it (``region_nodes``)
-        self.nodes = RegionNodes(cluster, self.region)
+        self.nodes = RegionNodes(
+            cluster, self.region, lost_after_s=settings.detection_s, now_s=clock.monotonic
+        )
         #: which of the region's node slots this node leads (``node_slots``); a region of one
         #: node has one slot, always led by its node
         self.slots = NodeSlots(
@@ -140,6 +148,8 @@ class Controller:
         self._control_leading: asyncio.Task[None] | None = None
         self._propose_lock = asyncio.Lock()
         self._learn_lock = asyncio.Lock()
+        #: when learning last asked every replica (``LEARN_READ_ALL_EVERY_S``)
+        self._learned_from_all_s = float("-inf")
         #: shard -> (previous owner, monotonic time the move was learned)
         self._moved: dict[int, tuple[str, float]] = {}
         self.supervisor = Supervisor(clock=clock, rng=rng)
@@ -424,8 +434,13 @@ class Controller:
                 return []
             published_lsn = await self._publish_control(leader, entries[-1].lsn)
             return [e for e in entries if e.lsn <= published_lsn]
-        suspects = self.membership.suspects(self._clock.monotonic())
+        now_s = self._clock.monotonic()
+        suspects = self.membership.suspects(now_s)
         sources = [r for r in self.replicas if r not in suspects]
+        if now_s - self._learned_from_all_s < LEARN_READ_ALL_EVERY_S and self._own_replica_counts():
+            sources = [self.region]
+        else:
+            self._learned_from_all_s = now_s
         timeout_s = self.settings.control_read_timeout_s
         replies = await asyncio.gather(
             *(bounded(self.replicas[r].status(shard), timeout_s) for r in sources),
@@ -437,6 +452,7 @@ class Controller:
             if not isinstance(s, BaseException)
         ]
         if not hints:
+            self._learned_from_all_s = float("-inf")  # ask them all next time
             return []
         commit_lsn, best = max(hints)
         after = self.state.applied_lsn
@@ -447,6 +463,9 @@ class Controller:
             timeout_s,
         )
         return [e for e in entries if e.lsn <= commit_lsn]
+
+    def _own_replica_counts(self) -> bool:
+        return self.region in self.replicas and self.node.identity.counts(self.region)
 
     async def _publish_control(self, leader: ShardLeader, lsn: int) -> int:
         """Push the control leader's commit position (``ShardLeader.publish_commit``) and
@@ -476,18 +495,34 @@ class Controller:
                 self.node.set_leader_hint(shard, owner)
 
     async def _reconcile(self) -> None:
-        for shard, owner in sorted(self.placement().assignment.items()):
+        """Start leading every shard assigned here (all at once, before anything below
+        awaits: a request for one waits for its lead under way, ``await_lead_here``), then
+        resign the others and point their hints at their owners."""
+        assignment = sorted(self.placement().assignment.items())
+        for shard, owner in assignment:
             if owner == self.region and self.slots.leads(shard):
-                if not self.node.leads(shard) and shard not in self._leading:
-                    task = asyncio.create_task(self._lead(shard), name=f"lead-{shard}")
-                    self._leading[shard] = task
-                    task.add_done_callback(functools.partial(self._lead_done, shard))
-            else:
-                if self.node.leader(shard) is not None:
-                    now = owner if owner != self.region else "another node of this region"
-                    log.warning("shard %d: resigning, now led by %s", shard, now)
-                    await self.node.resign_shard(shard)
-                self.node.set_leader_hint(shard, owner)
+                self._start_lead(shard)
+        for shard, owner in assignment:
+            if owner == self.region and self.slots.leads(shard):
+                continue
+            if self.node.leader(shard) is not None:
+                now = owner if owner != self.region else "another node of this region"
+                log.warning("shard %d: resigning, now led by %s", shard, now)
+                await self.node.resign_shard(shard)
+            self.node.set_leader_hint(shard, owner)
+
+    def _start_lead(self, shard: int) -> asyncio.Task[None] | None:
+        """The lead of ``shard`` under way here, started now if it was not (None: this node
+        leads it already)."""
+        if self.node.leads(shard):
+            return None
+        task = self._leading.get(shard)
+        if task is None:
+            task = self._leading[shard] = asyncio.create_task(
+                self._lead(shard), name=f"lead-{shard}"
+            )
+            task.add_done_callback(functools.partial(self._lead_done, shard))
+        return task
 
     def _lead_done(self, shard: int, _task: asyncio.Task[None]) -> None:
         self._leading.pop(shard, None)
@@ -497,9 +532,12 @@ class Controller:
         waiting at most ``timeout_s``. A node that has just taken a dead sibling's slot (or
         just started) is preparing the slot's shards: a request for one of them waits for its
         leader rather than being told to come back later (503 not_leader)."""
-        task = self._leading.get(shard)
-        if task is not None and timeout_s > 0 and self._assigned_here(shard):
-            await asyncio.wait({task}, timeout=timeout_s)  # never cancels the lead
+        if timeout_s > 0 and self._assigned_here(shard):
+            # started here if the slot was taken a moment ago and the loop that leads its
+            # shards has not come to this one yet
+            task = self._start_lead(shard)
+            if task is not None:
+                await asyncio.wait({task}, timeout=timeout_s)  # never cancels the lead
         return self.node.leads(shard)
 
     def _assigned_here(self, shard: int) -> bool:

@@ -15,6 +15,7 @@ Region names cannot hold a slash (``services.config.RegionName``).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable, Mapping
 
 from regions.placement import SlotMap
@@ -44,7 +45,16 @@ class RegionNodes:
     """Each region's nodes' peer URLs (as ``source_region`` reaches them) and which node holds
     each of its node slots by the last health replies heard."""
 
-    def __init__(self, cluster: ClusterConfig, source_region: str) -> None:
+    def __init__(
+        self,
+        cluster: ClusterConfig,
+        source_region: str,
+        *,
+        lost_after_s: float = 1.0,
+        now_s: Callable[[], float] = time.monotonic,
+    ) -> None:
+        """``lost_after_s``: a node silent this long is ``lost`` (``detection_s``);
+        ``now_s``: the node's monotonic clock."""
         self._peer_urls = {r.name: r.node_peer_urls(source_region) for r in cluster.regions}
         #: region -> slot -> the node index last heard holding it (at first: slot i, node i)
         self._holders: dict[str, list[int]] = {
@@ -53,8 +63,11 @@ class RegionNodes:
         self._control_shard = cluster.shard_count
         self.slot_map = SlotMap(cluster.shard_count, cluster.weights())
         self._source_region = source_region
-        #: region -> the nodes that did not answer their last probe, or refused a forward since
-        self._silent: dict[str, set[int]] = {r.name: set() for r in cluster.regions}
+        #: region -> the nodes that did not answer their last probe, or refused a forward
+        #: since, each with when it went silent
+        self._silent: dict[str, dict[int, float]] = {r.name: {} for r in cluster.regions}
+        self._lost_after_s = lost_after_s
+        self._now_s = now_s
 
     def regions(self) -> list[str]:
         return list(self._peer_urls)
@@ -92,15 +105,33 @@ class RegionNodes:
     def answering(self, region: str, index: int, answers: bool) -> None:
         """Whether node ``index`` of ``region`` answered its last probe."""
         silent = self._silent.get(region)
-        if silent is not None:
-            (silent.discard if answers else silent.add)(index)
+        if silent is None:
+            return
+        if answers:
+            silent.pop(index, None)
+        else:
+            silent.setdefault(index, self._now_s())
 
     def refused(self, region: str, url: str) -> None:
         """The node of ``region`` at peer URL ``url`` refused a connection: silent until it
         answers a probe again."""
+        index = self._index_of(region, url)
+        if index is not None:
+            self._silent[region].setdefault(index, self._now_s())
+
+    def lost(self, region: str, url: str) -> bool:
+        """Whether the node of ``region`` at peer URL ``url`` has been silent for
+        ``lost_after_s``: a forward in flight to it is given up (its host died or drops
+        packets, and nothing else would end the wait before the caller's deadline)."""
+        index = self._index_of(region, url)
+        since_s = None if index is None else self._silent[region].get(index)
+        return since_s is not None and self._now_s() - since_s >= self._lost_after_s
+
+    def _index_of(self, region: str, url: str) -> int | None:
         for index, node_url in enumerate(self._peer_urls.get(region, [])):
             if node_url.rstrip("/") == url.rstrip("/"):
-                self._silent[region].add(index)
+                return index
+        return None
 
     def peer_url(self, region: str, shard: int | None = None) -> str:
         """The peer URL of the node of ``region`` leading ``shard`` (None: the control shard).

@@ -2,8 +2,9 @@
 split its shards; SIGKILL of one of them, under load on its shards (``tests.harness.node_kill``),
 is taken over by the region's other node, not by another region: every conversation is acked
 again, the placement is the one from before the kill (no region declared down, no shard moved,
-so nothing is replayed), the survivor leads every shard placed on the region, and every acked
-event is there, in order. The node's RTO is printed, not bounded.
+so nothing is replayed), the survivor leads every shard placed on the region, every acked event
+is there, in order, and no writer was told ``not_leader`` (a request for a shard whose lead the
+survivor is preparing waits for it). The node's RTO is printed, not bounded.
 
 A kill drill of one node (``convplane drill run --kind kill --node 1``) does the same through
 the drill API: the supervisor kills that node only and starts it again, and the drill's report
@@ -60,6 +61,7 @@ def check_stayed_in_region(report: NodeKillReport) -> None:
     region_shards = killed["shards_placed"] + survivor["shards_placed"]
     assert health["shards_placed"] == health["shards_led"] == region_shards, health
     assert report.not_read_back == {}
+    assert "not_leader" not in report.refusals, report.refusals
 
 
 @pytest.mark.parametrize("backend", ["sqlite", "postgres"])
@@ -73,7 +75,7 @@ def test_a_dead_node_is_replaced_inside_its_region(state_dir: Path, backend: str
     try:
         report = node_kill(plane.info, VICTIM, ENTRY, kill)
         print(f"{backend}: node RTO (kill -> every conversation acked again): "
-              f"{report.rto_s:.3f} s")  # fmt: skip
+              f"{report.rto_s:.3f} s; refusals after the kill: {dict(report.refusals)}")  # fmt: skip
         check_stayed_in_region(report)
     finally:
         stop_plane(proc)

@@ -373,7 +373,7 @@ async def test_an_append_whose_deadline_passes_during_the_handshake_was_not_appl
     limits = BatchConfig(batch_max=8, batches_in_flight_max=1, straggler_s=5.0,
                          batches_open_max=2, queue_max=8, retries_max=0, backoff_s=0.1)  # fmt: skip
 
-    async def while_reachable(region: str, call: Coroutine[Any, Any, None]) -> None:
+    async def while_reachable(region: str, url: str, call: Coroutine[Any, Any, None]) -> None:
         await call
 
     batcher = AppendBatcher(
@@ -401,6 +401,91 @@ async def test_an_append_whose_deadline_passes_during_the_handshake_was_not_appl
     # the other one's time ran out with the handshake: never sent either
     assert isinstance(long, DeadlineExceeded | ForwardFailed), repr(long)
     assert received and b"POST" not in received
+
+
+async def test_a_node_whose_handshake_never_ends_is_passed_over_for_its_sibling(
+    tmp_path: Path,
+) -> None:
+    """A node whose host drops packets never refuses: its connection is not made within the
+    connect timeout, far inside the append's deadline. That attempt sent nothing, so the node
+    is marked silent (``refused``) and the next attempt goes where ``peer_url`` names now (its
+    sibling), which applies it: the append does not wait out its deadline on the dead node."""
+    tls = issue_cluster_tls(tmp_path / "tls", ["a", "b"], ["127.0.0.1"])
+    clock = LoopClock()
+    limits = BatchConfig(batch_max=8, batches_in_flight_max=1, straggler_s=5.0,
+                         batches_open_max=2, queue_max=8, retries_max=1, backoff_s=0.01)  # fmt: skip
+    silent: list[tuple[str, str]] = []
+    sibling = Peer(answering(ndjson(LINES[:1])))
+
+    async def while_reachable(region: str, url: str, call: Coroutine[Any, Any, None]) -> None:
+        await call
+
+    async with handshake_never_answered() as (holder_url, received), listening(sibling) as url:
+        sibling_url = url.removesuffix(BATCH_PATH)
+
+        def peer_url(region: str, shard: int | None) -> str:
+            assert (region, shard) == ("b", 7)
+            return sibling_url if silent else holder_url
+
+        exchange = StreamBatchExchange(
+            ssl_context=client_ssl_context(tls["a"]), connect_timeout_s=0.2
+        )
+        batcher = AppendBatcher(
+            exchange=exchange, clock=clock, rng=random.Random(1), limits=limits, peer_secret=SECRET,
+            source_region="a", while_reachable=while_reachable,
+            count=lambda region, outcome: None,
+            refused=lambda region, url: silent.append((region, url)), peer_url=peer_url,
+        )  # fmt: skip
+        try:
+            answer = await batcher.forward(
+                target_region="b", base_url=holder_url, conversation_id="c1",
+                body=b'{"type":"note"}', authorization=f"Bearer {KEY_A}", idempotency_key=None,
+                repeatable=False, deadline_s=clock.monotonic() + 60, shard=7,
+            )  # fmt: skip
+        finally:
+            await batcher.close()
+            await exchange.close()
+    assert answer.status_code == 201
+    assert silent == [("b", holder_url)]
+    assert received and b"POST" not in received  # the holder got a hello, never the batch
+    assert len(sibling.requests) == 1 and b'"conversation_id":"c1"' in sibling.requests[0][1]
+
+
+async def test_a_batch_still_connecting_when_its_node_is_lost_was_not_applied(
+    tmp_path: Path,
+) -> None:
+    """Its node stopped answering probes (``Forwarder._while_reachable`` gives the batch up)
+    while its connection's handshake had not ended: nothing of it left, so its append is
+    answered 503 ``forward_failed``, not applied, and not as out of time: its deadline is
+    far off."""
+    tls = issue_cluster_tls(tmp_path / "tls", ["a", "b"], ["127.0.0.1"])
+    clock = LoopClock()
+    limits = BatchConfig(batch_max=8, batches_in_flight_max=1, straggler_s=5.0,
+                         batches_open_max=2, queue_max=8, retries_max=0, backoff_s=0.1)  # fmt: skip
+
+    async def until_lost(region: str, url: str, call: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.ensure_future(call)
+        if not (await asyncio.wait({task}, timeout=0.2))[0]:
+            task.cancel()
+            raise ConnectionAbortedError(f"{url} stopped answering probes")
+
+    exchange = StreamBatchExchange(ssl_context=client_ssl_context(tls["a"]), connect_timeout_s=60)
+    batcher = AppendBatcher(
+        exchange=exchange, clock=clock, rng=random.Random(1), limits=limits, peer_secret=SECRET,
+        source_region="a", while_reachable=until_lost, count=lambda region, outcome: None,
+    )  # fmt: skip
+    async with handshake_never_answered() as (base_url, received):
+        try:
+            with pytest.raises(ForwardFailed, match="not applied"):
+                await batcher.forward(
+                    target_region="b", base_url=base_url, conversation_id="c1",
+                    body=b'{"type":"note"}', authorization=f"Bearer {KEY_A}",
+                    idempotency_key=None, repeatable=False, deadline_s=clock.monotonic() + 60,
+                )  # fmt: skip
+        finally:
+            await batcher.close()
+            await exchange.close()
+    assert b"POST" not in received
 
 
 async def test_mutual_tls_with_the_clusters_certificates_only(tmp_path: Path) -> None:

@@ -23,6 +23,7 @@ from eventlog.leader import ShardLeader
 from eventlog.node import LogNode
 from services.plane_sim import PLANE_SIM_VERSION, run_plane_seed
 from tests.sim.mutations import (
+    commits_wake_no_followers,
     control_fold_applies_unpublished,
     control_successors_awaited_forever,
     counted_ack_violations,
@@ -200,13 +201,16 @@ def test_the_checker_catches_a_control_leader_acting_on_unpublished_records(
     """Mutation: rule 1 of docs/control-shard.md out (the control leader's fold applies what it
     committed before any replica's hint holds it: issue 32's bug 2), with the succession
     backstop out too, since it ends every standoff within ``control_handoff_wait_s``, under the
-    checker's bounds, by design. Seed 107 (3 regions, PLANE_SIM_VERSION 7, found in seeds 0-149
-    with rules 1 and 2 out; the commit blip does not fire in it, so it runs as on version 6): a
-    region-loss drill of the control
-    leader ``a``, whose fold applies it unpublished and whose fence then resigns; nobody leads
-    the control shard again and the drill never ends. With only the backstop out it passes:
-    rule 1 alone holds it."""
+    checker's bounds, by design, and the commit wake, which publishes a control record before
+    its leader can act on it (since stop 49, when nodes learn from their own region's replica,
+    it masks rule 1's absence in every seed of 0-699). Seed 107 (3 regions, PLANE_SIM_VERSION
+    7, found in seeds 0-149 with rules 1 and 2 out; the commit blip does not fire in it, so it
+    runs as on version 6; with the wake out, 58, 80, 88, 163, 165 and 264 of 0-299 too): a
+    region-loss drill of the control leader ``a``, whose fold applies it unpublished and whose
+    fence then resigns; nobody leads the control shard again and the drill never ends. With
+    only the backstop and the wake out it passes: rule 1 alone holds it."""
     control_successors_awaited_forever(monkeypatch)
+    commits_wake_no_followers(monkeypatch)
     assert run_plane_seed(107, regions=3).ok
     control_fold_applies_unpublished(monkeypatch)
     violations = run_plane_seed(107, regions=3).violations

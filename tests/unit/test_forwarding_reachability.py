@@ -41,6 +41,7 @@ def forwarder(
     reachable: dict[str, bool],
     peer_url: PeerUrlOf = WEST,
     refused: Callable[[str, str], None] = lambda region, url: None,
+    node_lost: Callable[[str, str], bool] = lambda region, url: False,
 ) -> Forwarder:
     return Forwarder(
         client=client,
@@ -53,10 +54,14 @@ def forwarder(
         backoff_s=0.01,
         peer_reachable=lambda region: reachable[region],
         refused=refused,
+        node_lost=node_lost,
     )
 
 
-async def test_forward_to_a_suspected_region_fails_without_sending() -> None:
+@pytest.mark.parametrize("silent", ["region", "node"])
+async def test_forward_to_a_suspected_region_fails_without_sending(silent: str) -> None:
+    """The region is suspected, or the node its view names (no sibling answers either) has
+    been silent for the detection time: 503 at once, nothing sent."""
     sent: list[httpx.Request] = []
 
     def record(request: httpx.Request) -> httpx.Response:
@@ -65,8 +70,12 @@ async def test_forward_to_a_suspected_region_fails_without_sending() -> None:
 
     transport = httpx.MockTransport(record)
     async with httpx.AsyncClient(transport=transport) as client:
-        with pytest.raises(ForwardFailed, match="not answering probes"):
-            await forwarder(client, {"west": False}).forward(
+        with pytest.raises(ForwardFailed, match="not answering"):
+            await forwarder(
+                client,
+                {"west": silent == "node"},
+                node_lost=lambda region, url: silent == "node" and url == "http://west.test",
+            ).forward(
                 make_request(),
                 target_region="west",
                 deadline_s=LoopClock().monotonic() + 30,
@@ -75,8 +84,14 @@ async def test_forward_to_a_suspected_region_fails_without_sending() -> None:
     assert sent == []
 
 
-async def test_in_flight_forward_is_abandoned_when_its_target_goes_silent() -> None:
+@pytest.mark.parametrize("silent", ["region", "node"])
+async def test_in_flight_forward_is_abandoned_when_its_target_goes_silent(silent: str) -> None:
+    """The failure detector comes to suspect the target's region, or (its other node still
+    answering) the node the forward is in flight to has been silent for the detection time
+    (``RegionNodes.lost``: its host died or drops packets): given up, not waited out until the
+    caller's deadline."""
     reachable = {"west": True}
+    lost: set[str] = set()
     arrived = asyncio.Event()
 
     async def black_hole(request: httpx.Request) -> httpx.Response:
@@ -86,7 +101,7 @@ async def test_in_flight_forward_is_abandoned_when_its_target_goes_silent() -> N
 
     async with httpx.AsyncClient(transport=httpx.MockTransport(black_hole)) as client:
         call = asyncio.ensure_future(
-            forwarder(client, reachable).forward(
+            forwarder(client, reachable, node_lost=lambda region, url: url in lost).forward(
                 make_request(),
                 target_region="west",
                 deadline_s=LoopClock().monotonic() + 3600,
@@ -95,7 +110,10 @@ async def test_in_flight_forward_is_abandoned_when_its_target_goes_silent() -> N
         )
         await arrived.wait()
         assert not call.done()
-        reachable["west"] = False  # the failure detector now suspects west
+        if silent == "region":
+            reachable["west"] = False  # the failure detector now suspects west
+        else:
+            lost.add("http://west.test")
         with pytest.raises(OutcomeUnknown):
             await call
 
@@ -144,9 +162,18 @@ async def test_a_batch_whose_target_stops_answering_probes_is_outcome_unknown() 
         await batched.close()
 
 
-async def test_a_node_that_refuses_the_forward_is_passed_over_for_its_sibling() -> None:
-    """A region's node that died refuses the connection: the retry goes to the node the
-    region's view names next (``RegionNodes.refused``), and succeeds there."""
+@pytest.mark.parametrize(
+    "no_connection",
+    [httpx.ConnectError("refused"), httpx.ConnectTimeout("no SYN-ACK")],
+    ids=["refused", "timed out"],
+)
+async def test_a_node_that_refuses_the_forward_is_passed_over_for_its_sibling(
+    no_connection: httpx.TransportError,
+) -> None:
+    """A region's node that died refuses the connection, and one whose host drops packets
+    makes none within ``forward_connect_timeout_s``: either way nothing was sent, and the
+    retry goes to the node the region's view names next (``RegionNodes.refused``), and
+    succeeds there (a timed-out connection is not answered as out of time)."""
     silent: set[str] = set()
     sent: list[str] = []
 
@@ -156,7 +183,8 @@ async def test_a_node_that_refuses_the_forward_is_passed_over_for_its_sibling() 
     def answer(request: httpx.Request) -> httpx.Response:
         sent.append(request.url.host)
         if request.url.host == "west.test":
-            raise httpx.ConnectError("refused", request=request)
+            no_connection.request = request
+            raise no_connection
         return httpx.Response(201, json={"seq": 1})
 
     async with httpx.AsyncClient(transport=httpx.MockTransport(answer)) as client:
