@@ -37,6 +37,13 @@ from eventlog.clock import Clock
 from eventlog.stores.region_lease import DEAD_HOLDER_S, RegionLease
 from regions.placement import SlotMap
 
+#: how often a held lease is confirmed with its database (a free sibling slot is tried every
+#: poll: that is how a dead sibling's slot is taken at once). Losing a held lease (the
+#: database ended the session) is rare, and safety never rests on noticing it: two nodes
+#: that both lead a slot's shards fence each other's epochs. Each confirmation is a query on
+#: the region's database, which a region of several nodes under load has no CPU to spare for
+HELD_CONFIRM_EVERY_S = 1.0
+
 log = logging.getLogger(__name__)
 
 
@@ -90,6 +97,8 @@ class NodeSlots:
         self._handed_back_s: dict[int, float] = {}
         #: slot -> when the sibling's ask this node no longer honours was heard
         self._void_ask_heard_s: dict[int, float] = {}
+        #: slot -> when this node last confirmed its held lease (``HELD_CONFIRM_EVERY_S``)
+        self._confirmed_s: dict[int, float] = {}
 
     @property
     def shared(self) -> bool:
@@ -161,7 +170,7 @@ class NodeSlots:
     async def _keep(self, slot: int, resign: Callable[[int], Awaitable[None]]) -> bool:
         lease = self._leases[slot]
         if slot in self.held:
-            if not await lease.still_held():
+            if self._confirm_due(slot) and not await lease.still_held():
                 self.held.discard(slot)
                 log.error("node %d lost %s's slot %d: resigning it", self.own, self.region, slot)
                 await resign(slot)
@@ -177,8 +186,16 @@ class NodeSlots:
         if not await lease.try_acquire():
             return False
         self.held.add(slot)
+        self._confirmed_s[slot] = self._clock.monotonic()
         self._handed_back_s.pop(slot, None)
         log.warning("node %d holds %s's slot %d: leading its shards", self.own, self.region, slot)
+        return True
+
+    def _confirm_due(self, slot: int) -> bool:
+        now_s = self._clock.monotonic()
+        if now_s - self._confirmed_s.get(slot, float("-inf")) < HELD_CONFIRM_EVERY_S:
+            return False
+        self._confirmed_s[slot] = now_s
         return True
 
     def _fresh(self, index: int) -> SiblingView | None:

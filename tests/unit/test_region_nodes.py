@@ -23,7 +23,7 @@ from eventlog.stores.region_lease import DEAD_HOLDER_S, RegionLease
 from regions.placement import SlotMap
 from services.config import ClusterConfig, NodeAddress, NodeSettings, RegionConfig
 from services.control.controller import Controller
-from services.control.node_slots import reply_slots
+from services.control.node_slots import HELD_CONFIRM_EVERY_S, reply_slots
 from services.control.region_nodes import RegionNodes, node_target, target_region
 from services.plane_sim.plane import SimLease, SimRegionLock
 
@@ -175,11 +175,15 @@ async def test_a_node_takes_a_dead_siblings_slot_and_hands_it_back_when_asked() 
 async def test_a_holder_that_loses_a_lease_resigns_that_slots_shards() -> None:
     replicas = {r: MemoryReplica(r) for r in REGIONS}
     locks = [SimRegionLock(), SimRegionLock()]
+    locks[1].holder = SimLease(locks[1])  # its sibling holds its own slot throughout
     holder = controller("a", 0, replicas, leases_on(locks))
     split = _by_slot(holder.placement().shards_of("a"))
     await _reconciled(holder)
     assert holder.node.led_shards() == split[0]
     locks[0].holder = SimLease(locks[0])  # its session ended and another node took the lock
+    await holder._keep_slots()
+    assert holder.leads_region  # confirmed a moment ago: not asked again yet
+    await asyncio.sleep(HELD_CONFIRM_EVERY_S)
     await holder._keep_slots()
     assert not holder.leads_region
     assert holder.node.led_shards() == []
