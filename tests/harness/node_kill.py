@@ -114,8 +114,8 @@ class NodeKillReport:
     survivor_health: dict[str, Any]
     writer_errors: list[str] = field(default_factory=list)
     #: the writers' refusals after the kill, by error code (forward_failed while the dead
-    #: node's lease runs out is expected; not_leader is not: a request for a shard whose lead
-    #: its node is preparing waits for it)
+    #: node's lease runs out; not_leader where the survivor took longer than a Retry-After to
+    #: prepare the slot's shards, which a request waits for)
     refusals: Counter[str] = field(default_factory=Counter)
     #: per conversation: (acked, read back) where they differ
     not_read_back: dict[str, tuple[list[tuple[int, int]], list[tuple[int, int]]]] = field(
