@@ -19,7 +19,8 @@ A node answers its peers' probes only while every slot is held by itself or by a
 holding it within ``detection_s`` + ``lease_freed_s`` (``answers_probes``). A holder whose host
 died or drops every packet closes nothing: the database ends its session, and frees its leases,
 only once it has not heard it for ``DEAD_HOLDER_S`` (``eventlog.stores.region_lease``), so its
-siblings keep the region up that long while they wait to take its slots. A holder that hangs
+siblings keep the region up that long, and a margin (``LEASE_FREED_S``), while they wait to take
+its slots. A holder that hangs
 keeps its leases for good (the kernel still answers for it), so no sibling could lead its slots;
 past that time its siblings fall silent too, and the region fails over as a region of one hung
 node does.
@@ -43,6 +44,10 @@ from regions.placement import SlotMap
 #: that both lead a slot's shards fence each other's epochs. Each confirmation is a query on
 #: the region's database, which a region of several nodes under load has no CPU to spare for
 HELD_CONFIRM_EVERY_S = 1.0
+#: how long past the detection time a silent holder's lease may take to be free and taken:
+#: the database gives it up within DEAD_HOLDER_S, and a sibling takes it at its next lease
+#: poll, which a loaded host may run late (the margin)
+LEASE_FREED_S = DEAD_HOLDER_S + 2.0
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +82,7 @@ class NodeSlots:
         detection_s: float,
         handback_wait_s: float,
         clock: Clock,
-        lease_freed_s: float = DEAD_HOLDER_S,
+        lease_freed_s: float = LEASE_FREED_S,
     ) -> None:
         self.region = region
         self.own = node_index

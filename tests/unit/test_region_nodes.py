@@ -19,11 +19,11 @@ from eventlog.clock import LoopClock
 from eventlog.config import LogConfig
 from eventlog.memory_replica import MemoryReplica
 from eventlog.node import LogNode
-from eventlog.stores.region_lease import DEAD_HOLDER_S, RegionLease
+from eventlog.stores.region_lease import RegionLease
 from regions.placement import SlotMap
 from services.config import ClusterConfig, NodeAddress, NodeSettings, RegionConfig
 from services.control.controller import Controller
-from services.control.node_slots import HELD_CONFIRM_EVERY_S, reply_slots
+from services.control.node_slots import HELD_CONFIRM_EVERY_S, LEASE_FREED_S, reply_slots
 from services.control.region_nodes import RegionNodes, node_target, target_region
 from services.plane_sim.plane import SimLease, SimRegionLock
 
@@ -295,7 +295,7 @@ async def test_a_node_answers_probes_only_while_every_slot_is_held() -> None:
     """A sibling that hangs keeps its lease, so nobody can lead its slot: the node that still
     runs stops answering other regions' probes, and the region fails over as a region of one
     hung node would; not before the database would have freed the lease of a sibling whose
-    host died (``DEAD_HOLDER_S`` past the detection time), which it would then take."""
+    host died, and it taken that (``LEASE_FREED_S`` past the detection time)."""
     replicas = {r: MemoryReplica(r) for r in REGIONS}
     locks = [SimRegionLock(), SimRegionLock()]
     locks[1].holder = SimLease(locks[1])  # the sibling holds its slot
@@ -317,7 +317,7 @@ async def test_a_node_answers_probes_only_while_every_slot_is_held() -> None:
     await node._keep_slots()  # the lease is not free: nothing to take
     assert node.slots.held == {0}
     assert node.answers_probes()  # the lease of a dead host's node may yet be freed
-    silent_for(DEAD_HOLDER_S)
+    silent_for(LEASE_FREED_S)
     await node._keep_slots()
     assert node.slots.held == {0}
     assert not node.answers_probes()
