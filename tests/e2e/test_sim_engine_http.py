@@ -32,7 +32,10 @@ MESSAGES = ChatPrompt(
 
 
 def _simulated() -> SimulatedEngine:
-    config = SimEngineConfig(prefill_tokens_per_s=2_000_000.0, cache_tokens=1_000_000)
+    # slow enough that the priority probe's queue (10 prompts of 1,024-4,096 tokens) takes
+    # its own time to drain: at 2,000,000 tokens/s it drained in milliseconds, and on a
+    # loaded machine the probe's timing judged a live request as having waited behind it
+    config = SimEngineConfig(prefill_tokens_per_s=200_000.0, cache_tokens=1_000_000)
     return SimulatedEngine("sim-0", MODEL, config, SystemClock())
 
 
